@@ -1,0 +1,65 @@
+"""QIIP's core: the domain of a fleet of inference nodes, without any front end.
+
+Subpackages, one per concern: `config` (settings), `nodes` (the node record and endpoint allowlist),
+`discovery` (registries), `routing` (selection, circuit breakers, forwarding with failover), `health`
+(background probes), `engines` (llama.cpp: install, test models, launch). The daemon (`qiip_proxy`), the
+console (`qiip_tui`) and the CLI (`qiip_cli`) present what the core decides; the core imports none of them,
+nor Textual or Rich.
+"""
+
+from __future__ import annotations
+
+from qiip_core._errors import (
+    ConfigError,
+    DigestMismatch,
+    EndpointError,
+    EndpointNotAllowed,
+    EngineBuildError,
+    EngineError,
+    EngineLaunchError,
+    EngineNotInstalled,
+    FailoverExhausted,
+    ModelNotFound,
+    ModelUnavailable,
+    NoNodes,
+    NodeConflict,
+    NodeNotFound,
+    QiipError,
+    RegistryError,
+    RegistryUnavailable,
+    RoutingError,
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamStatusError,
+    UpstreamTimeout,
+    UpstreamTransportError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigError",
+    "DigestMismatch",
+    "EndpointError",
+    "EndpointNotAllowed",
+    "EngineBuildError",
+    "EngineError",
+    "EngineLaunchError",
+    "EngineNotInstalled",
+    "FailoverExhausted",
+    "ModelNotFound",
+    "ModelUnavailable",
+    "NoNodes",
+    "NodeConflict",
+    "NodeNotFound",
+    "QiipError",
+    "RegistryError",
+    "RegistryUnavailable",
+    "RoutingError",
+    "UpstreamConnectError",
+    "UpstreamError",
+    "UpstreamStatusError",
+    "UpstreamTimeout",
+    "UpstreamTransportError",
+    "__version__",
+]

@@ -1,0 +1,270 @@
+"""The one exception tree of QIIP.
+
+Every error that crosses a package boundary is a `QiipError`. Third-party exceptions (httpx, etcd3gw,
+asyncssh, OS errors) are translated where they are raised, so callers never catch library types:
+
+```
+QiipError
+├── ConfigError                 a setting is invalid; start-up stops
+├── EndpointError               an endpoint string is malformed
+│   └── EndpointNotAllowed      well-formed, but outside the allowlist
+├── RegistryError               the node registry refused or failed an operation
+│   ├── NodeNotFound
+│   ├── NodeConflict            the node exists, or its state forbids the change
+│   └── RegistryUnavailable     the backend (state file, etcd) cannot be reached
+├── RoutingError                no node can take the request (`.status`, `.code`)
+│   ├── NoNodes                 503 no_nodes
+│   ├── ModelNotFound           404 model_not_found
+│   └── ModelUnavailable        503 model_unavailable
+├── UpstreamError               forwarding to a node failed (`.node_id`, `.status`, `.code`)
+│   ├── UpstreamConnectError    502 backend_unavailable
+│   ├── UpstreamTimeout         504 backend_timeout
+│   ├── UpstreamTransportError  502 backend_transport_error
+│   ├── UpstreamStatusError     the node answered 5xx (`.status` is the node's)
+│   └── FailoverExhausted       every attempt failed (`.attempts`, `.last`)
+└── EngineError                 installing, launching or verifying an inference engine failed
+    ├── EngineNotInstalled
+    ├── DigestMismatch
+    ├── EngineBuildError
+    └── EngineLaunchError
+```
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "DigestMismatch",
+    "EndpointError",
+    "EndpointNotAllowed",
+    "EngineBuildError",
+    "EngineError",
+    "EngineLaunchError",
+    "EngineNotInstalled",
+    "FailoverExhausted",
+    "ModelNotFound",
+    "ModelUnavailable",
+    "NoNodes",
+    "NodeConflict",
+    "NodeNotFound",
+    "QiipError",
+    "RegistryError",
+    "RegistryUnavailable",
+    "RoutingError",
+    "UpstreamConnectError",
+    "UpstreamError",
+    "UpstreamStatusError",
+    "UpstreamTimeout",
+    "UpstreamTransportError",
+]
+
+
+class QiipError(Exception):
+    """Base class of every error QIIP raises on purpose.
+
+    Args:
+        message: a full sentence saying what happened and, where it helps, what to do next.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ConfigError(QiipError):
+    """A setting is invalid. The message names the setting and what is allowed."""
+
+
+class EndpointError(QiipError):
+    """An endpoint string cannot be used: no port, a path, userinfo, an unknown scheme, …
+
+    Attributes:
+        endpoint: the string as given.
+    """
+
+    def __init__(self, message: str, *, endpoint: str) -> None:
+        super().__init__(message)
+        self.endpoint = endpoint
+
+
+class EndpointNotAllowed(EndpointError):
+    """A well-formed endpoint whose host, address or port is outside the configured allowlist."""
+
+
+class RegistryError(QiipError):
+    """The node registry refused or failed an operation."""
+
+
+class NodeNotFound(RegistryError):
+    """No node has this id.
+
+    Attributes:
+        node_id: the id asked for.
+    """
+
+    def __init__(self, node_id: str) -> None:
+        super().__init__(f"No node is registered with id {node_id!r}.")
+        self.node_id = node_id
+
+
+class NodeConflict(RegistryError):
+    """The node already exists, comes from a source that cannot change it, or its state forbids the change."""
+
+
+class RegistryUnavailable(RegistryError):
+    """The registry's backend (state file, etcd) cannot be read or written right now."""
+
+
+class RoutingError(QiipError):
+    """No node can take a request. Carries the HTTP status and OpenAI error code the client API answers with.
+
+    Attributes:
+        model: the model the request asked for.
+        status: the HTTP status for the client.
+        code: the OpenAI error `code`.
+    """
+
+    status: int = 503
+    code: str = "no_nodes"
+
+    def __init__(self, message: str, *, model: str) -> None:
+        super().__init__(message)
+        self.model = model
+
+
+class NoNodes(RoutingError):
+    """The registry holds no nodes at all (503 `no_nodes`)."""
+
+    status = 503
+    code = "no_nodes"
+
+
+class ModelNotFound(RoutingError):
+    """No node, in any state, serves the requested model (404 `model_not_found`)."""
+
+    status = 404
+    code = "model_not_found"
+
+
+class ModelUnavailable(RoutingError):
+    """Nodes serve the model but none is eligible now: unhealthy, draining, or already tried (503)."""
+
+    status = 503
+    code = "model_unavailable"
+
+
+class UpstreamError(QiipError):
+    """Forwarding one request to one node failed before a byte reached the client.
+
+    Attributes:
+        node_id: the node that failed, or None when no node was tried.
+        status: the HTTP status to answer with (502, 504, or the node's own 5xx).
+        code: the OpenAI error `code`.
+        retryable: whether another node may be tried (connect errors, timeouts, 5xx).
+    """
+
+    status: int = 502
+    code: str = "backend_transport_error"
+    retryable: bool = True
+
+    def __init__(self, message: str, *, node_id: str | None) -> None:
+        super().__init__(message)
+        self.node_id = node_id
+
+
+class UpstreamConnectError(UpstreamError):
+    """The TCP or TLS connection to the node failed (502 `backend_unavailable`)."""
+
+    status = 502
+    code = "backend_unavailable"
+
+
+class UpstreamTimeout(UpstreamError):
+    """Connect, time-to-first-byte, inter-chunk idle or pool timeout (504 `backend_timeout`)."""
+
+    status = 504
+    code = "backend_timeout"
+
+
+class UpstreamTransportError(UpstreamError):
+    """Any other transport failure: reset, protocol error, truncated response (502)."""
+
+    status = 502
+    code = "backend_transport_error"
+
+
+class UpstreamStatusError(UpstreamError):
+    """The node answered with a 5xx status. The status and the start of its body are kept.
+
+    Attributes:
+        body: the node's response body, at most the first 4 KiB.
+    """
+
+    def __init__(self, message: str, *, node_id: str | None, status: int, body: bytes) -> None:
+        super().__init__(message, node_id=node_id)
+        self.status = status
+        self.code = str(status)
+        self.body = body
+
+
+class FailoverExhausted(UpstreamError):
+    """Every attempt failed with a retryable error.
+
+    The status is the last failure's; the code is `failover_exhausted`.
+
+    Attributes:
+        attempts: how many nodes were tried (the first try counts).
+        last: the last attempt's error.
+        failures: every attempt's error, oldest first.
+    """
+
+    code = "failover_exhausted"
+
+    def __init__(self, *, attempts: int, last: UpstreamError, failures: list[UpstreamError] | None = None) -> None:
+        noun = "attempt" if attempts == 1 else "attempts"
+        super().__init__(
+            f"The request failed on {attempts} {noun}; the last node said: {last.message}",
+            node_id=last.node_id,
+        )
+        self.attempts = attempts
+        self.last = last
+        self.failures = failures if failures is not None else [last]
+        self.status = last.status
+
+
+class EngineError(QiipError):
+    """Installing, launching or verifying an inference engine failed."""
+
+
+class EngineNotInstalled(EngineError):
+    """The engine binary is not installed; the message says which command installs it."""
+
+
+class DigestMismatch(EngineError):
+    """A downloaded artifact's SHA-256 differs from the pinned digest. Nothing was extracted or published.
+
+    Attributes:
+        expected: the pinned hex digest.
+        actual: the digest of what was downloaded.
+    """
+
+    def __init__(self, message: str, *, expected: str, actual: str) -> None:
+        super().__init__(message)
+        self.expected = expected
+        self.actual = actual
+
+
+class EngineBuildError(EngineError):
+    """Building the engine from source failed; the previous install, if any, is untouched."""
+
+
+class EngineLaunchError(EngineError):
+    """The engine process did not become healthy. The message carries the tail of its log.
+
+    Attributes:
+        log_tail: the last lines the process wrote.
+    """
+
+    def __init__(self, message: str, *, log_tail: str = "") -> None:
+        super().__init__(message)
+        self.log_tail = log_tail

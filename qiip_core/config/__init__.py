@@ -1,0 +1,37 @@
+"""Settings: one pydantic-settings model, loaded from the environment, `.env` and a TOML file."""
+
+from __future__ import annotations
+
+from qiip_core.config._settings import (
+    BreakerSettings,
+    HealthSettings,
+    LlamaCppEngineSettings,
+    LocalNodeConfig,
+    LoggingSettings,
+    NodeConfig,
+    RegistrySettings,
+    RoutingSettings,
+    ServerSettings,
+    Settings,
+    UpstreamSettings,
+    default_state_dir,
+    format_validation_error,
+    load_settings,
+)
+
+__all__ = [
+    "BreakerSettings",
+    "HealthSettings",
+    "LlamaCppEngineSettings",
+    "LocalNodeConfig",
+    "LoggingSettings",
+    "NodeConfig",
+    "RegistrySettings",
+    "RoutingSettings",
+    "ServerSettings",
+    "Settings",
+    "UpstreamSettings",
+    "default_state_dir",
+    "format_validation_error",
+    "load_settings",
+]

@@ -1,0 +1,380 @@
+"""QIIP's settings: one model for the daemon, the CLI and the console.
+
+Values come from, highest priority first: arguments given in code (the CLI's flags), environment
+variables (`QIIP_` prefix, `__` between nested names: `QIIP_ROUTING__MAX_ATTEMPTS=2`), a `.env` file in
+the working directory, the TOML file given with `--config`, and the defaults below. Every setting is
+listed in `.env.example`.
+
+An invalid value stops start-up with a `ConfigError` naming the setting, its environment variable and
+what is allowed; an unknown key in the TOML file is an error too, so a typo never silently does nothing.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import ipaddress
+import os
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+    TomlConfigSettingsSource,
+)
+
+from qiip_core._errors import ConfigError
+from qiip_core.nodes import (
+    DEFAULT_ALLOWED_HOSTS,
+    DEFAULT_ALLOWED_NETWORKS,
+    EndpointPolicy,
+    Engine,
+    NodeCapabilities,
+)
+
+__all__ = [
+    "BreakerSettings",
+    "HealthSettings",
+    "LlamaCppEngineSettings",
+    "LocalNodeConfig",
+    "LoggingSettings",
+    "NodeConfig",
+    "RegistrySettings",
+    "RoutingSettings",
+    "ServerSettings",
+    "Settings",
+    "UpstreamSettings",
+    "default_state_dir",
+    "format_validation_error",
+    "load_settings",
+]
+
+MiB = 1024 * 1024
+
+PositiveSeconds = Annotated[float, Field(gt=0, le=86_400)]
+
+_config_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("qiip_config_file", default=None)
+
+
+def default_state_dir() -> Path:
+    """The default state directory: `$XDG_STATE_HOME/qiip`, else `~/.local/state/qiip`."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "qiip"
+
+
+def _default_engine_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "qiip" / "engines"
+
+
+class _Group(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ServerSettings(_Group):
+    """Where the daemon listens (`[server]`)."""
+
+    host: str = "127.0.0.1"
+    """Address to bind. `qiip-proxy --host` overrides it."""
+    port: int = Field(default=8080, ge=1, le=65535)
+    """TCP port to bind. `qiip-proxy --port` overrides it."""
+    shutdown_timeout_s: PositiveSeconds = 30.0
+    """On SIGTERM, how long in-flight requests may run before they are cancelled."""
+    max_body_bytes: int = Field(default=32 * MiB, ge=1024)
+    """Largest client request body; a larger one gets 413 before it is read whole."""
+
+
+class RoutingSettings(_Group):
+    """Node selection, failover and the endpoint allowlist (`[routing]`)."""
+
+    max_attempts: int = Field(default=3, ge=1, le=16)
+    """Nodes tried per request, the first try included. 1 disables failover."""
+    allowed_endpoint_hosts: list[str] = Field(default_factory=lambda: list(DEFAULT_ALLOWED_HOSTS))
+    """Host names a node endpoint may use: exact names or `*.suffix` patterns."""
+    allowed_endpoint_networks: list[str] = Field(default_factory=lambda: list(DEFAULT_ALLOWED_NETWORKS))
+    """CIDR networks an IP-literal node endpoint must fall in."""
+    allowed_endpoint_ports: list[Annotated[int, Field(ge=1, le=65535)]] = Field(default_factory=list)
+    """Ports a node endpoint may use; empty allows any port."""
+
+    @field_validator("allowed_endpoint_networks")
+    @classmethod
+    def _cidr(cls, value: list[str]) -> list[str]:
+        for item in value:
+            try:
+                ipaddress.ip_network(item.strip(), strict=False)
+            except ValueError:
+                raise ValueError(f"{item!r} is not a CIDR network such as 10.0.0.0/8 or fd00::/8") from None
+        return value
+
+    @field_validator("allowed_endpoint_hosts")
+    @classmethod
+    def _patterns(cls, value: list[str]) -> list[str]:
+        for item in value:
+            body = item[2:] if item.startswith("*.") else item
+            if not body or "*" in body or "/" in body or ":" in body.strip("[]") and "." in body:
+                raise ValueError(f"{item!r} is not a host name or a *.suffix pattern")
+        return value
+
+    def endpoint_policy(self) -> EndpointPolicy:
+        """The allowlist these settings describe."""
+        return EndpointPolicy.from_strings(
+            hosts=self.allowed_endpoint_hosts,
+            networks=self.allowed_endpoint_networks,
+            ports=self.allowed_endpoint_ports,
+        )
+
+
+class UpstreamSettings(_Group):
+    """How the gateway talks to nodes (`[upstream]`)."""
+
+    connect_timeout_s: PositiveSeconds = 5.0
+    """TCP (and TLS) connect timeout per attempt."""
+    ttfb_timeout_s: PositiveSeconds = 120.0
+    """Time to first byte: from sending the request to the response headers and, when streaming, the
+    first event. Long prompts on large models need a generous value."""
+    idle_timeout_s: PositiveSeconds = 60.0
+    """Longest silence between two chunks of a response once it has started."""
+    write_timeout_s: PositiveSeconds = 30.0
+    """Longest time to send the request body."""
+    pool_timeout_s: PositiveSeconds = 10.0
+    """Longest wait for a free connection in the pool."""
+    max_connections: int = Field(default=1024, ge=1)
+    """Connections open to all nodes together."""
+    max_keepalive_connections: int = Field(default=256, ge=0)
+    """Idle connections kept for reuse."""
+    keepalive_expiry_s: PositiveSeconds = 4.0
+    """Idle connections are closed after this; keep it below the nodes' own idle timeout (vLLM: 5 s)."""
+    buffer_response_bytes: int = Field(default=1 * MiB, ge=0)
+    """A non-streaming response up to this size is read whole before the client gets a byte, so a node
+    that fails while sending it can still be failed over."""
+    max_event_bytes: int = Field(default=16 * MiB, ge=64 * 1024)
+    """Largest single SSE event held while waiting for its end; larger events are relayed in pieces."""
+
+
+class HealthSettings(_Group):
+    """Background health checks (`[health]`)."""
+
+    interval_s: PositiveSeconds = 10.0
+    """Time between probes of each node."""
+    timeout_s: PositiveSeconds = 5.0
+    """Timeout of one `GET /health` probe."""
+    failure_threshold: int = Field(default=3, ge=1, le=100)
+    """Consecutive failed probes that make a node `unhealthy`."""
+    recovery_timeout_s: PositiveSeconds = 30.0
+    """Timeout of the one-token completion probe that closes an open circuit breaker."""
+    concurrency: int = Field(default=64, ge=1)
+    """Probes in flight at once."""
+
+
+class BreakerSettings(_Group):
+    """Per-node circuit breakers (`[breaker]`)."""
+
+    failure_threshold: int = Field(default=3, ge=1, le=100)
+    """Consecutive request failures (connect errors, timeouts, 5xx) that open a node's breaker."""
+
+
+class LoggingSettings(_Group):
+    """Logs (`[logging]`)."""
+
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
+    """Lowest level written."""
+    format: Literal["console", "json"] = "console"
+    """`json` for log collectors, `console` for people."""
+
+    @field_validator("level", mode="before")
+    @classmethod
+    def _upper(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
+
+
+class RegistrySettings(_Group):
+    """Where the fleet is recorded (`[registry]`)."""
+
+    backend: Literal["embedded"] = "embedded"
+    """`embedded`: a state file under `state_dir`."""
+    poll_interval_s: Annotated[float, Field(gt=0, le=60)] = 0.5
+    """How often the embedded registry checks its state file for changes made by `qiip node …`."""
+
+
+class LlamaCppEngineSettings(_Group):
+    """The pinned llama.cpp source and where builds go (`[engines.llamacpp]`)."""
+
+    source_kind: Literal["pypi-sdist", "llama.cpp"] = "pypi-sdist"
+    """`pypi-sdist`: llama-cpp-python's source distribution, which carries llama.cpp in
+    `vendor/llama.cpp`; `llama.cpp`: a llama.cpp release archive."""
+    version: str = "0.3.36"
+    """The llama-cpp-python version (`pypi-sdist`) or the llama.cpp tag such as `b6500` (`llama.cpp`)."""
+    sha256: str | None = None
+    """SHA-256 of the source archive. Required whenever `version` is not the pinned default."""
+    url_template: str | None = None
+    """Archive URL with `{version}`. Default: resolved from `index_url` (`pypi-sdist`), or the llama.cpp
+    GitHub tag archive (`llama.cpp`)."""
+    index_url: str = "https://pypi.org/simple"
+    """The package index used to find the sdist (`pypi-sdist` without `url_template`)."""
+    install_dir: Path = Field(default_factory=lambda: _default_engine_dir() / "llama.cpp")
+    """Builds go to `<install_dir>/<version>-<variant>/bin`, with a `current` link to the newest."""
+    server_binary: Path | None = None
+    """Use this `llama-server` instead of the installed one."""
+
+    @field_validator("sha256")
+    @classmethod
+    def _hex(cls, value: str | None) -> str | None:
+        if value is not None:
+            value = value.strip().lower()
+            if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+                raise ValueError("sha256 must be 64 hexadecimal characters")
+        return value
+
+
+class EngineSettings(_Group):
+    """Inference engines (`[engines]`)."""
+
+    llamacpp: LlamaCppEngineSettings = Field(default_factory=LlamaCppEngineSettings)
+
+
+class NodeConfig(_Group):
+    """A node declared in the config file (`[[nodes]]`)."""
+
+    id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
+    """Stable node name."""
+    endpoint: str
+    """`scheme://host:port`, checked against the allowlist."""
+    model: str = Field(min_length=1, max_length=512)
+    """The served model alias, matched exactly."""
+    engine: Engine = Engine.VLLM
+    """`vllm`, `llama_cpp` or `attached`."""
+    capabilities: NodeCapabilities = Field(default_factory=NodeCapabilities)
+    """What the node serves."""
+
+
+class LocalNodeConfig(_Group):
+    """A llama.cpp node the daemon launches and supervises on its own host (`[[local_nodes]]`)."""
+
+    id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
+    """Node name."""
+    gguf: Path
+    """The GGUF file (or the first shard of a split family) to serve."""
+    model: str = Field(min_length=1, max_length=512)
+    """The alias clients use as `model`."""
+    host: str = "127.0.0.1"
+    """Address llama-server binds."""
+    port: int = Field(default=0, ge=0, le=65535)
+    """llama-server's port; 0 picks a free one."""
+    ctx_size: int = Field(default=0, ge=0)
+    """Aggregate context (`--ctx-size`); 0 uses slots × min(training context, 4096)."""
+    slots: int = Field(default=2, ge=1, le=256)
+    """Parallel slots (`--parallel`)."""
+    embeddings: bool = False
+    """Serve `/v1/embeddings` (`--embeddings --pooling mean`) instead of generation."""
+    threads: int = Field(default=0, ge=0)
+    """CPU threads (`--threads`); 0 lets llama.cpp choose."""
+    startup_timeout_s: PositiveSeconds = 300.0
+    """How long loading may take before the launch counts as failed."""
+
+
+class Settings(BaseSettings):
+    """All of QIIP's settings. Load them with `load_settings`."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="QIIP_",
+        env_nested_delimiter="__",
+        env_file=".env",
+        extra="forbid",
+        validate_default=True,
+    )
+
+    state_dir: Path = Field(default_factory=default_state_dir)
+    """Directory for the embedded registry's state file and other local state (`QIIP_STATE_DIR`)."""
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    routing: RoutingSettings = Field(default_factory=RoutingSettings)
+    upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
+    health: HealthSettings = Field(default_factory=HealthSettings)
+    breaker: BreakerSettings = Field(default_factory=BreakerSettings)
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
+    registry: RegistrySettings = Field(default_factory=RegistrySettings)
+    engines: EngineSettings = Field(default_factory=EngineSettings)
+    nodes: list[NodeConfig] = Field(default_factory=list)
+    """Nodes declared in the config file."""
+    local_nodes: list[LocalNodeConfig] = Field(default_factory=list)
+    """llama.cpp nodes this daemon launches itself."""
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> Settings:
+        seen: set[str] = set()
+        for node_id in [n.id for n in self.nodes] + [n.id for n in self.local_nodes]:
+            if node_id in seen:
+                raise ValueError(f"node id {node_id!r} is declared twice in nodes/local_nodes")
+            seen.add(node_id)
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings, dotenv_settings]
+        path = _config_file.get()
+        if path is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
+        return tuple(sources)
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Load the settings from the environment, `.env`, an optional TOML file and overrides.
+
+    Args:
+        config_file: a TOML file (`--config`); None reads no file.
+        **overrides: values that beat every other source, nested as dicts (`server={"port": 9000}`).
+
+    Returns:
+        The validated settings.
+
+    Raises:
+        ConfigError: the file is missing or not valid TOML, or a value is invalid; the message names each
+            invalid setting, its environment variable and what is allowed.
+    """
+    if config_file is not None:
+        if not config_file.is_file():
+            raise ConfigError(f"The config file {config_file} does not exist or is not a regular file.")
+        try:
+            with config_file.open("rb") as f:
+                tomllib.load(f)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"The config file {config_file} is not valid TOML: {exc}.") from exc
+        except OSError as exc:
+            raise ConfigError(f"The config file {config_file} cannot be read: {exc.strerror}.") from exc
+    token = _config_file.set(config_file)
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, config_file)) from exc
+    except SettingsError as exc:
+        raise ConfigError(f"A setting could not be parsed: {exc}. JSON is expected for lists and tables.") from exc
+    finally:
+        _config_file.reset(token)
+
+
+def format_validation_error(exc: ValidationError, config_file: Path | None) -> str:
+    """Turn a settings `ValidationError` into lines naming each setting, its variable and the problem."""
+    where = f" in {config_file}" if config_file else ""
+    lines = [f"Invalid settings{where}:"]
+    for error in exc.errors():
+        loc = [str(part) for part in error["loc"]]
+        dotted = ".".join(loc) or "(settings)"
+        env = "QIIP_" + "__".join(p.upper() for p in loc if not p.isdigit())
+        message = error["msg"]
+        if error["type"] == "extra_forbidden":
+            lines.append(f"- {dotted}: unknown setting; check its spelling against .env.example.")
+            continue
+        got = error.get("input")
+        shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
+        lines.append(f"- {dotted} ({env}): {message}{shown}.")
+    return "\n".join(lines)

@@ -1,0 +1,243 @@
+"""Background health checks.
+
+Every `interval_s` each node gets `GET /health`. The answer is classified (`classify_health`) and applied
+to the routing table (`apply_probe`), both pure so the transition matrix is tested without a network:
+
+| probe       | breaker | effect                                                                    |
+|-------------|---------|---------------------------------------------------------------------------|
+| ok          | closed  | failures reset; unknown/unhealthy → healthy                               |
+| ok          | open    | failures reset; one half-open recovery probe: a one-token completion      |
+| loading     | any     | llama-server's 503 "Loading model": not ready, never a failure → unknown  |
+| failed      | any     | failures + 1; at `failure_threshold`, healthy/unknown → unhealthy         |
+
+Lifecycle statuses (draining, provisioning, …) are never changed here; liveness is still recorded so the
+node is ready the moment its lifecycle ends. Nodes being provisioned are not probed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from enum import StrEnum
+
+import httpx
+
+from qiip_core.config import HealthSettings
+from qiip_core.nodes import NodeStatus
+from qiip_core.routing import BreakerState, ChangeKind, NodeState, RoutingTable, TableChange
+
+__all__ = ["HealthChecker", "ProbeOutcome", "apply_probe", "classify_health"]
+
+logger = logging.getLogger("qiip.health")
+
+
+class ProbeOutcome(StrEnum):
+    """How a node answered `GET /health`."""
+
+    OK = "ok"
+    """200: ready."""
+    LOADING = "loading"
+    """503 "Loading model" (llama-server): alive, not ready yet."""
+    FAILED = "failed"
+    """Anything else: an error status, a timeout, a refused connection."""
+
+
+def classify_health(status_code: int, body: bytes) -> ProbeOutcome:
+    """Classify a `/health` answer.
+
+    Args:
+        status_code: the HTTP status.
+        body: the response body (llama-server answers `{"error":{"code":503,"message":"Loading model",
+            "type":"unavailable_error"}}` while loading).
+    """
+    if status_code == 200:
+        return ProbeOutcome.OK
+    if status_code == 503:
+        try:
+            error = json.loads(body).get("error", {})
+        except (ValueError, AttributeError):
+            return ProbeOutcome.FAILED
+        if isinstance(error, dict) and "loading" in str(error.get("message", "")).lower():
+            return ProbeOutcome.LOADING
+    return ProbeOutcome.FAILED
+
+
+def apply_probe(
+    table: RoutingTable, state: NodeState, outcome: ProbeOutcome, *, error: str | None, failure_threshold: int
+) -> bool:
+    """Apply one probe's outcome to a node.
+
+    Args:
+        table: the routing table holding `state`.
+        state: the probed node.
+        outcome: the classified answer.
+        error: what went wrong, for `FAILED`.
+        failure_threshold: consecutive failures that make the node unhealthy.
+
+    Returns:
+        True when the node answers but its circuit breaker is open: the caller should run the recovery probe.
+    """
+    state.last_probe_at = datetime.now(UTC)
+    node_id = state.id
+    if outcome is ProbeOutcome.OK:
+        state.health_failures = 0
+        table.mark_heartbeat(node_id)
+        if state.breaker.state is BreakerState.CLOSED:
+            table.set_liveness(node_id, NodeStatus.HEALTHY, reason="health probe ok")
+            return False
+        return state.breaker.state is BreakerState.OPEN
+    if outcome is ProbeOutcome.LOADING:
+        table.set_liveness(node_id, NodeStatus.UNKNOWN, reason="loading its model")
+        return False
+    state.health_failures += 1
+    state.last_error = error
+    if state.health_failures >= failure_threshold and state.liveness is not NodeStatus.UNHEALTHY:
+        table.set_liveness(
+            node_id, NodeStatus.UNHEALTHY, reason=f"{state.health_failures} failed health probes: {error}"
+        )
+    elif state.health_failures < failure_threshold:
+        # Still counts as an observation, so the registry's liveness no longer applies.
+        state.observed = True
+    return False
+
+
+class HealthChecker:
+    """Probes every node on an interval and each new node at once.
+
+    Args:
+        table: the routing table to observe and update.
+        settings: interval, timeouts, threshold, concurrency.
+        client: the HTTP client for probes (a dedicated one by default, closed by `aclose()`).
+        on_healthy: awaited after each successful probe of a healthy node (etcd lease refresh).
+    """
+
+    def __init__(
+        self,
+        table: RoutingTable,
+        settings: HealthSettings,
+        *,
+        client: httpx.AsyncClient | None = None,
+        on_healthy: Callable[[NodeState], Awaitable[None]] | None = None,
+    ) -> None:
+        self.table = table
+        self.settings = settings
+        self._owns_client = client is None
+        self.client = client or httpx.AsyncClient(
+            timeout=httpx.Timeout(settings.timeout_s),
+            limits=httpx.Limits(max_connections=settings.concurrency, max_keepalive_connections=0),
+            trust_env=False,
+            follow_redirects=False,
+        )
+        self._on_healthy = on_healthy
+        self._semaphore = asyncio.Semaphore(settings.concurrency)
+        self._probing: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._unsubscribe: Callable[[], None] | None = None
+
+    def start(self) -> None:
+        """Start the probe loop and probe nodes as soon as they are added."""
+        self._unsubscribe = self.table.add_listener(self._on_change)
+        self._loop_task = asyncio.create_task(self._run(), name="qiip-health")
+
+    async def aclose(self) -> None:
+        """Stop probing and close the client."""
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+        tasks = [t for t in (self._loop_task, *self._tasks) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._owns_client:
+            await self.client.aclose()
+
+    def _on_change(self, change: TableChange) -> None:
+        if change.kind is ChangeKind.ADDED:
+            self.probe_soon(change.node.id)
+
+    def probe_soon(self, node_id: str) -> None:
+        """Probe one node now, in the background (no-op while a probe of it is running)."""
+        if node_id in self._probing:
+            return
+        task = asyncio.create_task(self.probe(node_id), name=f"qiip-health-{node_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self) -> None:
+        while True:
+            await self.probe_all()
+            await asyncio.sleep(self.settings.interval_s)
+
+    async def probe_all(self) -> None:
+        """Probe every node once, at most `concurrency` at a time."""
+        await asyncio.gather(*(self.probe(state.id) for state in self.table), return_exceptions=False)
+
+    async def probe(self, node_id: str) -> None:
+        """Probe one node and apply the outcome (and the recovery probe when its breaker is open)."""
+        state = self.table.get(node_id)
+        if state is None or node_id in self._probing or state.status is NodeStatus.PROVISIONING:
+            return
+        self._probing.add(node_id)
+        try:
+            async with self._semaphore:
+                outcome, error = await self._health(state)
+                if self.table.get(node_id) is not state:
+                    return
+                needs_recovery = apply_probe(
+                    self.table, state, outcome, error=error, failure_threshold=self.settings.failure_threshold
+                )
+                if needs_recovery:
+                    await self._recover(state)
+                if outcome is ProbeOutcome.OK and state.status is NodeStatus.HEALTHY and self._on_healthy is not None:
+                    await self._on_healthy(state)
+        except Exception:
+            logger.exception("probing node %s failed unexpectedly", node_id)
+        finally:
+            self._probing.discard(node_id)
+
+    async def _health(self, state: NodeState) -> tuple[ProbeOutcome, str | None]:
+        url = state.node.endpoint + "/health"
+        try:
+            response = await self.client.get(url, timeout=self.settings.timeout_s)
+        except httpx.HTTPError as exc:
+            return ProbeOutcome.FAILED, f"GET /health: {type(exc).__name__}: {exc}".rstrip(": ")
+        outcome = classify_health(response.status_code, response.content)
+        error = None if outcome is not ProbeOutcome.FAILED else f"GET /health answered {response.status_code}"
+        return outcome, error
+
+    async def _recover(self, state: NodeState) -> None:
+        if not state.breaker.try_half_open():
+            return
+        node = state.node
+        endpoints = node.capabilities.endpoints
+        if "completions" in endpoints or not endpoints:
+            path, body = "/v1/completions", {"model": node.model, "prompt": "ping", "max_tokens": 1}
+        elif "chat" in endpoints:
+            path, body = (
+                "/v1/chat/completions",
+                {"model": node.model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1},
+            )
+        else:
+            path, body = "/v1/embeddings", {"model": node.model, "input": "ping"}
+        try:
+            response = await self.client.post(node.endpoint + path, json=body, timeout=self.settings.recovery_timeout_s)
+            ok = response.status_code == 200
+            error = None if ok else f"recovery probe {path} answered {response.status_code}"
+        except httpx.HTTPError as exc:
+            ok, error = False, f"recovery probe {path}: {type(exc).__name__}: {exc}"
+        except BaseException:
+            state.breaker.reopen()
+            raise
+        if self.table.get(state.id) is not state:
+            state.breaker.reopen()
+            return
+        if ok:
+            state.breaker.record_success()
+            self.table.set_liveness(state.id, NodeStatus.HEALTHY, reason="recovery probe ok; breaker closed")
+        else:
+            state.breaker.record_failure()
+            state.last_error = error
+            logger.info("node %s: %s; breaker stays open", state.id, error)

@@ -1,0 +1,35 @@
+"""Nodes: the registration record, its statuses, and the endpoint allowlist."""
+
+from __future__ import annotations
+
+from qiip_core.nodes._endpoint import (
+    DEFAULT_ALLOWED_HOSTS,
+    DEFAULT_ALLOWED_NETWORKS,
+    Endpoint,
+    EndpointPolicy,
+    parse_endpoint,
+)
+from qiip_core.nodes._node import (
+    LIFECYCLE_STATUSES,
+    LIVENESS_STATUSES,
+    Engine,
+    LlamaCppRuntime,
+    Node,
+    NodeCapabilities,
+    NodeStatus,
+)
+
+__all__ = [
+    "DEFAULT_ALLOWED_HOSTS",
+    "DEFAULT_ALLOWED_NETWORKS",
+    "LIFECYCLE_STATUSES",
+    "LIVENESS_STATUSES",
+    "Endpoint",
+    "EndpointPolicy",
+    "Engine",
+    "LlamaCppRuntime",
+    "Node",
+    "NodeCapabilities",
+    "NodeStatus",
+    "parse_endpoint",
+]

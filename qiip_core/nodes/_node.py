@@ -1,0 +1,149 @@
+"""The node: one inference server behind the gateway, as the registry records it.
+
+A `Node` is the registration record: what the registry (the embedded state file or etcd) stores and
+what the admin API shows. It is immutable; a change is a new record (`model_copy(update=...)`). What
+the gateway observes at run time (in-flight requests, the circuit breaker, health counters) lives in the
+routing table beside it, not in the record.
+
+The JSON form is compatible with the seed system's etcd values: unknown fields are ignored, a missing
+`managed` means externally owned.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = [
+    "LIFECYCLE_STATUSES",
+    "LIVENESS_STATUSES",
+    "Engine",
+    "LlamaCppRuntime",
+    "Node",
+    "NodeCapabilities",
+    "NodeStatus",
+]
+
+
+class NodeStatus(StrEnum):
+    """Where a node is in its life. Only `healthy` nodes receive traffic."""
+
+    HEALTHY = "healthy"
+    """Passing health checks; routable."""
+    UNHEALTHY = "unhealthy"
+    """Failing health checks or its circuit breaker is open."""
+    DRAINING = "draining"
+    """Finishing in-flight requests; receives nothing new."""
+    RELAUNCHING = "relaunching"
+    """Being restarted with a new sizing policy."""
+    RELAUNCH_FAILED = "relaunch_failed"
+    """A relaunch and its rollback both failed; only teardown is allowed."""
+    PROVISIONING = "provisioning"
+    """Being installed over SSH; not yet serving."""
+    FAILED = "failed"
+    """Provisioning failed."""
+    UNKNOWN = "unknown"
+    """Registered but not yet observed (or still loading its model)."""
+
+
+LIVENESS_STATUSES = frozenset({NodeStatus.HEALTHY, NodeStatus.UNHEALTHY, NodeStatus.UNKNOWN})
+"""Statuses a gateway observes for itself; its own observation beats one read from a shared registry."""
+
+LIFECYCLE_STATUSES = frozenset(NodeStatus) - LIVENESS_STATUSES
+"""Statuses set by an operation (drain, relaunch, provisioning); they always win over observation."""
+
+
+class Engine(StrEnum):
+    """The inference server a node runs."""
+
+    VLLM = "vllm"
+    """vLLM's OpenAI-compatible server."""
+    LLAMA_CPP = "llama_cpp"
+    """llama.cpp's `llama-server`."""
+    ATTACHED = "attached"
+    """An existing OpenAI-compatible server attached by an administrator."""
+
+
+class NodeCapabilities(BaseModel):
+    """What a node can serve. Unknown keys are ignored.
+
+    Attributes:
+        max_tokens: the largest `max_tokens` the node accepts, when known.
+        gpu_memory: a free-form description of the node's GPU memory (seed-compatible).
+        endpoints: which OpenAI APIs the node serves; the health checker's recovery probe uses the first of
+            `completions` or `embeddings` it finds.
+        concurrency: at most this many requests in flight to the node (None: no cap).
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    max_tokens: int | None = Field(default=None, ge=1)
+    gpu_memory: str = ""
+    endpoints: tuple[Literal["chat", "completions", "embeddings"], ...] = ("chat", "completions")
+    concurrency: int | None = Field(default=None, ge=1)
+
+
+class LlamaCppRuntime(BaseModel):
+    """The verified runtime record of a llama.cpp node (seed contract `llamacpp_runtime`).
+
+    Attributes:
+        requested: the sizing policy asked for (`sizing` = `auto` or `custom`, `fit_target_mib`, …).
+        effective: what the running server reports (`context_per_slot`, `slots`, `cache_type_k`, …).
+        gpus: per-device memory after load, `[{index, total_mib, used_mib, free_mib}]`.
+        observed_at: when it was observed; always timezone-aware.
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    requested: dict[str, Any]
+    effective: dict[str, Any]
+    gpus: list[dict[str, Any]] = Field(default_factory=list)
+    observed_at: datetime
+
+    @field_validator("observed_at")
+    @classmethod
+    def _aware(cls, value: datetime) -> datetime:
+        if value.tzinfo is None:
+            raise ValueError("observed_at must carry a timezone")
+        return value
+
+
+class Node(BaseModel):
+    """A registered inference node.
+
+    Attributes:
+        id: a stable name, usually the host name (`gpu01`); 1–128 characters of `[A-Za-z0-9._:-]`.
+        endpoint: the normalised `scheme://host:port` the gateway forwards to.
+        status: the registry's view of the node; see `NodeStatus`.
+        model: the served model alias, an opaque string (`org/name`, `name:tag`) matched exactly
+            against the request's `model`.
+        engine: the inference server.
+        artifact_id: the 64-hex identity of the exact model files, when known.
+        llamacpp_runtime: the verified llama.cpp sizing record, when known.
+        capabilities: what the node serves.
+        managed: True when QIIP launched the node and owns its lifecycle.
+        last_heartbeat: the last successful health observation (UTC).
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
+    endpoint: str
+    status: NodeStatus = NodeStatus.UNKNOWN
+    model: str = Field(min_length=1, max_length=512)
+    engine: Engine = Engine.VLLM
+    artifact_id: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    llamacpp_runtime: LlamaCppRuntime | None = None
+    capabilities: NodeCapabilities = Field(default_factory=NodeCapabilities)
+    managed: bool = False
+    last_heartbeat: datetime | None = None
+
+    @field_validator("model")
+    @classmethod
+    def _printable(cls, value: str) -> str:
+        if not value.isprintable() or value != value.strip():
+            raise ValueError("model must be printable with no surrounding whitespace")
+        return value

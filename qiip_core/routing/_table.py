@@ -1,0 +1,444 @@
+"""The routing table: every known node with what this gateway observes about it, and least-connections
+selection with reservations.
+
+The registry says which nodes exist (`apply_put`, `apply_delete`); the health checker and the forwarder
+say how they behave (`observe_liveness`, `record_success`, `record_failure`). Requests take a
+`Reservation` on the least-loaded healthy node serving their model and release it exactly once, however
+the request ends. Everything here runs on one event loop and never awaits, so each method is atomic.
+
+Status merging, when the registry (possibly shared with other gateways through etcd) and this gateway
+disagree:
+
+- lifecycle statuses from the registry (draining, provisioning, relaunching, …) always win;
+- liveness (healthy, unhealthy, unknown) observed by this gateway wins over liveness read from the
+  registry; before this gateway has observed a node, the registry's liveness is used;
+- a node deleted from the registry turns `draining` and leaves the table when its last request ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+
+from qiip_core._errors import ModelNotFound, ModelUnavailable, NoNodes, RoutingError
+from qiip_core.nodes import LIFECYCLE_STATUSES, Engine, Node, NodeStatus
+from qiip_core.routing._breaker import BreakerState, CircuitBreaker
+
+__all__ = [
+    "ChangeKind",
+    "NodeState",
+    "Reservation",
+    "RoutingTable",
+    "TableChange",
+    "select_least_connections",
+]
+
+logger = logging.getLogger("qiip.routing")
+
+
+class NodeState:
+    """A node in the routing table: its registration plus what this gateway observes.
+
+    Attributes:
+        node: the registration record, as the registry last gave it.
+        lifecycle: a lifecycle status (draining, provisioning, …) from the registry, or None.
+        liveness: healthy, unhealthy or unknown: observed by this gateway, or the registry's until then.
+        in_flight: requests currently reserved on the node.
+        breaker: the node's circuit breaker.
+        health_failures: consecutive failed health probes.
+        observed: True once this gateway has probed the node itself.
+        last_error: the last failure seen (probe or request), for operators.
+        last_probe_at: when the last health probe finished (UTC).
+        removed: deleted from the registry; leaves the table when `in_flight` reaches 0.
+        source: where the registration came from (`config`, `state`, `local`, `etcd`).
+    """
+
+    __slots__ = (
+        "breaker",
+        "health_failures",
+        "in_flight",
+        "last_error",
+        "last_probe_at",
+        "lifecycle",
+        "liveness",
+        "node",
+        "observed",
+        "removed",
+        "source",
+    )
+
+    def __init__(self, node: Node, *, source: str, breaker_threshold: int) -> None:
+        self.node = node
+        self.lifecycle: NodeStatus | None = node.status if node.status in LIFECYCLE_STATUSES else None
+        self.liveness = NodeStatus.UNKNOWN if self.lifecycle else node.status
+        self.in_flight = 0
+        self.breaker = CircuitBreaker(breaker_threshold)
+        self.health_failures = 0
+        self.observed = False
+        self.last_error: str | None = None
+        self.last_probe_at: datetime | None = None
+        self.removed = False
+        self.source = source
+
+    @property
+    def id(self) -> str:
+        """The node id."""
+        return self.node.id
+
+    @property
+    def status(self) -> NodeStatus:
+        """The effective status used for routing: draining once removed, else lifecycle, else liveness."""
+        if self.removed:
+            return NodeStatus.DRAINING
+        return self.lifecycle or self.liveness
+
+    @property
+    def eligible(self) -> bool:
+        """True when the node may take a new request: healthy, breaker closed, below its concurrency cap."""
+        if self.status is not NodeStatus.HEALTHY or self.breaker.state is not BreakerState.CLOSED:
+            return False
+        cap = self.node.capabilities.concurrency
+        return cap is None or self.in_flight < cap
+
+    def effective_node(self) -> Node:
+        """The registration with the effective status, as the admin API shows it."""
+        if self.node.status is self.status:
+            return self.node
+        return self.node.model_copy(update={"status": self.status})
+
+
+def select_least_connections(candidates: list[NodeState], rng: random.Random) -> NodeState:
+    """Pick the candidate with the fewest requests in flight; ties are broken at random.
+
+    Args:
+        candidates: eligible nodes; must not be empty.
+        rng: the random source for tie-breaking.
+
+    Returns:
+        The chosen node.
+
+    Raises:
+        ValueError: `candidates` is empty.
+    """
+    if not candidates:
+        raise ValueError("no candidates to select from")
+    least = min(state.in_flight for state in candidates)
+    best = [state for state in candidates if state.in_flight == least]
+    return best[0] if len(best) == 1 else rng.choice(best)
+
+
+class ChangeKind(StrEnum):
+    """What happened to a node in the table."""
+
+    ADDED = "added"
+    """A node entered the table."""
+    UPDATED = "updated"
+    """Its registration or effective status changed."""
+    REMOVED = "removed"
+    """It left the table."""
+
+
+@dataclass(frozen=True, slots=True)
+class TableChange:
+    """A change listeners hear about (`RoutingTable.add_listener`).
+
+    Attributes:
+        kind: added, updated or removed.
+        node: the node's registration with its effective status at the time of the change.
+    """
+
+    kind: ChangeKind
+    node: Node
+
+
+class Reservation:
+    """One request's claim on one node. `release()` is idempotent; the table counts it exactly once.
+
+    Use it as a context manager, or call `release()` in a `finally`.
+    """
+
+    __slots__ = ("_released", "_table", "state")
+
+    def __init__(self, table: RoutingTable, state: NodeState) -> None:
+        self._table = table
+        self.state = state
+        self._released = False
+
+    @property
+    def node(self) -> Node:
+        """The reserved node's registration."""
+        return self.state.node
+
+    @property
+    def released(self) -> bool:
+        """True once released."""
+        return self._released
+
+    def release(self) -> None:
+        """Give the slot back. Calling it again does nothing."""
+        if not self._released:
+            self._released = True
+            self._table._release(self.state)
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+
+class RoutingTable:
+    """All nodes known to this gateway, with least-connections selection.
+
+    Args:
+        breaker_threshold: consecutive failures that open a node's circuit breaker.
+        rng: random source for tie-breaking (tests pass a seeded one).
+    """
+
+    def __init__(self, *, breaker_threshold: int = 3, rng: random.Random | None = None) -> None:
+        self._states: dict[str, NodeState] = {}
+        self._by_model: dict[str, dict[str, NodeState]] = {}
+        self._breaker_threshold = breaker_threshold
+        self._rng = rng or random.Random()
+        self._listeners: list[Callable[[TableChange], None]] = []
+
+    # -- reading -------------------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def __iter__(self) -> Iterator[NodeState]:
+        return iter(list(self._states.values()))
+
+    def __contains__(self, node_id: object) -> bool:
+        return node_id in self._states
+
+    def get(self, node_id: str) -> NodeState | None:
+        """The node's state, or None."""
+        return self._states.get(node_id)
+
+    def models(self) -> dict[str, Engine]:
+        """Models served by at least one healthy node, each with the engine of one of them."""
+        served: dict[str, Engine] = {}
+        for model, states in self._by_model.items():
+            for state in states.values():
+                if state.status is NodeStatus.HEALTHY:
+                    served[model] = state.node.engine
+                    break
+        return served
+
+    def count_by_status(self) -> dict[NodeStatus, int]:
+        """How many nodes are in each status."""
+        counts: dict[NodeStatus, int] = {}
+        for state in self._states.values():
+            counts[state.status] = counts.get(state.status, 0) + 1
+        return counts
+
+    # -- selection -----------------------------------------------------------------------------------------
+
+    def reserve(self, model: str, *, exclude: Collection[str] = ()) -> Reservation:
+        """Reserve the least-loaded eligible node serving exactly `model`.
+
+        Args:
+            model: the requested model, compared as an opaque string.
+            exclude: node ids not to use (already tried by this request).
+
+        Returns:
+            A reservation on the chosen node; its in-flight count is already incremented.
+
+        Raises:
+            NoNodes: the table is empty.
+            ModelNotFound: no node, in any status, serves `model`.
+            ModelUnavailable: nodes serve `model` but none is eligible.
+        """
+        serving = self._by_model.get(model)
+        if not serving:
+            raise self.routing_error(model)
+        candidates = [s for s in serving.values() if s.eligible and s.id not in exclude]
+        if not candidates:
+            raise self.routing_error(model)
+        state = candidates[0] if len(candidates) == 1 else select_least_connections(candidates, self._rng)
+        state.in_flight += 1
+        return Reservation(self, state)
+
+    def routing_error(self, model: str) -> RoutingError:
+        """The error for a request that finds no eligible node: `NoNodes`, `ModelNotFound` or
+        `ModelUnavailable`, by the same rules as `reserve`."""
+        if not self._states:
+            return NoNodes("No inference nodes are registered.", model=model)
+        if not self._by_model.get(model):
+            return ModelNotFound(f"The model {model!r} does not exist on any node.", model=model)
+        return ModelUnavailable(
+            f"The model {model!r} is registered but no node serving it is available right now; retry later.",
+            model=model,
+        )
+
+    def _release(self, state: NodeState) -> None:
+        state.in_flight -= 1
+        if state.removed and state.in_flight <= 0:
+            self._drop(state.id)
+
+    # -- registry events -----------------------------------------------------------------------------------
+
+    def apply_put(self, node: Node, *, source: str) -> None:
+        """Add or update a node from its registry.
+
+        Args:
+            node: the registration, endpoint already checked against the allowlist.
+            source: where it came from (`config`, `state`, `local`, `etcd`).
+        """
+        state = self._states.get(node.id)
+        if state is None:
+            state = NodeState(node, source=source, breaker_threshold=self._breaker_threshold)
+            self._states[node.id] = state
+            self._by_model.setdefault(node.model, {})[node.id] = state
+            self._notify(ChangeKind.ADDED, state)
+            return
+        before = (state.node, state.status)
+        if node.model != state.node.model:
+            self._unindex(state)
+            self._by_model.setdefault(node.model, {})[node.id] = state
+        if node.endpoint != state.node.endpoint:
+            # Another server now: what was observed about the old one says nothing about it.
+            state.breaker = CircuitBreaker(self._breaker_threshold)
+            state.health_failures = 0
+            state.observed = False
+            state.liveness = NodeStatus.UNKNOWN
+        state.node = node
+        state.source = source
+        state.removed = False
+        if node.status in LIFECYCLE_STATUSES:
+            state.lifecycle = node.status
+        else:
+            state.lifecycle = None
+            if not state.observed:
+                state.liveness = node.status
+        if (state.node, state.status) != before:
+            self._notify(ChangeKind.UPDATED, state)
+
+    def apply_delete(self, node_id: str) -> None:
+        """A node left the registry: stop routing to it, and drop it once its last request ends."""
+        state = self._states.get(node_id)
+        if state is None:
+            return
+        if state.in_flight <= 0:
+            self._drop(node_id)
+            return
+        before = state.status
+        state.removed = True
+        if before is not NodeStatus.DRAINING:
+            self._notify(ChangeKind.UPDATED, state)
+
+    def _drop(self, node_id: str) -> None:
+        state = self._states.pop(node_id, None)
+        if state is not None:
+            self._unindex(state)
+            self._notify(ChangeKind.REMOVED, state)
+
+    def _unindex(self, state: NodeState) -> None:
+        serving = self._by_model.get(state.node.model)
+        if serving is not None:
+            serving.pop(state.id, None)
+            if not serving:
+                del self._by_model[state.node.model]
+
+    # -- observations --------------------------------------------------------------------------------------
+
+    def set_liveness(self, node_id: str, liveness: NodeStatus, *, reason: str | None = None) -> None:
+        """Record this gateway's own observation: healthy, unhealthy or unknown. Unknown ids are ignored.
+
+        Raises:
+            ValueError: `liveness` is a lifecycle status.
+        """
+        if liveness in LIFECYCLE_STATUSES:
+            raise ValueError(f"{liveness.value} is a lifecycle status, not an observation")
+        state = self._states.get(node_id)
+        if state is None:
+            return
+        state.observed = True
+        if state.liveness is liveness:
+            return
+        before = state.status
+        state.liveness = liveness
+        if state.status is not before:
+            logger.info(
+                "node %s: %s -> %s%s",
+                node_id,
+                before.value,
+                state.status.value,
+                f" ({reason})" if reason else "",
+            )
+        self._notify(ChangeKind.UPDATED, state)
+
+    def set_lifecycle(self, node_id: str, lifecycle: NodeStatus | None) -> None:
+        """Set or clear (None) a lifecycle status decided on this gateway, such as a drain.
+
+        Raises:
+            ValueError: `lifecycle` is a liveness status.
+        """
+        if lifecycle is not None and lifecycle not in LIFECYCLE_STATUSES:
+            raise ValueError(f"{lifecycle.value} is an observation, not a lifecycle status")
+        state = self._states.get(node_id)
+        if state is None or state.lifecycle is lifecycle:
+            return
+        state.lifecycle = lifecycle
+        self._notify(ChangeKind.UPDATED, state)
+
+    def record_success(self, node_id: str) -> None:
+        """A request to the node succeeded: its breaker closes."""
+        state = self._states.get(node_id)
+        if state is not None and state.breaker.state is not BreakerState.CLOSED:
+            state.breaker.record_success()
+            self._notify(ChangeKind.UPDATED, state)
+        elif state is not None:
+            state.breaker.consecutive_failures = 0
+
+    def record_failure(self, node_id: str, error: str) -> bool:
+        """A request to the node failed with a connect error, timeout or 5xx.
+
+        Returns:
+            True when the failure opened (or kept open) the node's breaker; a healthy node is then demoted
+            to `unhealthy`.
+        """
+        state = self._states.get(node_id)
+        if state is None:
+            return False
+        state.last_error = error
+        was_closed = state.breaker.state is BreakerState.CLOSED
+        opened = state.breaker.record_failure()
+        if opened and state.liveness is NodeStatus.HEALTHY:
+            self.set_liveness(node_id, NodeStatus.UNHEALTHY, reason=f"circuit breaker open: {error}")
+        elif opened and was_closed:
+            self._notify(ChangeKind.UPDATED, state)
+        return opened
+
+    def mark_heartbeat(self, node_id: str) -> None:
+        """Record a successful health observation time on the node's registration."""
+        state = self._states.get(node_id)
+        if state is not None:
+            state.node = state.node.model_copy(update={"last_heartbeat": datetime.now(UTC)})
+
+    # -- listeners -----------------------------------------------------------------------------------------
+
+    def add_listener(self, listener: Callable[[TableChange], None]) -> Callable[[], None]:
+        """Call `listener` on every added, updated or removed node.
+
+        Returns:
+            A function that removes the listener.
+        """
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
+
+    def _notify(self, kind: ChangeKind, state: NodeState) -> None:
+        if not self._listeners:
+            return
+        change = TableChange(kind, state.effective_node())
+        for listener in list(self._listeners):
+            try:
+                listener(change)
+            except Exception:
+                logger.exception("a routing-table listener failed")

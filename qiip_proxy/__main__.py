@@ -1,0 +1,3 @@
+from qiip_proxy import main
+
+main()

@@ -1,0 +1,68 @@
+"""The daemon's ASGI application."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
+from starlette.responses import Response
+
+import qiip_core
+from qiip_core.config import Settings
+from qiip_proxy._client_api import router as client_router
+from qiip_proxy._errors import ClientError, error_response
+from qiip_proxy._gateway import Gateway
+
+__all__ = ["create_app"]
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """Build the daemon's app for `settings`.
+
+    The gateway starts in the app's lifespan (registry, health checks, local nodes) and stops with it.
+
+    Raises:
+        ConfigError: a configured node is invalid.
+    """
+    gateway = Gateway(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await gateway.startup()
+        try:
+            yield
+        finally:
+            await gateway.shutdown()
+
+    app = FastAPI(
+        title="QIIP",
+        version=qiip_core.__version__,
+        description="One OpenAI-compatible endpoint over a fleet of llama.cpp and vLLM nodes.",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.gateway = gateway
+    app.include_router(client_router)
+
+    @app.get("/metrics", tags=["operations"], include_in_schema=True)
+    async def metrics() -> Response:
+        """Prometheus metrics: requests, errors, retries, in-flight, TTFT and latency per model and node."""
+        return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return error_response(ClientError(exc.status_code, str(exc.detail), code), headers=dict(exc.headers or {}))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        first = exc.errors()[0] if exc.errors() else {"msg": "invalid request", "loc": ()}
+        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        return error_response(ClientError(422, str(first["msg"]), "invalid_request", param))
+
+    return app

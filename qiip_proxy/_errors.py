@@ -1,0 +1,77 @@
+"""The one place that turns errors into HTTP answers on the client API.
+
+Every error body has OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, so the `openai`
+library raises its usual exceptions with our message. Once a stream has started, errors are not HTTP
+answers any more: `sse_error_event` is what the relay sends in-band, followed by `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from starlette.responses import Response
+
+from qiip_core import FailoverExhausted, QiipError, RoutingError, UpstreamError
+
+__all__ = ["ClientError", "error_body", "error_response", "sse_error_event"]
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+@dataclass
+class ClientError(Exception):
+    """A request the gateway refuses itself (bad JSON, missing model, too large, …).
+
+    Attributes:
+        status: the HTTP status.
+        message: a full sentence for the client.
+        code: the OpenAI error `code`.
+        param: the request field at fault, if any.
+        type: the OpenAI error `type`.
+        headers: extra response headers.
+    """
+
+    status: int
+    message: str
+    code: str
+    param: str | None = None
+    type: str = "invalid_request_error"
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def error_body(message: str, *, type: str, code: str | None, param: str | None = None) -> bytes:
+    """The OpenAI error JSON."""
+    return json.dumps({"error": {"message": message, "type": type, "param": param, "code": code}}).encode()
+
+
+def _describe(exc: QiipError | ClientError) -> tuple[int, str, str | None, str | None, dict[str, str]]:
+    """(status, type, code, param, headers) for an error: the mapping table."""
+    if isinstance(exc, ClientError):
+        return exc.status, exc.type, exc.code, exc.param, exc.headers
+    if isinstance(exc, RoutingError):
+        kind = "invalid_request_error" if exc.status == 404 else "service_unavailable_error"
+        return exc.status, kind, exc.code, "model" if exc.status == 404 else None, {}
+    if isinstance(exc, FailoverExhausted):
+        headers = {"X-QIIP-Failover": "exhausted", "X-QIIP-Attempts": str(exc.attempts)}
+        return exc.status, "upstream_error", exc.code, None, headers
+    if isinstance(exc, UpstreamError):
+        return exc.status, "upstream_error", exc.code, None, {"X-QIIP-Attempts": "1"}
+    return 500, "server_error", "internal_error", None, {}
+
+
+def error_response(exc: QiipError | ClientError, *, headers: dict[str, str] | None = None) -> Response:
+    """The HTTP answer for an error raised before anything was sent to the client."""
+    status, kind, code, param, extra = _describe(exc)
+    return Response(
+        error_body(exc.message, type=kind, code=code, param=param),
+        status_code=status,
+        media_type="application/json",
+        headers={**extra, **(headers or {})},
+    )
+
+
+def sse_error_event(exc: QiipError) -> bytes:
+    """One SSE event carrying the OpenAI error, for failures after a stream has started."""
+    _, kind, code, param, _ = _describe(exc)
+    return b"data: " + error_body(exc.message, type=kind, code=code, param=param) + b"\n\n"

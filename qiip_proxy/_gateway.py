@@ -1,0 +1,63 @@
+"""The daemon's runtime: the registry feeds the routing table, the health checker observes it, the
+forwarder sends client requests through it, and local llama.cpp nodes are launched beside it.
+
+`Gateway.startup()` and `Gateway.shutdown()` are the stages the app's lifespan runs. Start-up never waits
+for a node: the daemon serves (and answers `/health`) at once, and nodes become routable as their first
+health probe succeeds.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from qiip_core.config import Settings
+from qiip_core.discovery import EmbeddedRegistry, Registry, RegistryEvent, RegistryEventKind
+from qiip_core.health import HealthChecker
+from qiip_core.routing import Forwarder, RoutingTable
+from qiip_proxy._local_nodes import LocalNodes
+from qiip_proxy._metrics import GatewayMetrics
+
+__all__ = ["Gateway"]
+
+logger = logging.getLogger("qiip.proxy")
+
+
+class Gateway:
+    """Everything one daemon runs, wired together.
+
+    Args:
+        settings: the validated settings.
+
+    Raises:
+        ConfigError: a configured node is invalid (from the registry's constructor).
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.table = RoutingTable(breaker_threshold=settings.breaker.failure_threshold)
+        self.registry: Registry = EmbeddedRegistry(settings)
+        self.forwarder = Forwarder(self.table, settings.upstream, max_attempts=settings.routing.max_attempts)
+        self.health = HealthChecker(self.table, settings.health)
+        self.metrics = GatewayMetrics(self.table)
+        self.local_nodes = LocalNodes(settings, self.registry)
+
+    def _apply(self, event: RegistryEvent) -> None:
+        if event.kind is RegistryEventKind.PUT and event.node is not None:
+            self.table.apply_put(event.node, source=event.source)
+        elif event.kind is RegistryEventKind.DELETE:
+            self.table.apply_delete(event.node_id)
+
+    async def startup(self) -> None:
+        """Load the registry into the table, start health checks, launch local nodes (in the background)."""
+        self.health.start()
+        await self.registry.start(self._apply)
+        self.local_nodes.start()
+        logger.info("gateway started: %d node(s) registered, registry %s", len(self.table), self.registry.backend)
+
+    async def shutdown(self) -> None:
+        """Stop local nodes, health checks and the registry watch; close upstream connections."""
+        await self.local_nodes.aclose()
+        await self.health.aclose()
+        await self.registry.aclose()
+        await self.forwarder.aclose()
+        logger.info("gateway stopped")

@@ -1,0 +1,123 @@
+"""Prometheus metrics of the client API (`GET /metrics`).
+
+Counters and histograms are updated once per request at its end (`account`); per-node gauges (in-flight
+requests, status, breaker) are read from the routing table when Prometheus scrapes, so the request path
+never touches a gauge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from qiip_core.nodes import NodeStatus
+from qiip_core.routing import RoutingTable
+
+__all__ = ["GatewayMetrics"]
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class _TableCollector(Collector):
+    def __init__(self, table: RoutingTable) -> None:
+        self._table = table
+
+    def collect(self) -> Iterator[Metric]:
+        in_flight = GaugeMetricFamily(
+            "qiip_in_flight_requests", "Requests in flight per node.", labels=["model", "node"]
+        )
+        up = GaugeMetricFamily(
+            "qiip_node_status", "1 for the node's current status, per status.", labels=["node", "status"]
+        )
+        breaker = GaugeMetricFamily(
+            "qiip_node_breaker_open",
+            "1 when the node's circuit breaker is open or half-open.",
+            labels=["node"],
+        )
+        for state in self._table:
+            in_flight.add_metric([state.node.model, state.id], state.in_flight)
+            for status in NodeStatus:
+                up.add_metric([state.id, status.value], 1.0 if state.status is status else 0.0)
+            breaker.add_metric([state.id], 1.0 if state.breaker.is_open else 0.0)
+        yield in_flight
+        yield up
+        yield breaker
+
+
+class GatewayMetrics:
+    """The daemon's metrics, in a registry of its own (one per app, so tests can run several).
+
+    Args:
+        table: the routing table, read at scrape time for per-node gauges.
+    """
+
+    def __init__(self, table: RoutingTable) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "qiip_requests",
+            "Client requests by model, serving node (empty when none) and HTTP status.",
+            ["model", "node", "status"],
+            registry=self.registry,
+        )
+        self.errors = Counter(
+            "qiip_request_errors",
+            "Failed client requests by model, node and error code.",
+            ["model", "node", "code"],
+            registry=self.registry,
+        )
+        self.retries = Counter(
+            "qiip_upstream_retries",
+            "Attempts that failed and were retried on another node, by the node that failed.",
+            ["model", "node"],
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "qiip_time_to_first_token_seconds",
+            "Streaming requests: time from the request to its first event reaching the client.",
+            ["model", "node"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "qiip_request_duration_seconds",
+            "Client requests: time from the request to the last byte of the response.",
+            ["model", "node"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(_TableCollector(table))
+
+    def account(
+        self,
+        *,
+        model: str,
+        node: str,
+        status: int,
+        duration_s: float,
+        ttft_s: float | None = None,
+        error_code: str | None = None,
+        failed_nodes: list[str] | None = None,
+    ) -> None:
+        """Record one finished client request.
+
+        Args:
+            model: the requested model.
+            node: the node that served it ("" when none did).
+            status: the HTTP status the client got.
+            duration_s: time to the last byte, in seconds.
+            ttft_s: time to the first event of a stream, in seconds.
+            error_code: the OpenAI error code when the request failed (also mid-stream).
+            failed_nodes: nodes whose attempts failed before this answer.
+        """
+        self.requests.labels(model, node, str(status)).inc()
+        if error_code is not None:
+            self.errors.labels(model, node, error_code).inc()
+        for failed in failed_nodes or ():
+            self.retries.labels(model, failed).inc()
+        if node:
+            self.latency.labels(model, node).observe(duration_s)
+            if ttft_s is not None:
+                self.ttft.labels(model, node).observe(ttft_s)
