@@ -1,0 +1,135 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from qiip_core import ConfigError
+from qiip_core.config import load_settings
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
+    import os
+
+    for key in list(os.environ):
+        if key.startswith("QIIP_"):
+            monkeypatch.delenv(key)
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "qiip.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults() -> None:
+    settings = load_settings()
+    assert settings.routing.max_attempts == 3
+    assert settings.server.max_body_bytes == 32 * 1024 * 1024
+    assert settings.upstream.keepalive_expiry_s < 5
+    assert settings.registry.backend == "embedded"
+
+
+def test_toml_file_and_env_nesting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = write(
+        tmp_path,
+        """
+[routing]
+max_attempts = 2
+allowed_endpoint_hosts = ["*.lab"]
+
+[health]
+interval_s = 2.5
+
+[[nodes]]
+id = "gpu01"
+endpoint = "http://gpu01.lab:8000"
+model = "org/model"
+engine = "llama_cpp"
+""",
+    )
+    monkeypatch.setenv("QIIP_ROUTING__ALLOWED_ENDPOINT_PORTS", "[8001,8002]")
+    monkeypatch.setenv("QIIP_HEALTH__FAILURE_THRESHOLD", "5")
+    settings = load_settings(config)
+    assert settings.routing.max_attempts == 2
+    assert settings.routing.allowed_endpoint_ports == [8001, 8002]
+    assert settings.routing.allowed_endpoint_hosts == ["*.lab"]
+    assert settings.health.interval_s == 2.5 and settings.health.failure_threshold == 5
+    assert settings.nodes[0].engine.value == "llama_cpp"
+
+
+def test_env_beats_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = write(tmp_path, "[routing]\nmax_attempts = 2\n")
+    monkeypatch.setenv("QIIP_ROUTING__MAX_ATTEMPTS", "4")
+    assert load_settings(config).routing.max_attempts == 4
+
+
+def test_invalid_value_names_setting_and_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QIIP_ROUTING__MAX_ATTEMPTS", "0")
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert "routing.max_attempts (QIIP_ROUTING__MAX_ATTEMPTS)" in info.value.message
+    assert "greater than or equal to 1" in info.value.message
+
+
+def test_unknown_key_in_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, "[routing]\nmax_atempts = 2\n"))
+    assert "routing.max_atempts: unknown setting" in info.value.message
+
+
+def test_bad_toml_and_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as bad:
+        load_settings(write(tmp_path, "[routing\n"))
+    assert "not valid TOML" in bad.value.message
+    with pytest.raises(ConfigError) as missing:
+        load_settings(tmp_path / "nope.toml")
+    assert "does not exist" in missing.value.message
+
+
+@pytest.mark.parametrize(
+    ("env", "value", "fragment"),
+    [
+        ("QIIP_ROUTING__ALLOWED_ENDPOINT_NETWORKS", '["10.0.0.0/33"]', "not a CIDR network"),
+        ("QIIP_ROUTING__ALLOWED_ENDPOINT_PORTS", "[0]", "routing.allowed_endpoint_ports.0"),
+        ("QIIP_ROUTING__ALLOWED_ENDPOINT_PORTS", "not-json", "could not be parsed"),
+        ("QIIP_LOGGING__LEVEL", "LOUD", "logging.level"),
+        ("QIIP_UPSTREAM__CONNECT_TIMEOUT_S", "-1", "upstream.connect_timeout_s"),
+        ("QIIP_ENGINES__LLAMACPP__SHA256", "xyz", "64 hexadecimal"),
+    ],
+)
+def test_invalid_values(monkeypatch: pytest.MonkeyPatch, env: str, value: str, fragment: str) -> None:
+    monkeypatch.setenv(env, value)
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert fragment in info.value.message
+
+
+def test_duplicate_node_ids(tmp_path: Path) -> None:
+    text = '[[nodes]]\nid="a"\nendpoint="http://127.0.0.1:1"\nmodel="m"\n' * 2
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, text))
+    assert "declared twice" in info.value.message
+
+
+def test_every_setting_is_documented_in_env_example() -> None:
+    from qiip_core.config import Settings
+
+    example = (Path(__file__).parents[3] / ".env.example").read_text()
+    missing = [name for name in _env_names(Settings) if name not in example]
+    assert missing == []
+
+
+def _env_names(model: type, prefix: str = "QIIP_") -> list[str]:
+    from pydantic import BaseModel
+
+    names = []
+    for name, field in model.model_fields.items():  # type: ignore[attr-defined]
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            names += _env_names(annotation, f"{prefix}{name.upper()}__")
+        else:
+            names.append(f"{prefix}{name.upper()}")
+    return names

@@ -1,0 +1,178 @@
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from qiip_core import ModelNotFound, ModelUnavailable, NoNodes
+from qiip_core.nodes import Node, NodeCapabilities, NodeStatus
+from qiip_core.routing import ChangeKind, RoutingTable, TableChange
+
+
+def node(node_id: str, model: str = "m", status: NodeStatus = NodeStatus.HEALTHY, **kw: object) -> Node:
+    return Node(id=node_id, endpoint=f"http://127.0.0.1:{8000 + len(node_id)}", model=model, status=status, **kw)
+
+
+def table_with(*nodes: Node) -> RoutingTable:
+    table = RoutingTable(breaker_threshold=3, rng=random.Random(1))
+    for n in nodes:
+        table.apply_put(n, source="test")
+    return table
+
+
+def test_least_connections_prefers_idle_node() -> None:
+    table = table_with(node("a"), node("b"))
+    first = table.reserve("m")
+    second = table.reserve("m")
+    assert {first.node.id, second.node.id} == {"a", "b"}
+    first.release()
+    third = table.reserve("m")
+    assert third.node.id == first.node.id
+
+
+def test_ties_are_broken_at_random() -> None:
+    table = table_with(node("a"), node("b"), node("c"))
+    chosen = set()
+    for _ in range(60):
+        r = table.reserve("m")
+        chosen.add(r.node.id)
+        r.release()
+    assert chosen == {"a", "b", "c"}
+
+
+def test_model_names_are_opaque_and_exact() -> None:
+    table = table_with(node("a", "org/Model:Q4_K_M"), node("b", "org/model:q4_k_m"))
+    assert table.reserve("org/Model:Q4_K_M").node.id == "a"
+    with pytest.raises(ModelNotFound):
+        table.reserve("org/Model")
+
+
+def test_routing_errors() -> None:
+    with pytest.raises(NoNodes) as no_nodes:
+        RoutingTable().reserve("m")
+    assert (no_nodes.value.status, no_nodes.value.code) == (503, "no_nodes")
+    table = table_with(node("a", status=NodeStatus.UNHEALTHY), node("b", model="other"))
+    with pytest.raises(ModelNotFound) as missing:
+        table.reserve("x")
+    assert (missing.value.status, missing.value.code) == (404, "model_not_found")
+    with pytest.raises(ModelUnavailable) as unavailable:
+        table.reserve("m")
+    assert (unavailable.value.status, unavailable.value.code) == (503, "model_unavailable")
+    healthy = table_with(node("a"))
+    with pytest.raises(ModelUnavailable):
+        healthy.reserve("m", exclude=["a"])
+
+
+def test_reservation_is_released_exactly_once() -> None:
+    table = table_with(node("a"))
+    reservation = table.reserve("m")
+    state = table.get("a")
+    assert state is not None and state.in_flight == 1
+    reservation.release()
+    reservation.release()
+    with reservation:
+        pass
+    assert state.in_flight == 0
+
+
+def test_only_healthy_closed_nodes_under_their_cap_are_eligible() -> None:
+    capped = node("a", capabilities=NodeCapabilities(concurrency=1))
+    table = table_with(capped, node("b", status=NodeStatus.DRAINING), node("c", status=NodeStatus.UNKNOWN))
+    r = table.reserve("m")
+    assert r.node.id == "a"
+    with pytest.raises(ModelUnavailable):
+        table.reserve("m")
+    r.release()
+    assert table.reserve("m").node.id == "a"
+
+
+def test_delete_drains_until_the_last_request_ends() -> None:
+    table = table_with(node("a"), node("b"))
+    changes: list[TableChange] = []
+    table.add_listener(changes.append)
+    r = table.reserve("m", exclude=["b"])
+    table.apply_delete("a")
+    state = table.get("a")
+    assert state is not None and state.status is NodeStatus.DRAINING
+    other = table.reserve("m")
+    assert other.node.id == "b"
+    other.release()
+    r.release()
+    assert table.get("a") is None
+    assert [c.kind for c in changes] == [ChangeKind.UPDATED, ChangeKind.REMOVED]
+    table.apply_delete("b")
+    assert len(table) == 0
+
+
+def test_breaker_opening_demotes_a_healthy_node() -> None:
+    table = table_with(node("a"))
+    assert table.record_failure("a", "boom") is False
+    assert table.record_failure("a", "boom") is False
+    assert table.record_failure("a", "boom") is True
+    state = table.get("a")
+    assert state is not None and state.status is NodeStatus.UNHEALTHY and state.last_error == "boom"
+
+
+def test_success_resets_the_failure_count() -> None:
+    table = table_with(node("a"))
+    table.record_failure("a", "x")
+    table.record_failure("a", "x")
+    table.record_success("a")
+    assert table.record_failure("a", "x") is False
+
+
+def test_lifecycle_from_registry_wins_and_local_liveness_beats_registry_liveness() -> None:
+    table = table_with(node("a", status=NodeStatus.UNKNOWN))
+    table.set_liveness("a", NodeStatus.HEALTHY)
+    table.apply_put(node("a", status=NodeStatus.UNHEALTHY), source="etcd")
+    state = table.get("a")
+    assert state is not None and state.status is NodeStatus.HEALTHY
+    table.apply_put(node("a", status=NodeStatus.DRAINING), source="etcd")
+    assert state.status is NodeStatus.DRAINING
+    table.set_liveness("a", NodeStatus.HEALTHY)
+    assert state.status is NodeStatus.DRAINING
+    table.apply_put(node("a", status=NodeStatus.HEALTHY), source="etcd")
+    assert state.status is NodeStatus.HEALTHY
+
+
+def test_unobserved_node_takes_registry_liveness_and_endpoint_change_resets_observation() -> None:
+    table = table_with(node("a", status=NodeStatus.HEALTHY))
+    state = table.get("a")
+    assert state is not None and state.status is NodeStatus.HEALTHY
+    table.set_liveness("a", NodeStatus.UNHEALTHY)
+    moved = node("a").model_copy(update={"endpoint": "http://127.0.0.1:9999", "status": NodeStatus.UNKNOWN})
+    table.apply_put(moved, source="state")
+    assert state.status is NodeStatus.UNKNOWN and not state.observed
+
+
+def test_model_change_reindexes() -> None:
+    table = table_with(node("a", "m1"))
+    table.apply_put(node("a", "m2"), source="state")
+    with pytest.raises(ModelNotFound):
+        table.reserve("m1")
+    assert table.reserve("m2").node.id == "a"
+    assert table.models() == {"m2": table.get("a").node.engine}  # type: ignore[union-attr]
+
+
+def test_liveness_and_lifecycle_setters_refuse_the_wrong_kind() -> None:
+    table = table_with(node("a"))
+    with pytest.raises(ValueError):
+        table.set_liveness("a", NodeStatus.DRAINING)
+    with pytest.raises(ValueError):
+        table.set_lifecycle("a", NodeStatus.HEALTHY)
+    table.set_lifecycle("a", NodeStatus.DRAINING)
+    assert table.get("a").status is NodeStatus.DRAINING  # type: ignore[union-attr]
+    table.set_lifecycle("a", None)
+    assert table.get("a").status is NodeStatus.HEALTHY  # type: ignore[union-attr]
+
+
+def test_a_failing_listener_does_not_break_the_table() -> None:
+    table = RoutingTable()
+
+    def boom(change: TableChange) -> None:
+        raise RuntimeError("listener bug")
+
+    remove = table.add_listener(boom)
+    table.apply_put(node("a"), source="test")
+    remove()
+    assert "a" in table
