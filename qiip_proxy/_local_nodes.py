@@ -37,6 +37,7 @@ class LocalNodes:
         self.registry = registry
         self.processes: dict[str, LlamaServerProcess] = {}
         self.errors: dict[str, str] = {}
+        self.ready: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -87,7 +88,15 @@ class LocalNodes:
             capabilities=capabilities,
         )
         await self.registry.register(node, ephemeral=True)
+        self.ready.add(config.id)
         logger.info("local node %s is serving %r at %s", config.id, config.model, process.endpoint)
+
+    def states(self) -> dict[str, str]:
+        """Each local node's launch state: `starting`, `serving` or `failed`."""
+        return {
+            c.id: "failed" if c.id in self.errors else "serving" if c.id in self.ready else "starting"
+            for c in self.settings.local_nodes
+        }
 
     async def aclose(self) -> None:
         """Stop launching and stop every local llama-server."""

@@ -1,0 +1,158 @@
+"""`qiip up`: the main job in one command.
+
+It makes sure a `llama-server` is installed (building one, once per machine, if not), picks the model (a
+GGUF the user names, or a small test model it generates), starts the daemon with that model as a local
+llama.cpp node, waits until the node is healthy, and prints the base URL to give an OpenAI client.
+Ctrl-C (or SIGTERM) stops the daemon, which stops its llama-server; nothing is left running.
+
+The daemon runs as a child process in its own session, so a terminal's Ctrl-C reaches only this command,
+which then stops the daemon gracefully (SIGTERM, then SIGKILL after a grace period).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+import click
+import httpx
+
+from qiip_cli._main import CliContext, cli, pass_cli, run_or_exit
+from qiip_core import EngineError
+from qiip_core.config import Settings
+from qiip_core.engines.llamacpp import LlamaCppInstaller, make_test_gguf
+
+__all__ = ["up"]
+
+TEST_MODEL_ALIAS = "qiip-test-tiny"
+"""The alias of the generated test model."""
+
+_READY_TIMEOUT_S = 600.0
+_STOP_GRACE_S = 45.0
+
+
+class _Stop(Exception):
+    pass
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _ensure_engine(settings: Settings) -> None:
+    installer = LlamaCppInstaller(settings.engines.llamacpp)
+    if installer.find_installed() is not None:
+        return
+    from qiip_core.engines.llamacpp._build import nvidia_gpu_count
+
+    gpus, reason = nvidia_gpu_count()
+    cpu = gpus == 0
+    if cpu:
+        click.echo(f"No NVIDIA GPU here ({reason}): building a CPU llama-server for this machine.", err=True)
+    click.echo("llama-server is not installed yet; building it once (this takes a while).", err=True)
+    try:
+        installer.install(cpu=cpu, progress=lambda line: click.echo(f"  {line}", err=True))
+    except EngineError as exc:
+        raise click.ClickException(exc.message) from None
+
+
+def _ensure_model(settings: Settings, model: Path | None) -> Path:
+    if model is not None:
+        if not model.is_file():
+            raise click.ClickException(f"The model file {model} does not exist.")
+        return model.resolve()
+    path = settings.state_dir / "models" / f"{TEST_MODEL_ALIAS}.gguf"
+    if not path.is_file():
+        click.echo(f"No --model given: generating a small test model at {path}.", err=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        make_test_gguf(path)
+    return path
+
+
+@cli.command("up")
+@click.option(
+    "--model",
+    "model",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="GGUF file to serve (default: a small generated test model).",
+)
+@click.option("--alias", help="The model name clients use (default: the file name without .gguf).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address the gateway binds.")
+@click.option("--port", type=int, default=8080, show_default=True, help="Port the gateway binds.")
+@click.option("--slots", type=click.IntRange(1, 256), default=2, show_default=True, help="Parallel slots.")
+@pass_cli
+def up(ctx: CliContext, model: Path | None, alias: str | None, host: str, port: int, slots: int) -> None:
+    """Serve a GGUF model behind the gateway on this machine, until Ctrl-C."""
+    settings = ctx.settings
+    if not _port_free(host, port):
+        raise click.ClickException(f"Port {port} on {host} is already in use; pass --port to choose another.")
+    _ensure_engine(settings)
+    gguf = run_or_exit(lambda: _ensure_model(settings, model))
+    served = alias or (TEST_MODEL_ALIAS if model is None else gguf.name.removesuffix(".gguf"))
+    env = dict(os.environ)
+    env["QIIP_LOCAL_NODES"] = json.dumps([{"id": "local", "gguf": str(gguf), "model": served, "slots": slots}])
+    env["QIIP_STATE_DIR"] = str(settings.state_dir)
+    argv = [sys.executable, "-m", "qiip_proxy", "--host", host, "--port", str(port)]
+    if ctx.config is not None:
+        argv += ["--config", str(ctx.config)]
+    daemon = subprocess.Popen(argv, env=env, start_new_session=True)
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise _Stop
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        base = f"http://{host}:{port}"
+        _wait_ready(daemon, base, served, settings)
+        click.echo(f"Serving {served!r}. Press Ctrl-C to stop.", err=True)
+        click.echo(f"OpenAI base URL: {base}/v1")
+        daemon.wait()
+        raise click.ClickException(f"The daemon exited unexpectedly (status {daemon.returncode}).")
+    except _Stop:
+        click.echo("Stopping…", err=True)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        _terminate(daemon)
+
+
+def _wait_ready(daemon: subprocess.Popen[bytes], base: str, served: str, settings: Settings) -> None:
+    deadline = time.monotonic() + _READY_TIMEOUT_S
+    log = settings.state_dir / "logs" / "local.log"
+    with httpx.Client(trust_env=False, timeout=2.0) as client:
+        while time.monotonic() < deadline:
+            if daemon.poll() is not None:
+                raise click.ClickException(f"The daemon exited during start-up (status {daemon.returncode}).")
+            try:
+                health = client.get(f"{base}/health").json()
+                if health.get("nodes_healthy", 0) >= 1:
+                    return
+                if health.get("local_nodes", {}).get("local") == "failed":
+                    raise click.ClickException(f"The model {served!r} failed to start; see its log at {log}.")
+            except (httpx.HTTPError, ValueError):
+                pass
+            time.sleep(0.2)
+    raise click.ClickException(f"The model {served!r} did not become ready in time; see its log at {log}.")
+
+
+def _terminate(daemon: subprocess.Popen[bytes]) -> None:
+    if daemon.poll() is not None:
+        return
+    daemon.send_signal(signal.SIGTERM)
+    try:
+        daemon.wait(timeout=_STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        daemon.kill()
+        daemon.wait()
