@@ -1,0 +1,161 @@
+"""Run the real daemon (`python -m qiip_proxy`) on a loopback port for integration tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from qiip_core.config import load_settings
+from qiip_core.discovery import add_to_state_file, remove_from_state_file
+from qiip_core.nodes import Engine, Node, NodeCapabilities
+
+FAST_ENV = {
+    "QIIP_HEALTH__INTERVAL_S": "0.1",
+    "QIIP_HEALTH__TIMEOUT_S": "2",
+    "QIIP_HEALTH__FAILURE_THRESHOLD": "1",
+    "QIIP_REGISTRY__POLL_INTERVAL_S": "0.05",
+    "QIIP_UPSTREAM__CONNECT_TIMEOUT_S": "2",
+    "QIIP_UPSTREAM__TTFB_TIMEOUT_S": "10",
+    "QIIP_UPSTREAM__IDLE_TIMEOUT_S": "10",
+    "QIIP_LOGGING__LEVEL": "INFO",
+}
+"""Settings that make a test daemon react in tenths of a second instead of seconds."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+class Daemon:
+    """A `qiip-proxy` process with its own state directory.
+
+    Args:
+        state_dir: the daemon's `QIIP_STATE_DIR`.
+        env: extra settings as environment variables (on top of `FAST_ENV`).
+        config: an optional TOML config file.
+    """
+
+    def __init__(self, state_dir: Path, *, env: dict[str, str] | None = None, config: Path | None = None) -> None:
+        self.state_dir = state_dir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {**FAST_ENV, **(env or {}), "QIIP_STATE_DIR": str(state_dir)}
+        self.config = config
+        self.log_path = state_dir / "daemon.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.client = httpx.Client(base_url=self.url, trust_env=False, timeout=30.0)
+
+    def start(self) -> Daemon:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("QIIP_")} | self.env
+        argv = [sys.executable, "-m", "qiip_proxy", "--port", str(self.port)]
+        if self.config is not None:
+            argv += ["--config", str(self.config)]
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.state_dir)
+        log.close()
+        wait_until(self._up, 30.0, "the daemon to listen")
+        return self
+
+    def _up(self) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise RuntimeError(f"the daemon exited with {self.process.returncode}:\n{self.log()}")
+        try:
+            return self.client.get("/health").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode if self.process is not None else 0
+
+    def close(self) -> None:
+        self.stop()
+        self.client.close()
+
+    def __enter__(self) -> Daemon:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the fleet -------------------------------------------------------------------------------------------
+
+    def settings(self) -> Any:
+        return load_settings(state_dir=self.state_dir)
+
+    def add_node(
+        self, node_id: str, endpoint: str, model: str, *, engine: Engine = Engine.VLLM, wait: bool = True, **caps: Any
+    ) -> None:
+        node = Node(id=node_id, endpoint=endpoint, model=model, engine=engine, capabilities=NodeCapabilities(**caps))
+        add_to_state_file(self.settings(), node, replace=True)
+        if wait:
+            self.wait_status(node_id, "healthy")
+
+    def remove_node(self, node_id: str) -> None:
+        remove_from_state_file(self.settings(), node_id)
+
+    def metrics(self) -> str:
+        return self.client.get("/metrics").text
+
+    def node_statuses(self) -> dict[str, str]:
+        statuses = {}
+        for match in re.finditer(r'^qiip_node_status\{node="([^"]+)",status="([^"]+)"\} 1\.0$', self.metrics(), re.M):
+            statuses[match.group(1)] = match.group(2)
+        return statuses
+
+    def wait_status(self, node_id: str, status: str, timeout_s: float = 10.0) -> None:
+        wait_until(lambda: self.node_statuses().get(node_id) == status, timeout_s, f"node {node_id} to be {status}")
+
+    def wait_gone(self, node_id: str, timeout_s: float = 10.0) -> None:
+        wait_until(lambda: node_id not in self.node_statuses(), timeout_s, f"node {node_id} to leave")
+
+    def in_flight(self, node_id: str) -> float:
+        match = re.search(rf'^qiip_in_flight_requests\{{model="[^"]*",node="{re.escape(node_id)}"\}} (\S+)$', self.metrics(), re.M)
+        return float(match.group(1)) if match else 0.0
+
+    def counter(self, name: str, **labels: str) -> float:
+        total = 0.0
+        for match in re.finditer(rf"^{name}\{{([^}}]*)\}} (\S+)$", self.metrics(), re.M):
+            found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1)))
+            if all(found.get(k) == v for k, v in labels.items()):
+                total += float(match.group(2))
+        return total
+
+
+def write_json(path: Path, value: Any) -> Path:
+    path.write_text(json.dumps(value))
+    return path
