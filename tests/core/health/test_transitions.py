@@ -50,7 +50,7 @@ def test_ok_makes_unknown_and_unhealthy_nodes_healthy() -> None:
     table.set_liveness("a", NodeStatus.UNHEALTHY)
     probe(table, ProbeOutcome.OK)
     assert status(table) is NodeStatus.HEALTHY
-    assert table.get("a").node.last_heartbeat is not None  # type: ignore[union-attr]
+    assert table.get("a").node.last_heartbeat is not None
 
 
 def test_failures_demote_only_at_the_threshold() -> None:
@@ -63,7 +63,7 @@ def test_failures_demote_only_at_the_threshold() -> None:
     assert status(table) is NodeStatus.UNHEALTHY
     probe(table, ProbeOutcome.OK)
     assert status(table) is NodeStatus.HEALTHY
-    assert table.get("a").health_failures == 0  # type: ignore[union-attr]
+    assert table.get("a").health_failures == 0
 
 
 def test_loading_is_not_a_failure() -> None:
@@ -72,7 +72,7 @@ def test_loading_is_not_a_failure() -> None:
     for _ in range(10):
         probe(table, ProbeOutcome.LOADING)
     assert status(table) is NodeStatus.UNKNOWN
-    assert table.get("a").health_failures == 0  # type: ignore[union-attr]
+    assert table.get("a").health_failures == 0
 
 
 def test_open_breaker_asks_for_a_recovery_probe_instead_of_promoting() -> None:

@@ -8,7 +8,8 @@ from qiip_core.routing import map_transport_error
 
 
 def _subclasses(cls: type) -> set[type]:
-    found = set()
+    found: set[type] = set()
+    sub: type
     for sub in cls.__subclasses__():
         found.add(sub)
         found |= _subclasses(sub)

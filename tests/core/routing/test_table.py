@@ -151,7 +151,7 @@ def test_model_change_reindexes() -> None:
     with pytest.raises(ModelNotFound):
         table.reserve("m1")
     assert table.reserve("m2").node.id == "a"
-    assert table.models() == {"m2": table.get("a").node.engine}  # type: ignore[union-attr]
+    assert table.models() == {"m2": table.get("a").node.engine}
 
 
 def test_liveness_and_lifecycle_setters_refuse_the_wrong_kind() -> None:
@@ -161,9 +161,9 @@ def test_liveness_and_lifecycle_setters_refuse_the_wrong_kind() -> None:
     with pytest.raises(ValueError):
         table.set_lifecycle("a", NodeStatus.HEALTHY)
     table.set_lifecycle("a", NodeStatus.DRAINING)
-    assert table.get("a").status is NodeStatus.DRAINING  # type: ignore[union-attr]
+    assert table.get("a").status is NodeStatus.DRAINING
     table.set_lifecycle("a", None)
-    assert table.get("a").status is NodeStatus.HEALTHY  # type: ignore[union-attr]
+    assert table.get("a").status is NodeStatus.HEALTHY
 
 
 def test_a_failing_listener_does_not_break_the_table() -> None:
