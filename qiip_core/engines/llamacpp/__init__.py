@@ -1,0 +1,65 @@
+"""llama.cpp: install `llama-server` from a pinned source, write test GGUF models, launch and stop servers.
+
+```
+LlamaCppInstaller(settings)        find_installed() / install(cpu=…, force=…, archive=…, progress=…)
+ └── InstalledEngine               root, server, fit_params, quantize, version, variant
+make_test_gguf(path, …)            a random-weight llama GGUF (or a split family) that llama-server serves
+read_gguf_metadata(path)           GgufMetadata: shape, context, head sizes, tensor bytes across shards
+LaunchSpec(model=…, …).argv(bin)   every sizing flag spelled out
+LlamaServerProcess(bin, spec, log) start() / wait_ready(timeout_s) / stop(grace_s)
+nvidia_gpu_count()                 (count, reason): whether a CUDA build can run here
+```
+
+Names load on first use (PEP 562), so the daemon does not pay for numpy and gguf unless it writes or
+reads a model.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from qiip_core.engines.llamacpp._build import nvidia_gpu_count
+    from qiip_core.engines.llamacpp._install import InstalledEngine, LlamaCppInstaller, ProgressCallback
+    from qiip_core.engines.llamacpp._server import LaunchSpec, LlamaServerProcess, free_port
+    from qiip_core.engines.llamacpp._testmodel import GgufMetadata, make_test_gguf, read_gguf_metadata
+
+__all__ = [
+    "GgufMetadata",
+    "InstalledEngine",
+    "LaunchSpec",
+    "LlamaCppInstaller",
+    "LlamaServerProcess",
+    "ProgressCallback",
+    "free_port",
+    "make_test_gguf",
+    "nvidia_gpu_count",
+    "read_gguf_metadata",
+]
+
+_MODULES = {
+    "GgufMetadata": "_testmodel",
+    "InstalledEngine": "_install",
+    "LaunchSpec": "_server",
+    "LlamaCppInstaller": "_install",
+    "LlamaServerProcess": "_server",
+    "ProgressCallback": "_install",
+    "free_port": "_server",
+    "make_test_gguf": "_testmodel",
+    "nvidia_gpu_count": "_build",
+    "read_gguf_metadata": "_testmodel",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,411 @@
+"""Write small random-weight llama GGUF models that a real `llama-server` loads and serves, and read back
+the shape of any GGUF.
+
+The test models exist so the whole path (launch, health, routing, chat, slots, metrics) runs against the
+real engine without downloading weights. They are `llama` architecture, F16 matrices and F32 norms, with a
+SentencePiece ("llama") vocabulary: `<unk>`, `<s>`, `</s>`, the 256 byte-fallback tokens `<0x00>`…`<0xFF>`,
+single characters, then common English words with every prefix (so the SentencePiece merge of adjacent
+pieces can reach the whole word) and, for large vocabularies, generated filler pieces. A ChatML-style Jinja
+template in `tokenizer.chat_template` lets `/v1/chat/completions` work, system messages included.
+
+With `split > 1` the model is written as a split family `NAME-00001-of-0000N.gguf` … whose shards carry
+`split.no`, `split.count` and `split.tensors.count`, as `llama-gguf-split` writes them; the first shard is
+the one to pass to `llama-server --model`.
+
+Files are written into a temporary directory next to the target and renamed into place, the first shard
+last, so a failed or interrupted write never leaves a half-written model under the final name.
+
+`read_gguf_metadata` is what the sizing planner needs from a model: layer count, widths, head counts and
+sizes, training context and the total tensor bytes across all shards.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import re
+import shutil
+import string
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CHAT_TEMPLATE", "MIN_VOCAB", "GgufMetadata", "make_test_gguf", "read_gguf_metadata"]
+
+logger = logging.getLogger("qiip.engines")
+
+MIN_VOCAB = 300
+"""Smallest vocabulary: 3 specials, 256 byte tokens and at least some word pieces."""
+
+MAX_VOCAB = 262_144
+"""Largest vocabulary `make_test_gguf` writes."""
+
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{- '<|im_start|>assistant\\n' -}}"
+    "{%- endif -%}"
+)
+"""ChatML-style template: every role (system, user, assistant) as `<|im_start|>ROLE\\nTEXT<|im_end|>`."""
+
+_SPIECE_SPACE = "\u2581"  # "▁", SentencePiece's word-start marker
+
+_WORDS = (
+    "the of and to a in is you that it hello world he was for on are as with his they I at be this have from or one "
+    "had by word but not what all were we when your can said there use an each which she do how their if "
+    "will up other about out many then them these so some her would make like him into time has look two "
+    "more write go see number no way could people my than first water been call who oil its now find long "
+    "down day did get come made may part model server test token text chat system user answer "
+    "question request response node fleet gateway route health slot cache context memory speed fast small"
+).split()
+
+_PUNCTUATION = ".,!?;:'\"()-[]{}<>/\\@#$%&*+=_|~`^"
+
+
+@dataclass(frozen=True, kw_only=True)
+class GgufMetadata:
+    """The shape of a GGUF model, as the sizing planner needs it."""
+
+    architecture: str
+    """`general.architecture`, such as `llama`."""
+    n_layers: int
+    """`<arch>.block_count`."""
+    n_embd: int
+    """`<arch>.embedding_length`."""
+    n_head: int
+    """`<arch>.attention.head_count` (the largest, when it varies by layer)."""
+    n_head_kv: int
+    """`<arch>.attention.head_count_kv` (the largest, when it varies by layer); `n_head` when absent."""
+    n_ctx_train: int
+    """`<arch>.context_length`, the training context in tokens."""
+    n_vocab: int
+    """`<arch>.vocab_size`, else the length of `tokenizer.ggml.tokens`."""
+    head_dim_k: int
+    """Per-head K width: `<arch>.attention.key_length`, else `n_embd / n_head`."""
+    head_dim_v: int
+    """Per-head V width: `<arch>.attention.value_length`, else `n_embd / n_head`."""
+    tensor_bytes: int
+    """Bytes of tensor data across all shards."""
+    paths: tuple[Path, ...]
+    """The files: one, or every shard of a split family in order."""
+
+
+def _validate(
+    *,
+    n_layers: int,
+    n_embd: int,
+    n_head: int,
+    n_head_kv: int,
+    n_ctx_train: int,
+    n_vocab: int,
+    n_ff: int,
+    split: int,
+) -> None:
+    if not 1 <= n_layers <= 512:
+        raise ValueError(f"n_layers must be between 1 and 512, got {n_layers}.")
+    if not 8 <= n_embd <= 16384:
+        raise ValueError(f"n_embd must be between 8 and 16384, got {n_embd}.")
+    if n_head < 1 or n_embd % n_head != 0:
+        raise ValueError(f"n_head must be at least 1 and divide n_embd ({n_embd}), got {n_head}.")
+    if (n_embd // n_head) % 2 != 0:
+        allowed = [h for h in range(1, n_embd + 1) if n_embd % h == 0 and (n_embd // h) % 2 == 0]
+        raise ValueError(
+            f"n_embd / n_head (the head size, {n_embd // n_head}) must be even for rotary embeddings; "
+            f"with n_embd {n_embd}, n_head may be one of {allowed}."
+        )
+    if n_head_kv < 1 or n_head % n_head_kv != 0:
+        raise ValueError(f"n_head_kv must be at least 1 and divide n_head ({n_head}), got {n_head_kv}.")
+    if not 16 <= n_ctx_train <= 1 << 24:
+        raise ValueError(f"n_ctx_train must be between 16 and {1 << 24} tokens, got {n_ctx_train}.")
+    if not MIN_VOCAB <= n_vocab <= MAX_VOCAB:
+        raise ValueError(
+            f"n_vocab must be between {MIN_VOCAB} (3 specials, 256 byte tokens and some word pieces) and "
+            f"{MAX_VOCAB}, got {n_vocab}."
+        )
+    if not 1 <= n_ff <= 16 * 16384:
+        raise ValueError(f"n_ff must be between 1 and {16 * 16384}, got {n_ff}.")
+    n_tensors = 3 + 9 * n_layers
+    if not 1 <= split <= n_tensors:
+        raise ValueError(
+            f"split must be between 1 and the number of tensors ({n_tensors} for {n_layers} layers), got {split}."
+        )
+
+
+def _filler_pieces() -> Iterator[str]:
+    letters = string.ascii_lowercase
+    for length in itertools.count(2):
+        for combo in itertools.product(letters, repeat=length):
+            word = "".join(combo)
+            yield _SPIECE_SPACE + word
+            yield word
+
+
+def build_vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
+    """The tokens, scores and token types of the test vocabulary.
+
+    Args:
+        n_vocab: vocabulary size, at least `MIN_VOCAB`.
+
+    Returns:
+        Three lists of length `n_vocab`: token texts, scores (higher merges first) and `gguf.TokenType`
+        values.
+    """
+    from gguf import TokenType
+
+    tokens = ["<unk>", "<s>", "</s>"]
+    types = [int(TokenType.UNKNOWN), int(TokenType.CONTROL), int(TokenType.CONTROL)]
+    tokens += [f"<0x{b:02X}>" for b in range(256)]
+    types += [int(TokenType.BYTE)] * 256
+    seen = set(tokens)
+    pieces: list[str] = []
+
+    def add(piece: str) -> None:
+        if piece not in seen:
+            seen.add(piece)
+            pieces.append(piece)
+
+    for char in _SPIECE_SPACE + string.ascii_lowercase + string.ascii_uppercase + string.digits + _PUNCTUATION:
+        add(char)
+    for word in _WORDS:
+        # Every prefix of "▁word": SentencePiece merges adjacent pieces only into pieces that exist.
+        full = _SPIECE_SPACE + word
+        for end in range(2, len(full) + 1):
+            add(full[:end])
+    filler = _filler_pieces()
+    while len(tokens) + len(pieces) < n_vocab:
+        add(next(filler))
+    pieces = pieces[: n_vocab - len(tokens)]
+    scores = [0.0] * len(tokens) + [-float(i) for i in range(len(pieces))]
+    tokens += pieces
+    types += [int(TokenType.NORMAL)] * len(pieces)
+    return tokens, scores, types
+
+
+def make_test_gguf(
+    path: Path,
+    *,
+    n_layers: int = 2,
+    n_embd: int = 64,
+    n_head: int = 4,
+    n_head_kv: int = 4,
+    n_ctx_train: int = 2048,
+    n_vocab: int = 512,
+    n_ff: int | None = None,
+    split: int = 1,
+    seed: int = 0,
+) -> list[Path]:
+    """Write a random-weight llama GGUF that `llama-server` loads, serves and chats with.
+
+    The same arguments always write the same bytes.
+
+    Args:
+        path: the file to write, ending in `.gguf`. With `split > 1` it names the family: `x.gguf` becomes
+            `x-00001-of-0000N.gguf` ….
+        n_layers: transformer blocks (1–512).
+        n_embd: embedding width (8–16384).
+        n_head: attention heads; must divide `n_embd`, with an even head size.
+        n_head_kv: K/V heads (grouped-query attention); must divide `n_head`.
+        n_ctx_train: training context in tokens (16–2^24).
+        n_vocab: vocabulary size (300–262144).
+        n_ff: feed-forward width; default `4 * n_embd`.
+        split: number of files; between 1 and the number of tensors (3 + 9 per layer).
+        seed: seed of the random weights.
+
+    Returns:
+        The files written, the entrypoint (the only file, or the first shard) first.
+
+    Raises:
+        ValueError: an argument is out of range or inconsistent; the message says what is allowed.
+        OSError: the directory cannot be written; nothing is left under the final names.
+    """
+    import numpy as np
+    from gguf import GGUFWriter, LlamaFileType
+
+    path = Path(path)
+    if path.suffix != ".gguf":
+        raise ValueError(f"The model path must end in .gguf, got {path.name!r}.")
+    ff = 4 * n_embd if n_ff is None else n_ff
+    _validate(
+        n_layers=n_layers,
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        n_ctx_train=n_ctx_train,
+        n_vocab=n_vocab,
+        n_ff=ff,
+        split=split,
+    )
+    head_dim = n_embd // n_head
+    rng = np.random.default_rng(seed)
+
+    def matrix(rows: int, cols: int) -> Any:
+        # numpy (rows, cols) is GGUF ne = [cols, rows]: `cols` is the input width of a weight matrix.
+        scale = 1.0 / np.sqrt(cols)
+        return (rng.standard_normal((rows, cols), dtype=np.float32) * scale).astype(np.float16)
+
+    def norm() -> Any:
+        return np.ones(n_embd, dtype=np.float32)
+
+    tensors: list[tuple[str, Any]] = [("token_embd.weight", matrix(n_vocab, n_embd))]
+    for i in range(n_layers):
+        blk = f"blk.{i}"
+        tensors += [
+            (f"{blk}.attn_norm.weight", norm()),
+            (f"{blk}.attn_q.weight", matrix(n_head * head_dim, n_embd)),
+            (f"{blk}.attn_k.weight", matrix(n_head_kv * head_dim, n_embd)),
+            (f"{blk}.attn_v.weight", matrix(n_head_kv * head_dim, n_embd)),
+            (f"{blk}.attn_output.weight", matrix(n_embd, n_head * head_dim)),
+            (f"{blk}.ffn_norm.weight", norm()),
+            (f"{blk}.ffn_gate.weight", matrix(ff, n_embd)),
+            (f"{blk}.ffn_up.weight", matrix(ff, n_embd)),
+            (f"{blk}.ffn_down.weight", matrix(n_embd, ff)),
+        ]
+    tensors += [("output_norm.weight", norm()), ("output.weight", matrix(n_vocab, n_embd))]
+
+    tokens, scores, types = build_vocab(n_vocab)
+    directory = path.parent
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{path.stem}.tmp-", dir=directory))
+    try:
+        writer = GGUFWriter(tmp_dir / path.name, "llama")
+        writer.add_name(f"qiip-test-{n_layers}x{n_embd}")
+        writer.add_file_type(int(LlamaFileType.MOSTLY_F16))
+        writer.add_context_length(n_ctx_train)
+        writer.add_embedding_length(n_embd)
+        writer.add_block_count(n_layers)
+        writer.add_feed_forward_length(ff)
+        writer.add_head_count(n_head)
+        writer.add_head_count_kv(n_head_kv)
+        writer.add_rope_dimension_count(head_dim)
+        writer.add_rope_freq_base(10000.0)
+        writer.add_layer_norm_rms_eps(1e-5)
+        writer.add_vocab_size(n_vocab)
+        writer.add_tokenizer_model("llama")
+        writer.add_tokenizer_pre("default")
+        writer.add_token_list(tokens)
+        writer.add_token_scores(scores)
+        writer.add_token_types(types)
+        writer.add_unk_token_id(0)
+        writer.add_bos_token_id(1)
+        writer.add_eos_token_id(2)
+        writer.add_add_bos_token(True)
+        writer.add_add_eos_token(False)
+        writer.add_add_space_prefix(True)
+        writer.add_chat_template(CHAT_TEMPLATE)
+        # Exactly `split` shards, as even as possible: start a new shard at each boundary by letting the
+        # writer's tensor limit trip there, and only there.
+        boundaries = {k * len(tensors) // split for k in range(1, split)}
+        for index, (name, array) in enumerate(tensors):
+            writer.split_max_tensors = 1 if index in boundaries else 0
+            writer.add_tensor(name, array)
+        writer.split_max_tensors = 0
+        try:
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+        finally:
+            writer.close()
+        written = sorted(tmp_dir.iterdir())
+        if len(written) != split:  # pragma: no cover - guards the boundary arithmetic above
+            raise RuntimeError(f"expected {split} files, the writer produced {len(written)}")
+        finals = [directory / f.name for f in written]
+        # The entrypoint last: once it exists under its final name, the whole family does.
+        for tmp_file, final in reversed(list(zip(written, finals, strict=True))):
+            tmp_file.replace(final)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+    logger.info("wrote test model %s (%d file(s))", finals[0], len(finals))
+    return finals
+
+
+_SHARD_RE = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
+def _field(reader: Any, key: str) -> Any:
+    field = reader.get_field(key)
+    return None if field is None else field.contents()
+
+
+def _as_int(value: Any, key: str, path: Path) -> int:
+    if isinstance(value, list):
+        # Per-layer values (some architectures vary head counts by layer): the largest bounds the sizes.
+        value = max(value) if value else None
+    if value is None:
+        raise ValueError(f"{path} has no {key} value; it is not a complete model GGUF.")
+    return int(value)
+
+
+def read_gguf_metadata(path: Path) -> GgufMetadata:
+    """Read the shape of a GGUF model (a single file, or the first shard of a split family).
+
+    Args:
+        path: the `.gguf` file; for a split family, any shard works and every shard is read.
+
+    Returns:
+        The model's shape and its tensor bytes across every shard.
+
+    Raises:
+        ValueError: the file is not a readable GGUF, lacks a required key, or a shard of its family is
+            missing.
+    """
+    from gguf import GGUFReader
+
+    def open_reader(file: Path) -> Any:
+        try:
+            return GGUFReader(file)
+        except FileNotFoundError:
+            raise ValueError(f"The GGUF file {file} does not exist.") from None
+        except (ValueError, OSError, IndexError, KeyError) as exc:
+            raise ValueError(f"{file} is not a readable GGUF file: {exc}.") from exc
+
+    path = Path(path)
+    first = open_reader(path)
+    count = _field(first, "split.count")
+    paths: tuple[Path, ...] = (path,)
+    if count is not None and int(count) > 1:
+        match = _SHARD_RE.match(path.name)
+        if match is None:
+            raise ValueError(f"{path} is a shard of a {count}-file family but is not named NAME-0000i-of-0000N.gguf.")
+        paths = tuple(
+            path.with_name(f"{match['prefix']}-{i:05d}-of-{int(count):05d}.gguf") for i in range(1, int(count) + 1)
+        )
+        if paths[0] != path:
+            first = open_reader(paths[0])
+    arch = _field(first, "general.architecture")
+    if not isinstance(arch, str):
+        raise ValueError(f"{paths[0]} has no general.architecture; it is not a model GGUF.")
+
+    def get(key: str) -> Any:
+        return _field(first, key.format(arch=arch))
+
+    n_embd = _as_int(get("{arch}.embedding_length"), f"{arch}.embedding_length", paths[0])
+    n_head = _as_int(get("{arch}.attention.head_count"), f"{arch}.attention.head_count", paths[0])
+    kv = get("{arch}.attention.head_count_kv")
+    n_head_kv = n_head if kv is None else _as_int(kv, f"{arch}.attention.head_count_kv", paths[0])
+    vocab = get("{arch}.vocab_size")
+    if vocab is None:
+        tokens = first.get_field("tokenizer.ggml.tokens")
+        vocab = len(tokens.data) if tokens is not None else None
+    default_head = n_embd // n_head if n_head else 0
+    key_length, value_length = get("{arch}.attention.key_length"), get("{arch}.attention.value_length")
+    tensor_bytes = sum(int(t.n_bytes) for t in first.tensors)
+    for shard in paths:
+        if shard != paths[0]:
+            tensor_bytes += sum(int(t.n_bytes) for t in open_reader(shard).tensors)
+    return GgufMetadata(
+        architecture=arch,
+        n_layers=_as_int(get("{arch}.block_count"), f"{arch}.block_count", paths[0]),
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        n_ctx_train=_as_int(get("{arch}.context_length"), f"{arch}.context_length", paths[0]),
+        n_vocab=_as_int(vocab, f"{arch}.vocab_size", paths[0]),
+        head_dim_k=default_head if key_length is None else int(key_length),
+        head_dim_v=default_head if value_length is None else int(value_length),
+        tensor_bytes=tensor_bytes,
+        paths=paths,
+    )

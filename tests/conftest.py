@@ -1,0 +1,28 @@
+"""Fixtures shared across the test tree."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from qiip_core.config import load_settings
+from qiip_core.engines.llamacpp import LlamaCppInstaller, make_test_gguf
+
+
+@pytest.fixture(scope="session")
+def llama_server_binary() -> Path:
+    """The installed `llama-server` (built once per machine with `qiip engine install llama.cpp`)."""
+    installed = LlamaCppInstaller(load_settings().engines.llamacpp).find_installed()
+    if installed is None:
+        pytest.fail(
+            "llama-server is not installed on this machine; build it once with "
+            "`uv run qiip engine install llama.cpp --cpu` (or without --cpu on a host with an NVIDIA GPU)."
+        )
+    return installed.server
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer, 64-wide random llama GGUF with a 512-token vocabulary and a chat template."""
+    return make_test_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")[0]

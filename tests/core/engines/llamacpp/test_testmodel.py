@@ -1,0 +1,159 @@
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+from gguf import GGUFReader, GGUFWriter, TokenType
+
+from qiip_core.engines.llamacpp import make_test_gguf, read_gguf_metadata
+from qiip_core.engines.llamacpp._testmodel import CHAT_TEMPLATE, MIN_VOCAB, build_vocab
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("layers", "embd", "heads", "kv_heads", "ctx", "vocab", "ff"),
+    [
+        (2, 64, 4, 4, 2048, 512, None),
+        (1, 32, 1, 1, 128, 300, 48),
+        (4, 128, 4, 2, 4096, 1000, None),
+        (3, 256, 8, 1, 32768, 2048, 512),
+    ],
+)
+def test_metadata_round_trip(tmp_path, layers, embd, heads, kv_heads, ctx, vocab, ff):
+    [path] = make_test_gguf(
+        tmp_path / "m.gguf",
+        n_layers=layers,
+        n_embd=embd,
+        n_head=heads,
+        n_head_kv=kv_heads,
+        n_ctx_train=ctx,
+        n_vocab=vocab,
+        n_ff=ff,
+    )
+    meta = read_gguf_metadata(path)
+    assert meta.architecture == "llama"
+    assert (meta.n_layers, meta.n_embd, meta.n_head, meta.n_head_kv) == (layers, embd, heads, kv_heads)
+    assert (meta.n_ctx_train, meta.n_vocab) == (ctx, vocab)
+    assert meta.head_dim_k == meta.head_dim_v == embd // heads
+    assert meta.paths == (path,)
+    n_ff = ff or 4 * embd
+    head = embd // heads
+    matrices = 2 * vocab * embd + layers * (embd * heads * head * 2 + embd * kv_heads * head * 2 + 3 * embd * n_ff)
+    norms = (2 * layers + 1) * embd
+    assert meta.tensor_bytes == 2 * matrices + 4 * norms  # F16 matrices, F32 norms
+
+
+def test_vocabulary_chat_template_and_special_ids(tiny_gguf):
+    reader = GGUFReader(tiny_gguf)
+    tokens = reader.get_field("tokenizer.ggml.tokens").contents()
+    types = reader.get_field("tokenizer.ggml.token_type").contents()
+    assert tokens[:3] == ["<unk>", "<s>", "</s>"]
+    assert tokens[3:259] == [f"<0x{b:02X}>" for b in range(256)]
+    assert types[:3] == [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL]
+    assert set(types[3:259]) == {TokenType.BYTE}
+    assert "\u2581the" in tokens and "\u2581hello" in tokens
+    assert len(set(tokens)) == len(tokens) == 512
+    assert reader.get_field("tokenizer.ggml.model").contents() == "llama"
+    assert len(reader.get_field("tokenizer.ggml.scores").contents()) == 512
+    assert reader.get_field("tokenizer.ggml.bos_token_id").contents() == 1
+    assert reader.get_field("tokenizer.ggml.eos_token_id").contents() == 2
+    assert reader.get_field("tokenizer.ggml.unknown_token_id").contents() == 0
+    assert reader.get_field("tokenizer.chat_template").contents() == CHAT_TEMPLATE
+
+
+def test_word_pieces_have_every_prefix_so_merges_reach_whole_words():
+    tokens, scores, types = build_vocab(MIN_VOCAB)
+    vocab = set(tokens)
+    for token in tokens[259:]:
+        if token.startswith("\u2581") and len(token) > 2:
+            assert token[:-1] in vocab, token
+    assert len(tokens) == len(scores) == len(types) == MIN_VOCAB
+
+
+def test_large_vocabulary_is_filled_with_unique_pieces():
+    tokens, _, _ = build_vocab(40_000)
+    assert len(tokens) == len(set(tokens)) == 40_000
+
+
+def test_same_seed_same_bytes_other_seed_other_weights(tmp_path):
+    [a] = make_test_gguf(tmp_path / "a.gguf", seed=7)
+    [b] = make_test_gguf(tmp_path / "b.gguf", seed=7)
+    [c] = make_test_gguf(tmp_path / "c.gguf", seed=8)
+    assert _digest(a) == _digest(b)
+    assert _digest(a) != _digest(c)
+
+
+@pytest.mark.parametrize("split", [2, 3, 5, 21])
+def test_split_family(tmp_path, split):
+    paths = make_test_gguf(tmp_path / "fam.gguf", split=split)  # 2 layers: 21 tensors
+    assert [p.name for p in paths] == [f"fam-{i:05d}-of-{split:05d}.gguf" for i in range(1, split + 1)]
+    assert sorted(tmp_path.iterdir()) == paths  # nothing else left behind
+    for number, path in enumerate(paths):
+        reader = GGUFReader(path)
+        assert reader.get_field("split.no").contents() == number
+        assert reader.get_field("split.count").contents() == split
+        assert reader.get_field("split.tensors.count").contents() == 21
+        assert len(reader.tensors) >= 1
+    whole = read_gguf_metadata(make_test_gguf(tmp_path / "one" / "fam.gguf")[0])
+    for path in (paths[0], paths[-1]):
+        meta = read_gguf_metadata(path)
+        assert meta.paths == tuple(paths)
+        assert meta.tensor_bytes == whole.tensor_bytes
+        assert meta.n_layers == 2
+
+
+def test_missing_shard_is_reported(tmp_path):
+    paths = make_test_gguf(tmp_path / "fam.gguf", split=3)
+    paths[1].unlink()
+    with pytest.raises(ValueError, match="does not exist"):
+        read_gguf_metadata(paths[0])
+
+
+def test_garbage_is_not_a_gguf(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a model at all" * 10)
+    with pytest.raises(ValueError, match="not a readable GGUF"):
+        read_gguf_metadata(bad)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"n_embd": 64, "n_head": 3}, "must be at least 1 and divide n_embd"),
+        ({"n_embd": 64, "n_head": 64}, "must be even"),
+        ({"n_head": 4, "n_head_kv": 3}, "n_head_kv must be at least 1 and divide n_head"),
+        ({"n_vocab": 299}, "n_vocab must be between 300"),
+        ({"n_layers": 0}, "n_layers must be between 1"),
+        ({"n_ctx_train": 8}, "n_ctx_train must be between 16"),
+        ({"split": 22}, r"split must be between 1 and the number of tensors \(21"),
+        ({"split": 0}, "split must be between 1"),
+        ({"n_ff": 0}, "n_ff must be between 1"),
+    ],
+)
+def test_invalid_shapes_are_refused_with_what_is_allowed(tmp_path, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        make_test_gguf(tmp_path / "m.gguf", **kwargs)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_path_must_end_in_gguf(tmp_path):
+    with pytest.raises(ValueError, match=r"must end in \.gguf"):
+        make_test_gguf(tmp_path / "model.bin")
+
+
+def test_a_failed_write_leaves_nothing_and_keeps_the_old_file(tmp_path, monkeypatch):
+    target = tmp_path / "m.gguf"
+    target.write_bytes(b"previous")
+
+    def fail(self, *, progress=False):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(GGUFWriter, "write_tensors_to_file", fail)
+    with pytest.raises(OSError, match="No space left"):
+        make_test_gguf(target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]
+    assert target.read_bytes() == b"previous"
