@@ -1,0 +1,87 @@
+"""`qiip model …`: write small test models that a real llama-server serves."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import click
+
+from qiip_cli._main import cli, run_or_exit
+from qiip_core import QiipError
+
+__all__ = ["model"]
+
+
+@cli.group()
+def model() -> None:
+    """Work with model files."""
+
+
+@model.command("make-test-gguf")
+@click.argument("path", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--layers", type=int, default=2, show_default=True, help="Transformer blocks.")
+@click.option("--embd", type=int, default=64, show_default=True, help="Embedding width.")
+@click.option("--heads", type=int, default=4, show_default=True, help="Attention heads (divide --embd).")
+@click.option("--kv-heads", type=int, default=None, help="K/V heads (divide --heads)  [default: --heads]")
+@click.option("--ctx-train", type=int, default=2048, show_default=True, help="Training context in tokens.")
+@click.option("--vocab", type=int, default=512, show_default=True, help="Vocabulary size (at least 300).")
+@click.option("--ff", type=int, default=None, help="Feed-forward width  [default: 4 x --embd]")
+@click.option("--split", type=int, default=1, show_default=True, help="Write a split family of N files.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random weights.")
+def make_test_gguf(
+    path: Path,
+    layers: int,
+    embd: int,
+    heads: int,
+    kv_heads: int | None,
+    ctx_train: int,
+    vocab: int,
+    ff: int | None,
+    split: int,
+    seed: int,
+) -> None:
+    """Write a random-weight llama GGUF to PATH (ending in .gguf) and print the files written.
+
+    With --split N the files are PATH's stem + -00001-of-0000N.gguf …; the first is the one to serve.
+    """
+    from qiip_core.engines.llamacpp import make_test_gguf as write
+
+    def run() -> list[Path]:
+        try:
+            return write(
+                path,
+                n_layers=layers,
+                n_embd=embd,
+                n_head=heads,
+                n_head_kv=heads if kv_heads is None else kv_heads,
+                n_ctx_train=ctx_train,
+                n_vocab=vocab,
+                n_ff=ff,
+                split=split,
+                seed=seed,
+            )
+        except ValueError as exc:
+            raise QiipError(_flag_names(str(exc))) from exc
+        except OSError as exc:
+            raise QiipError(f"{path} cannot be written: {exc.strerror or exc}.") from exc
+
+    for written in run_or_exit(run):
+        click.echo(str(written))
+
+
+_FLAGS = {
+    "n_layers": "--layers",
+    "n_embd": "--embd",
+    "n_head_kv": "--kv-heads",
+    "n_head": "--heads",
+    "n_ctx_train": "--ctx-train",
+    "n_vocab": "--vocab",
+    "n_ff": "--ff",
+    "split": "--split",
+}
+
+
+def _flag_names(message: str) -> str:
+    # The core names its arguments; here the user typed flags.
+    return re.sub(r"\b(" + "|".join(_FLAGS) + r")\b", lambda m: _FLAGS[m.group(1)], message)
