@@ -3,9 +3,9 @@
 The build is a plain `cmake -S … -B …` and `cmake --build … --target …` run, with every option that
 changes the binaries spelled out (`CMAKE_FLAGS`), so two hosts building the same source get the same
 program. Output goes to a log file line by line; the `[ 45%]` (Makefiles) or `[12/345]` (Ninja) counters
-are turned into `building NN%` progress lines, one per change. When `ccache` is on PATH it is used as the
-compiler launcher with `CCACHE_BASEDIR` set to the extracted archive's root, so a rebuild of the same source
-in another directory hits the cache.
+are turned into `building NN% (target)` progress lines, one per change. When `ccache` is on PATH it is used
+as the compiler launcher with `CCACHE_BASEDIR` set to the extracted archive's root, so a rebuild of the same
+source in another directory hits the cache.
 
 The CUDA variant needs both an NVIDIA GPU (seen through NVML) and the CUDA toolkit (`nvcc`); the installer
 refuses to fall back to a CPU build silently.

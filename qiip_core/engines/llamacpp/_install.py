@@ -193,7 +193,7 @@ class LlamaCppInstaller:
             force: rebuild even when this version and variant are already installed.
             archive: a local source archive to use instead of downloading; it is verified the same way.
             progress: receives one line per phase: `downloading N MiB`, `verifying sha256`, `extracting`,
-                `configuring`, `building NN%`, `publishing`, or `already installed: DIR`.
+                `configuring`, `building NN% (target)`, `publishing`, or `already installed: DIR`.
 
         Returns:
             The new (or reused) install, which `current` now names.
