@@ -10,14 +10,16 @@ from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
+from starlette.types import ASGIApp
 
 import qiip_core
 from qiip_core.config import Settings
 from qiip_proxy._client_api import router as client_router
 from qiip_proxy._errors import ClientError, error_response
 from qiip_proxy._gateway import Gateway
+from qiip_proxy._relay import ProxyRoutes
 
-__all__ = ["create_app"]
+__all__ = ["create_app", "serving_app"]
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -66,3 +68,9 @@ def create_app(settings: Settings) -> FastAPI:
         return error_response(ClientError(422, str(first["msg"]), "invalid_request", param))
 
     return app
+
+
+def serving_app(app: FastAPI) -> ASGIApp:
+    """The app as the server runs it: the inference paths served ahead of FastAPI's routing layers."""
+    gateway: Gateway = app.state.gateway
+    return ProxyRoutes(app, gateway)

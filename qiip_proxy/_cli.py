@@ -17,7 +17,7 @@ import uvicorn
 from qiip_core import ConfigError
 from qiip_core._logging import configure_logging
 from qiip_core.config import load_settings
-from qiip_proxy._app import create_app
+from qiip_proxy._app import create_app, serving_app
 
 __all__ = ["main"]
 
@@ -46,7 +46,7 @@ def main(config: Path | None, host: str | None, port: int | None) -> None:
         click.echo(f"qiip-proxy: {exc.message}", err=True)
         sys.exit(2)
     uvicorn.run(
-        app,
+        serving_app(app),
         host=settings.server.host,
         port=settings.server.port,
         log_config=None,

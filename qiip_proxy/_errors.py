@@ -14,7 +14,7 @@ from starlette.responses import Response
 
 from qiip_core import FailoverExhausted, QiipError, RoutingError, UpstreamError
 
-__all__ = ["ClientError", "error_body", "error_response", "sse_error_event"]
+__all__ = ["SSE_DONE", "ClientError", "describe_error", "error_body", "error_response", "sse_error_event"]
 
 SSE_DONE = b"data: [DONE]\n\n"
 
@@ -45,8 +45,8 @@ def error_body(message: str, *, type: str, code: str | None, param: str | None =
     return json.dumps({"error": {"message": message, "type": type, "param": param, "code": code}}).encode()
 
 
-def _describe(exc: QiipError | ClientError) -> tuple[int, str, str | None, str | None, dict[str, str]]:
-    """(status, type, code, param, headers) for an error: the mapping table."""
+def describe_error(exc: QiipError | ClientError) -> tuple[int, str, str | None, str | None, dict[str, str]]:
+    """(status, OpenAI type, code, param, extra headers) for an error: the one mapping table."""
     if isinstance(exc, ClientError):
         return exc.status, exc.type, exc.code, exc.param, exc.headers
     if isinstance(exc, RoutingError):
@@ -62,7 +62,7 @@ def _describe(exc: QiipError | ClientError) -> tuple[int, str, str | None, str |
 
 def error_response(exc: QiipError | ClientError, *, headers: dict[str, str] | None = None) -> Response:
     """The HTTP answer for an error raised before anything was sent to the client."""
-    status, kind, code, param, extra = _describe(exc)
+    status, kind, code, param, extra = describe_error(exc)
     return Response(
         error_body(exc.message, type=kind, code=code, param=param),
         status_code=status,
@@ -73,5 +73,5 @@ def error_response(exc: QiipError | ClientError, *, headers: dict[str, str] | No
 
 def sse_error_event(exc: QiipError) -> bytes:
     """One SSE event carrying the OpenAI error, for failures after a stream has started."""
-    _, kind, code, param, _ = _describe(exc)
+    _, kind, code, param, _ = describe_error(exc)
     return b"data: " + error_body(exc.message, type=kind, code=code, param=param) + b"\n\n"

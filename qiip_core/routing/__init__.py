@@ -7,9 +7,9 @@ from qiip_core.routing._breaker import BreakerState, CircuitBreaker
 from qiip_core.routing._forward import (
     HOP_BY_HOP_HEADERS,
     Forwarder,
+    UpstreamClient,
     UpstreamRequest,
     UpstreamResponse,
-    create_upstream_client,
     map_transport_error,
 )
 from qiip_core.routing._sse import EventFramer, event_boundary
@@ -33,9 +33,9 @@ __all__ = [
     "Reservation",
     "RoutingTable",
     "TableChange",
+    "UpstreamClient",
     "UpstreamRequest",
     "UpstreamResponse",
-    "create_upstream_client",
     "event_boundary",
     "map_transport_error",
     "select_least_connections",

@@ -144,7 +144,9 @@ class Daemon:
         wait_until(lambda: node_id not in self.node_statuses(), timeout_s, f"node {node_id} to leave")
 
     def in_flight(self, node_id: str) -> float:
-        match = re.search(rf'^qiip_in_flight_requests\{{model="[^"]*",node="{re.escape(node_id)}"\}} (\S+)$', self.metrics(), re.M)
+        match = re.search(
+            rf'^qiip_in_flight_requests\{{model="[^"]*",node="{re.escape(node_id)}"\}} (\S+)$', self.metrics(), re.M
+        )
         return float(match.group(1)) if match else 0.0
 
     def counter(self, name: str, **labels: str) -> float:

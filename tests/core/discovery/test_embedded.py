@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -117,7 +118,7 @@ async def test_registry_follows_the_state_file(settings: Settings) -> None:
         await registry.aclose()
 
 
-async def _until(predicate: object, timeout_s: float = 5.0) -> None:
+async def _until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
     async with asyncio.timeout(timeout_s):
-        while not predicate():  # type: ignore[operator]
+        while not predicate():
             await asyncio.sleep(0.01)

@@ -34,7 +34,9 @@ def make(status: NodeStatus = NodeStatus.UNKNOWN) -> tuple[RoutingTable, str]:
 def probe(table: RoutingTable, outcome: ProbeOutcome, threshold: int = 3) -> bool:
     state = table.get("a")
     assert state is not None
-    return apply_probe(table, state, outcome, error="e" if outcome is ProbeOutcome.FAILED else None, failure_threshold=threshold)
+    return apply_probe(
+        table, state, outcome, error="e" if outcome is ProbeOutcome.FAILED else None, failure_threshold=threshold
+    )
 
 
 def status(table: RoutingTable) -> NodeStatus:

@@ -58,7 +58,12 @@ def test_default_policy_is_loopback_only() -> None:
     assert policy.check("http://127.0.0.5:9").url == "http://127.0.0.5:9"
     assert policy.check("http://localhost:9").url == "http://localhost:9"
     assert policy.check("http://[::1]:9").url == "http://[::1]:9"
-    for raw in ("http://10.0.0.1:8000", "http://gpu01.lab:8000", "http://[::ffff:10.0.0.1]:8000", "http://[2001:db8::1]:8000"):
+    for raw in (
+        "http://10.0.0.1:8000",
+        "http://gpu01.lab:8000",
+        "http://[::ffff:10.0.0.1]:8000",
+        "http://[2001:db8::1]:8000",
+    ):
         with pytest.raises(EndpointNotAllowed):
             policy.check(raw)
 

@@ -1,10 +1,11 @@
 from __future__ import annotations
 
-import httpx
+import aiohttp
 import pytest
 
-from qiip_core import UpstreamConnectError, UpstreamError, UpstreamTimeout, UpstreamTransportError
+from qiip_core import UpstreamError, UpstreamTimeout, UpstreamTransportError
 from qiip_core.routing import map_transport_error
+from qiip_core.routing._forward import _TRANSPORT_ERRORS
 
 
 def _subclasses(cls: type) -> set[type]:
@@ -16,25 +17,30 @@ def _subclasses(cls: type) -> set[type]:
     return found
 
 
-@pytest.mark.parametrize("exc_type", sorted(_subclasses(httpx.TransportError) | {httpx.DecodingError}, key=str))
-def test_every_httpx_transport_error_is_mapped(exc_type: type[httpx.TransportError]) -> None:
-    mapped = map_transport_error(exc_type("boom"), "n1")
-    assert isinstance(mapped, UpstreamError)
-    assert mapped.node_id == "n1" and mapped.retryable
-    assert "boom" in mapped.message
+AIOHTTP_ERRORS = sorted(
+    (c for c in _subclasses(aiohttp.ClientError) if c.__module__.startswith("aiohttp")), key=lambda c: c.__name__
+)
+
+
+@pytest.mark.parametrize("exc_type", AIOHTTP_ERRORS, ids=lambda c: c.__name__)
+def test_every_aiohttp_client_error_has_a_specific_row(exc_type: type) -> None:
+    rows = [library for library, _, _ in _TRANSPORT_ERRORS]
+    assert any(issubclass(exc_type, row) for row in rows if row is not aiohttp.ClientError), exc_type
 
 
 @pytest.mark.parametrize(
     ("exc", "ours", "status", "code"),
     [
-        (httpx.ConnectError("x"), UpstreamConnectError, 502, "backend_unavailable"),
-        (httpx.ConnectTimeout("x"), UpstreamTimeout, 504, "backend_timeout"),
-        (httpx.ReadTimeout("x"), UpstreamTimeout, 504, "backend_timeout"),
-        (httpx.PoolTimeout("x"), UpstreamTimeout, 504, "backend_timeout"),
-        (httpx.RemoteProtocolError("x"), UpstreamTransportError, 502, "backend_transport_error"),
-        (httpx.ReadError("x"), UpstreamTransportError, 502, "backend_transport_error"),
+        (aiohttp.ConnectionTimeoutError("x"), UpstreamTimeout, 504, "backend_timeout"),
+        (aiohttp.SocketTimeoutError("x"), UpstreamTimeout, 504, "backend_timeout"),
+        (aiohttp.ServerDisconnectedError(), UpstreamTransportError, 502, "backend_transport_error"),
+        (aiohttp.ClientPayloadError("x"), UpstreamTransportError, 502, "backend_transport_error"),
+        (aiohttp.ClientOSError(104, "reset"), UpstreamTransportError, 502, "backend_transport_error"),
+        (TimeoutError(), UpstreamTimeout, 504, "backend_timeout"),
+        (ConnectionResetError(), UpstreamTransportError, 502, "backend_transport_error"),
     ],
 )
-def test_most_specific_mapping_wins(exc: httpx.TransportError, ours: type, status: int, code: str) -> None:
-    mapped = map_transport_error(exc, None)
+def test_most_specific_mapping_wins(exc: BaseException, ours: type, status: int, code: str) -> None:
+    mapped = map_transport_error(exc, "n1")
     assert type(mapped) is ours and mapped.status == status and mapped.code == code
+    assert isinstance(mapped, UpstreamError) and mapped.node_id == "n1" and mapped.retryable

@@ -1,0 +1,219 @@
+"""Gateway overhead benchmark: the same load straight to a fast backend and through QIIP, in one run.
+
+Measures requests/s and latency (p50/p99) for non-streaming and streaming chat completions at
+concurrency 1, 32 and 256 with `wrk`, and the time-to-first-byte overhead of streams with a sequential
+raw-socket client, then prints each figure next to its direct baseline with the ratio.
+
+The backend, the gateway and the load generator share this machine, so absolute numbers say little;
+the ratios against the direct run are the result. CPU pinning (`taskset`) keeps the gateway on its own
+core when there are two or more.
+
+    uv run python bench/gateway.py [--duration 10] [--events 100]
+
+Needs `wrk` (Debian package `wrk`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+BODY = {"model": "bench", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def pinned(argv: list[str], core: int | None) -> list[str]:
+    if core is None or shutil.which("taskset") is None or (os.cpu_count() or 1) < 2:
+        return argv
+    return ["taskset", "-c", str(core), *argv]
+
+
+def wait_http(url: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{url} did not answer in time")
+
+
+@dataclass
+class WrkResult:
+    rps: float
+    p50_ms: float
+    p99_ms: float
+
+
+_UNITS = {"us": 0.001, "ms": 1.0, "s": 1000.0}
+
+
+def _ms(text: str) -> float:
+    match = re.fullmatch(r"([\d.]+)(us|ms|s)", text)
+    assert match, text
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def run_wrk(url: str, *, connections: int, duration_s: int, stream: bool, core: int | None) -> WrkResult:
+    body = json.dumps({**BODY, "stream": stream})
+    script = f'wrk.method = "POST"\nwrk.body = {json.dumps(body)}\nwrk.headers["Content-Type"] = "application/json"\n'
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
+        f.write(script)
+    try:
+        argv = ["wrk", "-t1", f"-c{connections}", f"-d{duration_s}s", "--latency", "-s", f.name, url]
+        out = subprocess.run(pinned(argv, core), capture_output=True, text=True, check=True).stdout
+    finally:
+        os.unlink(f.name)
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    p50 = _ms(re.search(r"\s50%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
+    p99 = _ms(re.search(r"\s99%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
+    if "Non-2xx" in out or "Socket errors" in out:
+        print(f"  warning: wrk reported errors against {url}:\n{out}", file=sys.stderr)
+    return WrkResult(rps, p50, p99)
+
+
+def ttfb_ms(host: str, port: int, samples: int) -> list[float]:
+    """Sequential streaming requests on one keep-alive connection: time until the first event's end."""
+    body = json.dumps({**BODY, "stream": True}).encode()
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    times = []
+    with socket.create_connection((host, port)) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for _ in range(samples):
+            started = time.perf_counter()
+            sock.sendall(request)
+            data = b""
+            first = None
+            while True:
+                data += sock.recv(65536)
+                if first is None and b"\n\n" in data.split(b"\r\n\r\n", 1)[-1]:
+                    first = time.perf_counter()
+                if data.endswith(b"0\r\n\r\n"):
+                    break
+            assert first is not None
+            times.append((first - started) * 1000)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run")
+    parser.add_argument("--events", type=int, default=100, help="events per streamed response")
+    parser.add_argument("--concurrency", default="1,32,256")
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        sys.exit("wrk is not installed (Debian package `wrk`).")
+
+    backend_port, gateway_port = free_port(), free_port()
+    backend = subprocess.Popen(
+        pinned(
+            [
+                sys.executable,
+                str(ROOT / "bench" / "backend.py"),
+                "--port",
+                str(backend_port),
+                "--events",
+                str(args.events),
+            ],
+            0,
+        )
+    )
+    state = tempfile.mkdtemp(prefix="qiip-bench-")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QIIP_")}
+    env |= {
+        "QIIP_STATE_DIR": state,
+        "QIIP_NODES": json.dumps([{"id": "bench", "endpoint": f"http://127.0.0.1:{backend_port}", "model": "bench"}]),
+        "QIIP_LOGGING__LEVEL": "WARNING",
+    }
+    gateway = subprocess.Popen(
+        pinned([sys.executable, "-m", "qiip_proxy", "--port", str(gateway_port)], 1), env=env, cwd=state
+    )
+    try:
+        wait_http(f"http://127.0.0.1:{backend_port}/health")
+        wait_http(f"http://127.0.0.1:{gateway_port}/health")
+        deadline = time.monotonic() + 30
+        while httpx.get(f"http://127.0.0.1:{gateway_port}/health").json()["nodes_healthy"] < 1:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the bench node never became healthy")
+            time.sleep(0.05)
+        print(f"backend :{backend_port}  gateway :{gateway_port}  {args.duration}s per run  cpus {os.cpu_count()}")
+        print()
+        header = (
+            f"{'mode':<10} {'c':>4} | {'direct rps':>10} {'qiip rps':>9} {'ratio':>6} | "
+            f"{'p50 direct':>10} {'p50 qiip':>9} {'added':>8} | {'p99 direct':>10} {'p99 qiip':>9} {'added':>8}"
+        )
+        print(header)
+        print("-" * len(header))
+        for stream in (False, True):
+            for c in (int(x) for x in args.concurrency.split(",")):
+                url = "/v1/chat/completions"
+                direct = run_wrk(
+                    f"http://127.0.0.1:{backend_port}{url}",
+                    connections=c,
+                    duration_s=args.duration,
+                    stream=stream,
+                    core=0,
+                )
+                through = run_wrk(
+                    f"http://127.0.0.1:{gateway_port}{url}",
+                    connections=c,
+                    duration_s=args.duration,
+                    stream=stream,
+                    core=0,
+                )
+                mode = "stream" if stream else "json"
+                print(
+                    f"{mode:<10} {c:>4} | {direct.rps:>10.0f} {through.rps:>9.0f} {through.rps / direct.rps:>6.2f} | "
+                    f"{direct.p50_ms:>9.2f}ms {through.p50_ms:>7.2f}ms {through.p50_ms - direct.p50_ms:>6.2f}ms | "
+                    f"{direct.p99_ms:>9.2f}ms {through.p99_ms:>7.2f}ms {through.p99_ms - direct.p99_ms:>6.2f}ms"
+                )
+                if stream:
+                    print(
+                        f"{'':<10} {'':>4} | events/s direct {direct.rps * (args.events + 1):.0f}, "
+                        f"through qiip {through.rps * (args.events + 1):.0f} "
+                        f"({through.rps / direct.rps:.0%} of direct)"
+                    )
+        direct_ttfb = ttfb_ms("127.0.0.1", backend_port, 300)
+        gateway_ttfb = ttfb_ms("127.0.0.1", gateway_port, 300)
+        print()
+        d50, g50 = statistics.median(direct_ttfb), statistics.median(gateway_ttfb)
+        d99 = statistics.quantiles(direct_ttfb, n=100)[98]
+        g99 = statistics.quantiles(gateway_ttfb, n=100)[98]
+        print(
+            f"stream time to first event, c=1: direct p50 {d50:.3f}ms p99 {d99:.3f}ms; "
+            f"through qiip p50 {g50:.3f}ms p99 {g99:.3f}ms; added p50 {g50 - d50:.3f}ms"
+        )
+    finally:
+        for proc in (gateway, backend):
+            proc.terminate()
+            proc.wait(timeout=30)
+        shutil.rmtree(state, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

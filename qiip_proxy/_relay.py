@@ -1,0 +1,241 @@
+"""One client inference request through the gateway, top to bottom, as plain ASGI.
+
+**parse** (`read_request`: size limit before the body is read whole, JSON, `model`, `stream`) →
+**select and forward** (`Forwarder.open` in the core: the least-loaded eligible node, failover while no
+byte has reached the client) → **relay** (status and headers, then whole SSE events or body chunks as
+they come; a failure after the first byte ends a stream with one in-band error event and
+`data: [DONE]`) → **account** (`GatewayMetrics.account`).
+
+The client connection is watched the whole time: a disconnect, while waiting for the first token or
+mid-stream, cancels the relay, which closes the node's request and releases the reservation.
+
+`ProxyRoutes` serves the three inference paths ahead of the FastAPI app: they are the hot path, and
+skipping the framework's routing and middleware layers roughly doubles the requests a core can relay
+(docs/performance.md). The FastAPI routes of the same paths call the same code and document them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from qiip_core import FailoverExhausted, QiipError, RoutingError, UpstreamError
+from qiip_core.routing import UpstreamRequest, UpstreamResponse
+from qiip_proxy._errors import SSE_DONE, ClientError, describe_error, error_body, sse_error_event
+
+if TYPE_CHECKING:
+    from qiip_proxy._gateway import Gateway
+
+__all__ = ["PROXY_PATHS", "ProxyRoutes", "read_request", "serve_inference"]
+
+logger = logging.getLogger("qiip.proxy")
+
+PROXY_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+"""The inference paths, forwarded to nodes as they are."""
+
+_FORWARDED_HEADERS = frozenset({b"accept", b"x-request-id", b"traceparent", b"tracestate"})
+
+
+class ProxyRoutes:
+    """ASGI middleware: `POST` to an inference path is relayed here; everything else goes to `app`.
+
+    Args:
+        app: the daemon's application.
+        gateway: the gateway it serves.
+    """
+
+    def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
+        self.app = app
+        self.gateway = gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in PROXY_PATHS:
+            await serve_inference(self.gateway, scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value)
+    return None
+
+
+async def serve_inference(gateway: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
+    """Serve one inference request (`scope["path"]` is one of `PROXY_PATHS`) completely."""
+    started = time.perf_counter()
+    request_id = (_header(scope, b"x-request-id") or os.urandom(12).hex().encode()).decode("latin-1")
+    try:
+        request = await read_request(scope, receive, max_body_bytes=gateway.settings.server.max_body_bytes)
+    except ClientError as exc:
+        if exc.code != "client_disconnected":
+            await send_error(send, exc, request_id)
+        gateway.metrics.account(model="", node="", status=exc.status, duration_s=0.0, error_code=exc.code)
+        return
+    await _Relay(gateway, request, request_id, started).run(receive, send)
+
+
+async def read_request(scope: Scope, receive: Receive, *, max_body_bytes: int) -> UpstreamRequest:
+    """Read and check a client request, keeping its body byte for byte.
+
+    Raises:
+        ClientError: 413 over `max_body_bytes` (checked before the body is read whole), 400 for a body that
+            is not a JSON object, a missing or non-string `model`, or a non-boolean `stream`.
+    """
+    too_large = ClientError(
+        413, f"The request body is larger than the limit of {max_body_bytes} bytes.", "request_too_large"
+    )
+    declared = _header(scope, b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
+        raise too_large
+    body = b""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientError(499, "The client disconnected while sending its request.", "client_disconnected")
+        chunk = message.get("body", b"")
+        body = body + chunk if body else chunk
+        if len(body) > max_body_bytes:
+            raise too_large
+        if not message.get("more_body", False):
+            break
+    try:
+        payload = json.loads(body)
+    except ValueError as exc:
+        raise ClientError(400, f"The request body is not valid JSON: {exc}.", "invalid_json") from None
+    if not isinstance(payload, dict):
+        raise ClientError(400, "The request body must be a JSON object.", "invalid_json")
+    model = payload.get("model")
+    if not isinstance(model, str) or not model:
+        raise ClientError(400, "The request must name a model (a non-empty string).", "missing_model", "model")
+    stream = payload.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        raise ClientError(400, "`stream` must be true or false.", "invalid_type", "stream")
+    headers = [("content-type", "application/json"), ("accept-encoding", "identity")]
+    headers += [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k in _FORWARDED_HEADERS]
+    return UpstreamRequest(path=scope["path"], body=body, headers=headers, model=model, stream=bool(stream))
+
+
+async def send_error(
+    send: Send, exc: QiipError | ClientError, request_id: str, extra: dict[str, str] | None = None
+) -> None:
+    """Send a complete OpenAI error response (before anything else was sent)."""
+    status, kind, code, param, headers = describe_error(exc)
+    body = error_body(exc.message, type=kind, code=code, param=param)
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(k.lower().encode(), v.encode()) for k, v in {**headers, **(extra or {})}.items()]
+    raw.append((b"x-request-id", request_id.encode()))
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+class _Relay:
+    """Forwards one parsed request and relays the answer, watching the client connection throughout."""
+
+    __slots__ = ("_disconnected", "gateway", "request", "request_id", "started")
+
+    def __init__(self, gateway: Gateway, request: UpstreamRequest, request_id: str, started: float) -> None:
+        self.gateway = gateway
+        self.request = request
+        self.request_id = request_id
+        self.started = started
+        self._disconnected = False
+
+    async def run(self, receive: Receive, send: Send) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        watcher = asyncio.create_task(self._watch(receive, task))
+        try:
+            await self._relay(send)
+        except asyncio.CancelledError:
+            if not self._disconnected:
+                raise
+            task.uncancel()
+        finally:
+            watcher.cancel()
+
+    async def _watch(self, receive: Receive, task: asyncio.Task[Any]) -> None:
+        while True:
+            message: Message = await receive()
+            if message["type"] == "http.disconnect":
+                self._disconnected = True
+                task.cancel()
+                return
+
+    async def _relay(self, send: Send) -> None:
+        gateway, request = self.gateway, self.request
+        try:
+            upstream = await gateway.forwarder.open(request)
+        except (RoutingError, UpstreamError) as exc:
+            await send_error(send, exc, self.request_id)
+            # Every failed attempt but the last was retried elsewhere.
+            earlier = exc.failures[:-1] if isinstance(exc, FailoverExhausted) else []
+            gateway.metrics.account(
+                model=request.model,
+                node="",
+                status=exc.status,
+                duration_s=time.perf_counter() - self.started,
+                error_code=exc.code,
+                failed_nodes=[e.node_id for e in earlier if e.node_id],
+            )
+            return
+        ttft: float | None = None
+        error_code: str | None = None
+        try:
+            headers = upstream.headers
+            headers.append((b"x-request-id", self.request_id.encode()))
+            if upstream.sse:
+                headers += [(b"x-accel-buffering", b"no"), (b"cache-control", b"no-cache")]
+            if upstream.complete:
+                headers.append((b"content-length", str(len(upstream.prefix)).encode()))
+                await send({"type": "http.response.start", "status": upstream.status_code, "headers": headers})
+                await send({"type": "http.response.body", "body": upstream.prefix})
+            else:
+                await send({"type": "http.response.start", "status": upstream.status_code, "headers": headers})
+                await send({"type": "http.response.body", "body": upstream.prefix, "more_body": True})
+                if upstream.sse:
+                    ttft = time.perf_counter() - self.started
+                error_code = await self._relay_rest(upstream, send)
+            if error_code is None and upstream.status_code < 400:
+                gateway.table.record_success(upstream.node_id)
+        except asyncio.CancelledError:
+            if self._disconnected:
+                error_code = "client_disconnected"
+                logger.info("client disconnected; closed its request to node %s", upstream.node_id)
+            raise
+        finally:
+            await upstream.aclose()
+            gateway.metrics.account(
+                model=request.model,
+                node=upstream.node_id,
+                status=upstream.status_code,
+                duration_s=time.perf_counter() - self.started,
+                ttft_s=ttft,
+                error_code=error_code,
+                failed_nodes=[e.node_id for e in upstream.failures if e.node_id],
+            )
+
+    async def _relay_rest(self, upstream: UpstreamResponse, send: Send) -> str | None:
+        """Relay the rest of the body. Returns the error code of a mid-stream failure, or None."""
+        try:
+            while chunk := await upstream.read():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except UpstreamError as exc:
+            self.gateway.table.record_failure(upstream.node_id, exc.message)
+            logger.warning("node %s failed mid-response: %s", upstream.node_id, exc.message)
+            if not upstream.sse:
+                # Headers are out and the body is incomplete: the only honest signal left is to break the
+                # connection, so the client cannot mistake a truncated body for a whole one.
+                raise
+            await send({"type": "http.response.body", "body": sse_error_event(exc), "more_body": True})
+            await send({"type": "http.response.body", "body": SSE_DONE})
+            return exc.code
+        await send({"type": "http.response.body", "body": b""})
+        return None
