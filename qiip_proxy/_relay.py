@@ -39,6 +39,9 @@ logger = logging.getLogger("qiip.proxy")
 PROXY_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
 """The inference paths, forwarded to nodes as they are."""
 
+CLIENT_CLOSED_REQUEST = 499
+"""The status recorded (never sent) for a request whose client left before the answer began."""
+
 _FORWARDED_HEADERS = frozenset({b"accept", b"x-request-id", b"traceparent", b"tracestate"})
 
 
@@ -95,17 +98,22 @@ async def read_request(scope: Scope, receive: Receive, *, max_body_bytes: int) -
     declared = _header(scope, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
         raise too_large
-    body = b""
+    chunks: list[bytes] = []
+    size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise ClientError(499, "The client disconnected while sending its request.", "client_disconnected")
+            raise ClientError(
+                CLIENT_CLOSED_REQUEST, "The client disconnected while sending its request.", "client_disconnected"
+            )
         chunk = message.get("body", b"")
-        body = body + chunk if body else chunk
-        if len(body) > max_body_bytes:
+        size += len(chunk)
+        if size > max_body_bytes:
             raise too_large
+        chunks.append(chunk)
         if not message.get("more_body", False):
             break
+    body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
     try:
         payload = json.loads(body)
     except ValueError as exc:
@@ -173,6 +181,17 @@ class _Relay:
         gateway, request = self.gateway, self.request
         try:
             upstream = await gateway.forwarder.open(request)
+        except asyncio.CancelledError:
+            if self._disconnected:
+                logger.info("client disconnected while waiting for a node's answer")
+                gateway.metrics.account(
+                    model=request.model,
+                    node="",
+                    status=CLIENT_CLOSED_REQUEST,
+                    duration_s=time.perf_counter() - self.started,
+                    error_code="client_disconnected",
+                )
+            raise
         except (RoutingError, UpstreamError) as exc:
             await send_error(send, exc, self.request_id)
             # Every failed attempt but the last was retried elsewhere.

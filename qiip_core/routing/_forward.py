@@ -373,10 +373,11 @@ class Forwarder:
         for retry in (True, False):
             try:
                 return await self.client.post(url, request.body, request.headers)
-            except aiohttp.ServerDisconnectedError as exc:
-                # A pooled keep-alive connection the node closed just before we used it fails like this,
-                # before any response byte; one fresh try on the same node is not a node failure.
-                if not retry:
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                # A pooled keep-alive connection the node closed (or reset) just before we used it fails like
+                # this, before any response byte; one fresh try on the same node is not a node failure. A
+                # failed connect is (ClientConnectorError), and goes to failover at once.
+                if not retry or isinstance(exc, aiohttp.ClientConnectorError):
                     raise
                 logger.debug("node %s: retrying on a fresh connection after %r", node_id, exc)
         raise AssertionError("unreachable")

@@ -88,7 +88,11 @@ def test_upstream_4xx_is_relayed_verbatim(llama_daemon: Daemon) -> None:
 
 
 def test_metrics_exposes_requests_and_latency(llama_daemon: Daemon, client: openai.OpenAI) -> None:
-    list(client.chat.completions.create(model="tiny-chat", messages=[{"role": "user", "content": "x"}], max_tokens=2, stream=True))
+    list(
+        client.chat.completions.create(
+            model="tiny-chat", messages=[{"role": "user", "content": "x"}], max_tokens=2, stream=True
+        )
+    )
     text = llama_daemon.metrics()
     for series in (
         "qiip_requests_total",

@@ -120,5 +120,5 @@ async def test_registry_follows_the_state_file(settings: Settings) -> None:
 
 async def _until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
     async with asyncio.timeout(timeout_s):
-        while not predicate():
+        while not predicate():  # noqa: ASYNC110 - the registry offers no event to wait on
             await asyncio.sleep(0.01)

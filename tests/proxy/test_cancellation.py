@@ -1,0 +1,57 @@
+"""A client that goes away closes the node's request and frees its reservation."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+
+import pytest
+
+from tests.support.daemon import Daemon, wait_until
+from tests.support.fault_backend import FaultBackend, Hang, Json, Sse
+
+pytestmark = pytest.mark.integration
+
+Backends = Callable[..., FaultBackend]
+
+
+def send_raw(daemon: Daemon, model: str, *, stream: bool) -> socket.socket:
+    body = b'{"model": "%s", "messages": [], "stream": %s}' % (model.encode(), b"true" if stream else b"false")
+    sock = socket.create_connection(("127.0.0.1", daemon.port))
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    return sock
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "stream", "read_first"),
+    [
+        (Hang(), True, False),
+        (Hang(), False, False),
+        (Sse(n_events=100, delay_between_s=0.2), True, True),
+        (Json(200, {"late": True}, delay_s=20), False, False),
+    ],
+    ids=["waiting-for-first-token", "waiting-non-streaming", "mid-stream", "slow-json"],
+)
+def test_client_disconnect_reaches_the_node(
+    fault_daemon: Daemon, backends: Backends, model: str, behaviour: object, stream: bool, read_first: bool
+) -> None:
+    backend = backends()
+    backend.default = behaviour  # type: ignore[assignment]
+    node_id = f"{model}-n"
+    fault_daemon.add_node(node_id, backend.url, model)
+    sock = send_raw(fault_daemon, model, stream=stream)
+    record = backend.wait_for_requests(1, path="/v1/chat/completions")[0]
+    if read_first:
+        assert b"data: " in sock.recv(65536)
+    wait_until(lambda: fault_daemon.in_flight(node_id) == 1, 5, "the request to be in flight")
+    left_at = time.monotonic()
+    sock.close()
+    seen_at = backend.wait_for_disconnect(timeout_s=5)
+    assert record.received_at < seen_at and left_at < seen_at + 5
+    wait_until(lambda: fault_daemon.in_flight(node_id) == 0, 5, "the reservation to be released")
+    assert fault_daemon.node_statuses()[node_id] == "healthy"
+    assert fault_daemon.counter("qiip_request_errors_total", model=model, code="client_disconnected") == 1

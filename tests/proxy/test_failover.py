@@ -1,0 +1,265 @@
+"""Failover before the first byte, error relaying and exhaustion, against a fault-injecting backend."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import httpx
+import openai
+import pytest
+
+from tests.support.daemon import Daemon, wait_until
+from tests.support.fault_backend import Exchange, FaultBackend, Hang, Json, Sse, Status
+
+pytestmark = pytest.mark.integration
+
+Backends = Callable[..., FaultBackend]
+CHAT = "/v1/chat/completions"
+
+
+def calls(backend: FaultBackend) -> int:
+    """Inference requests the backend received (health probes left out)."""
+    return sum(1 for r in backend.requests if r.path.startswith("/v1/"))
+
+
+def body(model: str, **extra: object) -> dict[str, object]:
+    return {"model": model, "messages": [{"role": "user", "content": "hi"}], **extra}
+
+
+@contextmanager
+def busy(daemon: Daemon, backend: FaultBackend, model: str) -> Iterator[None]:
+    """Hold one request on `backend` so least-connections sends the next request elsewhere first."""
+    backend.push(Hang())
+    before = len(backend.requests)
+    client = httpx.Client(trust_env=False, timeout=30)
+    thread = threading.Thread(
+        target=lambda: _quietly(lambda: client.post(daemon.url + CHAT, json=body(model))), daemon=True
+    )
+    thread.start()
+    backend.wait_for_requests(before + 1)
+    try:
+        yield
+    finally:
+        client.close()
+        thread.join(10)
+
+
+def _quietly(fn: Callable[[], object]) -> None:
+    try:
+        fn()
+    except httpx.HTTPError:
+        pass
+
+
+def test_refused_connection_fails_over_to_another_node(fault_daemon: Daemon, backends: Backends, model: str) -> None:
+    dead, alive = backends(), backends()
+    fault_daemon.add_node(f"{model}-alive", alive.url, model)
+    with busy(fault_daemon, alive, model):
+        fault_daemon.add_node(f"{model}-dead", dead.url, model)
+        dead.stop_listening()
+        response = httpx.post(fault_daemon.url + CHAT, json=body(model), timeout=30)
+    assert response.status_code == 200 and response.json()["object"] == "chat.completion"
+    assert fault_daemon.counter("qiip_upstream_retries_total", node=f"{model}-dead") == 1
+
+
+def test_5xx_fails_over_and_trips_the_breaker(fault_daemon: Daemon, backends: Backends, model: str) -> None:
+    broken, alive = backends(), backends()
+    broken.default = Status(500)
+    fault_daemon.add_node(f"{model}-alive", alive.url, model)
+    with busy(fault_daemon, alive, model):
+        fault_daemon.add_node(f"{model}-broken", broken.url, model)
+        for _ in range(3):
+            assert httpx.post(fault_daemon.url + CHAT, json=body(model), timeout=30).status_code == 200
+            if fault_daemon.node_statuses()[f"{model}-broken"] == "unhealthy":
+                break
+    assert calls(broken) >= 1
+    fault_daemon.wait_status(f"{model}-broken", "unhealthy")
+
+
+def test_exhausted_failover_reports_attempts(fault_daemon: Daemon, backends: Backends, model: str) -> None:
+    nodes = [backends() for _ in range(4)]
+    for index, backend in enumerate(nodes):
+        backend.default = Status(503, b'{"error": "overloaded"}')
+        fault_daemon.add_node(f"{model}-{index}", backend.url, model)
+    response = httpx.post(fault_daemon.url + CHAT, json=body(model), timeout=30)
+    assert response.status_code == 503
+    assert response.headers["x-qiip-failover"] == "exhausted"
+    assert response.headers["x-qiip-attempts"] == "3"
+    error = response.json()["error"]
+    assert error["code"] == "failover_exhausted" and error["type"] == "upstream_error"
+    assert "overloaded" in error["message"]
+    assert sum(calls(b) for b in nodes) == 3
+
+
+def test_exhausted_with_fewer_nodes_than_attempts(fault_daemon: Daemon, backends: Backends, model: str) -> None:
+    dead = backends()
+    fault_daemon.add_node(f"{model}-dead", dead.url, model)
+    dead.stop_listening()
+    with pytest.raises(openai.APIStatusError) as info:
+        openai.OpenAI(base_url=fault_daemon.url + "/v1", api_key="x", max_retries=0).chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hi"}]
+        )
+    assert info.value.status_code == 502
+    assert info.value.response.headers["x-qiip-attempts"] == "1"
+    assert info.value.code == "failover_exhausted"
+
+
+def test_upstream_4xx_is_relayed_verbatim_and_not_retried(fault_daemon: Daemon, backends: Backends, model: str) -> None:
+    picky, other = backends(), backends()
+    raw = b'{"error": {"message": "messages must alternate", "type": "invalid_request_error", "code": "x"}}'
+    picky.default = Status(400, raw, headers={"x-node-detail": "kept"})
+    other.default = Status(400, raw)
+    fault_daemon.add_node(f"{model}-a", picky.url, model)
+    fault_daemon.add_node(f"{model}-b", other.url, model)
+    for _ in range(5):
+        response = httpx.post(fault_daemon.url + CHAT, json=body(model), timeout=30)
+        assert response.status_code == 400 and response.content == raw
+    assert calls(picky) + calls(other) == 5
+    assert fault_daemon.node_statuses()[f"{model}-a"] == "healthy"
+    assert fault_daemon.node_statuses()[f"{model}-b"] == "healthy"
+    assert fault_daemon.counter("qiip_upstream_retries_total", model=model) == 0
+
+
+def test_429_is_relayed_with_retry_after(fault_daemon: Daemon, backends: Backends, model: str) -> None:
+    busy_node = backends()
+    busy_node.default = Status(429, headers={"Retry-After": "7"})
+    fault_daemon.add_node(f"{model}-a", busy_node.url, model)
+    response = httpx.post(fault_daemon.url + CHAT, json=body(model), timeout=30)
+    assert response.status_code == 429 and response.headers["retry-after"] == "7"
+    assert calls(busy_node) == 1
+
+
+def test_slow_headers_time_out_and_fail_over(fault_daemon: Daemon, backends: Backends, model: str) -> None:
+    slow, fast = backends(), backends()
+    slow.default = Json(200, {"late": True}, delay_s=3)
+    fault_daemon.add_node(f"{model}-fast", fast.url, model)
+    with busy(fault_daemon, fast, model):
+        fault_daemon.add_node(f"{model}-slow", slow.url, model)
+        response = httpx.post(fault_daemon.url + CHAT, json=body(model), timeout=30)
+    assert response.status_code == 200 and "late" not in response.json()
+    slow.wait_for_disconnect()
+
+
+def test_slow_first_event_fails_over_before_the_client_sees_a_byte(
+    fault_daemon: Daemon, backends: Backends, model: str
+) -> None:
+    slow, fast = backends(), backends()
+    slow.default = Sse(delay_first_event_s=3)
+    fault_daemon.add_node(f"{model}-fast", fast.url, model)
+    with busy(fault_daemon, fast, model):
+        fault_daemon.add_node(f"{model}-slow", slow.url, model)
+        response = httpx.post(fault_daemon.url + CHAT, json=body(model, stream=True), timeout=30)
+    assert response.status_code == 200
+    assert response.text.count("data: ") == 6 and response.text.endswith("data: [DONE]\n\n")
+    assert response.headers["x-accel-buffering"] == "no"
+    slow.wait_for_disconnect()
+
+
+@pytest.mark.parametrize(
+    "fault", [Sse(close_after_headers=True), Sse(reset_before_headers=True), Sse(events=[], done=False)]
+)
+def test_stream_that_dies_before_its_first_event_fails_over(
+    fault_daemon: Daemon, backends: Backends, model: str, fault: Sse
+) -> None:
+    broken, fine = backends(), backends()
+    broken.default = fault
+    fault_daemon.add_node(f"{model}-fine", fine.url, model)
+    with busy(fault_daemon, fine, model):
+        fault_daemon.add_node(f"{model}-broken", broken.url, model)
+        response = httpx.post(fault_daemon.url + CHAT, json=body(model, stream=True), timeout=30)
+    assert response.status_code == 200 and response.text.endswith("data: [DONE]\n\n")
+    assert calls(broken) >= 1
+
+
+def test_stale_pooled_connection_is_retried_on_the_same_node(
+    fault_daemon: Daemon, backends: Backends, model: str
+) -> None:
+    backend = backends()
+    fault_daemon.add_node(f"{model}-only", backend.url, model)
+    assert httpx.post(fault_daemon.url + CHAT, json=body(model), timeout=30).status_code == 200
+    first = backend.requests[-1]
+    # The node now drops the next request that arrives on that kept-alive connection, as a server that
+    # closes idle connections does when the close races the gateway's reuse.
+    backend.push(_DropIfReused(first.connection))
+    response = httpx.post(fault_daemon.url + CHAT, json=body(model), timeout=30)
+    assert response.status_code == 200
+    connections = [r.connection for r in backend.requests]
+    assert connections[-2] == first.connection and connections[-1] != first.connection
+    assert fault_daemon.node_statuses()[f"{model}-only"] == "healthy"
+
+
+class _DropIfReused(Json):
+    def __init__(self, connection: int) -> None:
+        super().__init__()
+        object.__setattr__(self, "headers", {"x-connection": str(connection)})
+
+    async def respond(self, exchange: Exchange) -> None:
+        if exchange.request.connection == int(self.headers["x-connection"]):
+            exchange.reset()
+            return
+        await super().respond(exchange)
+
+
+def test_gzip_answers_reach_the_client_decoded(fault_daemon: Daemon, backends: Backends, model: str) -> None:
+    backend = backends()
+    payload = {"object": "chat.completion", "choices": [{"message": {"content": "é" * 5000}}]}
+    backend.default = Json(200, payload, gzip=True)
+    fault_daemon.add_node(f"{model}-gz", backend.url, model)
+    response = httpx.post(fault_daemon.url + CHAT, json=body(model), timeout=30)
+    assert response.status_code == 200 and response.json() == payload
+    assert backend.requests[-1].headers["accept-encoding"] == "identity"
+
+
+def test_gzip_stream_is_decoded_and_framed(fault_daemon: Daemon, backends: Backends, model: str) -> None:
+    import gzip
+
+    events = [b'data: {"n": %d}\n\n' % i for i in range(5)] + [b"data: [DONE]\n\n"]
+    backend = backends()
+    backend.default = Sse(writes=[gzip.compress(b"".join(events))], headers={"content-encoding": "gzip"})
+    fault_daemon.add_node(f"{model}-gz", backend.url, model)
+    response = httpx.post(fault_daemon.url + CHAT, json=body(model, stream=True), timeout=30)
+    assert response.content == b"".join(events)
+    assert "content-encoding" not in response.headers
+
+
+def test_connections_are_reused(fault_daemon: Daemon, backends: Backends, model: str) -> None:
+    backend = backends()
+    fault_daemon.add_node(f"{model}-a", backend.url, model)
+    for _ in range(5):
+        httpx.post(fault_daemon.url + CHAT, json=body(model), timeout=30)
+    assert len({r.connection for r in backend.requests if r.path == CHAT}) == 1
+
+
+def test_routing_errors(fault_daemon: Daemon, backends: Backends, model: str) -> None:
+    missing = httpx.post(fault_daemon.url + CHAT, json=body("no/such:model"), timeout=30)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+    down = backends()
+    fault_daemon.add_node(f"{model}-down", down.url, model)
+    down.health = Status(500)
+    down.stop_listening()
+    fault_daemon.add_node(f"{model}-down", down.url.replace(str(down.port), "1"), model, wait=False)
+    wait_until(lambda: fault_daemon.node_statuses().get(f"{model}-down") == "unknown", 10, "the node to be unknown")
+    unavailable = httpx.post(fault_daemon.url + CHAT, json=body(model), timeout=30)
+    assert unavailable.status_code == 503 and unavailable.json()["error"]["code"] == "model_unavailable"
+    models = httpx.get(fault_daemon.url + "/v1/models", timeout=30).json()["data"]
+    assert model not in [m["id"] for m in models]
+    one = httpx.get(fault_daemon.url + f"/v1/models/{model}", timeout=30)
+    assert one.status_code == 503
+
+
+def test_bad_requests(fault_daemon: Daemon) -> None:
+    too_big = httpx.post(fault_daemon.url + CHAT, content=b"x" * (2 << 20), timeout=30)
+    assert too_big.status_code == 413 and too_big.json()["error"]["code"] == "request_too_large"
+
+    def chunks() -> Iterator[bytes]:
+        for _ in range(40):
+            yield b"x" * 65536
+
+    streamed = httpx.post(fault_daemon.url + CHAT, content=chunks(), timeout=30)
+    assert streamed.status_code == 413
+    for raw, code in ((b"[1, 2]", "invalid_json"), (b"{", "invalid_json"), (b'{"model": 5}', "missing_model")):
+        answer = httpx.post(fault_daemon.url + CHAT, content=raw, timeout=30)
+        assert answer.status_code == 400 and answer.json()["error"]["code"] == code
+    assert httpx.get(fault_daemon.url + "/v1/nothing", timeout=30).json()["error"]["code"] == "not_found"
