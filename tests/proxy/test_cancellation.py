@@ -46,7 +46,11 @@ def test_client_disconnect_reaches_the_node(
     sock = send_raw(fault_daemon, model, stream=stream)
     record = backend.wait_for_requests(1, path="/v1/chat/completions")[0]
     if read_first:
-        assert b"data: " in sock.recv(65536)
+        received = b""
+        while b"data: " not in received:
+            piece = sock.recv(65536)
+            assert piece, received
+            received += piece
     wait_until(lambda: fault_daemon.in_flight(node_id) == 1, 5, "the request to be in flight")
     left_at = time.monotonic()
     sock.close()
