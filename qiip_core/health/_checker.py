@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from enum import StrEnum
 
-import httpx
+import aiohttp
 
 from qiip_core.config import HealthSettings
 from qiip_core.nodes import NodeStatus
@@ -110,7 +110,8 @@ class HealthChecker:
     Args:
         table: the routing table to observe and update.
         settings: interval, timeouts, threshold, concurrency.
-        client: the HTTP client for probes (a dedicated one by default, closed by `aclose()`).
+        session: the aiohttp session for probes (a dedicated one by default, with its own small pool so
+            probes never wait behind client traffic; closed by `aclose()`).
         on_healthy: awaited after each successful probe of a healthy node (etcd lease refresh).
     """
 
@@ -119,18 +120,13 @@ class HealthChecker:
         table: RoutingTable,
         settings: HealthSettings,
         *,
-        client: httpx.AsyncClient | None = None,
+        session: aiohttp.ClientSession | None = None,
         on_healthy: Callable[[NodeState], Awaitable[None]] | None = None,
     ) -> None:
         self.table = table
         self.settings = settings
-        self._owns_client = client is None
-        self.client = client or httpx.AsyncClient(
-            timeout=httpx.Timeout(settings.timeout_s),
-            limits=httpx.Limits(max_connections=settings.concurrency, max_keepalive_connections=0),
-            trust_env=False,
-            follow_redirects=False,
-        )
+        self._owns_session = session is None
+        self._session = session
         self._on_healthy = on_healthy
         self._semaphore = asyncio.Semaphore(settings.concurrency)
         self._probing: set[str] = set()
@@ -151,8 +147,19 @@ class HealthChecker:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self._owns_client:
-            await self.client.aclose()
+        if self._owns_session and self._session is not None:
+            await self._session.close()
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The probe session, created on first use inside the event loop."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.settings.concurrency, force_close=True),
+                trust_env=False,
+                timeout=aiohttp.ClientTimeout(total=self.settings.timeout_s),
+            )
+        return self._session
 
     def _on_change(self, change: TableChange) -> None:
         if change.kind is ChangeKind.ADDED:
@@ -199,14 +206,13 @@ class HealthChecker:
             self._probing.discard(node_id)
 
     async def _health(self, state: NodeState) -> tuple[ProbeOutcome, str | None]:
-        url = state.node.endpoint + "/health"
         try:
-            response = await self.client.get(url, timeout=self.settings.timeout_s)
-        except httpx.HTTPError as exc:
-            return ProbeOutcome.FAILED, f"GET /health: {type(exc).__name__}: {exc}".rstrip(": ")
-        outcome = classify_health(response.status_code, response.content)
-        error = None if outcome is not ProbeOutcome.FAILED else f"GET /health answered {response.status_code}"
-        return outcome, error
+            async with self.session.get(state.node.endpoint + "/health", allow_redirects=False) as response:
+                status, body = response.status, await response.read()
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            return ProbeOutcome.FAILED, _describe("GET /health", exc)
+        outcome = classify_health(status, body)
+        return outcome, None if outcome is not ProbeOutcome.FAILED else f"GET /health answered {status}"
 
     async def _recover(self, state: NodeState) -> None:
         if not state.breaker.try_half_open():
@@ -223,11 +229,15 @@ class HealthChecker:
         else:
             path, body = "/v1/embeddings", {"model": node.model, "input": "ping"}
         try:
-            response = await self.client.post(node.endpoint + path, json=body, timeout=self.settings.recovery_timeout_s)
-            ok = response.status_code == 200
-            error = None if ok else f"recovery probe {path} answered {response.status_code}"
-        except httpx.HTTPError as exc:
-            ok, error = False, f"recovery probe {path}: {type(exc).__name__}: {exc}"
+            timeout = aiohttp.ClientTimeout(total=self.settings.recovery_timeout_s)
+            async with self.session.post(
+                node.endpoint + path, json=body, timeout=timeout, allow_redirects=False
+            ) as response:
+                await response.read()
+                ok = response.status == 200
+            error = None if ok else f"recovery probe {path} answered {response.status}"
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            ok, error = False, _describe(f"recovery probe {path}", exc)
         except BaseException:
             state.breaker.reopen()
             raise
@@ -241,3 +251,8 @@ class HealthChecker:
             state.breaker.record_failure()
             state.last_error = error
             logger.info("node %s: %s; breaker stays open", state.id, error)
+
+
+def _describe(what: str, exc: BaseException) -> str:
+    detail = str(exc) or ("timed out" if isinstance(exc, TimeoutError) else type(exc).__name__)
+    return f"{what}: {detail}"

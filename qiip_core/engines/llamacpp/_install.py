@@ -35,8 +35,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import httpx
-
 from qiip_core._errors import ConfigError, EngineError
 from qiip_core.engines.llamacpp._build import (
     BUILD_TARGETS,
@@ -54,6 +52,8 @@ from qiip_core.engines.llamacpp._source import (
 )
 
 if TYPE_CHECKING:
+    import httpx
+
     from qiip_core.config import LlamaCppEngineSettings
 
 __all__ = ["InstalledEngine", "LlamaCppInstaller", "ProgressCallback"]
@@ -69,7 +69,8 @@ CURRENT_LINK = "current"
 BUILD_INFO = "build.json"
 """The record written next to `bin/` in each install."""
 
-_DOWNLOAD_TIMEOUT = httpx.Timeout(60.0, connect=30.0)
+_DOWNLOAD_TIMEOUT_S = 60.0
+_CONNECT_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -282,7 +283,10 @@ class LlamaCppInstaller:
         log_path.write_text("", encoding="utf-8")
         try:
             download = staging / spec.filename
-            with httpx.Client(transport=self._transport, timeout=_DOWNLOAD_TIMEOUT) as client:
+            import httpx  # only here: see the note in _source
+
+            timeout = httpx.Timeout(_DOWNLOAD_TIMEOUT_S, connect=_CONNECT_TIMEOUT_S)
+            with httpx.Client(transport=self._transport, timeout=timeout) as client:
                 fetch_archive(spec, download, client=client, archive=archive, progress=report)
             report("extracting")
             top = extract_archive(download, staging / "src")

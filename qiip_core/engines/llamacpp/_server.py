@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-import httpx
+import aiohttp
 
 from qiip_core._errors import EngineLaunchError
 
@@ -46,7 +46,7 @@ a head size that is a multiple of their block size (32)."""
 FlashAttn = Literal["auto", "on", "off"]
 
 _POLL_INTERVAL_S = 0.1
-_HEALTH_TIMEOUT = httpx.Timeout(5.0, connect=1.0)
+_HEALTH_TIMEOUT = aiohttp.ClientTimeout(total=5.0, sock_connect=1.0)
 _TAIL_LINES = 40
 _PR_SET_PDEATHSIG = 1
 
@@ -327,21 +327,22 @@ class LlamaServerProcess:
     ) -> None:
         loop = asyncio.get_running_loop()
         last = "no answer yet"
-        async with httpx.AsyncClient(trust_env=False, timeout=_HEALTH_TIMEOUT) as client:
+        async with aiohttp.ClientSession(trust_env=False, timeout=_HEALTH_TIMEOUT) as client:
             while True:
                 if process.returncode is not None:
                     raise self._exited(process.returncode)
                 try:
-                    response = await client.get(self.endpoint + "/health")
-                except httpx.TransportError as exc:
+                    async with client.get(self.endpoint + "/health", allow_redirects=False) as response:
+                        status, text = response.status, (await response.read())[:200].decode("utf-8", "replace")
+                except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                     # Refused while the socket is not yet listening: progress as long as the process lives.
                     last = f"{type(exc).__name__}: {exc}"
                 else:
-                    if response.status_code == 200:
+                    if status == 200:
                         logger.info("llama-server %r is ready on %s", self.spec.alias, self.endpoint)
                         return
                     # 503 {"error": {"message": "Loading model"}} while the model loads.
-                    last = f"HTTP {response.status_code}: {response.text[:200]}"
+                    last = f"HTTP {status}: {text}"
                 if loop.time() >= deadline:
                     raise _NotReady(last)
                 # Sleep one poll interval, but wake at once if the process exits.

@@ -24,14 +24,16 @@ import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urljoin, urlsplit, urlunsplit
-
-import httpx
 
 from qiip_core._errors import ConfigError, DigestMismatch, EngineBuildError, EngineError
 
 if TYPE_CHECKING:
+    # httpx is imported where a download happens: importing it loads its command-line extras (Rich),
+    # which the daemon, importing this package, must not pay for.
+    import httpx
+
     from qiip_core.config import LlamaCppEngineSettings
 
 __all__ = [
@@ -185,7 +187,7 @@ def find_sdist_url(client: httpx.Client, index_url: str, version: str) -> str:
             headers={"Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.1"},
             follow_redirects=True,
         )
-    except httpx.HTTPError as exc:
+    except _httpx().HTTPError as exc:
         raise EngineError(
             f"The package index {page} cannot be reached ({exc}); check the network and "
             f"{_SETTING}.index_url, or pass --archive with a downloaded sdist."
@@ -288,7 +290,7 @@ def _download(
                 for chunk in response.iter_bytes(_CHUNK_BYTES):
                     digest.update(chunk)
                     out.write(chunk)
-    except httpx.HTTPError as exc:
+    except _httpx().HTTPError as exc:
         raise EngineError(
             f"Downloading {url} failed ({exc}); check the network, or pass --archive with a downloaded copy."
         ) from exc
@@ -342,3 +344,9 @@ def source_root(top: Path, kind: SourceKind) -> Path:
             f"The source archive has no {where}; check {_SETTING}.source_kind ({kind!r}) against the archive."
         )
     return root
+
+
+def _httpx() -> Any:
+    import httpx
+
+    return httpx
