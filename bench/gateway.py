@@ -1,8 +1,10 @@
-"""Gateway overhead benchmark: the same load straight to a fast backend and through QIIP, in one run.
+"""Gateway overhead benchmark: the same load straight to a fast backend, through nginx, and through QIIP,
+in one run.
 
 Measures requests/s and latency (p50/p99) for non-streaming and streaming chat completions at
 concurrency 1, 32 and 256 with `wrk`, and the time-to-first-byte overhead of streams with a sequential
-raw-socket client, then prints each figure next to its direct baseline with the ratio.
+raw-socket client, then prints each figure next to its direct baseline with the ratio. nginx (one worker,
+keep-alive upstream, no buffering: a reverse proxy in C) shows what any proxy hop costs here.
 
 The backend, the gateway and the load generator share this machine, so absolute numbers say little;
 the ratios against the direct run are the result. CPU pinning (`taskset`) keeps the gateway on its own
@@ -10,7 +12,7 @@ core when there are two or more.
 
     uv run python bench/gateway.py [--duration 10] [--events 100]
 
-Needs `wrk` (Debian package `wrk`).
+Needs `wrk` (Debian package `wrk`); nginx is used when installed (Debian package `nginx-light`).
 """
 
 from __future__ import annotations
@@ -94,6 +96,39 @@ def run_wrk(url: str, *, connections: int, duration_s: int, stream: bool, core: 
     return WrkResult(rps, p50, p99)
 
 
+NGINX_CONF = """
+worker_processes 1;
+pid {prefix}/nginx.pid;
+error_log {prefix}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    upstream node {{ server 127.0.0.1:{backend}; keepalive 256; }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://node;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            client_body_temp_path {prefix}/body;
+            proxy_temp_path {prefix}/proxy;
+        }}
+    }}
+}}
+"""
+
+
+def start_nginx(backend_port: int, workdir: str) -> tuple[subprocess.Popen[bytes] | None, int]:
+    if shutil.which("nginx") is None:
+        return None, 0
+    port = free_port()
+    conf = Path(workdir) / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(prefix=workdir, backend=backend_port, port=port))
+    proc = subprocess.Popen(pinned(["nginx", "-c", str(conf), "-p", workdir, "-g", "daemon off;"], 1))
+    return proc, port
+
+
 def ttfb_ms(host: str, port: int, samples: int) -> list[float]:
     """Sequential streaming requests on one keep-alive connection: time until the first event's end."""
     body = json.dumps({**BODY, "stream": True}).encode()
@@ -153,7 +188,10 @@ def main() -> None:
     gateway = subprocess.Popen(
         pinned([sys.executable, "-m", "qiip_proxy", "--port", str(gateway_port)], 1), env=env, cwd=state
     )
+    nginx, nginx_port = start_nginx(backend_port, state)
     try:
+        if nginx is not None:
+            wait_http(f"http://127.0.0.1:{nginx_port}/health")
         wait_http(f"http://127.0.0.1:{backend_port}/health")
         wait_http(f"http://127.0.0.1:{gateway_port}/health")
         deadline = time.monotonic() + 30
@@ -164,40 +202,37 @@ def main() -> None:
         print(f"backend :{backend_port}  gateway :{gateway_port}  {args.duration}s per run  cpus {os.cpu_count()}")
         print()
         header = (
-            f"{'mode':<10} {'c':>4} | {'direct rps':>10} {'qiip rps':>9} {'ratio':>6} | "
-            f"{'p50 direct':>10} {'p50 qiip':>9} {'added':>8} | {'p99 direct':>10} {'p99 qiip':>9} {'added':>8}"
+            f"{'mode':<7} {'c':>4} {'via':<6} | {'rps':>7} {'ratio':>6} | {'p50':>8} {'added':>8} | "
+            f"{'p99':>8} {'added':>8}"
         )
         print(header)
         print("-" * len(header))
         for stream in (False, True):
             for c in (int(x) for x in args.concurrency.split(",")):
-                url = "/v1/chat/completions"
-                direct = run_wrk(
-                    f"http://127.0.0.1:{backend_port}{url}",
-                    connections=c,
-                    duration_s=args.duration,
-                    stream=stream,
-                    core=0,
-                )
-                through = run_wrk(
-                    f"http://127.0.0.1:{gateway_port}{url}",
-                    connections=c,
-                    duration_s=args.duration,
-                    stream=stream,
-                    core=0,
-                )
                 mode = "stream" if stream else "json"
-                print(
-                    f"{mode:<10} {c:>4} | {direct.rps:>10.0f} {through.rps:>9.0f} {through.rps / direct.rps:>6.2f} | "
-                    f"{direct.p50_ms:>9.2f}ms {through.p50_ms:>7.2f}ms {through.p50_ms - direct.p50_ms:>6.2f}ms | "
-                    f"{direct.p99_ms:>9.2f}ms {through.p99_ms:>7.2f}ms {through.p99_ms - direct.p99_ms:>6.2f}ms"
+                runs = (
+                    [("direct", backend_port)] + ([("nginx", nginx_port)] if nginx else []) + [("qiip", gateway_port)]
                 )
-                if stream:
-                    print(
-                        f"{'':<10} {'':>4} | events/s direct {direct.rps * (args.events + 1):.0f}, "
-                        f"through qiip {through.rps * (args.events + 1):.0f} "
-                        f"({through.rps / direct.rps:.0%} of direct)"
+                results = {}
+                for via, port in runs:
+                    results[via] = run_wrk(
+                        f"http://127.0.0.1:{port}/v1/chat/completions",
+                        connections=c,
+                        duration_s=args.duration,
+                        stream=stream,
+                        core=0,
                     )
+                direct = results["direct"]
+                for via, result in results.items():
+                    print(
+                        f"{mode:<7} {c:>4} {via:<6} | {result.rps:>7.0f} {result.rps / direct.rps:>6.2f} | "
+                        f"{result.p50_ms:>6.2f}ms {result.p50_ms - direct.p50_ms:>6.2f}ms | "
+                        f"{result.p99_ms:>6.2f}ms {result.p99_ms - direct.p99_ms:>6.2f}ms"
+                    )
+                if stream:
+                    events = {via: r.rps * (args.events + 1) for via, r in results.items()}
+                    shares = ", ".join(f"{via} {e:.0f} ({e / events['direct']:.0%})" for via, e in events.items())
+                    print(f"{'':<7} {'':>4} events/s: {shares}")
         direct_ttfb = ttfb_ms("127.0.0.1", backend_port, 300)
         gateway_ttfb = ttfb_ms("127.0.0.1", gateway_port, 300)
         print()
@@ -209,7 +244,7 @@ def main() -> None:
             f"through qiip p50 {g50:.3f}ms p99 {g99:.3f}ms; added p50 {g50 - d50:.3f}ms"
         )
     finally:
-        for proc in (gateway, backend):
+        for proc in (gateway, backend, *([nginx] if nginx else [])):
             proc.terminate()
             proc.wait(timeout=30)
         shutil.rmtree(state, ignore_errors=True)
