@@ -16,7 +16,8 @@ Files are written into a temporary directory next to the target and renamed into
 last, so a failed or interrupted write never leaves a half-written model under the final name.
 
 `read_gguf_metadata` is what the sizing planner needs from a model: layer count, widths, head counts and
-sizes, training context and the total tensor bytes across all shards.
+sizes, feed-forward width, training context, and the tensor bytes across all shards (in total, per block, and
+of the input embedding).
 """
 
 from __future__ import annotations
@@ -92,6 +93,14 @@ class GgufMetadata:
     """Bytes of tensor data across all shards."""
     paths: tuple[Path, ...]
     """The files: one, or every shard of a split family in order."""
+    n_ff: int | None = None
+    """`<arch>.feed_forward_length` (the largest, when it varies by layer); None when absent."""
+    block_tensor_bytes: tuple[int, ...] = ()
+    """Bytes of the `blk.N.*` tensors of each block, in block order (what one layer weighs)."""
+    token_embd_bytes: int = 0
+    """Bytes of `token_embd.weight`, the input embedding."""
+    has_output_weight: bool = True
+    """Whether `output.weight` exists; without it the output projection reuses `token_embd.weight`."""
 
 
 def _validate(
@@ -323,6 +332,7 @@ def make_test_gguf(
 
 
 _SHARD_RE = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
 
 
 def _field(reader: Any, key: str) -> Any:
@@ -392,13 +402,21 @@ def read_gguf_metadata(path: Path) -> GgufMetadata:
         vocab = len(tokens.data) if tokens is not None else None
     default_head = n_embd // n_head if n_head else 0
     key_length, value_length = get("{arch}.attention.key_length"), get("{arch}.attention.value_length")
-    tensor_bytes = sum(int(t.n_bytes) for t in first.tensors)
+    tensors = [(str(t.name), int(t.n_bytes)) for t in first.tensors]
     for shard in paths:
         if shard != paths[0]:
-            tensor_bytes += sum(int(t.n_bytes) for t in open_reader(shard).tensors)
+            tensors += [(str(t.name), int(t.n_bytes)) for t in open_reader(shard).tensors]
+    tensor_bytes = sum(n for _, n in tensors)
+    n_layers = _as_int(get("{arch}.block_count"), f"{arch}.block_count", paths[0])
+    blocks = [0] * n_layers
+    for name, n_bytes in tensors:
+        block = _BLOCK_RE.match(name)
+        if block is not None and int(block[1]) < n_layers:
+            blocks[int(block[1])] += n_bytes
+    n_ff = get("{arch}.feed_forward_length")
     return GgufMetadata(
         architecture=arch,
-        n_layers=_as_int(get("{arch}.block_count"), f"{arch}.block_count", paths[0]),
+        n_layers=n_layers,
         n_embd=n_embd,
         n_head=n_head,
         n_head_kv=n_head_kv,
@@ -408,4 +426,8 @@ def read_gguf_metadata(path: Path) -> GgufMetadata:
         head_dim_v=default_head if value_length is None else int(value_length),
         tensor_bytes=tensor_bytes,
         paths=paths,
+        n_ff=None if n_ff is None else _as_int(n_ff, f"{arch}.feed_forward_length", paths[0]),
+        block_tensor_bytes=tuple(blocks),
+        token_embd_bytes=sum(n for name, n in tensors if name == "token_embd.weight"),
+        has_output_weight=any(name == "output.weight" for name, _ in tensors),
     )
