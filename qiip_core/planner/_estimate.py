@@ -1,0 +1,328 @@
+"""Memory estimates per device, and the estimators the planner asks.
+
+An estimate splits what llama-server will hold on each device into the three parts `llama-fit-params`
+prints: model (weights), context (the K/V cache) and compute (the graph allocator's buffer). `estimate`
+computes them from the model's shape alone:
+
+- **model**: in CPU mode every tensor, on the one device. With GPUs the blocks go where llama.cpp puts them by
+  default (`layer_split`: proportional to free memory), the output layer on the last device, and the input
+  embedding stays in host memory.
+- **context**: `kv_bytes_per_token × --ctx-size`, each layer's share on its layer's device. Exact.
+- **compute**: the graph `sched_reserve` reserves, rebuilt and replayed through ggml's allocator
+  (`_graph.py`, `_galloc.py`). Exact on one device; with several GPUs the scheduler's copies between devices
+  are modelled from its source.
+
+Two estimators answer the planner through one protocol: `PythonEstimator` (these formulas, the preview and
+the fallback) and `FitParamsEstimator` (`llama-fit-params`, the authority when installed).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from qiip_core.planner._galloc import compute_buffer_bytes
+from qiip_core.planner._graph import GraphParams, build_llama_graph
+from qiip_core.planner._shape import ModelShape, kv_bytes_per_token
+from qiip_core.planner._types import MIB, CacheType, DeviceMemory, FlashAttn
+
+__all__ = [
+    "CUDA_FLASH_ATTN_HEAD_SIZES",
+    "DeviceEstimate",
+    "Estimator",
+    "MemoryEstimate",
+    "PythonEstimator",
+    "estimate",
+    "layer_split",
+    "resolves_flash_attn",
+]
+
+CUDA_FLASH_ATTN_HEAD_SIZES = frozenset({40, 64, 72, 80, 96, 112, 128, 192, 256, 320, 512, 576})
+"""K head widths llama.cpp's CUDA flash-attention kernels handle (`ggml_cuda_flash_attn_ext_supported`)."""
+
+CPU_ALIGNMENT = 32
+"""Alignment of CPU and pinned host buffers in bytes (`TENSOR_ALIGNMENT`)."""
+
+CUDA_ALIGNMENT = 128
+"""Alignment of CUDA buffers in bytes (`ggml_backend_cuda_buffer_type_get_alignment`)."""
+
+N_BATCH = 2048
+"""llama-server's logical batch (`--batch-size`): the most outputs one decode returns with `--embeddings`."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceEstimate:
+    """What one device holds, in MiB (2^20 bytes)."""
+
+    index: int
+    """The device's index (`DeviceMemory.index`); -1 for host memory in GPU mode."""
+    model_mib: float
+    """Weights (`load_tensors: … model buffer size`)."""
+    context_mib: float
+    """K/V cache (`llama_kv_cache: size = …`)."""
+    compute_mib: float
+    """Graph allocator buffer (`sched_reserve: … compute buffer size`)."""
+    output_mib: float = 0.0
+    """Logits (and embeddings) output buffer in host memory (`output buffer size`); CPU mode and host only."""
+
+    @property
+    def total_mib(self) -> float:
+        """Everything the device holds for this server, in MiB."""
+        return self.model_mib + self.context_mib + self.compute_mib + self.output_mib
+
+    def record(self) -> dict[str, float | int]:
+        """A JSON-ready dict, MiB rounded to 0.01."""
+        return {
+            "index": self.index,
+            "model_mib": round(self.model_mib, 2),
+            "context_mib": round(self.context_mib, 2),
+            "compute_mib": round(self.compute_mib, 2),
+            "output_mib": round(self.output_mib, 2),
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryEstimate:
+    """An estimate for one candidate sizing, per device."""
+
+    devices: tuple[DeviceEstimate, ...]
+    """One per planned device, in the order given."""
+    host: DeviceEstimate | None = None
+    """GPU mode: what stays in host memory (input embedding, inputs, output buffer); None in CPU mode."""
+    source: str = "python"
+    """Who estimated: `python` or `llama-fit-params`."""
+    flash_attn: bool = True
+    """Whether the estimate assumed flash attention runs."""
+
+
+class Estimator(Protocol):
+    """Estimates the memory of one candidate sizing. The planner calls it for every candidate it tries."""
+
+    @property
+    def name(self) -> str:
+        """`python` or `llama-fit-params`, recorded with the plan."""
+        ...
+
+    def estimate(
+        self,
+        shape: ModelShape,
+        *,
+        aggregate_context: int,
+        slots: int,
+        cache_type: CacheType,
+        flash_attn: FlashAttn,
+        devices: Sequence[DeviceMemory],
+    ) -> MemoryEstimate:
+        """Estimate one candidate.
+
+        Args:
+            shape: the model.
+            aggregate_context: K/V cells in tokens (`--ctx-size`).
+            slots: parallel sequences (`--parallel`).
+            cache_type: K and V cache type.
+            flash_attn: `--flash-attn`.
+            devices: the devices, all NVIDIA GPUs or the one CPU device.
+
+        Returns:
+            The estimate, one entry per device in order.
+
+        Raises:
+            PlanError: the estimate cannot be made (the estimator's program failed or printed nonsense).
+        """
+        ...
+
+
+def _f32(x: float) -> float:
+    # llama.cpp computes the split in single precision; match its rounding at the boundaries.
+    return float(struct.unpack("f", struct.pack("f", x))[0])
+
+
+def layer_split(free_mib: Sequence[float], total_layers: int) -> tuple[int, ...]:
+    """Which device each layer goes to, as llama.cpp splits layers over GPUs by default.
+
+    Without `--tensor-split`, `llama_model::load_tensors` takes each device's free memory, makes running
+    shares of it the split points, and puts layer `il` on the first device whose split point exceeds
+    `il / total_layers`. The output layer is the last layer.
+
+    Args:
+        free_mib: free memory of each device in MiB, in device order.
+        total_layers: blocks plus the output layer.
+
+    Returns:
+        The position (0-based, in `free_mib` order) of each layer's device, the output layer last.
+    """
+    if not free_mib:
+        raise ValueError("layer_split needs at least one device.")
+    weights = [float(f) for f in free_mib] if sum(free_mib) > 0 else [1.0] * len(free_mib)
+    points, running = [], 0.0
+    for weight in weights:
+        running = _f32(running + weight)
+        points.append(running)
+    points = [_f32(p / running) for p in points]
+    last = len(points) - 1
+    return tuple(
+        next((i for i, p in enumerate(points) if p > _f32(il / total_layers)), last) for il in range(total_layers)
+    )
+
+
+def resolves_flash_attn(shape: ModelShape, flash_attn: FlashAttn, *, cpu: bool) -> bool:
+    """Whether flash attention will run for `--flash-attn flash_attn`.
+
+    `on` and `off` are what they say. `auto` is resolved by llama.cpp at start-up (`resolve_fused_ops`): it is
+    enabled when every layer's device runs the op, which the CPU always does and CUDA does for its kernels'
+    head widths. Where that is unsure the estimate assumes it is off, the larger compute buffer.
+
+    Args:
+        shape: the model.
+        flash_attn: the requested mode.
+        cpu: CPU mode (no GPU).
+
+    Returns:
+        True when flash attention is expected to run.
+    """
+    if flash_attn != "auto":
+        return flash_attn == "on"
+    return cpu or (shape.head_dim_k == shape.head_dim_v and shape.head_dim_k in CUDA_FLASH_ATTN_HEAD_SIZES)
+
+
+def estimate(
+    shape: ModelShape,
+    *,
+    aggregate_context: int,
+    slots: int,
+    cache_type: CacheType,
+    flash_attn: FlashAttn,
+    n_ubatch: int = 512,
+    devices: Sequence[DeviceMemory],
+    embeddings: bool = False,
+) -> MemoryEstimate:
+    """Estimate what llama-server will hold on each device for one sizing, from the model's shape alone.
+
+    Args:
+        shape: the model.
+        aggregate_context: K/V cells in tokens (`--ctx-size`), a multiple of 256.
+        slots: parallel sequences (`--parallel`), sharing one unified K/V pool (`--kv-unified`).
+        cache_type: K and V cache type (`--cache-type-k/-v`).
+        flash_attn: `--flash-attn`; `auto` is resolved as `resolves_flash_attn` says.
+        n_ubatch: micro-batch size in tokens (`--ubatch-size`; llama-server's default is 512).
+        devices: the NVIDIA GPUs, or the one CPU device (`kind="cpu"`).
+        embeddings: the server runs with `--embeddings --pooling mean`.
+
+    Returns:
+        Model, context and compute MiB per device, in the order of `devices`.
+
+    Raises:
+        ValueError: no devices, a CPU device mixed with GPUs, a context that is not a positive multiple of
+            256 or smaller than the slots, a Q8_0 cache without flash attention or with head widths that
+            are not multiples of 32.
+    """
+    if not devices:
+        raise ValueError("estimate needs at least one device.")
+    cpu = devices[0].kind == "cpu"
+    if cpu and len(devices) != 1 or not cpu and any(d.kind == "cpu" for d in devices):
+        raise ValueError("CPU mode plans exactly one CPU device; it is never mixed with GPUs.")
+    if aggregate_context < 256 or aggregate_context % 256 or aggregate_context < slots or slots < 1:
+        raise ValueError(
+            f"aggregate_context must be a positive multiple of 256 tokens and at least slots; got "
+            f"{aggregate_context} tokens for {slots} slots."
+        )
+    fa = resolves_flash_attn(shape, flash_attn, cpu=cpu)
+    if cache_type != "f16" and not fa:
+        raise ValueError("a quantised V cache needs flash attention (llama.cpp refuses it otherwise).")
+    kv_layer = kv_bytes_per_token(shape, cache_type) // shape.n_layers * aggregate_context
+    # The output buffer holds one row per output of a decode: one per slot, or up to a batch with embeddings.
+    output_bytes = (shape.n_vocab + (shape.n_embd if embeddings else 0)) * (N_BATCH if embeddings else slots) * 4
+    if cpu:
+        params = GraphParams(
+            aggregate_context=aggregate_context,
+            slots=slots,
+            cache_type=cache_type,
+            flash_attn=fa,
+            n_ubatch=n_ubatch,
+            embeddings=embeddings,
+        )
+        buffer = compute_buffer_bytes(build_llama_graph(shape, params), alignment=CPU_ALIGNMENT)[0]
+        only = DeviceEstimate(
+            index=devices[0].index,
+            model_mib=shape.weights_bytes / MIB,
+            context_mib=kv_layer * shape.n_layers / MIB,
+            compute_mib=buffer / MIB,
+            output_mib=output_bytes / MIB,
+        )
+        return MemoryEstimate(devices=(only,), source="python", flash_attn=fa)
+
+    host = len(devices)
+    split = layer_split([d.free_mib for d in devices], shape.total_layers)
+    params = GraphParams(
+        aggregate_context=aggregate_context,
+        slots=slots,
+        cache_type=cache_type,
+        flash_attn=fa,
+        n_ubatch=n_ubatch,
+        embeddings=embeddings,
+        layer_devices=split,
+        host=host,
+    )
+    alignment = dict.fromkeys(range(len(devices)), CUDA_ALIGNMENT) | {host: CPU_ALIGNMENT}
+    # Several GPUs run as a pipeline (`pipeline parallelism enabled`), whose copies between devices stay.
+    compute = compute_buffer_bytes(build_llama_graph(shape, params), alignment=alignment, keep_copies=len(devices) > 1)
+    layer_bytes = shape.layer_bytes()
+    per_device = []
+    for position, device in enumerate(devices):
+        blocks = [il for il in range(shape.n_layers) if split[il] == position]
+        model = sum(layer_bytes[il] for il in blocks) + (shape.output_bytes() if split[-1] == position else 0)
+        per_device.append(
+            DeviceEstimate(
+                index=device.index,
+                model_mib=model / MIB,
+                context_mib=kv_layer * len(blocks) / MIB,
+                compute_mib=compute.get(position, 0) / MIB,
+            )
+        )
+    host_estimate = DeviceEstimate(
+        index=-1,
+        model_mib=shape.token_embd_bytes / MIB,
+        context_mib=0.0,
+        compute_mib=compute.get(host, 0) / MIB,
+        output_mib=output_bytes / MIB,
+    )
+    return MemoryEstimate(devices=tuple(per_device), host=host_estimate, source="python", flash_attn=fa)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PythonEstimator:
+    """`estimate` behind the `Estimator` protocol: no program to run, exact on one device."""
+
+    n_ubatch: int = 512
+    """Micro-batch size in tokens (`--ubatch-size`)."""
+    embeddings: bool = False
+    """Plan for `--embeddings --pooling mean`."""
+
+    @property
+    def name(self) -> str:
+        """`python`."""
+        return "python"
+
+    def estimate(
+        self,
+        shape: ModelShape,
+        *,
+        aggregate_context: int,
+        slots: int,
+        cache_type: CacheType,
+        flash_attn: FlashAttn,
+        devices: Sequence[DeviceMemory],
+    ) -> MemoryEstimate:
+        """See `Estimator.estimate`; raises ValueError as `estimate` does."""
+        return estimate(
+            shape,
+            aggregate_context=aggregate_context,
+            slots=slots,
+            cache_type=cache_type,
+            flash_attn=flash_attn,
+            n_ubatch=self.n_ubatch,
+            devices=devices,
+            embeddings=self.embeddings,
+        )

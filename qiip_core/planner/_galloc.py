@@ -1,0 +1,241 @@
+"""ggml's graph allocator, replayed: the compute buffer a graph needs on each device.
+
+This is `ggml_gallocr_alloc_graph_impl` and its dynamic allocator (`ggml_dyn_tallocr`) from `ggml-alloc.c`,
+step for step, over the tensors `_graph.py` builds:
+
+1. Leafs that are graph inputs are placed first (nothing may overwrite them), in graph order.
+2. Children and views of every tensor are counted.
+3. Nodes are placed in execution order. A node whose op may run in place (`ggml_op_can_inplace`) takes over
+   the memory of a parent that has no other user, when the layouts match; otherwise the allocator picks the
+   smallest free block that fits (best fit, the trailing block last), growing the buffer only when none does.
+4. After each node, parents with no remaining users are freed and adjacent free blocks merge.
+
+The buffer is the high-water mark. With several devices the scheduler (`ggml_backend_sched`) splits the graph
+where the device changes and copies each tensor a split needs from another device into that device's buffer
+at the start of the split; each device has its own allocator. With one device there are no copies and the
+result is the buffer `sched_reserve: CPU compute buffer size` logs, to the byte.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from qiip_core.planner._graph import INPLACE_OPS, Graph, Tensor
+
+__all__ = ["compute_buffer_bytes"]
+
+_UNBOUNDED = 1 << 62
+"""Size of the trailing free block of a fresh chunk: ggml caps it at the buffer type's maximum size."""
+
+
+class _DynamicAllocator:
+    """`ggml_dyn_tallocr` with one chunk: free blocks sorted by offset, the last one unbounded."""
+
+    def __init__(self, alignment: int) -> None:
+        self.alignment = alignment
+        self.blocks: list[list[int]] = [[0, _UNBOUNDED]]  # [offset, size]
+        self.max_size = 0
+
+    def aligned(self, size: int) -> int:
+        return -(-size // self.alignment) * self.alignment
+
+    def alloc(self, size: int) -> int:
+        size = self.aligned(size)
+        best, best_size = -1, _UNBOUNDED + 1
+        # Best fit among every block but the last; ties go to the later block (`<=`), as in ggml.
+        for i, (_, block_size) in enumerate(self.blocks[:-1]):
+            if size <= block_size <= best_size:
+                best, best_size = i, block_size
+        if best == -1:
+            best = len(self.blocks) - 1
+        block = self.blocks[best]
+        offset = block[0]
+        block[0] += size
+        block[1] -= size
+        if block[1] == 0:
+            del self.blocks[best]
+        self.max_size = max(self.max_size, offset + size)
+        return offset
+
+    def free(self, offset: int, size: int) -> None:
+        size = self.aligned(size)
+        blocks = self.blocks
+        for i, block in enumerate(blocks):
+            if block[0] + block[1] == offset:
+                block[1] += size
+                if i + 1 < len(blocks) and block[0] + block[1] == blocks[i + 1][0]:
+                    block[1] += blocks[i + 1][1]
+                    del blocks[i + 1]
+                return
+            if offset + size == block[0]:
+                block[0] = offset
+                block[1] += size
+                if i > 0 and blocks[i - 1][0] + blocks[i - 1][1] == block[0]:
+                    blocks[i - 1][1] += block[1]
+                    del blocks[i]
+                return
+        position = next((i for i, block in enumerate(blocks) if block[0] >= offset), len(blocks))
+        blocks.insert(position, [offset, size])
+
+
+@dataclass(slots=True)
+class _State:
+    """`struct hash_node`: the allocator's bookkeeping for one tensor."""
+
+    children: int = 0
+    views: int = 0
+    allocated: bool = False
+    offset: int = 0
+
+
+class _GraphAllocator:
+    """`ggml_gallocr` for one device's buffer."""
+
+    def __init__(self, alignment: int, sources: Mapping[int, tuple[Tensor, ...]]) -> None:
+        self.dyn = _DynamicAllocator(alignment)
+        self.states: dict[int, _State] = {}
+        self.sources = sources
+
+    def src(self, t: Tensor) -> tuple[Tensor, ...]:
+        """A node's sources, with tensors of other devices replaced by their copies on this one."""
+        return self.sources.get(id(t), t.src)
+
+    def state(self, t: Tensor) -> _State:
+        s = self.states.get(id(t))
+        if s is None:
+            s = self.states[id(t)] = _State()
+        return s
+
+    def allocate(self, t: Tensor) -> None:
+        s = self.state(t)
+        if t.external or s.allocated or t.is_view:
+            return
+        s.allocated = True
+        if t.op in INPLACE_OPS:
+            for parent in self.src(t):
+                if self._take_over(t, s, parent):
+                    return
+        s.offset = self.dyn.alloc(t.nbytes())
+
+    def _take_over(self, t: Tensor, s: _State, parent: Tensor) -> bool:
+        p = self.state(parent)
+        # Only memory this allocator owns (never a view, never an external buffer), never an output.
+        if not p.allocated or parent.is_output or not t.same_layout(parent):
+            return False
+        if p.children != 1 or p.views != 0:
+            return False
+        s.offset = p.offset
+        p.allocated = False
+        extra = self.dyn.aligned(parent.nbytes()) - self.dyn.aligned(t.nbytes())
+        if extra > 0:
+            self.dyn.free(p.offset + self.dyn.aligned(t.nbytes()), extra)
+        return True
+
+    def release(self, t: Tensor) -> None:
+        if t.is_output:
+            return
+        s = self.state(t)
+        self.dyn.free(s.offset, t.nbytes())
+        s.allocated = False
+
+    def run(self, leafs: list[Tensor], nodes: list[Tensor]) -> int:
+        for leaf in leafs:
+            self.allocate(leaf)
+        for node in nodes:
+            if node.is_view and node.view_src is not None:
+                self.state(node.view_src).views += 1
+            if node.is_input:
+                self.allocate(node)
+            for src in self.src(node):
+                self.state(src).children += 1
+                if src.is_input:
+                    self.allocate(src)
+        for node in nodes:
+            for parent in self.src(node):
+                self.allocate(parent)
+            self.allocate(node)
+            for parent in self.src(node):
+                p = self.state(parent)
+                p.children -= 1
+                if p.children or p.views:
+                    continue
+                if parent.view_src is not None:
+                    root = self.state(parent.view_src)
+                    root.views -= 1
+                    if root.views == 0 and root.children == 0 and root.allocated:
+                        self.release(parent.view_src)
+                elif p.allocated:
+                    self.release(parent)
+        return self.dyn.max_size
+
+
+def _owner(t: Tensor) -> Tensor:
+    return t.view_src if t.view_src is not None else t
+
+
+@dataclass(slots=True)
+class _DeviceGraph:
+    """One device's share of the graph: its leafs, its nodes and the sources rewired to copies."""
+
+    leafs: list[Tensor]
+    nodes: list[Tensor]
+    sources: dict[int, tuple[Tensor, ...]]
+
+
+def _split_by_device(graph: Graph, keep_copies: bool) -> dict[int, _DeviceGraph]:
+    """Each device's leafs and nodes, with the scheduler's copies of tensors from other devices."""
+    parts: dict[int, _DeviceGraph] = {}
+
+    def part(device: int) -> _DeviceGraph:
+        return parts.setdefault(device, _DeviceGraph([], [], {}))
+
+    for leaf in graph.leafs:
+        part(leaf.device).leafs.append(leaf)
+    copies: dict[tuple[int, int], Tensor] = {}
+    current, split_start = -1, 0
+    for node in graph.nodes:
+        device = _owner(node).device
+        mine = part(device)
+        if device != current and not node.is_view:
+            current, split_start = device, len(mine.nodes)
+        sources = []
+        for src in node.src:
+            owner = _owner(src)
+            if owner.external or owner.device == device:
+                sources.append(src)
+                continue
+            copy = copies.get((id(src), device))
+            if copy is None:
+                # ggml_dup_tensor_layout: same shape and strides, in this device's buffer, at the split's start.
+                copy = Tensor(f"{src.name}#copy", "NONE", src.dtype, src.ne, src.nb, device=device)
+                copy.is_output = keep_copies
+                copies[(id(src), device)] = copy
+                mine.nodes.insert(split_start, copy)
+            sources.append(copy)
+        if sources != list(node.src):
+            mine.sources[id(node)] = tuple(sources)
+        mine.nodes.append(node)
+    return parts
+
+
+def compute_buffer_bytes(
+    graph: Graph, *, alignment: Mapping[int, int] | int = 32, keep_copies: bool = False
+) -> dict[int, int]:
+    """The compute buffer each device needs for `graph`, in bytes.
+
+    Args:
+        graph: the graph, each tensor tagged with its device.
+        alignment: the buffer alignment in bytes, one for all devices or per device: 32 for CPU and pinned
+            host buffers (`TENSOR_ALIGNMENT`), 128 for CUDA.
+        keep_copies: never free copies between devices, as the scheduler does with pipeline parallelism
+            (several GPUs).
+
+    Returns:
+        Bytes per device, for every device that has a tensor in the graph.
+    """
+    result = {}
+    for device, part in sorted(_split_by_device(graph, keep_copies).items()):
+        align = alignment if isinstance(alignment, int) else alignment.get(device, 32)
+        result[device] = _GraphAllocator(align, part.sources).run(part.leafs, part.nodes)
+    return result
