@@ -2,9 +2,9 @@
 
 Subpackages, one per concern: `config` (settings), `nodes` (the node record and endpoint allowlist),
 `discovery` (registries), `routing` (selection, circuit breakers, forwarding with failover), `health`
-(background probes), `engines` (llama.cpp: install, test models, launch). The daemon (`qiip_proxy`), the
-console (`qiip_tui`) and the CLI (`qiip_cli`) present what the core decides; the core imports none of them,
-nor Textual or Rich.
+(background probes), `engines` (llama.cpp: install, test models, launch), `planner` (llama.cpp sizing:
+estimates, policies, plans and their verification). The daemon (`qiip_proxy`), the console (`qiip_tui`)
+and the CLI (`qiip_cli`) present what the core decides; the core imports none of them, nor Textual or Rich.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from qiip_core._errors import (
     NodeConflict,
     NodeNotFound,
     NoNodes,
+    PlanError,
     QiipError,
     RegistryError,
     RegistryUnavailable,
@@ -33,6 +34,7 @@ from qiip_core._errors import (
     UpstreamStatusError,
     UpstreamTimeout,
     UpstreamTransportError,
+    VerificationError,
 )
 
 __version__ = "0.1.0"
@@ -52,6 +54,7 @@ __all__ = [
     "NoNodes",
     "NodeConflict",
     "NodeNotFound",
+    "PlanError",
     "QiipError",
     "RegistryError",
     "RegistryUnavailable",
@@ -61,5 +64,6 @@ __all__ = [
     "UpstreamStatusError",
     "UpstreamTimeout",
     "UpstreamTransportError",
+    "VerificationError",
     "__version__",
 ]

@@ -22,15 +22,23 @@ QiipError
 │   ├── UpstreamTransportError  502 backend_transport_error
 │   ├── UpstreamStatusError     the node answered 5xx (`.status` is the node's)
 │   └── FailoverExhausted       every attempt failed (`.attempts`, `.last`)
-└── EngineError                 installing, launching or verifying an inference engine failed
-    ├── EngineNotInstalled
-    ├── DigestMismatch
-    ├── EngineBuildError
-    └── EngineLaunchError
+├── EngineError                 installing, launching or verifying an inference engine failed
+│   ├── EngineNotInstalled
+│   ├── DigestMismatch
+│   ├── EngineBuildError
+│   ├── EngineLaunchError
+│   └── VerificationError       the running server differs from its plan (`.field`, `.expected`, `.actual`)
+└── PlanError                   a llama.cpp sizing cannot be planned (`.violations` of a policy, if any)
 ```
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from qiip_core.planner import Violation
 
 __all__ = [
     "ConfigError",
@@ -47,6 +55,7 @@ __all__ = [
     "NoNodes",
     "NodeConflict",
     "NodeNotFound",
+    "PlanError",
     "QiipError",
     "RegistryError",
     "RegistryUnavailable",
@@ -56,6 +65,7 @@ __all__ = [
     "UpstreamStatusError",
     "UpstreamTimeout",
     "UpstreamTransportError",
+    "VerificationError",
 ]
 
 
@@ -268,3 +278,31 @@ class EngineLaunchError(EngineError):
     def __init__(self, message: str, *, log_tail: str = "") -> None:
         super().__init__(message)
         self.log_tail = log_tail
+
+
+class VerificationError(EngineError):
+    """A running llama-server differs from the plan it was launched from. Treat the node as failed and stop it.
+
+    Attributes:
+        field: what differed, such as `slots` or `cache_type_k`.
+        expected: the planned value.
+        actual: what the server reported or logged (None when it reported nothing).
+    """
+
+    def __init__(self, message: str, *, field: str, expected: object, actual: object) -> None:
+        super().__init__(message)
+        self.field = field
+        self.expected = expected
+        self.actual = actual
+
+
+class PlanError(QiipError):
+    """A llama.cpp sizing cannot be planned: the policy is invalid, nothing fits, or no usable device exists.
+
+    Attributes:
+        violations: for an invalid policy, every rule it breaks (field and sentence); empty otherwise.
+    """
+
+    def __init__(self, message: str, *, violations: Sequence[Violation] = ()) -> None:
+        super().__init__(message)
+        self.violations = tuple(violations)
