@@ -1,0 +1,91 @@
+"""The llama.cpp sizing planner: how much context, how many slots, which K/V cache type, and proof it runs.
+
+```
+read_devices(allow_cpu=…)                 [DeviceMemory]: NVIDIA GPUs (NVML), or one CPU device in CPU mode
+ModelShape.from_metadata(read_gguf_metadata(path))
+estimate(shape, aggregate_context=…, slots=…, cache_type=…, flash_attn=…, devices=…) -> MemoryEstimate
+PythonEstimator() / FitParamsEstimator(binary, model)      the Estimator protocol the planner asks
+validate_policy(policy or JSON, train_context=…, devices=…) -> [Violation]   (validate_custom for custom)
+plan(shape, devices, AutoPolicy() | CustomPolicy(…), estimator=…) -> Plan
+launch_spec_for(plan, model_path=…, alias=…, …) -> LaunchSpec               run it with LlamaServerProcess
+await verify_runtime(plan, endpoint=…, log_path=…, alias=…, devices_after=…) -> LlamaCppRuntime
+```
+
+Everything but `read_devices`, `FitParamsEstimator` and `verify_runtime` is pure: no files, processes or
+network. See docs/planner.md for how the planner decides and how exact the estimates are.
+"""
+
+from __future__ import annotations
+
+from qiip_core.planner._devices import read_devices, read_system_memory
+from qiip_core.planner._estimate import (
+    DeviceEstimate,
+    Estimator,
+    MemoryEstimate,
+    PythonEstimator,
+    estimate,
+    layer_split,
+    resolves_flash_attn,
+)
+from qiip_core.planner._fitparams import FitParamsEstimator, FitRow, parse_fit_print
+from qiip_core.planner._plan import Plan, fits, launch_spec_for, plan
+from qiip_core.planner._policy import (
+    AutoPolicy,
+    CustomPolicy,
+    SizingPolicy,
+    Violation,
+    parse_policy,
+    validate_custom,
+    validate_policy,
+)
+from qiip_core.planner._shape import ModelShape, kv_bytes_per_token
+from qiip_core.planner._types import (
+    CONTEXT_FLOOR,
+    CONTEXT_STEP,
+    FIT_SLACK_MIB,
+    MAX_AGGREGATE_CONTEXT,
+    MAX_SLOTS,
+    CacheType,
+    DeviceMemory,
+    FlashAttn,
+)
+from qiip_core.planner._verify import ServerLogFacts, parse_server_log, verify_runtime
+
+__all__ = [
+    "CONTEXT_FLOOR",
+    "CONTEXT_STEP",
+    "FIT_SLACK_MIB",
+    "MAX_AGGREGATE_CONTEXT",
+    "MAX_SLOTS",
+    "AutoPolicy",
+    "CacheType",
+    "CustomPolicy",
+    "DeviceEstimate",
+    "DeviceMemory",
+    "Estimator",
+    "FitParamsEstimator",
+    "FitRow",
+    "FlashAttn",
+    "MemoryEstimate",
+    "ModelShape",
+    "Plan",
+    "PythonEstimator",
+    "ServerLogFacts",
+    "SizingPolicy",
+    "Violation",
+    "estimate",
+    "fits",
+    "kv_bytes_per_token",
+    "launch_spec_for",
+    "layer_split",
+    "parse_fit_print",
+    "parse_policy",
+    "parse_server_log",
+    "plan",
+    "read_devices",
+    "read_system_memory",
+    "resolves_flash_attn",
+    "validate_custom",
+    "validate_policy",
+    "verify_runtime",
+]
