@@ -1,6 +1,7 @@
-"""`qiip node add/remove/list`: runtime registrations in the embedded registry's state file.
+"""`qiip node add/remove/list` and `qiip registry status`: registrations in the configured registry.
 
-A running daemon on the same state directory picks changes up within `registry.poll_interval_s`.
+With the embedded registry, a running daemon on the same state directory picks changes up within
+`registry.poll_interval_s`; with etcd, every gateway watching the prefix does.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import click
 from pydantic import ValidationError
 
 from qiip_cli._main import CliContext, cli, pass_cli, run_or_exit
-from qiip_core.discovery import add_to_state_file, list_registrations, remove_from_state_file
+from qiip_core.discovery import add_registration, list_all_registrations, registry_status, remove_registration
 from qiip_core.nodes import Engine, Node
 
 __all__ = ["node"]
@@ -43,7 +44,7 @@ def add(ctx: CliContext, node_id: str, endpoint: str, model: str, engine: str, r
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise click.UsageError(problems) from None
     settings = ctx.settings
-    stored = run_or_exit(lambda: add_to_state_file(settings, record, replace=replace))
+    stored = run_or_exit(lambda: add_registration(settings, record, replace=replace))
     click.echo(f"registered {stored.id} at {stored.endpoint} serving {stored.model!r} ({stored.engine.value})")
 
 
@@ -51,19 +52,19 @@ def add(ctx: CliContext, node_id: str, endpoint: str, model: str, engine: str, r
 @click.argument("node_id")
 @pass_cli
 def remove(ctx: CliContext, node_id: str) -> None:
-    """Remove the runtime registration NODE_ID; a running daemon drains it, then forgets it."""
+    """Remove the registration NODE_ID; running gateways drain it, then forget it."""
     settings = ctx.settings
-    removed = run_or_exit(lambda: remove_from_state_file(settings, node_id))
-    click.echo(f"removed {removed.id} ({removed.endpoint})")
+    run_or_exit(lambda: remove_registration(settings, node_id))
+    click.echo(f"removed {node_id}")
 
 
 @node.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @pass_cli
 def list_nodes(ctx: CliContext, as_json: bool) -> None:
-    """List registrations from the config file and the state file."""
+    """List registrations: the config file's and the registry's (state file or etcd)."""
     settings = ctx.settings
-    entries = [(r.node, r.source) for r in run_or_exit(lambda: list_registrations(settings))]
+    entries = [(r.node, r.source) for r in run_or_exit(lambda: list_all_registrations(settings))]
     if as_json:
         payload = [{**n.model_dump(mode="json"), "source": source} for n, source in entries]
         click.echo(json.dumps(payload, indent=2))
@@ -76,3 +77,20 @@ def list_nodes(ctx: CliContext, as_json: bool) -> None:
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
     for row in rows:
         click.echo("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
+
+
+@cli.group()
+def registry() -> None:
+    """Inspect the registry backend (embedded state file or etcd)."""
+
+
+@registry.command("status")
+@pass_cli
+def status(ctx: CliContext) -> None:
+    """Say whether the registry can be read now and how many nodes it holds; exit 1 when it cannot."""
+    settings = ctx.settings
+    result = registry_status(settings)
+    click.echo(f"backend: {result.backend}\nstate:   {result.health.value}\ndetail:  {result.detail}")
+    click.echo(f"nodes:   {result.nodes}")
+    if result.health.value != "ok":
+        raise SystemExit(1)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 
 from qiip_core.config import Settings
-from qiip_core.discovery import EmbeddedRegistry, Registry, RegistryEvent, RegistryEventKind
+from qiip_core.discovery import Registry, RegistryEvent, RegistryEventKind, create_registry
 from qiip_core.health import HealthChecker
-from qiip_core.routing import Forwarder, RoutingTable
+from qiip_core.routing import Forwarder, NodeState, RoutingTable
 from qiip_proxy._local_nodes import LocalNodes
 from qiip_proxy._metrics import GatewayMetrics
 
@@ -35,11 +35,14 @@ class Gateway:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.table = RoutingTable(breaker_threshold=settings.breaker.failure_threshold)
-        self.registry: Registry = EmbeddedRegistry(settings)
+        self.registry: Registry = create_registry(settings)
         self.forwarder = Forwarder(self.table, settings.upstream, max_attempts=settings.routing.max_attempts)
-        self.health = HealthChecker(self.table, settings.health)
+        self.health = HealthChecker(self.table, settings.health, on_healthy=self._node_healthy)
         self.metrics = GatewayMetrics(self.table)
         self.local_nodes = LocalNodes(settings, self.registry)
+
+    async def _node_healthy(self, state: NodeState) -> None:
+        await self.registry.node_healthy(state.id)
 
     def _apply(self, event: RegistryEvent) -> None:
         if event.kind is RegistryEventKind.PUT and event.node is not None:

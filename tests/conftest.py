@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from qiip_core.config import load_settings
 from qiip_core.engines.llamacpp import LlamaCppInstaller, make_test_gguf
+from tests.support.etcd import EtcdServer
 
 
 @pytest.fixture(scope="session")
@@ -26,3 +28,10 @@ def llama_server_binary() -> Path:
 def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer, 64-wide random llama GGUF with a 512-token vocabulary and a chat template."""
     return make_test_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")[0]
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
+    """A fresh real etcd on loopback, stopped (by PID) after the test."""
+    with EtcdServer(tmp_path / "etcd-data") as server:
+        yield server

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from qiip_core.config._settings import (
     BreakerSettings,
+    EtcdSettings,
     HealthSettings,
     LlamaCppEngineSettings,
     LocalNodeConfig,
@@ -21,6 +22,7 @@ from qiip_core.config._settings import (
 
 __all__ = [
     "BreakerSettings",
+    "EtcdSettings",
     "HealthSettings",
     "LlamaCppEngineSettings",
     "LocalNodeConfig",

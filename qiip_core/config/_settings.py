@@ -17,8 +17,9 @@ import os
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -38,6 +39,7 @@ from qiip_core.nodes import (
 
 __all__ = [
     "BreakerSettings",
+    "EtcdSettings",
     "HealthSettings",
     "LlamaCppEngineSettings",
     "LocalNodeConfig",
@@ -194,10 +196,64 @@ class LoggingSettings(_Group):
 class RegistrySettings(_Group):
     """Where the fleet is recorded (`[registry]`)."""
 
-    backend: Literal["embedded"] = "embedded"
-    """`embedded`: a state file under `state_dir`."""
+    backend: Literal["embedded", "etcd"] = "embedded"
+    """`embedded`: a state file under `state_dir` (one gateway); `etcd`: shared by every gateway (`[etcd]`)."""
     poll_interval_s: Annotated[float, Field(gt=0, le=60)] = 0.5
     """How often the embedded registry checks its state file for changes made by `qiip node …`."""
+
+
+class EtcdSettings(_Group):
+    """The etcd cluster of the `etcd` registry backend (`[etcd]`)."""
+
+    endpoints: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:2379"], min_length=1)
+    """Client URLs of the etcd members (`http://host:port` or `https://host:port`); tried in turn."""
+    prefix: str = "/nodes/"
+    """Key prefix of node registrations: the key is `<prefix><node_id>`."""
+    provisioning_prefix: str = "/provisioning/"
+    """Key prefix of provisioning task records: `<provisioning_prefix><host>`."""
+    lease_ttl_s: int = Field(default=600, gt=300, le=86_400)
+    """Lease of a managed node's key; refreshed after each successful health probe of the node, so a node
+    nobody can reach expires by itself. Must exceed 300 s and three health intervals."""
+    timeout_s: PositiveSeconds = 5.0
+    """Timeout of one etcd call (not of the watch, which stays open)."""
+    reconnect_max_backoff_s: PositiveSeconds = 30.0
+    """Longest wait between reconnection attempts while etcd is unreachable."""
+    max_value_bytes: int = Field(default=256 * 1024, ge=1024)
+    """A registration larger than this is skipped as hostile."""
+    ca_file: Path | None = None
+    """CA bundle to verify etcd's TLS certificate (https endpoints)."""
+    cert_file: Path | None = None
+    """Client certificate for TLS client authentication."""
+    key_file: Path | None = None
+    """Key of `cert_file`."""
+    username: str | None = None
+    """etcd user (etcd authentication); give `password` with it."""
+    password: SecretStr | None = None
+    """Password of `username`; never logged."""
+
+    @field_validator("prefix", "provisioning_prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        if not value.startswith("/") or not value.endswith("/"):
+            raise ValueError("a key prefix starts and ends with '/', such as /nodes/")
+        return value
+
+    @field_validator("endpoints")
+    @classmethod
+    def _urls(cls, value: list[str]) -> list[str]:
+        for url in value:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
+                raise ValueError(f"{url!r} is not an etcd client URL such as http://127.0.0.1:2379")
+        return value
+
+    @model_validator(mode="after")
+    def _pairs(self) -> EtcdSettings:
+        if (self.username is None) != (self.password is None):
+            raise ValueError("etcd.username and etcd.password go together: give both or neither")
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("etcd.cert_file and etcd.key_file go together: give both or neither")
+        return self
 
 
 class LlamaCppEngineSettings(_Group):
@@ -296,11 +352,21 @@ class Settings(BaseSettings):
     breaker: BreakerSettings = Field(default_factory=BreakerSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     registry: RegistrySettings = Field(default_factory=RegistrySettings)
+    etcd: EtcdSettings = Field(default_factory=EtcdSettings)
     engines: EngineSettings = Field(default_factory=EngineSettings)
     nodes: list[NodeConfig] = Field(default_factory=list)
     """Nodes declared in the config file."""
     local_nodes: list[LocalNodeConfig] = Field(default_factory=list)
     """llama.cpp nodes this daemon launches itself."""
+
+    @model_validator(mode="after")
+    def _lease_outlives_probes(self) -> Settings:
+        if self.registry.backend == "etcd" and self.etcd.lease_ttl_s <= 3 * self.health.interval_s:
+            raise ValueError(
+                f"etcd.lease_ttl_s ({self.etcd.lease_ttl_s}) must exceed three health intervals "
+                f"(3 x health.interval_s = {3 * self.health.interval_s:g} s), or healthy nodes would expire"
+            )
+        return self
 
     @model_validator(mode="after")
     def _unique_ids(self) -> Settings:
@@ -368,11 +434,16 @@ def format_validation_error(exc: ValidationError, config_file: Path | None) -> s
     lines = [f"Invalid settings{where}:"]
     for error in exc.errors():
         loc = [str(part) for part in error["loc"]]
-        dotted = ".".join(loc) or "(settings)"
+        dotted = ".".join(loc)
         env = "QIIP_" + "__".join(p.upper() for p in loc if not p.isdigit())
         message = error["msg"]
         if error["type"] == "extra_forbidden":
             lines.append(f"- {dotted}: unknown setting; check its spelling against .env.example.")
+            continue
+        if not loc or error["type"] == "value_error" and isinstance(error.get("input"), dict):
+            # A rule across several settings: its message names them.
+            where_ = f"{dotted}: " if loc else ""
+            lines.append(f"- {where_}{message.removeprefix('Value error, ')}.")
             continue
         got = error.get("input")
         shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"

@@ -1,7 +1,16 @@
-"""Discovery: where node registrations live (the embedded state file by default, etcd for a fleet)."""
+"""Discovery: where node registrations live (the embedded state file by default, etcd for a fleet).
+
+`create_registry(settings)` picks the backend named by `registry.backend`.
+"""
 
 from __future__ import annotations
 
+from qiip_core.discovery._admin import (
+    add_registration,
+    list_all_registrations,
+    registry_status,
+    remove_registration,
+)
 from qiip_core.discovery._base import (
     RegisteredNode,
     Registry,
@@ -17,11 +26,15 @@ from qiip_core.discovery._embedded import (
     list_registrations,
     remove_from_state_file,
 )
+from qiip_core.discovery._etcd import EtcdClient, EtcdRegistry, decode_node, encode_node
+from qiip_core.discovery._factory import create_registry
 from qiip_core.discovery._statefile import STATE_FILE_NAME, StateFile, atomic_write
 
 __all__ = [
     "STATE_FILE_NAME",
     "EmbeddedRegistry",
+    "EtcdClient",
+    "EtcdRegistry",
     "RegisteredNode",
     "Registry",
     "RegistryEvent",
@@ -29,9 +42,16 @@ __all__ = [
     "RegistryHealth",
     "RegistryStatus",
     "StateFile",
+    "add_registration",
     "add_to_state_file",
     "atomic_write",
     "config_nodes",
+    "create_registry",
+    "decode_node",
+    "encode_node",
+    "list_all_registrations",
     "list_registrations",
+    "registry_status",
     "remove_from_state_file",
+    "remove_registration",
 ]

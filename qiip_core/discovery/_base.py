@@ -136,3 +136,7 @@ class Registry(ABC):
     @abstractmethod
     def status(self) -> RegistryStatus:
         """The backend's state."""
+
+    async def node_healthy(self, node_id: str) -> None:
+        """This gateway's health probe of `node_id` just succeeded (etcd refreshes the node's lease)."""
+        return None

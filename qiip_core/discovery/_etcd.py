@@ -1,0 +1,514 @@
+"""The etcd registry: several gateways, one view of the fleet.
+
+Key schema (compatible with the seed system): `<prefix><node_id>` holds the node as JSON without its id.
+Unknown fields are ignored; a missing `managed` means externally owned; a value that is malformed, too
+large, names an unknown engine or an endpoint outside the allowlist is skipped with a warning, and a skip
+is never treated as a delete.
+
+How the gateway follows etcd:
+
+1. **Snapshot**: one range read of the prefix, with the store revision it was read at; the difference
+   from what the gateway knew becomes PUT and DELETE events.
+2. **Watch** from that revision + 1, with progress notifications, over the v3 JSON gateway. Each key
+   remembers the `mod_revision` it was last seen at, so an event older than what the gateway already
+   applied never overwrites it. A compaction past the watch's revision, or a lost watch, goes back to 1.
+3. **Outages**: the gateway keeps serving from what it last knew, retries with capped exponential
+   backoff, and logs each change of state once; `status()` reports it for `/health`.
+
+Key/value, lease and transaction calls use `etcd3gw` (synchronous; run off the event loop). The watch is
+a long-lived streaming request, which `etcd3gw` only offers on a thread of its own without progress
+notifications or a clean cancel; it is read here with aiohttp on the event loop instead, so cancelling it
+on shutdown or reconnect is immediate.
+
+Managed nodes (the ones QIIP launched) carry a lease (`etcd.lease_ttl_s`). A gateway refreshes a node's
+lease only after its own successful health probe of that node (`node_healthy`), so a node that nobody can
+reach expires and leaves every gateway's routing. A managed key found without a lease is adopted: a
+transaction re-writes it with a fresh lease only if its `mod_revision` and lease are still the ones seen.
+Shutdown never revokes leases: the nodes keep serving through a gateway restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+import etcd3gw
+import requests
+from etcd3gw.lease import Lease
+from pydantic import ValidationError
+
+from qiip_core._errors import EndpointError, NodeConflict, NodeNotFound, RegistryUnavailable
+from qiip_core.config import EtcdSettings, Settings
+from qiip_core.discovery._base import (
+    RegisteredNode,
+    Registry,
+    RegistryEvent,
+    RegistryEventKind,
+    RegistryHealth,
+    RegistryStatus,
+)
+from qiip_core.discovery._embedded import config_nodes
+from qiip_core.nodes import EndpointPolicy, Node
+
+__all__ = ["EtcdClient", "EtcdRegistry", "decode_node", "encode_node"]
+
+logger = logging.getLogger("qiip.discovery")
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.b64decode(text)
+
+
+def prefix_range_end(prefix: bytes) -> bytes:
+    """The end of etcd's range for every key starting with `prefix` (the prefix with its last byte + 1)."""
+    end = bytearray(prefix)
+    while end:
+        if end[-1] < 0xFF:
+            end[-1] += 1
+            return bytes(end)
+        end.pop()
+    return b"\0"
+
+
+def encode_node(node: Node) -> bytes:
+    """The etcd value of a registration: the node as JSON, without its id (which is in the key)."""
+    return json.dumps(node.model_dump(mode="json", exclude={"id"}), separators=(",", ":")).encode()
+
+
+def decode_node(node_id: str, value: bytes, policy: EndpointPolicy, *, max_value_bytes: int) -> Node:
+    """Parse an etcd value into a registration, endpoint checked.
+
+    Raises:
+        ValueError: the value is too large, not a JSON object, fails validation (an unknown engine, a
+            missing field, a wrong type), or its endpoint is malformed or outside the allowlist.
+    """
+    if len(value) > max_value_bytes:
+        raise ValueError(f"the value is {len(value)} bytes, over the limit of {max_value_bytes}")
+    try:
+        data = json.loads(value)
+    except ValueError as exc:
+        raise ValueError(f"the value is not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError("the value is not a JSON object")
+    data.pop("id", None)
+    try:
+        node = Node.model_validate({**data, "id": node_id})
+        return node.model_copy(update={"endpoint": policy.check(node.endpoint).url})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ValueError(f"{where}: {first['msg']}") from None
+    except EndpointError as exc:
+        raise ValueError(exc.message) from None
+
+
+@dataclass(slots=True)
+class _Seen:
+    """What the gateway last applied for one key."""
+
+    mod_revision: int
+    lease: int
+    node: Node | None
+    """None when the current value was skipped as invalid."""
+
+
+class EtcdClient:
+    """Synchronous access to etcd through `etcd3gw`, with failover between endpoints and etcd auth.
+
+    Every method blocks: call it with `asyncio.to_thread`. Every failure is a `RegistryUnavailable`.
+
+    Args:
+        settings: endpoints, timeouts, TLS and credentials.
+    """
+
+    def __init__(self, settings: EtcdSettings) -> None:
+        self.settings = settings
+        self._index = 0
+        self._clients: dict[int, Any] = {}
+        self._token: str | None = None
+
+    @property
+    def endpoint(self) -> str:
+        """The endpoint in use."""
+        return self.settings.endpoints[self._index]
+
+    def _client(self) -> Any:
+        client = self._clients.get(self._index)
+        if client is None:
+            parts = urlsplit(self.endpoint)
+            session = requests.Session()
+            session.trust_env = False
+            client = etcd3gw.client(
+                host=parts.hostname or "127.0.0.1",
+                port=parts.port or 2379,
+                protocol=parts.scheme,
+                ca_cert=str(self.settings.ca_file) if self.settings.ca_file else None,
+                cert_key=str(self.settings.key_file) if self.settings.key_file else None,
+                cert_cert=str(self.settings.cert_file) if self.settings.cert_file else None,
+                timeout=self.settings.timeout_s,
+                session=session,
+            )
+            self._clients[self._index] = client
+        if self.settings.username and self._token is None:
+            self._authenticate(client)
+        return client
+
+    def _authenticate(self, client: Any) -> None:
+        assert self.settings.password is not None
+        body = {"name": self.settings.username, "password": self.settings.password.get_secret_value()}
+        response = client.session.post(client.get_url("/auth/authenticate"), json=body, timeout=client.timeout)
+        if response.status_code != 200:
+            raise RegistryUnavailable(
+                f"etcd at {self.endpoint} refused the credentials of user {self.settings.username!r} "
+                f"(HTTP {response.status_code}); check etcd.username and etcd.password."
+            )
+        self._token = response.json()["token"]
+        client.session.headers["Authorization"] = self._token
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        """Headers the watch stream needs (the auth token, when etcd authentication is on)."""
+        return {"Authorization": self._token} if self._token else {}
+
+    def call(self, fn: Callable[[Any], Any]) -> Any:
+        """Run `fn(client)`, trying each endpoint once, re-authenticating once on an expired token.
+
+        Raises:
+            RegistryUnavailable: no endpoint answered, or etcd refused the request.
+        """
+        last: Exception | None = None
+        for _ in range(len(self.settings.endpoints)):
+            try:
+                return fn(self._client())
+            except RegistryUnavailable:
+                raise
+            except etcd3gw.exceptions.Etcd3Exception as exc:
+                last = exc
+                if self._token is not None and "token" in str(exc).lower():
+                    self._token = None
+                    with contextlib.suppress(Exception):
+                        return fn(self._client())
+                if not isinstance(
+                    exc, etcd3gw.exceptions.ConnectionFailedError | etcd3gw.exceptions.ConnectionTimeoutError
+                ):
+                    raise RegistryUnavailable(f"etcd at {self.endpoint} refused the request: {exc}") from exc
+            except (requests.RequestException, OSError) as exc:
+                last = exc
+            self._index = (self._index + 1) % len(self.settings.endpoints)
+            self._token = None
+        raise RegistryUnavailable(
+            f"etcd is unreachable at {', '.join(self.settings.endpoints)} ({type(last).__name__}: {last})."
+        )
+
+    def range_prefix(self, prefix: bytes) -> tuple[int, list[dict[str, Any]]]:
+        """(store revision, raw kvs) of every key under `prefix`."""
+        body = {"key": _b64(prefix), "range_end": _b64(prefix_range_end(prefix))}
+        result = self.call(lambda c: c.post(c.get_url("/kv/range"), json=body))
+        return int(result["header"]["revision"]), list(result.get("kvs", []))
+
+    def put(self, key: bytes, value: bytes, *, lease_ttl_s: int | None = None) -> int:
+        """Write a key, with a new lease of `lease_ttl_s` when given. Returns the lease id (0: none)."""
+
+        def write(client: Any) -> int:
+            lease = client.lease(ttl=lease_ttl_s) if lease_ttl_s else None
+            client.put(key, value, lease=lease)
+            return int(lease.id) if lease is not None else 0
+
+        result: int = self.call(write)
+        return result
+
+    def delete(self, key: bytes) -> bool:
+        """Delete a key. Returns False when it did not exist."""
+        result: bool = self.call(lambda c: c.delete(key))
+        return result
+
+    def refresh(self, lease_id: int) -> int:
+        """Refresh a lease. Returns its new TTL in seconds (0 or less: the lease is gone)."""
+        result: int = self.call(lambda c: Lease(lease_id, c).refresh())
+        return result
+
+    def adopt(self, key: bytes, value: bytes, *, mod_revision: int, lease_ttl_s: int) -> bool:
+        """Re-write an unleased key with a fresh lease, only if it is still at `mod_revision` without a lease.
+
+        Returns:
+            True when the transaction succeeded.
+        """
+
+        def txn(client: Any) -> bool:
+            lease = client.lease(ttl=lease_ttl_s)
+            compare = [
+                {"key": _b64(key), "result": "EQUAL", "target": "MOD", "mod_revision": mod_revision},
+                {"key": _b64(key), "result": "EQUAL", "target": "LEASE", "lease": 0},
+            ]
+            success = [{"request_put": {"key": _b64(key), "value": _b64(value), "lease": lease.id}}]
+            result = client.transaction({"compare": compare, "success": success, "failure": []})
+            if not result.get("succeeded"):
+                lease.revoke()
+            return bool(result.get("succeeded"))
+
+        result: bool = self.call(txn)
+        return result
+
+
+class EtcdRegistry(Registry):
+    """Node registrations in etcd, shared by every gateway of the fleet.
+
+    Args:
+        settings: the daemon's settings (`[etcd]`, the allowlist, config nodes).
+
+    Raises:
+        ConfigError: a `[[nodes]]` endpoint of the config file is malformed or not allowed.
+    """
+
+    backend = "etcd"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.etcd = settings.etcd
+        self.policy = settings.routing.endpoint_policy()
+        self.client = EtcdClient(settings.etcd)
+        self._prefix = settings.etcd.prefix.encode()
+        self._config = config_nodes(settings, self.policy)
+        self._seen: dict[str, _Seen] = {}
+        self._on_event: Callable[[RegistryEvent], None] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._error: str | None = "not connected yet"
+        self._revision = 0
+        self._refresh_due: dict[str, float] = {}
+
+    # -- the follow loop -----------------------------------------------------------------------------------
+
+    async def start(self, on_event: Callable[[RegistryEvent], None]) -> None:
+        self._on_event = on_event
+        for node in self._config.values():
+            on_event(RegistryEvent(RegistryEventKind.PUT, node.id, node, "config"))
+        with contextlib.suppress(RegistryUnavailable):
+            await self._snapshot()
+        self._task = asyncio.create_task(self._follow(), name="qiip-etcd-follow")
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._session is not None:
+            await self._session.close()
+
+    async def _follow(self) -> None:
+        backoff = 0.5
+        needs_snapshot = self._error is not None
+        while True:
+            try:
+                if needs_snapshot:
+                    await self._snapshot()
+                    needs_snapshot = False
+                    backoff = 0.5
+                # Returns when etcd compacted past the watch or cancelled it: a fresh snapshot follows.
+                await self._watch()
+                needs_snapshot = True
+            except (RegistryUnavailable, aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+                message = exc.message if isinstance(exc, RegistryUnavailable) else f"the etcd watch failed: {exc!r}"
+                self._set_error(message)
+                needs_snapshot = True
+                await asyncio.sleep(backoff * (0.5 + random.random()))
+                backoff = min(backoff * 2, self.etcd.reconnect_max_backoff_s)
+
+    def _set_error(self, message: str | None) -> None:
+        if message != self._error:
+            if message is None:
+                logger.info("etcd registry: connected to %s at revision %d", self.client.endpoint, self._revision)
+            else:
+                logger.error("etcd registry: %s Serving the last known registrations; retrying.", message)
+        self._error = message
+
+    async def _snapshot(self) -> None:
+        revision, kvs = await asyncio.to_thread(self.client.range_prefix, self._prefix)
+        present: set[str] = set()
+        for kv in kvs:
+            node_id = self._node_id(_unb64(kv["key"]))
+            if node_id is None:
+                continue
+            present.add(node_id)
+            self._apply_put(node_id, kv, from_snapshot=True)
+        for node_id in [k for k in self._seen if k not in present]:
+            self._apply_delete(node_id, revision)
+        self._revision = revision
+        self._set_error(None)
+
+    async def _watch(self) -> None:
+        """Follow changes from the last revision; returns when a fresh snapshot is needed."""
+        if self._session is None:
+            connector = aiohttp.TCPConnector(ssl=self._ssl_context() or True)
+            self._session = aiohttp.ClientSession(connector=connector, trust_env=False)
+        body = {
+            "create_request": {
+                "key": _b64(self._prefix),
+                "range_end": _b64(prefix_range_end(self._prefix)),
+                "start_revision": str(self._revision + 1),
+                "progress_notify": True,
+            }
+        }
+        url = self.client.endpoint.rstrip("/") + "/v3/watch"
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.etcd.timeout_s)
+        async with self._session.post(url, json=body, headers=self.client.auth_headers, timeout=timeout) as response:
+            if response.status != 200:
+                raise RegistryUnavailable(f"etcd refused the watch (HTTP {response.status}).")
+            buffer = b""
+            async for chunk in response.content.iter_any():
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if line.strip() and not self._on_watch_message(json.loads(line)):
+                        logger.info("etcd registry: the watch ended (compaction or cancel); taking a snapshot")
+                        return
+        raise RegistryUnavailable("etcd closed the watch stream.")
+
+    def _ssl_context(self) -> Any:
+        if not self.client.endpoint.startswith("https"):
+            return None
+        import ssl
+
+        context = ssl.create_default_context(cafile=str(self.etcd.ca_file) if self.etcd.ca_file else None)
+        if self.etcd.cert_file and self.etcd.key_file:
+            context.load_cert_chain(str(self.etcd.cert_file), str(self.etcd.key_file))
+        return context
+
+    def _on_watch_message(self, message: dict[str, Any]) -> bool:
+        """Apply one watch response. Returns False when the watch must be replaced by a snapshot."""
+        if "error" in message:
+            raise RegistryUnavailable(f"etcd ended the watch with an error: {message['error']}")
+        result = message.get("result", {})
+        if result.get("canceled") or int(result.get("compact_revision", 0) or 0) > 0:
+            return False
+        for event in result.get("events", []):
+            kv = event.get("kv", {})
+            node_id = self._node_id(_unb64(kv.get("key", "")))
+            if node_id is None:
+                continue
+            if event.get("type") == "DELETE":
+                self._apply_delete(node_id, int(kv.get("mod_revision", 0)))
+            else:
+                self._apply_put(node_id, kv, from_snapshot=False)
+        header_revision = int(result.get("header", {}).get("revision", 0) or 0)
+        self._revision = max(self._revision, header_revision)
+        return True
+
+    def _node_id(self, key: bytes) -> str | None:
+        if not key.startswith(self._prefix):
+            return None
+        try:
+            node_id = key[len(self._prefix) :].decode()
+        except UnicodeDecodeError:
+            logger.warning("etcd registry: skipping a key that is not UTF-8: %r", key[:80])
+            return None
+        if node_id in self._config:
+            logger.warning("etcd registry: node %s is shadowed by a config node of that id", node_id)
+            return None
+        return node_id
+
+    def _apply_put(self, node_id: str, kv: dict[str, Any], *, from_snapshot: bool) -> None:
+        mod_revision = int(kv.get("mod_revision", 0))
+        seen = self._seen.get(node_id)
+        if seen is not None and mod_revision <= seen.mod_revision:
+            return
+        lease = int(kv.get("lease", 0) or 0)
+        try:
+            node: Node | None = decode_node(
+                node_id, _unb64(kv.get("value", "")), self.policy, max_value_bytes=self.etcd.max_value_bytes
+            )
+        except ValueError as exc:
+            logger.warning("etcd registry: skipping node %s at revision %d: %s", node_id, mod_revision, exc)
+            node = None
+        previous = seen.node if seen is not None else None
+        self._seen[node_id] = _Seen(mod_revision, lease, node if node is not None else previous)
+        if node is not None and node != previous:
+            self._emit(RegistryEvent(RegistryEventKind.PUT, node_id, node, "etcd"))
+
+    def _apply_delete(self, node_id: str, revision: int) -> None:
+        seen = self._seen.get(node_id)
+        if seen is None or (revision and revision < seen.mod_revision):
+            return
+        del self._seen[node_id]
+        self._refresh_due.pop(node_id, None)
+        if seen.node is not None:
+            self._emit(RegistryEvent(RegistryEventKind.DELETE, node_id, None, "etcd"))
+
+    def _emit(self, event: RegistryEvent) -> None:
+        if self._on_event is not None:
+            self._on_event(event)
+
+    # -- writes --------------------------------------------------------------------------------------------
+
+    async def register(self, node: Node, *, ephemeral: bool = False) -> Node:
+        if node.id in self._config:
+            raise NodeConflict(f"Node {node.id!r} is declared in the config file; change it there.")
+        stored = node.model_copy(update={"endpoint": self.policy.check(node.endpoint).url})
+        ttl = self.etcd.lease_ttl_s if stored.managed else None
+        await asyncio.to_thread(self.client.put, self._prefix + node.id.encode(), encode_node(stored), lease_ttl_s=ttl)
+        return stored
+
+    async def deregister(self, node_id: str) -> None:
+        if node_id in self._config:
+            raise NodeConflict(f"Node {node_id!r} is declared in the config file; remove it there and restart.")
+        if not await asyncio.to_thread(self.client.delete, self._prefix + node_id.encode()):
+            raise NodeNotFound(node_id)
+
+    async def node_healthy(self, node_id: str) -> None:
+        """Refresh (or adopt) the lease of a managed node this gateway just probed successfully."""
+        seen = self._seen.get(node_id)
+        if seen is None or seen.node is None or not seen.node.managed:
+            return
+        now = time.monotonic()
+        if now < self._refresh_due.get(node_id, 0.0):
+            return
+        # Refresh at a third of the lease's granted TTL, as etcd's own keep-alive does.
+        self._refresh_due[node_id] = now + self.etcd.lease_ttl_s / 3
+        try:
+            if seen.lease:
+                ttl = await asyncio.to_thread(self.client.refresh, seen.lease)
+                if ttl <= 0:
+                    logger.warning("etcd registry: the lease of managed node %s has expired", node_id)
+                else:
+                    self._refresh_due[node_id] = now + ttl / 3
+            else:
+                adopted = await asyncio.to_thread(
+                    self.client.adopt,
+                    self._prefix + node_id.encode(),
+                    encode_node(seen.node),
+                    mod_revision=seen.mod_revision,
+                    lease_ttl_s=self.etcd.lease_ttl_s,
+                )
+                verb = "adopted" if adopted else "did not adopt (it changed meanwhile)"
+                logger.info("etcd registry: %s the unleased managed node %s", verb, node_id)
+        except RegistryUnavailable as exc:
+            logger.warning("etcd registry: could not refresh the lease of %s: %s", node_id, exc.message)
+
+    # -- reading -------------------------------------------------------------------------------------------
+
+    def nodes(self) -> list[RegisteredNode]:
+        merged = [RegisteredNode(s.node, "etcd") for s in self._seen.values() if s.node is not None]
+        merged += [RegisteredNode(n, "config") for n in self._config.values()]
+        return sorted(merged, key=lambda r: r.node.id)
+
+    def status(self) -> RegistryStatus:
+        count = len(self._config) + sum(1 for s in self._seen.values() if s.node is not None)
+        if self._error is not None:
+            return RegistryStatus(self.backend, RegistryHealth.DEGRADED, self._error, count)
+        return RegistryStatus(
+            self.backend, RegistryHealth.OK, f"etcd {self.client.endpoint} at revision {self._revision}", count
+        )

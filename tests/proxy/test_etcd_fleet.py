@@ -1,0 +1,125 @@
+"""Several gateways on one etcd: one view of the fleet, and serving through an etcd outage."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.daemon import Daemon, wait_until
+from tests.support.etcd import EtcdServer
+from tests.support.fault_backend import FaultBackend
+
+pytestmark = pytest.mark.integration
+
+Backends = Callable[..., FaultBackend]
+
+
+def etcd_env(etcd: EtcdServer) -> dict[str, str]:
+    return {"QIIP_REGISTRY__BACKEND": "etcd", "QIIP_ETCD__ENDPOINTS": json.dumps([etcd.url])}
+
+
+def qiip(etcd: EtcdServer, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QIIP_")} | etcd_env(etcd)
+    env["QIIP_STATE_DIR"] = str(tmp_path)
+    return subprocess.run(
+        [sys.executable, "-c", "from qiip_cli import main; main()", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+
+
+@pytest.fixture
+def gateways(etcd: EtcdServer, tmp_path: Path) -> Iterator[tuple[Daemon, Daemon]]:
+    env = etcd_env(etcd) | {"QIIP_ETCD__RECONNECT_MAX_BACKOFF_S": "0.5"}
+    with Daemon(tmp_path / "gw1", env=env) as one, Daemon(tmp_path / "gw2", env=env) as two:
+        yield one, two
+
+
+def test_two_gateways_converge_on_puts_and_deletes(
+    gateways: tuple[Daemon, Daemon], etcd: EtcdServer, backends: Backends, tmp_path: Path
+) -> None:
+    backend = backends()
+    added = qiip(etcd, tmp_path, "node", "add", "gpu01", backend.url, "--model", "shared/model")
+    assert added.returncode == 0, added.stderr
+    for gateway in gateways:
+        gateway.wait_status("gpu01", "healthy", timeout_s=5)
+        answer = httpx.post(gateway.url + "/v1/chat/completions", json={"model": "shared/model", "messages": []})
+        assert answer.status_code == 200
+    listed = json.loads(qiip(etcd, tmp_path, "node", "list", "--json").stdout)
+    assert [(n["id"], n["source"]) for n in listed] == [("gpu01", "etcd")]
+    removed = qiip(etcd, tmp_path, "node", "remove", "gpu01")
+    assert removed.returncode == 0, removed.stderr
+    for gateway in gateways:
+        gateway.wait_gone("gpu01", timeout_s=5)
+
+
+def test_requests_are_served_through_an_etcd_outage(
+    gateways: tuple[Daemon, Daemon], etcd: EtcdServer, backends: Backends, tmp_path: Path
+) -> None:
+    one, two = gateways
+    backend = backends()
+    assert qiip(etcd, tmp_path, "node", "add", "gpu01", backend.url, "--model", "m").returncode == 0
+    one.wait_status("gpu01", "healthy", timeout_s=5)
+    failures: list[int] = []
+    stop = threading.Event()
+
+    def traffic() -> None:
+        with httpx.Client(timeout=30) as client:
+            while not stop.is_set():
+                status = client.post(one.url + "/v1/chat/completions", json={"model": "m", "messages": []}).status_code
+                if status != 200:
+                    failures.append(status)
+
+    thread = threading.Thread(target=traffic)
+    thread.start()
+    try:
+        etcd.stop()
+        wait_until(lambda: one.client.get("/health").json()["status"] == "degraded", 10, "a degraded registry")
+        status = qiip(etcd, tmp_path, "registry", "status")
+        assert status.returncode == 1 and "degraded" in status.stdout
+        etcd.start()
+        wait_until(lambda: one.client.get("/health").json()["status"] == "ok", 20, "the registry to recover")
+    finally:
+        stop.set()
+        thread.join(30)
+    assert failures == []
+    other = backends()
+    assert qiip(etcd, tmp_path, "node", "add", "gpu02", other.url, "--model", "m").returncode == 0
+    for gateway in (one, two):
+        gateway.wait_status("gpu02", "healthy", timeout_s=20)
+    status = qiip(etcd, tmp_path, "registry", "status")
+    assert status.returncode == 0 and "backend: etcd" in status.stdout and "nodes:   2" in status.stdout
+
+
+def test_a_managed_node_nobody_can_reach_expires(
+    gateways: tuple[Daemon, Daemon], etcd: EtcdServer, backends: Backends
+) -> None:
+    import etcd3gw
+
+    one, two = gateways
+    client = etcd3gw.client(host="127.0.0.1", port=etcd.client_port, timeout=5)
+    reachable = backends()
+    lease_alive = client.lease(ttl=6)
+    managed = {"model": "m", "engine": "llama_cpp", "managed": True}
+    client.put("/nodes/alive", json.dumps({"endpoint": reachable.url, **managed}), lease=lease_alive)
+    lease_dead = client.lease(ttl=3)
+    client.put("/nodes/dead", json.dumps({"endpoint": "http://127.0.0.1:1", **managed}), lease=lease_dead)
+    for gateway in (one, two):
+        gateway.wait_status("alive", "healthy", timeout_s=5)
+        wait_until(lambda g=gateway: "dead" in g.node_statuses(), 5, "the dead node to appear")  # type: ignore[misc]
+    for gateway in (one, two):
+        gateway.wait_gone("dead", timeout_s=20)
+    # The reachable node's lease was refreshed by the gateways' probes: it outlives its 6 s TTL.
+    assert lease_alive.ttl() > 3
+    assert "alive" in one.node_statuses() and "alive" in two.node_statuses()
