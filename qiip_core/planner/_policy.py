@@ -111,7 +111,7 @@ def _type_violations(error: ValidationError) -> list[Violation]:
             message = f"{name} is not a sizing policy field; the fields are {', '.join(fields)}."
         elif kind == "missing":
             message = f"{name} is required; it must be {_FIELD_HINTS.get(name, 'given')}."
-        elif kind in ("union_tag_not_found", "union_tag_invalid", "model_attributes_type", "model_type"):
+        elif not loc or name == "sizing":
             name = "sizing"
             message = "sizing must be 'auto' or 'custom', in a JSON object of policy fields."
         else:
