@@ -45,7 +45,7 @@ pass_cli = click.make_pass_decorator(CliContext)
 """Decorator giving a command the `CliContext` as its first argument."""
 
 
-@click.group()
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--config",
     type=click.Path(path_type=Path, dir_okay=False),

@@ -28,7 +28,7 @@ def model() -> None:
 @click.option("--vocab", type=int, default=512, show_default=True, help="Vocabulary size (at least 300).")
 @click.option("--ff", type=int, default=None, help="Feed-forward width  [default: 4 x --embd]")
 @click.option("--split", type=int, default=1, show_default=True, help="Write a split family of N files.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random weights.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the random weights.")
 def make_test_gguf(
     path: Path,
     layers: int,

@@ -18,6 +18,12 @@ from qiip_core.nodes import Engine, Node
 __all__ = ["node"]
 
 
+_FIELD_HELP = {
+    "id": "NODE_ID must be 1-128 characters of letters, digits, '.', '_', ':' or '-', starting with a letter or digit",
+    "model": "--model must be 1-512 printable characters without surrounding spaces",
+}
+
+
 @cli.group()
 def node() -> None:
     """Register, remove and list inference nodes."""
@@ -41,8 +47,9 @@ def add(ctx: CliContext, node_id: str, endpoint: str, model: str, engine: str, r
     try:
         record = Node(id=node_id, endpoint=endpoint, model=model, engine=Engine(engine))
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise click.UsageError(problems) from None
+        problems = [_FIELD_HELP.get(str(e["loc"][0]), f"{e['loc'][0]}: {e['msg']}") for e in exc.errors()]
+        click.echo(f"error: {'; '.join(problems)}", err=True)
+        raise SystemExit(1) from None
     settings = ctx.settings
     stored = run_or_exit(lambda: add_registration(settings, record, replace=replace))
     click.echo(f"registered {stored.id} at {stored.endpoint} serving {stored.model!r} ({stored.engine.value})")

@@ -34,6 +34,9 @@ __all__ = ["up"]
 TEST_MODEL_ALIAS = "qiip-test-tiny"
 """The alias of the generated test model."""
 
+LOCAL_NODE_ID = "local"
+"""The id of the node `qiip up` launches."""
+
 _READY_TIMEOUT_S = 600.0
 _STOP_GRACE_S = 45.0
 
@@ -90,7 +93,7 @@ def _ensure_model(settings: Settings, model: Path | None) -> Path:
 )
 @click.option("--alias", help="The model name clients use (default: the file name without .gguf).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address the gateway binds.")
-@click.option("--port", type=int, default=8080, show_default=True, help="Port the gateway binds.")
+@click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True, help="Port the gateway binds.")
 @click.option("--slots", type=click.IntRange(1, 256), default=2, show_default=True, help="Parallel slots.")
 @pass_cli
 def up(ctx: CliContext, model: Path | None, alias: str | None, host: str, port: int, slots: int) -> None:
@@ -102,7 +105,7 @@ def up(ctx: CliContext, model: Path | None, alias: str | None, host: str, port: 
     gguf = run_or_exit(lambda: _ensure_model(settings, model))
     served = alias or (TEST_MODEL_ALIAS if model is None else gguf.name.removesuffix(".gguf"))
     env = dict(os.environ)
-    env["QIIP_LOCAL_NODES"] = json.dumps([{"id": "local", "gguf": str(gguf), "model": served, "slots": slots}])
+    env["QIIP_LOCAL_NODES"] = json.dumps([{"id": LOCAL_NODE_ID, "gguf": str(gguf), "model": served, "slots": slots}])
     env["QIIP_STATE_DIR"] = str(settings.state_dir)
     argv = [sys.executable, "-m", "qiip_proxy", "--host", host, "--port", str(port)]
     if ctx.config is not None:
@@ -129,21 +132,24 @@ def up(ctx: CliContext, model: Path | None, alias: str | None, host: str, port: 
 
 
 def _wait_ready(daemon: subprocess.Popen[bytes], base: str, served: str, settings: Settings) -> None:
+    """Wait until the local node's model is routable: it is listed by `/v1/models` (healthy), and the daemon
+    reports its own launch as `serving`. A failed launch or an exited daemon ends the wait at once."""
     deadline = time.monotonic() + _READY_TIMEOUT_S
-    log = settings.state_dir / "logs" / "local.log"
+    log = settings.state_dir / "logs" / f"{LOCAL_NODE_ID}.log"
     with httpx.Client(trust_env=False, timeout=2.0) as client:
         while time.monotonic() < deadline:
             if daemon.poll() is not None:
                 raise click.ClickException(f"The daemon exited during start-up (status {daemon.returncode}).")
             try:
-                health = client.get(f"{base}/health").json()
-                if health.get("nodes_healthy", 0) >= 1:
-                    return
-                if health.get("local_nodes", {}).get("local") == "failed":
+                launch = client.get(f"{base}/health").json().get("local_nodes", {}).get(LOCAL_NODE_ID)
+                if launch == "failed":
                     raise click.ClickException(f"The model {served!r} failed to start; see its log at {log}.")
-            except (httpx.HTTPError, ValueError):
+                models = [m["id"] for m in client.get(f"{base}/v1/models").json()["data"]]
+                if launch == "serving" and served in models:
+                    return
+            except (httpx.HTTPError, ValueError, KeyError, TypeError):
                 pass
-            time.sleep(0.2)
+            time.sleep(0.1)
     raise click.ClickException(f"The model {served!r} did not become ready in time; see its log at {log}.")
 
 

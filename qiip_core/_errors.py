@@ -15,7 +15,8 @@ QiipError
 ├── RoutingError                no node can take the request (`.status`, `.code`)
 │   ├── NoNodes                 503 no_nodes
 │   ├── ModelNotFound           404 model_not_found
-│   └── ModelUnavailable        503 model_unavailable
+│   ├── ModelUnavailable        503 model_unavailable
+│   └── EndpointNotSupported    400 endpoint_not_supported
 ├── UpstreamError               forwarding to a node failed (`.node_id`, `.status`, `.code`)
 │   ├── UpstreamConnectError    502 backend_unavailable
 │   ├── UpstreamTimeout         504 backend_timeout
@@ -45,6 +46,7 @@ __all__ = [
     "DigestMismatch",
     "EndpointError",
     "EndpointNotAllowed",
+    "EndpointNotSupported",
     "EngineBuildError",
     "EngineError",
     "EngineLaunchError",
@@ -161,6 +163,13 @@ class ModelUnavailable(RoutingError):
 
     status = 503
     code = "model_unavailable"
+
+
+class EndpointNotSupported(RoutingError):
+    """Nodes serve the model, but none of them serves the requested API (embeddings on a chat model: 400)."""
+
+    status = 400
+    code = "endpoint_not_supported"
 
 
 class UpstreamError(QiipError):

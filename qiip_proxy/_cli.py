@@ -1,25 +1,48 @@
 """`qiip-proxy`: run the daemon.
 
-Stages, as uvicorn runs them: settings are loaded and checked (an invalid one stops start-up with exit
-status 2 and a message naming it), logging is configured, then uvicorn serves the app; its lifespan starts
-the gateway. SIGINT/SIGTERM stop accepting connections, let in-flight requests finish for up to
+Stages: settings are loaded and checked (an invalid one stops start-up with exit status 2 and a message
+naming it), logging is configured, the listening socket is bound (a port in use stops start-up the same
+way, before anything else starts), then uvicorn serves the app on it; the app's lifespan starts the
+gateway. SIGINT/SIGTERM stop accepting connections, let in-flight requests finish for up to
 `server.shutdown_timeout_s`, then stop the gateway (and any local llama-server).
 """
 
 from __future__ import annotations
 
+import socket
 import sys
 from pathlib import Path
 
 import click
 import uvicorn
 
+import qiip_core
 from qiip_core import ConfigError
 from qiip_core._logging import configure_logging
 from qiip_core.config import load_settings
 from qiip_proxy._app import create_app, serving_app
 
 __all__ = ["main"]
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """Bind the listening socket, or say plainly why not."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ConfigError(f"The address {host!r} (server.host) cannot be resolved: {exc.strerror}.") from exc
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(
+            f"Cannot listen on {host}:{port}: {exc.strerror}; choose another port with --port or server.port."
+        ) from exc
+    sock.set_inheritable(True)
+    return sock
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -30,7 +53,8 @@ __all__ = ["main"]
     help="TOML config file (also QIIP_CONFIG).",
 )
 @click.option("--host", help="Address to bind (overrides server.host; default 127.0.0.1).")
-@click.option("--port", type=int, help="Port to bind (overrides server.port; default 8080).")
+@click.option("--port", type=click.IntRange(1, 65535), help="Port to bind (overrides server.port; default 8080).")
+@click.version_option(qiip_core.__version__, prog_name="qiip-proxy")
 def main(config: Path | None, host: str | None, port: int | None) -> None:
     """Run the QIIP daemon: the OpenAI-compatible API over the configured nodes."""
     server_overrides: dict[str, object] = {}
@@ -41,16 +65,21 @@ def main(config: Path | None, host: str | None, port: int | None) -> None:
     try:
         settings = load_settings(config, **({"server": server_overrides} if server_overrides else {}))
         configure_logging(level=settings.logging.level, format=settings.logging.format)
+        sock = _bind(settings.server.host, settings.server.port)
         app = create_app(settings)
     except ConfigError as exc:
         click.echo(f"qiip-proxy: {exc.message}", err=True)
         sys.exit(2)
-    uvicorn.run(
-        serving_app(app),
-        host=settings.server.host,
-        port=settings.server.port,
-        log_config=None,
-        access_log=False,
-        timeout_graceful_shutdown=int(settings.server.shutdown_timeout_s),
-        lifespan="on",
+    server = uvicorn.Server(
+        uvicorn.Config(
+            serving_app(app),
+            log_config=None,
+            access_log=False,
+            server_header=False,
+            timeout_graceful_shutdown=int(settings.server.shutdown_timeout_s),
+            lifespan="on",
+        )
     )
+    server.run(sockets=[sock])
+    if not server.started:
+        sys.exit(3)

@@ -101,7 +101,7 @@ async def retrieve_model(request: Request, model: str) -> Response:
 @router.get("/health", tags=["client"])
 async def health(request: Request) -> JSONResponse:
     """Gateway health: `status` (`ok`, or `degraded` when the registry is failing), `nodes_registered`,
-    `nodes_healthy`, and the registry's state."""
+    `nodes_healthy`, the registry's state, and the launch state of the daemon's own llama.cpp nodes."""
     gateway = _gateway(request)
     counts = gateway.table.count_by_status()
     registry = gateway.registry.status()
@@ -115,5 +115,6 @@ async def health(request: Request) -> JSONResponse:
                 "state": registry.health.value,
                 "detail": registry.detail,
             },
+            "local_nodes": gateway.local_nodes.states(),
         }
     )

@@ -50,8 +50,9 @@ def describe_error(exc: QiipError | ClientError) -> tuple[int, str, str | None, 
     if isinstance(exc, ClientError):
         return exc.status, exc.type, exc.code, exc.param, exc.headers
     if isinstance(exc, RoutingError):
-        kind = "invalid_request_error" if exc.status == 404 else "service_unavailable_error"
-        return exc.status, kind, exc.code, "model" if exc.status == 404 else None, {}
+        if exc.status < 500:
+            return exc.status, "invalid_request_error", exc.code, "model", {}
+        return exc.status, "service_unavailable_error", exc.code, None, {}
     if isinstance(exc, FailoverExhausted):
         headers = {"X-QIIP-Failover": "exhausted", "X-QIIP-Attempts": str(exc.attempts)}
         return exc.status, "upstream_error", exc.code, None, headers

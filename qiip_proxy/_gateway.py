@@ -46,8 +46,27 @@ class Gateway:
 
     def _apply(self, event: RegistryEvent) -> None:
         if event.kind is RegistryEventKind.PUT and event.node is not None:
-            self.table.apply_put(event.node, source=event.source)
+            node = event.node
+            verb = "updated" if event.node_id in self.table else "registered"
+            logger.info(
+                "node %s %s from %s: %s serving %r (%s)",
+                node.id,
+                verb,
+                event.source,
+                node.endpoint,
+                node.model,
+                node.engine.value,
+            )
+            self.table.apply_put(node, source=event.source)
         elif event.kind is RegistryEventKind.DELETE:
+            state = self.table.get(event.node_id)
+            in_flight = state.in_flight if state is not None else 0
+            logger.info(
+                "node %s deregistered from %s; %s",
+                event.node_id,
+                event.source,
+                f"draining {in_flight} request(s) in flight" if in_flight else "removed",
+            )
             self.table.apply_delete(event.node_id)
 
     async def startup(self) -> None:

@@ -17,15 +17,18 @@ skipping the framework's routing and middleware layers roughly doubles the reque
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
+import re
 import time
 from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from qiip_core import FailoverExhausted, QiipError, RoutingError, UpstreamError
+from qiip_core import FailoverExhausted, ModelNotFound, NoNodes, QiipError, RoutingError, UpstreamError
+from qiip_core.nodes import ApiName
 from qiip_core.routing import UpstreamRequest, UpstreamResponse
 from qiip_proxy._errors import SSE_DONE, ClientError, describe_error, error_body, sse_error_event
 
@@ -36,13 +39,17 @@ __all__ = ["PROXY_PATHS", "ProxyRoutes", "read_request", "serve_inference"]
 
 logger = logging.getLogger("qiip.proxy")
 
-PROXY_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
-"""The inference paths, forwarded to nodes as they are."""
+PROXY_PATHS: dict[str, ApiName] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/embeddings": "embeddings",
+}
+"""The inference paths, forwarded to nodes as they are, and the API each one is."""
 
 CLIENT_CLOSED_REQUEST = 499
 """The status recorded (never sent) for a request whose client left before the answer began."""
 
-_FORWARDED_HEADERS = frozenset({b"accept", b"x-request-id", b"traceparent", b"tracestate"})
+_FORWARDED_HEADERS = frozenset({b"accept", b"traceparent", b"tracestate"})
 
 
 class ProxyRoutes:
@@ -58,10 +65,44 @@ class ProxyRoutes:
         self.gateway = gateway
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in PROXY_PATHS:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if scope["method"] == "POST" and scope["path"] in PROXY_PATHS:
             await serve_inference(self.gateway, scope, receive, send)
             return
-        await self.app(scope, receive, send)
+        request_id = request_id_for(scope).encode()
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                headers.append((b"x-request-id", request_id))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+_SHUTDOWN_EVENT = (
+    b"data: "
+    + error_body(
+        "The gateway is shutting down and ended this stream; retry the request.",
+        type="service_unavailable_error",
+        code="gateway_shutdown",
+    )
+    + b"\n\n"
+)
+
+_REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:/+=-]{1,128}$")
+
+
+def request_id_for(scope: Scope) -> str:
+    """The client's `X-Request-Id` when it is a sane token (up to 128 characters of `[A-Za-z0-9._:/+=-]`),
+    else a new random one. Every answer carries it, and the node gets it too."""
+    given = _header(scope, b"x-request-id")
+    if given is not None and _REQUEST_ID.match(given):
+        return given.decode("ascii")
+    return os.urandom(12).hex()
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
@@ -74,9 +115,11 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
 async def serve_inference(gateway: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
     """Serve one inference request (`scope["path"]` is one of `PROXY_PATHS`) completely."""
     started = time.perf_counter()
-    request_id = (_header(scope, b"x-request-id") or os.urandom(12).hex().encode()).decode("latin-1")
+    request_id = request_id_for(scope)
     try:
-        request = await read_request(scope, receive, max_body_bytes=gateway.settings.server.max_body_bytes)
+        request = await read_request(
+            scope, receive, max_body_bytes=gateway.settings.server.max_body_bytes, request_id=request_id
+        )
     except ClientError as exc:
         if exc.code != "client_disconnected":
             await send_error(send, exc, request_id)
@@ -85,7 +128,9 @@ async def serve_inference(gateway: Gateway, scope: Scope, receive: Receive, send
     await _Relay(gateway, request, request_id, started).run(receive, send)
 
 
-async def read_request(scope: Scope, receive: Receive, *, max_body_bytes: int) -> UpstreamRequest:
+async def read_request(
+    scope: Scope, receive: Receive, *, max_body_bytes: int, request_id: str | None = None
+) -> UpstreamRequest:
     """Read and check a client request, keeping its body byte for byte.
 
     Raises:
@@ -128,7 +173,12 @@ async def read_request(scope: Scope, receive: Receive, *, max_body_bytes: int) -
         raise ClientError(400, "`stream` must be true or false.", "invalid_type", "stream")
     headers = [("content-type", "application/json"), ("accept-encoding", "identity")]
     headers += [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k in _FORWARDED_HEADERS]
-    return UpstreamRequest(path=scope["path"], body=body, headers=headers, model=model, stream=bool(stream))
+    if request_id is not None:
+        headers.append(("x-request-id", request_id))
+    path = scope["path"]
+    return UpstreamRequest(
+        path=path, body=body, headers=headers, model=model, stream=bool(stream), api=PROXY_PATHS.get(path)
+    )
 
 
 async def send_error(
@@ -197,7 +247,8 @@ class _Relay:
             # Every failed attempt but the last was retried elsewhere.
             earlier = exc.failures[:-1] if isinstance(exc, FailoverExhausted) else []
             gateway.metrics.account(
-                model=request.model,
+                # A model no node serves is the client's word only: keep it out of the label set.
+                model="" if isinstance(exc, ModelNotFound | NoNodes) else request.model,
                 node="",
                 status=exc.status,
                 duration_s=time.perf_counter() - self.started,
@@ -228,6 +279,12 @@ class _Relay:
             if self._disconnected:
                 error_code = "client_disconnected"
                 logger.info("client disconnected; closed its request to node %s", upstream.node_id)
+            elif upstream.sse:
+                # The daemon is stopping and its grace period is over: end the stream honestly.
+                error_code = "gateway_shutdown"
+                with contextlib.suppress(Exception):
+                    await send({"type": "http.response.body", "body": _SHUTDOWN_EVENT, "more_body": True})
+                    await send({"type": "http.response.body", "body": SSE_DONE})
             raise
         finally:
             await upstream.aclose()

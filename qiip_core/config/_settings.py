@@ -59,6 +59,9 @@ MiB = 1024 * 1024
 
 PositiveSeconds = Annotated[float, Field(gt=0, le=86_400)]
 
+_NOT_SETTINGS = frozenset({"QIIP_CONFIG", "QIIP_URL"})
+"""`QIIP_` variables that are not settings: the config file of the CLI, the daemon URL of the console."""
+
 _config_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("qiip_config_file", default=None)
 
 
@@ -107,9 +110,13 @@ class RoutingSettings(_Group):
     def _cidr(cls, value: list[str]) -> list[str]:
         for item in value:
             try:
-                ipaddress.ip_network(item.strip(), strict=False)
+                ipaddress.ip_network(item.strip(), strict=True)
             except ValueError:
-                raise ValueError(f"{item!r} is not a CIDR network such as 10.0.0.0/8 or fd00::/8") from None
+                try:
+                    network = ipaddress.ip_network(item.strip(), strict=False)
+                except ValueError:
+                    raise ValueError(f"{item!r} is not a CIDR network such as 10.0.0.0/8 or fd00::/8") from None
+                raise ValueError(f"{item!r} has host bits set; did you mean {network}?") from None
         return value
 
     @field_validator("allowed_endpoint_hosts")
@@ -359,6 +366,22 @@ class Settings(BaseSettings):
     local_nodes: list[LocalNodeConfig] = Field(default_factory=list)
     """llama.cpp nodes this daemon launches itself."""
 
+    @field_validator("state_dir", mode="before")
+    @classmethod
+    def _absolute_state_dir(cls, value: object) -> object:
+        if isinstance(value, str | Path):
+            text = str(value).strip()
+            if not text:
+                raise ValueError("state_dir is empty; give an absolute directory such as /var/lib/qiip")
+            path = Path(text).expanduser()
+            if not path.is_absolute():
+                raise ValueError(
+                    f"state_dir {text!r} is relative; give an absolute directory so the daemon and the CLI "
+                    "always use the same one"
+                )
+            return path
+        return value
+
     @model_validator(mode="after")
     def _lease_outlives_probes(self) -> Settings:
         if self.registry.backend == "etcd" and self.etcd.lease_ttl_s <= 3 * self.health.interval_s:
@@ -417,6 +440,18 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
             raise ConfigError(f"The config file {config_file} is not valid TOML: {exc}.") from exc
         except OSError as exc:
             raise ConfigError(f"The config file {config_file} cannot be read: {exc.strerror}.") from exc
+    unknown = sorted(
+        key
+        for key in os.environ
+        if key.startswith("QIIP_")
+        and key[5:].split("__")[0].lower() not in Settings.model_fields
+        and key not in _NOT_SETTINGS
+    )
+    if unknown:
+        raise ConfigError(
+            f"Unknown setting{'s' if len(unknown) > 1 else ''} in the environment: {', '.join(unknown)}; "
+            "check the spelling against .env.example."
+        )
     token = _config_file.set(config_file)
     try:
         return Settings(**overrides)
@@ -428,6 +463,10 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
         _config_file.reset(token)
 
 
+def _sentence(text: str) -> str:
+    return text if text.endswith((".", "?", "!")) else text + "."
+
+
 def format_validation_error(exc: ValidationError, config_file: Path | None) -> str:
     """Turn a settings `ValidationError` into lines naming each setting, its variable and the problem."""
     where = f" in {config_file}" if config_file else ""
@@ -436,16 +475,17 @@ def format_validation_error(exc: ValidationError, config_file: Path | None) -> s
         loc = [str(part) for part in error["loc"]]
         dotted = ".".join(loc)
         env = "QIIP_" + "__".join(p.upper() for p in loc if not p.isdigit())
-        message = error["msg"]
+        message = str(error["msg"]).removeprefix("Value error, ")
         if error["type"] == "extra_forbidden":
             lines.append(f"- {dotted}: unknown setting; check its spelling against .env.example.")
             continue
         if not loc or error["type"] == "value_error" and isinstance(error.get("input"), dict):
             # A rule across several settings: its message names them.
-            where_ = f"{dotted}: " if loc else ""
-            lines.append(f"- {where_}{message.removeprefix('Value error, ')}.")
+            lines.append(f"- {dotted + ': ' if loc else ''}{_sentence(message)}")
             continue
         got = error.get("input")
-        shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
-        lines.append(f"- {dotted} ({env}): {message}{shown}.")
+        shown = (
+            "" if isinstance(got, dict | list) or got is None or error["type"] == "value_error" else f" (got {got!r})"
+        )
+        lines.append(f"- {dotted} ({env}): {_sentence(message + shown)}")
     return "\n".join(lines)

@@ -16,6 +16,7 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -98,13 +99,14 @@ class StateFile:
             RegistryUnavailable: the file cannot be read or is not a QIIP state file.
         """
         with self._locked(fcntl.LOCK_SH):
-            return self._read_unlocked()
+            return self._read_unlocked()[0]
 
-    def _read_unlocked(self) -> dict[str, Node]:
+    def _read_unlocked(self) -> tuple[dict[str, Node], list[Any]]:
+        """(valid registrations, raw entries that do not validate): the latter are kept on rewrite."""
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
-            return {}
+            return {}, []
         except OSError as exc:
             raise RegistryUnavailable(f"The state file {self.path} cannot be read ({exc.strerror}).") from exc
         try:
@@ -118,14 +120,25 @@ class StateFile:
                 "move it aside to start with an empty registry."
             ) from exc
         nodes: dict[str, Node] = {}
-        for entry in entries:
+        invalid: list[Any] = []
+        for index, entry in enumerate(entries):
             try:
                 node = Node.model_validate(entry)
             except ValidationError as exc:
-                logger.warning("skipping an invalid entry in %s: %s", self.path, exc.errors()[0]["msg"])
+                name = entry.get("id") if isinstance(entry, dict) else None
+                first = exc.errors()[0]
+                where = ".".join(str(p) for p in first["loc"])
+                logger.warning(
+                    "%s: entry %s is invalid and is ignored (kept in the file): %s: %s",
+                    self.path,
+                    repr(name) if name is not None else f"#{index}",
+                    where,
+                    first["msg"],
+                )
+                invalid.append(entry)
                 continue
             nodes[node.id] = node
-        return nodes
+        return nodes, invalid
 
     def update(self, change: Callable[[dict[str, Node]], dict[str, Node]]) -> dict[str, Node]:
         """Read, change and write the registrations under an exclusive lock.
@@ -141,10 +154,11 @@ class StateFile:
             RegistryUnavailable: the file cannot be read or written.
         """
         with self._locked(fcntl.LOCK_EX):
-            nodes = change(self._read_unlocked())
+            current, invalid = self._read_unlocked()
+            nodes = change(current)
             doc = {
                 "version": _VERSION,
-                "nodes": [nodes[k].model_dump(mode="json", exclude_none=True) for k in sorted(nodes)],
+                "nodes": [nodes[k].model_dump(mode="json", exclude_none=True) for k in sorted(nodes)] + invalid,
             }
             try:
                 atomic_write(self.path, json.dumps(doc, indent=2).encode() + b"\n")

@@ -12,6 +12,7 @@ from qiip_core.nodes._endpoint import (
 from qiip_core.nodes._node import (
     LIFECYCLE_STATUSES,
     LIVENESS_STATUSES,
+    ApiName,
     Engine,
     LlamaCppRuntime,
     Node,
@@ -24,6 +25,7 @@ __all__ = [
     "DEFAULT_ALLOWED_NETWORKS",
     "LIFECYCLE_STATUSES",
     "LIVENESS_STATUSES",
+    "ApiName",
     "Endpoint",
     "EndpointPolicy",
     "Engine",

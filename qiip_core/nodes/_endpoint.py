@@ -89,7 +89,9 @@ def parse_endpoint(raw: str) -> Endpoint:
     if not text:
         raise EndpointError("The endpoint is empty; give scheme://host:port.", endpoint=raw)
     if any(ch.isspace() or ord(ch) < 0x20 or ch == "\\" for ch in text):
-        raise EndpointError(f"The endpoint {raw!r} contains whitespace or control characters.", endpoint=raw)
+        raise EndpointError(
+            f"The endpoint {raw!r} contains whitespace, control characters or a backslash.", endpoint=raw
+        )
     if "://" not in text:
         text = "http://" + text
     try:

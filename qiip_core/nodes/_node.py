@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 __all__ = [
     "LIFECYCLE_STATUSES",
     "LIVENESS_STATUSES",
+    "ApiName",
     "Engine",
     "LlamaCppRuntime",
     "Node",
@@ -67,14 +68,18 @@ class Engine(StrEnum):
     """An existing OpenAI-compatible server attached by an administrator."""
 
 
+ApiName = Literal["chat", "completions", "embeddings"]
+"""An OpenAI inference API: `/v1/chat/completions`, `/v1/completions` or `/v1/embeddings`."""
+
+
 class NodeCapabilities(BaseModel):
     """What a node can serve. Unknown keys are ignored.
 
     Attributes:
         max_tokens: the largest `max_tokens` the node accepts, when known.
         gpu_memory: a free-form description of the node's GPU memory (seed-compatible).
-        endpoints: which OpenAI APIs the node serves; the health checker's recovery probe uses the first of
-            `completions` or `embeddings` it finds.
+        endpoints: which OpenAI APIs the node serves; requests for another API never go to it, and the
+            health checker's recovery probe uses the first of `completions`, `chat`, `embeddings` it lists.
         concurrency: at most this many requests in flight to the node (None: no cap).
     """
 
@@ -82,7 +87,7 @@ class NodeCapabilities(BaseModel):
 
     max_tokens: int | None = Field(default=None, ge=1)
     gpu_memory: str = ""
-    endpoints: tuple[Literal["chat", "completions", "embeddings"], ...] = ("chat", "completions")
+    endpoints: tuple[ApiName, ...] = ("chat", "completions", "embeddings")
     concurrency: int | None = Field(default=None, ge=1)
 
 

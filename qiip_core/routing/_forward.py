@@ -10,11 +10,18 @@ will see first:
 - a streaming answer (`text/event-stream`): the status, headers and the first complete event, so a node
   that accepts the request and then fails before its first token is failed over too.
 
-Connect errors, timeouts and 5xx answers are retried on another node while attempts remain; they count
-against the node's circuit breaker. A stale pooled connection that the node closed before answering is
-retried once on the same node without counting. A 4xx answer (429 included) is the client's: it is
-returned as it came and touches no breaker. When every attempt fails, `FailoverExhausted` carries the
-attempt count and the last error.
+Connect errors, timeouts and 5xx answers are retried on another node while attempts remain. What counts
+against a node's circuit breaker:
+
+- a connect error or timeout: at once, whatever the request;
+- a 5xx answer: only once another node has answered the same request. When every node tried answers
+  5xx, the request itself is the likely cause (a malformed part llama-server chokes on), and counting it
+  would let any client take a model's nodes out of rotation with a few bad requests. 501 and 505 say a
+  node does not offer what was asked and never count.
+
+A stale pooled connection that the node closed before answering is retried once on the same node without
+counting. A 4xx answer (429 included) is the client's: it is returned as it came and touches no breaker.
+When every attempt fails, `FailoverExhausted` carries the attempt count and the last error.
 
 What `open()` returns, an `UpstreamResponse`, holds the node's reservation until `aclose()`; its
 `read()` gives the rest of the body, whole SSE events at a time for streams, under the inter-chunk idle
@@ -41,6 +48,7 @@ from qiip_core._errors import (
     UpstreamTransportError,
 )
 from qiip_core.config import UpstreamSettings
+from qiip_core.nodes import ApiName
 from qiip_core.routing._sse import EventFramer
 from qiip_core.routing._table import Reservation, RoutingTable
 
@@ -73,6 +81,10 @@ HOP_BY_HOP_HEADERS = frozenset(
 """Headers that describe one connection, never relayed in either direction."""
 
 _ERROR_BODY_BYTES = 4096
+
+_NEUTRAL_STATUSES = frozenset({501, 505})
+"""5xx answers that say the node does not offer what was asked, not that it is failing: retried elsewhere,
+never counted against the node."""
 
 # Most specific first: the first matching class decides. A test asserts that every aiohttp client error
 # class is matched by some row.
@@ -186,6 +198,7 @@ class UpstreamRequest:
         headers: headers to forward (already filtered of hop-by-hop and client credentials).
         model: the requested model.
         stream: True when the client asked for SSE (`"stream": true`).
+        api: which OpenAI API this is, to route only to nodes that serve it (None: any node of the model).
     """
 
     path: str
@@ -193,6 +206,7 @@ class UpstreamRequest:
     headers: Sequence[tuple[str, str]]
     model: str
     stream: bool
+    api: ApiName | None = None
 
 
 @dataclass(slots=True)
@@ -202,7 +216,8 @@ class UpstreamResponse:
     Attributes:
         reservation: the node's reservation, released by `aclose()`.
         status_code: the node's status.
-        headers: response headers to relay (hop-by-hop removed; for SSE also content-encoding).
+        headers: response headers to relay: hop-by-hop, CORS and the gateway's own (server, date, request id)
+            removed; for SSE also content-encoding and cache-control.
         prefix: the bytes already read: the first event(s) of a stream or the start (or all) of a body.
         complete: True when `prefix` is the whole body.
         sse: True for an event stream (relayed whole events at a time).
@@ -325,7 +340,7 @@ class Forwarder:
         failures: list[UpstreamError] = []
         while len(tried) < self.max_attempts:
             try:
-                reservation = self.table.reserve(request.model, exclude=tried)
+                reservation = self.table.reserve(request.model, api=request.api, exclude=tried)
             except RoutingError:
                 if not failures:
                     raise
@@ -336,20 +351,35 @@ class Forwarder:
                 response = await self._attempt(reservation, request)
             except UpstreamError as exc:
                 reservation.release()
-                self.table.record_failure(node_id, exc.message)
+                if not isinstance(exc, UpstreamStatusError):
+                    # The node could not be reached or did not answer in time: its fault, whatever the request.
+                    self.table.record_failure(node_id, exc.message)
                 failures.append(exc)
                 logger.warning("attempt %d on node %s failed: %s", len(tried), node_id, exc.message)
                 continue
             except BaseException:
                 reservation.release()
                 raise
+            # Another node answered the same request: the 5xx answers before it were the nodes' fault.
+            self._blame_status_failures(failures)
             response.attempts = len(tried)
             response.failures = failures
             return response
+        # Every node tried answered 5xx (or failed): when all that came back were answers, the request itself
+        # is the likely cause, and no breaker moves.
         last = failures[-1]
         if self.max_attempts == 1:
             raise last
         raise FailoverExhausted(attempts=len(failures), last=last, failures=failures)
+
+    def _blame_status_failures(self, failures: list[UpstreamError]) -> None:
+        for failure in failures:
+            if (
+                isinstance(failure, UpstreamStatusError)
+                and failure.node_id is not None
+                and failure.status not in _NEUTRAL_STATUSES
+            ):
+                self.table.record_failure(failure.node_id, failure.message)
 
     async def _attempt(self, reservation: Reservation, request: UpstreamRequest) -> UpstreamResponse:
         node_id = reservation.state.id
@@ -421,11 +451,24 @@ class Forwarder:
 _DECODABLE = {"identity": 0, "gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 
 
+_GATEWAY_HEADERS = frozenset({b"server", b"date", b"x-request-id", b"x-accel-buffering"})
+"""Response headers the gateway sets itself; the node's are dropped so the client never sees two."""
+
+_STREAM_HEADERS = frozenset({b"content-encoding", b"cache-control"})
+"""Dropped from decoded event streams: the gateway relays them decoded and sets its own cache policy."""
+
+
 def _relay_headers(response: aiohttp.ClientResponse, *, decoded: bool) -> list[tuple[bytes, bytes]]:
     headers = []
     for name, value in response.raw_headers:
         lower = name.lower()
-        if lower in HOP_BY_HOP_HEADERS or (decoded and lower == b"content-encoding"):
+        if (
+            lower in HOP_BY_HOP_HEADERS
+            or lower in _GATEWAY_HEADERS
+            # A node's CORS answer is not the gateway's policy.
+            or lower.startswith(b"access-control-")
+            or (decoded and lower in _STREAM_HEADERS)
+        ):
             continue
         headers.append((lower, value))
     return headers

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 
-from qiip_core._errors import ModelNotFound, ModelUnavailable, NoNodes, RoutingError
-from qiip_core.nodes import LIFECYCLE_STATUSES, Engine, Node, NodeStatus
+from qiip_core._errors import EndpointNotSupported, ModelNotFound, ModelUnavailable, NoNodes, RoutingError
+from qiip_core.nodes import LIFECYCLE_STATUSES, ApiName, Engine, Node, NodeStatus
 from qiip_core.routing._breaker import BreakerState, CircuitBreaker
 
 __all__ = [
@@ -240,11 +240,12 @@ class RoutingTable:
 
     # -- selection -----------------------------------------------------------------------------------------
 
-    def reserve(self, model: str, *, exclude: Collection[str] = ()) -> Reservation:
-        """Reserve the least-loaded eligible node serving exactly `model`.
+    def reserve(self, model: str, *, api: ApiName | None = None, exclude: Collection[str] = ()) -> Reservation:
+        """Reserve the least-loaded eligible node serving exactly `model` (and `api`, when given).
 
         Args:
             model: the requested model, compared as an opaque string.
+            api: the OpenAI API asked for; nodes whose capabilities do not list it are never chosen.
             exclude: node ids not to use (already tried by this request).
 
         Returns:
@@ -253,25 +254,40 @@ class RoutingTable:
         Raises:
             NoNodes: the table is empty.
             ModelNotFound: no node, in any status, serves `model`.
-            ModelUnavailable: nodes serve `model` but none is eligible.
+            EndpointNotSupported: nodes serve `model`, but none lists `api`.
+            ModelUnavailable: nodes serve `model` (and `api`) but none is eligible.
         """
         serving = self._by_model.get(model)
         if not serving:
             raise self.routing_error(model)
-        candidates = [s for s in serving.values() if s.eligible and s.id not in exclude]
+        if api is None:
+            candidates = [s for s in serving.values() if s.eligible and s.id not in exclude]
+        else:
+            capable = [s for s in serving.values() if api in s.node.capabilities.endpoints]
+            if not capable:
+                raise self.routing_error(model, api=api)
+            candidates = [s for s in capable if s.eligible and s.id not in exclude]
         if not candidates:
             raise self.routing_error(model)
         state = candidates[0] if len(candidates) == 1 else select_least_connections(candidates, self._rng)
         state.in_flight += 1
         return Reservation(self, state)
 
-    def routing_error(self, model: str) -> RoutingError:
-        """The error for a request that finds no eligible node: `NoNodes`, `ModelNotFound` or
-        `ModelUnavailable`, by the same rules as `reserve`."""
+    def routing_error(self, model: str, *, api: ApiName | None = None) -> RoutingError:
+        """The error for a request that finds no eligible node: `NoNodes`, `ModelNotFound`,
+        `EndpointNotSupported` or `ModelUnavailable`, by the same rules as `reserve`."""
         if not self._states:
             return NoNodes("No inference nodes are registered.", model=model)
-        if not self._by_model.get(model):
+        serving = self._by_model.get(model)
+        if not serving:
             return ModelNotFound(f"The model {model!r} does not exist on any node.", model=model)
+        if api is not None and not any(api in s.node.capabilities.endpoints for s in serving.values()):
+            offered = sorted({e for s in serving.values() for e in s.node.capabilities.endpoints})
+            return EndpointNotSupported(
+                f"The model {model!r} is not served for {api} by any node (its nodes serve: "
+                f"{', '.join(offered) or 'nothing'}).",
+                model=model,
+            )
         return ModelUnavailable(
             f"The model {model!r} is registered but no node serving it is available right now; retry later.",
             model=model,

@@ -263,3 +263,39 @@ def test_bad_requests(fault_daemon: Daemon) -> None:
         answer = httpx.post(fault_daemon.url + CHAT, content=raw, timeout=30)
         assert answer.status_code == 400 and answer.json()["error"]["code"] == code
     assert httpx.get(fault_daemon.url + "/v1/nothing", timeout=30).json()["error"]["code"] == "not_found"
+
+
+def test_a_request_every_node_answers_5xx_moves_no_breaker(
+    fault_daemon: Daemon, backends: Backends, model: str
+) -> None:
+    # A request that makes every node fail (a part llama-server chokes on) must not let one client take the
+    # model's nodes out of rotation.
+    nodes = [backends(), backends()]
+    for index, backend in enumerate(nodes):
+        backend.default = Status(500)
+        fault_daemon.add_node(f"{model}-{index}", backend.url, model)
+    for _ in range(5):
+        answer = httpx.post(fault_daemon.url + CHAT, json=body(model), timeout=30)
+        assert answer.status_code == 500 and answer.json()["error"]["code"] == "failover_exhausted"
+    assert {fault_daemon.node_statuses()[f"{model}-{i}"] for i in range(2)} == {"healthy"}
+
+
+def test_501_is_retried_elsewhere_and_never_counted(fault_daemon: Daemon, backends: Backends, model: str) -> None:
+    lacking, able = backends(), backends()
+    lacking.default = Status(501)
+    fault_daemon.add_node(f"{model}-able", able.url, model)
+    with busy(fault_daemon, able, model):
+        fault_daemon.add_node(f"{model}-lacking", lacking.url, model)
+        for _ in range(4):
+            assert httpx.post(fault_daemon.url + CHAT, json=body(model), timeout=30).status_code == 200
+    assert fault_daemon.node_statuses()[f"{model}-lacking"] == "healthy"
+
+
+def test_requests_go_only_to_nodes_that_serve_their_api(fault_daemon: Daemon, backends: Backends, model: str) -> None:
+    chat_only = backends()
+    fault_daemon.add_node(f"{model}-chat", chat_only.url, model, endpoints=("chat", "completions"))
+    answer = httpx.post(fault_daemon.url + "/v1/embeddings", json={"model": model, "input": "x"}, timeout=30)
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert error["code"] == "endpoint_not_supported" and "chat, completions" in error["message"]
+    assert calls(chat_only) == 0

@@ -52,19 +52,23 @@ def test_failing_probes_demote_and_passing_probes_restore(
 def test_open_breaker_closes_only_after_a_real_completion(
     health_daemon: Daemon, backends: Backends, model: str
 ) -> None:
-    backend = backends()
-    node_id = f"{model}-n"
-    health_daemon.add_node(node_id, backend.url, model)
-    backend.default = Status(500)
-    for _ in range(3):
-        chat(health_daemon, model)
+    broken, fine = backends(), backends()
+    node_id = f"{model}-broken"
+    health_daemon.add_node(node_id, broken.url, model)
+    health_daemon.add_node(f"{model}-fine", fine.url, model)
+    broken.default = Status(500)
+    # Each time the broken node is tried first, the fine one answers after it: that 5xx counts.
+    for _ in range(60):
+        assert chat(health_daemon, model).status_code == 200
+        if health_daemon.node_statuses()[node_id] == "unhealthy":
+            break
     health_daemon.wait_status(node_id, "unhealthy")
     # /health keeps answering 200, but the recovery probe (a one-token completion) still fails.
-    wait_until(lambda: any(r.path == "/v1/completions" for r in backend.requests), 5, "a recovery probe")
+    wait_until(lambda: any(r.path == "/v1/completions" for r in broken.requests), 5, "a recovery probe")
     assert health_daemon.node_statuses()[node_id] == "unhealthy"
-    probe = next(r for r in backend.requests if r.path == "/v1/completions")
+    probe = next(r for r in broken.requests if r.path == "/v1/completions")
     assert probe.json == {"model": model, "prompt": "ping", "max_tokens": 1}
-    backend.default = Json(200, {"object": "text_completion", "choices": []})
+    broken.default = Json(200, {"object": "text_completion", "choices": []})
     health_daemon.wait_status(node_id, "healthy")
 
 

@@ -72,7 +72,7 @@ def test_cli_refusals_are_one_clear_line(tmp_path: Path) -> None:
     missing = qiip(tmp_path, "node", "remove", "ghost")
     assert missing.returncode == 1 and "No node is registered with id 'ghost'" in missing.stderr
     bad_id = qiip(tmp_path, "node", "add", "bad id", "http://127.0.0.1:1", "--model", "m")
-    assert bad_id.returncode == 2 and "id" in bad_id.stderr
+    assert bad_id.returncode == 1 and "NODE_ID must be 1-128 characters" in bad_id.stderr
     assert not (tmp_path / "nodes.json").exists()
 
 

@@ -133,3 +133,16 @@ def _env_names(model: type, prefix: str = "QIIP_") -> list[str]:
         else:
             names.append(f"{prefix}{name.upper()}")
     return names
+
+
+@pytest.mark.parametrize(("value", "fragment"), [("", "state_dir is empty"), ("state", "is relative")])
+def test_state_dir_must_be_absolute(monkeypatch: pytest.MonkeyPatch, value: str, fragment: str) -> None:
+    monkeypatch.setenv("QIIP_STATE_DIR", value)
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert fragment in info.value.message
+
+
+def test_state_dir_expands_the_home_directory(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QIIP_STATE_DIR", "~/qiip-state")
+    assert load_settings().state_dir.is_absolute()

@@ -122,3 +122,13 @@ async def _until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
     async with asyncio.timeout(timeout_s):
         while not predicate():  # noqa: ASYNC110 - the registry offers no event to wait on
             await asyncio.sleep(0.01)
+
+
+def test_invalid_entries_survive_a_rewrite(settings: Settings, caplog: pytest.LogCaptureFixture) -> None:
+    settings.state_dir.mkdir(parents=True)
+    odd = {"id": "odd", "endpoint": "http://127.0.0.1:9005", "model": "m", "engine": "vlm"}
+    (settings.state_dir / "nodes.json").write_text(json.dumps({"version": 1, "nodes": [odd]}))
+    add_to_state_file(settings, node("a"))
+    entries = json.loads((settings.state_dir / "nodes.json").read_text())["nodes"]
+    assert odd in entries and any(e["id"] == "a" for e in entries)
+    assert "entry 'odd' is invalid" in caplog.text

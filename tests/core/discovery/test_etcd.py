@@ -6,6 +6,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import etcd3gw
 import pytest
@@ -26,7 +27,7 @@ def settings_for(etcd: EtcdServer, tmp_path: Path, **etcd_overrides: object) -> 
     )
 
 
-def raw_client(etcd: EtcdServer) -> etcd3gw.client:  # type: ignore[valid-type]
+def raw_client(etcd: EtcdServer) -> Any:
     return etcd3gw.client(host="127.0.0.1", port=etcd.client_port, timeout=5)
 
 

@@ -176,3 +176,20 @@ def test_a_failing_listener_does_not_break_the_table() -> None:
     table.apply_put(node("a"), source="test")
     remove()
     assert "a" in table
+
+
+def test_reserve_by_api_skips_nodes_that_do_not_serve_it() -> None:
+    from qiip_core import EndpointNotSupported
+
+    chat_only = node("a", capabilities=NodeCapabilities(endpoints=("chat",)))
+    table = table_with(chat_only, node("b", model="other"))
+    assert table.reserve("m", api="chat").node.id == "a"
+    with pytest.raises(EndpointNotSupported) as info:
+        table.reserve("m", api="embeddings")
+    assert info.value.status == 400 and "serve: chat" in info.value.message
+    with pytest.raises(ModelNotFound):
+        table.reserve("nope", api="embeddings")
+    embed = node("c", capabilities=NodeCapabilities(endpoints=("embeddings",)), status=NodeStatus.UNHEALTHY)
+    table.apply_put(embed, source="test")
+    with pytest.raises(ModelUnavailable):
+        table.reserve("m", api="embeddings")
