@@ -61,7 +61,7 @@ def cli(ctx: click.Context, config: Path | None) -> None:
 
 def _register() -> None:
     # Subcommand modules import this one for `cli`; registering them last avoids an import cycle.
-    from qiip_cli import _engine, _model, _node, _up  # noqa: F401
+    from qiip_cli import _console, _engine, _model, _node, _up  # noqa: F401
 
 
 _register()

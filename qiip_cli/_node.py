@@ -69,11 +69,16 @@ def remove(ctx: CliContext, node_id: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @pass_cli
 def list_nodes(ctx: CliContext, as_json: bool) -> None:
-    """List registrations: the config file's and the registry's (state file or etcd)."""
+    """List registrations: the config file's and the registry's (state file or etcd).
+
+    This is what is registered, not how the nodes are doing: live status is the daemon's.
+    """
     settings = ctx.settings
     entries = [(r.node, r.source) for r in run_or_exit(lambda: list_all_registrations(settings))]
     if as_json:
-        payload = [{**n.model_dump(mode="json"), "source": source} for n, source in entries]
+        # Registrations only: live status is the daemon's (its /metrics, admin API and console).
+        hidden = {"status", "last_heartbeat"}
+        payload = [{**n.model_dump(mode="json", exclude=hidden), "source": source} for n, source in entries]
         click.echo(json.dumps(payload, indent=2))
         return
     if not entries:

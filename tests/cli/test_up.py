@@ -104,3 +104,32 @@ def test_up_refuses_a_busy_port_and_a_missing_model(tmp_path: Path) -> None:
         timeout=60,
     )
     assert missing.returncode == 1 and "does not exist" in missing.stderr
+
+
+def test_up_fails_fast_when_its_model_cannot_load(tmp_path: Path, llama_server_binary: Path) -> None:
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + os.urandom(4096))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QIIP_")}
+    env |= {
+        "QIIP_STATE_DIR": str(tmp_path / "state"),
+        "QIIP_ENGINES__LLAMACPP__SERVER_BINARY": str(llama_server_binary),
+    }
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from qiip_cli import main; main()",
+            "up",
+            "--model",
+            str(broken),
+            "--port",
+            str(free_port()),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    assert "The model 'broken' failed to start; see its log at" in result.stderr
+    assert _processes_mentioning(str(tmp_path / "state")) == []
