@@ -58,7 +58,7 @@ def _ensure_engine(settings: Settings) -> None:
     installer = LlamaCppInstaller(settings.engines.llamacpp)
     if installer.find_installed() is not None:
         return
-    from qiip_core.engines.llamacpp._build import nvidia_gpu_count
+    from qiip_core.engines.llamacpp import nvidia_gpu_count
 
     gpus, reason = nvidia_gpu_count()
     cpu = gpus == 0

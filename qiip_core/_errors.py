@@ -28,7 +28,8 @@ QiipError
 │   ├── DigestMismatch
 │   ├── EngineBuildError
 │   ├── EngineLaunchError
-│   └── VerificationError       the running server differs from its plan (`.field`, `.expected`, `.actual`)
+│   ├── VerificationError       the running server differs from its plan (`.field`, `.expected`, `.actual`)
+│   └── RelaunchError           a relaunch failed (`.rolled_back`: the previous sizing runs again, or not)
 └── PlanError                   a llama.cpp sizing cannot be planned (`.violations` of a policy, if any)
 ```
 """
@@ -60,6 +61,7 @@ __all__ = [
     "PlanError",
     "QiipError",
     "RegistryError",
+    "RelaunchError",
     "RegistryUnavailable",
     "RoutingError",
     "UpstreamConnectError",
@@ -303,6 +305,19 @@ class VerificationError(EngineError):
         self.field = field
         self.expected = expected
         self.actual = actual
+
+
+class RelaunchError(EngineError):
+    """Relaunching a llama.cpp node with a new sizing failed.
+
+    Attributes:
+        rolled_back: True when the previous sizing runs again (the node can serve); False when the server
+            is down and only teardown is left (`relaunch_failed`).
+    """
+
+    def __init__(self, message: str, *, rolled_back: bool) -> None:
+        super().__init__(message)
+        self.rolled_back = rolled_back
 
 
 class PlanError(QiipError):

@@ -1,9 +1,9 @@
 """llama.cpp nodes the daemon launches on its own host (`[[local_nodes]]`, and what `qiip up` uses).
 
-Each is a `llama-server` child process with every sizing flag explicit; once it answers `/health` it is
-registered as a managed, ephemeral node (not persisted: the next start launches it again). The children
-die with the daemon: they are stopped on shutdown, and a parent-death signal covers a daemon that is
-killed outright.
+Each is a managed llama-server (`ManagedLlamaServer`): planned by the sizing planner, launched with every
+sizing flag explicit, verified against its plan, then registered as a managed, ephemeral node carrying its
+`llamacpp_runtime` record (not persisted: the next start launches it again). The children die with the
+daemon: they are stopped on shutdown, and a parent-death signal covers a daemon that is killed outright.
 """
 
 from __future__ import annotations
@@ -11,17 +11,16 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from qiip_core import QiipError
+from qiip_core import ConfigError, PlanError, QiipError
 from qiip_core.config import LocalNodeConfig, Settings
 from qiip_core.discovery import Registry
-from qiip_core.engines.llamacpp import LaunchSpec, LlamaCppInstaller, LlamaServerProcess, read_gguf_metadata
+from qiip_core.engines.llamacpp import LlamaCppInstaller, ManagedLlamaServer, default_local_policy
 from qiip_core.nodes import Engine, Node, NodeCapabilities, NodeStatus
+from qiip_core.planner import AutoPolicy, CustomPolicy, parse_policy
 
 __all__ = ["LocalNodes"]
 
 logger = logging.getLogger("qiip.local")
-
-_DEFAULT_CONTEXT_PER_SLOT = 4096
 
 
 class LocalNodes:
@@ -30,15 +29,26 @@ class LocalNodes:
     Args:
         settings: the daemon's settings (`local_nodes`, `engines.llamacpp`, `state_dir`).
         registry: where ready nodes are registered (ephemerally).
+
+    Raises:
+        ConfigError: a local node's `sizing` is not a valid policy.
     """
 
     def __init__(self, settings: Settings, registry: Registry) -> None:
         self.settings = settings
         self.registry = registry
-        self.processes: dict[str, LlamaServerProcess] = {}
+        self.servers: dict[str, ManagedLlamaServer] = {}
         self.errors: dict[str, str] = {}
         self.ready: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
+        self._policies: dict[str, AutoPolicy | CustomPolicy | None] = {}
+        for index, config in enumerate(settings.local_nodes):
+            try:
+                self._policies[config.id] = parse_policy(config.sizing) if config.sizing is not None else None
+            except PlanError as exc:
+                raise ConfigError(
+                    f"Invalid setting local_nodes.{index}.sizing (node {config.id!r}): {exc.message}"
+                ) from exc
 
     def start(self) -> None:
         """Launch every configured local node in the background."""
@@ -53,25 +63,23 @@ class LocalNodes:
                     "llama-server is not installed; run `qiip engine install llama.cpp` (add --cpu on a "
                     "machine without an NVIDIA GPU)."
                 )
-            metadata = await asyncio.to_thread(read_gguf_metadata, config.gguf)
-            ctx_size = config.ctx_size or config.slots * min(metadata.n_ctx_train, _DEFAULT_CONTEXT_PER_SLOT)
-            spec = LaunchSpec(
-                model=config.gguf,
-                alias=config.model,
-                host=config.host,
-                port=config.port,
-                ctx_size=ctx_size,
-                slots=config.slots,
-                embeddings=config.embeddings,
-                threads=config.threads or None,
-            )
             log_path = self.settings.state_dir / "logs" / f"{config.id}.log"
             log_path.parent.mkdir(parents=True, exist_ok=True)
-            process = LlamaServerProcess(installed.server, spec, log_path)
-            self.processes[config.id] = process
+            server = await asyncio.to_thread(
+                ManagedLlamaServer,
+                installed,
+                model_path=config.gguf,
+                alias=config.model,
+                log_path=log_path,
+                host=config.host,
+                port=config.port,
+                threads=config.threads or None,
+                embeddings=config.embeddings,
+            )
+            self.servers[config.id] = server
+            policy = self._policies.get(config.id) or default_local_policy(server.shape.n_ctx_train, slots=config.slots)
             logger.info("launching local node %s: %s (log %s)", config.id, config.gguf, log_path)
-            await process.start()
-            await process.wait_ready(config.startup_timeout_s)
+            runtime = await server.launch(policy, startup_timeout_s=config.startup_timeout_s)
         except (QiipError, OSError, ValueError) as exc:
             message = exc.message if isinstance(exc, QiipError) else str(exc)
             self.errors[config.id] = message
@@ -80,16 +88,17 @@ class LocalNodes:
         capabilities = NodeCapabilities(endpoints=("embeddings",) if config.embeddings else ("chat", "completions"))
         node = Node(
             id=config.id,
-            endpoint=process.endpoint,
+            endpoint=server.endpoint,
             model=config.model,
             engine=Engine.LLAMA_CPP,
             managed=True,
             status=NodeStatus.UNKNOWN,
             capabilities=capabilities,
+            llamacpp_runtime=runtime,
         )
         await self.registry.register(node, ephemeral=True)
         self.ready.add(config.id)
-        logger.info("local node %s is serving %r at %s", config.id, config.model, process.endpoint)
+        logger.info("local node %s is serving %r at %s", config.id, config.model, server.endpoint)
 
     def states(self) -> dict[str, str]:
         """Each local node's launch state: `starting`, `serving` or `failed`."""
@@ -103,4 +112,4 @@ class LocalNodes:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await asyncio.gather(*(p.stop() for p in self.processes.values()), return_exceptions=True)
+        await asyncio.gather(*(s.stop() for s in self.servers.values()), return_exceptions=True)

@@ -327,10 +327,13 @@ class LocalNodeConfig(_Group):
     """Address llama-server binds."""
     port: int = Field(default=0, ge=0, le=65535)
     """llama-server's port; 0 picks a free one."""
-    ctx_size: int = Field(default=0, ge=0)
-    """Aggregate context (`--ctx-size`); 0 uses slots × min(training context, 4096)."""
     slots: int = Field(default=2, ge=1, le=256)
-    """Parallel slots (`--parallel`)."""
+    """Parallel slots (`--parallel`) when `sizing` is not given: each slot gets min(training context, 4096)
+    tokens with an F16 K/V cache."""
+    sizing: dict[str, Any] | None = None
+    """A llama.cpp sizing policy, as in a relaunch: `{sizing = "auto", fit_target_mib = 512}` lets the planner
+    maximise context and slots; `{sizing = "custom", context_per_slot, slots, cache_type, fit_target_mib}`
+    asks for exact values. Overrides `slots`."""
     embeddings: bool = False
     """Serve `/v1/embeddings` (`--embeddings --pooling mean`) instead of generation."""
     threads: int = Field(default=0, ge=0)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from qiip_core.engines.llamacpp._build import nvidia_gpu_count
     from qiip_core.engines.llamacpp._install import InstalledEngine, LlamaCppInstaller, ProgressCallback
+    from qiip_core.engines.llamacpp._managed import ManagedLlamaServer, default_local_policy
     from qiip_core.engines.llamacpp._server import LaunchSpec, LlamaServerProcess, free_port
     from qiip_core.engines.llamacpp._testmodel import GgufMetadata, make_test_gguf, read_gguf_metadata
 
@@ -31,7 +32,9 @@ __all__ = [
     "LaunchSpec",
     "LlamaCppInstaller",
     "LlamaServerProcess",
+    "ManagedLlamaServer",
     "ProgressCallback",
+    "default_local_policy",
     "free_port",
     "make_test_gguf",
     "nvidia_gpu_count",
@@ -44,7 +47,9 @@ _MODULES = {
     "LaunchSpec": "_server",
     "LlamaCppInstaller": "_install",
     "LlamaServerProcess": "_server",
+    "ManagedLlamaServer": "_managed",
     "ProgressCallback": "_install",
+    "default_local_policy": "_managed",
     "free_port": "_server",
     "make_test_gguf": "_testmodel",
     "nvidia_gpu_count": "_build",

@@ -1,0 +1,208 @@
+"""A llama-server that QIIP launches and owns: planned, launched, verified, and relaunched with rollback.
+
+    launch(policy):   read devices → plan (the planner's estimator, llama-fit-params when installed)
+                      → launch with every sizing flag → wait for /health → verify against the plan
+    relaunch(policy): stop → launch(new policy); if that fails, launch(previous policy) again (automatic
+                      sizing is recomputed against the memory free now, custom sizing is replayed exactly);
+                      if that fails too, the server is down and `RelaunchError(rolled_back=False)` says so
+
+Draining the node before a relaunch is the gateway's part (it owns the routing table); this class only
+ever touches the process. The server keeps its port across relaunches, so the node's endpoint does not
+change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from qiip_core._errors import EngineError, EngineLaunchError, PlanError, RelaunchError, VerificationError
+from qiip_core.engines.llamacpp._install import InstalledEngine
+from qiip_core.engines.llamacpp._server import LlamaServerProcess, free_port
+from qiip_core.engines.llamacpp._testmodel import read_gguf_metadata
+from qiip_core.nodes import LlamaCppRuntime
+from qiip_core.planner import (
+    CONTEXT_STEP,
+    AutoPolicy,
+    CustomPolicy,
+    Estimator,
+    FitParamsEstimator,
+    ModelShape,
+    Plan,
+    PythonEstimator,
+    launch_spec_for,
+    plan,
+    read_devices,
+    verify_runtime,
+)
+
+__all__ = ["ManagedLlamaServer", "default_local_policy"]
+
+logger = logging.getLogger("qiip.engines")
+
+_DEFAULT_CONTEXT_PER_SLOT = 4096
+
+
+def default_local_policy(train_context: int, *, slots: int, fit_target_mib: int = 512) -> CustomPolicy:
+    """The sizing of a local node given only a slot count: each slot gets min(training context, 4,096)
+    tokens, 256-aligned, with an F16 K/V cache.
+
+    Args:
+        train_context: the model's training context in tokens.
+        slots: parallel slots.
+        fit_target_mib: memory to keep free on every device, in MiB.
+    """
+    context = max(CONTEXT_STEP, min(train_context, _DEFAULT_CONTEXT_PER_SLOT) // CONTEXT_STEP * CONTEXT_STEP)
+    return CustomPolicy(fit_target_mib=fit_target_mib, context_per_slot=context, slots=slots, cache_type="f16")
+
+
+class ManagedLlamaServer:
+    """One managed llama-server on this host.
+
+    Args:
+        engine: the installed llama.cpp build; a CPU build plans in CPU mode, a CUDA build requires GPUs.
+        model_path: the GGUF file (the first shard of a split family).
+        alias: the model name clients use (`--alias`).
+        log_path: where the server's output goes (appended across relaunches).
+        host: the address it binds.
+        port: its port; 0 picks a free one at the first launch and keeps it afterwards.
+        threads: CPU threads (`--threads`), None for llama.cpp's default.
+        embeddings: serve `/v1/embeddings` instead of generation.
+
+    Raises:
+        ValueError: the model file is not a readable GGUF.
+    """
+
+    def __init__(
+        self,
+        engine: InstalledEngine,
+        *,
+        model_path: Path,
+        alias: str,
+        log_path: Path,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        threads: int | None = None,
+        embeddings: bool = False,
+    ) -> None:
+        self.engine = engine
+        self.model_path = model_path
+        self.alias = alias
+        self.log_path = log_path
+        self.host = host
+        self.port = port or free_port(host)
+        self.threads = threads
+        self.embeddings = embeddings
+        self.shape = ModelShape.from_metadata(read_gguf_metadata(model_path))
+        self.process: LlamaServerProcess | None = None
+        self.runtime: LlamaCppRuntime | None = None
+        self.plan: Plan | None = None
+        self.policy: AutoPolicy | CustomPolicy | None = None
+
+    @property
+    def endpoint(self) -> str:
+        """`http://host:port` of the server."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def cpu_mode(self) -> bool:
+        """True for a CPU build, which plans against system memory."""
+        return self.engine.variant != "cuda"
+
+    def _estimator(self) -> Estimator:
+        if self.engine.fit_params is not None and not self.embeddings:
+            return FitParamsEstimator(self.engine.fit_params, self.model_path)
+        return PythonEstimator(embeddings=self.embeddings)
+
+    async def launch(self, policy: AutoPolicy | CustomPolicy, *, startup_timeout_s: float = 300.0) -> LlamaCppRuntime:
+        """Plan, launch and verify the server for `policy`.
+
+        Returns:
+            The verified runtime record (the node's `llamacpp_runtime`).
+
+        Raises:
+            PlanError: the policy is invalid or no sizing fits.
+            EngineLaunchError: the server did not become healthy (the log tail is in the message).
+            VerificationError: the running server differs from the plan (it is stopped).
+        """
+        devices = await asyncio.to_thread(read_devices, allow_cpu=self.cpu_mode)
+        planned = await asyncio.to_thread(plan, self.shape, devices, policy, estimator=self._estimator())
+        spec = launch_spec_for(
+            planned,
+            model_path=self.model_path,
+            alias=self.alias,
+            host=self.host,
+            port=self.port,
+            threads=self.threads,
+            embeddings=self.embeddings,
+        )
+        with self.log_path.open("a") as log:
+            log.write(f"\n{planned.summary()}\n")
+        process = LlamaServerProcess(self.engine.server, spec, self.log_path)
+        self.process = process
+        await process.start()
+        try:
+            await process.wait_ready(startup_timeout_s)
+            devices_after = await asyncio.to_thread(read_devices, allow_cpu=self.cpu_mode)
+            runtime = await verify_runtime(
+                planned,
+                endpoint=process.endpoint,
+                log_path=self.log_path,
+                alias=self.alias,
+                devices_after=devices_after,
+            )
+        except BaseException:
+            await process.stop()
+            raise
+        self.plan, self.policy, self.runtime = planned, policy, runtime
+        logger.info(
+            "llama-server %r verified: %d slot(s) x %d tokens, K/V %s/%s, %s",
+            self.alias,
+            planned.slots,
+            planned.context_per_slot,
+            planned.cache_type_k,
+            planned.cache_type_v,
+            "CPU mode" if planned.cpu_mode else f"{planned.gpu_layers}/{planned.total_layers} layers on GPU",
+        )
+        return runtime
+
+    async def stop(self, grace_s: float = 10.0) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after `grace_s`). Idempotent."""
+        if self.process is not None:
+            await self.process.stop(grace_s)
+        self.runtime = None
+
+    async def relaunch(self, policy: AutoPolicy | CustomPolicy, *, startup_timeout_s: float = 300.0) -> LlamaCppRuntime:
+        """Stop the server and launch it with `policy`; roll back to the previous policy if that fails.
+
+        Returns:
+            The new verified runtime record.
+
+        Raises:
+            RelaunchError: the new policy failed. `rolled_back` says whether the previous policy is running
+                again (the node can serve) or not (the server is down: only teardown is left).
+        """
+        previous = self.policy
+        await self.stop()
+        try:
+            return await self.launch(policy, startup_timeout_s=startup_timeout_s)
+        except (PlanError, EngineLaunchError, VerificationError, EngineError) as exc:
+            failure = exc.message
+            logger.warning("relaunch of %r with %s failed: %s", self.alias, policy.sizing, failure)
+        if previous is None:
+            raise RelaunchError(
+                f"The relaunch failed and there is no previous sizing to return to: {failure}", rolled_back=False
+            )
+        try:
+            await self.launch(previous, startup_timeout_s=startup_timeout_s)
+        except (PlanError, EngineLaunchError, VerificationError, EngineError) as exc:
+            raise RelaunchError(
+                f"The relaunch failed ({failure}) and so did the rollback to the previous sizing ({exc.message}); "
+                "the server is stopped.",
+                rolled_back=False,
+            ) from exc
+        raise RelaunchError(
+            f"The relaunch failed and the previous sizing ({previous.sizing}) runs again: {failure}",
+            rolled_back=True,
+        )
