@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from qiip_core.config._settings import (
+    AdminSettings,
     BreakerSettings,
     EtcdSettings,
     HealthSettings,
@@ -21,6 +22,7 @@ from qiip_core.config._settings import (
 )
 
 __all__ = [
+    "AdminSettings",
     "BreakerSettings",
     "EtcdSettings",
     "HealthSettings",

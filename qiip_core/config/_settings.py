@@ -38,6 +38,7 @@ from qiip_core.nodes import (
 )
 
 __all__ = [
+    "AdminSettings",
     "BreakerSettings",
     "EtcdSettings",
     "HealthSettings",
@@ -162,6 +163,28 @@ class UpstreamSettings(_Group):
     that fails while sending it can still be failed over."""
     max_event_bytes: int = Field(default=16 * MiB, ge=64 * 1024)
     """Largest single SSE event held while waiting for its end; larger events are relayed in pieces."""
+
+
+class AdminSettings(_Group):
+    """The admin API (`[admin]`): HTTP Basic credentials for every `/admin/*` route."""
+
+    enabled: bool = True
+    """Serve `/admin/*`. When enabled, `username` and `password` are required."""
+    username: str | None = Field(default=None, min_length=1, max_length=128)
+    """Admin user name (`QIIP_ADMIN__USERNAME`)."""
+    password: SecretStr | None = None
+    """Admin password (`QIIP_ADMIN__PASSWORD`); never logged or shown."""
+    drain_timeout_s: PositiveSeconds = 30.0
+    """Default time a drain waits for in-flight requests before it reports what remained."""
+
+    @model_validator(mode="after")
+    def _credentials(self) -> AdminSettings:
+        if self.enabled and (not self.username or self.password is None or not self.password.get_secret_value()):
+            raise ValueError(
+                "the admin API is enabled but has no credentials: set admin.username and admin.password "
+                "(QIIP_ADMIN__USERNAME, QIIP_ADMIN__PASSWORD), or turn it off with admin.enabled = false"
+            )
+        return self
 
 
 class HealthSettings(_Group):
@@ -356,6 +379,7 @@ class Settings(BaseSettings):
     state_dir: Path = Field(default_factory=default_state_dir)
     """Directory for the embedded registry's state file and other local state (`QIIP_STATE_DIR`)."""
     server: ServerSettings = Field(default_factory=ServerSettings)
+    admin: AdminSettings = Field(default_factory=AdminSettings)
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
     upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
