@@ -169,7 +169,7 @@ class AdminSettings(_Group):
     """The admin API (`[admin]`): HTTP Basic credentials for every `/admin/*` route."""
 
     enabled: bool = True
-    """Serve `/admin/*`. When enabled, `username` and `password` are required."""
+    """Serve `/admin/*`. When enabled, the daemon refuses to start without `username` and `password`."""
     username: str | None = Field(default=None, min_length=1, max_length=128)
     """Admin user name (`QIIP_ADMIN__USERNAME`)."""
     password: SecretStr | None = None
@@ -177,14 +177,17 @@ class AdminSettings(_Group):
     drain_timeout_s: PositiveSeconds = 30.0
     """Default time a drain waits for in-flight requests before it reports what remained."""
 
-    @model_validator(mode="after")
-    def _credentials(self) -> AdminSettings:
+    def check_credentials(self) -> None:
+        """Refuse an enabled admin API without credentials (the daemon calls this at start-up).
+
+        Raises:
+            ConfigError: enabled, and the user name or password is missing or empty.
+        """
         if self.enabled and (not self.username or self.password is None or not self.password.get_secret_value()):
-            raise ValueError(
-                "the admin API is enabled but has no credentials: set admin.username and admin.password "
-                "(QIIP_ADMIN__USERNAME, QIIP_ADMIN__PASSWORD), or turn it off with admin.enabled = false"
+            raise ConfigError(
+                "The admin API is enabled but has no credentials: set admin.username and admin.password "
+                "(QIIP_ADMIN__USERNAME, QIIP_ADMIN__PASSWORD), or turn it off with admin.enabled = false."
             )
-        return self
 
 
 class HealthSettings(_Group):
