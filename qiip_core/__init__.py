@@ -10,6 +10,7 @@ and the CLI (`qiip_cli`) present what the core decides; the core imports none of
 from __future__ import annotations
 
 from qiip_core._errors import (
+    AuthError,
     ConfigError,
     DigestMismatch,
     EndpointError,
@@ -31,6 +32,13 @@ from qiip_core._errors import (
     RegistryUnavailable,
     RelaunchError,
     RoutingError,
+    TokenExpired,
+    TokenInvalid,
+    TokenNotFound,
+    TokenRequestInvalid,
+    TokenRevoked,
+    TokenScopeError,
+    TokenStoreUnavailable,
     UpstreamConnectError,
     UpstreamError,
     UpstreamStatusError,
@@ -42,6 +50,7 @@ from qiip_core._errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AuthError",
     "ConfigError",
     "DigestMismatch",
     "EndpointError",
@@ -63,6 +72,13 @@ __all__ = [
     "RegistryUnavailable",
     "RelaunchError",
     "RoutingError",
+    "TokenExpired",
+    "TokenInvalid",
+    "TokenNotFound",
+    "TokenRequestInvalid",
+    "TokenRevoked",
+    "TokenScopeError",
+    "TokenStoreUnavailable",
     "UpstreamConnectError",
     "UpstreamError",
     "UpstreamStatusError",

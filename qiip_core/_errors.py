@@ -30,7 +30,15 @@ QiipError
 │   ├── EngineLaunchError
 │   ├── VerificationError       the running server differs from its plan (`.field`, `.expected`, `.actual`)
 │   └── RelaunchError           a relaunch failed (`.rolled_back`: the previous sizing runs again, or not)
-└── PlanError                   a llama.cpp sizing cannot be planned (`.violations` of a policy, if any)
+├── PlanError                   a llama.cpp sizing cannot be planned (`.violations` of a policy, if any)
+└── AuthError                   an invoke token was refused, or the token store failed (`.status`, `.code`)
+    ├── TokenInvalid            401 invalid_api_key: no token has this secret, or it is malformed
+    ├── TokenExpired            401 token_expired
+    ├── TokenRevoked            401 token_revoked
+    ├── TokenScopeError         403 model_not_allowed: the token is bound to another model
+    ├── TokenNotFound           404 token_not_found: no token has this id (admin lookups)
+    ├── TokenRequestInvalid     400 invalid_token_request: a ttl, model or description out of bounds
+    └── TokenStoreUnavailable   503 token_store_unavailable: the token file or etcd cannot be used
 ```
 """
 
@@ -43,6 +51,7 @@ if TYPE_CHECKING:
     from qiip_core.planner import Violation
 
 __all__ = [
+    "AuthError",
     "ConfigError",
     "DigestMismatch",
     "EndpointError",
@@ -64,6 +73,13 @@ __all__ = [
     "RegistryUnavailable",
     "RelaunchError",
     "RoutingError",
+    "TokenExpired",
+    "TokenInvalid",
+    "TokenNotFound",
+    "TokenRequestInvalid",
+    "TokenRevoked",
+    "TokenScopeError",
+    "TokenStoreUnavailable",
     "UpstreamConnectError",
     "UpstreamError",
     "UpstreamStatusError",
@@ -330,3 +346,82 @@ class PlanError(QiipError):
     def __init__(self, message: str, *, violations: Sequence[Violation] = ()) -> None:
         super().__init__(message)
         self.violations = tuple(violations)
+
+
+class AuthError(QiipError):
+    """An invoke token was refused, or the token store failed. Carries the HTTP status and OpenAI error code.
+
+    Messages never contain a secret, so they can be sent to the client and logged as they are.
+
+    Attributes:
+        token_id: the token concerned, when one is known (None for an unknown secret).
+        status: the HTTP status for the client.
+        code: the OpenAI error `code`.
+    """
+
+    status: int = 401
+    code: str = "invalid_api_key"
+
+    def __init__(self, message: str, *, token_id: str | None = None) -> None:
+        super().__init__(message)
+        self.token_id = token_id
+
+
+class TokenInvalid(AuthError):
+    """No token has the presented secret, or the secret is not shaped like one (401 `invalid_api_key`)."""
+
+    status = 401
+    code = "invalid_api_key"
+
+
+class TokenExpired(AuthError):
+    """The token's `expires_at` has passed (401 `token_expired`)."""
+
+    status = 401
+    code = "token_expired"
+
+
+class TokenRevoked(AuthError):
+    """The token was revoked by an operator (401 `token_revoked`)."""
+
+    status = 401
+    code = "token_revoked"
+
+
+class TokenScopeError(AuthError):
+    """The token is bound to another model than the one requested (403 `model_not_allowed`).
+
+    Attributes:
+        model: the model the request asked for.
+    """
+
+    status = 403
+    code = "model_not_allowed"
+
+    def __init__(self, message: str, *, token_id: str, model: str) -> None:
+        super().__init__(message, token_id=token_id)
+        self.model = model
+
+
+class TokenNotFound(AuthError):
+    """No live or revoked token has this id (404 `token_not_found`); raised by admin lookups."""
+
+    status = 404
+    code = "token_not_found"
+
+    def __init__(self, token_id: str) -> None:
+        super().__init__(f"No invoke token has id {token_id!r}.", token_id=token_id)
+
+
+class TokenRequestInvalid(AuthError):
+    """A token cannot be created as asked: its ttl, model or description is out of bounds (400)."""
+
+    status = 400
+    code = "invalid_token_request"
+
+
+class TokenStoreUnavailable(AuthError):
+    """The token store's backend (the token file, etcd) cannot be read or written right now (503)."""
+
+    status = 503
+    code = "token_store_unavailable"
