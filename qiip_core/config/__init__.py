@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from qiip_core.config._settings import (
     AdminSettings,
+    AuthSettings,
     BreakerSettings,
     EtcdSettings,
     HealthSettings,
@@ -23,6 +24,7 @@ from qiip_core.config._settings import (
 
 __all__ = [
     "AdminSettings",
+    "AuthSettings",
     "BreakerSettings",
     "EtcdSettings",
     "HealthSettings",

@@ -39,6 +39,7 @@ from qiip_core.nodes import (
 
 __all__ = [
     "AdminSettings",
+    "AuthSettings",
     "BreakerSettings",
     "EtcdSettings",
     "HealthSettings",
@@ -244,6 +245,8 @@ class EtcdSettings(_Group):
     """Key prefix of node registrations: the key is `<prefix><node_id>`."""
     provisioning_prefix: str = "/provisioning/"
     """Key prefix of provisioning task records: `<provisioning_prefix><host>`."""
+    tokens_prefix: str = "/tokens/"
+    """Key prefix of invoke tokens (`registry.backend = "etcd"`): `<tokens_prefix><token_id>`."""
     lease_ttl_s: int = Field(default=600, gt=300, le=86_400)
     """Lease of a managed node's key; refreshed after each successful health probe of the node, so a node
     nobody can reach expires by itself. Must exceed 300 s and three health intervals."""
@@ -264,7 +267,7 @@ class EtcdSettings(_Group):
     password: SecretStr | None = None
     """Password of `username`; never logged."""
 
-    @field_validator("prefix", "provisioning_prefix")
+    @field_validator("prefix", "provisioning_prefix", "tokens_prefix")
     @classmethod
     def _prefix(cls, value: str) -> str:
         if not value.startswith("/") or not value.endswith("/"):
@@ -281,11 +284,44 @@ class EtcdSettings(_Group):
         return value
 
     @model_validator(mode="after")
+    def _tokens_apart(self) -> EtcdSettings:
+        # A token key under the node prefix would be read as a (malformed) registration, and the reverse.
+        for name in ("prefix", "provisioning_prefix"):
+            other: str = getattr(self, name)
+            if self.tokens_prefix.startswith(other) or other.startswith(self.tokens_prefix):
+                raise ValueError(
+                    f"etcd.tokens_prefix ({self.tokens_prefix}) and etcd.{name} ({other}) overlap; "
+                    "give invoke tokens a key prefix of their own, such as /tokens/"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _pairs(self) -> EtcdSettings:
         if (self.username is None) != (self.password is None):
             raise ValueError("etcd.username and etcd.password go together: give both or neither")
         if (self.cert_file is None) != (self.key_file is None):
             raise ValueError("etcd.cert_file and etcd.key_file go together: give both or neither")
+        return self
+
+
+class AuthSettings(_Group):
+    """Invoke tokens: the credentials clients present to the OpenAI-compatible API (`[auth]`)."""
+
+    client_tokens: Literal["off", "required"] = "off"
+    """`required`: every client request needs `Authorization: Bearer <secret>` of a live invoke token;
+    `off`: clients present nothing. Tokens live where `registry.backend` says (state file or etcd)."""
+    token_default_ttl_s: int = Field(default=3600, gt=0)
+    """Lifetime in seconds of a token created without a ttl (one hour)."""
+    token_max_ttl_s: int = Field(default=30 * 86_400, gt=0, le=3650 * 86_400)
+    """Longest lifetime in seconds a token may be created with (30 days); longer requests are refused."""
+
+    @model_validator(mode="after")
+    def _default_within_max(self) -> AuthSettings:
+        if self.token_default_ttl_s > self.token_max_ttl_s:
+            raise ValueError(
+                f"auth.token_default_ttl_s ({self.token_default_ttl_s}) exceeds auth.token_max_ttl_s "
+                f"({self.token_max_ttl_s}); lower the default or raise the maximum"
+            )
         return self
 
 
@@ -390,6 +426,7 @@ class Settings(BaseSettings):
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     registry: RegistrySettings = Field(default_factory=RegistrySettings)
     etcd: EtcdSettings = Field(default_factory=EtcdSettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
     engines: EngineSettings = Field(default_factory=EngineSettings)
     nodes: list[NodeConfig] = Field(default_factory=list)
     """Nodes declared in the config file."""
