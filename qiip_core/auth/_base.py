@@ -80,7 +80,8 @@ class TokenStore(ABC):
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._known: dict[str, InvokeToken] = {}
-        self._by_hash: dict[str, str] = {}
+        # Normally one id per hash; two only when someone copied a token's value under another id.
+        self._by_hash: dict[str, set[str]] = {}
         self._live: dict[str, InvokeToken] = {}
         self._expiries: list[tuple[datetime, str]] = []
         self._on_revoked: OnRevoked | None = None
@@ -174,7 +175,8 @@ class TokenStore(ABC):
         """Revoke a token everywhere. Revoking a revoked token returns it unchanged.
 
         The embedded store records `revoked_at` in the file; etcd deletes the key (every gateway sees the
-        delete). Running stores call their `on_revoked` for it.
+        delete). Running stores call their `on_revoked` for it. With etcd, a token already revoked or
+        expired is only found by a store that saw it while its key existed.
 
         Args:
             token_id: the token's id (`tok_…`).
@@ -183,7 +185,7 @@ class TokenStore(ABC):
             The token with its `revoked_at`.
 
         Raises:
-            TokenNotFound: no token has this id.
+            TokenNotFound: no token has this id (with etcd: none is stored or remembered by this store).
             TokenStoreUnavailable: the backend cannot be written.
         """
         token = await self._revoke(token_id, utc_now())
@@ -218,8 +220,7 @@ class TokenStore(ABC):
                 "The invoke token is malformed; send the whole token, as issued, after 'Authorization: Bearer'."
             )
         digest = hash_secret(secret)
-        token_id = self._by_hash.get(digest)
-        token = self._known.get(token_id) if token_id is not None else None
+        token = self._holder(digest)
         if token is None or not hmac.compare_digest(token.secret_hash.encode(), digest.encode()):
             raise TokenInvalid("The invoke token is not recognised; ask an operator for a valid token.")
         if token.revoked_at is not None:
@@ -298,17 +299,19 @@ class TokenStore(ABC):
 
     def _set_token(self, token: InvokeToken) -> None:
         """A record appeared or changed in the backend."""
-        holder = self._by_hash.get(token.secret_hash)
-        if holder is not None and holder != token.id and holder in self._known:
-            logger.warning("invoke token %s has the secret hash of token %s and is ignored", token.id, holder)
-            return
         old = self._known.get(token.id)
         if old == token:
             return
         if old is not None and old.secret_hash != token.secret_hash:
-            self._by_hash.pop(old.secret_hash, None)
+            self._unindex(old)
         self._known[token.id] = token
-        self._by_hash[token.secret_hash] = token.id
+        self._by_hash.setdefault(token.secret_hash, set()).add(token.id)
+        if self._contested(token.secret_hash):
+            logger.warning(
+                "invoke tokens %s have the same secret hash; that secret authenticates none of them until the "
+                "copies are revoked",
+                ", ".join(self._contested(token.secret_hash)),
+            )
         if token.is_live():
             self._live[token.id] = token
             heapq.heappush(self._expiries, (token.expires_at, token.id))
@@ -355,6 +358,27 @@ class TokenStore(ABC):
     def _prune(self, now: datetime) -> None:
         """Forget dead tokens long past their expiry, so memory does not grow with every token ever issued."""
         for token_id in [k for k, t in self._known.items() if t.expires_at + RETENTION < now]:
-            token = self._known.pop(token_id)
-            self._by_hash.pop(token.secret_hash, None)
+            self._unindex(self._known.pop(token_id))
             self._live.pop(token_id, None)
+
+    def _contested(self, digest: str) -> tuple[str, ...]:
+        """The unrevoked tokens sharing one secret hash, when there is more than one (a copied value)."""
+        ids = tuple(sorted(i for i in self._by_hash.get(digest, ()) if self._known[i].revoked_at is None))
+        return ids if len(ids) > 1 else ()
+
+    def _holder(self, digest: str) -> InvokeToken | None:
+        """The token a secret hash belongs to: the unrevoked one, else a revoked one; None when contested."""
+        holders = [self._known[i] for i in sorted(self._by_hash.get(digest, ()))]
+        unrevoked = [t for t in holders if t.revoked_at is None]
+        if len(unrevoked) > 1:
+            # Which copy is the real token cannot be told, so the secret opens none of them.
+            logger.warning("refused a secret that invoke tokens %s share", ", ".join(t.id for t in unrevoked))
+            return None
+        return unrevoked[0] if unrevoked else (holders[0] if holders else None)
+
+    def _unindex(self, token: InvokeToken) -> None:
+        holders = self._by_hash.get(token.secret_hash)
+        if holders is not None:
+            holders.discard(token.id)
+            if not holders:
+                del self._by_hash[token.secret_hash]

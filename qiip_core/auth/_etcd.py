@@ -310,9 +310,10 @@ class EtcdTokenStore(TokenStore):
         revision, previous = await self._call(self.client.call, delete)
         known = self._known.get(token_id)
         if previous is None:
-            if known is not None and known.revoked_at is not None:
-                return known
-            raise TokenNotFound(token_id)
+            # Already revoked, or expired and removed by its lease: the remembered record answers.
+            if known is None:
+                raise TokenNotFound(token_id)
+            return known if known.revoked_at is not None else known.model_copy(update={"revoked_at": now})
         self._seen[token_id] = _Seen(revision, deleted=True)
         try:
             token = decode_token(
