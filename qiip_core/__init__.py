@@ -3,8 +3,9 @@
 Subpackages, one per concern: `config` (settings), `nodes` (the node record and endpoint allowlist),
 `discovery` (registries), `routing` (selection, circuit breakers, forwarding with failover), `health`
 (background probes), `engines` (llama.cpp: install, test models, launch), `planner` (llama.cpp sizing:
-estimates, policies, plans and their verification). The daemon (`qiip_proxy`), the console (`qiip_tui`)
-and the CLI (`qiip_cli`) present what the core decides; the core imports none of them, nor Textual or Rich.
+estimates, policies, plans and their verification), `auth` (the invoke tokens clients present). The daemon
+(`qiip_proxy`), the console (`qiip_tui`) and the CLI (`qiip_cli`) present what the core decides; the core
+imports none of them, nor Textual or Rich.
 """
 
 from __future__ import annotations
