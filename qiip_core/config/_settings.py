@@ -233,7 +233,8 @@ class RegistrySettings(_Group):
     backend: Literal["embedded", "etcd"] = "embedded"
     """`embedded`: a state file under `state_dir` (one gateway); `etcd`: shared by every gateway (`[etcd]`)."""
     poll_interval_s: Annotated[float, Field(gt=0, le=60)] = 0.5
-    """How often the embedded registry checks its state file for changes made by `qiip node …`."""
+    """How often the embedded registry checks its state file for changes made by `qiip node …`, and the
+    embedded token store its token file for tokens created or revoked by another process."""
 
 
 class EtcdSettings(_Group):
