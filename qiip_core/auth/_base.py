@@ -306,11 +306,12 @@ class TokenStore(ABC):
             self._unindex(old)
         self._known[token.id] = token
         self._by_hash.setdefault(token.secret_hash, set()).add(token.id)
-        if self._contested(token.secret_hash):
+        contested = self._contested(token.secret_hash)
+        if contested:
             logger.warning(
                 "invoke tokens %s have the same secret hash; that secret authenticates none of them until the "
                 "copies are revoked",
-                ", ".join(self._contested(token.secret_hash)),
+                ", ".join(contested),
             )
         if token.is_live():
             self._live[token.id] = token
