@@ -184,6 +184,7 @@ def main() -> None:
         "QIIP_STATE_DIR": state,
         "QIIP_NODES": json.dumps([{"id": "bench", "endpoint": f"http://127.0.0.1:{backend_port}", "model": "bench"}]),
         "QIIP_LOGGING__LEVEL": "WARNING",
+        "QIIP_ADMIN__ENABLED": "false",
     }
     gateway = subprocess.Popen(
         pinned([sys.executable, "-m", "qiip_proxy", "--port", str(gateway_port)], 1), env=env, cwd=state

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -27,6 +28,7 @@ import httpx
 from qiip_cli._main import CliContext, cli, pass_cli, run_or_exit
 from qiip_core import EngineError
 from qiip_core.config import Settings
+from qiip_core.discovery import atomic_write
 from qiip_core.engines.llamacpp import LlamaCppInstaller, make_test_gguf
 
 __all__ = ["up"]
@@ -105,6 +107,12 @@ def up(ctx: CliContext, model: Path | None, alias: str | None, host: str, port: 
     gguf = run_or_exit(lambda: _ensure_model(settings, model))
     served = alias or (TEST_MODEL_ALIAS if model is None else gguf.name.removesuffix(".gguf"))
     env = dict(os.environ)
+    if settings.admin.enabled and not (settings.admin.username and settings.admin.password):
+        env["QIIP_ADMIN__USERNAME"], env["QIIP_ADMIN__PASSWORD"] = "qiip", secrets.token_urlsafe(24)
+        credentials = _write_console_config(
+            settings, f"http://{host}:{port}", env["QIIP_ADMIN__USERNAME"], env["QIIP_ADMIN__PASSWORD"]
+        )
+        click.echo(f"Admin API: user qiip, password in {credentials} (for `qiip console`).", err=True)
     env["QIIP_LOCAL_NODES"] = json.dumps([{"id": LOCAL_NODE_ID, "gguf": str(gguf), "model": served, "slots": slots}])
     env["QIIP_STATE_DIR"] = str(settings.state_dir)
     argv = [sys.executable, "-m", "qiip_proxy", "--host", host, "--port", str(port)]
@@ -129,6 +137,14 @@ def up(ctx: CliContext, model: Path | None, alias: str | None, host: str, port: 
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         _terminate(daemon)
+
+
+def _write_console_config(settings: Settings, url: str, username: str, password: str) -> Path:
+    """Write the console's connection file, readable by its owner only."""
+    path = settings.state_dir / "console.toml"
+    text = f'url = "{url}"\nusername = "{username}"\npassword = "{password}"\n'
+    atomic_write(path, text.encode(), mode=0o600)
+    return path
 
 
 def _wait_ready(daemon: subprocess.Popen[bytes], base: str, served: str, settings: Settings) -> None:

@@ -14,6 +14,7 @@ from starlette.types import ASGIApp
 
 import qiip_core
 from qiip_core.config import Settings
+from qiip_proxy._admin import router as admin_router
 from qiip_proxy._client_api import router as client_router
 from qiip_proxy._errors import ClientError, error_response
 from qiip_proxy._gateway import Gateway
@@ -28,8 +29,9 @@ def create_app(settings: Settings) -> FastAPI:
     The gateway starts in the app's lifespan (registry, health checks, local nodes) and stops with it.
 
     Raises:
-        ConfigError: a configured node is invalid.
+        ConfigError: a configured node is invalid, or the admin API is enabled without credentials.
     """
+    settings.admin.check_credentials()
     gateway = Gateway(settings)
 
     @asynccontextmanager
@@ -50,6 +52,12 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.gateway = gateway
     app.include_router(client_router)
+    if settings.admin.enabled:
+        app.include_router(admin_router)
+
+    @app.exception_handler(ClientError)
+    async def client_error(request: Request, exc: ClientError) -> Response:
+        return error_response(exc)
 
     @app.get("/metrics", tags=["operations"], include_in_schema=True)
     async def metrics() -> Response:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from starlette.responses import Response
 
@@ -30,6 +31,7 @@ class ClientError(Exception):
         param: the request field at fault, if any.
         type: the OpenAI error `type`.
         headers: extra response headers.
+        extra: more fields for the error object (such as `violations`).
     """
 
     status: int
@@ -38,11 +40,15 @@ class ClientError(Exception):
     param: str | None = None
     type: str = "invalid_request_error"
     headers: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
-def error_body(message: str, *, type: str, code: str | None, param: str | None = None) -> bytes:
-    """The OpenAI error JSON."""
-    return json.dumps({"error": {"message": message, "type": type, "param": param, "code": code}}).encode()
+def error_body(
+    message: str, *, type: str, code: str | None, param: str | None = None, extra: dict[str, Any] | None = None
+) -> bytes:
+    """The OpenAI error JSON (`extra` adds fields to the error object)."""
+    error = {"message": message, "type": type, "param": param, "code": code, **(extra or {})}
+    return json.dumps({"error": error}).encode()
 
 
 def describe_error(exc: QiipError | ClientError) -> tuple[int, str, str | None, str | None, dict[str, str]]:
@@ -64,8 +70,9 @@ def describe_error(exc: QiipError | ClientError) -> tuple[int, str, str | None, 
 def error_response(exc: QiipError | ClientError, *, headers: dict[str, str] | None = None) -> Response:
     """The HTTP answer for an error raised before anything was sent to the client."""
     status, kind, code, param, extra = describe_error(exc)
+    fields = exc.extra if isinstance(exc, ClientError) else None
     return Response(
-        error_body(exc.message, type=kind, code=code, param=param),
+        error_body(exc.message, type=kind, code=code, param=param, extra=fields),
         status_code=status,
         media_type="application/json",
         headers={**extra, **(headers or {})},

@@ -13,6 +13,7 @@ import logging
 from qiip_core.config import Settings
 from qiip_core.discovery import Registry, RegistryEvent, RegistryEventKind, create_registry
 from qiip_core.health import HealthChecker
+from qiip_core.lifecycle import OperationRunner
 from qiip_core.routing import Forwarder, NodeState, RoutingTable
 from qiip_proxy._local_nodes import LocalNodes
 from qiip_proxy._metrics import GatewayMetrics
@@ -40,6 +41,7 @@ class Gateway:
         self.health = HealthChecker(self.table, settings.health, on_healthy=self._node_healthy)
         self.metrics = GatewayMetrics(self.table)
         self.local_nodes = LocalNodes(settings, self.registry)
+        self.operations = OperationRunner()
 
     async def _node_healthy(self, state: NodeState) -> None:
         await self.registry.node_healthy(state.id)
@@ -78,6 +80,7 @@ class Gateway:
 
     async def shutdown(self) -> None:
         """Stop local nodes, health checks and the registry watch; close upstream connections."""
+        await self.operations.aclose()
         await self.local_nodes.aclose()
         await self.health.aclose()
         await self.registry.aclose()

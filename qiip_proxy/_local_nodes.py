@@ -100,6 +100,13 @@ class LocalNodes:
         self.ready.add(config.id)
         logger.info("local node %s is serving %r at %s", config.id, config.model, server.endpoint)
 
+    def startup_timeout_s(self, node_id: str) -> float:
+        """How long the node's llama-server may take to load (its `startup_timeout_s`)."""
+        for config in self.settings.local_nodes:
+            if config.id == node_id:
+                return config.startup_timeout_s
+        return 300.0
+
     def states(self) -> dict[str, str]:
         """Each local node's launch state: `starting`, `serving` or `failed`."""
         return {

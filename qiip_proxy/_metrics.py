@@ -8,6 +8,7 @@ never touches a gauge.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -89,6 +90,25 @@ class GatewayMetrics:
             registry=self.registry,
         )
         self.registry.register(_TableCollector(table))
+
+    def snapshot(self) -> dict[str, Any]:
+        """Request counters as JSON: `{"by_model": {model: counts}, "by_node": {node: counts}}`, where counts
+        are `requests`, `errors` and `retries`."""
+        by_model: dict[str, dict[str, float]] = {}
+        by_node: dict[str, dict[str, float]] = {}
+
+        def add(labels: dict[str, str], key: str, value: float) -> None:
+            for group, name in ((by_model, labels.get("model", "")), (by_node, labels.get("node", ""))):
+                if name:
+                    counts = group.setdefault(name, {"requests": 0, "errors": 0, "retries": 0})
+                    counts[key] += value
+
+        for metric, key in ((self.requests, "requests"), (self.errors, "errors"), (self.retries, "retries")):
+            for family in metric.collect():
+                for sample in family.samples:
+                    if sample.name.endswith("_total"):
+                        add(sample.labels, key, sample.value)
+        return {"by_model": by_model, "by_node": by_node}
 
     def account(
         self,

@@ -10,11 +10,14 @@ import pytest
 
 PACKAGES = [
     "qiip_core",
+    "qiip_core.auth",
     "qiip_core.config",
     "qiip_core.discovery",
     "qiip_core.engines.llamacpp",
     "qiip_core.health",
+    "qiip_core.lifecycle",
     "qiip_core.nodes",
+    "qiip_core.planner",
     "qiip_core.routing",
 ]
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from qiip_core.nodes import Node
+from qiip_core.nodes import Node, NodeStatus
 
 __all__ = [
     "RegisteredNode",
@@ -136,6 +136,16 @@ class Registry(ABC):
     @abstractmethod
     def status(self) -> RegistryStatus:
         """The backend's state."""
+
+    @abstractmethod
+    async def set_lifecycle(self, node_id: str, status: NodeStatus | None) -> None:
+        """Put a node into a lifecycle status (draining, relaunching, …) or take it out (None), for every
+        gateway that shares this registry.
+
+        Raises:
+            NodeNotFound: no node has this id.
+            RegistryUnavailable: the backend cannot be written.
+        """
 
     async def node_healthy(self, node_id: str) -> None:
         """This gateway's health probe of `node_id` just succeeded (etcd refreshes the node's lease)."""

@@ -160,6 +160,9 @@ class EmbeddedRegistry(Registry):
         self._config = config_nodes(settings, self.policy)
         self._local: dict[str, Node] = {}
         self._state: dict[str, Node] = {}
+        # Lifecycle statuses set through the admin API (drains, relaunches); held in memory: a restart of
+        # the daemon ends them.
+        self._lifecycle: dict[str, NodeStatus] = {}
         self._state_file = StateFile(settings.state_dir)
         self._signature: tuple[int, int, int] | None = None
         self._on_event: Callable[[RegistryEvent], None] | None = None
@@ -218,12 +221,36 @@ class EmbeddedRegistry(Registry):
             self._emit(RegistryEvent(RegistryEventKind.DELETE, node_id, None, "state"))
 
     def _emit(self, event: RegistryEvent) -> None:
-        if self._on_event is not None:
-            self._on_event(event)
+        if self._on_event is None:
+            return
+        status = self._lifecycle.get(event.node_id)
+        if event.node is not None and status is not None:
+            event = RegistryEvent(
+                event.kind, event.node_id, event.node.model_copy(update={"status": status}), event.source
+            )
+        self._on_event(event)
+
+    def _current(self, node_id: str) -> tuple[Node, str] | None:
+        for source, nodes in (("config", self._config), ("local", self._local), ("state", self._state)):
+            if node_id in nodes:
+                return nodes[node_id], source
+        return None
+
+    async def set_lifecycle(self, node_id: str, status: NodeStatus | None) -> None:
+        current = self._current(node_id)
+        if current is None:
+            raise NodeNotFound(node_id)
+        if status is None:
+            self._lifecycle.pop(node_id, None)
+        else:
+            self._lifecycle[node_id] = status
+        node, source = current
+        self._emit(RegistryEvent(RegistryEventKind.PUT, node_id, node, source))
 
     async def register(self, node: Node, *, ephemeral: bool = False) -> Node:
         if node.id in self._config:
             raise NodeConflict(f"Node {node.id!r} is declared in the config file; change it there.")
+        self._lifecycle.pop(node.id, None)
         if ephemeral:
             stored = node.model_copy(update={"endpoint": self.policy.check(node.endpoint).url})
             self._local[node.id] = stored
@@ -234,6 +261,7 @@ class EmbeddedRegistry(Registry):
         return stored
 
     async def deregister(self, node_id: str) -> None:
+        self._lifecycle.pop(node_id, None)
         if node_id in self._local:
             del self._local[node_id]
             self._emit(RegistryEvent(RegistryEventKind.DELETE, node_id, None, "local"))

@@ -58,7 +58,7 @@ from qiip_core.discovery._base import (
     RegistryStatus,
 )
 from qiip_core.discovery._embedded import config_nodes
-from qiip_core.nodes import EndpointPolicy, Node
+from qiip_core.nodes import EndpointPolicy, Node, NodeStatus
 
 __all__ = ["EtcdClient", "EtcdRegistry", "decode_node", "encode_node"]
 
@@ -230,6 +230,10 @@ class EtcdClient:
 
         result: int = self.call(write)
         return result
+
+    def put_with_lease(self, key: bytes, value: bytes, lease_id: int) -> None:
+        """Rewrite a key keeping its lease (0: no lease)."""
+        self.call(lambda c: c.put(key, value, lease=Lease(lease_id, c) if lease_id else None))
 
     def delete(self, key: bytes) -> bool:
         """Delete a key. Returns False when it did not exist."""
@@ -467,6 +471,22 @@ class EtcdRegistry(Registry):
             raise NodeConflict(f"Node {node_id!r} is declared in the config file; remove it there and restart.")
         if not await asyncio.to_thread(self.client.delete, self._prefix + node_id.encode()):
             raise NodeNotFound(node_id)
+
+    async def set_lifecycle(self, node_id: str, status: NodeStatus | None) -> None:
+        if node_id in self._config:
+            # A config node is this gateway's own: its lifecycle is too.
+            config_node = self._config[node_id]
+            if status is not None:
+                config_node = config_node.model_copy(update={"status": status})
+            self._emit(RegistryEvent(RegistryEventKind.PUT, node_id, config_node, "config"))
+            return
+        seen = self._seen.get(node_id)
+        if seen is None or seen.node is None:
+            raise NodeNotFound(node_id)
+        node = seen.node.model_copy(update={"status": status or NodeStatus.UNKNOWN})
+        await asyncio.to_thread(
+            self.client.put_with_lease, self._prefix + node_id.encode(), encode_node(node), seen.lease
+        )
 
     async def node_healthy(self, node_id: str) -> None:
         """Refresh (or adopt) the lease of a managed node this gateway just probed successfully."""

@@ -105,13 +105,14 @@ engine = "llama_cpp"
         ({"QIIP_ROUTING__MAX_ATTEMPTS": "0"}, "routing.max_attempts (QIIP_ROUTING__MAX_ATTEMPTS)"),
         ({"QIIP_NODES": '[{"id": "a", "endpoint": "http://10.0.0.1:80", "model": "m"}]'}, "nodes.0.endpoint"),
         ({"QIIP_HEALTH__INTERVAL_S": "soon"}, "health.interval_s"),
+        ({"QIIP_ADMIN__ENABLED": "true"}, "The admin API is enabled but has no credentials"),
     ],
 )
 def test_invalid_settings_stop_start_up(tmp_path: Path, env: dict[str, str], expected: str) -> None:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("QIIP_")}
     result = subprocess.run(
         [sys.executable, "-m", "qiip_proxy", "--port", "1"],
-        env=clean | env | {"QIIP_STATE_DIR": str(tmp_path)},
+        env=clean | {"QIIP_STATE_DIR": str(tmp_path), "QIIP_ADMIN__ENABLED": "false"} | env,
         capture_output=True,
         text=True,
         timeout=60,

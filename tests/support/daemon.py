@@ -29,6 +29,8 @@ FAST_ENV = {
     "QIIP_UPSTREAM__TTFB_TIMEOUT_S": "10",
     "QIIP_UPSTREAM__IDLE_TIMEOUT_S": "10",
     "QIIP_LOGGING__LEVEL": "INFO",
+    "QIIP_ADMIN__USERNAME": "admin",
+    "QIIP_ADMIN__PASSWORD": "test-password",
 }
 """Settings that make a test daemon react in tenths of a second instead of seconds."""
 
@@ -67,6 +69,12 @@ class Daemon:
         self.log_path = state_dir / "daemon.log"
         self.process: subprocess.Popen[bytes] | None = None
         self.client = httpx.Client(base_url=self.url, trust_env=False, timeout=30.0)
+        self.admin = httpx.Client(
+            base_url=self.url,
+            trust_env=False,
+            timeout=30.0,
+            auth=(self.env["QIIP_ADMIN__USERNAME"], self.env["QIIP_ADMIN__PASSWORD"]),
+        )
 
     def start(self) -> Daemon:
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -105,6 +113,7 @@ class Daemon:
     def close(self) -> None:
         self.stop()
         self.client.close()
+        self.admin.close()
 
     def __enter__(self) -> Daemon:
         return self.start()

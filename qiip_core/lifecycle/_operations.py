@@ -1,0 +1,342 @@
+"""Node lifecycle operations: drain, undrain, remove, relaunch; run in the background as tracked operations.
+
+Every operation that waits (a drain, a removal, a relaunch) runs as an `Operation`: it has an id the
+admin API answers with (202), a state, a bounded log of what it did, and a result. The rules of who may
+do what live here (`check_*`, each raising `NodeConflict` with the reason: 409), so the daemon and the
+console agree:
+
+| operation | allowed when the node is |
+|---|---|
+| drain | healthy, unhealthy or unknown (not already draining, relaunching, provisioning) |
+| undrain | draining by an operator's drain |
+| remove | anything but relaunching or provisioning (`force` removes at once, without draining) |
+| relaunch | healthy, managed, llama.cpp, with a runtime record, launched by this daemon |
+
+A relaunch drains first; a drain that times out restores the node untouched. If the new sizing cannot
+start, the previous one is restored (automatic sizing recomputed, custom replayed); if that fails too the
+node is `relaunch_failed`, and only removal is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from qiip_core._errors import NodeConflict, NodeNotFound, QiipError, RelaunchError
+from qiip_core.discovery import Registry
+from qiip_core.engines.llamacpp import ManagedLlamaServer
+from qiip_core.nodes import Engine, Node, NodeStatus
+from qiip_core.planner import AutoPolicy, CustomPolicy
+from qiip_core.routing import RoutingTable
+
+__all__ = [
+    "Operation",
+    "OperationLog",
+    "OperationRunner",
+    "OperationState",
+    "check_can_drain",
+    "check_can_relaunch",
+    "check_can_remove",
+    "check_can_undrain",
+    "drain",
+    "relaunch",
+    "remove",
+]
+
+logger = logging.getLogger("qiip.lifecycle")
+
+_BUSY = frozenset({NodeStatus.RELAUNCHING, NodeStatus.PROVISIONING})
+
+
+class OperationState(StrEnum):
+    """Where an operation is."""
+
+    RUNNING = "running"
+    """Started, not finished."""
+    SUCCEEDED = "succeeded"
+    """Finished as asked."""
+    FAILED = "failed"
+    """Finished without doing what was asked; `error` says why."""
+
+
+@dataclass(slots=True)
+class OperationLog:
+    """A bounded log of one operation: `(time, level, message)` entries, oldest dropped first."""
+
+    entries: collections.deque[tuple[datetime, str, str]] = field(default_factory=lambda: collections.deque(maxlen=500))
+
+    def __call__(self, message: str, level: str = "info") -> None:
+        """Add an entry (and log it)."""
+        self.entries.append((datetime.now(UTC), level, message))
+        logger.log(logging.WARNING if level == "warning" else logging.INFO, "%s", message)
+
+
+@dataclass(slots=True)
+class Operation:
+    """One background operation on one node.
+
+    Attributes:
+        id: `op_` + 16 hex.
+        kind: `drain`, `remove` or `relaunch`.
+        node_id: the node.
+        state: running, succeeded or failed.
+        started_at, finished_at: UTC times.
+        result: what the operation found (for a drain: what remained in flight).
+        error: why it failed.
+        log: what it did, step by step.
+    """
+
+    id: str
+    kind: str
+    node_id: str
+    state: OperationState = OperationState.RUNNING
+    started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    finished_at: datetime | None = None
+    result: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    log: OperationLog = field(default_factory=OperationLog)
+
+    def view(self) -> dict[str, Any]:
+        """The operation as JSON for the admin API."""
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "node_id": self.node_id,
+            "state": self.state.value,
+            "started_at": self.started_at.isoformat(),
+            "finished_at": self.finished_at.isoformat() if self.finished_at else None,
+            "result": self.result,
+            "error": self.error,
+            "log": [{"at": at.isoformat(), "level": level, "message": msg} for at, level, msg in self.log.entries],
+        }
+
+
+class OperationRunner:
+    """Runs operations in the background and keeps the last `history` of them.
+
+    Args:
+        history: finished operations kept for lookup.
+    """
+
+    def __init__(self, history: int = 200) -> None:
+        self._operations: collections.OrderedDict[str, Operation] = collections.OrderedDict()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._history = history
+        self._running_by_node: dict[str, str] = {}
+
+    def start(self, kind: str, node_id: str, work: Callable[[Operation], Awaitable[dict[str, Any]]]) -> Operation:
+        """Start `work(operation)` in the background; its returned dict becomes the result.
+
+        Raises:
+            NodeConflict: another operation on this node is still running.
+        """
+        running = self._running_by_node.get(node_id)
+        if running is not None:
+            raise NodeConflict(f"Node {node_id!r} is busy with operation {running}; wait for it to finish.")
+        operation = Operation(id="op_" + os.urandom(8).hex(), kind=kind, node_id=node_id)
+        self._operations[operation.id] = operation
+        self._running_by_node[node_id] = operation.id
+        while len(self._operations) > self._history:
+            oldest = next(iter(self._operations.values()))
+            if oldest.state is OperationState.RUNNING:
+                break
+            self._operations.popitem(last=False)
+        task = asyncio.create_task(self._run(operation, work), name=f"qiip-{kind}-{node_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return operation
+
+    async def _run(self, operation: Operation, work: Callable[[Operation], Awaitable[dict[str, Any]]]) -> None:
+        try:
+            operation.result = await work(operation)
+            operation.state = OperationState.SUCCEEDED
+        except QiipError as exc:
+            operation.state, operation.error = OperationState.FAILED, exc.message
+            operation.log(exc.message, "warning")
+        except Exception as exc:
+            operation.state, operation.error = OperationState.FAILED, f"internal error: {exc!r}"
+            logger.exception("operation %s on %s failed", operation.kind, operation.node_id)
+        finally:
+            operation.finished_at = datetime.now(UTC)
+            self._running_by_node.pop(operation.node_id, None)
+
+    def get(self, operation_id: str) -> Operation | None:
+        """An operation by id."""
+        return self._operations.get(operation_id)
+
+    def list(self) -> list[Operation]:
+        """Every kept operation, newest first."""
+        return list(reversed(self._operations.values()))
+
+    async def aclose(self) -> None:
+        """Cancel running operations."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+# -- rules ---------------------------------------------------------------------------------------------------
+
+
+def _state(table: RoutingTable, node_id: str) -> Node:
+    state = table.get(node_id)
+    if state is None:
+        raise NodeNotFound(node_id)
+    return state.effective_node()
+
+
+def check_can_drain(table: RoutingTable, node_id: str) -> None:
+    """Raises NodeNotFound, or NodeConflict when the node's status forbids a drain."""
+    node = _state(table, node_id)
+    if node.status not in (NodeStatus.HEALTHY, NodeStatus.UNHEALTHY, NodeStatus.UNKNOWN):
+        raise NodeConflict(f"Node {node_id!r} is {node.status.value}; only a serving node can be drained.")
+
+
+def check_can_undrain(table: RoutingTable, node_id: str) -> None:
+    """Raises NodeNotFound, or NodeConflict when the node is not draining."""
+    node = _state(table, node_id)
+    if node.status is not NodeStatus.DRAINING:
+        raise NodeConflict(f"Node {node_id!r} is {node.status.value}, not draining.")
+
+
+def check_can_remove(table: RoutingTable, node_id: str) -> None:
+    """Raises NodeNotFound, or NodeConflict while the node is relaunching or provisioning."""
+    node = _state(table, node_id)
+    if node.status in _BUSY:
+        raise NodeConflict(f"Node {node_id!r} is {node.status.value}; wait for that to finish before removing it.")
+
+
+def check_can_relaunch(table: RoutingTable, node_id: str, server: ManagedLlamaServer | None) -> None:
+    """Raises NodeNotFound, or NodeConflict unless the node is a healthy managed llama.cpp node with a runtime
+    record that this daemon launched."""
+    node = _state(table, node_id)
+    reasons = []
+    if node.status is not NodeStatus.HEALTHY:
+        reasons.append(f"it is {node.status.value}, not healthy")
+    if not node.managed or server is None:
+        reasons.append("it is not a node this daemon launched")
+    if node.engine is not Engine.LLAMA_CPP:
+        reasons.append(f"its engine is {node.engine.value}, not llama_cpp")
+    if node.llamacpp_runtime is None:
+        reasons.append("it has no verified runtime record")
+    if reasons:
+        raise NodeConflict(f"Node {node_id!r} cannot be relaunched: {'; '.join(reasons)}.")
+
+
+# -- operations ----------------------------------------------------------------------------------------------
+
+
+async def _wait_idle(table: RoutingTable, node_id: str, timeout_s: float) -> int:
+    """Wait until the node has nothing in flight (or is gone), up to `timeout_s`. Returns what remains."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    for delay in itertools.chain([0.01, 0.02, 0.05], itertools.repeat(0.1)):
+        state = table.get(node_id)
+        if state is None or state.in_flight <= 0:
+            return 0
+        if loop.time() >= deadline:
+            return state.in_flight
+        await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
+    raise AssertionError("unreachable")
+
+
+async def drain(
+    table: RoutingTable, registry: Registry, node_id: str, *, timeout_s: float, log: OperationLog
+) -> dict[str, Any]:
+    """Stop sending the node new requests and wait for those in flight, up to `timeout_s`.
+
+    Returns:
+        `{"remaining_in_flight": n, "timed_out": bool}`; the node stays draining either way (undrain it, or
+        remove it).
+    """
+    await registry.set_lifecycle(node_id, NodeStatus.DRAINING)
+    log(f"node {node_id} is draining: no new requests")
+    remaining = await _wait_idle(table, node_id, timeout_s)
+    if remaining:
+        log(f"{remaining} request(s) still in flight after {timeout_s:g} s", "warning")
+    else:
+        log(f"node {node_id} has nothing in flight")
+    return {"remaining_in_flight": remaining, "timed_out": bool(remaining)}
+
+
+async def remove(
+    table: RoutingTable,
+    registry: Registry,
+    node_id: str,
+    *,
+    force: bool,
+    timeout_s: float,
+    log: OperationLog,
+    server: ManagedLlamaServer | None = None,
+) -> dict[str, Any]:
+    """Drain the node (unless `force`), stop its llama-server when this daemon launched it, deregister it.
+
+    Returns:
+        `{"remaining_in_flight": n}`: requests still in flight when it was removed (they finish or fail on
+        their own; the node leaves the routing table once they end).
+    """
+    remaining = 0
+    if not force:
+        remaining = (await drain(table, registry, node_id, timeout_s=timeout_s, log=log))["remaining_in_flight"]
+    if server is not None:
+        await server.stop()
+        log(f"stopped the llama-server of {node_id}")
+    await registry.deregister(node_id)
+    log(f"node {node_id} deregistered")
+    return {"remaining_in_flight": remaining, "forced": force}
+
+
+async def relaunch(
+    table: RoutingTable,
+    registry: Registry,
+    server: ManagedLlamaServer,
+    node: Node,
+    policy: AutoPolicy | CustomPolicy,
+    *,
+    drain_timeout_s: float,
+    startup_timeout_s: float,
+    log: OperationLog,
+) -> dict[str, Any]:
+    """Drain, stop, plan, launch, verify and restore a managed llama.cpp node with a new sizing policy.
+
+    Raises:
+        NodeConflict: the drain timed out (the node is restored untouched).
+        RelaunchError: the new policy failed; the node runs its previous sizing again (`rolled_back`), or is
+            `relaunch_failed` (only removal is left).
+    """
+    node_id = node.id
+    await registry.set_lifecycle(node_id, NodeStatus.RELAUNCHING)
+    log(f"node {node_id} is relaunching with sizing {policy.sizing}: draining")
+    remaining = await _wait_idle(table, node_id, drain_timeout_s)
+    if remaining:
+        await registry.set_lifecycle(node_id, None)
+        raise NodeConflict(
+            f"The drain timed out after {drain_timeout_s:g} s with {remaining} request(s) in flight; "
+            f"node {node_id} was restored untouched."
+        )
+    log("drained; stopping llama-server and planning the new sizing")
+    try:
+        runtime = await server.relaunch(policy, startup_timeout_s=startup_timeout_s)
+    except RelaunchError as exc:
+        if exc.rolled_back:
+            await registry.register(node.model_copy(update={"llamacpp_runtime": server.runtime}), ephemeral=True)
+            log("the previous sizing runs again; node restored", "warning")
+        else:
+            await registry.register(node.model_copy(update={"llamacpp_runtime": None}), ephemeral=True)
+            await registry.set_lifecycle(node_id, NodeStatus.RELAUNCH_FAILED)
+            log("the rollback failed too: the node is relaunch_failed; only removal is left", "warning")
+        raise
+    await registry.register(node.model_copy(update={"llamacpp_runtime": runtime}), ephemeral=True)
+    log(
+        f"relaunched and verified: {runtime.effective.get('slots')} slot(s) x "
+        f"{runtime.effective.get('context_per_slot')} tokens, K/V {runtime.effective.get('cache_type_k')}"
+    )
+    return {"llamacpp_runtime": runtime.model_dump(mode="json")}

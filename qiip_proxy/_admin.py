@@ -1,0 +1,352 @@
+"""The admin API: `/admin/*`, behind HTTP Basic credentials.
+
+Every route needs the configured credentials (compared in constant time; 401 with `WWW-Authenticate`
+otherwise). State-changing routes accept `application/json` only (415 otherwise): a cross-origin browser
+cannot send JSON without a preflight, which is the CSRF boundary. Request bodies are strict (unknown
+fields: 422). Work that waits (drains, removals, relaunches) runs as a background operation: the answer is
+202 with the operation, to follow at `/admin/operations/{id}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.security import HTTPBasic, HTTPBasicCredentials
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from qiip_core import EndpointError, NodeConflict, NodeNotFound, PlanError, QiipError, RegistryUnavailable
+from qiip_core.lifecycle import (
+    check_can_drain,
+    check_can_relaunch,
+    check_can_remove,
+    check_can_undrain,
+    drain,
+    relaunch,
+    remove,
+)
+from qiip_core.nodes import Engine, Node, NodeCapabilities, NodeStatus
+from qiip_core.planner import parse_policy, read_devices, validate_policy
+from qiip_core.routing import ChangeKind, NodeState, TableChange
+from qiip_proxy._errors import ClientError
+
+if TYPE_CHECKING:
+    from qiip_proxy._gateway import Gateway
+
+__all__ = ["AdminError", "node_view", "router"]
+
+_basic = HTTPBasic(auto_error=False, realm="qiip-admin")
+
+
+class AdminError(ClientError):
+    """An admin API refusal: 400, 401, 404, 409, 415, 422 with an OpenAI-shaped error body."""
+
+
+def _gateway(request: Request) -> Gateway:
+    gateway: Gateway = request.app.state.gateway
+    return gateway
+
+
+async def require_admin(request: Request, credentials: Annotated[HTTPBasicCredentials | None, Depends(_basic)]) -> None:
+    """Check the HTTP Basic credentials; state-changing methods must also send JSON."""
+    settings = _gateway(request).settings.admin
+    expected_user = (settings.username or "").encode()
+    expected_password = settings.password.get_secret_value().encode() if settings.password else b""
+    given_user = credentials.username.encode() if credentials else b""
+    given_password = credentials.password.encode() if credentials else b""
+    # Both comparisons always run, so timing says nothing about which part was wrong.
+    user_ok = secrets.compare_digest(given_user, expected_user)
+    password_ok = secrets.compare_digest(given_password, expected_password)
+    if credentials is None or not (user_ok and password_ok) or not expected_user:
+        raise AdminError(
+            401,
+            "Admin credentials are required (HTTP Basic).",
+            "unauthorized",
+            type="authentication_error",
+            headers={"WWW-Authenticate": 'Basic realm="qiip-admin", charset="UTF-8"'},
+        )
+    if request.method in ("POST", "PUT", "PATCH"):
+        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if content_type != "application/json":
+            raise AdminError(415, "State-changing admin requests must send application/json.", "unsupported_media_type")
+
+
+router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(require_admin)])
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RegisterNode(_Strict):
+    """`POST /admin/nodes`: register an external node (the endpoint allowlist applies)."""
+
+    id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
+    endpoint: str = Field(min_length=1, max_length=512)
+    model: str = Field(min_length=1, max_length=512)
+    engine: Engine = Engine.VLLM
+    capabilities: NodeCapabilities = Field(default_factory=NodeCapabilities)
+
+
+class DrainRequest(_Strict):
+    """`POST /admin/nodes/{id}/drain`."""
+
+    timeout_s: float | None = Field(default=None, gt=0, le=86_400)
+    """How long to wait for in-flight requests (default `admin.drain_timeout_s`)."""
+
+
+class Empty(_Strict):
+    """A body with no fields (`{}`)."""
+
+
+def node_view(state: NodeState) -> dict[str, Any]:
+    """A node as the admin API shows it: the registration, effective status and what this gateway sees."""
+    node = state.effective_node()
+    view = node.model_dump(mode="json")
+    view.update(
+        {
+            "source": state.source,
+            "in_flight": state.in_flight,
+            "breaker": {"state": state.breaker.state.value, "consecutive_failures": state.breaker.consecutive_failures},
+            "last_error": state.last_error,
+            "health": {
+                "consecutive_failures": state.health_failures,
+                "last_probe_at": state.last_probe_at.isoformat() if state.last_probe_at else None,
+                "observed": state.observed,
+            },
+        }
+    )
+    return view
+
+
+def _node_or_404(gateway: Gateway, node_id: str) -> NodeState:
+    state = gateway.table.get(node_id)
+    if state is None:
+        raise AdminError(404, f"No node is registered with id {node_id!r}.", "node_not_found", "node_id")
+    return state
+
+
+def _map(exc: QiipError) -> AdminError:
+    if isinstance(exc, NodeNotFound):
+        return AdminError(404, exc.message, "node_not_found", "node_id")
+    if isinstance(exc, NodeConflict):
+        return AdminError(409, exc.message, "conflict")
+    if isinstance(exc, EndpointError):
+        return AdminError(400, exc.message, "endpoint_not_allowed", "endpoint")
+    if isinstance(exc, PlanError):
+        return _policy_error(exc)
+    if isinstance(exc, RegistryUnavailable):
+        return AdminError(503, exc.message, "registry_unavailable", type="service_unavailable_error")
+    return AdminError(500, exc.message, "internal_error", type="server_error")
+
+
+@router.get("/nodes")
+async def list_nodes(request: Request) -> JSONResponse:
+    """Every node with its status, engine, model, artifact, llama.cpp runtime, in-flight requests, circuit
+    breaker, last error and last health observation."""
+    gateway = _gateway(request)
+    return JSONResponse({"nodes": [node_view(s) for s in sorted(gateway.table, key=lambda s: s.id)]})
+
+
+@router.get("/nodes/{node_id}")
+async def get_node(request: Request, node_id: str) -> JSONResponse:
+    """One node (404 when unknown)."""
+    return JSONResponse(node_view(_node_or_404(_gateway(request), node_id)))
+
+
+@router.post("/nodes", status_code=201)
+async def register_node(request: Request, body: RegisterNode) -> JSONResponse:
+    """Register an external node in the registry (400 outside the endpoint allowlist, 409 for a config node)."""
+    gateway = _gateway(request)
+    node = Node(
+        id=body.id, endpoint=body.endpoint, model=body.model, engine=body.engine, capabilities=body.capabilities
+    )
+    try:
+        stored = await gateway.registry.register(node)
+    except QiipError as exc:
+        raise _map(exc) from exc
+    return JSONResponse(stored.model_dump(mode="json"), status_code=201)
+
+
+@router.post("/nodes/{node_id}/drain", status_code=202)
+async def drain_node(request: Request, node_id: str, body: DrainRequest) -> JSONResponse:
+    """Send the node nothing new and wait for its in-flight requests (202: follow the operation)."""
+    gateway = _gateway(request)
+    _node_or_404(gateway, node_id)
+    timeout_s = body.timeout_s or gateway.settings.admin.drain_timeout_s
+    try:
+        check_can_drain(gateway.table, node_id)
+        operation = gateway.operations.start(
+            "drain",
+            node_id,
+            lambda op: drain(gateway.table, gateway.registry, node_id, timeout_s=timeout_s, log=op.log),
+        )
+    except QiipError as exc:
+        raise _map(exc) from exc
+    return JSONResponse(operation.view(), status_code=202)
+
+
+@router.post("/nodes/{node_id}/undrain")
+async def undrain_node(request: Request, node_id: str, body: Empty) -> JSONResponse:
+    """Take a drained node back into rotation (409 when it is not draining)."""
+    gateway = _gateway(request)
+    state = _node_or_404(gateway, node_id)
+    try:
+        check_can_undrain(gateway.table, node_id)
+        await gateway.registry.set_lifecycle(node_id, None)
+    except QiipError as exc:
+        raise _map(exc) from exc
+    return JSONResponse(node_view(state))
+
+
+@router.delete("/nodes/{node_id}", status_code=202)
+async def delete_node(
+    request: Request,
+    node_id: str,
+    force: Annotated[bool, Query(description="Remove at once, without draining.")] = False,
+) -> JSONResponse:
+    """Drain the node, then remove it (`?force=true`: at once). A node this daemon launched is stopped too."""
+    gateway = _gateway(request)
+    state = _node_or_404(gateway, node_id)
+    if state.source == "config":
+        raise AdminError(409, f"Node {node_id!r} is declared in the config file; remove it there.", "conflict")
+    server = gateway.local_nodes.servers.get(node_id)
+    timeout_s = gateway.settings.admin.drain_timeout_s
+    try:
+        check_can_remove(gateway.table, node_id)
+        operation = gateway.operations.start(
+            "remove",
+            node_id,
+            lambda op: remove(
+                gateway.table, gateway.registry, node_id, force=force, timeout_s=timeout_s, log=op.log, server=server
+            ),
+        )
+    except QiipError as exc:
+        raise _map(exc) from exc
+    return JSONResponse(operation.view(), status_code=202)
+
+
+@router.post("/nodes/{node_id}/llamacpp/relaunch", status_code=202)
+async def relaunch_node(request: Request, node_id: str) -> JSONResponse:
+    """Relaunch a managed llama.cpp node with a sizing policy: `{"sizing": "auto", "fit_target_mib": 512}` or
+    `{"sizing": "custom", "fit_target_mib", "context_per_slot", "slots", "cache_type"}` (strict; 422 with
+    every violation). 409 unless the node is healthy, managed, llama.cpp, with a runtime record."""
+    gateway = _gateway(request)
+    state = _node_or_404(gateway, node_id)
+    try:
+        payload = json.loads(await request.body())
+    except ValueError as exc:
+        raise AdminError(400, f"The body is not valid JSON: {exc}.", "invalid_json") from None
+    try:
+        policy = parse_policy(payload)
+    except PlanError as exc:
+        raise _policy_error(exc) from exc
+    server = gateway.local_nodes.servers.get(node_id)
+    try:
+        check_can_relaunch(gateway.table, node_id, server)
+    except QiipError as exc:
+        raise _map(exc) from exc
+    assert server is not None
+    devices = await asyncio.to_thread(read_devices, allow_cpu=server.cpu_mode)
+    violations = validate_policy(policy, train_context=server.shape.n_ctx_train, devices=devices, shape=server.shape)
+    if violations:
+        raise _policy_error(PlanError("The sizing policy is not valid for this node.", violations=violations))
+    node = state.effective_node()
+    try:
+        operation = gateway.operations.start(
+            "relaunch",
+            node_id,
+            lambda op: relaunch(
+                gateway.table,
+                gateway.registry,
+                server,
+                node.model_copy(update={"status": NodeStatus.UNKNOWN}),
+                policy,
+                drain_timeout_s=gateway.settings.admin.drain_timeout_s,
+                startup_timeout_s=gateway.local_nodes.startup_timeout_s(node_id),
+                log=op.log,
+            ),
+        )
+    except QiipError as exc:
+        raise _map(exc) from exc
+    return JSONResponse(operation.view(), status_code=202)
+
+
+def _policy_error(exc: PlanError) -> AdminError:
+    violations = [{"field": v.field, "message": v.message} for v in exc.violations]
+    return AdminError(422, exc.message, "invalid_policy", extra={"violations": violations})
+
+
+@router.get("/operations")
+async def list_operations(request: Request) -> JSONResponse:
+    """Recent background operations, newest first."""
+    return JSONResponse({"operations": [op.view() for op in _gateway(request).operations.list()]})
+
+
+@router.get("/operations/{operation_id}")
+async def get_operation(request: Request, operation_id: str) -> JSONResponse:
+    """One operation: state, result, error and its log."""
+    operation = _gateway(request).operations.get(operation_id)
+    if operation is None:
+        raise AdminError(404, f"No operation has id {operation_id!r}.", "operation_not_found", "operation_id")
+    return JSONResponse(operation.view())
+
+
+@router.get("/metrics")
+async def admin_metrics(request: Request) -> JSONResponse:
+    """Request counters by model and by node, as JSON."""
+    return JSONResponse(_gateway(request).metrics.snapshot())
+
+
+@router.get("/events", response_class=StreamingResponse)
+async def events(
+    request: Request,
+    heartbeat_s: Annotated[float, Query(gt=0, le=300, description="Seconds between heartbeat comments.")] = 15.0,
+) -> Response:
+    """Server-sent events of node changes: `event: node` with `{"change": "added"|"updated"|"removed", "node":
+    {...}}`, starting with every current node as `added`, and a `: heartbeat` comment when idle."""
+    gateway = _gateway(request)
+    queue: asyncio.Queue[TableChange | None] = asyncio.Queue(maxsize=1024)
+
+    def listener(change: TableChange) -> None:
+        if queue.full():
+            # A console that stopped reading gets a gap rather than unbounded memory; it resyncs on reconnect.
+            queue.get_nowait()
+        queue.put_nowait(change)
+
+    unsubscribe = gateway.table.add_listener(listener)
+
+    async def stream() -> AsyncIterator[bytes]:
+        try:
+            for state in sorted(gateway.table, key=lambda s: s.id):
+                yield _event({"change": "added", "node": node_view(state)})
+            while True:
+                try:
+                    change = await asyncio.wait_for(queue.get(), heartbeat_s)
+                except TimeoutError:
+                    yield b": heartbeat\n\n"
+                    continue
+                if change is None:
+                    return
+                current = gateway.table.get(change.node.id)
+                view = (
+                    node_view(current)
+                    if current is not None and change.kind is not ChangeKind.REMOVED
+                    else change.node.model_dump(mode="json")
+                )
+                yield _event({"change": change.kind.value, "node": view})
+        finally:
+            unsubscribe()
+
+    return StreamingResponse(
+        stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
+
+
+def _event(data: dict[str, Any]) -> bytes:
+    return b"event: node\ndata: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"

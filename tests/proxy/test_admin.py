@@ -1,0 +1,177 @@
+"""The admin API against the running daemon: credentials, the JSON boundary, inventory, lifecycle, events."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.daemon import Daemon, wait_until
+from tests.support.fault_backend import FaultBackend, Sse
+
+pytestmark = pytest.mark.integration
+
+Backends = Callable[..., FaultBackend]
+
+ROUTES = [
+    ("GET", "/admin/nodes"),
+    ("GET", "/admin/nodes/x"),
+    ("POST", "/admin/nodes"),
+    ("POST", "/admin/nodes/x/drain"),
+    ("POST", "/admin/nodes/x/undrain"),
+    ("DELETE", "/admin/nodes/x"),
+    ("POST", "/admin/nodes/x/llamacpp/relaunch"),
+    ("GET", "/admin/operations"),
+    ("GET", "/admin/operations/op_1"),
+    ("GET", "/admin/metrics"),
+    ("GET", "/admin/events"),
+]
+
+
+@pytest.mark.parametrize(("method", "path"), ROUTES)
+def test_every_admin_route_requires_the_credentials(fault_daemon: Daemon, method: str, path: str) -> None:
+    for auth in (None, ("admin", "wrong"), ("other", "test-password"), ("", "")):
+        answer = httpx.request(method, fault_daemon.url + path, auth=auth, json={}, timeout=30)
+        assert answer.status_code == 401, (auth, answer.text)
+        assert answer.headers["www-authenticate"].startswith("Basic")
+        assert answer.json()["error"]["code"] == "unauthorized"
+
+
+def test_state_changes_accept_json_only_and_no_unknown_fields(fault_daemon: Daemon) -> None:
+    admin = fault_daemon.admin
+    form = admin.post("/admin/nodes", content=b"id=x", headers={"content-type": "application/x-www-form-urlencoded"})
+    assert form.status_code == 415
+    plain = admin.post("/admin/nodes/x/drain", content=b"{}", headers={"content-type": "text/plain"})
+    assert plain.status_code == 415
+    extra = admin.post("/admin/nodes", json={"id": "n", "endpoint": "http://127.0.0.1:1", "model": "m", "sneaky": True})
+    assert extra.status_code == 422 and extra.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_register_inspect_drain_undrain_and_remove(fault_daemon: Daemon, backends: Backends, model: str) -> None:
+    admin = fault_daemon.admin
+    backend = backends()
+    created = admin.post("/admin/nodes", json={"id": f"{model}-n", "endpoint": backend.url, "model": model})
+    assert created.status_code == 201 and created.json()["endpoint"] == backend.url
+    fault_daemon.wait_status(f"{model}-n", "healthy")
+    view = admin.get(f"/admin/nodes/{model}-n").json()
+    assert view["status"] == "healthy" and view["in_flight"] == 0 and view["breaker"]["state"] == "closed"
+    assert view["health"]["last_probe_at"] is not None and view["source"] == "state"
+    assert any(n["id"] == f"{model}-n" for n in admin.get("/admin/nodes").json()["nodes"])
+
+    operation = admin.post(f"/admin/nodes/{model}-n/drain", json={"timeout_s": 5})
+    assert operation.status_code == 202
+    done = _finished(fault_daemon, operation.json()["id"])
+    assert done["state"] == "succeeded" and done["result"] == {"remaining_in_flight": 0, "timed_out": False}
+    assert admin.post(f"/admin/nodes/{model}-n/drain", json={}).status_code == 409
+    chat = httpx.post(fault_daemon.url + "/v1/chat/completions", json={"model": model, "messages": []}, timeout=30)
+    assert chat.status_code == 503
+    undrained = admin.post(f"/admin/nodes/{model}-n/undrain", json={})
+    assert undrained.status_code == 200
+    fault_daemon.wait_status(f"{model}-n", "healthy")
+    assert admin.post(f"/admin/nodes/{model}-n/undrain", json={}).status_code == 409
+
+    removal = admin.delete(f"/admin/nodes/{model}-n")
+    assert removal.status_code == 202
+    assert _finished(fault_daemon, removal.json()["id"])["state"] == "succeeded"
+    fault_daemon.wait_gone(f"{model}-n")
+    assert admin.get(f"/admin/nodes/{model}-n").status_code == 404
+    assert admin.post("/admin/nodes/ghost/drain", json={}).status_code == 404
+    assert admin.delete("/admin/nodes/ghost").status_code == 404
+
+
+def test_register_refuses_endpoints_outside_the_allowlist(fault_daemon: Daemon) -> None:
+    for endpoint in (
+        "http://10.0.0.1:8000",
+        "http://[::ffff:10.0.0.1]:8000",
+        "http://2130706433:8000",
+        "http://0177.0.0.1:8000",
+        "http://user:pw@127.0.0.1:8000",
+        "http://127.0.0.1@10.0.0.1:8000",
+        "http://127.0.0.1:8000/v1",
+        "http://127.0.0.1",
+    ):
+        answer = fault_daemon.admin.post("/admin/nodes", json={"id": "x", "endpoint": endpoint, "model": "m"})
+        assert answer.status_code == 400, endpoint
+        assert answer.json()["error"]["param"] == "endpoint"
+
+
+def test_drain_under_load_lets_streams_finish_and_sends_nothing_new(
+    fault_daemon: Daemon, backends: Backends, model: str
+) -> None:
+    slow, other = backends(), backends()
+    slow.default = Sse(n_events=8, delay_between_s=0.25)
+    fault_daemon.add_node(f"{model}-slow", slow.url, model)
+    streams: list[bytes] = []
+
+    def stream() -> None:
+        body = {"model": model, "messages": [], "stream": True}
+        streams.append(httpx.post(fault_daemon.url + "/v1/chat/completions", json=body, timeout=30).content)
+
+    threads = [threading.Thread(target=stream) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    wait_until(lambda: fault_daemon.in_flight(f"{model}-slow") == 3, 10, "three streams in flight")
+    fault_daemon.add_node(f"{model}-other", other.url, model)
+    operation = fault_daemon.admin.post(f"/admin/nodes/{model}-slow/drain", json={"timeout_s": 20}).json()
+    before = sum(1 for r in slow.requests if r.path.startswith("/v1/"))
+    for _ in range(5):
+        answer = httpx.post(fault_daemon.url + "/v1/chat/completions", json={"model": model, "messages": []})
+        assert answer.status_code == 200
+    assert sum(1 for r in slow.requests if r.path.startswith("/v1/")) == before
+    for thread in threads:
+        thread.join(30)
+    assert all(s.endswith(b"data: [DONE]\n\n") and s.count(b"data: {") == 8 for s in streams)
+    done = _finished(fault_daemon, operation["id"])
+    assert done["result"]["remaining_in_flight"] == 0
+
+
+def test_events_stream_node_changes_with_heartbeats(fault_daemon: Daemon, backends: Backends, model: str) -> None:
+    backend = backends()
+    with fault_daemon.admin.stream("GET", "/admin/events", params={"heartbeat_s": 0.2}) as events:
+        lines = events.iter_lines()
+        fault_daemon.add_node(f"{model}-n", backend.url, model, wait=False)
+        seen: list[dict[str, Any]] = []
+        heartbeats = 0
+        for line in lines:
+            if line.startswith(": heartbeat"):
+                heartbeats += 1
+            elif line.startswith("data: "):
+                seen.append(json.loads(line[6:]))
+            if heartbeats >= 1 and any(
+                e["change"] in ("added", "updated")
+                and e["node"]["id"] == f"{model}-n"
+                and e["node"]["status"] == "healthy"
+                for e in seen
+            ):
+                break
+    assert events.headers["content-type"].startswith("text/event-stream")
+
+
+def test_metrics_as_json(fault_daemon: Daemon, backends: Backends, model: str) -> None:
+    backend = backends()
+    fault_daemon.add_node(f"{model}-n", backend.url, model)
+    httpx.post(fault_daemon.url + "/v1/chat/completions", json={"model": model, "messages": []}, timeout=30)
+    snapshot = fault_daemon.admin.get("/admin/metrics").json()
+    assert snapshot["by_model"][model]["requests"] >= 1
+    assert snapshot["by_node"][f"{model}-n"]["requests"] >= 1
+
+
+def test_openapi_describes_client_and_admin_apis(fault_daemon: Daemon) -> None:
+    spec = httpx.get(fault_daemon.url + "/openapi.json", timeout=30).json()
+    for path in ("/v1/chat/completions", "/v1/models", "/admin/nodes", "/admin/nodes/{node_id}/drain"):
+        assert path in spec["paths"]
+
+
+def _finished(daemon: Daemon, operation_id: str) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+
+    def done() -> bool:
+        result.update(daemon.admin.get(f"/admin/operations/{operation_id}").json())
+        return bool(result["state"] != "running")
+
+    wait_until(done, 30, f"operation {operation_id}")
+    return result

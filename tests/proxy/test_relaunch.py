@@ -1,0 +1,145 @@
+"""Relaunching managed llama.cpp nodes through the admin API, against real llama-server processes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.support.daemon import Daemon, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def victim_model(tmp_path_factory: pytest.TempPathFactory, tiny_gguf: Path) -> Path:
+    """A copy of the tiny model for the `victim` node, which a test may damage."""
+    victim = tmp_path_factory.mktemp("victim") / "victim.gguf"
+    shutil.copyfile(tiny_gguf, victim)
+    return victim
+
+
+@pytest.fixture(scope="module")
+def relaunch_daemon(
+    tmp_path_factory: pytest.TempPathFactory, tiny_gguf: Path, victim_model: Path, llama_server_binary: Path
+) -> Iterator[Daemon]:
+    """Two local nodes on the tiny model: `small`, and `victim` on a file of its own."""
+    victim = victim_model
+    local = [
+        {"id": "small", "gguf": str(tiny_gguf), "model": "small", "slots": 2, "threads": 1},
+        {"id": "victim", "gguf": str(victim), "model": "victim", "slots": 1, "threads": 1},
+    ]
+    env = {"QIIP_LOCAL_NODES": json.dumps(local), "QIIP_ENGINES__LLAMACPP__SERVER_BINARY": str(llama_server_binary)}
+    with Daemon(tmp_path_factory.mktemp("relaunch-daemon"), env=env) as daemon:
+        for node_id in ("small", "victim"):
+            daemon.wait_status(node_id, "healthy", timeout_s=120)
+        yield daemon
+
+
+def relaunch(daemon: Daemon, node_id: str, policy: dict[str, Any]) -> dict[str, Any]:
+    answer = daemon.admin.post(f"/admin/nodes/{node_id}/llamacpp/relaunch", json=policy)
+    assert answer.status_code == 202, answer.text
+    result: dict[str, Any] = {}
+
+    def done() -> bool:
+        result.update(daemon.admin.get(f"/admin/operations/{answer.json()['id']}").json())
+        return bool(result["state"] != "running")
+
+    wait_until(done, 120, "the relaunch")
+    return result
+
+
+def runtime(daemon: Daemon, node_id: str) -> dict[str, Any]:
+    record = daemon.admin.get(f"/admin/nodes/{node_id}").json()["llamacpp_runtime"]
+    assert record is not None
+    return dict(record)
+
+
+def test_local_nodes_carry_a_verified_runtime_record(relaunch_daemon: Daemon) -> None:
+    record = runtime(relaunch_daemon, "small")
+    assert record["requested"]["sizing"] == "custom"
+    effective = record["effective"]
+    assert effective["slots"] == 2 and effective["context_per_slot"] == 2048
+    assert effective["device_mode"] == "cpu"
+    assert record["observed_at"].endswith(("Z", "+00:00"))
+    node = relaunch_daemon.admin.get("/admin/nodes/small").json()
+    assert node["managed"] is True and node["engine"] == "llama_cpp"
+
+
+def test_relaunch_custom_then_auto(relaunch_daemon: Daemon) -> None:
+    done = relaunch(
+        relaunch_daemon,
+        "small",
+        {"sizing": "custom", "fit_target_mib": 512, "context_per_slot": 1024, "slots": 4, "cache_type": "f16"},
+    )
+    assert done["state"] == "succeeded", done
+    effective = runtime(relaunch_daemon, "small")["effective"]
+    assert effective["slots"] == 4 and effective["context_per_slot"] == 1024
+    endpoint = relaunch_daemon.admin.get("/admin/nodes/small").json()["endpoint"]
+    assert httpx.get(endpoint + "/props", timeout=10).json()["total_slots"] == 4
+    relaunch_daemon.wait_status("small", "healthy", timeout_s=30)
+    client = openai.OpenAI(base_url=relaunch_daemon.url + "/v1", api_key="x", max_retries=0)
+    assert client.completions.create(model="small", prompt="hi", max_tokens=2).choices
+
+    done = relaunch(relaunch_daemon, "small", {"sizing": "auto", "fit_target_mib": 512})
+    assert done["state"] == "succeeded", done
+    record = runtime(relaunch_daemon, "small")
+    assert record["requested"] == {"sizing": "auto", "fit_target_mib": 512}
+    assert record["effective"]["context_per_slot"] == 2048
+    relaunch_daemon.wait_status("small", "healthy", timeout_s=30)
+
+
+def test_a_sizing_that_cannot_fit_rolls_back(relaunch_daemon: Daemon) -> None:
+    before = runtime(relaunch_daemon, "small")
+    total_mib = before["gpus"][0]["total_mib"]
+    # Valid by the rules (the reserve is below the device's total), but nothing can fit beside it.
+    hopeless = {"sizing": "auto", "fit_target_mib": int(total_mib) - 1}
+    done = relaunch(relaunch_daemon, "small", hopeless)
+    assert done["state"] == "failed"
+    assert "previous sizing" in str(done["error"]) and "runs again" in str(done["error"])
+    relaunch_daemon.wait_status("small", "healthy", timeout_s=60)
+    assert runtime(relaunch_daemon, "small")["effective"] == before["effective"]
+
+
+def test_when_the_rollback_fails_too_only_removal_is_left(relaunch_daemon: Daemon, victim_model: Path) -> None:
+    victim_model.write_bytes(b"GGUF" + b"\0" * 64)
+    done = relaunch(
+        relaunch_daemon,
+        "victim",
+        {"sizing": "custom", "fit_target_mib": 512, "context_per_slot": 512, "slots": 1, "cache_type": "f16"},
+    )
+    assert done["state"] == "failed" and "so did the rollback" in str(done["error"])
+    relaunch_daemon.wait_status("victim", "relaunch_failed", timeout_s=30)
+    assert relaunch_daemon.admin.get("/admin/nodes/victim").json()["llamacpp_runtime"] is None
+    refused = relaunch_daemon.admin.post("/admin/nodes/victim/llamacpp/relaunch", json={"sizing": "auto"})
+    assert refused.status_code == 409
+    assert relaunch_daemon.admin.post("/admin/nodes/victim/drain", json={}).status_code == 409
+    removal = relaunch_daemon.admin.delete("/admin/nodes/victim")
+    assert removal.status_code == 202
+    relaunch_daemon.wait_gone("victim", timeout_s=30)
+
+
+def test_relaunch_refusals(relaunch_daemon: Daemon) -> None:
+    admin = relaunch_daemon.admin
+    unaligned = admin.post(
+        "/admin/nodes/small/llamacpp/relaunch",
+        json={"sizing": "custom", "fit_target_mib": 512, "context_per_slot": 1000, "slots": 2, "cache_type": "f16"},
+    )
+    assert unaligned.status_code == 422
+    violations = unaligned.json()["error"]["violations"]
+    assert any(v["field"] == "context_per_slot" and "256" in v["message"] for v in violations)
+    too_long = admin.post(
+        "/admin/nodes/small/llamacpp/relaunch",
+        json={"sizing": "custom", "fit_target_mib": 512, "context_per_slot": 8192, "slots": 1, "cache_type": "f16"},
+    )
+    assert too_long.status_code == 422
+    assert "training context" in json.dumps(too_long.json()["error"]["violations"])
+    unknown = admin.post("/admin/nodes/small/llamacpp/relaunch", json={"sizing": "auto", "bogus": 1})
+    assert unknown.status_code == 422
+    assert admin.post("/admin/nodes/ghost/llamacpp/relaunch", json={"sizing": "auto"}).status_code == 404
