@@ -20,7 +20,15 @@ from fastapi.security import HTTPBasic, HTTPBasicCredentials
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from qiip_core import EndpointError, NodeConflict, NodeNotFound, PlanError, QiipError, RegistryUnavailable
+from qiip_core import (
+    AuthError,
+    EndpointError,
+    NodeConflict,
+    NodeNotFound,
+    PlanError,
+    QiipError,
+    RegistryUnavailable,
+)
 from qiip_core.lifecycle import (
     check_can_drain,
     check_can_relaunch,
@@ -104,6 +112,17 @@ class Empty(_Strict):
     """A body with no fields (`{}`)."""
 
 
+class CreateToken(_Strict):
+    """`POST /admin/tokens`: an invoke token for one model alias (or all, with `model` null)."""
+
+    model: str | None = Field(default=None, min_length=1, max_length=512)
+    """The model alias the token may use; null for every model."""
+    ttl_s: float | None = Field(default=None, gt=0)
+    """Seconds until it expires (default `auth.token_default_ttl_s`, at most `auth.token_max_ttl_s`)."""
+    description: str = Field(default="", max_length=200)
+    """Who or what the token is for."""
+
+
 def node_view(state: NodeState) -> dict[str, Any]:
     """A node as the admin API shows it: the registration, effective status and what this gateway sees."""
     node = state.effective_node()
@@ -140,6 +159,9 @@ def _map(exc: QiipError) -> AdminError:
         return AdminError(400, exc.message, "endpoint_not_allowed", "endpoint")
     if isinstance(exc, PlanError):
         return _policy_error(exc)
+    if isinstance(exc, AuthError):
+        kind = "service_unavailable_error" if exc.status >= 500 else "invalid_request_error"
+        return AdminError(exc.status, exc.message, exc.code, type=kind)
     if isinstance(exc, RegistryUnavailable):
         return AdminError(503, exc.message, "registry_unavailable", type="service_unavailable_error")
     return AdminError(500, exc.message, "internal_error", type="server_error")
@@ -280,6 +302,38 @@ async def relaunch_node(request: Request, node_id: str) -> JSONResponse:
 def _policy_error(exc: PlanError) -> AdminError:
     violations = [{"field": v.field, "message": v.message} for v in exc.violations]
     return AdminError(422, exc.message, "invalid_policy", extra={"violations": violations})
+
+
+@router.post("/tokens", status_code=201)
+async def create_token(request: Request, body: CreateToken) -> JSONResponse:
+    """Create an invoke token. The answer carries its secret, shown this once and stored only as a hash."""
+    try:
+        token, secret = await _gateway(request).tokens.create(
+            model=body.model, ttl_s=body.ttl_s, description=body.description
+        )
+    except QiipError as exc:
+        raise _map(exc) from exc
+    return JSONResponse({**token.public(), "secret": secret}, status_code=201)
+
+
+@router.get("/tokens")
+async def list_tokens(request: Request) -> JSONResponse:
+    """Live invoke tokens (not expired, not revoked), without their secrets."""
+    try:
+        tokens = await _gateway(request).tokens.list()
+    except QiipError as exc:
+        raise _map(exc) from exc
+    return JSONResponse({"tokens": [t.public() for t in tokens]})
+
+
+@router.delete("/tokens/{token_id}")
+async def revoke_token(request: Request, token_id: str) -> JSONResponse:
+    """Revoke an invoke token; requests running on it end at once (streams with an in-band error)."""
+    try:
+        token = await _gateway(request).tokens.revoke(token_id)
+    except QiipError as exc:
+        raise _map(exc) from exc
+    return JSONResponse(token.public())
 
 
 @router.get("/operations")

@@ -11,6 +11,8 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
+from qiip_core import AuthError, TokenScopeError
+from qiip_core.auth import InvokeToken, parse_bearer
 from qiip_core.nodes import NodeStatus
 from qiip_proxy._errors import error_response
 from qiip_proxy._relay import serve_inference
@@ -80,17 +82,43 @@ def _model_object(model: str, owned_by: str) -> dict[str, Any]:
     return {"id": model, "object": "model", "created": 0, "owned_by": owned_by}
 
 
+def _token(request: Request) -> InvokeToken | None:
+    """The request's invoke token when tokens are required, else None.
+
+    Raises:
+        AuthError: the token is missing, unknown, expired or revoked.
+    """
+    gateway = _gateway(request)
+    if not gateway.tokens_required:
+        return None
+    return gateway.tokens.authenticate(parse_bearer(request.headers.get("authorization")), model=None)
+
+
 @router.get("/v1/models", tags=["client"])
-async def list_models(request: Request) -> JSONResponse:
-    """The models served by at least one healthy node (OpenAI `GET /v1/models`)."""
+async def list_models(request: Request) -> Response:
+    """The models served by at least one healthy node (OpenAI `GET /v1/models`); with a token bound to one
+    model, only that one."""
+    try:
+        token = _token(request)
+    except AuthError as exc:
+        return error_response(exc)
+    only = token.model if token is not None else None
     served = _gateway(request).table.models()
-    data = [_model_object(model, engine.value) for model, engine in sorted(served.items())]
+    data = [_model_object(model, engine.value) for model, engine in sorted(served.items()) if only in (None, model)]
     return JSONResponse({"object": "list", "data": data})
 
 
 @router.get("/v1/models/{model:path}", tags=["client"])
 async def retrieve_model(request: Request, model: str) -> Response:
     """One model (OpenAI `GET /v1/models/{model}`): 404 when no node serves it, 503 when none is healthy."""
+    try:
+        token = _token(request)
+    except AuthError as exc:
+        return error_response(exc)
+    if token is not None and not token.allows(model):
+        return error_response(
+            TokenScopeError(f"This invoke token may not use the model {model!r}.", token_id=token.id, model=model)
+        )
     table = _gateway(request).table
     served = table.models()
     if model in served:

@@ -13,7 +13,7 @@ from typing import Any
 
 from starlette.responses import Response
 
-from qiip_core import FailoverExhausted, QiipError, RoutingError, UpstreamError
+from qiip_core import AuthError, FailoverExhausted, QiipError, RoutingError, UpstreamError
 
 __all__ = ["SSE_DONE", "ClientError", "describe_error", "error_body", "error_response", "sse_error_event"]
 
@@ -55,6 +55,13 @@ def describe_error(exc: QiipError | ClientError) -> tuple[int, str, str | None, 
     """(status, OpenAI type, code, param, extra headers) for an error: the one mapping table."""
     if isinstance(exc, ClientError):
         return exc.status, exc.type, exc.code, exc.param, exc.headers
+    if isinstance(exc, AuthError):
+        if exc.status == 401:
+            return 401, "authentication_error", exc.code, None, {"WWW-Authenticate": 'Bearer realm="qiip"'}
+        kind = {403: "permission_error"}.get(
+            exc.status, "invalid_request_error" if exc.status < 500 else "server_error"
+        )
+        return exc.status, kind, exc.code, None, {}
     if isinstance(exc, RoutingError):
         if exc.status < 500:
             return exc.status, "invalid_request_error", exc.code, "model", {}

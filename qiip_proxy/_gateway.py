@@ -9,7 +9,9 @@ health probe succeeds.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
+from qiip_core.auth import TokenStore, create_token_store
 from qiip_core.config import Settings
 from qiip_core.discovery import Registry, RegistryEvent, RegistryEventKind, create_registry
 from qiip_core.health import HealthChecker
@@ -42,6 +44,9 @@ class Gateway:
         self.metrics = GatewayMetrics(self.table)
         self.local_nodes = LocalNodes(settings, self.registry)
         self.operations = OperationRunner()
+        self.tokens: TokenStore = create_token_store(settings)
+        # Streams running on each invoke token, ended at once when the token is revoked or expires.
+        self.streams_by_token: dict[str, set[Callable[[], None]]] = {}
 
     async def _node_healthy(self, state: NodeState) -> None:
         await self.registry.node_healthy(state.id)
@@ -71,8 +76,19 @@ class Gateway:
             )
             self.table.apply_delete(event.node_id)
 
+    @property
+    def tokens_required(self) -> bool:
+        """True when clients must present an invoke token (`auth.client_tokens = "required"`)."""
+        return self.settings.auth.client_tokens == "required"
+
+    def _token_revoked(self, token_id: str) -> None:
+        for end in list(self.streams_by_token.pop(token_id, ())):
+            end()
+
     async def startup(self) -> None:
-        """Load the registry into the table, start health checks, launch local nodes (in the background)."""
+        """Load the registry into the table, start health checks and the token store, launch local nodes
+        (in the background)."""
+        await self.tokens.start(self._token_revoked)
         self.health.start()
         await self.registry.start(self._apply)
         self.local_nodes.start()
@@ -84,5 +100,6 @@ class Gateway:
         await self.local_nodes.aclose()
         await self.health.aclose()
         await self.registry.aclose()
+        await self.tokens.aclose()
         await self.forwarder.aclose()
         logger.info("gateway stopped")

@@ -27,7 +27,17 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from qiip_core import FailoverExhausted, ModelNotFound, NoNodes, QiipError, RoutingError, UpstreamError
+from qiip_core import (
+    AuthError,
+    FailoverExhausted,
+    ModelNotFound,
+    NoNodes,
+    QiipError,
+    RoutingError,
+    TokenRevoked,
+    UpstreamError,
+)
+from qiip_core.auth import InvokeToken, parse_bearer
 from qiip_core.nodes import ApiName
 from qiip_core.routing import UpstreamRequest, UpstreamResponse
 from qiip_proxy._errors import SSE_DONE, ClientError, describe_error, error_body, sse_error_event
@@ -116,16 +126,26 @@ async def serve_inference(gateway: Gateway, scope: Scope, receive: Receive, send
     """Serve one inference request (`scope["path"]` is one of `PROXY_PATHS`) completely."""
     started = time.perf_counter()
     request_id = request_id_for(scope)
+    token: InvokeToken | None = None
     try:
+        # The header is checked before the body is read: a request without a token costs nothing more.
+        secret = parse_bearer(_text_header(scope, b"authorization")) if gateway.tokens_required else None
         request = await read_request(
             scope, receive, max_body_bytes=gateway.settings.server.max_body_bytes, request_id=request_id
         )
-    except ClientError as exc:
+        if secret is not None:
+            token = gateway.tokens.authenticate(secret, model=request.model)
+    except (ClientError, AuthError) as exc:
         if exc.code != "client_disconnected":
             await send_error(send, exc, request_id)
         gateway.metrics.account(model="", node="", status=exc.status, duration_s=0.0, error_code=exc.code)
         return
-    await _Relay(gateway, request, request_id, started).run(receive, send)
+    await _Relay(gateway, request, request_id, started, token).run(receive, send)
+
+
+def _text_header(scope: Scope, name: bytes) -> str | None:
+    value = _header(scope, name)
+    return value.decode("latin-1") if value is not None else None
 
 
 async def read_request(
@@ -197,27 +217,61 @@ async def send_error(
 class _Relay:
     """Forwards one parsed request and relays the answer, watching the client connection throughout."""
 
-    __slots__ = ("_disconnected", "gateway", "request", "request_id", "started")
+    __slots__ = ("_disconnected", "_ended", "_task", "gateway", "request", "request_id", "started", "token")
 
-    def __init__(self, gateway: Gateway, request: UpstreamRequest, request_id: str, started: float) -> None:
+    def __init__(
+        self,
+        gateway: Gateway,
+        request: UpstreamRequest,
+        request_id: str,
+        started: float,
+        token: InvokeToken | None = None,
+    ) -> None:
         self.gateway = gateway
         self.request = request
         self.request_id = request_id
         self.started = started
+        self.token = token
         self._disconnected = False
+        self._ended: QiipError | None = None
+        self._task: asyncio.Task[Any] | None = None
+
+    def end_for_revocation(self) -> None:
+        """The request's invoke token was revoked or expired: end the request now (in-band for a stream)."""
+        if self._ended is None and self._task is not None:
+            token_id = self.token.id if self.token is not None else "?"
+            self._ended = TokenRevoked(
+                f"The invoke token {token_id} was revoked or expired; this request was ended.", token_id=token_id
+            )
+            self._task.cancel()
 
     async def run(self, receive: Receive, send: Send) -> None:
         task = asyncio.current_task()
         assert task is not None
+        self._task = task
         watcher = asyncio.create_task(self._watch(receive, task))
+        streams = None
+        if self.token is not None:
+            streams = self.gateway.streams_by_token.setdefault(self.token.id, set())
+            streams.add(self.end_for_revocation)
+            if not self.gateway.tokens.is_valid(self.token.id):
+                self.end_for_revocation()
         try:
             await self._relay(send)
         except asyncio.CancelledError:
-            if not self._disconnected:
+            if not (self._disconnected or self._ended is not None):
                 raise
             task.uncancel()
         finally:
             watcher.cancel()
+            if streams is not None:
+                streams.discard(self.end_for_revocation)
+
+    def _ended_code(self) -> str:
+        return str(getattr(self._ended, "code", "ended"))
+
+    def _ended_status(self) -> int:
+        return int(getattr(self._ended, "status", 500))
 
     async def _watch(self, receive: Receive, task: asyncio.Task[Any]) -> None:
         while True:
@@ -232,14 +286,15 @@ class _Relay:
         try:
             upstream = await gateway.forwarder.open(request)
         except asyncio.CancelledError:
-            if self._disconnected:
-                logger.info("client disconnected while waiting for a node's answer")
+            if self._disconnected or self._ended is not None:
+                if self._ended is not None:
+                    await send_error(send, self._ended, self.request_id)
                 gateway.metrics.account(
                     model=request.model,
                     node="",
-                    status=CLIENT_CLOSED_REQUEST,
+                    status=CLIENT_CLOSED_REQUEST if self._ended is None else self._ended_status(),
                     duration_s=time.perf_counter() - self.started,
-                    error_code="client_disconnected",
+                    error_code="client_disconnected" if self._ended is None else self._ended_code(),
                 )
             raise
         except (RoutingError, UpstreamError) as exc:
@@ -280,10 +335,12 @@ class _Relay:
                 error_code = "client_disconnected"
                 logger.info("client disconnected; closed its request to node %s", upstream.node_id)
             elif upstream.sse:
-                # The daemon is stopping and its grace period is over: end the stream honestly.
-                error_code = "gateway_shutdown"
+                # The token was revoked, or the daemon is stopping after its grace period: end the stream
+                # honestly, with one error event.
+                event = sse_error_event(self._ended) if self._ended is not None else _SHUTDOWN_EVENT
+                error_code = self._ended_code() if self._ended is not None else "gateway_shutdown"
                 with contextlib.suppress(Exception):
-                    await send({"type": "http.response.body", "body": _SHUTDOWN_EVENT, "more_body": True})
+                    await send({"type": "http.response.body", "body": event, "more_body": True})
                     await send({"type": "http.response.body", "body": SSE_DONE})
             raise
         finally:

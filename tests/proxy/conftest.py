@@ -17,9 +17,9 @@ def llama_daemon(
 ) -> Iterator[Daemon]:
     """A daemon serving the tiny model as two local llama.cpp nodes (chat) plus one embeddings node."""
     local = [
-        {"id": "chat-a", "gguf": str(tiny_gguf), "model": "tiny-chat", "slots": 2},
-        {"id": "chat-b", "gguf": str(tiny_gguf), "model": "tiny-chat", "slots": 2},
-        {"id": "embed", "gguf": str(tiny_gguf), "model": "tiny-embed", "slots": 1, "embeddings": True},
+        {"id": "chat-a", "gguf": str(tiny_gguf), "model": "tiny-chat", "slots": 2, "threads": 1},
+        {"id": "chat-b", "gguf": str(tiny_gguf), "model": "tiny-chat", "slots": 2, "threads": 1},
+        {"id": "embed", "gguf": str(tiny_gguf), "model": "tiny-embed", "slots": 1, "embeddings": True, "threads": 1},
     ]
     env = {"QIIP_LOCAL_NODES": json.dumps(local), "QIIP_ENGINES__LLAMACPP__SERVER_BINARY": str(llama_server_binary)}
     with Daemon(tmp_path_factory.mktemp("llama-daemon"), env=env) as daemon:

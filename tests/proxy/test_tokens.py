@@ -1,0 +1,130 @@
+"""Invoke tokens on the client API: required, scoped, expiring, and revocation ending a live stream."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from qiip_core.engines.llamacpp import make_test_gguf
+from tests.support.daemon import Daemon
+from tests.support.fault_backend import FaultBackend
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def token_daemon(tmp_path_factory: pytest.TempPathFactory, llama_server_binary: Path) -> Iterator[Daemon]:
+    """Tokens required; a real llama-server on a model slow enough to revoke a token mid-stream, and a
+    second model on a fault backend."""
+    slowish = make_test_gguf(
+        tmp_path_factory.mktemp("slowish") / "slowish.gguf",
+        n_layers=4,
+        n_embd=512,
+        n_head=8,
+        n_vocab=1000,
+        n_ctx_train=4096,
+    )[0]
+    local = [{"id": "llama", "gguf": str(slowish), "model": "llama", "slots": 2, "threads": 1}]
+    env = {
+        "QIIP_AUTH__CLIENT_TOKENS": "required",
+        "QIIP_LOCAL_NODES": json.dumps(local),
+        "QIIP_ENGINES__LLAMACPP__SERVER_BINARY": str(llama_server_binary),
+    }
+    with FaultBackend(model="other") as other, Daemon(tmp_path_factory.mktemp("token-daemon"), env=env) as daemon:
+        daemon.wait_status("llama", "healthy", timeout_s=120)
+        daemon.add_node("other-node", other.url, "other")
+        yield daemon
+
+
+def new_token(daemon: Daemon, **body: Any) -> dict[str, Any]:
+    answer = daemon.admin.post("/admin/tokens", json=body)
+    assert answer.status_code == 201, answer.text
+    token: dict[str, Any] = answer.json()
+    return token
+
+
+def chat(daemon: Daemon, model: str, secret: str | None, **extra: Any) -> httpx.Response:
+    headers = {"authorization": f"Bearer {secret}"} if secret else {}
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **extra}
+    return httpx.post(daemon.url + "/v1/chat/completions", json=body, headers=headers, timeout=60)
+
+
+def test_requests_without_a_valid_token_are_refused(token_daemon: Daemon) -> None:
+    for secret in (None, "qiip_" + "x" * 43, "not-a-token"):
+        answer = chat(token_daemon, "llama", secret)
+        assert answer.status_code == 401 and answer.headers["www-authenticate"].startswith("Bearer")
+        assert answer.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(token_daemon.url + "/v1/models", timeout=30).status_code == 401
+    assert httpx.get(token_daemon.url + "/health", timeout=30).status_code == 200
+
+
+def test_scoped_and_unscoped_tokens(token_daemon: Daemon) -> None:
+    scoped = new_token(token_daemon, model="llama", description="ci")
+    assert scoped["secret"].startswith("qiip_") and scoped["model"] == "llama"
+    assert chat(token_daemon, "llama", scoped["secret"]).status_code == 200
+    wrong = chat(token_daemon, "other", scoped["secret"])
+    assert wrong.status_code == 403 and wrong.json()["error"]["code"] == "model_not_allowed"
+    client = openai.OpenAI(base_url=token_daemon.url + "/v1", api_key=scoped["secret"], max_retries=0)
+    assert [m.id for m in client.models.list()] == ["llama"]
+    everything = new_token(token_daemon)
+    assert chat(token_daemon, "other", everything["secret"]).status_code == 200
+    listed = token_daemon.admin.get("/admin/tokens").json()["tokens"]
+    assert {t["id"] for t in listed} >= {scoped["id"], everything["id"]}
+    assert all("secret" not in t and "secret_hash" not in t for t in listed)
+    assert scoped["secret"] not in (token_daemon.state_dir / "tokens.json").read_text()
+
+
+def test_tokens_expire(token_daemon: Daemon) -> None:
+    short = new_token(token_daemon, ttl_s=1.0)
+    assert chat(token_daemon, "other", short["secret"]).status_code == 200
+    time.sleep(1.5)
+    expired = chat(token_daemon, "other", short["secret"])
+    assert expired.status_code == 401 and expired.json()["error"]["code"] in ("token_expired", "token_revoked")
+
+
+def test_token_limits_and_admin_boundary(token_daemon: Daemon) -> None:
+    too_long = token_daemon.admin.post("/admin/tokens", json={"ttl_s": 10**9})
+    assert too_long.status_code == 400 and "token_max_ttl_s" in too_long.json()["error"]["message"]
+    token = new_token(token_daemon)
+    with_bearer = httpx.get(
+        token_daemon.url + "/admin/nodes", headers={"authorization": f"Bearer {token['secret']}"}, timeout=30
+    )
+    assert with_bearer.status_code == 401
+    assert token_daemon.admin.delete("/admin/tokens/tok_0000000000000000").status_code == 404
+
+
+def test_revoking_a_token_ends_its_live_stream(token_daemon: Daemon) -> None:
+    token = new_token(token_daemon, model="llama")
+    received: list[bytes] = []
+    first_event = threading.Event()
+
+    def stream() -> None:
+        body = {"model": "llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3000, "stream": True}
+        headers = {"authorization": f"Bearer {token['secret']}"}
+        with httpx.stream(
+            "POST", token_daemon.url + "/v1/chat/completions", json=body, headers=headers, timeout=60
+        ) as r:
+            for chunk in r.iter_raw():
+                received.append(chunk)
+                first_event.set()
+
+    thread = threading.Thread(target=stream)
+    thread.start()
+    assert first_event.wait(60)
+    revoked = token_daemon.admin.delete(f"/admin/tokens/{token['id']}")
+    assert revoked.status_code == 200 and revoked.json()["revoked_at"]
+    thread.join(60)
+    text = b"".join(received).decode()
+    events = [e for e in text.split("\n\n") if e]
+    assert events[-1] == "data: [DONE]"
+    error = json.loads(events[-2].removeprefix("data: "))["error"]
+    assert error["code"] == "token_revoked"
+    assert chat(token_daemon, "llama", token["secret"]).status_code == 401
