@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from qiip_core import (
     AuthError,
+    ConfigError,
     EndpointError,
     NodeConflict,
     NodeNotFound,
@@ -159,6 +160,8 @@ def _map(exc: QiipError) -> AdminError:
         return AdminError(400, exc.message, "endpoint_not_allowed", "endpoint")
     if isinstance(exc, PlanError):
         return _policy_error(exc)
+    if isinstance(exc, ConfigError):
+        return AdminError(409, exc.message, "profile_invalid")
     if isinstance(exc, AuthError):
         kind = "service_unavailable_error" if exc.status >= 500 else "invalid_request_error"
         return AdminError(exc.status, exc.message, exc.code, type=kind)
@@ -206,7 +209,7 @@ async def drain_node(request: Request, node_id: str, body: DrainRequest) -> JSON
         operation = gateway.operations.start(
             "drain",
             node_id,
-            lambda op: drain(gateway.table, gateway.registry, node_id, timeout_s=timeout_s, log=op.log),
+            lambda op: drain(gateway.table, gateway.fleet, node_id, timeout_s=timeout_s, log=op.log),
         )
     except QiipError as exc:
         raise _map(exc) from exc
@@ -220,7 +223,7 @@ async def undrain_node(request: Request, node_id: str, body: Empty) -> JSONRespo
     state = _node_or_404(gateway, node_id)
     try:
         check_can_undrain(gateway.table, node_id)
-        await gateway.registry.set_lifecycle(node_id, None)
+        await gateway.fleet.set_lifecycle(node_id, None)
     except QiipError as exc:
         raise _map(exc) from exc
     return JSONResponse(node_view(state))
@@ -245,7 +248,7 @@ async def delete_node(
             "remove",
             node_id,
             lambda op: remove(
-                gateway.table, gateway.registry, node_id, force=force, timeout_s=timeout_s, log=op.log, server=server
+                gateway.table, gateway.fleet, node_id, force=force, timeout_s=timeout_s, log=op.log, server=server
             ),
         )
     except QiipError as exc:
@@ -285,7 +288,7 @@ async def relaunch_node(request: Request, node_id: str) -> JSONResponse:
             node_id,
             lambda op: relaunch(
                 gateway.table,
-                gateway.registry,
+                gateway.fleet,
                 server,
                 node.model_copy(update={"status": NodeStatus.UNKNOWN}),
                 policy,
@@ -302,6 +305,41 @@ async def relaunch_node(request: Request, node_id: str) -> JSONResponse:
 def _policy_error(exc: PlanError) -> AdminError:
     violations = [{"field": v.field, "message": v.message} for v in exc.violations]
     return AdminError(422, exc.message, "invalid_policy", extra={"violations": violations})
+
+
+@router.get("/attached")
+async def list_attached(request: Request) -> JSONResponse:
+    """The approved attached profiles (never their tokens), and whether each is attached now."""
+    gateway = _gateway(request)
+    profiles = [
+        {
+            "name": p.name,
+            "url": p.url,
+            "model": p.model,
+            "capabilities": p.capabilities.model_dump(mode="json"),
+            "concurrency": p.concurrency,
+            "deadline_s": p.deadline_s,
+            "has_token": p.token_file is not None,
+            "attached": p.name in gateway.table,
+        }
+        for p in gateway.profiles.values()
+    ]
+    return JSONResponse({"attached": profiles})
+
+
+@router.post("/attached/{name}", status_code=201)
+async def attach(request: Request, name: str, body: Empty) -> JSONResponse:
+    """Attach an approved profile as a node (404 for a name not in `[[attached]]`, 409 when attached)."""
+    gateway = _gateway(request)
+    if name not in gateway.profiles:
+        raise AdminError(404, f"No attached profile is named {name!r}.", "profile_not_found", "name")
+    if name in gateway.table:
+        raise AdminError(409, f"The profile {name!r} is attached already.", "conflict")
+    try:
+        node = gateway.attach(name)
+    except QiipError as exc:
+        raise _map(exc) from exc
+    return JSONResponse(node.model_dump(mode="json"), status_code=201)
 
 
 @router.post("/tokens", status_code=201)

@@ -11,11 +11,20 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from qiip_core import NodeNotFound
 from qiip_core.auth import TokenStore, create_token_store
 from qiip_core.config import Settings
-from qiip_core.discovery import Registry, RegistryEvent, RegistryEventKind, create_registry
+from qiip_core.discovery import (
+    Registry,
+    RegistryEvent,
+    RegistryEventKind,
+    attached_node,
+    create_registry,
+    read_token_file,
+)
 from qiip_core.health import HealthChecker
 from qiip_core.lifecycle import OperationRunner
+from qiip_core.nodes import Node, NodeStatus
 from qiip_core.routing import Forwarder, NodeState, RoutingTable
 from qiip_proxy._local_nodes import LocalNodes
 from qiip_proxy._metrics import GatewayMetrics
@@ -32,21 +41,55 @@ class Gateway:
         settings: the validated settings.
 
     Raises:
-        ConfigError: a configured node is invalid (from the registry's constructor).
+        ConfigError: a configured node is invalid, or an attached profile's token file is not private.
     """
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.table = RoutingTable(breaker_threshold=settings.breaker.failure_threshold)
         self.registry: Registry = create_registry(settings)
-        self.forwarder = Forwarder(self.table, settings.upstream, max_attempts=settings.routing.max_attempts)
-        self.health = HealthChecker(self.table, settings.health, on_healthy=self._node_healthy)
+        self.profiles = {profile.name: profile for profile in settings.attached}
+        # Bearer tokens of attached servers: sent to them only, never shown.
+        self._attached_tokens = {
+            p.name: read_token_file(p.token_file, profile=p.name) for p in settings.attached if p.token_file
+        }
+        self.forwarder = Forwarder(
+            self.table,
+            settings.upstream,
+            max_attempts=settings.routing.max_attempts,
+            headers_for=self._headers_for,
+        )
+        self.health = HealthChecker(
+            self.table, settings.health, on_healthy=self._node_healthy, headers_for=self._headers_for
+        )
+        self.fleet = _Fleet(self)
         self.metrics = GatewayMetrics(self.table)
         self.local_nodes = LocalNodes(settings, self.registry)
         self.operations = OperationRunner()
         self.tokens: TokenStore = create_token_store(settings)
         # Streams running on each invoke token, ended at once when the token is revoked or expires.
         self.streams_by_token: dict[str, set[Callable[[], None]]] = {}
+
+    def _headers_for(self, node_id: str) -> dict[str, str]:
+        token = self._attached_tokens.get(node_id)
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    def attach(self, name: str) -> Node:
+        """Attach the approved profile `name` as a node (re-reading its token file).
+
+        Raises:
+            NodeNotFound: no profile has this name.
+            ConfigError: its token file is not a private regular file.
+        """
+        profile = self.profiles.get(name)
+        if profile is None:
+            raise NodeNotFound(name)
+        if profile.token_file is not None:
+            self._attached_tokens[name] = read_token_file(profile.token_file, profile=name)
+        node = attached_node(profile)
+        logger.info("attached %s: %s serving %r", name, node.endpoint, node.model)
+        self.table.apply_put(node, source="attached")
+        return node
 
     async def _node_healthy(self, state: NodeState) -> None:
         await self.registry.node_healthy(state.id)
@@ -90,6 +133,9 @@ class Gateway:
         (in the background)."""
         await self.tokens.start(self._token_revoked)
         self.health.start()
+        for profile in self.settings.attached:
+            if profile.attach_on_start:
+                self.attach(profile.name)
         await self.registry.start(self._apply)
         self.local_nodes.start()
         logger.info("gateway started: %d node(s) registered, registry %s", len(self.table), self.registry.backend)
@@ -103,3 +149,31 @@ class Gateway:
         await self.tokens.aclose()
         await self.forwarder.aclose()
         logger.info("gateway stopped")
+
+
+class _Fleet:
+    """Lifecycle changes for every node: through the registry, or in the routing table for attached servers
+    (which live in this daemon's config, not in the registry)."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    def _attached(self, node_id: str) -> bool:
+        state = self.gateway.table.get(node_id)
+        return state is not None and state.source == "attached"
+
+    async def set_lifecycle(self, node_id: str, status: NodeStatus | None) -> None:
+        if self._attached(node_id):
+            self.gateway.table.set_lifecycle(node_id, status)
+        else:
+            await self.gateway.registry.set_lifecycle(node_id, status)
+
+    async def register(self, node: Node, *, ephemeral: bool = False) -> Node:
+        return await self.gateway.registry.register(node, ephemeral=ephemeral)
+
+    async def deregister(self, node_id: str) -> None:
+        if self._attached(node_id):
+            self.gateway.table.apply_delete(node_id)
+            logger.info("detached %s", node_id)
+        else:
+            await self.gateway.registry.deregister(node_id)

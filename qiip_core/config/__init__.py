@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from qiip_core.config._settings import (
     AdminSettings,
+    AttachedProfile,
     AuthSettings,
     BreakerSettings,
     EtcdSettings,
@@ -24,6 +25,7 @@ from qiip_core.config._settings import (
 
 __all__ = [
     "AdminSettings",
+    "AttachedProfile",
     "AuthSettings",
     "BreakerSettings",
     "EtcdSettings",

@@ -39,6 +39,7 @@ from qiip_core.nodes import (
 
 __all__ = [
     "AdminSettings",
+    "AttachedProfile",
     "AuthSettings",
     "BreakerSettings",
     "EtcdSettings",
@@ -377,6 +378,51 @@ class NodeConfig(_Group):
     """What the node serves."""
 
 
+class AttachedProfile(_Group):
+    """An administrator-approved OpenAI-compatible server that may be attached as a node (`[[attached]]`).
+
+    HTTPS with normal certificate checks; plain HTTP only to a numeric loopback address. Redirects are never
+    followed and proxy environment variables never apply.
+    """
+
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
+    """The node id it is attached as."""
+    url: str
+    """`https://host[:port]` (or `http://127.0.0.1:port` / `http://[::1]:port`), without a path."""
+    model: str = Field(min_length=1, max_length=512)
+    """The model clients ask for; the server must list it in its `/v1/models`."""
+    capabilities: NodeCapabilities = Field(default_factory=NodeCapabilities)
+    """The APIs it serves (`endpoints`)."""
+    concurrency: int = Field(default=8, ge=1, le=10_000)
+    """At most this many requests in flight to it."""
+    deadline_s: PositiveSeconds = 300.0
+    """Longest a request to it may take, start to end."""
+    token_file: Path | None = None
+    """A file holding the bearer token the server expects; must be a regular file only its owner can read.
+    Its content is never shown."""
+    attach_on_start: bool = True
+    """Attach it when the daemon starts (otherwise `POST /admin/attached/{name}` does)."""
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("the url must be https://host[:port]")
+        if parts.path not in ("", "/") or parts.query or parts.fragment or "@" in parts.netloc:
+            raise ValueError("the url takes no path, query, fragment or credentials: https://host[:port]")
+        if parts.scheme == "http":
+            try:
+                loopback = ipaddress.ip_address(parts.hostname).is_loopback
+            except ValueError:
+                loopback = False
+            if not loopback:
+                raise ValueError("plain http is allowed only to a numeric loopback address; use https")
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+        return f"{parts.scheme}://{host}:{port}"
+
+
 class LocalNodeConfig(_Group):
     """A llama.cpp node the daemon launches and supervises on its own host (`[[local_nodes]]`)."""
 
@@ -433,6 +479,8 @@ class Settings(BaseSettings):
     """Nodes declared in the config file."""
     local_nodes: list[LocalNodeConfig] = Field(default_factory=list)
     """llama.cpp nodes this daemon launches itself."""
+    attached: list[AttachedProfile] = Field(default_factory=list)
+    """Approved existing OpenAI-compatible servers that may be attached as nodes."""
 
     @field_validator("state_dir", mode="before")
     @classmethod
@@ -462,9 +510,9 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _unique_ids(self) -> Settings:
         seen: set[str] = set()
-        for node_id in [n.id for n in self.nodes] + [n.id for n in self.local_nodes]:
+        for node_id in [n.id for n in self.nodes] + [n.id for n in self.local_nodes] + [a.name for a in self.attached]:
             if node_id in seen:
-                raise ValueError(f"node id {node_id!r} is declared twice in nodes/local_nodes")
+                raise ValueError(f"node id {node_id!r} is declared twice in nodes/local_nodes/attached")
             seen.add(node_id)
         return self
 

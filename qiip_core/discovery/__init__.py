@@ -11,6 +11,7 @@ from qiip_core.discovery._admin import (
     registry_status,
     remove_registration,
 )
+from qiip_core.discovery._attached import MAX_TOKEN_FILE_BYTES, attached_node, read_token_file
 from qiip_core.discovery._base import (
     RegisteredNode,
     Registry,
@@ -31,6 +32,7 @@ from qiip_core.discovery._factory import create_registry
 from qiip_core.discovery._statefile import STATE_FILE_NAME, StateFile, atomic_write
 
 __all__ = [
+    "MAX_TOKEN_FILE_BYTES",
     "STATE_FILE_NAME",
     "EmbeddedRegistry",
     "EtcdClient",
@@ -45,12 +47,14 @@ __all__ = [
     "add_registration",
     "add_to_state_file",
     "atomic_write",
+    "attached_node",
     "config_nodes",
     "create_registry",
     "decode_node",
     "encode_node",
     "list_all_registrations",
     "list_registrations",
+    "read_token_file",
     "registry_status",
     "remove_from_state_file",
     "remove_registration",

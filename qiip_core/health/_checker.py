@@ -19,14 +19,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from enum import StrEnum
 
 import aiohttp
 
 from qiip_core.config import HealthSettings
-from qiip_core.nodes import NodeStatus
+from qiip_core.nodes import Engine, NodeStatus
 from qiip_core.routing import BreakerState, ChangeKind, NodeState, RoutingTable, TableChange
 
 __all__ = ["HealthChecker", "ProbeOutcome", "apply_probe", "classify_health"]
@@ -113,6 +113,7 @@ class HealthChecker:
         session: the aiohttp session for probes (a dedicated one by default, with its own small pool so
             probes never wait behind client traffic; closed by `aclose()`).
         on_healthy: awaited after each successful probe of a healthy node (etcd lease refresh).
+        headers_for: extra request headers for a node (an attached server's bearer token).
     """
 
     def __init__(
@@ -122,12 +123,14 @@ class HealthChecker:
         *,
         session: aiohttp.ClientSession | None = None,
         on_healthy: Callable[[NodeState], Awaitable[None]] | None = None,
+        headers_for: Callable[[str], Mapping[str, str]] | None = None,
     ) -> None:
         self.table = table
         self.settings = settings
         self._owns_session = session is None
         self._session = session
         self._on_healthy = on_healthy
+        self._headers_for = headers_for or (lambda node_id: {})
         self._semaphore = asyncio.Semaphore(settings.concurrency)
         self._probing: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -206,6 +209,8 @@ class HealthChecker:
             self._probing.discard(node_id)
 
     async def _health(self, state: NodeState) -> tuple[ProbeOutcome, str | None]:
+        if state.node.engine is Engine.ATTACHED:
+            return await self._models_listed(state)
         try:
             async with self.session.get(state.node.endpoint + "/health", allow_redirects=False) as response:
                 status, body = response.status, await response.read()
@@ -213,6 +218,27 @@ class HealthChecker:
             return ProbeOutcome.FAILED, _describe("GET /health", exc)
         outcome = classify_health(status, body)
         return outcome, None if outcome is not ProbeOutcome.FAILED else f"GET /health answered {status}"
+
+    async def _models_listed(self, state: NodeState) -> tuple[ProbeOutcome, str | None]:
+        """An attached server is healthy when its `/v1/models` lists the configured model (it may have no
+        `/health`)."""
+        headers = self._headers_for(state.id)
+        try:
+            async with self.session.get(
+                state.node.endpoint + "/v1/models", headers=headers, allow_redirects=False
+            ) as response:
+                status, body = response.status, await response.read()
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            return ProbeOutcome.FAILED, _describe("GET /v1/models", exc)
+        if status != 200:
+            return ProbeOutcome.FAILED, f"GET /v1/models answered {status}"
+        try:
+            listed = {item.get("id") for item in json.loads(body).get("data", []) if isinstance(item, dict)}
+        except (ValueError, AttributeError, TypeError):
+            return ProbeOutcome.FAILED, "GET /v1/models answered something that is not a model list"
+        if state.node.model not in listed:
+            return ProbeOutcome.FAILED, f"GET /v1/models does not list the model {state.node.model!r}"
+        return ProbeOutcome.OK, None
 
     async def _recover(self, state: NodeState) -> None:
         if not state.breaker.try_half_open():
@@ -231,7 +257,11 @@ class HealthChecker:
         try:
             timeout = aiohttp.ClientTimeout(total=self.settings.recovery_timeout_s)
             async with self.session.post(
-                node.endpoint + path, json=body, timeout=timeout, allow_redirects=False
+                node.endpoint + path,
+                json=body,
+                timeout=timeout,
+                allow_redirects=False,
+                headers=self._headers_for(node.id),
             ) as response:
                 await response.read()
                 ok = response.status == 200

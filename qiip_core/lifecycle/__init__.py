@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from qiip_core.lifecycle._operations import (
+    Fleet,
     Operation,
     OperationLog,
     OperationRunner,
@@ -17,6 +18,7 @@ from qiip_core.lifecycle._operations import (
 )
 
 __all__ = [
+    "Fleet",
     "Operation",
     "OperationLog",
     "OperationRunner",

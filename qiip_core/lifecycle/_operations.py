@@ -28,16 +28,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 from qiip_core._errors import NodeConflict, NodeNotFound, QiipError, RelaunchError
-from qiip_core.discovery import Registry
 from qiip_core.engines.llamacpp import ManagedLlamaServer
 from qiip_core.nodes import Engine, Node, NodeStatus
 from qiip_core.planner import AutoPolicy, CustomPolicy
 from qiip_core.routing import RoutingTable
 
 __all__ = [
+    "Fleet",
     "Operation",
     "OperationLog",
     "OperationRunner",
@@ -52,6 +52,21 @@ __all__ = [
 ]
 
 logger = logging.getLogger("qiip.lifecycle")
+
+
+class Fleet(Protocol):
+    """Where lifecycle changes are recorded: a `Registry`, or the daemon's view that also covers nodes kept
+    outside the registry (attached endpoints)."""
+
+    async def set_lifecycle(self, node_id: str, status: NodeStatus | None) -> None:
+        """Put the node into a lifecycle status, or take it out (None)."""
+
+    async def register(self, node: Node, *, ephemeral: bool = False) -> Node:
+        """Add or replace a registration."""
+
+    async def deregister(self, node_id: str) -> None:
+        """Remove a registration."""
+
 
 _BUSY = frozenset({NodeStatus.RELAUNCHING, NodeStatus.PROVISIONING})
 
@@ -249,7 +264,7 @@ async def _wait_idle(table: RoutingTable, node_id: str, timeout_s: float) -> int
 
 
 async def drain(
-    table: RoutingTable, registry: Registry, node_id: str, *, timeout_s: float, log: OperationLog
+    table: RoutingTable, registry: Fleet, node_id: str, *, timeout_s: float, log: OperationLog
 ) -> dict[str, Any]:
     """Stop sending the node new requests and wait for those in flight, up to `timeout_s`.
 
@@ -269,7 +284,7 @@ async def drain(
 
 async def remove(
     table: RoutingTable,
-    registry: Registry,
+    registry: Fleet,
     node_id: str,
     *,
     force: bool,
@@ -296,7 +311,7 @@ async def remove(
 
 async def relaunch(
     table: RoutingTable,
-    registry: Registry,
+    registry: Fleet,
     server: ManagedLlamaServer,
     node: Node,
     policy: AutoPolicy | CustomPolicy,

@@ -81,6 +81,8 @@ class NodeCapabilities(BaseModel):
         endpoints: which OpenAI APIs the node serves; requests for another API never go to it, and the
             health checker's recovery probe uses the first of `completions`, `chat`, `embeddings` it lists.
         concurrency: at most this many requests in flight to the node (None: no cap).
+        deadline_s: the longest a request to the node may take, start to end, in seconds (None: no limit
+            beyond the gateway's timeouts).
     """
 
     model_config = ConfigDict(extra="ignore", frozen=True)
@@ -89,6 +91,7 @@ class NodeCapabilities(BaseModel):
     gpu_memory: str = ""
     endpoints: tuple[ApiName, ...] = ("chat", "completions", "embeddings")
     concurrency: int | None = Field(default=None, ge=1)
+    deadline_s: float | None = Field(default=None, gt=0)
 
 
 class LlamaCppRuntime(BaseModel):

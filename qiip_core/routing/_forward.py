@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -237,6 +237,7 @@ class UpstreamResponse:
     _framer: EventFramer | None = None
     _decoder: zlib._Decompress | None = None
     _idle_timeout_s: float = 60.0
+    _deadline: float | None = None
 
     @property
     def node_id(self) -> str:
@@ -254,14 +255,22 @@ class UpstreamResponse:
         if self.complete or response is None:
             return b""
         while True:
+            wait_s = self._idle_timeout_s
+            if self._deadline is not None:
+                left = self._deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    raise UpstreamTimeout("the node's request deadline passed.", node_id=self.node_id)
+                wait_s = min(wait_s, left)
             try:
-                async with asyncio.timeout(self._idle_timeout_s):
+                async with asyncio.timeout(wait_s):
                     chunk = await response.content.readany()
                 if self._decoder is not None:
                     chunk = self._decoder.decompress(chunk) if chunk else self._decoder.flush()
             except TimeoutError as exc:
                 if isinstance(exc, aiohttp.ClientError):
                     raise map_transport_error(exc, self.node_id) from exc
+                if self._deadline is not None and asyncio.get_running_loop().time() >= self._deadline:
+                    raise UpstreamTimeout("the node's request deadline passed.", node_id=self.node_id) from None
                 raise UpstreamTimeout(
                     f"the node sent nothing for {self._idle_timeout_s:g} s.", node_id=self.node_id
                 ) from None
@@ -303,6 +312,7 @@ class Forwarder:
         settings: timeouts and buffer sizes.
         max_attempts: nodes tried per request, the first included.
         client: the upstream client; by default one from `settings`, closed by `aclose()`.
+        headers_for: extra request headers for a node (an attached server's bearer token).
     """
 
     def __init__(
@@ -312,10 +322,12 @@ class Forwarder:
         *,
         max_attempts: int = 3,
         client: UpstreamClient | None = None,
+        headers_for: Callable[[str], Mapping[str, str]] | None = None,
     ) -> None:
         self.table = table
         self.settings = settings
         self.max_attempts = max_attempts
+        self._headers_for = headers_for
         self._owns_client = client is None
         self.client = client or UpstreamClient(settings)
 
@@ -382,27 +394,39 @@ class Forwarder:
                 self.table.record_failure(failure.node_id, failure.message)
 
     async def _attempt(self, reservation: Reservation, request: UpstreamRequest) -> UpstreamResponse:
-        node_id = reservation.state.id
-        url = reservation.state.node.endpoint + request.path
+        node = reservation.state.node
+        node_id = node.id
+        url = node.endpoint + request.path
+        ttfb_s = self.settings.ttfb_timeout_s
+        node_deadline_s = node.capabilities.deadline_s
+        if node_deadline_s is not None:
+            ttfb_s = min(ttfb_s, node_deadline_s)
+        headers = request.headers
+        if self._headers_for is not None and (extra := self._headers_for(node_id)):
+            headers = [*headers, *extra.items()]
+        started = asyncio.get_running_loop().time()
         try:
-            async with asyncio.timeout(self.settings.ttfb_timeout_s) as deadline:
-                response = await self._send(url, request, node_id)
+            async with asyncio.timeout(ttfb_s) as deadline:
+                response = await self._send(url, request.body, headers, node_id)
                 try:
-                    return await self._first_bytes(reservation, response)
+                    result = await self._first_bytes(reservation, response)
                 except BaseException:
                     response.close()
                     raise
         except TRANSPORT_ERRORS as exc:
             if isinstance(exc, TimeoutError) and deadline.expired():
-                raise UpstreamTimeout(
-                    f"the node sent no first byte within {self.settings.ttfb_timeout_s:g} s.", node_id=node_id
-                ) from None
+                raise UpstreamTimeout(f"the node sent no first byte within {ttfb_s:g} s.", node_id=node_id) from None
             raise map_transport_error(exc, node_id) from exc
+        if node_deadline_s is not None:
+            result._deadline = started + node_deadline_s
+        return result
 
-    async def _send(self, url: str, request: UpstreamRequest, node_id: str) -> aiohttp.ClientResponse:
+    async def _send(
+        self, url: str, body: bytes, headers: Sequence[tuple[str, str]], node_id: str
+    ) -> aiohttp.ClientResponse:
         for retry in (True, False):
             try:
-                return await self.client.post(url, request.body, request.headers)
+                return await self.client.post(url, body, headers)
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
                 # A pooled keep-alive connection the node closed (or reset) just before we used it fails like
                 # this, before any response byte; one fresh try on the same node is not a node failure. A

@@ -29,6 +29,11 @@ ROUTES = [
     ("GET", "/admin/operations/op_1"),
     ("GET", "/admin/metrics"),
     ("GET", "/admin/events"),
+    ("GET", "/admin/tokens"),
+    ("POST", "/admin/tokens"),
+    ("DELETE", "/admin/tokens/tok_1"),
+    ("GET", "/admin/attached"),
+    ("POST", "/admin/attached/x"),
 ]
 
 

@@ -1,0 +1,178 @@
+"""Attached endpoints: approved existing OpenAI-compatible servers, with a private token file."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from qiip_core.engines.llamacpp import LaunchSpec, LlamaServerProcess, free_port
+from tests.support.daemon import Daemon, wait_until
+from tests.support.fault_backend import FaultBackend, Hang, Status
+
+pytestmark = pytest.mark.integration
+
+SECRET = "attached-node-secret-123"
+
+
+@pytest.fixture(scope="module")
+def keyed_llama(tmp_path_factory: pytest.TempPathFactory, tiny_gguf: Path, llama_server_binary: Path) -> Iterator[str]:
+    """A second real llama-server that requires `Authorization: Bearer <SECRET>`; yields its URL."""
+    spec = LaunchSpec(
+        model=tiny_gguf,
+        alias="keyed",
+        port=free_port(),
+        ctx_size=2048,
+        slots=2,
+        threads=1,
+        gpu_layers=0,
+        extra_args=("--api-key", SECRET),
+    )
+    log = tmp_path_factory.mktemp("keyed") / "llama.log"
+    process = LlamaServerProcess(llama_server_binary, spec, log)
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(process.start())
+    try:
+        # /health is open on llama-server even with an API key.
+        loop.run_until_complete(process.wait_ready(60))
+        yield process.endpoint
+    finally:
+        loop.run_until_complete(process.stop())
+        loop.close()
+
+
+def token_file(directory: Path, mode: int = 0o600) -> Path:
+    path = directory / "token"
+    path.write_text(SECRET + "\n")
+    path.chmod(mode)
+    return path
+
+
+def write_config(directory: Path, profiles: str) -> Path:
+    config = directory / "qiip.toml"
+    config.write_text(profiles)
+    return config
+
+
+@pytest.fixture(scope="module")
+def attached_daemon(
+    tmp_path_factory: pytest.TempPathFactory, keyed_llama: str
+) -> Iterator[tuple[Daemon, FaultBackend]]:
+    directory = tmp_path_factory.mktemp("attached")
+    fault = FaultBackend(model="fault-model")
+    config = write_config(
+        directory,
+        f"""
+[[attached]]
+name = "keyed"
+url = "{keyed_llama}"
+model = "keyed"
+concurrency = 1
+token_file = "{token_file(directory)}"
+
+[[attached]]
+name = "redirecting"
+url = "{fault.url}"
+model = "fault-model"
+concurrency = 1
+
+[[attached]]
+name = "lying"
+url = "{fault.url}"
+model = "not-listed"
+attach_on_start = false
+""",
+    )
+    with fault, Daemon(directory / "state", config=config) as daemon:
+        daemon.wait_status("keyed", "healthy", timeout_s=30)
+        daemon.wait_status("redirecting", "healthy", timeout_s=30)
+        yield daemon, fault
+
+
+def test_requests_reach_the_attached_server_with_its_token(attached_daemon: tuple[Daemon, FaultBackend]) -> None:
+    daemon, _ = attached_daemon
+    body = {"model": "keyed", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    answer = httpx.post(daemon.url + "/v1/chat/completions", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    node = daemon.admin.get("/admin/nodes/keyed").json()
+    assert node["engine"] == "attached" and node["capabilities"]["concurrency"] == 1
+    profiles = daemon.admin.get("/admin/attached").json()["attached"]
+    assert {p["name"]: p["attached"] for p in profiles} == {"keyed": True, "redirecting": True, "lying": False}
+    everything = daemon.admin.get("/admin/nodes").text + daemon.admin.get("/admin/attached").text
+    assert SECRET not in everything
+
+
+def test_concurrency_caps_what_the_router_sends(attached_daemon: tuple[Daemon, FaultBackend]) -> None:
+    daemon, fault = attached_daemon
+    fault.push(Hang())
+    client = httpx.Client(timeout=60)
+    body = {"model": "fault-model", "messages": []}
+    holder = threading.Thread(target=lambda: _quiet(client, daemon.url, body), daemon=True)
+    holder.start()
+    try:
+        wait_until(lambda: daemon.in_flight("redirecting") == 1, 10, "one request in flight")
+        second = httpx.post(daemon.url + "/v1/chat/completions", json=body, timeout=30)
+        assert second.status_code == 503 and second.json()["error"]["code"] == "model_unavailable"
+    finally:
+        client.close()
+        holder.join(10)
+
+
+def _quiet(client: httpx.Client, url: str, body: dict[str, object]) -> None:
+    try:
+        client.post(url + "/v1/chat/completions", json=body)
+    except httpx.HTTPError:
+        pass
+
+
+def test_redirects_are_relayed_never_followed(attached_daemon: tuple[Daemon, FaultBackend]) -> None:
+    daemon, fault = attached_daemon
+    fault.push(Status(307, b"", headers={"Location": "http://10.0.0.1:8000/v1/chat/completions"}))
+    answer = httpx.post(daemon.url + "/v1/chat/completions", json={"model": "fault-model", "messages": []}, timeout=30)
+    assert answer.status_code == 307 and answer.headers["location"].startswith("http://10.0.0.1")
+
+
+def test_health_needs_the_model_in_the_server_list(attached_daemon: tuple[Daemon, FaultBackend]) -> None:
+    daemon, _ = attached_daemon
+    assert daemon.admin.post("/admin/attached/lying", json={}).status_code == 201
+    assert daemon.admin.post("/admin/attached/lying", json={}).status_code == 409
+    assert daemon.admin.post("/admin/attached/nobody", json={}).status_code == 404
+    daemon.wait_status("lying", "unhealthy", timeout_s=10)
+    error = daemon.admin.get("/admin/nodes/lying").json()["last_error"]
+    assert "does not list the model 'not-listed'" in error
+    removal = daemon.admin.delete("/admin/nodes/lying", params={"force": "true"})
+    assert removal.status_code == 202
+    daemon.wait_gone("lying")
+
+
+@pytest.mark.parametrize(
+    ("profile", "fragment"),
+    [
+        ('url = "http://localhost:8000"', "plain http is allowed only to a numeric loopback address"),
+        ('url = "https://10.0.0.1:8443/v1"', "takes no path"),
+        ('url = "http://127.0.0.1:8000"\ntoken_file = "TOKEN_0644"', "chmod 600"),
+        ('url = "http://127.0.0.1:8000"\ntoken_file = "/nonexistent/token"', "cannot be read"),
+    ],
+)
+def test_unsafe_profiles_stop_start_up(tmp_path: Path, profile: str, fragment: str) -> None:
+    loose = token_file(tmp_path, 0o644)
+    text = f'[[attached]]\nname = "x"\nmodel = "m"\n{profile.replace("TOKEN_0644", str(loose))}\n'
+    config = write_config(tmp_path, text)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QIIP_")}
+    env |= {"QIIP_STATE_DIR": str(tmp_path / "state"), "QIIP_ADMIN__ENABLED": "false"}
+    result = subprocess.run(
+        [sys.executable, "-m", "qiip_proxy", "--config", str(config), "--port", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and fragment in result.stderr, result.stderr
+    assert SECRET not in result.stderr
