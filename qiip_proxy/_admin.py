@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.security import HTTPBasic, HTTPBasicCredentials
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from qiip_core import (
@@ -118,7 +118,7 @@ class CreateToken(_Strict):
 
     model: str | None = Field(default=None, min_length=1, max_length=512)
     """The model alias the token may use; null for every model."""
-    ttl_s: float | None = Field(default=None, gt=0)
+    ttl_s: float | None = Field(default=None, ge=1)
     """Seconds until it expires (default `auth.token_default_ttl_s`, at most `auth.token_max_ttl_s`)."""
     description: str = Field(default="", max_length=200)
     """Who or what the token is for."""
@@ -188,9 +188,14 @@ async def get_node(request: Request, node_id: str) -> JSONResponse:
 async def register_node(request: Request, body: RegisterNode) -> JSONResponse:
     """Register an external node in the registry (400 outside the endpoint allowlist, 409 for a config node)."""
     gateway = _gateway(request)
-    node = Node(
-        id=body.id, endpoint=body.endpoint, model=body.model, engine=body.engine, capabilities=body.capabilities
-    )
+    try:
+        node = Node(
+            id=body.id, endpoint=body.endpoint, model=body.model, engine=body.engine, capabilities=body.capabilities
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"])
+        raise AdminError(422, f"{field}: {first['msg']}.", "invalid_node", field) from None
     try:
         stored = await gateway.registry.register(node)
     except QiipError as exc:

@@ -39,6 +39,11 @@ _SECRET_LENGTH = len(SECRET_PREFIX) + 43
 _SHOWN_CHARS = 8
 
 
+MIN_TTL_S = 0.001
+"""The shortest lifetime a token may have, in seconds (below it the expiry would not be later than the
+creation at microsecond resolution). The admin API asks for at least one second."""
+
+
 def utc_now() -> datetime:
     """The current time, UTC, tz-aware."""
     return datetime.now(UTC)
@@ -171,12 +176,14 @@ def issue_token(
         (the token record, the secret). The secret is not kept anywhere else.
 
     Raises:
-        TokenRequestInvalid: the lifetime is not a positive number of seconds or exceeds `max_ttl_s`, the
+        TokenRequestInvalid: the lifetime is shorter than `MIN_TTL_S` or exceeds `max_ttl_s`, the
             model name is empty or too long, or the description is too long or not printable.
     """
     lifetime = float(default_ttl_s if ttl_s is None else ttl_s)
-    if not math.isfinite(lifetime) or lifetime <= 0:
-        raise TokenRequestInvalid(f"A token's lifetime must be a positive number of seconds; got ttl_s={ttl_s!r}.")
+    if not math.isfinite(lifetime) or lifetime < MIN_TTL_S:
+        raise TokenRequestInvalid(
+            f"A token's lifetime must be at least {MIN_TTL_S:g} s (a finite number of seconds); got ttl_s={ttl_s!r}."
+        )
     if lifetime > max_ttl_s:
         raise TokenRequestInvalid(
             f"A token's lifetime of {lifetime:g} s exceeds auth.token_max_ttl_s ({max_ttl_s} s, "

@@ -9,6 +9,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -125,7 +126,7 @@ def test_concurrency_caps_what_the_router_sends(attached_daemon: tuple[Daemon, F
         holder.join(10)
 
 
-def _quiet(client: httpx.Client, url: str, body: dict[str, object]) -> None:
+def _quiet(client: httpx.Client, url: str, body: dict[str, Any]) -> None:
     try:
         client.post(url + "/v1/chat/completions", json=body)
     except httpx.HTTPError:

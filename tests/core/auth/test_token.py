@@ -83,10 +83,10 @@ def test_default_and_maximum_ttl() -> None:
 @pytest.mark.parametrize(
     ("overrides", "fragment"),
     [
-        ({"ttl_s": 0}, "positive number of seconds"),
-        ({"ttl_s": -5}, "positive number of seconds"),
-        ({"ttl_s": math.nan}, "positive number of seconds"),
-        ({"ttl_s": math.inf}, "positive number of seconds"),
+        ({"ttl_s": 0}, "must be at least"),
+        ({"ttl_s": -5}, "must be at least"),
+        ({"ttl_s": math.nan}, "must be at least"),
+        ({"ttl_s": math.inf}, "must be at least"),
         ({"ttl_s": 86_401}, "exceeds auth.token_max_ttl_s (86400 s, QIIP_AUTH__TOKEN_MAX_TTL_S)"),
         ({"model": ""}, "model name must be 1 to 512"),
         ({"model": "x" * 513}, "model name must be 1 to 512"),
