@@ -301,8 +301,11 @@ class EtcdRegistry(Registry):
         self._on_event = on_event
         for node in self._config.values():
             on_event(RegistryEvent(RegistryEventKind.PUT, node.id, node, "config"))
-        with contextlib.suppress(RegistryUnavailable):
+        try:
             await self._snapshot()
+        except RegistryUnavailable as exc:
+            # Start anyway: serve the config's nodes, and follow etcd once it answers.
+            self._set_error(exc.message)
         self._task = asyncio.create_task(self._follow(), name="qiip-etcd-follow")
 
     async def aclose(self) -> None:

@@ -213,3 +213,41 @@ async def test_expired_lease_removes_the_node(registry: tuple[EtcdRegistry, Reco
     client.put("/nodes/short", value("http://127.0.0.1:9001", managed=True), lease=lease)
     await until(lambda: "short" in recorder.nodes)
     await until(lambda: "short" not in recorder.nodes, 15)
+
+
+async def test_etcd_authentication(etcd: EtcdServer, tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+
+    etcdctl = shutil.which("etcdctl")
+    assert etcdctl is not None, "etcdctl (Debian package etcd-client) is needed"
+
+    def ctl(*args: str) -> None:
+        subprocess.run(
+            [etcdctl, f"--endpoints={etcd.url}", *args], check=True, capture_output=True, env={"ETCDCTL_API": "3"}
+        )
+
+    ctl("user", "add", "root:root-password")
+    ctl("role", "add", "qiip")
+    ctl("role", "grant-permission", "qiip", "--prefix=true", "readwrite", "/nodes/")
+    ctl("user", "add", "qiip:qiip-password")
+    ctl("user", "grant-role", "qiip", "qiip")
+    ctl("auth", "enable")
+    good = settings_for(etcd, tmp_path, username="qiip", password="qiip-password")
+    reg = EtcdRegistry(good)
+    recorder = Recorder()
+    await reg.start(recorder)
+    try:
+        await reg.register(Node(id="n1", endpoint="127.0.0.1:9001", model="m"))
+        await until(lambda: "n1" in recorder.nodes)
+        assert reg.status().health is RegistryHealth.OK
+    finally:
+        await reg.aclose()
+    bad = EtcdRegistry(settings_for(etcd, tmp_path, username="qiip", password="wrong"))
+    await bad.start(Recorder())
+    try:
+        status = bad.status()
+        assert status.health is RegistryHealth.DEGRADED and "refused the credentials of user 'qiip'" in status.detail
+        assert "wrong" not in status.detail
+    finally:
+        await bad.aclose()
