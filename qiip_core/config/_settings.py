@@ -62,7 +62,7 @@ MiB = 1024 * 1024
 
 PositiveSeconds = Annotated[float, Field(gt=0, le=86_400)]
 
-_NOT_SETTINGS = frozenset({"QIIP_CONFIG", "QIIP_URL"})
+_NOT_SETTINGS = frozenset({"QIIP_CONFIG", "QIIP_URL", "QIIP_TOKEN", "QIIP_CONSOLE_CONFIG"})
 """`QIIP_` variables that are not settings: the config file of the CLI, the daemon URL of the console."""
 
 _config_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("qiip_config_file", default=None)

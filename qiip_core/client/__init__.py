@@ -1,0 +1,36 @@
+"""A Python client of a running daemon (admin and client APIs), and where the console finds it."""
+
+from __future__ import annotations
+
+from qiip_core.client._client import (
+    ApiError,
+    BreakerView,
+    ChatDelta,
+    ClientError,
+    DaemonUnreachable,
+    HealthView,
+    NodeEvent,
+    NodeInfo,
+    OperationInfo,
+    QiipClient,
+    Unauthorized,
+)
+from qiip_core.client._config import DEFAULT_URL, ConsoleConfig, console_config_paths, load_console_config
+
+__all__ = [
+    "DEFAULT_URL",
+    "ApiError",
+    "BreakerView",
+    "ChatDelta",
+    "ClientError",
+    "ConsoleConfig",
+    "DaemonUnreachable",
+    "HealthView",
+    "NodeEvent",
+    "NodeInfo",
+    "OperationInfo",
+    "QiipClient",
+    "Unauthorized",
+    "console_config_paths",
+    "load_console_config",
+]

@@ -1,0 +1,354 @@
+"""A Python client of a running QIIP daemon: its admin API and its client API.
+
+The console uses it, and so can scripts:
+
+```python
+async with QiipClient.from_config(load_console_config()) as qiip:
+    for node in await qiip.nodes():
+        print(node.id, node.status, node.in_flight)
+    async for event in qiip.events():
+        ...
+```
+
+Every failure is a `ClientError`: `DaemonUnreachable` (nothing answers at the URL), `Unauthorized` (the
+admin credentials were refused), or `ApiError` (the daemon answered with an error: its status, OpenAI code
+and message). Built on httpx and httpx-sse; proxy environment variables are ignored, since the daemon is
+usually reached directly.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Literal
+
+import httpx
+import httpx_sse
+from pydantic import BaseModel, ConfigDict, Field
+
+from qiip_core._errors import QiipError
+from qiip_core.client._config import ConsoleConfig
+from qiip_core.nodes import LlamaCppRuntime, NodeCapabilities
+
+__all__ = [
+    "ApiError",
+    "BreakerView",
+    "ChatDelta",
+    "ClientError",
+    "DaemonUnreachable",
+    "HealthView",
+    "NodeEvent",
+    "NodeInfo",
+    "OperationInfo",
+    "QiipClient",
+    "Unauthorized",
+]
+
+
+class ClientError(QiipError):
+    """The daemon could not be used."""
+
+
+class DaemonUnreachable(ClientError):
+    """Nothing answered at the daemon's URL (refused, timed out, not HTTP)."""
+
+
+class Unauthorized(ClientError):
+    """The daemon refused the admin credentials (401)."""
+
+
+class ApiError(ClientError):
+    """The daemon answered with an error.
+
+    Attributes:
+        status: the HTTP status.
+        code: the OpenAI error code (`node_not_found`, `conflict`, `invalid_policy`, …).
+        violations: for an invalid sizing policy, `[{field, message}]`.
+    """
+
+    def __init__(self, message: str, *, status: int, code: str | None, violations: list[dict[str, str]]) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.violations = violations
+
+
+class _View(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class BreakerView(_View):
+    """A node's circuit breaker as the daemon sees it."""
+
+    state: Literal["closed", "open", "half_open"] = "closed"
+    consecutive_failures: int = 0
+
+
+class HealthObservation(_View):
+    """The daemon's last health observation of a node."""
+
+    consecutive_failures: int = 0
+    last_probe_at: datetime | None = None
+    observed: bool = False
+
+
+class NodeInfo(_View):
+    """A node as `GET /admin/nodes` shows it."""
+
+    id: str
+    endpoint: str
+    status: str
+    model: str
+    engine: str
+    artifact_id: str | None = None
+    llamacpp_runtime: LlamaCppRuntime | None = None
+    capabilities: NodeCapabilities = Field(default_factory=NodeCapabilities)
+    managed: bool = False
+    last_heartbeat: datetime | None = None
+    source: str = ""
+    in_flight: int = 0
+    breaker: BreakerView = Field(default_factory=BreakerView)
+    last_error: str | None = None
+    health: HealthObservation = Field(default_factory=HealthObservation)
+
+
+class NodeEvent(_View):
+    """One change from `GET /admin/events`: `added`, `updated` or `removed`, with the node."""
+
+    change: Literal["added", "updated", "removed"]
+    node: NodeInfo
+
+
+class OperationInfo(_View):
+    """A background operation (drain, remove, relaunch)."""
+
+    id: str
+    kind: str
+    node_id: str
+    state: Literal["running", "succeeded", "failed"]
+    result: dict[str, Any] = Field(default_factory=dict)
+    error: str | None = None
+    log: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class HealthView(_View):
+    """`GET /health`."""
+
+    status: str
+    nodes_registered: int = 0
+    nodes_healthy: int = 0
+
+
+class ChatDelta(_View):
+    """A piece of a streamed chat answer: text, and the usage when the stream reports it."""
+
+    content: str = ""
+    finish_reason: str | None = None
+    completion_tokens: int | None = None
+
+
+class QiipClient:
+    """Talks to one daemon.
+
+    Args:
+        url: the daemon's base URL, `http://host:port`.
+        username, password: the admin credentials (HTTP Basic), for `/admin/*`.
+        token: an invoke token for the client API, when the daemon requires one.
+        timeout_s: timeout of one request (not of streams, which wait as long as the daemon is alive).
+        transport: an httpx transport (tests).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        username: str | None = None,
+        password: str | None = None,
+        token: str | None = None,
+        timeout_s: float = 10.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        auth = httpx.BasicAuth(username, password) if username and password is not None else None
+        self._admin = httpx.AsyncClient(
+            base_url=self.url, auth=auth, timeout=timeout_s, trust_env=False, transport=transport
+        )
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        self._api = httpx.AsyncClient(
+            base_url=self.url, headers=headers, timeout=timeout_s, trust_env=False, transport=transport
+        )
+
+    @classmethod
+    def from_config(cls, config: ConsoleConfig, **kwargs: Any) -> QiipClient:
+        """A client for a console configuration (URL, credentials, token)."""
+        password = config.password.get_secret_value() if config.password else None
+        token = config.token.get_secret_value() if config.token else None
+        return cls(config.url, username=config.username, password=password, token=token, **kwargs)
+
+    async def aclose(self) -> None:
+        """Close the connections."""
+        await self._admin.aclose()
+        await self._api.aclose()
+
+    async def __aenter__(self) -> QiipClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    # -- plumbing ------------------------------------------------------------------------------------------
+
+    async def _request(self, client: httpx.AsyncClient, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = await client.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise DaemonUnreachable(f"The daemon at {self.url} does not answer: {exc!r}.") from exc
+        _raise_for(response, self.url)
+        return response.json()
+
+    async def _admin_json(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
+        kwargs: dict[str, Any] = {}
+        if body is not None:
+            kwargs["json"] = dict(body)
+        return await self._request(self._admin, method, path, **kwargs)
+
+    # -- the fleet -----------------------------------------------------------------------------------------
+
+    async def health(self) -> HealthView:
+        """`GET /health`: the daemon's state (no credentials needed)."""
+        return HealthView.model_validate(await self._request(self._api, "GET", "/health"))
+
+    async def nodes(self) -> list[NodeInfo]:
+        """Every node (`GET /admin/nodes`)."""
+        payload = await self._admin_json("GET", "/admin/nodes")
+        return [NodeInfo.model_validate(item) for item in payload["nodes"]]
+
+    async def node(self, node_id: str) -> NodeInfo:
+        """One node (`GET /admin/nodes/{id}`)."""
+        return NodeInfo.model_validate(await self._admin_json("GET", f"/admin/nodes/{node_id}"))
+
+    async def drain(self, node_id: str, *, timeout_s: float | None = None) -> OperationInfo:
+        """Start draining a node; returns the operation to follow."""
+        body = {"timeout_s": timeout_s} if timeout_s is not None else {}
+        return OperationInfo.model_validate(await self._admin_json("POST", f"/admin/nodes/{node_id}/drain", body))
+
+    async def undrain(self, node_id: str) -> NodeInfo:
+        """Take a drained node back into rotation."""
+        return NodeInfo.model_validate(await self._admin_json("POST", f"/admin/nodes/{node_id}/undrain", {}))
+
+    async def remove(self, node_id: str, *, force: bool = False) -> OperationInfo:
+        """Drain (unless `force`) and remove a node."""
+        path = f"/admin/nodes/{node_id}?force={'true' if force else 'false'}"
+        return OperationInfo.model_validate(await self._admin_json("DELETE", path))
+
+    async def relaunch(self, node_id: str, policy: Mapping[str, Any]) -> OperationInfo:
+        """Relaunch a managed llama.cpp node with a sizing policy.
+
+        Raises:
+            ApiError: 409 when the node is not eligible, 422 with `violations` for an invalid policy.
+        """
+        path = f"/admin/nodes/{node_id}/llamacpp/relaunch"
+        return OperationInfo.model_validate(await self._admin_json("POST", path, policy))
+
+    async def operation(self, operation_id: str) -> OperationInfo:
+        """A background operation's state and log."""
+        return OperationInfo.model_validate(await self._admin_json("GET", f"/admin/operations/{operation_id}"))
+
+    async def metrics(self) -> dict[str, Any]:
+        """Request counters by model and node (`GET /admin/metrics`)."""
+        payload: dict[str, Any] = await self._admin_json("GET", "/admin/metrics")
+        return payload
+
+    async def events(self, *, heartbeat_s: float = 15.0) -> AsyncIterator[NodeEvent]:
+        """Node changes as they happen (`GET /admin/events`), starting with every node as `added`.
+
+        Raises:
+            DaemonUnreachable, Unauthorized, ApiError: the stream could not be opened or broke.
+        """
+        try:
+            async with httpx_sse.aconnect_sse(
+                self._admin, "GET", "/admin/events", params={"heartbeat_s": heartbeat_s}, timeout=None
+            ) as source:
+                _raise_for(source.response, self.url)
+                async for event in source.aiter_sse():
+                    if event.event == "node":
+                        yield NodeEvent.model_validate_json(event.data)
+        except httpx.HTTPError as exc:
+            raise DaemonUnreachable(f"The event stream from {self.url} broke: {exc!r}.") from exc
+
+    # -- the client API ------------------------------------------------------------------------------------
+
+    async def models(self) -> list[str]:
+        """Models served now (`GET /v1/models`)."""
+        payload = await self._request(self._api, "GET", "/v1/models")
+        return [item["id"] for item in payload.get("data", [])]
+
+    async def chat_stream(
+        self, model: str, messages: Sequence[Mapping[str, str]], *, max_tokens: int | None = None
+    ) -> AsyncIterator[ChatDelta]:
+        """Stream a chat completion (`POST /v1/chat/completions` with `"stream": true`). Closing the iterator
+        (or cancelling the task reading it) closes the request, and the daemon closes the node's.
+
+        Raises:
+            ApiError: the daemon refused the request, or the stream ended with an in-band error.
+            DaemonUnreachable: the connection failed or broke.
+        """
+        body: dict[str, Any] = {
+            "model": model,
+            "messages": [dict(m) for m in messages],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
+        try:
+            async with httpx_sse.aconnect_sse(
+                self._api, "POST", "/v1/chat/completions", json=body, timeout=None
+            ) as source:
+                if source.response.status_code != 200:
+                    await source.response.aread()
+                    _raise_for(source.response, self.url)
+                async for event in source.aiter_sse():
+                    if event.data == "[DONE]":
+                        return
+                    chunk = json.loads(event.data)
+                    if "error" in chunk:
+                        error = chunk["error"]
+                        raise ApiError(
+                            str(error.get("message", "the stream failed")),
+                            status=200,
+                            code=error.get("code"),
+                            violations=[],
+                        )
+                    yield _delta(chunk)
+        except httpx.HTTPError as exc:
+            raise DaemonUnreachable(f"The stream from {self.url} broke: {exc!r}.") from exc
+
+
+def _delta(chunk: Mapping[str, Any]) -> ChatDelta:
+    choices = chunk.get("choices") or []
+    content, finish = "", None
+    if choices:
+        content = (choices[0].get("delta") or {}).get("content") or ""
+        finish = choices[0].get("finish_reason")
+    usage = chunk.get("usage") or {}
+    return ChatDelta(content=content, finish_reason=finish, completion_tokens=usage.get("completion_tokens"))
+
+
+def _raise_for(response: httpx.Response, url: str) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        error = response.json().get("error", {})
+    except (ValueError, AttributeError, httpx.ResponseNotRead):
+        error = {}
+    message = str(error.get("message") or f"HTTP {response.status_code}")
+    if response.status_code == 401 and "admin" in str(response.request.url.path):
+        raise Unauthorized(f"The daemon at {url} refused the admin credentials: {message}")
+    raise ApiError(
+        message, status=response.status_code, code=error.get("code"), violations=list(error.get("violations") or [])
+    )

@@ -1,0 +1,121 @@
+"""Where the console finds its daemon and credentials.
+
+In order: the `--url` flag, then environment variables (`QIIP_URL`, `QIIP_ADMIN__USERNAME`,
+`QIIP_ADMIN__PASSWORD`, `QIIP_TOKEN`), then a TOML file: `QIIP_CONSOLE_CONFIG`, else
+`$XDG_CONFIG_HOME/qiip/console.toml`, else `<state_dir>/console.toml` (which `qiip up` writes):
+
+```toml
+url = "http://127.0.0.1:8080"
+username = "ops"
+password = "…"
+token = "qiip_…"     # an invoke token, when the daemon requires one for the chat pane
+```
+
+The file holds secrets, so one that its group or others can read is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError
+
+from qiip_core._errors import ConfigError
+
+__all__ = ["DEFAULT_URL", "ConsoleConfig", "console_config_paths", "load_console_config"]
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+"""The daemon's URL when nothing says otherwise."""
+
+
+class ConsoleConfig(BaseModel):
+    """How to reach a daemon.
+
+    Attributes:
+        url: its base URL.
+        username, password: the admin credentials.
+        token: an invoke token for the client API.
+        source: where the credentials came from, for messages (never the secrets).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str = DEFAULT_URL
+    username: str | None = None
+    password: SecretStr | None = None
+    token: SecretStr | None = None
+    source: str = "defaults"
+
+
+def console_config_paths(env: Mapping[str, str], state_dir: Path | None) -> list[Path]:
+    """The files looked at, in order."""
+    if env.get("QIIP_CONSOLE_CONFIG"):
+        return [Path(env["QIIP_CONSOLE_CONFIG"]).expanduser()]
+    config_home = Path(env.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    paths = [config_home / "qiip" / "console.toml"]
+    if state_dir is not None:
+        paths.append(state_dir / "console.toml")
+    return paths
+
+
+def _read_private(path: Path) -> dict[str, object]:
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return {}
+    if not stat.S_ISREG(info.st_mode):
+        raise ConfigError(f"The console config {path} is not a regular file.")
+    if info.st_mode & 0o077:
+        raise ConfigError(
+            f"The console config {path} holds credentials but its group or others can read it "
+            f"(mode {stat.S_IMODE(info.st_mode):03o}); make it private with chmod 600."
+        )
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"The console config {path} is not valid TOML: {exc}.") from exc
+
+
+def load_console_config(
+    *, url: str | None = None, env: Mapping[str, str] | None = None, state_dir: Path | None = None
+) -> ConsoleConfig:
+    """Find the daemon's URL and credentials.
+
+    Args:
+        url: the `--url` flag, which beats every other source.
+        env: the environment (default: the process's).
+        state_dir: where `qiip up` writes its `console.toml`.
+
+    Raises:
+        ConfigError: a config file is readable by others, not valid TOML, or has unknown keys.
+    """
+    env = os.environ if env is None else env
+    values: dict[str, object] = {}
+    source = "defaults"
+    for path in console_config_paths(env, state_dir):
+        found = _read_private(path)
+        if found:
+            values, source = found, str(path)
+            break
+    for key, name in (
+        ("url", "QIIP_URL"),
+        ("username", "QIIP_ADMIN__USERNAME"),
+        ("password", "QIIP_ADMIN__PASSWORD"),
+        ("token", "QIIP_TOKEN"),
+    ):
+        if env.get(name):
+            values[key] = env[name]
+            if key != "url":
+                source = "the environment"
+    if url:
+        values["url"] = url
+    try:
+        return ConsoleConfig.model_validate({**values, "source": source})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ConfigError(f"The console config from {source} is invalid: {first['loc'][0]}: {first['msg']}.") from None
