@@ -19,7 +19,7 @@ usually reached directly.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Literal
@@ -263,7 +263,7 @@ class QiipClient:
         payload: dict[str, Any] = await self._admin_json("GET", "/admin/metrics")
         return payload
 
-    async def events(self, *, heartbeat_s: float = 15.0) -> AsyncIterator[NodeEvent]:
+    async def events(self, *, heartbeat_s: float = 15.0) -> AsyncGenerator[NodeEvent, None]:
         """Node changes as they happen (`GET /admin/events`), starting with every node as `added`.
 
         Raises:
@@ -289,7 +289,7 @@ class QiipClient:
 
     async def chat_stream(
         self, model: str, messages: Sequence[Mapping[str, str]], *, max_tokens: int | None = None
-    ) -> AsyncIterator[ChatDelta]:
+    ) -> AsyncGenerator[ChatDelta, None]:
         """Stream a chat completion (`POST /v1/chat/completions` with `"stream": true`). Closing the iterator
         (or cancelling the task reading it) closes the request, and the daemon closes the node's.
 

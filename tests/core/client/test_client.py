@@ -56,7 +56,7 @@ async def test_inventory_lifecycle_and_events(daemon: tuple[Daemon, FaultBackend
 
 async def _until_done(qiip: QiipClient, operation_id: str) -> None:
     async with asyncio.timeout(10):
-        while (await qiip.operation(operation_id)).state == "running":
+        while (await qiip.operation(operation_id)).state == "running":  # noqa: ASYNC110 - polling the daemon
             await asyncio.sleep(0.05)
 
 
