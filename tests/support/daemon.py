@@ -77,6 +77,27 @@ class Daemon:
         )
 
     def start(self) -> Daemon:
+        # A free port can be taken by another process between our probe and the daemon's bind: try again.
+        for attempt in range(3):
+            try:
+                return self._start()
+            except RuntimeError as exc:
+                if "Cannot listen on" not in str(exc) or attempt == 2:
+                    raise
+                self.client.close()
+                self.admin.close()
+                self.port = free_port()
+                self.url = f"http://127.0.0.1:{self.port}"
+                self.client = httpx.Client(base_url=self.url, trust_env=False, timeout=30.0)
+                self.admin = httpx.Client(
+                    base_url=self.url,
+                    trust_env=False,
+                    timeout=30.0,
+                    auth=(self.env["QIIP_ADMIN__USERNAME"], self.env["QIIP_ADMIN__PASSWORD"]),
+                )
+        raise AssertionError("unreachable")
+
+    def _start(self) -> Daemon:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("QIIP_")} | self.env
         argv = [sys.executable, "-m", "qiip_proxy", "--port", str(self.port)]
