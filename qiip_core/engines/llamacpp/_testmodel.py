@@ -235,8 +235,8 @@ def make_test_gguf(
     from gguf import GGUFWriter, LlamaFileType
 
     path = Path(path)
-    if path.suffix != ".gguf":
-        raise ValueError(f"The model path must end in .gguf, got {path.name!r}.")
+    if path.suffix != ".gguf" or not path.stem:
+        raise ValueError(f"The model path must be a file name ending in .gguf, such as model.gguf; got {path.name!r}.")
     ff = 4 * n_embd if n_ff is None else n_ff
     _validate(
         n_layers=n_layers,
