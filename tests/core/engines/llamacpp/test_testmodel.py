@@ -141,7 +141,7 @@ def test_invalid_shapes_are_refused_with_what_is_allowed(tmp_path, kwargs, messa
 
 
 def test_path_must_end_in_gguf(tmp_path):
-    with pytest.raises(ValueError, match=r"must end in \.gguf"):
+    with pytest.raises(ValueError, match=r"ending in \.gguf"):
         make_test_gguf(tmp_path / "model.bin")
 
 
