@@ -5,20 +5,10 @@ Unknown fields are ignored; a missing `managed` means externally owned; a value 
 large, names an unknown engine or an endpoint outside the allowlist is skipped with a warning, and a skip
 is never treated as a delete.
 
-How the gateway follows etcd:
-
-1. **Snapshot**: one range read of the prefix, with the store revision it was read at; the difference
-   from what the gateway knew becomes PUT and DELETE events.
-2. **Watch** from that revision + 1, with progress notifications, over the v3 JSON gateway. Each key
-   remembers the `mod_revision` it was last seen at, so an event older than what the gateway already
-   applied never overwrites it. A compaction past the watch's revision, or a lost watch, goes back to 1.
-3. **Outages**: the gateway keeps serving from what it last knew, retries with capped exponential
-   backoff, and logs each change of state once; `status()` reports it for `/health`.
-
-Key/value, lease and transaction calls use `etcd3gw` (synchronous; run off the event loop). The watch is
-a long-lived streaming request, which `etcd3gw` only offers on a thread of its own without progress
-notifications or a clean cancel; it is read here with aiohttp on the event loop instead, so cancelling it
-on shutdown or reconnect is immediate.
+The gateway follows the prefix with a `PrefixFollower` (snapshot, then a watch from the next revision,
+per-key `mod_revision`, back to a snapshot after a compaction or an outage; see `_follow`): it keeps
+serving what it last knew while etcd cannot be reached, and `status()` reports the outage for `/health`.
+Key/value, lease and transaction calls use `etcd3gw` (synchronous; run off the event loop).
 
 Managed nodes (the ones QIIP launched) carry a lease (`etcd.lease_ttl_s`). A gateway refreshes a node's
 lease only after its own successful health probe of that node (`node_healthy`), so a node that nobody can
@@ -30,18 +20,15 @@ Shutdown never revokes leases: the nodes keep serving through a gateway restart.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
 import logging
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import aiohttp
 import etcd3gw
 import requests
 from etcd3gw.lease import Lease
@@ -58,30 +45,18 @@ from qiip_core.discovery._base import (
     RegistryStatus,
 )
 from qiip_core.discovery._embedded import config_nodes
+from qiip_core.discovery._follow import (
+    PrefixFollower,
+    _b64,
+    _unb64 as _unb64,
+    load_json_object,
+    prefix_range_end as prefix_range_end,
+)
 from qiip_core.nodes import EndpointPolicy, Node, NodeStatus
 
 __all__ = ["EtcdClient", "EtcdRegistry", "decode_node", "encode_node"]
 
 logger = logging.getLogger("qiip.discovery")
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
-def _unb64(text: str) -> bytes:
-    return base64.b64decode(text)
-
-
-def prefix_range_end(prefix: bytes) -> bytes:
-    """The end of etcd's range for every key starting with `prefix` (the prefix with its last byte + 1)."""
-    end = bytearray(prefix)
-    while end:
-        if end[-1] < 0xFF:
-            end[-1] += 1
-            return bytes(end)
-        end.pop()
-    return b"\0"
 
 
 def encode_node(node: Node) -> bytes:
@@ -96,14 +71,7 @@ def decode_node(node_id: str, value: bytes, policy: EndpointPolicy, *, max_value
         ValueError: the value is too large, not a JSON object, fails validation (an unknown engine, a
             missing field, a wrong type), or its endpoint is malformed or outside the allowlist.
     """
-    if len(value) > max_value_bytes:
-        raise ValueError(f"the value is {len(value)} bytes, over the limit of {max_value_bytes}")
-    try:
-        data = json.loads(value)
-    except ValueError as exc:
-        raise ValueError(f"the value is not JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise ValueError("the value is not a JSON object")
+    data = load_json_object(value, max_value_bytes=max_value_bytes)
     data.pop("id", None)
     try:
         node = Node.model_validate({**data, "id": node_id})
@@ -289,149 +257,33 @@ class EtcdRegistry(Registry):
         self._config = config_nodes(settings, self.policy)
         self._seen: dict[str, _Seen] = {}
         self._on_event: Callable[[RegistryEvent], None] | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._session: aiohttp.ClientSession | None = None
-        self._error: str | None = "not connected yet"
-        self._revision = 0
         self._refresh_due: dict[str, float] = {}
+        self._follower = PrefixFollower(
+            self.client,
+            self._prefix,
+            on_put=self._apply_put,
+            on_delete=self._apply_delete,
+            label="etcd registry",
+            outage="Serving the last known registrations",
+            task_name="qiip-etcd-follow",
+            log=logger,
+        )
 
-    # -- the follow loop -----------------------------------------------------------------------------------
+    # -- following etcd ------------------------------------------------------------------------------------
 
     async def start(self, on_event: Callable[[RegistryEvent], None]) -> None:
         self._on_event = on_event
         for node in self._config.values():
             on_event(RegistryEvent(RegistryEventKind.PUT, node.id, node, "config"))
-        try:
-            await self._snapshot()
-        except RegistryUnavailable as exc:
-            # Start anyway: serve the config's nodes, and follow etcd once it answers.
-            self._set_error(exc.message)
-        self._task = asyncio.create_task(self._follow(), name="qiip-etcd-follow")
+        # Starts even while etcd is unreachable: the config's nodes serve, and etcd's join once it answers.
+        await self._follower.start()
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self._session is not None:
-            await self._session.close()
+        await self._follower.aclose()
 
-    async def _follow(self) -> None:
-        backoff = 0.5
-        needs_snapshot = self._error is not None
-        while True:
-            try:
-                if needs_snapshot:
-                    await self._snapshot()
-                    needs_snapshot = False
-                    backoff = 0.5
-                # Returns when etcd compacted past the watch or cancelled it: a fresh snapshot follows.
-                await self._watch()
-                needs_snapshot = True
-            except (RegistryUnavailable, aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
-                message = exc.message if isinstance(exc, RegistryUnavailable) else f"the etcd watch failed: {exc!r}"
-                self._set_error(message)
-                needs_snapshot = True
-                await asyncio.sleep(backoff * (0.5 + random.random()))
-                backoff = min(backoff * 2, self.etcd.reconnect_max_backoff_s)
-
-    def _set_error(self, message: str | None) -> None:
-        if message != self._error:
-            if message is None:
-                logger.info("etcd registry: connected to %s at revision %d", self.client.endpoint, self._revision)
-            else:
-                logger.error("etcd registry: %s Serving the last known registrations; retrying.", message)
-        self._error = message
-
-    async def _snapshot(self) -> None:
-        revision, kvs = await asyncio.to_thread(self.client.range_prefix, self._prefix)
-        present: set[str] = set()
-        for kv in kvs:
-            node_id = self._node_id(_unb64(kv["key"]))
-            if node_id is None:
-                continue
-            present.add(node_id)
-            self._apply_put(node_id, kv, from_snapshot=True)
-        for node_id in [k for k in self._seen if k not in present]:
-            self._apply_delete(node_id, revision)
-        self._revision = revision
-        self._set_error(None)
-
-    async def _watch(self) -> None:
-        """Follow changes from the last revision; returns when a fresh snapshot is needed."""
-        if self._session is None:
-            connector = aiohttp.TCPConnector(ssl=self._ssl_context() or True)
-            self._session = aiohttp.ClientSession(connector=connector, trust_env=False)
-        body = {
-            "create_request": {
-                "key": _b64(self._prefix),
-                "range_end": _b64(prefix_range_end(self._prefix)),
-                "start_revision": str(self._revision + 1),
-                "progress_notify": True,
-            }
-        }
-        url = self.client.endpoint.rstrip("/") + "/v3/watch"
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.etcd.timeout_s)
-        async with self._session.post(url, json=body, headers=self.client.auth_headers, timeout=timeout) as response:
-            if response.status != 200:
-                raise RegistryUnavailable(f"etcd refused the watch (HTTP {response.status}).")
-            buffer = b""
-            async for chunk in response.content.iter_any():
-                buffer += chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
-                    if line.strip() and not self._on_watch_message(json.loads(line)):
-                        logger.info("etcd registry: the watch ended (compaction or cancel); taking a snapshot")
-                        return
-        raise RegistryUnavailable("etcd closed the watch stream.")
-
-    def _ssl_context(self) -> Any:
-        if not self.client.endpoint.startswith("https"):
-            return None
-        import ssl
-
-        context = ssl.create_default_context(cafile=str(self.etcd.ca_file) if self.etcd.ca_file else None)
-        if self.etcd.cert_file and self.etcd.key_file:
-            context.load_cert_chain(str(self.etcd.cert_file), str(self.etcd.key_file))
-        return context
-
-    def _on_watch_message(self, message: dict[str, Any]) -> bool:
-        """Apply one watch response. Returns False when the watch must be replaced by a snapshot."""
-        if "error" in message:
-            raise RegistryUnavailable(f"etcd ended the watch with an error: {message['error']}")
-        result = message.get("result", {})
-        if result.get("canceled") or int(result.get("compact_revision", 0) or 0) > 0:
-            return False
-        for event in result.get("events", []):
-            kv = event.get("kv", {})
-            node_id = self._node_id(_unb64(kv.get("key", "")))
-            if node_id is None:
-                continue
-            if event.get("type") == "DELETE":
-                self._apply_delete(node_id, int(kv.get("mod_revision", 0)))
-            else:
-                self._apply_put(node_id, kv, from_snapshot=False)
-        header_revision = int(result.get("header", {}).get("revision", 0) or 0)
-        self._revision = max(self._revision, header_revision)
-        return True
-
-    def _node_id(self, key: bytes) -> str | None:
-        if not key.startswith(self._prefix):
-            return None
-        try:
-            node_id = key[len(self._prefix) :].decode()
-        except UnicodeDecodeError:
-            logger.warning("etcd registry: skipping a key that is not UTF-8: %r", key[:80])
-            return None
+    def _apply_put(self, node_id: str, kv: dict[str, Any], mod_revision: int) -> None:
         if node_id in self._config:
             logger.warning("etcd registry: node %s is shadowed by a config node of that id", node_id)
-            return None
-        return node_id
-
-    def _apply_put(self, node_id: str, kv: dict[str, Any], *, from_snapshot: bool) -> None:
-        mod_revision = int(kv.get("mod_revision", 0))
-        seen = self._seen.get(node_id)
-        if seen is not None and mod_revision <= seen.mod_revision:
             return
         lease = int(kv.get("lease", 0) or 0)
         try:
@@ -441,16 +293,16 @@ class EtcdRegistry(Registry):
         except ValueError as exc:
             logger.warning("etcd registry: skipping node %s at revision %d: %s", node_id, mod_revision, exc)
             node = None
+        seen = self._seen.get(node_id)
         previous = seen.node if seen is not None else None
         self._seen[node_id] = _Seen(mod_revision, lease, node if node is not None else previous)
         if node is not None and node != previous:
             self._emit(RegistryEvent(RegistryEventKind.PUT, node_id, node, "etcd"))
 
-    def _apply_delete(self, node_id: str, revision: int) -> None:
-        seen = self._seen.get(node_id)
-        if seen is None or (revision and revision < seen.mod_revision):
+    def _apply_delete(self, node_id: str) -> None:
+        seen = self._seen.pop(node_id, None)
+        if seen is None:
             return
-        del self._seen[node_id]
         self._refresh_due.pop(node_id, None)
         if seen.node is not None:
             self._emit(RegistryEvent(RegistryEventKind.DELETE, node_id, None, "etcd"))
@@ -530,8 +382,9 @@ class EtcdRegistry(Registry):
 
     def status(self) -> RegistryStatus:
         count = len(self._config) + sum(1 for s in self._seen.values() if s.node is not None)
-        if self._error is not None:
-            return RegistryStatus(self.backend, RegistryHealth.DEGRADED, self._error, count)
+        error = self._follower.error
+        if error is not None:
+            return RegistryStatus(self.backend, RegistryHealth.DEGRADED, error, count)
         return RegistryStatus(
-            self.backend, RegistryHealth.OK, f"etcd {self.client.endpoint} at revision {self._revision}", count
+            self.backend, RegistryHealth.OK, f"etcd {self.client.endpoint} at revision {self._follower.revision}", count
         )

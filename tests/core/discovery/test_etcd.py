@@ -137,7 +137,7 @@ async def test_older_revisions_never_overwrite_newer(registry: tuple[EtcdRegistr
     client.put("/nodes/a", value("http://127.0.0.1:9001", "v2"))
     await until(lambda: recorder.nodes.get("a") is not None and recorder.nodes["a"].model == "v2")
     stale = {"key": "L25vZGVzL2E=", "mod_revision": "1", "value": "e30="}
-    reg._on_watch_message({"result": {"events": [{"kv": stale}]}})
+    reg._follower._on_watch_message({"result": {"events": [{"kv": stale}]}})
     assert recorder.nodes["a"].model == "v2"
 
 
@@ -147,17 +147,17 @@ async def test_compaction_past_the_watch_recovers_by_snapshot(etcd: EtcdServer, 
     reg = EtcdRegistry(settings_for(etcd, tmp_path))
     recorder = Recorder()
     reg._on_event = recorder
-    await reg._snapshot()
-    stale_revision = reg._revision
+    await reg._follower.snapshot()
+    stale_revision = reg._follower.revision
     client.delete("/nodes/gone")
     client.put("/nodes/new", value("http://127.0.0.1:9002"))
     head = int(client.post(client.get_url("/kv/range"), json={"key": "L25vZGVzL25ldw=="})["header"]["revision"])
     client.post(client.get_url("/kv/compaction"), json={"revision": head, "physical": True})
-    reg._revision = stale_revision
+    reg._follower._revision = stale_revision
     try:
         async with asyncio.timeout(10):
-            await reg._watch()  # returns instead of raising: the watch start is compacted
-        await reg._snapshot()
+            await reg._follower._watch()  # returns instead of raising: the watch start is compacted
+        await reg._follower.snapshot()
         assert list(recorder.nodes) == ["new"]
     finally:
         await reg.aclose()
