@@ -45,13 +45,7 @@ from qiip_core.discovery._base import (
     RegistryStatus,
 )
 from qiip_core.discovery._embedded import config_nodes
-from qiip_core.discovery._follow import (
-    PrefixFollower,
-    _b64,
-    _unb64 as _unb64,
-    load_json_object,
-    prefix_range_end as prefix_range_end,
-)
+from qiip_core.discovery._follow import PrefixFollower, _b64, _unb64 as _unb64, load_json_object, prefix_range_end
 from qiip_core.nodes import EndpointPolicy, Node, NodeStatus
 
 __all__ = ["EtcdClient", "EtcdRegistry", "decode_node", "encode_node"]
