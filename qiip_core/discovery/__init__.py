@@ -30,7 +30,7 @@ from qiip_core.discovery._embedded import (
 from qiip_core.discovery._etcd import EtcdClient, EtcdRegistry, decode_node, encode_node
 from qiip_core.discovery._factory import create_registry
 from qiip_core.discovery._follow import PrefixFollower
-from qiip_core.discovery._statefile import STATE_FILE_NAME, StateFile, atomic_write
+from qiip_core.discovery._statefile import STATE_FILE_NAME, LockedJsonFile, StateFile, atomic_write
 
 __all__ = [
     "MAX_TOKEN_FILE_BYTES",
@@ -38,6 +38,7 @@ __all__ = [
     "EmbeddedRegistry",
     "EtcdClient",
     "EtcdRegistry",
+    "LockedJsonFile",
     "PrefixFollower",
     "RegisteredNode",
     "Registry",

@@ -1,9 +1,17 @@
-"""The embedded registry's state file: registrations kept across restarts, shared by the daemon and the CLI.
+"""Locked JSON documents on disk, shared by the daemon and the CLI: the registry's state file, the token file.
 
-`<state_dir>/nodes.json` holds `{"version": 1, "nodes": [<node>, …]}`. Readers take a shared `flock` on
-`<state_dir>/nodes.lock`, writers an exclusive one around read-modify-write, and every write goes to a
+A document is `{"version": 1, "<items>": [<entry>, …]}`, mode 0600. Readers take a shared `flock` on a
+lock file next to it, writers an exclusive one around read-modify-write, and every write goes to a
 temporary file in the same directory that is fsynced and renamed over the old one, so a crash at any
-point leaves either the old file or the new one, never half of one.
+point leaves either the old file or the new one, never half of one. An entry that does not validate is
+skipped with a warning and kept in the file on rewrite; a file of another shape is an error the operator
+must resolve.
+
+```
+LockedJsonFile[T]   lock, read, validate, keep invalid entries, atomic rewrite, signature
+├── StateFile       <state_dir>/nodes.json (registrations)
+└── TokenFile       <state_dir>/tokens.json (invoke tokens; qiip_core.auth)
+```
 """
 
 from __future__ import annotations
@@ -16,14 +24,14 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar
 
 from pydantic import ValidationError
 
-from qiip_core._errors import RegistryUnavailable
+from qiip_core._errors import QiipError, RegistryUnavailable
 from qiip_core.nodes import Node
 
-__all__ = ["STATE_FILE_NAME", "StateFile", "atomic_write"]
+__all__ = ["STATE_FILE_NAME", "LockedJsonFile", "StateFile", "atomic_write"]
 
 logger = logging.getLogger("qiip.discovery")
 
@@ -57,16 +65,61 @@ def atomic_write(path: Path, data: bytes, *, mode: int = 0o600) -> None:
         os.close(dir_fd)
 
 
-class StateFile:
-    """The registrations file under a state directory.
+class _Entry(Protocol):
+    """What an item of a document is: a pydantic model with an `id`."""
+
+    @property
+    def id(self) -> str: ...
+
+    @classmethod
+    def model_validate(cls, obj: Any) -> Self: ...
+
+    def model_dump(self, *, mode: str = ..., exclude_none: bool = ...) -> dict[str, Any]: ...
+
+
+_T = TypeVar("_T", bound=_Entry)
+
+
+class LockedJsonFile(Generic[_T]):
+    """A JSON document of entries with an `id`, locked with `flock` and rewritten atomically.
+
+    A subclass names the document, its model and the wording of its errors; the lock file is the
+    document's path with the suffix `.lock`.
 
     Args:
         state_dir: the directory (`QIIP_STATE_DIR`); created on first write.
     """
 
+    file_name: ClassVar[str]
+    """The document's name under the state directory (`nodes.json`)."""
+    items_key: ClassVar[str]
+    """The document's list of entries (`nodes`)."""
+    model: type[_T]
+    """The model each entry validates as."""
+    exclude_none: ClassVar[bool] = False
+    """Whether fields that are None are left out of the entries written."""
+    noun: ClassVar[str]
+    """What the file is called in messages (`state file`)."""
+    fresh_start: ClassVar[str]
+    """What moving an unusable file aside leads to, for its error message (`start with an empty registry`)."""
+    entry_noun: ClassVar[str] = "entry"
+    """What an entry is called in the warning about an invalid one."""
+    error: ClassVar[type[QiipError]]
+    """The error raised when the file or its directory cannot be used."""
+    log: ClassVar[logging.Logger]
+    """Where warnings about invalid entries go."""
+
     def __init__(self, state_dir: Path) -> None:
-        self.path = state_dir / STATE_FILE_NAME
-        self._lock_path = state_dir / "nodes.lock"
+        self.path = state_dir / self.file_name
+        self._lock_path = self.path.with_suffix(".lock")
+
+    def _set_aside(self, item: _T) -> bool:
+        """Whether an entry whose id an earlier entry has is kept aside (True) or replaces it (False)."""
+        return False
+
+    def _kept(self, items: dict[str, _T]) -> dict[str, _T]:
+        """The items a rewrite keeps, of those `update`'s change returned (all of them here)."""
+        return items
 
     @contextlib.contextmanager
     def _locked(self, kind: int) -> Iterator[None]:
@@ -74,7 +127,7 @@ class StateFile:
             self._lock_path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
-            raise RegistryUnavailable(
+            raise self.error(
                 f"The state directory {self._lock_path.parent} cannot be used ({exc.strerror}); "
                 "set QIIP_STATE_DIR to a writable directory."
             ) from exc
@@ -92,76 +145,96 @@ class StateFile:
             return None
         return (st.st_mtime_ns, st.st_size, st.st_ino)
 
-    def read(self) -> dict[str, Node]:
-        """The registrations in the file; an entry that no longer validates is skipped with a warning.
+    def read(self) -> dict[str, _T]:
+        """The items in the file by id; an entry that does not validate is skipped with a warning.
 
         Raises:
-            RegistryUnavailable: the file cannot be read or is not a QIIP state file.
+            QiipError: (the class's `error`) the file cannot be read or is not a document of this kind.
         """
         with self._locked(fcntl.LOCK_SH):
             return self._read_unlocked()[0]
 
-    def _read_unlocked(self) -> tuple[dict[str, Node], list[Any]]:
-        """(valid registrations, raw entries that do not validate): the latter are kept on rewrite."""
+    def _read_unlocked(self) -> tuple[dict[str, _T], list[Any]]:
+        """(valid items, raw entries that do not validate): the latter are kept on rewrite."""
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
             return {}, []
         except OSError as exc:
-            raise RegistryUnavailable(f"The state file {self.path} cannot be read ({exc.strerror}).") from exc
+            raise self.error(f"The {self.noun} {self.path} cannot be read ({exc.strerror}).") from exc
         try:
             doc = json.loads(raw)
-            entries = doc["nodes"]
+            entries = doc[self.items_key]
             if doc.get("version") != _VERSION or not isinstance(entries, list):
                 raise ValueError("unsupported version or layout")
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise RegistryUnavailable(
-                f"The state file {self.path} is not a valid QIIP state file ({exc}); "
-                "move it aside to start with an empty registry."
+            raise self.error(
+                f"The {self.noun} {self.path} is not a valid QIIP {self.noun} ({exc}); "
+                f"move it aside to {self.fresh_start}."
             ) from exc
-        nodes: dict[str, Node] = {}
+        items: dict[str, _T] = {}
         invalid: list[Any] = []
         for index, entry in enumerate(entries):
             try:
-                node = Node.model_validate(entry)
+                item = self.model.model_validate(entry)
             except ValidationError as exc:
                 name = entry.get("id") if isinstance(entry, dict) else None
                 first = exc.errors()[0]
-                where = ".".join(str(p) for p in first["loc"])
-                logger.warning(
-                    "%s: entry %s is invalid and is ignored (kept in the file): %s: %s",
+                self.log.warning(
+                    "%s: %s %s is invalid and is ignored (kept in the file): %s: %s",
                     self.path,
-                    repr(name) if name is not None else f"#{index}",
-                    where,
+                    self.entry_noun,
+                    repr(name) if isinstance(name, str) else f"#{index}",
+                    ".".join(str(p) for p in first["loc"]),
                     first["msg"],
                 )
                 invalid.append(entry)
                 continue
-            nodes[node.id] = node
-        return nodes, invalid
+            if item.id in items and self._set_aside(item):
+                invalid.append(entry)
+                continue
+            items[item.id] = item
+        return items, invalid
 
-    def update(self, change: Callable[[dict[str, Node]], dict[str, Node]]) -> dict[str, Node]:
-        """Read, change and write the registrations under an exclusive lock.
+    def update(self, change: Callable[[dict[str, _T]], dict[str, _T]]) -> dict[str, _T]:
+        """Read, change and write the items under an exclusive lock.
 
         Args:
-            change: gets the current registrations and returns the new ones; an exception it raises aborts
-                the update and leaves the file untouched.
+            change: gets the current items and returns the new ones; an exception it raises aborts the
+                update and leaves the file untouched.
 
         Returns:
-            The registrations written.
+            The items written.
 
         Raises:
-            RegistryUnavailable: the file cannot be read or written.
+            QiipError: (the class's `error`) the file cannot be read or written.
         """
         with self._locked(fcntl.LOCK_EX):
             current, invalid = self._read_unlocked()
-            nodes = change(current)
-            doc = {
-                "version": _VERSION,
-                "nodes": [nodes[k].model_dump(mode="json", exclude_none=True) for k in sorted(nodes)] + invalid,
-            }
+            items = self._kept(change(current))
+            entries = [items[k].model_dump(mode="json", exclude_none=self.exclude_none) for k in sorted(items)]
+            doc = {"version": _VERSION, self.items_key: entries + invalid}
             try:
                 atomic_write(self.path, json.dumps(doc, indent=2).encode() + b"\n")
             except OSError as exc:
-                raise RegistryUnavailable(f"The state file {self.path} cannot be written ({exc.strerror}).") from exc
-            return nodes
+                raise self.error(f"The {self.noun} {self.path} cannot be written ({exc.strerror}).") from exc
+            return items
+
+
+class StateFile(LockedJsonFile[Node]):
+    """The registrations file under a state directory: `{"version": 1, "nodes": [<node>, …]}`.
+
+    Raises `RegistryUnavailable` when it cannot be used. Of two entries with one id, the later one is used.
+
+    Args:
+        state_dir: the directory (`QIIP_STATE_DIR`); created on first write.
+    """
+
+    file_name = STATE_FILE_NAME
+    items_key = "nodes"
+    model = Node
+    exclude_none = True
+    noun = "state file"
+    fresh_start = "start with an empty registry"
+    error = RegistryUnavailable
+    log = logger
