@@ -2,8 +2,8 @@
 
 The file holds `{"version": 1, "tokens": [<token>, …]}`, each token without its secret, mode 0600.
 Readers take a shared `flock` on `<state_dir>/tokens.lock`, writers an exclusive one around
-read-modify-write, and every write replaces the file atomically (`atomic_write`), as the registry's
-state file does. A running store compares the file's mtime, size and inode every
+read-modify-write, and every write replaces the file atomically: it is a `LockedJsonFile`, as the
+registry's state file is. A running store compares the file's mtime, size and inode every
 `registry.poll_interval_s` and reloads it when it changed, so a token created or revoked by the CLI or
 another store instance takes effect within that interval.
 
@@ -17,21 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
-import json
 import logging
-import os
-from collections.abc import Callable, Iterator
 from datetime import datetime
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-from pydantic import ValidationError
+from typing import TYPE_CHECKING
 
 from qiip_core._errors import TokenNotFound, TokenStoreUnavailable
 from qiip_core.auth._base import RETENTION, TokenStore
 from qiip_core.auth._token import InvokeToken, utc_now
-from qiip_core.discovery import atomic_write
+from qiip_core.discovery import LockedJsonFile
 
 if TYPE_CHECKING:
     from qiip_core.config import Settings
@@ -42,121 +35,35 @@ logger = logging.getLogger("qiip.auth")
 
 TOKEN_FILE_NAME = "tokens.json"
 """The token file's name under the state directory."""
-_VERSION = 1
 
 
-class TokenFile:
-    """The token file under a state directory.
+class TokenFile(LockedJsonFile[InvokeToken]):
+    """The token file under a state directory: `{"version": 1, "tokens": [<token>, …]}`.
+
+    Raises `TokenStoreUnavailable` when it cannot be used. Of two entries with one id, the first is used
+    and the other is kept in the file. A rewrite drops the tokens dead for a day.
 
     Args:
         state_dir: the directory (`QIIP_STATE_DIR`); created on first write.
     """
 
-    def __init__(self, state_dir: Path) -> None:
-        self.path = state_dir / TOKEN_FILE_NAME
-        self._lock_path = state_dir / "tokens.lock"
+    file_name = TOKEN_FILE_NAME
+    items_key = "tokens"
+    model = InvokeToken
+    noun = "token file"
+    fresh_start = "start with no tokens (every token in it stops working)"
+    entry_noun = "token entry"
+    error = TokenStoreUnavailable
+    log = logger
 
-    @contextlib.contextmanager
-    def _locked(self, kind: int) -> Iterator[None]:
-        try:
-            self._lock_path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError as exc:
-            raise TokenStoreUnavailable(
-                f"The state directory {self._lock_path.parent} cannot be used ({exc.strerror}); "
-                "set QIIP_STATE_DIR to a writable directory."
-            ) from exc
-        try:
-            fcntl.flock(fd, kind)
-            yield
-        finally:
-            os.close(fd)
+    def _set_aside(self, item: InvokeToken) -> bool:
+        logger.warning("%s: token %s appears twice; the first entry is used", self.path, item.id)
+        return True
 
-    def signature(self) -> tuple[int, int, int] | None:
-        """(mtime_ns, size, inode) of the file, or None when it does not exist: cheap change detection."""
-        try:
-            st = self.path.stat()
-        except FileNotFoundError:
-            return None
-        return (st.st_mtime_ns, st.st_size, st.st_ino)
-
-    def read(self) -> dict[str, InvokeToken]:
-        """The tokens in the file by id; an entry that does not validate is skipped with a warning.
-
-        Raises:
-            TokenStoreUnavailable: the file cannot be read or is not a QIIP token file.
-        """
-        with self._locked(fcntl.LOCK_SH):
-            return self._read_unlocked()[0]
-
-    def _read_unlocked(self) -> tuple[dict[str, InvokeToken], list[Any]]:
-        """(valid tokens, raw entries that do not validate): the latter are kept on rewrite."""
-        try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
-            return {}, []
-        except OSError as exc:
-            raise TokenStoreUnavailable(f"The token file {self.path} cannot be read ({exc.strerror}).") from exc
-        try:
-            doc = json.loads(raw)
-            entries = doc["tokens"]
-            if doc.get("version") != _VERSION or not isinstance(entries, list):
-                raise ValueError("unsupported version or layout")
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise TokenStoreUnavailable(
-                f"The token file {self.path} is not a valid QIIP token file ({exc}); move it aside to start "
-                "with no tokens (every token in it stops working)."
-            ) from exc
-        tokens: dict[str, InvokeToken] = {}
-        invalid: list[Any] = []
-        for index, entry in enumerate(entries):
-            try:
-                token = InvokeToken.model_validate(entry)
-            except ValidationError as exc:
-                name = entry.get("id") if isinstance(entry, dict) else None
-                first = exc.errors()[0]
-                logger.warning(
-                    "%s: token entry %s is invalid and is ignored (kept in the file): %s: %s",
-                    self.path,
-                    repr(name) if isinstance(name, str) else f"#{index}",
-                    ".".join(str(p) for p in first["loc"]),
-                    first["msg"],
-                )
-                invalid.append(entry)
-                continue
-            if token.id in tokens:
-                logger.warning("%s: token %s appears twice; the first entry is used", self.path, token.id)
-                invalid.append(entry)
-                continue
-            tokens[token.id] = token
-        return tokens, invalid
-
-    def update(self, change: Callable[[dict[str, InvokeToken]], dict[str, InvokeToken]]) -> dict[str, InvokeToken]:
-        """Read, change and write the tokens under an exclusive lock, dropping those dead for a day.
-
-        Args:
-            change: gets the current tokens and returns the new ones; an exception it raises aborts the
-                update and leaves the file untouched.
-
-        Returns:
-            The tokens written.
-
-        Raises:
-            TokenStoreUnavailable: the file cannot be read or written.
-        """
-        with self._locked(fcntl.LOCK_EX):
-            current, invalid = self._read_unlocked()
-            horizon = utc_now() - RETENTION
-            tokens = {k: t for k, t in change(current).items() if t.expires_at > horizon}
-            doc = {
-                "version": _VERSION,
-                "tokens": [tokens[k].model_dump(mode="json") for k in sorted(tokens)] + invalid,
-            }
-            try:
-                atomic_write(self.path, json.dumps(doc, indent=2).encode() + b"\n", mode=0o600)
-            except OSError as exc:
-                raise TokenStoreUnavailable(f"The token file {self.path} cannot be written ({exc.strerror}).") from exc
-            return tokens
+    def _kept(self, items: dict[str, InvokeToken]) -> dict[str, InvokeToken]:
+        # Dead tokens stay a day past their expiry, so their secret is refused as revoked or expired.
+        horizon = utc_now() - RETENTION
+        return {k: t for k, t in items.items() if t.expires_at > horizon}
 
 
 class EmbeddedTokenStore(TokenStore):
