@@ -1,0 +1,103 @@
+"""Messages the app's workers post to the app.
+
+Workers only await the client and post one of these; the app's handlers update its state (`QiipConsole.fleet`,
+the connection) and publish it to the screens through `QiipConsole.fleet_signal`. Widget messages are nested
+in the widget that posts them (`FleetTable.NodeChosen`, …).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from textual.message import Message
+
+if TYPE_CHECKING:
+    from qiip_core.client import ClientError, NodeEvent, NodeInfo, OperationInfo
+
+__all__ = ["ConnectionLost", "FleetLoaded", "MetricsPolled", "NodeChanged", "NodePolled", "OperationUpdated"]
+
+
+class FleetLoaded(Message):
+    """The daemon answered with its whole fleet: the console is connected (again).
+
+    Posted by `QiipConsole._follow_events` after `client.nodes()`, before it opens the event stream.
+    Handled by `QiipConsole.on_fleet_loaded`.
+    """
+
+    def __init__(self, nodes: list[NodeInfo]) -> None:
+        super().__init__()
+        self.nodes = nodes
+        """Every node, as `GET /admin/nodes` answered."""
+
+
+class NodeChanged(Message):
+    """One change from the daemon's event stream.
+
+    Posted by `QiipConsole._follow_events` for every `client.events()` item.
+    Handled by `QiipConsole.on_node_changed`.
+    """
+
+    def __init__(self, event: NodeEvent) -> None:
+        super().__init__()
+        self.event = event
+        """`added`, `updated` or `removed`, with the node."""
+
+
+class ConnectionLost(Message):
+    """The daemon could not be reached or refused the credentials; the worker retries after `retry_in_s`.
+
+    Posted by `QiipConsole._follow_events` after each failed attempt.
+    Handled by `QiipConsole.on_connection_lost`.
+    """
+
+    def __init__(self, error: ClientError, *, attempt: int, retry_in_s: float) -> None:
+        super().__init__()
+        self.error = error
+        """Why: `DaemonUnreachable`, `Unauthorized` or `ApiError`."""
+        self.attempt = attempt
+        """Failed attempts in a row, from 1."""
+        self.retry_in_s = retry_in_s
+        """Seconds until the next attempt."""
+
+
+class MetricsPolled(Message):
+    """The periodic poll read the request counters and the nodes' live values (in-flight, GPU memory).
+
+    Posted by `QiipConsole._poll_metrics` every `metrics_interval_s`.
+    Handled by `QiipConsole.on_metrics_polled`.
+    """
+
+    def __init__(self, payload: dict[str, Any], nodes: list[NodeInfo], *, at_s: float) -> None:
+        super().__init__()
+        self.payload = payload
+        """`GET /admin/metrics`: `{"by_model": …, "by_node": …}`."""
+        self.nodes = nodes
+        """`GET /admin/nodes`: the daemon's events do not report in-flight changes, the poll does."""
+        self.at_s = at_s
+        """When it was read, on the console's clock, in seconds."""
+
+
+class OperationUpdated(Message):
+    """A background operation (drain, remove, relaunch) the console follows changed state or logged.
+
+    Posted by `QiipConsole._follow_operation` on each poll of `client.operation(id)` that differs.
+    Handled by `QiipConsole.on_operation_updated`, which republishes it on `QiipConsole.operation_signal`.
+    """
+
+    def __init__(self, operation: OperationInfo) -> None:
+        super().__init__()
+        self.operation = operation
+        """The operation as the daemon reports it now."""
+
+
+class NodePolled(Message):
+    """A poll read one node (its memory and in-flight count change without an event).
+
+    Posted by `NodeScreen._poll` to the node screen, whose `on_node_polled` records the reading for its
+    sparklines and lets the message bubble on to `QiipConsole.on_node_polled`, which updates the fleet.
+    """
+
+    def __init__(self, node: NodeInfo) -> None:
+        super().__init__()
+        self.node = node
+        """The node as `GET /admin/nodes/{id}` answered."""

@@ -1,0 +1,125 @@
+"""Rich text for cells and lines whose colour depends on a value (a node's status, a log level, a meter).
+
+Textual resolves `$variables` in CSS, but a DataTable cell or a log line is a Rich `Text` built in Python. The
+`Palette` turns the current theme's variables (`App.theme_variables`) into Rich styles, so these colours come
+from the theme too; widgets rebuild it when `App.theme_changed_signal` fires.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from rich.style import Style
+from rich.text import Text
+from textual.color import Color, ColorParseError
+
+from qiip_tui._themes import CONSOLE_VARIABLES
+
+__all__ = [
+    "DASH",
+    "ENGINE_LABELS",
+    "Palette",
+    "breaker_text",
+    "engine_text",
+    "format_mib",
+    "gpu_text",
+    "meter_text",
+    "status_text",
+    "ttft_text",
+]
+
+DASH = "—"
+"""Shown for a value the daemon does not report."""
+
+_BAR_FULL, _BAR_EMPTY = "█", "░"
+
+
+@dataclass(frozen=True)
+class Palette:
+    """Rich styles for the console's theme variables (`CONSOLE_VARIABLES`)."""
+
+    styles: Mapping[str, Style] = field(default_factory=dict)
+    """Style by variable name; a missing one renders unstyled."""
+
+    @classmethod
+    def from_variables(cls, variables: Mapping[str, str]) -> Palette:
+        """Resolve the variables, blending translucent colours over the theme's background."""
+        background = _parse(variables.get("background", "")) or Color(0, 0, 0)
+        styles = {}
+        for name in CONSOLE_VARIABLES:
+            colour = _parse(variables.get(name, ""))
+            if colour is not None:
+                styles[name] = Style(color=(background + colour).rich_color)
+        return cls(styles)
+
+    def style(self, name: str) -> Style:
+        """The style of variable `name` (without the `$`)."""
+        return self.styles.get(name, Style())
+
+    def status(self, status: str) -> Style:
+        """The style of a node status: `$status-<status>` with `_` as `-`."""
+        return self.style("status-" + status.replace("_", "-"))
+
+
+def _parse(value: str) -> Color | None:
+    try:
+        return Color.parse(value) if value else None
+    except ColorParseError:
+        return None
+
+
+def status_text(status: str, palette: Palette) -> Text:
+    """A node status, in its colour."""
+    return Text(status, style=palette.status(status))
+
+
+def breaker_text(state: str, palette: Palette) -> Text:
+    """A circuit breaker state (`closed`, `open`, `half_open`) in its colour."""
+    return Text(state.replace("_", "-"), style=palette.style("breaker-" + state.replace("_", "-")))
+
+
+def format_mib(mib: float) -> str:
+    """A memory size: `950M` below 10 GiB shows MiB, above shows GiB with one decimal."""
+    return f"{mib:.0f}M" if mib < 10 * 1024 else f"{mib / 1024:.1f}G"
+
+
+def meter_text(used: float, total: float, width: int, palette: Palette) -> Text:
+    """A bar of `width` cells, filled in the share `used / total`."""
+    share = min(max(used / total, 0.0), 1.0) if total > 0 else 0.0
+    filled = round(share * width)
+    text = Text(_BAR_FULL * filled, style=palette.style("meter-used"))
+    text.append(_BAR_EMPTY * (width - filled), style=palette.style("meter-free"))
+    return text
+
+
+def _gib(mib: float) -> str:
+    gib = mib / 1024
+    return f"{gib:.1f}" if gib < 10 else f"{gib:.0f}"
+
+
+def gpu_text(width: int, palette: Palette, totals: tuple[int, int] | None) -> Text:
+    """The fleet table's GPU cell: a bar and `used/total` in GiB, or a dash when the node reports no devices."""
+    if totals is None:
+        return Text(DASH)
+    used, total = totals
+    label = f"{_gib(used)}/{_gib(total)}G".rjust(9)
+    bar_width = max(width - len(label), 3)
+    return meter_text(used, total, bar_width, palette).append(label)
+
+
+ENGINE_LABELS = {"llama_cpp": "llama.cpp", "vllm": "vLLM", "attached": "attached"}
+"""How engines are named on screen."""
+
+
+def engine_text(engine: str, width: int) -> Text:
+    """An engine's name, shortened to `width` cells (`llama.cpp` becomes `llama`)."""
+    label = ENGINE_LABELS.get(engine, engine)
+    return Text(label if len(label) <= width else label.split(".")[0][:width])
+
+
+def ttft_text(ttft_s: float | None) -> Text:
+    """A time to first token, `123ms` or `1.2s`; a dash when unknown."""
+    if ttft_s is None:
+        return Text(DASH)
+    return Text(f"{ttft_s * 1000:.0f}ms" if ttft_s < 1 else f"{ttft_s:.1f}s")

@@ -1,0 +1,123 @@
+"""The sizing editor's form: its values, the policy they make, the core's verdict, and an arithmetic preview.
+
+Pure. The rules are the core's (`qiip_core.planner.validate_policy`, which the daemon runs on a relaunch too);
+this module only turns what the operator typed into a policy, hands it over, and previews what the policy
+implies (`ceil256(context × slots)` and how the K/V cache compares with the running server's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from qiip_core.client import NodeInfo
+from qiip_core.nodes import LlamaCppRuntime
+from qiip_core.planner import CONTEXT_FLOOR, CONTEXT_STEP, MAX_AGGREGATE_CONTEXT, Violation, validate_policy
+from qiip_tui._fleet import devices_of, training_context
+
+__all__ = ["CACHE_BYTES_PER_ELEMENT", "SizingValues", "check_sizing", "sizing_preview"]
+
+CACHE_BYTES_PER_ELEMENT: dict[str, float] = {"f16": 2.0, "q8_0": 34 / 32}
+"""ggml's element sizes: F16 is 2 bytes; a Q8_0 block stores 32 elements in 34 bytes. For the preview only."""
+
+Sizing = Literal["auto", "custom"]
+
+
+def _number(text: str) -> int | str:
+    # A value that is not a whole number goes to the core as typed, so its message quotes it.
+    stripped = text.strip().replace("_", "").replace(",", "")
+    try:
+        return int(stripped)
+    except ValueError:
+        return text
+
+
+@dataclass(frozen=True)
+class SizingValues:
+    """What the form holds, as typed."""
+
+    sizing: Sizing = "auto"
+    """`auto` or `custom`."""
+    fit_target_mib: str = "512"
+    """MiB to leave free on every device."""
+    context_per_slot: str = ""
+    """Tokens per slot (custom)."""
+    slots: str = ""
+    """Parallel sequences (custom)."""
+    cache_type: str = "f16"
+    """`f16` or `q8_0` (custom)."""
+
+    @classmethod
+    def from_runtime(cls, runtime: LlamaCppRuntime) -> SizingValues:
+        """The node's requested policy; custom fields start at what the server runs now."""
+        requested, effective = runtime.requested, runtime.effective
+        sizing: Sizing = "custom" if requested.get("sizing") == "custom" else "auto"
+
+        def pick(key: str, fallback: Any) -> str:
+            value = requested.get(key, effective.get(key, fallback))
+            return "" if value is None else str(value)
+
+        return cls(
+            sizing=sizing,
+            fit_target_mib=pick("fit_target_mib", 512),
+            context_per_slot=pick("context_per_slot", None),
+            slots=pick("slots", None),
+            cache_type=str(requested.get("cache_type") or effective.get("cache_type_k") or "f16"),
+        )
+
+    def with_value(self, field: str, value: str) -> SizingValues:
+        """A copy with one field changed."""
+        changes: dict[str, Any] = {field: value}
+        return replace(self, **changes)
+
+    def policy(self) -> dict[str, Any]:
+        """The relaunch body: `{"sizing": "auto", "fit_target_mib"}` or the custom fields too."""
+        policy: dict[str, Any] = {"sizing": self.sizing, "fit_target_mib": _number(self.fit_target_mib)}
+        if self.sizing == "custom":
+            policy["context_per_slot"] = _number(self.context_per_slot)
+            policy["slots"] = _number(self.slots)
+            policy["cache_type"] = self.cache_type
+        return policy
+
+
+def check_sizing(values: SizingValues, node: NodeInfo) -> list[Violation]:
+    """Every rule the form's policy breaks on this node (`qiip_core.planner.validate_policy`)."""
+    train = training_context(node) or MAX_AGGREGATE_CONTEXT
+    return validate_policy(values.policy(), train_context=train, devices=devices_of(node))
+
+
+def _ceil_step(tokens: int) -> int:
+    return -(-tokens // CONTEXT_STEP) * CONTEXT_STEP
+
+
+def sizing_preview(values: SizingValues, runtime: LlamaCppRuntime | None) -> list[str]:
+    """Lines previewing what the form's policy implies.
+
+    Returns:
+        For a custom policy with whole numbers: the aggregate context and how the K/V cache compares with the
+        running server's; for an automatic one, what the planner will do.
+    """
+    effective = runtime.effective if runtime is not None else {}
+    if values.sizing == "auto":
+        train = effective.get("train_context")
+        floor = min(CONTEXT_FLOOR, train) if isinstance(train, int) else CONTEXT_FLOOR
+        return [
+            f"The planner picks the longest context per slot it can guarantee (at least {floor:,} tokens), "
+            "then the most slots, F16 before Q8_0,",
+            f"leaving {values.fit_target_mib.strip() or '?'} MiB free on every device.",
+        ]
+    context, slots = _number(values.context_per_slot), _number(values.slots)
+    if not isinstance(context, int) or not isinstance(slots, int) or context <= 0 or slots <= 0:
+        return ["Aggregate context: enter a context per slot and a number of slots."]
+    aggregate = _ceil_step(context * slots)
+    lines = [f"Aggregate context: ceil256({context:,} × {slots}) = {aggregate:,} tokens"]
+    current, current_type = effective.get("aggregate_context"), effective.get("cache_type_k")
+    new_bytes = CACHE_BYTES_PER_ELEMENT.get(values.cache_type)
+    old_bytes = CACHE_BYTES_PER_ELEMENT.get(str(current_type))
+    if isinstance(current, int) and current > 0 and new_bytes and old_bytes:
+        ratio = aggregate * new_bytes / (current * old_bytes)
+        lines.append(
+            f"K/V cache ≈ {ratio:.2f}× the running server's ({aggregate:,} {values.cache_type} cells "
+            f"vs {current:,} {current_type})"
+        )
+    return lines

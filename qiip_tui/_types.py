@@ -1,0 +1,79 @@
+"""The console's types: the client it needs, its clock, and the records its log view shows.
+
+The console is written against `ConsoleClient`, the part of `qiip_core.client.QiipClient` it uses, so the
+snapshot tests and the benchmark can drive it with canned data while everything else runs against a real
+daemon through the real client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from qiip_core.client import ChatDelta, NodeEvent, NodeInfo, OperationInfo
+
+__all__ = ["Clock", "ConsoleClient", "LogRecord", "ProvisioningLogSource"]
+
+Clock = Callable[[], float]
+"""A monotonic clock in seconds (`time.monotonic`); tests pass a frozen one."""
+
+
+class ConsoleClient(Protocol):
+    """What the console asks of a daemon; `QiipClient` is the implementation.
+
+    Every method raises the `qiip_core.client.ClientError` family: `DaemonUnreachable`, `Unauthorized`
+    or `ApiError`.
+    """
+
+    url: str
+    """The daemon's base URL, for messages."""
+
+    async def nodes(self) -> list[NodeInfo]: ...
+
+    async def node(self, node_id: str) -> NodeInfo: ...
+
+    async def drain(self, node_id: str, *, timeout_s: float | None = None) -> OperationInfo: ...
+
+    async def undrain(self, node_id: str) -> NodeInfo: ...
+
+    async def remove(self, node_id: str, *, force: bool = False) -> OperationInfo: ...
+
+    async def relaunch(self, node_id: str, policy: Mapping[str, Any]) -> OperationInfo: ...
+
+    async def operation(self, operation_id: str) -> OperationInfo: ...
+
+    async def metrics(self) -> dict[str, Any]: ...
+
+    def events(self, *, heartbeat_s: float = 15.0) -> AsyncIterator[NodeEvent]: ...
+
+    async def models(self) -> list[str]: ...
+
+    def chat_stream(
+        self, model: str, messages: Sequence[Mapping[str, str]], *, max_tokens: int | None = None
+    ) -> AsyncIterator[ChatDelta]: ...
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    """One line of a log the console shows (provisioning output, an operation's log)."""
+
+    level: str
+    """`debug`, `info`, `warning` or `error`; anything else shows as `info`."""
+    message: str
+    """The line, without its trailing newline."""
+    at: datetime | None = None
+    """When it was written, if the source says."""
+    source: str = ""
+    """Who wrote it: a node id, a host, an operation."""
+
+
+@runtime_checkable
+class ProvisioningLogSource(Protocol):
+    """A daemon that streams provisioning logs. None does yet; the logs screen lights up when one does."""
+
+    def provisioning_logs(self) -> AsyncIterator[LogRecord]: ...
