@@ -1,0 +1,73 @@
+"""The command palette's console commands (Ctrl+P): screens, the selected node's actions, themes, reconnecting.
+
+Next to Textual's own system commands (quit, screenshot, …). Node actions name the node they act on, the one
+selected in the fleet table or open in the node screen, so a palette search for "drain" says which node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, cast
+
+from textual.command import DiscoveryHit, Hit, Hits, Provider
+
+if TYPE_CHECKING:
+    from qiip_tui._app import QiipConsole
+
+__all__ = ["ConsoleCommands", "PaletteCommand"]
+
+_NODE_ACTIONS = (
+    ("open", "Open node", "Show its devices, runtime record and errors"),
+    ("drain", "Drain node", "Send it nothing new and let its requests finish (asks first)"),
+    ("undrain", "Undrain node", "Take it back into rotation"),
+    ("remove", "Remove node", "Drain, then remove it from the fleet (asks first)"),
+    ("relaunch", "Relaunch node", "Open the llama.cpp sizing editor"),
+    ("power", "Power node", "Power control through the node's BMC"),
+)
+
+
+@dataclass(frozen=True)
+class PaletteCommand:
+    """One command the palette offers."""
+
+    name: str
+    """What the palette shows and matches."""
+    run: Callable[[], object]
+    """What choosing it does."""
+    help: str
+    """The line under it."""
+
+
+def console_commands(app: QiipConsole) -> list[PaletteCommand]:
+    """Every console command available now: screens, the selected node's actions, themes."""
+    commands = [
+        PaletteCommand("Fleet", app.action_fleet, "The fleet table (f)"),
+        PaletteCommand("Chat", app.action_chat, "Talk to a model through the daemon (c)"),
+        PaletteCommand("Provisioning logs", app.action_logs, "Provisioning output as it happens (l)"),
+        PaletteCommand("Keys", app.action_help, "The key map of this screen (?)"),
+        PaletteCommand("Reconnect", app.action_reconnect, f"Connect to {app.client.url} again now"),
+    ]
+    node = app.selected_node
+    if node is not None and node in app.fleet.nodes:
+        for action, label, help_text in _NODE_ACTIONS:
+            commands.append(PaletteCommand(f"{label} {node}", partial(app.node_action, action, node), help_text))
+    for name in sorted(app.console_themes):
+        commands.append(PaletteCommand(f"Theme: {name}", partial(app.set_theme, name), "Switch the console's theme"))
+    return commands
+
+
+class ConsoleCommands(Provider):
+    """The console's commands for the command palette."""
+
+    async def discover(self) -> Hits:
+        for command in console_commands(cast("QiipConsole", self.app)):
+            yield DiscoveryHit(command.name, command.run, help=command.help)
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for command in console_commands(cast("QiipConsole", self.app)):
+            score = matcher.match(command.name)
+            if score > 0:
+                yield Hit(score, matcher.highlight(command.name), command.run, text=command.name, help=command.help)

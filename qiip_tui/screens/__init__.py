@@ -1,0 +1,25 @@
+"""The console's screens, one per module."""
+
+from __future__ import annotations
+
+from qiip_tui.screens._chat import ChatScreen
+from qiip_tui.screens._confirm import ConfirmModal
+from qiip_tui.screens._connection import ConnectionScreen
+from qiip_tui.screens._fleet import FleetScreen
+from qiip_tui.screens._help import HelpScreen, key_map
+from qiip_tui.screens._logs import NOT_AVAILABLE, LogsScreen
+from qiip_tui.screens._node import NodeScreen
+from qiip_tui.screens._sizing import SizingScreen
+
+__all__ = [
+    "NOT_AVAILABLE",
+    "ChatScreen",
+    "ConfirmModal",
+    "ConnectionScreen",
+    "FleetScreen",
+    "HelpScreen",
+    "LogsScreen",
+    "NodeScreen",
+    "SizingScreen",
+    "key_map",
+]

@@ -1,0 +1,120 @@
+"""The fleet screen, the console's home: every node in a sortable, filterable table that follows the daemon."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar, cast
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Input
+
+from qiip_tui._fleet import FleetDelta
+from qiip_tui.widgets import FleetSummary, FleetTable
+
+if TYPE_CHECKING:
+    from qiip_tui._app import QiipConsole
+
+__all__ = ["FleetScreen"]
+
+
+class FleetScreen(Screen[None]):
+    """Nodes, their state and load; Enter opens one. The app keeps the fleet current and publishes its changes
+    on `QiipConsole.fleet_signal`, which this screen hands to its table."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("slash", "filter", "Filter"),
+        Binding("escape", "clear_filter", "Clear filter", show=False),
+        Binding("d", "node('drain')", "Drain"),
+        Binding("u", "node('undrain')", "Undrain"),
+        Binding("x", "node('remove')", "Remove"),
+        Binding("r", "node('relaunch')", "Relaunch"),
+        Binding("p", "node('power')", "Power", show=False),
+        Binding("q", "app.quit", "Quit"),
+    ]
+    """
+    | Key | Action |
+    | :- | :- |
+    | enter | Open the highlighted node. |
+    | / | Filter by id, model, status or engine. |
+    | escape | Clear the filter. |
+    | s / S | Sort by the next column / reverse the sort. |
+    | d u x r p | Drain, undrain, remove, relaunch, power the highlighted node. |
+    | q | Quit. |
+    """
+
+    @property
+    def console(self) -> QiipConsole:
+        """The app, typed."""
+        return cast("QiipConsole", self.app)
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield FleetSummary(id="summary")
+        yield FleetTable(self.console.fleet, id="fleet")
+        yield Input(placeholder="filter: id, model, status or engine", id="filter", compact=True)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#filter", Input).display = False
+        self.console.fleet_signal.subscribe(self, self._fleet_changed)
+        self.console.connection_signal.subscribe(self, self._connection_changed)
+        self._show_summary()
+
+    @property
+    def table(self) -> FleetTable:
+        """The fleet table."""
+        return self.query_one("#fleet", FleetTable)
+
+    def _fleet_changed(self, delta: FleetDelta) -> None:
+        self.table.sync(delta)
+        self._show_summary()
+
+    def _connection_changed(self, _: object) -> None:
+        self._show_summary()
+
+    def _show_summary(self) -> None:
+        self.query_one("#summary", FleetSummary).show(
+            self.console.fleet, self.console.connection_text, self.table.filter_text
+        )
+
+    # -- filter ------------------------------------------------------------------------------------------
+
+    def action_filter(self) -> None:
+        """Show the filter and focus it."""
+        field = self.query_one("#filter", Input)
+        field.display = True
+        field.focus()
+
+    def action_clear_filter(self) -> None:
+        """Clear and hide the filter."""
+        field = self.query_one("#filter", Input)
+        if not field.display and not field.value:
+            return
+        field.value = ""
+        field.display = False
+        self.table.set_filter("")
+        self.table.focus()
+        self._show_summary()
+
+    @on(Input.Changed, "#filter")
+    def _filter_changed(self, event: Input.Changed) -> None:
+        self.table.set_filter(event.value.strip())
+        self._show_summary()
+
+    @on(Input.Submitted, "#filter")
+    def _filter_submitted(self, event: Input.Submitted) -> None:
+        field = self.query_one("#filter", Input)
+        field.display = bool(event.value.strip())
+        self.table.focus()
+
+    # -- nodes -------------------------------------------------------------------------------------------
+
+    @on(FleetTable.NodeChosen)
+    def _open(self, event: FleetTable.NodeChosen) -> None:
+        self.console.open_node(event.node_id)
+
+    def action_node(self, action: str) -> None:
+        """Run a node action (`drain`, `undrain`, `remove`, `relaunch`, `power`) on the highlighted node."""
+        self.console.node_action(action, self.table.highlighted_node)

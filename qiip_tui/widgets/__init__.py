@@ -1,0 +1,23 @@
+"""The console's widgets, one per module."""
+
+from __future__ import annotations
+
+from qiip_tui.widgets._fleet_summary import FleetSummary
+from qiip_tui.widgets._fleet_table import FleetTable
+from qiip_tui.widgets._gpu_meter import GpuMeter
+from qiip_tui.widgets._log_view import LogView
+from qiip_tui.widgets._node_header import NodeHeader
+from qiip_tui.widgets._operation_panel import OperationPanel
+from qiip_tui.widgets._runtime_view import RuntimeView
+from qiip_tui.widgets._transcript import Transcript
+
+__all__ = [
+    "FleetSummary",
+    "FleetTable",
+    "GpuMeter",
+    "LogView",
+    "NodeHeader",
+    "OperationPanel",
+    "RuntimeView",
+    "Transcript",
+]

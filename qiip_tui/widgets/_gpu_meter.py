@@ -1,0 +1,74 @@
+"""One device's memory: a bar of used over total, a sparkline of its recent history, and the figures."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Label, ProgressBar, Sparkline
+
+from qiip_tui._render import format_mib
+
+__all__ = ["GpuMeter"]
+
+
+class GpuMeter(Vertical):
+    """A device's memory use. The owner calls `show()` with each new reading and the history so far.
+
+    Args:
+        label: what to call the device (`GPU 0`, `CPU (system memory)`).
+    """
+
+    DEFAULT_CSS = """
+    GpuMeter {
+        height: auto;
+        & > Horizontal { height: 1; }
+        & .gpu-label { width: 6; color: $foreground-muted; }
+        & ProgressBar { width: 1fr; }
+        & ProgressBar > Horizontal { width: 1fr; }
+        & Bar { width: 1fr; }
+        & Bar > .bar--bar, & Bar > .bar--complete { color: $meter-used; background: $meter-free; }
+        & .gpu-figures { width: 15; content-align-horizontal: right; }
+        & Sparkline { width: 1fr; margin-left: 6; }
+        & Sparkline > .sparkline--max-color { color: $meter-used; }
+        & Sparkline > .sparkline--min-color { color: $meter-used 30%; }
+    }
+    """
+
+    def __init__(self, label: str, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.label = label
+        self._reading: tuple[int, int, list[float]] | None = None
+
+    def compose(self) -> ComposeResult:
+        with Horizontal():
+            yield Label(self.label, classes="gpu-label")
+            yield ProgressBar(total=1, show_eta=False, show_percentage=True)
+        with Horizontal():
+            yield Sparkline([])
+            yield Label("", classes="gpu-figures")
+
+    def on_mount(self) -> None:
+        self._apply()
+
+    def show(self, used_mib: int, total_mib: int, history_mib: Sequence[float]) -> None:
+        """Show a reading.
+
+        Args:
+            used_mib: memory in use now, in MiB.
+            total_mib: the device's memory, in MiB.
+            history_mib: the readings taken while the screen was open, oldest first, in MiB.
+        """
+        self._reading = (used_mib, total_mib, list(history_mib))
+        if self.is_mounted:
+            self._apply()
+
+    def _apply(self) -> None:
+        if self._reading is None:
+            return
+        used_mib, total_mib, history = self._reading
+        self.query_one(ProgressBar).update(total=max(total_mib, 1), progress=used_mib)
+        self.query_one(".gpu-figures", Label).update(f"{format_mib(used_mib)} / {format_mib(total_mib)}")
+        # One reading has no trend; Sparkline would draw it as a full bar.
+        self.query_one(Sparkline).data = history if len(history) > 1 else []

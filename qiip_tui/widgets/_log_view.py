@@ -1,0 +1,204 @@
+"""A bounded log: coloured by level, following the end unless paused, searchable, fed by an async iterator.
+
+Only the last `max_lines` records are kept, so a chatty source cannot grow the console without bound. A search
+shows the matching records only, with the matches highlighted; clearing it shows everything again.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import ClassVar
+
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical
+from textual.message import Message
+from textual.reactive import reactive
+from textual.theme import Theme
+from textual.widgets import Input, Label, RichLog
+
+from qiip_core import QiipError
+from qiip_tui._render import Palette
+from qiip_tui._types import LogRecord
+
+__all__ = ["LogView"]
+
+_LEVELS = ("debug", "info", "warning", "error")
+
+
+class LogView(Vertical):
+    """A log of `LogRecord`s.
+
+    Args:
+        max_lines: records kept; older ones are dropped.
+    """
+
+    DEFAULT_CSS = """
+    LogView {
+        height: 1fr;
+        & RichLog { height: 1fr; background: $surface; }
+        & #log-search { display: none; }
+        & #log-search.-shown { display: block; }
+        & #log-status { height: 1; color: $foreground-muted; padding: 0 1; }
+    }
+    """
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("space", "toggle_follow", "Pause/follow"),
+        Binding("slash", "search", "Search"),
+        Binding("escape", "clear_search", "Clear search", show=False),
+    ]
+    """
+    | Key | Action |
+    | :- | :- |
+    | space | Pause or resume following the end. |
+    | / | Search. |
+    | escape | Clear the search. |
+    """
+
+    following: reactive[bool] = reactive(True)
+    """Whether new records scroll the log to its end."""
+
+    class Received(Message):
+        """Records arrived from the source.
+
+        Posted by `LogView.follow_source` (to itself). Handled by `LogView.on_log_view_received`.
+        """
+
+        def __init__(self, record: LogRecord) -> None:
+            super().__init__()
+            self.record = record
+            """The record."""
+
+    class SourceEnded(Message):
+        """The source ended, or failed.
+
+        Posted by `LogView.follow_source`. Handled by `on_log_view_source_ended` (bubbles to the screen).
+        """
+
+        def __init__(self, error: str | None) -> None:
+            super().__init__()
+            self.error = error
+            """Why it failed; None when it ended cleanly."""
+
+    def __init__(self, *, max_lines: int = 5000, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.max_lines = max_lines
+        self.records: deque[LogRecord] = deque(maxlen=max_lines)
+        """The records kept, oldest first."""
+        self.search_text = ""
+        """The search; empty shows every record."""
+        self._palette = Palette()
+
+    def compose(self) -> ComposeResult:
+        yield Input(placeholder="search", id="log-search", compact=True)
+        yield RichLog(max_lines=self.max_lines, wrap=False, markup=False, highlight=False, id="log-lines")
+        yield Label("", id="log-status")
+
+    def on_mount(self) -> None:
+        self._palette = Palette.from_variables(self.app.theme_variables)
+        self.app.theme_changed_signal.subscribe(self, self._theme_changed)
+        self._show_status()
+
+    def _theme_changed(self, theme: Theme) -> None:
+        self._palette = Palette.from_variables(self.app.theme_variables)
+        self._redraw()
+
+    # -- records -----------------------------------------------------------------------------------------
+
+    @work(exclusive=True, group="log-source", exit_on_error=False)
+    async def follow_source(self, source: AsyncIterator[LogRecord]) -> None:
+        """Read `source` to its end, showing each record."""
+        try:
+            async for record in source:
+                self.post_message(self.Received(record))
+        except QiipError as exc:
+            self.post_message(self.SourceEnded(exc.message))
+            return
+        self.post_message(self.SourceEnded(None))
+
+    def on_log_view_received(self, message: LogView.Received) -> None:
+        message.stop()
+        self.write(message.record)
+
+    def write(self, record: LogRecord) -> None:
+        """Add a record (dropping the oldest beyond `max_lines`)."""
+        self.records.append(record)
+        if self._matches(record):
+            self.query_one(RichLog).write(self._render_record(record), scroll_end=self.following)
+        self._show_status()
+
+    def _matches(self, record: LogRecord) -> bool:
+        return not self.search_text or self.search_text.casefold() in record.message.casefold()
+
+    def _render_record(self, record: LogRecord) -> Text:
+        level = record.level if record.level in _LEVELS else "info"
+        text = Text()
+        if record.at is not None:
+            text.append(record.at.strftime("%H:%M:%S "), style=self._palette.style("log-debug"))
+        text.append(f"{level.upper():<7} ", style=self._palette.style(f"log-{level}"))
+        if record.source:
+            text.append(f"{record.source}: ", style="bold")
+        text.append(record.message, style=self._palette.style(f"log-{level}") if level == "error" else "")
+        if self.search_text:
+            text.highlight_words([self.search_text], style="reverse", case_sensitive=False)
+        return text
+
+    def _redraw(self) -> None:
+        log = self.query_one(RichLog)
+        log.clear()
+        for record in self.records:
+            if self._matches(record):
+                log.write(self._render_record(record), scroll_end=False)
+        if self.following:
+            log.scroll_end(animate=False)
+        self._show_status()
+
+    def _show_status(self) -> None:
+        parts = ["following" if self.following else "paused (space to follow)", f"{len(self.records):,} lines"]
+        if self.search_text:
+            found = sum(1 for record in self.records if self._matches(record))
+            parts.append(f"search {self.search_text!r}: {found:,} matching")
+        self.query_one("#log-status", Label).update(" · ".join(parts))
+
+    # -- keys --------------------------------------------------------------------------------------------
+
+    def watch_following(self, following: bool) -> None:
+        if not self.is_mounted:
+            return
+        log = self.query_one(RichLog)
+        log.auto_scroll = following
+        if following:
+            log.scroll_end(animate=False)
+        self._show_status()
+
+    def action_toggle_follow(self) -> None:
+        """Pause or resume following the end."""
+        self.following = not self.following
+
+    def action_search(self) -> None:
+        """Show the search field."""
+        field = self.query_one("#log-search", Input)
+        field.add_class("-shown")
+        field.focus()
+
+    def action_clear_search(self) -> None:
+        """Clear the search and show every record."""
+        field = self.query_one("#log-search", Input)
+        field.value = ""
+        field.remove_class("-shown")
+        self.query_one(RichLog).focus()
+
+    @on(Input.Changed, "#log-search")
+    def _search_changed(self, event: Input.Changed) -> None:
+        event.stop()
+        self.search_text = event.value.strip()
+        self._redraw()
+
+    @on(Input.Submitted, "#log-search")
+    def _search_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.query_one(RichLog).focus()

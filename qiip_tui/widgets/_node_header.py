@@ -1,0 +1,61 @@
+"""The top of the node screen: who the node is, its state and its load, in two lines."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.theme import Theme
+from textual.widgets import Static
+
+from qiip_core.client import NodeInfo
+from qiip_tui._render import DASH, ENGINE_LABELS, Palette, breaker_text, status_text
+
+__all__ = ["NodeHeader"]
+
+
+class NodeHeader(Static):
+    """`gpu01  healthy  llama_cpp  Qwen/Qwen3-8B` and its endpoint, ownership, load and breaker.
+
+    The owner calls `show()` with the node, or with None once it has left the fleet.
+    """
+
+    DEFAULT_CSS = """
+    NodeHeader {
+        height: auto;
+        padding: 0 1;
+        background: $panel;
+    }
+    """
+
+    def __init__(self, node_id: str, *, id: str | None = None) -> None:
+        super().__init__("", id=id, markup=False)
+        self.node_id = node_id
+        self._palette = Palette()
+        self._node: NodeInfo | None = None
+
+    def on_mount(self) -> None:
+        self._palette = Palette.from_variables(self.app.theme_variables)
+        self.app.theme_changed_signal.subscribe(self, self._theme_changed)
+
+    def _theme_changed(self, theme: Theme) -> None:
+        self._palette = Palette.from_variables(self.app.theme_variables)
+        self.show(self._node)
+
+    def show(self, node: NodeInfo | None) -> None:
+        """Render the node (None: it is gone)."""
+        self._node = node
+        text = Text(self.node_id, style="bold")
+        if node is None:
+            text.append("  has left the fleet (removed)", style=self._palette.status("unknown"))
+            self.update(text)
+            return
+        text.append("  ")
+        text.append_text(status_text(node.status, self._palette))
+        text.append(f"  {ENGINE_LABELS.get(node.engine, node.engine)}  {node.model}  in-flight {node.in_flight}")
+        owner = f"managed ({node.source})" if node.managed else f"external ({node.source or 'registered'})"
+        text.append(f"\n{node.endpoint} · {owner} · breaker ")
+        text.append_text(breaker_text(node.breaker.state, self._palette))
+        if node.breaker.consecutive_failures:
+            text.append(f" ({node.breaker.consecutive_failures} failures)")
+        heartbeat = node.last_heartbeat.strftime("%H:%M:%S UTC") if node.last_heartbeat else DASH
+        text.append(f" · seen {heartbeat}")
+        self.update(text)

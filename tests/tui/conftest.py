@@ -1,0 +1,85 @@
+"""Fixtures of the console's tests: a private config home, frozen cursors, and a real daemon with real nodes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import SecretStr
+from textual.pilot import Pilot
+from textual.widgets import Input
+
+from qiip_core.client import ConsoleConfig
+from tests.support.daemon import Daemon
+from tests.support.fault_backend import FaultBackend
+
+ADMIN = ConsoleConfig(url="http://127.0.0.1:1", username="admin", password="test-password", source="the test")
+"""The credentials `tests.support.daemon.Daemon` gives its daemons (the URL is replaced per daemon)."""
+
+
+@pytest.fixture(autouse=True)
+def config_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private `$XDG_CONFIG_HOME`, so no test reads or writes the user's console state or themes."""
+    home = tmp_path / "config"
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home))
+    for name in ("QIIP_URL", "QIIP_ADMIN__USERNAME", "QIIP_ADMIN__PASSWORD", "QIIP_TOKEN", "QIIP_CONSOLE_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    return home
+
+
+@pytest.fixture(autouse=True)
+def steady_cursor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inputs show their cursor without blinking, so a screenshot does not depend on when it is taken."""
+    monkeypatch.setattr(Input, "_toggle_cursor", lambda self: None)
+
+
+def config_for(daemon: Daemon, *, password: str = "test-password") -> ConsoleConfig:
+    """The console's config for a test daemon."""
+    return ADMIN.model_copy(update={"url": daemon.url, "password": SecretStr(password)})
+
+
+async def wait_for(pilot: Pilot[Any], predicate: Callable[[], object], timeout_s: float = 15.0, what: str = "") -> None:
+    """Let the app run until `predicate()` is true.
+
+    Raises:
+        TimeoutError: it stayed false for `timeout_s` seconds.
+    """
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what or predicate}")
+        await pilot.pause(0.05)
+
+
+async def in_thread(function: Callable[[], object]) -> object:
+    """Run a blocking test helper without blocking the app's event loop."""
+    return await asyncio.to_thread(function)
+
+
+@pytest.fixture(scope="session")
+def slow_backend() -> Iterator[FaultBackend]:
+    """A scripted node serving `slow-model`; tests push the stream they need."""
+    with FaultBackend(model="slow-model") as backend:
+        yield backend
+
+
+@pytest.fixture(scope="session")
+def console_daemon(
+    tmp_path_factory: pytest.TempPathFactory, tiny_gguf: Path, llama_server_binary: Path, slow_backend: FaultBackend
+) -> Iterator[Daemon]:
+    """A daemon with two local llama.cpp nodes on the tiny model (`chat-a`, `chat-b`) and the scripted `slow`."""
+    local = [
+        {"id": "chat-a", "gguf": str(tiny_gguf), "model": "tiny-chat", "slots": 2, "threads": 1},
+        {"id": "chat-b", "gguf": str(tiny_gguf), "model": "tiny-chat", "slots": 2, "threads": 1},
+    ]
+    env = {"QIIP_LOCAL_NODES": json.dumps(local), "QIIP_ENGINES__LLAMACPP__SERVER_BINARY": str(llama_server_binary)}
+    with Daemon(tmp_path_factory.mktemp("console-daemon"), env=env) as daemon:
+        for node_id in ("chat-a", "chat-b"):
+            daemon.wait_status(node_id, "healthy", timeout_s=120)
+        daemon.add_node("slow", slow_backend.url, "slow-model")
+        yield daemon

@@ -1,0 +1,195 @@
+"""Canned data for the console's snapshot tests and its benchmark.
+
+Snapshots need the same picture every run, so they drive the console with `FakeClient`, which answers from
+fixed `NodeInfo`s; every behaviour test drives it against a real daemon instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from qiip_core.client import ChatDelta, ClientError, NodeEvent, NodeInfo, OperationInfo
+
+OBSERVED = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
+
+
+def runtime(
+    *,
+    sizing: str = "auto",
+    context_per_slot: int = 8192,
+    slots: int = 4,
+    cache: str = "f16",
+    train: int = 32768,
+    gpus: Sequence[tuple[int, int]] = ((61000, 81920),),
+    cpu: bool = False,
+) -> dict[str, Any]:
+    """A `llamacpp_runtime` record."""
+    requested: dict[str, Any] = {"sizing": sizing, "fit_target_mib": 512}
+    if sizing == "custom":
+        requested |= {"context_per_slot": context_per_slot, "slots": slots, "cache_type": cache}
+    return {
+        "requested": requested,
+        "effective": {
+            "train_context": train,
+            "context_per_slot": context_per_slot,
+            "slot_context_limit": context_per_slot,
+            "slots": slots,
+            "aggregate_context": context_per_slot * slots,
+            "cache_type_k": cache,
+            "cache_type_v": cache,
+            "flash_attn": "auto" if cache == "f16" else "on",
+            "kv_unified": True,
+            "gpu_layers": 0 if cpu else 37,
+            "total_layers": 37,
+            "estimator_overrun_used": False,
+            "device_mode": "cpu" if cpu else "gpu",
+        },
+        "gpus": [
+            {"index": i, "total_mib": total, "used_mib": used, "free_mib": total - used}
+            for i, (used, total) in enumerate(gpus)
+        ],
+        "observed_at": OBSERVED.isoformat(),
+    }
+
+
+def node(node_id: str, *, status: str = "healthy", model: str = "Qwen/Qwen3-8B", **fields: Any) -> NodeInfo:
+    """A node with sensible defaults."""
+    data: dict[str, Any] = {
+        "id": node_id,
+        "endpoint": f"http://{node_id}.lab:8000",
+        "status": status,
+        "model": model,
+        "engine": "llama_cpp",
+        "managed": True,
+        "source": "local",
+        "last_heartbeat": OBSERVED.isoformat(),
+    }
+    data.update(fields)
+    return NodeInfo.model_validate(data)
+
+
+def sample_fleet() -> list[NodeInfo]:
+    """Eight nodes in most states a fleet shows."""
+    return [
+        node("gpu01", in_flight=3, llamacpp_runtime=runtime(gpus=((61000, 81920), (59000, 81920)))),
+        node("gpu02", in_flight=1, llamacpp_runtime=runtime(sizing="custom", cache="q8_0", slots=2)),
+        node("gpu03", status="draining", in_flight=2, llamacpp_runtime=runtime(gpus=((40100, 81920),))),
+        node(
+            "gpu04",
+            status="unhealthy",
+            breaker={"state": "open", "consecutive_failures": 5},
+            last_error="connect failed: connection refused",
+            llamacpp_runtime=runtime(gpus=((12000, 24576),)),
+        ),
+        node("gpu05", status="relaunching", model="meta/Llama-3.1-70B", llamacpp_runtime=None),
+        node("vllm01", engine="vllm", managed=False, source="etcd", model="meta/Llama-3.1-70B", in_flight=7),
+        node("vllm02", engine="vllm", managed=False, source="etcd", status="unknown", model="meta/Llama-3.1-70B"),
+        node(
+            "cpu01",
+            model="tiny-chat",
+            llamacpp_runtime=runtime(
+                sizing="custom", context_per_slot=2048, slots=2, train=2048, cpu=True, gpus=((950, 24105),)
+            ),
+        ),
+    ]
+
+
+SAMPLE_METRICS = {
+    "by_model": {"Qwen/Qwen3-8B": {"requests": 1200, "errors": 3, "retries": 1}},
+    "by_node": {
+        "gpu01": {"requests": 700, "errors": 0, "retries": 0, "ttft_p50_s": 0.182},
+        "gpu02": {"requests": 500, "errors": 3, "retries": 1, "ttft_p50_s": 1.25},
+    },
+}
+
+
+class FakeClient:
+    """A daemon that answers from memory. Push events with `push()`; streams end when the fake is closed."""
+
+    def __init__(
+        self,
+        nodes: Sequence[NodeInfo] = (),
+        *,
+        url: str = "http://127.0.0.1:8080",
+        metrics: Mapping[str, Any] | None = None,
+        models: Sequence[str] = ("Qwen/Qwen3-8B", "tiny-chat"),
+        answer: Sequence[str] = ("Hello", ", operator", ". All", " nodes", " are", " fine."),
+        fail: ClientError | None = None,
+    ) -> None:
+        self.url = url
+        self.nodes_by_id = {n.id: n for n in nodes}
+        self.metrics_payload = dict(metrics or {})
+        self.model_ids = list(models)
+        self.answer = list(answer)
+        self.fail = fail
+        self.events_queue: asyncio.Queue[NodeEvent] = asyncio.Queue()
+        self.relaunched: list[tuple[str, dict[str, Any]]] = []
+
+    def push(self, change: str, info: NodeInfo) -> None:
+        """Emit a node event (and apply it to the fake's own view)."""
+        if change == "removed":
+            self.nodes_by_id.pop(info.id, None)
+        else:
+            self.nodes_by_id[info.id] = info
+        self.events_queue.put_nowait(NodeEvent.model_validate({"change": change, "node": info.model_dump()}))
+
+    def _check(self) -> None:
+        if self.fail is not None:
+            raise self.fail
+
+    async def nodes(self) -> list[NodeInfo]:
+        self._check()
+        return list(self.nodes_by_id.values())
+
+    async def node(self, node_id: str) -> NodeInfo:
+        self._check()
+        return self.nodes_by_id[node_id]
+
+    def _operation(self, kind: str, node_id: str) -> OperationInfo:
+        return OperationInfo(id=f"op_{kind}_{node_id}", kind=kind, node_id=node_id, state="running")
+
+    async def drain(self, node_id: str, *, timeout_s: float | None = None) -> OperationInfo:
+        return self._operation("drain", node_id)
+
+    async def undrain(self, node_id: str) -> NodeInfo:
+        return self.nodes_by_id[node_id]
+
+    async def remove(self, node_id: str, *, force: bool = False) -> OperationInfo:
+        return self._operation("remove", node_id)
+
+    async def relaunch(self, node_id: str, policy: Mapping[str, Any]) -> OperationInfo:
+        self.relaunched.append((node_id, dict(policy)))
+        return self._operation("relaunch", node_id)
+
+    async def operation(self, operation_id: str) -> OperationInfo:
+        kind, node_id = operation_id.removeprefix("op_").split("_", 1)
+        return OperationInfo(id=operation_id, kind=kind, node_id=node_id, state="succeeded")
+
+    async def metrics(self) -> dict[str, Any]:
+        self._check()
+        return dict(self.metrics_payload)
+
+    async def events(self, *, heartbeat_s: float = 15.0) -> AsyncIterator[NodeEvent]:
+        self._check()
+        for info in list(self.nodes_by_id.values()):
+            yield NodeEvent(change="added", node=info)
+        while True:
+            yield await self.events_queue.get()
+
+    async def models(self) -> list[str]:
+        self._check()
+        return list(self.model_ids)
+
+    async def chat_stream(
+        self, model: str, messages: Sequence[Mapping[str, str]], *, max_tokens: int | None = None
+    ) -> AsyncIterator[ChatDelta]:
+        self._check()
+        for piece in self.answer:
+            yield ChatDelta(content=piece)
+        yield ChatDelta(finish_reason="stop", completion_tokens=len(self.answer))
+
+    async def aclose(self) -> None:
+        return None

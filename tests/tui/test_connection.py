@@ -1,0 +1,63 @@
+"""The connection screen: a daemon that is down, one that refuses the credentials, and recovering by itself."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from textual.widgets import Static
+
+from qiip_core.client import ConsoleConfig
+from qiip_tui import QiipConsole
+from qiip_tui.screens import ConnectionScreen, FleetScreen
+from tests.support.daemon import Daemon, free_port
+from tests.tui.conftest import config_for, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def _text(app: QiipConsole, selector: str) -> str:
+    return str(app.screen.query_one(selector, Static).render())
+
+
+def _problem(app: QiipConsole) -> bool:
+    return isinstance(app.screen, ConnectionScreen) and app.screen.is_mounted and bool(_text(app, "#problem-retry"))
+
+
+async def test_a_closed_port_shows_which_url_does_not_answer_and_what_to_check() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    app = QiipConsole(ConsoleConfig(url=url), retry_delays_s=(30.0,))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: _problem(app), what="the connection screen")
+        assert _text(app, "#problem-title") == "The daemon does not answer."
+        assert url in _text(app, "#problem-detail")
+        assert "Is the daemon running?" in _text(app, "#problem-checks")
+        assert "reconnects by itself" in _text(app, "#problem-retry")
+        await pilot.press("q")
+    assert app.return_code == 0
+
+
+async def test_wrong_credentials_say_so_and_where_they_came_from(tmp_path: Path) -> None:
+    with Daemon(tmp_path / "state") as daemon:
+        app = QiipConsole(config_for(daemon, password="not-the-password"), retry_delays_s=(30.0,))
+        async with app.run_test(size=(80, 24)) as pilot:
+            await wait_for(pilot, lambda: _problem(app), what="the connection screen")
+            assert "refused the admin credentials" in _text(app, "#problem-title")
+            assert "user 'admin', from the test" in _text(app, "#problem-title")
+            assert "QIIP_ADMIN__PASSWORD" in _text(app, "#problem-checks")
+
+
+async def test_the_console_recovers_by_itself_when_the_daemon_comes_up(tmp_path: Path) -> None:
+    daemon = Daemon(tmp_path / "state")
+    app = QiipConsole(config_for(daemon), retry_delays_s=(0.2,))
+    try:
+        async with app.run_test(size=(80, 24)) as pilot:
+            await wait_for(pilot, lambda: isinstance(app.screen, ConnectionScreen), what="the connection screen")
+            starter = threading.Thread(target=daemon.start)
+            starter.start()
+            await wait_for(pilot, lambda: not starter.is_alive(), timeout_s=40, what="the daemon to start")
+            await wait_for(pilot, lambda: isinstance(app.screen, FleetScreen), what="the fleet screen")
+            assert app.connected and app.connection_problem is None
+    finally:
+        daemon.close()

@@ -1,0 +1,84 @@
+"""The fleet and node screens against a real daemon with real llama.cpp nodes: filter, sort, drain, undrain."""
+
+from __future__ import annotations
+
+import pytest
+from textual.coordinate import Coordinate
+
+from qiip_tui import QiipConsole
+from qiip_tui.screens import ConfirmModal, FleetScreen, NodeScreen
+from qiip_tui.widgets import FleetTable, NodeHeader
+from tests.support.daemon import Daemon
+from tests.tui.conftest import config_for, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def rows(app: QiipConsole) -> list[str]:
+    table = app.screen.query_one(FleetTable)
+    return [str(table.get_cell_at(Coordinate(row, 0))) for row in range(table.row_count)]
+
+
+async def test_filter_and_sort(console_daemon: Daemon) -> None:
+    app = QiipConsole(config_for(console_daemon))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_for(pilot, lambda: len(rows(app)) == 3, what="the three nodes")
+        assert rows(app) == ["chat-a", "chat-b", "slow"]
+
+        await pilot.press("slash", *"CHAT-B")
+        await wait_for(pilot, lambda: rows(app) == ["chat-b"], what="the filter")
+        await pilot.press("enter")
+        assert rows(app) == ["chat-b"], "the filter stays after Enter"
+        await pilot.press("escape")
+        assert rows(app) == ["chat-a", "chat-b", "slow"]
+        await pilot.press("slash", *"slow-m", "enter")
+        assert rows(app) == ["slow"], "models match too"
+        await pilot.press("escape")
+
+        # A click on the Model header sorts by model; a second click reverses.
+        table = app.screen.query_one(FleetTable)
+        model_x = sum(width + 2 for width in table._widths[:3]) + 1
+        await pilot.click(FleetTable, offset=(model_x, 0))
+        assert table.sort_column == "model" and rows(app) == ["slow", "chat-a", "chat-b"]
+        await pilot.click(FleetTable, offset=(model_x, 0))
+        assert table.sort_reverse and rows(app) == ["chat-b", "chat-a", "slow"]
+        # `s` moves the sort to the next column (in-flight), `S` reverses it.
+        await pilot.press("s")
+        assert table.sort_column == "in_flight" and not table.sort_reverse
+        await pilot.press("S")
+        assert table.sort_reverse
+
+
+async def test_drain_from_the_node_screen_after_confirming(console_daemon: Daemon) -> None:
+    app = QiipConsole(config_for(console_daemon), operation_poll_s=0.1)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_for(pilot, lambda: "chat-b" in rows(app), what="chat-b")
+        await pilot.press("down", "enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, NodeScreen), what="the node screen")
+        screen = app.screen
+        assert isinstance(screen, NodeScreen) and screen.node_id == "chat-b" and app.selected_node == "chat-b"
+
+        await pilot.press("d")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmModal), what="the confirmation")
+        await pilot.press("n")
+        await pilot.pause(0.3)
+        assert app.fleet.nodes["chat-b"].status == "healthy", "cancelled: nothing happens"
+
+        await pilot.click("#drain")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmModal), what="the confirmation")
+        await pilot.click("#confirm")
+        await wait_for(pilot, lambda: app.fleet.nodes["chat-b"].status == "draining", what="chat-b to drain")
+        header = app.screen.query_one(NodeHeader)
+        await wait_for(pilot, lambda: "draining" in str(header.render()), what="the header to say draining")
+        await wait_for(
+            pilot,
+            lambda: any(op.kind == "drain" and op.state == "succeeded" for op in app.operations.values()),
+            what="the drain operation to succeed",
+        )
+        assert console_daemon.node_statuses()["chat-b"] == "draining"
+
+        await pilot.press("u")
+        await wait_for(pilot, lambda: app.fleet.nodes["chat-b"].status == "healthy", what="chat-b to undrain")
+        await pilot.press("escape")
+        assert isinstance(app.screen, FleetScreen)
+        assert str(app.screen.query_one(FleetTable).get_cell("chat-b", "status")) == "healthy"
