@@ -93,8 +93,9 @@ class OperationUpdated(Message):
 class NodePolled(Message):
     """A poll read one node (its memory and in-flight count change without an event).
 
-    Posted by `NodeScreen._poll` to the node screen, whose `on_node_polled` records the reading for its
-    sparklines and lets the message bubble on to `QiipConsole.on_node_polled`, which updates the fleet.
+    Posted by `NodeScreen._poll` to the node screen. Handled by `NodeScreen.on_node_polled`, which records the
+    reading for its sparklines and lets the message bubble on to `QiipConsole.on_node_polled`, which updates the
+    fleet.
     """
 
     def __init__(self, node: NodeInfo) -> None:

@@ -7,11 +7,12 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from pydantic import SecretStr
 from textual.pilot import Pilot
+from textual.screen import Screen
 from textual.widgets import Input
 
 from qiip_core.client import ConsoleConfig
@@ -56,7 +57,10 @@ async def wait_for(pilot: Pilot[Any], predicate: Callable[[], object], timeout_s
         await pilot.pause(0.05)
 
 
-async def in_thread(function: Callable[[], object]) -> object:
+T = TypeVar("T")
+
+
+async def in_thread(function: Callable[[], T]) -> T:
     """Run a blocking test helper without blocking the app's event loop."""
     return await asyncio.to_thread(function)
 
@@ -83,3 +87,16 @@ def console_daemon(
             daemon.wait_status(node_id, "healthy", timeout_s=120)
         daemon.add_node("slow", slow_backend.url, "slow-model")
         yield daemon
+
+
+ScreenT = TypeVar("ScreenT", bound=Screen[Any])
+
+
+async def screen_of(pilot: Pilot[Any], kind: type[ScreenT], timeout_s: float = 15.0) -> ScreenT:
+    """Wait until the app shows a mounted screen of type `kind`, and return it."""
+    app = pilot.app
+    await wait_for(pilot, lambda: isinstance(app.screen, kind) and app.screen.is_mounted, timeout_s, kind.__name__)
+    await pilot.pause()
+    screen = app.screen
+    assert isinstance(screen, kind)
+    return screen

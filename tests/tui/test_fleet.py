@@ -6,10 +6,10 @@ import pytest
 from textual.coordinate import Coordinate
 
 from qiip_tui import QiipConsole
-from qiip_tui.screens import ConfirmModal, FleetScreen, NodeScreen
+from qiip_tui.screens import ChatScreen, ConfirmModal, FleetScreen, HelpScreen, LogsScreen, NodeScreen
 from qiip_tui.widgets import FleetTable, NodeHeader
 from tests.support.daemon import Daemon
-from tests.tui.conftest import config_for, wait_for
+from tests.tui.conftest import config_for, screen_of, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -54,18 +54,18 @@ async def test_drain_from_the_node_screen_after_confirming(console_daemon: Daemo
     async with app.run_test(size=(120, 36)) as pilot:
         await wait_for(pilot, lambda: "chat-b" in rows(app), what="chat-b")
         await pilot.press("down", "enter")
-        await wait_for(pilot, lambda: isinstance(app.screen, NodeScreen), what="the node screen")
+        await screen_of(pilot, NodeScreen)
         screen = app.screen
         assert isinstance(screen, NodeScreen) and screen.node_id == "chat-b" and app.selected_node == "chat-b"
 
         await pilot.press("d")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmModal), what="the confirmation")
+        await screen_of(pilot, ConfirmModal)
         await pilot.press("n")
         await pilot.pause(0.3)
         assert app.fleet.nodes["chat-b"].status == "healthy", "cancelled: nothing happens"
 
         await pilot.click("#drain")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmModal), what="the confirmation")
+        await screen_of(pilot, ConfirmModal)
         await pilot.click("#confirm")
         await wait_for(pilot, lambda: app.fleet.nodes["chat-b"].status == "draining", what="chat-b to drain")
         header = app.screen.query_one(NodeHeader)
@@ -82,3 +82,38 @@ async def test_drain_from_the_node_screen_after_confirming(console_daemon: Daemo
         await pilot.press("escape")
         assert isinstance(app.screen, FleetScreen)
         assert str(app.screen.query_one(FleetTable).get_cell("chat-b", "status")) == "healthy"
+
+
+async def test_keyboard_first_palette_key_map_and_screen_keys(console_daemon: Daemon) -> None:
+    app = QiipConsole(config_for(console_daemon))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_for(pilot, lambda: len(rows(app)) == 3, what="the nodes")
+        await pilot.press("down")
+        await wait_for(pilot, lambda: app.selected_node == "chat-b", what="chat-b selected")
+
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        await pilot.press(*"Drain node", "enter")
+        modal = await screen_of(pilot, ConfirmModal)
+        assert modal.question == "Drain chat-b?"
+        await pilot.press("escape")
+
+        await pilot.press("question_mark")
+        keys = await screen_of(pilot, HelpScreen)
+        for row in [("/", "Filter", "this screen"), ("d", "Drain", "this screen"), ("s", "Sort", "FleetTable")]:
+            assert row in keys.rows
+        assert ("c", "Chat", "everywhere") in keys.rows and ("?", "Keys", "everywhere") in keys.rows
+        await pilot.press("escape")
+
+        await pilot.press("c")
+        await screen_of(pilot, ChatScreen)
+        await pilot.press("escape")
+        await screen_of(pilot, FleetScreen)
+        await pilot.press("l")
+        await screen_of(pilot, LogsScreen)
+        await pilot.press("f")
+        await screen_of(pilot, FleetScreen)
+        await pilot.press("enter")
+        await screen_of(pilot, NodeScreen)
+        await pilot.press("f")
+        await screen_of(pilot, FleetScreen)

@@ -1,0 +1,76 @@
+"""The chat screen against a real daemon: a streamed turn from llama.cpp, and Esc closing a stream mid-way."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from textual.pilot import Pilot
+from textual.widgets import Label, Select
+
+from qiip_tui import QiipConsole
+from qiip_tui._chat import TurnState
+from qiip_tui.screens import ChatScreen
+from qiip_tui.widgets import Transcript
+from tests.support.daemon import Daemon
+from tests.support.fault_backend import FaultBackend, Sse
+from tests.tui.conftest import config_for, in_thread, screen_of, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+async def open_chat(pilot: Pilot[None], model: str) -> ChatScreen:
+    await pilot.press("c")
+    screen = await screen_of(pilot, ChatScreen)
+    status = screen.query_one("#chat-status", Label)
+    await wait_for(pilot, lambda: "models available" in str(status.render()), what="the model list")
+    screen.query_one("#model", Select).value = model
+    return screen
+
+
+async def test_a_turn_streams_from_a_llama_cpp_node(console_daemon: Daemon) -> None:
+    app = QiipConsole(config_for(console_daemon), chat_max_tokens=12)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: app.connected, what="the connection")
+        screen = await open_chat(pilot, "tiny-chat")
+        await pilot.press(*"Say hello", "enter")
+        await wait_for(pilot, lambda: bool(screen.conversation.turns), what="the turn to start")
+        turn = screen.conversation.turns[0]
+        await wait_for(pilot, lambda: turn.state is not TurnState.STREAMING, timeout_s=30, what="the answer")
+        assert turn.state is TurnState.DONE, turn.error
+        assert turn.answer and turn.tokens == 12 and turn.finish_reason == "length"
+        shown = str(screen.query_one(Transcript).children[0].render())
+        assert "Say hello" in shown and turn.answer[:10] in shown and "12 tokens" in shown
+
+
+async def test_escape_cancels_a_running_stream_and_the_node_sees_the_disconnect(
+    console_daemon: Daemon, slow_backend: FaultBackend
+) -> None:
+    slow_backend.reset()
+    slow_backend.push(Sse(n_events=100, delay_between_s=0.1))
+    app = QiipConsole(config_for(console_daemon))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: app.connected, what="the connection")
+        screen = await open_chat(pilot, "slow-model")
+        await pilot.press(*"count to a hundred", "enter")
+        await wait_for(pilot, lambda: bool(screen.conversation.turns), what="the turn to start")
+        turn = screen.conversation.turns[0]
+        await wait_for(pilot, lambda: turn.tokens >= 3, what="a few tokens")
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: turn.state is TurnState.CANCELLED, what="the turn to be cancelled")
+        chat = next(i for i, r in enumerate(slow_backend.requests) if r.path == "/v1/chat/completions")
+        await in_thread(lambda: slow_backend.wait_for_disconnect(chat, timeout_s=10))
+        partial = turn.answer
+        assert partial.startswith("tok0 tok1 tok2 ") and len(partial.split()) < 100
+        shown = str(screen.query_one(Transcript).children[0].render())
+        assert partial.strip() in shown and "cancelled" in shown
+
+        # The next request does not carry the cancelled turn as history.
+        await pilot.press(*"again", "enter")
+        await wait_for(pilot, lambda: len(screen.conversation.turns) == 2, what="the second turn")
+        second = screen.conversation.turns[1]
+        await wait_for(pilot, lambda: second.state is not TurnState.STREAMING, what="the second answer")
+        assert second.state is TurnState.DONE
+        chats = [r for r in slow_backend.requests if r.path == "/v1/chat/completions"]
+        sent = json.loads(chats[-1].body)["messages"]
+        assert sent == [{"role": "user", "content": "again"}]

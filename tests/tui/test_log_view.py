@@ -1,0 +1,97 @@
+"""The log view: bounded, coloured by level, paused and resumed, searched, fed by an async iterator."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from textual.app import App, ComposeResult
+from textual.widgets import RichLog
+
+from qiip_core.client import ConsoleConfig, QiipClient
+from qiip_tui import LogRecord, QiipConsole
+from qiip_tui._themes import console_variable_defaults
+from qiip_tui.screens import NOT_AVAILABLE, LogsScreen
+from qiip_tui.widgets import LogView
+from tests.support.daemon import free_port
+from tests.tui.conftest import screen_of, wait_for
+
+
+class Host(App[None]):
+    def get_theme_variable_defaults(self) -> dict[str, str]:
+        return console_variable_defaults(self.current_theme.to_color_system().generate())
+
+    def compose(self) -> ComposeResult:
+        yield LogView(max_lines=50, id="log")
+
+
+async def records(n: int, gate: asyncio.Event | None = None) -> AsyncIterator[LogRecord]:
+    for i in range(n):
+        if gate is not None and i == n // 2:
+            await gate.wait()
+        yield LogRecord(level=("info", "warning", "error")[i % 3], message=f"step {i}", source="gpu01")
+
+
+async def test_a_source_fills_a_bounded_log_that_can_pause_and_search() -> None:
+    app = Host()
+    async with app.run_test(size=(80, 24)) as pilot:
+        view = app.query_one(LogView)
+        log = view.query_one(RichLog)
+        view.follow_source(records(120))
+        await wait_for(pilot, lambda: len(view.records) == 50 and view.records[-1].message == "step 119")
+        assert view.records[0].message == "step 70", "only the last max_lines records are kept"
+        assert len(log.lines) == 50
+
+        log.focus()
+        await pilot.press("space")
+        assert not view.following and not log.auto_scroll
+        await pilot.press("space")
+        assert view.following and log.auto_scroll
+
+        await pilot.press("slash", *"step 11")
+        await wait_for(pilot, lambda: view.search_text == "step 11")
+        assert len(log.lines) == 10 and all("step 11" in line.text for line in log.lines)
+        await pilot.press("escape")
+        assert view.search_text == "" and len(log.lines) == 50
+
+
+async def test_levels_have_their_theme_colour() -> None:
+    app = Host()
+    async with app.run_test(size=(80, 24)) as pilot:
+        view = app.query_one(LogView)
+        view.write(LogRecord(level="error", message="disk full"))
+        view.write(LogRecord(level="info", message="ok"))
+        await pilot.pause()
+        error, info = view.query_one(RichLog).lines[-2:]
+        error_style = next(s.style for s in error if s.text.startswith("ERROR"))
+        info_style = next(s.style for s in info if s.text.startswith("INFO"))
+        assert error_style is not None and info_style is not None and error_style.color != info_style.color
+
+
+async def test_the_logs_screen_says_provisioning_is_not_available_yet() -> None:
+    app = QiipConsole(ConsoleConfig(url=f"http://127.0.0.1:{free_port()}"), retry_delays_s=(30.0,))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("l")
+        screen = await screen_of(pilot, LogsScreen)
+        assert str(screen.query_one("#logs-banner").render()) == NOT_AVAILABLE
+        assert not screen.query_one(LogView).records
+
+
+class ProvisioningClient(QiipClient):
+    """A client of a daemon that streams provisioning logs, as a later daemon will."""
+
+    async def provisioning_logs(self) -> AsyncIterator[LogRecord]:
+        async for record in records(3):
+            yield record
+
+
+async def test_the_logs_screen_follows_a_daemon_that_streams_provisioning_logs() -> None:
+    client = ProvisioningClient(f"http://127.0.0.1:{free_port()}")
+    app = QiipConsole(client=client, retry_delays_s=(30.0,))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("l")
+        screen = await screen_of(pilot, LogsScreen)
+        view = screen.query_one(LogView)
+        await wait_for(pilot, lambda: len(view.records) == 3, what="the records")
+        assert not screen.query_one("#logs-banner").display
+    await client.aclose()
