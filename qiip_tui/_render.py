@@ -88,7 +88,9 @@ def meter_text(used: float, total: float, width: int, palette: Palette) -> Text:
     """A bar of `width` cells, filled in the share `used / total`."""
     share = min(max(used / total, 0.0), 1.0) if total > 0 else 0.0
     filled = round(share * width)
-    text = Text(_BAR_FULL * filled, style=palette.style("meter-used"))
+    # Styles go on the spans, not the Text: a Text's own style would colour what callers append too.
+    text = Text()
+    text.append(_BAR_FULL * filled, style=palette.style("meter-used"))
     text.append(_BAR_EMPTY * (width - filled), style=palette.style("meter-free"))
     return text
 

@@ -1,0 +1,148 @@
+"""What every screen looks like, at 80×24 and 160×48.
+
+The data comes from `FakeClient`'s canned fleet, the clock is frozen and cursors do not blink, so each picture
+is the same on every run. Update them with `uv run pytest tests/tui --snapshot-update` after a deliberate change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from textual.pilot import Pilot
+from textual.widgets import Input
+
+from qiip_core.client import ClientError, DaemonUnreachable, Unauthorized
+from qiip_tui import QiipConsole
+from qiip_tui._chat import TurnState
+from qiip_tui.screens import (
+    ChatScreen,
+    ConfirmModal,
+    ConnectionScreen,
+    FleetScreen,
+    HelpScreen,
+    LogsScreen,
+    NodeScreen,
+    SizingScreen,
+)
+from tests.tui.conftest import screen_of, wait_for
+from tests.tui.fakes import SAMPLE_METRICS, FakeClient, sample_fleet
+
+SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((160, 48), id="160x48")]
+
+Snap = Callable[..., bool]
+Steps = Callable[[Pilot[Any]], Awaitable[None]]
+
+
+def console(client: FakeClient | None = None) -> QiipConsole:
+    client = client or FakeClient(sample_fleet(), metrics=SAMPLE_METRICS)
+    # Polls that would add readings after the picture is due never come (an hour apart).
+    return QiipConsole(client=client, clock=lambda: 1000.0, metrics_interval_s=3600, node_poll_s=3600)
+
+
+async def fleet_ready(pilot: Pilot[Any]) -> None:
+    app = pilot.app
+    assert isinstance(app, QiipConsole)
+    await screen_of(pilot, FleetScreen)
+    await wait_for(pilot, lambda: len(app.fleet.nodes) == 8 and bool(app.fleet.ttft_p50_s), what="the fleet")
+    await pilot.pause()
+
+
+def then(*steps: Steps) -> Steps:
+    async def run(pilot: Pilot[Any]) -> None:
+        await fleet_ready(pilot)
+        for step in steps:
+            await step(pilot)
+        await pilot.pause()
+
+    return run
+
+
+def keys(*pressed: str) -> Steps:
+    async def press(pilot: Pilot[Any]) -> None:
+        await pilot.press(*pressed)
+
+    return press
+
+
+def shows(kind: type[Any]) -> Steps:
+    async def wait(pilot: Pilot[Any]) -> None:
+        await screen_of(pilot, kind)
+
+    return wait
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_fleet(snap_compare: Snap, size: tuple[int, int]) -> None:
+    assert snap_compare(console(), terminal_size=size, run_before=then())
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_fleet_filtered_and_sorted(snap_compare: Snap, size: tuple[int, int]) -> None:
+    steps = then(keys("s", "S", "slash", *"llama", "enter"))
+    assert snap_compare(console(), terminal_size=size, run_before=steps)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_node(snap_compare: Snap, size: tuple[int, int]) -> None:
+    steps = then(keys("down", "enter"), shows(NodeScreen))
+    assert snap_compare(console(), terminal_size=size, run_before=steps)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_confirm_drain(snap_compare: Snap, size: tuple[int, int]) -> None:
+    steps = then(keys("down", "enter"), shows(NodeScreen), keys("d"), shows(ConfirmModal))
+    assert snap_compare(console(), terminal_size=size, run_before=steps)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_sizing_editor_with_a_violation(snap_compare: Snap, size: tuple[int, int]) -> None:
+    async def type_context(pilot: Pilot[Any]) -> None:
+        field = pilot.app.screen.query_one("#context_per_slot", Input)
+        await pilot.click("#context_per_slot")
+        await pilot.press("end", *["backspace"] * len(field.value), *"3000")
+
+    steps = then(keys("down", "down", "r"), shows(SizingScreen), type_context)
+    assert snap_compare(console(), terminal_size=size, run_before=steps)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_chat(snap_compare: Snap, size: tuple[int, int]) -> None:
+    async def chat(pilot: Pilot[Any]) -> None:
+        screen = await screen_of(pilot, ChatScreen)
+        await wait_for(pilot, lambda: "models available" in str(screen.query_one("#chat-status").render()))
+        await pilot.press(*"How is the fleet?", "enter")
+        await wait_for(pilot, lambda: bool(screen.conversation.turns))
+        await wait_for(pilot, lambda: screen.conversation.turns[-1].state is TurnState.DONE)
+
+    assert snap_compare(console(), terminal_size=size, run_before=then(keys("c"), chat))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_logs(snap_compare: Snap, size: tuple[int, int]) -> None:
+    assert snap_compare(console(), terminal_size=size, run_before=then(keys("l"), shows(LogsScreen)))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_key_map(snap_compare: Snap, size: tuple[int, int]) -> None:
+    assert snap_compare(console(), terminal_size=size, run_before=then(keys("question_mark"), shows(HelpScreen)))
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize(
+    "error",
+    [
+        pytest.param(DaemonUnreachable("The daemon at http://127.0.0.1:8080 does not answer."), id="down"),
+        pytest.param(Unauthorized("The daemon at http://127.0.0.1:8080 refused the admin credentials."), id="refused"),
+    ],
+)
+def test_connection(snap_compare: Snap, size: tuple[int, int], error: ClientError) -> None:
+    app = console(FakeClient(fail=error))
+
+    async def problem(pilot: Pilot[Any]) -> None:
+        screen = await screen_of(pilot, ConnectionScreen)
+        await wait_for(pilot, lambda: "Attempt" in str(screen.query_one("#problem-retry").render()))
+
+    app.retry_delays_s = (60.0,)
+    assert snap_compare(app, terminal_size=size, run_before=problem)
