@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.support.daemon import Daemon, wait_until
-from tests.support.fault_backend import FaultBackend, Json
+from tests.support.fault_backend import FaultBackend, Gated, Json
 
 pytestmark = pytest.mark.integration
 
@@ -47,7 +47,8 @@ def test_cli_changes_a_running_daemon_and_survive_a_restart(tmp_path: Path, back
     with Daemon(tmp_path) as daemon:
         daemon.wait_status("gpu01", "healthy")
         # Removing a node with a request in flight drains it: nothing new is sent, the old request finishes.
-        backend.push(Json(200, {"finished": True}, delay_s=1.5))
+        release = threading.Event()
+        backend.push(Gated(release, Json(200, {"finished": True})))
         answers: list[httpx.Response] = []
         thread = threading.Thread(
             target=lambda: answers.append(httpx.post(daemon.url + "/v1/chat/completions", json=body, timeout=30))
@@ -59,6 +60,7 @@ def test_cli_changes_a_running_daemon_and_survive_a_restart(tmp_path: Path, back
         daemon.wait_status("gpu01", "draining")
         fresh = httpx.post(daemon.url + "/v1/chat/completions", json=body, timeout=30)
         assert fresh.status_code == 503 and fresh.json()["error"]["code"] == "model_unavailable"
+        release.set()
         thread.join(30)
         assert answers[0].status_code == 200 and answers[0].json() == {"finished": True}
         daemon.wait_gone("gpu01")

@@ -471,6 +471,26 @@ class Hang(Behaviour):
 
 
 @dataclass(frozen=True)
+class Gated(Behaviour):
+    """Hold the request until the test sets `gate`, then answer with `then`.
+
+    For tests that must observe the gateway while a request is in flight, whatever the machine's speed.
+
+    Attributes:
+        gate: a `threading.Event` the test sets to release the request.
+        then: the behaviour that answers once released.
+    """
+
+    gate: threading.Event
+    then: Behaviour
+
+    async def respond(self, exchange: Exchange) -> None:
+        while not self.gate.is_set():
+            await exchange.sleep(0.02)
+        await self.then.respond(exchange)
+
+
+@dataclass(frozen=True)
 class LoadingThenOk(Behaviour):
     """llama-server's health while it loads its model: 503 for `loading_s` seconds after being set, then 200.
 
