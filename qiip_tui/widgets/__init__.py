@@ -10,6 +10,7 @@ from qiip_tui.widgets._node_header import NodeHeader
 from qiip_tui.widgets._operation_panel import OperationPanel
 from qiip_tui.widgets._runtime_view import RuntimeView
 from qiip_tui.widgets._transcript import Transcript
+from qiip_tui.widgets._versioned_table import VersionedTable
 
 __all__ = [
     "FleetSummary",
@@ -20,4 +21,5 @@ __all__ = [
     "OperationPanel",
     "RuntimeView",
     "Transcript",
+    "VersionedTable",
 ]

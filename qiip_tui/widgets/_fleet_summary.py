@@ -21,6 +21,7 @@ class FleetSummary(Static):
     DEFAULT_CSS = """
     FleetSummary {
         height: 1;
+        width: 1fr;
         padding: 0 1;
         background: $panel;
         color: $foreground;
@@ -31,6 +32,7 @@ class FleetSummary(Static):
         super().__init__("", id=id, markup=False)
         self._palette = Palette()
         self._last: tuple[Fleet, str, str] | None = None
+        self._shown = Text()
 
     def on_mount(self) -> None:
         self._palette = Palette.from_variables(self.app.theme_variables)
@@ -63,4 +65,7 @@ class FleetSummary(Static):
         if filter_text:
             text.append(" │ ")
             text.append(f"filter: {filter_text}", style="italic")
-        self.update(text)
+        if text != self._shown:
+            self._shown = text
+            # One line of fixed size: no layout pass, which would repaint the whole screen.
+            self.update(text, layout=False)

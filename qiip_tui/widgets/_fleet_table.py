@@ -4,6 +4,8 @@ A fleet of a thousand nodes changing ten times a second must not rebuild the tab
 removes and rewrites only the rows the `FleetDelta` names, and within a row only the cells whose text
 changed, then re-sorts once if a changed cell belongs to the sort column. Rebuilding is kept for what the
 operator does (a new filter, a resize that changes the column widths).
+
+Rendering follows the same idea: `VersionedTable` re-renders only the rows whose version `sync` bumped.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from textual.widgets.data_table import ColumnKey, RowDoesNotExist, RowKey
 from qiip_core.client import NodeInfo
 from qiip_tui._fleet import FLEET_COLUMNS, Fleet, FleetDelta, gpu_totals, matches
 from qiip_tui._render import DASH, Palette, breaker_text, engine_text, gpu_text, status_text, ttft_text
+from qiip_tui.widgets._versioned_table import VersionedTable
 
 __all__ = ["FleetTable"]
 
@@ -30,7 +33,7 @@ _COMPACT_BELOW = 120
 _KEYS = [column.key for column in FLEET_COLUMNS]
 
 
-class FleetTable(DataTable[Text]):
+class FleetTable(VersionedTable):
     """The nodes of a `Fleet`, filtered and sorted.
 
     Args:
@@ -77,7 +80,7 @@ class FleetTable(DataTable[Text]):
             """The node chosen."""
 
     def __init__(self, fleet: Fleet, *, id: str | None = None) -> None:
-        super().__init__(id=id, cursor_type="row", cell_padding=1)
+        super().__init__(id=id)
         self.fleet = fleet
         self.filter_text = ""
         """The filter (a substring of id, model, status or engine); empty shows every node."""
@@ -150,6 +153,7 @@ class FleetTable(DataTable[Text]):
         self._widths = self._layout(self.size.width or self.app.size.width)
         self.clear(columns=True)
         self._cells.clear()
+        self.forget_rendered()
         for index, (column, width) in enumerate(zip(FLEET_COLUMNS, self._widths, strict=True)):
             self.add_column(self._header(index), width=width, key=column.key)
         for node in self.fleet.nodes.values():
@@ -160,6 +164,7 @@ class FleetTable(DataTable[Text]):
     def _add(self, node: NodeInfo) -> None:
         cells = self._render_row(node)
         self._cells[node.id] = cells
+        self.bump_row(node.id)
         self.add_row(*cells, key=node.id)
 
     def _remove(self, node_id: str) -> None:
@@ -191,6 +196,8 @@ class FleetTable(DataTable[Text]):
                 resort = True
                 continue
             new = self._render_row(node)
+            if new != old:
+                self.bump_row(node_id)
             for key, before, after in zip(_KEYS, old, new, strict=True):
                 if before != after:
                     self.update_cell(node_id, key, after)
