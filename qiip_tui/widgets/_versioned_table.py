@@ -6,9 +6,9 @@ table keeps its own caches keyed on each row's version, which its owner bumps (`
 row, and moves a cached line to its new position after a sort by rewriting the row index DataTable keeps in the
 segments' metadata (its mouse handling reads it).
 
-It leans on DataTable internals of the Textual series pyproject.toml allows (`_render_cell`, `_render_line`, `_get_offsets`,
-`_row_locations`); the console's snapshot and behaviour tests exercise them. Rows must be one line high and the
-cursor a row cursor; anything else renders as DataTable does.
+It leans on DataTable internals of the Textual series pyproject.toml allows (`_render_cell`, `_render_line`,
+`_get_offsets`, `_row_locations`); the console's snapshot and behaviour tests exercise them. Rows must be one line
+high and the cursor a row cursor; anything else renders as DataTable does.
 """
 
 from __future__ import annotations
