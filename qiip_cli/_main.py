@@ -45,7 +45,7 @@ pass_cli = click.make_pass_decorator(CliContext)
 """Decorator giving a command the `CliContext` as its first argument."""
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, invoke_without_command=True)
 @click.option(
     "--config",
     type=click.Path(path_type=Path, dir_okay=False),
@@ -55,8 +55,18 @@ pass_cli = click.make_pass_decorator(CliContext)
 @click.version_option(package_name="qiip")
 @click.pass_context
 def cli(ctx: click.Context, config: Path | None) -> None:
-    """QIIP: one OpenAI-compatible endpoint over a fleet of llama.cpp and vLLM nodes."""
+    """QIIP: one OpenAI-compatible endpoint over a fleet of llama.cpp and vLLM nodes.
+
+    Bare `qiip` in a terminal opens the operator console (`qiip console`); elsewhere it prints this help.
+    """
     ctx.obj = CliContext(config)
+    if ctx.invoked_subcommand is None:
+        if sys.stdin.isatty() and sys.stdout.isatty():
+            from qiip_cli._console import console
+
+            ctx.invoke(console)
+        else:
+            click.echo(ctx.get_help())
 
 
 def _register() -> None:
