@@ -7,6 +7,8 @@ never touches a gauge.
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +20,9 @@ from qiip_core.nodes import NodeStatus
 from qiip_core.routing import RoutingTable
 
 __all__ = ["GatewayMetrics"]
+
+TTFT_WINDOW = 256
+"""How many recent streaming requests per node the admin metrics' `ttft_p50_s` is the median of."""
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
@@ -90,10 +95,12 @@ class GatewayMetrics:
             registry=self.registry,
         )
         self.registry.register(_TableCollector(table))
+        self._recent_ttft_s: dict[str, deque[float]] = {}
 
     def snapshot(self) -> dict[str, Any]:
         """Request counters as JSON: `{"by_model": {model: counts}, "by_node": {node: counts}}`, where counts
-        are `requests`, `errors` and `retries`."""
+        are `requests`, `errors` and `retries`; a node's counts also carry `ttft_p50_s`, the median time to
+        first token in seconds of its last `TTFT_WINDOW` streaming requests, once it has served one."""
         by_model: dict[str, dict[str, float]] = {}
         by_node: dict[str, dict[str, float]] = {}
 
@@ -108,6 +115,9 @@ class GatewayMetrics:
                 for sample in family.samples:
                     if sample.name.endswith("_total"):
                         add(sample.labels, key, sample.value)
+        for node, recent in self._recent_ttft_s.items():
+            if recent and node in by_node:
+                by_node[node]["ttft_p50_s"] = statistics.median(recent)
         return {"by_model": by_model, "by_node": by_node}
 
     def account(
@@ -141,3 +151,7 @@ class GatewayMetrics:
             self.latency.labels(model, node).observe(duration_s)
             if ttft_s is not None:
                 self.ttft.labels(model, node).observe(ttft_s)
+                recent = self._recent_ttft_s.get(node)
+                if recent is None:
+                    recent = self._recent_ttft_s[node] = deque(maxlen=TTFT_WINDOW)
+                recent.append(ttft_s)

@@ -163,6 +163,13 @@ def test_metrics_as_json(fault_daemon: Daemon, backends: Backends, model: str) -
     snapshot = fault_daemon.admin.get("/admin/metrics").json()
     assert snapshot["by_model"][model]["requests"] >= 1
     assert snapshot["by_node"][f"{model}-n"]["requests"] >= 1
+    assert "ttft_p50_s" not in snapshot["by_node"][f"{model}-n"]  # no stream served yet
+    backend.push(Sse(delay_first_event_s=0.2))
+    body = {"model": model, "messages": [], "stream": True}
+    streamed = httpx.post(fault_daemon.url + "/v1/chat/completions", json=body, timeout=30)
+    assert streamed.status_code == 200 and "[DONE]" in streamed.text
+    ttft_s = fault_daemon.admin.get("/admin/metrics").json()["by_node"][f"{model}-n"]["ttft_p50_s"]
+    assert 0.2 <= ttft_s < 30
 
 
 def test_openapi_describes_client_and_admin_apis(fault_daemon: Daemon) -> None:
