@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,13 @@ def test_the_shipped_themes_load_and_set_every_console_colour() -> None:
     for theme in themes:
         assert set(CONSOLE_VARIABLES) <= set(theme.variables), theme.name
     assert SHIPPED in [path.resolve() for path in THEME_DIRS]
+
+
+def test_the_wheel_ships_the_themes_where_an_installed_console_looks() -> None:
+    pyproject = tomllib.loads((SHIPPED.parent / "pyproject.toml").read_text())
+    force_include = pyproject["tool"]["hatch"]["build"]["targets"]["wheel"]["force-include"]
+    installed = Path(__file__).resolve().parents[2] / force_include["themes"]
+    assert installed == THEME_DIRS[0].resolve()
 
 
 @pytest.mark.parametrize(
