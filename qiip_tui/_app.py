@@ -18,12 +18,12 @@ import asyncio
 import gc
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 from textual import work
-from textual.app import App
+from textual.app import App, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.signal import Signal
@@ -38,7 +38,7 @@ from qiip_tui._messages import ConnectionLost, FleetLoaded, MetricsPolled, NodeC
 from qiip_tui._state import ConsoleState, default_state_path, load_state, save_state
 from qiip_tui._themes import THEME_DIRS, ThemeFileError, console_variable_defaults, load_themes
 from qiip_tui._types import Clock, ConsoleClient
-from qiip_tui.screens import ChatScreen, ConnectionScreen, FleetScreen, HelpScreen, LogsScreen, key_map
+from qiip_tui.screens import ChatScreen, ConnectionScreen, FleetScreen, HelpScreen, LogsScreen, key_map, screen_name
 from qiip_tui.widgets import FleetTable
 
 __all__ = ["QiipConsole"]
@@ -330,6 +330,10 @@ class QiipConsole(ConsoleActions):
         """Show the provisioning logs."""
         self.switch_mode("logs")
 
+    def get_system_commands(self, screen: Screen[object]) -> Iterable[SystemCommand]:
+        # Textual's "Keys" (its help panel) would sit beside the console's own key map under the same name.
+        return (command for command in super().get_system_commands(screen) if command.title != "Keys")
+
     def action_help(self) -> None:
         """Show the keys of the current screen."""
         if isinstance(self.screen, HelpScreen):
@@ -338,4 +342,4 @@ class QiipConsole(ConsoleActions):
             self.screen.active_bindings.values(),
             key_display={b.binding.key: self.get_key_display(b.binding) for b in self.screen.active_bindings.values()},
         )
-        self.push_screen(HelpScreen(rows, title=type(self.screen).__name__.removesuffix("Screen").lower()))
+        self.push_screen(HelpScreen(rows, title=screen_name(self.screen)))

@@ -6,7 +6,7 @@ from qiip_tui.screens._chat import ChatScreen
 from qiip_tui.screens._confirm import ConfirmModal
 from qiip_tui.screens._connection import ConnectionScreen
 from qiip_tui.screens._fleet import FleetScreen
-from qiip_tui.screens._help import HelpScreen, key_map
+from qiip_tui.screens._help import HelpScreen, key_map, screen_name
 from qiip_tui.screens._logs import NOT_AVAILABLE, LogsScreen
 from qiip_tui.screens._node import NodeScreen
 from qiip_tui.screens._sizing import SizingScreen
@@ -22,4 +22,5 @@ __all__ = [
     "NodeScreen",
     "SizingScreen",
     "key_map",
+    "screen_name",
 ]

@@ -27,15 +27,20 @@ class ConfirmModal(ModalScreen[bool | None]):
         option: the label of a checkbox (`Force: skip the drain`), when the action has a variant.
     """
 
+    KEY_MAP_NAME: ClassVar[str] = "confirmation"
+    """What the key map calls this screen."""
+
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape,n", "cancel", "Cancel"),
         Binding("y", "confirm", "Confirm"),
+        Binding("question_mark", "app.help", "Keys", show=False),  # a modal screen hides the app's keys
     ]
     """
     | Key | Action |
     | :- | :- |
     | y | Confirm. |
     | n, escape | Cancel. |
+    | ? | The key map. |
     """
 
     def __init__(self, title: str, body: str, *, confirm: str, option: str | None = None) -> None:

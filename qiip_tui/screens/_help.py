@@ -12,7 +12,16 @@ from textual.screen import ModalScreen, Screen
 from textual.widget import Widget
 from textual.widgets import DataTable, Label
 
-__all__ = ["HelpScreen", "key_map"]
+__all__ = ["HelpScreen", "key_map", "screen_name"]
+
+
+def screen_name(screen: Screen[object]) -> str:
+    """What the key map calls `screen`: its `KEY_MAP_NAME` when it has one, else its class name without
+    `Screen` or `Modal` (`FleetScreen` -> `fleet`)."""
+    name = getattr(screen, "KEY_MAP_NAME", None)
+    if isinstance(name, str):
+        return name
+    return type(screen).__name__.removesuffix("Screen").removesuffix("Modal").lower()
 
 
 def key_map(bindings: Iterable[ActiveBinding], *, key_display: dict[str, str]) -> list[tuple[str, str, str]]:

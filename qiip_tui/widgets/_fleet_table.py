@@ -47,12 +47,14 @@ class FleetTable(VersionedTable):
     """
 
     BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("enter", "select_cursor", "Open", tooltip="Open the highlighted node"),
         Binding("s", "next_sort", "Sort", tooltip="Sort by the next column"),
         Binding("S", "reverse_sort", "Reverse", tooltip="Reverse the sort direction"),
     ]
     """
     | Key | Action |
     | :- | :- |
+    | enter | Open the highlighted node. |
     | s | Sort by the next column. |
     | S | Reverse the sort direction. |
     """

@@ -6,6 +6,7 @@ import pytest
 from textual.coordinate import Coordinate
 
 from qiip_tui import QiipConsole
+from qiip_tui._commands import console_commands
 from qiip_tui.screens import ChatScreen, ConfirmModal, FleetScreen, HelpScreen, LogsScreen, NodeScreen
 from qiip_tui.widgets import FleetTable, NodeHeader
 from tests.support.daemon import Daemon
@@ -91,16 +92,31 @@ async def test_keyboard_first_palette_key_map_and_screen_keys(console_daemon: Da
         await pilot.press("down")
         await wait_for(pilot, lambda: app.selected_node == "chat-b", what="chat-b selected")
 
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        titles += [c.name for c in console_commands(app)]
+        assert titles.count("Keys") == 1 and "Theme" in titles and "Drain node chat-b" in titles
+
         await pilot.press("ctrl+p")
         await pilot.pause()
         await pilot.press(*"Drain node", "enter")
         modal = await screen_of(pilot, ConfirmModal)
         assert modal.question == "Drain chat-b?"
+        await pilot.press("question_mark")
+        keys = await screen_of(pilot, HelpScreen)
+        assert keys.title_text == "confirmation" and ("y", "Confirm", "this screen") in keys.rows
+        await pilot.press("escape")
+        await screen_of(pilot, ConfirmModal)
         await pilot.press("escape")
 
         await pilot.press("question_mark")
         keys = await screen_of(pilot, HelpScreen)
-        for row in [("/", "Filter", "this screen"), ("d", "Drain", "this screen"), ("s", "Sort", "FleetTable")]:
+        assert keys.title_text == "fleet"
+        for row in [
+            ("/", "Filter", "this screen"),
+            ("d", "Drain", "this screen"),
+            ("s", "Sort", "FleetTable"),
+            ("⏎", "Open", "FleetTable"),
+        ]:
             assert row in keys.rows
         assert ("c", "Chat", "everywhere") in keys.rows and ("?", "Keys", "everywhere") in keys.rows
         await pilot.press("escape")
