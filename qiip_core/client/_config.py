@@ -102,6 +102,7 @@ def load_console_config(
         if found:
             values, source = found, str(path)
             break
+    from_env: list[str] = []
     for key, name in (
         ("url", "QIIP_URL"),
         ("username", "QIIP_ADMIN__USERNAME"),
@@ -110,8 +111,13 @@ def load_console_config(
     ):
         if env.get(name):
             values[key] = env[name]
-            if key != "url":
-                source = "the environment"
+            if key in ("username", "password"):
+                from_env.append(name)
+    # `source` names where the admin credentials came from, for the console's "refused" message.
+    if len(from_env) == 2 or (from_env and source == "defaults"):
+        source = f"the environment ({' and '.join(from_env)})"
+    elif from_env:
+        source = f"{from_env[0]} and {source}"
     if url:
         values["url"] = url
     try:

@@ -102,6 +102,10 @@ def test_console_config_sources(tmp_path: Path) -> None:
     assert load_console_config(url="http://127.0.0.1:1", env=env).url == "http://127.0.0.1:1"
     overridden = load_console_config(env={**env, "QIIP_ADMIN__PASSWORD": "other"})
     assert overridden.password is not None and overridden.password.get_secret_value() == "other"
+    assert overridden.source == f"QIIP_ADMIN__PASSWORD and {file}"
+    assert load_console_config(env={**env, "QIIP_TOKEN": "t"}).source == str(file)
+    both = {**env, "QIIP_ADMIN__USERNAME": "u", "QIIP_ADMIN__PASSWORD": "p"}
+    assert load_console_config(env=both).source == "the environment (QIIP_ADMIN__USERNAME and QIIP_ADMIN__PASSWORD)"
     file.chmod(0o644)
     with pytest.raises(ConfigError) as loose:
         load_console_config(env=env)
