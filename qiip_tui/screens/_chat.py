@@ -8,27 +8,24 @@ is not sent as history (see `qiip_tui._chat`).
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, ClassVar, cast
+from typing import ClassVar
 
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.message import Message
-from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, Label, Select
 
 from qiip_core.client import ChatDelta, ClientError
 from qiip_tui._chat import Conversation, Turn, TurnState
+from qiip_tui.screens._base import ConsoleScreen
 from qiip_tui.widgets import Transcript
-
-if TYPE_CHECKING:
-    from qiip_tui._app import QiipConsole
 
 __all__ = ["ChatScreen"]
 
 
-class ChatScreen(Screen[None]):
+class ChatScreen(ConsoleScreen[None]):
     """A conversation with one model at a time."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -90,11 +87,6 @@ class ChatScreen(Screen[None]):
         super().__init__()
         self.conversation = Conversation()
         """The turns so far."""
-
-    @property
-    def console(self) -> QiipConsole:
-        """The app, typed."""
-        return cast("QiipConsole", self.app)
 
     def compose(self) -> ComposeResult:
         yield Header()

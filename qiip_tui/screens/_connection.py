@@ -5,22 +5,20 @@ The app keeps retrying behind it with a growing delay and leaves it by itself on
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, cast
+from typing import ClassVar
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
-from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
-if TYPE_CHECKING:
-    from qiip_tui._app import QiipConsole
+from qiip_tui.screens._base import ConsoleScreen
 
 __all__ = ["ConnectionScreen"]
 
 
-class ConnectionScreen(Screen[None]):
+class ConnectionScreen(ConsoleScreen[None]):
     """Why the console cannot use its daemon. Shows `QiipConsole.connection_problem`."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -33,11 +31,6 @@ class ConnectionScreen(Screen[None]):
     | r | Retry now. |
     | q | Quit. |
     """
-
-    @property
-    def console(self) -> QiipConsole:
-        """The app, typed."""
-        return cast("QiipConsole", self.app)
 
     def compose(self) -> ComposeResult:
         yield Header()

@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, cast
+from typing import ClassVar
 
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.screen import Screen
 from textual.widgets import Footer, Header, Input
 
 from qiip_tui._fleet import FleetDelta
+from qiip_tui.screens._base import ConsoleScreen
 from qiip_tui.widgets import FleetSummary, FleetTable
-
-if TYPE_CHECKING:
-    from qiip_tui._app import QiipConsole
 
 __all__ = ["FleetScreen"]
 
 
-class FleetScreen(Screen[None]):
+class FleetScreen(ConsoleScreen[None]):
     """Nodes, their state and load; Enter opens one. The app keeps the fleet current and publishes its changes
     on `QiipConsole.fleet_signal`, which this screen hands to its table."""
 
@@ -43,11 +40,6 @@ class FleetScreen(Screen[None]):
     | d u x r p | Drain, undrain, remove, relaunch, power the highlighted node. |
     | q | Quit. |
     """
-
-    @property
-    def console(self) -> QiipConsole:
-        """The app, typed."""
-        return cast("QiipConsole", self.app)
 
     def compose(self) -> ComposeResult:
         yield Header()

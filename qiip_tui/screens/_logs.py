@@ -3,18 +3,15 @@ a daemon's provisioning log as soon as the client offers one (`ProvisioningLogSo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, cast
+from typing import ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
 from qiip_tui._types import ProvisioningLogSource
+from qiip_tui.screens._base import ConsoleScreen
 from qiip_tui.widgets import LogView
-
-if TYPE_CHECKING:
-    from qiip_tui._app import QiipConsole
 
 __all__ = ["NOT_AVAILABLE", "LogsScreen"]
 
@@ -25,7 +22,7 @@ NOT_AVAILABLE = (
 """What the screen says when the daemon has no provisioning log."""
 
 
-class LogsScreen(Screen[None]):
+class LogsScreen(ConsoleScreen[None]):
     """Provisioning output, as it happens."""
 
     AUTO_FOCUS = "#log-lines"
@@ -37,11 +34,6 @@ class LogsScreen(Screen[None]):
     | / | Search. |
     | q | Back to the fleet. |
     """
-
-    @property
-    def console(self) -> QiipConsole:
-        """The app, typed."""
-        return cast("QiipConsole", self.app)
 
     def compose(self) -> ComposeResult:
         yield Header()

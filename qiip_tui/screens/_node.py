@@ -9,23 +9,20 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import TYPE_CHECKING, ClassVar, cast
+from typing import ClassVar
 
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Label, Sparkline, Static
 
 from qiip_core.client import ClientError, NodeInfo, OperationInfo
 from qiip_core.planner import DeviceMemory
 from qiip_tui._fleet import FleetDelta, devices_of
 from qiip_tui._messages import NodePolled
+from qiip_tui.screens._base import ConsoleScreen
 from qiip_tui.widgets import GpuMeter, NodeHeader, OperationPanel, RuntimeView
-
-if TYPE_CHECKING:
-    from qiip_tui._app import QiipConsole
 
 __all__ = ["NodeScreen"]
 
@@ -40,7 +37,7 @@ def _device_label(device: DeviceMemory) -> str:
     return "CPU" if device.kind == "cpu" else f"GPU {device.index}"
 
 
-class NodeScreen(Screen[None]):
+class NodeScreen(ConsoleScreen[None]):
     """One node.
 
     Args:
@@ -71,11 +68,6 @@ class NodeScreen(Screen[None]):
         self._in_flight: deque[float] = deque(maxlen=HISTORY_SAMPLES)
         self._errors: deque[str] = deque(maxlen=RECENT_ERRORS)
         self._gpu_indexes: tuple[int, ...] | None = None
-
-    @property
-    def console(self) -> QiipConsole:
-        """The app, typed."""
-        return cast("QiipConsole", self.app)
 
     def compose(self) -> ComposeResult:
         yield Header()

@@ -9,23 +9,20 @@ Dismisses with the relaunch's `OperationInfo`, or None.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, cast
+from typing import ClassVar
 
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Grid, Horizontal, Vertical
-from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Input, Label, RadioButton, RadioSet, Select, Static
 
 from qiip_core.client import ApiError, ClientError, NodeInfo, OperationInfo
 from qiip_core.planner import Violation
 from qiip_tui._fleet import FleetDelta
 from qiip_tui._sizing import SizingValues, check_sizing, sizing_preview
+from qiip_tui.screens._base import ConsoleScreen
 from qiip_tui.screens._confirm import ConfirmModal
-
-if TYPE_CHECKING:
-    from qiip_tui._app import QiipConsole
 
 __all__ = ["SizingScreen"]
 
@@ -38,7 +35,7 @@ _FIELDS = (
 _CUSTOM_ONLY = ("context_per_slot", "slots", "cache_type")
 
 
-class SizingScreen(Screen[OperationInfo | None]):
+class SizingScreen(ConsoleScreen[OperationInfo | None]):
     """Edit and apply a node's sizing policy.
 
     Args:
@@ -70,11 +67,6 @@ class SizingScreen(Screen[OperationInfo | None]):
         """What the core says is wrong with it."""
         self.stale = False
         """The node's record changed under edits; Reset is needed before Apply."""
-
-    @property
-    def console(self) -> QiipConsole:
-        """The app, typed."""
-        return cast("QiipConsole", self.app)
 
     def compose(self) -> ComposeResult:
         yield Header()
