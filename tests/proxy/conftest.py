@@ -1,13 +1,12 @@
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.daemon import Daemon
+from tests.support.daemon import Daemon, llama_daemon_with
 from tests.support.fault_backend import FaultBackend
 
 
@@ -21,10 +20,7 @@ def llama_daemon(
         {"id": "chat-b", "gguf": str(tiny_gguf), "model": "tiny-chat", "slots": 2, "threads": 1},
         {"id": "embed", "gguf": str(tiny_gguf), "model": "tiny-embed", "slots": 1, "embeddings": True, "threads": 1},
     ]
-    env = {"QIIP_LOCAL_NODES": json.dumps(local), "QIIP_ENGINES__LLAMACPP__SERVER_BINARY": str(llama_server_binary)}
-    with Daemon(tmp_path_factory.mktemp("llama-daemon"), env=env) as daemon:
-        for node_id in ("chat-a", "chat-b", "embed"):
-            daemon.wait_status(node_id, "healthy", timeout_s=120)
+    with llama_daemon_with(tmp_path_factory.mktemp("llama-daemon"), llama_server_binary, local) as daemon:
         yield daemon
 
 

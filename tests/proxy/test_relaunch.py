@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.daemon import Daemon, wait_until
+from tests.support.daemon import Daemon, llama_daemon_with, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -35,10 +35,7 @@ def relaunch_daemon(
         {"id": "small", "gguf": str(tiny_gguf), "model": "small", "slots": 2, "threads": 1},
         {"id": "victim", "gguf": str(victim), "model": "victim", "slots": 1, "threads": 1},
     ]
-    env = {"QIIP_LOCAL_NODES": json.dumps(local), "QIIP_ENGINES__LLAMACPP__SERVER_BINARY": str(llama_server_binary)}
-    with Daemon(tmp_path_factory.mktemp("relaunch-daemon"), env=env) as daemon:
-        for node_id in ("small", "victim"):
-            daemon.wait_status(node_id, "healthy", timeout_s=120)
+    with llama_daemon_with(tmp_path_factory.mktemp("relaunch-daemon"), llama_server_binary, local) as daemon:
         yield daemon
 
 

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from qiip_core.engines.llamacpp import make_test_gguf
-from tests.support.daemon import Daemon
+from tests.support.daemon import Daemon, llama_daemon_with
 from tests.support.fault_backend import FaultBackend
 
 pytestmark = pytest.mark.integration
@@ -33,13 +33,12 @@ def token_daemon(tmp_path_factory: pytest.TempPathFactory, llama_server_binary: 
         n_ctx_train=4096,
     )[0]
     local = [{"id": "llama", "gguf": str(slowish), "model": "llama", "slots": 2, "threads": 1}]
-    env = {
-        "QIIP_AUTH__CLIENT_TOKENS": "required",
-        "QIIP_LOCAL_NODES": json.dumps(local),
-        "QIIP_ENGINES__LLAMACPP__SERVER_BINARY": str(llama_server_binary),
-    }
-    with FaultBackend(model="other") as other, Daemon(tmp_path_factory.mktemp("token-daemon"), env=env) as daemon:
-        daemon.wait_status("llama", "healthy", timeout_s=120)
+    env = {"QIIP_AUTH__CLIENT_TOKENS": "required"}
+    state_dir = tmp_path_factory.mktemp("token-daemon")
+    with (
+        FaultBackend(model="other") as other,
+        llama_daemon_with(state_dir, llama_server_binary, local, env=env) as daemon,
+    ):
         daemon.add_node("other-node", other.url, "other")
         yield daemon
 

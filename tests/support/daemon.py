@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -10,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,12 +63,15 @@ class Daemon:
 
     def __init__(self, state_dir: Path, *, env: dict[str, str] | None = None, config: Path | None = None) -> None:
         self.state_dir = state_dir
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.env = {**FAST_ENV, **(env or {}), "QIIP_STATE_DIR": str(state_dir)}
         self.config = config
         self.log_path = state_dir / "daemon.log"
         self.process: subprocess.Popen[bytes] | None = None
+        self._use_port(free_port())
+
+    def _use_port(self, port: int) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
         self.client = httpx.Client(base_url=self.url, trust_env=False, timeout=30.0)
         self.admin = httpx.Client(
             base_url=self.url,
@@ -86,15 +90,7 @@ class Daemon:
                     raise
                 self.client.close()
                 self.admin.close()
-                self.port = free_port()
-                self.url = f"http://127.0.0.1:{self.port}"
-                self.client = httpx.Client(base_url=self.url, trust_env=False, timeout=30.0)
-                self.admin = httpx.Client(
-                    base_url=self.url,
-                    trust_env=False,
-                    timeout=30.0,
-                    auth=(self.env["QIIP_ADMIN__USERNAME"], self.env["QIIP_ADMIN__PASSWORD"]),
-                )
+                self._use_port(free_port())
         raise AssertionError("unreachable")
 
     def _start(self) -> Daemon:
@@ -186,6 +182,27 @@ class Daemon:
             if all(found.get(k) == v for k, v in labels.items()):
                 total += float(match.group(2))
         return total
+
+
+@contextlib.contextmanager
+def llama_daemon_with(
+    state_dir: Path,
+    server_binary: Path,
+    local_nodes: list[dict[str, Any]],
+    *,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 120.0,
+) -> Iterator[Daemon]:
+    """A daemon that runs `local_nodes` (`[[local_nodes]]` entries) on `server_binary`, once all are healthy."""
+    env = {
+        "QIIP_LOCAL_NODES": json.dumps(local_nodes),
+        "QIIP_ENGINES__LLAMACPP__SERVER_BINARY": str(server_binary),
+        **(env or {}),
+    }
+    with Daemon(state_dir, env=env) as daemon:
+        for node in local_nodes:
+            daemon.wait_status(node["id"], "healthy", timeout_s=timeout_s)
+        yield daemon
 
 
 def write_json(path: Path, value: Any) -> Path:

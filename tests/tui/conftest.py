@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,7 +15,7 @@ from textual.screen import Screen
 from textual.widgets import Input
 
 from qiip_core.client import ConsoleConfig
-from tests.support.daemon import Daemon
+from tests.support.daemon import Daemon, llama_daemon_with
 from tests.support.fault_backend import FaultBackend
 
 ADMIN = ConsoleConfig(url="http://127.0.0.1:1", username="admin", password="test-password", source="the test")
@@ -81,10 +80,7 @@ def console_daemon(
         {"id": "chat-a", "gguf": str(tiny_gguf), "model": "tiny-chat", "slots": 2, "threads": 1},
         {"id": "chat-b", "gguf": str(tiny_gguf), "model": "tiny-chat", "slots": 2, "threads": 1},
     ]
-    env = {"QIIP_LOCAL_NODES": json.dumps(local), "QIIP_ENGINES__LLAMACPP__SERVER_BINARY": str(llama_server_binary)}
-    with Daemon(tmp_path_factory.mktemp("console-daemon"), env=env) as daemon:
-        for node_id in ("chat-a", "chat-b"):
-            daemon.wait_status(node_id, "healthy", timeout_s=120)
+    with llama_daemon_with(tmp_path_factory.mktemp("console-daemon"), llama_server_binary, local) as daemon:
         daemon.add_node("slow", slow_backend.url, "slow-model")
         yield daemon
 
