@@ -218,6 +218,8 @@ class EmbeddedRegistry(Registry):
             if old.get(node_id) != node:
                 self._emit(RegistryEvent(RegistryEventKind.PUT, node_id, node, "state"))
         for node_id in old.keys() - fresh.keys():
+            if node_id in self._config or node_id in self._local:
+                continue  # shadowed since: the node of that id is the config's or local one, and stays
             self._emit(RegistryEvent(RegistryEventKind.DELETE, node_id, None, "state"))
 
     def _emit(self, event: RegistryEvent) -> None:
@@ -253,6 +255,8 @@ class EmbeddedRegistry(Registry):
         self._lifecycle.pop(node.id, None)
         if ephemeral:
             stored = node.model_copy(update={"endpoint": self.policy.check(node.endpoint).url})
+            if self._state.pop(node.id, None) is not None:
+                logger.warning("state file node %s is shadowed by the local node of that id", node.id)
             self._local[node.id] = stored
             self._emit(RegistryEvent(RegistryEventKind.PUT, node.id, stored, "local"))
             return stored

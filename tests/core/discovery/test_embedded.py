@@ -132,3 +132,22 @@ def test_invalid_entries_survive_a_rewrite(settings: Settings, caplog: pytest.Lo
     entries = json.loads((settings.state_dir / "nodes.json").read_text())["nodes"]
     assert odd in entries and any(e["id"] == "a" for e in entries)
     assert "entry 'odd' is invalid" in caplog.text
+
+
+async def test_a_state_file_node_shadowed_by_a_local_node_never_takes_it_down(settings: Settings) -> None:
+    # The state file already names `local` when the daemon's own local node of that id comes up.
+    add_to_state_file(settings, node("local", 9010))
+    events: list[RegistryEvent] = []
+    registry = EmbeddedRegistry(settings)
+    await registry.start(events.append)
+    try:
+        await registry.register(node("local", 9009), ephemeral=True)
+        assert [(r.node.id, r.source) for r in registry.nodes()] == [("cfg", "config"), ("local", "local")]
+        events.clear()
+        await asyncio.to_thread(add_to_state_file, settings, node("other", 9011))  # any later change
+        await _until(lambda: any(e.node_id == "other" for e in events))
+        await asyncio.sleep(0.1)
+        assert [(e.kind, e.node_id) for e in events] == [(RegistryEventKind.PUT, "other")]
+        assert ("local", "local") in [(r.node.id, r.source) for r in registry.nodes()]
+    finally:
+        await registry.aclose()
