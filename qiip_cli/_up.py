@@ -11,6 +11,7 @@ which then stops the daemon gracefully (SIGTERM, then SIGKILL after a grace peri
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import secrets
@@ -19,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 from types import FrameType
 
@@ -41,19 +43,31 @@ LOCAL_NODE_ID = "local"
 
 _READY_TIMEOUT_S = 600.0
 _STOP_GRACE_S = 45.0
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class _Stop(Exception):
     pass
 
 
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+def _check_port(host: str, port: int) -> None:
+    """Refuse an address the daemon could not bind, the way uvicorn binds it (SO_REUSEADDR, so connections
+    of a previous run still in TIME-WAIT do not count).
+
+    Raises:
+        click.ClickException: the port is in use, or `host` is not an address of this machine.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
-        except OSError:
-            return False
-    return True
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise click.ClickException(
+                    f"Port {port} on {host} is already in use; pass --port to choose another."
+                ) from None
+            raise click.ClickException(f"Cannot listen on {host}:{port}: {exc.strerror}.") from None
 
 
 def _ensure_engine(settings: Settings) -> None:
@@ -101,18 +115,16 @@ def _ensure_model(settings: Settings, model: Path | None) -> Path:
 def up(ctx: CliContext, model: Path | None, alias: str | None, host: str, port: int, slots: int) -> None:
     """Serve a GGUF model behind the gateway on this machine, until Ctrl-C."""
     settings = ctx.settings
-    if not _port_free(host, port):
-        raise click.ClickException(f"Port {port} on {host} is already in use; pass --port to choose another.")
+    _check_port(host, port)
     _ensure_engine(settings)
     gguf = run_or_exit(lambda: _ensure_model(settings, model))
     served = alias or (TEST_MODEL_ALIAS if model is None else gguf.name.removesuffix(".gguf"))
     env = dict(os.environ)
+    console_credentials: tuple[str, str] | None = None
     if settings.admin.enabled and not (settings.admin.username and settings.admin.password):
-        env["QIIP_ADMIN__USERNAME"], env["QIIP_ADMIN__PASSWORD"] = "qiip", secrets.token_urlsafe(24)
-        credentials = _write_console_config(
-            settings, f"http://{host}:{port}", env["QIIP_ADMIN__USERNAME"], env["QIIP_ADMIN__PASSWORD"]
-        )
-        click.echo(f"Admin API: user qiip, password in {credentials} (for `qiip console`).", err=True)
+        # The same credentials on every start: a console left open reconnects after a restart.
+        console_credentials = _previous_credentials(settings) or ("qiip", secrets.token_urlsafe(24))
+        env["QIIP_ADMIN__USERNAME"], env["QIIP_ADMIN__PASSWORD"] = console_credentials
     env["QIIP_LOCAL_NODES"] = json.dumps([{"id": LOCAL_NODE_ID, "gguf": str(gguf), "model": served, "slots": slots}])
     env["QIIP_STATE_DIR"] = str(settings.state_dir)
     argv = [sys.executable, "-m", "qiip_proxy", "--host", host, "--port", str(port)]
@@ -123,10 +135,16 @@ def up(ctx: CliContext, model: Path | None, alias: str | None, host: str, port: 
     def stop(signum: int, frame: FrameType | None) -> None:
         raise _Stop
 
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    previous = {s: signal.signal(s, stop) for s in _STOP_SIGNALS}
     try:
         base = f"http://{host}:{port}"
         _wait_ready(daemon, base, served, settings)
+        if console_credentials is not None:
+            # Only once this daemon serves: a start that fails leaves a running daemon's console file alone.
+            credentials = _write_console_config(settings, base, *console_credentials)
+            click.echo(
+                f"Admin API: user {console_credentials[0]}, password in {credentials} (`qiip console`).", err=True
+            )
         click.echo(f"Serving {served!r}. Press Ctrl-C to stop.", err=True)
         click.echo(f"OpenAI base URL: {base}/v1")
         daemon.wait()
@@ -134,15 +152,31 @@ def up(ctx: CliContext, model: Path | None, alias: str | None, host: str, port: 
     except _Stop:
         click.echo("Stopping…", err=True)
     finally:
+        _terminate(daemon)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        _terminate(daemon)
+
+
+def _previous_credentials(settings: Settings) -> tuple[str, str] | None:
+    """The admin credentials an earlier `qiip up` wrote to the state directory's console.toml, if it is
+    private and names both."""
+    path = settings.state_dir / "console.toml"
+    try:
+        if path.stat().st_mode & 0o077:
+            return None
+        values = tomllib.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    username, password = values.get("username"), values.get("password")
+    if isinstance(username, str) and isinstance(password, str) and username and password:
+        return username, password
+    return None
 
 
 def _write_console_config(settings: Settings, url: str, username: str, password: str) -> Path:
     """Write the console's connection file, readable by its owner only."""
     path = settings.state_dir / "console.toml"
-    text = f'url = "{url}"\nusername = "{username}"\npassword = "{password}"\n'
+    text = f"url = {json.dumps(url)}\nusername = {json.dumps(username)}\npassword = {json.dumps(password)}\n"
     atomic_write(path, text.encode(), mode=0o600)
     return path
 
@@ -159,7 +193,10 @@ def _wait_ready(daemon: subprocess.Popen[bytes], base: str, served: str, setting
             try:
                 launch = client.get(f"{base}/health").json().get("local_nodes", {}).get(LOCAL_NODE_ID)
                 if launch == "failed":
-                    raise click.ClickException(f"The model {served!r} failed to start; see its log at {log}.")
+                    raise click.ClickException(
+                        f"The model {served!r} failed to start: the daemon says why above "
+                        f"(`local node {LOCAL_NODE_ID} failed to start`); llama-server's own output is in {log}."
+                    )
                 models = [m["id"] for m in client.get(f"{base}/v1/models").json()["data"]]
                 if launch == "serving" and served in models:
                     return
@@ -170,8 +207,16 @@ def _wait_ready(daemon: subprocess.Popen[bytes], base: str, served: str, setting
 
 
 def _terminate(daemon: subprocess.Popen[bytes]) -> None:
+    """Stop the daemon: SIGTERM, then SIGKILL after the grace period. Signals meanwhile do not cut this
+    short: the daemon stops its llama-servers on the way out, and leaving early would orphan them."""
     if daemon.poll() is not None:
         return
+
+    def still_stopping(signum: int, frame: FrameType | None) -> None:
+        click.echo(f"Still stopping the daemon (at most {_STOP_GRACE_S:.0f} s)…", err=True)
+
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, still_stopping)
     daemon.send_signal(signal.SIGTERM)
     try:
         daemon.wait(timeout=_STOP_GRACE_S)

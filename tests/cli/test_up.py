@@ -7,12 +7,15 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
+from qiip_cli._up import _previous_credentials, _write_console_config
+from qiip_core.config import load_settings
 from tests.support.daemon import free_port
 
 pytestmark = pytest.mark.integration
@@ -114,6 +117,11 @@ def test_up_fails_fast_when_its_model_cannot_load(tmp_path: Path, llama_server_b
         "QIIP_STATE_DIR": str(tmp_path / "state"),
         "QIIP_ENGINES__LLAMACPP__SERVER_BINARY": str(llama_server_binary),
     }
+    # A console file of a daemon already running on this state directory survives a start that fails.
+    (tmp_path / "state").mkdir()
+    console_file = tmp_path / "state" / "console.toml"
+    console_file.write_text('url = "http://127.0.0.1:8080"\nusername = "qiip"\npassword = "running"\n')
+    console_file.chmod(0o600)
     result = subprocess.run(
         [
             sys.executable,
@@ -131,5 +139,17 @@ def test_up_fails_fast_when_its_model_cannot_load(tmp_path: Path, llama_server_b
         timeout=120,
     )
     assert result.returncode == 1
-    assert "The model 'broken' failed to start; see its log at" in result.stderr
+    assert "The model 'broken' failed to start: the daemon says why above" in result.stderr
+    assert "local node local failed to start" in result.stderr  # the daemon's own line, above
     assert _processes_mentioning(str(tmp_path / "state")) == []
+    assert 'password = "running"' in console_file.read_text()
+
+
+def test_up_keeps_the_console_credentials_of_an_earlier_start(tmp_path: Path) -> None:
+    settings = load_settings(state_dir=tmp_path)
+    assert _previous_credentials(settings) is None
+    path = _write_console_config(settings, "http://127.0.0.1:8080", "qiip", 'pa"ss')
+    assert tomllib.loads(path.read_text())["password"] == 'pa"ss'
+    assert _previous_credentials(settings) == ("qiip", 'pa"ss')
+    path.chmod(0o644)  # one others can read is not trusted (the console refuses it too)
+    assert _previous_credentials(settings) is None
