@@ -406,7 +406,8 @@ async def events(
     heartbeat_s: Annotated[float, Query(gt=0, le=300, description="Seconds between heartbeat comments.")] = 15.0,
 ) -> Response:
     """Server-sent events of node changes: `event: node` with `{"change": "added"|"updated"|"removed", "node":
-    {...}}`, starting with every current node as `added`, and a `: heartbeat` comment when idle."""
+    {...}}`, starting with every current node as `added`, and a `: heartbeat` comment when idle. The stream
+    ends when the daemon begins to shut down (a client reconnects to the next one)."""
     gateway = _gateway(request)
     queue: asyncio.Queue[TableChange | None] = asyncio.Queue(maxsize=1024)
 
@@ -416,7 +417,15 @@ async def events(
             queue.get_nowait()
         queue.put_nowait(change)
 
+    def end() -> None:
+        if queue.full():
+            queue.get_nowait()
+        queue.put_nowait(None)
+
     unsubscribe = gateway.table.add_listener(listener)
+    gateway.on_shutdown_begun.add(end)
+    if gateway.shutting_down:
+        end()
 
     async def stream() -> AsyncIterator[bytes]:
         try:
@@ -439,6 +448,7 @@ async def events(
                 yield _event({"change": change.kind.value, "node": view})
         finally:
             unsubscribe()
+            gateway.on_shutdown_begun.discard(end)
 
     return StreamingResponse(
         stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

@@ -9,9 +9,11 @@ gateway. SIGINT/SIGTERM stop accepting connections, let in-flight requests finis
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import sys
 from pathlib import Path
+from types import FrameType
 
 import click
 import uvicorn
@@ -21,6 +23,7 @@ from qiip_core import ConfigError
 from qiip_core._logging import configure_logging
 from qiip_core.config import load_settings
 from qiip_proxy._app import create_app, serving_app
+from qiip_proxy._gateway import Gateway
 
 __all__ = ["main"]
 
@@ -43,6 +46,26 @@ def _bind(host: str, port: int) -> socket.socket:
         ) from exc
     sock.set_inheritable(True)
     return sock
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, which also tells the gateway when a shutdown begins: uvicorn then waits for open
+    connections, and the admin event streams, which never end by themselves, must end first."""
+
+    def __init__(self, gateway: Gateway, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self._gateway = gateway
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        if self._loop is not None:
+            # A signal handler: hand the work to the loop rather than touch its state from here.
+            self._loop.call_soon_threadsafe(self._gateway.begin_shutdown)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -70,7 +93,8 @@ def main(config: Path | None, host: str | None, port: int | None) -> None:
     except ConfigError as exc:
         click.echo(f"qiip-proxy: {exc.message}", err=True)
         sys.exit(2)
-    server = uvicorn.Server(
+    server = _Server(
+        app.state.gateway,
         uvicorn.Config(
             serving_app(app),
             log_config=None,
@@ -78,7 +102,7 @@ def main(config: Path | None, host: str | None, port: int | None) -> None:
             server_header=False,
             timeout_graceful_shutdown=int(settings.server.shutdown_timeout_s),
             lifespan="on",
-        )
+        ),
     )
     server.run(sockets=[sock])
     if not server.started:

@@ -69,6 +69,18 @@ class Gateway:
         self.tokens: TokenStore = create_token_store(settings)
         # Streams running on each invoke token, ended at once when the token is revoked or expires.
         self.streams_by_token: dict[str, set[Callable[[], None]]] = {}
+        # Endless streams (admin events), ended when the server begins to shut down.
+        self.on_shutdown_begun: set[Callable[[], None]] = set()
+        self.shutting_down = False
+
+    def begin_shutdown(self) -> None:
+        """The server stopped accepting connections and waits for the open ones: end the streams that never
+        end by themselves (admin events), so the wait is for requests only. Call on the event loop."""
+        if self.shutting_down:
+            return
+        self.shutting_down = True
+        for end in list(self.on_shutdown_begun):
+            end()
 
     def _headers_for(self, node_id: str) -> dict[str, str]:
         token = self._attached_tokens.get(node_id)

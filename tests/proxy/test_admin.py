@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -187,3 +189,28 @@ def _finished(daemon: Daemon, operation_id: str) -> dict[str, Any]:
 
     wait_until(done, 30, f"operation {operation_id}")
     return result
+
+
+def test_shutting_down_ends_the_event_streams_instead_of_waiting_for_them(tmp_path: Path) -> None:
+    daemon = Daemon(tmp_path, env={"QIIP_SERVER__SHUTDOWN_TIMEOUT_S": "60"}).start()
+    ended: list[str] = []
+
+    def follow() -> None:
+        with daemon.admin.stream("GET", "/admin/events", params={"heartbeat_s": 300}, timeout=None) as events:
+            ended.append(f"<status {events.status_code}>")
+            for line in events.iter_lines():
+                ended.append(line)
+        ended.append("<end>")
+
+    follower = threading.Thread(target=follow, daemon=True)
+    follower.start()
+    wait_until(lambda: "<status 200>" in ended, 10, "the stream to start")
+    try:
+        # The daemon's grace period is a minute: had it waited for the stream, stop() would kill it at 30 s.
+        assert daemon.stop(signal.SIGTERM) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it caught
+        follower.join(10)
+        assert ended[-1] == "<end>"
+        assert "Exception in ASGI application" not in daemon.log()
+        assert "Waiting for connections to close" not in daemon.log()
+    finally:
+        daemon.close()
