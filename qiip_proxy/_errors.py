@@ -15,9 +15,12 @@ from starlette.responses import Response
 
 from qiip_core import AuthError, FailoverExhausted, QiipError, RoutingError, UpstreamError
 
-__all__ = ["SSE_DONE", "ClientError", "describe_error", "error_body", "error_response", "sse_error_event"]
+__all__ = ["SSE_DONE", "TOO_DEEP", "ClientError", "describe_error", "error_body", "error_response", "sse_error_event"]
 
 SSE_DONE = b"data: [DONE]\n\n"
+
+TOO_DEEP = "The request body is not valid JSON: it is nested too deeply."
+"""The message for a JSON body whose nesting exceeds what the parser recurses through."""
 
 
 @dataclass

@@ -40,7 +40,7 @@ from qiip_core import (
 from qiip_core.auth import InvokeToken, parse_bearer
 from qiip_core.nodes import ApiName
 from qiip_core.routing import UpstreamRequest, UpstreamResponse
-from qiip_proxy._errors import SSE_DONE, ClientError, describe_error, error_body, sse_error_event
+from qiip_proxy._errors import SSE_DONE, TOO_DEEP, ClientError, describe_error, error_body, sse_error_event
 
 if TYPE_CHECKING:
     from qiip_proxy._gateway import Gateway
@@ -183,6 +183,8 @@ async def read_request(
         payload = json.loads(body)
     except ValueError as exc:
         raise ClientError(400, f"The request body is not valid JSON: {exc}.", "invalid_json") from None
+    except RecursionError:
+        raise ClientError(400, TOO_DEEP, "invalid_json") from None
     if not isinstance(payload, dict):
         raise ClientError(400, "The request body must be a JSON object.", "invalid_json")
     model = payload.get("model")

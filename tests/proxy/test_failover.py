@@ -259,9 +259,18 @@ def test_bad_requests(fault_daemon: Daemon) -> None:
 
     streamed = httpx.post(fault_daemon.url + CHAT, content=chunks(), timeout=30)
     assert streamed.status_code == 413
-    for raw, code in ((b"[1, 2]", "invalid_json"), (b"{", "invalid_json"), (b'{"model": 5}', "missing_model")):
+    deep = b"[" * 100_000 + b"]" * 100_000
+    for raw, code in (
+        (b"[1, 2]", "invalid_json"),
+        (b"{", "invalid_json"),
+        (b'{"model": 5}', "missing_model"),
+        (deep, "invalid_json"),
+    ):
         answer = httpx.post(fault_daemon.url + CHAT, content=raw, timeout=30)
         assert answer.status_code == 400 and answer.json()["error"]["code"] == code
+    headers = {"content-type": "application/json"}
+    admin = fault_daemon.admin.post("/admin/tokens", content=deep, headers=headers)
+    assert admin.status_code == 400 and admin.json()["error"]["code"] == "http_error"
     assert httpx.get(fault_daemon.url + "/v1/nothing", timeout=30).json()["error"]["code"] == "not_found"
 
 
