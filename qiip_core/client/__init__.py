@@ -15,7 +15,13 @@ from qiip_core.client._client import (
     QiipClient,
     Unauthorized,
 )
-from qiip_core.client._config import DEFAULT_URL, ConsoleConfig, console_config_paths, load_console_config
+from qiip_core.client._config import (
+    DEFAULT_URL,
+    ConsoleConfig,
+    check_daemon_url,
+    console_config_paths,
+    load_console_config,
+)
 
 __all__ = [
     "DEFAULT_URL",
@@ -31,6 +37,7 @@ __all__ = [
     "OperationInfo",
     "QiipClient",
     "Unauthorized",
+    "check_daemon_url",
     "console_config_paths",
     "load_console_config",
 ]

@@ -22,11 +22,12 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 
+import httpx
 from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError
 
 from qiip_core._errors import ConfigError
 
-__all__ = ["DEFAULT_URL", "ConsoleConfig", "console_config_paths", "load_console_config"]
+__all__ = ["DEFAULT_URL", "ConsoleConfig", "check_daemon_url", "console_config_paths", "load_console_config"]
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 """The daemon's URL when nothing says otherwise."""
@@ -81,10 +82,44 @@ def _read_private(path: Path) -> dict[str, object]:
         raise ConfigError(f"The console config {path} is not valid TOML: {exc}.") from exc
 
 
+def check_daemon_url(url: str, *, origin: str) -> str:
+    """The daemon's base URL, normalised (no trailing slash).
+
+    Args:
+        url: what the operator gave.
+        origin: where it came from, for the message (`--url`, `QIIP_URL`, a file's path).
+
+    Raises:
+        ConfigError: not an http(s) URL with a host, or it carries a query, a fragment or the OpenAI `/v1`
+            suffix (the console talks to the daemon's root, where `/admin` and `/v1` both live).
+    """
+    try:
+        parsed = httpx.URL(url.strip())
+    except httpx.InvalidURL as exc:
+        raise ConfigError(f"The daemon URL {url!r} from {origin} is not a URL: {exc}.") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ConfigError(
+            f"The daemon URL {url!r} from {origin} must be http:// or https:// with a host, like {DEFAULT_URL}."
+        )
+    if parsed.query or parsed.fragment:
+        raise ConfigError(f"The daemon URL {url!r} from {origin} must not have a query or a fragment.")
+    path = parsed.path.rstrip("/")
+    if path.endswith("/v1"):
+        root = str(parsed.copy_with(path=path.removesuffix("/v1") or "/")).rstrip("/")
+        raise ConfigError(
+            f"The daemon URL {url!r} from {origin} is the OpenAI base URL; give the daemon's own, {root}."
+        )
+    return str(parsed.copy_with(path=path or "/")).rstrip("/")
+
+
 def load_console_config(
     *, url: str | None = None, env: Mapping[str, str] | None = None, state_dir: Path | None = None
 ) -> ConsoleConfig:
     """Find the daemon's URL and credentials.
+
+    The `--url` flag beats `QIIP_URL`, which beats the file's `url`. Credentials come from the environment
+    (`QIIP_ADMIN__USERNAME`, `QIIP_ADMIN__PASSWORD`, `QIIP_TOKEN`) over the file's; a file's credentials
+    are used only for the URL it names (or any URL, when it names none), so they never reach another host.
 
     Args:
         url: the `--url` flag, which beats every other source.
@@ -92,9 +127,12 @@ def load_console_config(
         state_dir: where `qiip up` writes its `console.toml`.
 
     Raises:
-        ConfigError: a config file is readable by others, not valid TOML, or has unknown keys.
+        ConfigError: a config file is readable by others, not valid TOML, has unknown keys, or is missing
+            where `QIIP_CONSOLE_CONFIG` points; a URL is not an http(s) URL of the daemon.
     """
     env = os.environ if env is None else env
+    if env.get("QIIP_CONSOLE_CONFIG") and not Path(env["QIIP_CONSOLE_CONFIG"]).expanduser().exists():
+        raise ConfigError(f"QIIP_CONSOLE_CONFIG names {env['QIIP_CONSOLE_CONFIG']}, which does not exist.")
     values: dict[str, object] = {}
     source = "defaults"
     for path in console_config_paths(env, state_dir):
@@ -102,9 +140,27 @@ def load_console_config(
         if found:
             values, source = found, str(path)
             break
+    if isinstance(values.get("url"), str):
+        values["url"] = check_daemon_url(str(values["url"]), origin=source)
+    if url is not None and not url.strip():
+        raise ConfigError("--url is empty; give the daemon's base URL, like http://127.0.0.1:8080.")
+    chosen = (
+        check_daemon_url(url, origin="--url")
+        if url
+        else check_daemon_url(env["QIIP_URL"], origin="QIIP_URL")
+        if env.get("QIIP_URL")
+        else None
+    )
+    if chosen is not None:
+        file_url = values.get("url")
+        if isinstance(file_url, str) and file_url != chosen:
+            # The file's credentials are for its own daemon: never send them to another.
+            values = {}
+            source = f"nowhere ({source} holds credentials for {file_url}, not {chosen})"
+        values["url"] = chosen
+    file_credentials = any(key in values for key in ("username", "password"))
     from_env: list[str] = []
     for key, name in (
-        ("url", "QIIP_URL"),
         ("username", "QIIP_ADMIN__USERNAME"),
         ("password", "QIIP_ADMIN__PASSWORD"),
         ("token", "QIIP_TOKEN"),
@@ -114,12 +170,10 @@ def load_console_config(
             if key in ("username", "password"):
                 from_env.append(name)
     # `source` names where the admin credentials came from, for the console's "refused" message.
-    if len(from_env) == 2 or (from_env and source == "defaults"):
+    if len(from_env) == 2 or (from_env and not file_credentials):
         source = f"the environment ({' and '.join(from_env)})"
     elif from_env:
         source = f"{from_env[0]} and {source}"
-    if url:
-        values["url"] = url
     try:
         return ConsoleConfig.model_validate({**values, "source": source})
     except ValidationError as exc:

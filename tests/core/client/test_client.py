@@ -106,6 +106,15 @@ def test_console_config_sources(tmp_path: Path) -> None:
     assert load_console_config(env={**env, "QIIP_TOKEN": "t"}).source == str(file)
     both = {**env, "QIIP_ADMIN__USERNAME": "u", "QIIP_ADMIN__PASSWORD": "p"}
     assert load_console_config(env=both).source == "the environment (QIIP_ADMIN__USERNAME and QIIP_ADMIN__PASSWORD)"
+    # --url or QIIP_URL naming another daemon: the file's credentials are not sent there.
+    elsewhere = load_console_config(url="http://127.0.0.2:9999/", env=env)
+    assert elsewhere.url == "http://127.0.0.2:9999" and elsewhere.password is None and elsewhere.username is None
+    assert elsewhere.source.startswith(f"nowhere ({file} holds credentials for http://127.0.0.1:9999")
+    same = load_console_config(url="http://127.0.0.1:9999/", env=env)
+    assert same.password is not None and same.source == str(file)
+    from_env = load_console_config(env={**env, "QIIP_URL": "http://127.0.0.2:1", "QIIP_ADMIN__PASSWORD": "p"})
+    assert from_env.password is not None and from_env.username is None
+    assert from_env.source == "the environment (QIIP_ADMIN__PASSWORD)"
     file.chmod(0o644)
     with pytest.raises(ConfigError) as loose:
         load_console_config(env=env)
@@ -116,3 +125,27 @@ def test_console_config_sources(tmp_path: Path) -> None:
     (state / "console.toml").chmod(0o600)
     found = load_console_config(env={"XDG_CONFIG_HOME": str(tmp_path / "none")}, state_dir=state)
     assert found.url == "http://127.0.0.1:7777"
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("notaurl", "must be http:// or https:// with a host"),
+        ("127.0.0.1:8080", "must be http:// or https:// with a host"),
+        ("ftp://x", "must be http:// or https:// with a host"),
+        ("http://127.0.0.1:8080/v1", "is the OpenAI base URL; give the daemon's own, http://127.0.0.1:8080."),
+        ("http://127.0.0.1:8080/?a=1", "must not have a query or a fragment"),
+        ("   ", "--url is empty"),
+        ("http://[::1", "is not a URL"),
+    ],
+)
+def test_console_urls_are_checked(tmp_path: Path, url: str, message: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_console_config(url=url, env={"XDG_CONFIG_HOME": str(tmp_path)})
+    assert message in refused.value.message
+
+
+def test_a_missing_console_config_named_by_the_environment_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as missing:
+        load_console_config(env={"QIIP_CONSOLE_CONFIG": str(tmp_path / "nope.toml")})
+    assert "QIIP_CONSOLE_CONFIG names" in missing.value.message
