@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from qiip_core.client import ApiError, ClientError, Unauthorized
+from qiip_core.client import ApiError, ClientError, NotADaemon, Unauthorized
 
 __all__ = ["RETRY_DELAYS_S", "ConnectionProblem", "describe_problem", "retry_delay_s"]
 
@@ -23,7 +23,7 @@ RETRY_DELAYS_S: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 15.0)
 class ConnectionProblem:
     """What the connection screen says."""
 
-    kind: Literal["unreachable", "unauthorized", "refused"]
+    kind: Literal["unreachable", "unauthorized", "refused", "not-a-daemon"]
     """Nothing answers; the credentials were refused; the daemon answered with another error."""
     title: str
     """One line: what is wrong."""
@@ -60,6 +60,18 @@ def describe_problem(error: ClientError, *, url: str, source: str, username: str
                 f"The console read its credentials from {source}; `qiip up` writes them to "
                 "<state dir>/console.toml, or set QIIP_ADMIN__USERNAME and QIIP_ADMIN__PASSWORD here.",
                 "A console.toml with credentials must be private (chmod 600), or it is refused.",
+            ),
+        )
+    if isinstance(error, NotADaemon):
+        return ConnectionProblem(
+            "not-a-daemon",
+            "Something answers there, but it is not a QIIP daemon.",
+            url,
+            error.message,
+            (
+                f"Is {url} the daemon's address, not a node, a login page or another service?",
+                "A proxy in front of the daemon must pass /admin and /v1 through unchanged.",
+                "Give the daemon's URL with --url, QIIP_URL or url in console.toml.",
             ),
         )
     if isinstance(error, ApiError):

@@ -41,6 +41,7 @@ __all__ = [
     "HealthView",
     "NodeEvent",
     "NodeInfo",
+    "NotADaemon",
     "OperationInfo",
     "QiipClient",
     "Unauthorized",
@@ -57,6 +58,11 @@ class DaemonUnreachable(ClientError):
 
 class Unauthorized(ClientError):
     """The daemon refused the admin credentials (401)."""
+
+
+class NotADaemon(ClientError):
+    """Something answered at the daemon's URL, but not with the daemon's JSON (a login page, another
+    service): a successful answer that is not JSON, or JSON of another shape."""
 
 
 class ApiError(ClientError):
@@ -208,7 +214,16 @@ class QiipClient:
         except httpx.HTTPError as exc:
             raise DaemonUnreachable(f"The daemon at {self.url} does not answer: {exc!r}.") from exc
         _raise_for(response, self.url)
-        return response.json()
+        try:
+            return response.json()
+        except ValueError:
+            kind = response.headers.get("content-type", "no content type")
+            raise NotADaemon(
+                f"The server at {self.url} answered {method} {path} with {kind}, not the daemon's JSON."
+            ) from None
+
+    def _shape_error(self, path: str, exc: Exception) -> NotADaemon:
+        return NotADaemon(f"The server at {self.url} answered {path} with JSON of another shape ({exc}).")
 
     async def _admin_json(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
         kwargs: dict[str, Any] = {}
@@ -225,7 +240,10 @@ class QiipClient:
     async def nodes(self) -> list[NodeInfo]:
         """Every node (`GET /admin/nodes`)."""
         payload = await self._admin_json("GET", "/admin/nodes")
-        return [NodeInfo.model_validate(item) for item in payload["nodes"]]
+        try:
+            return [NodeInfo.model_validate(item) for item in payload["nodes"]]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise self._shape_error("/admin/nodes", exc) from None
 
     async def node(self, node_id: str) -> NodeInfo:
         """One node (`GET /admin/nodes/{id}`)."""
@@ -268,6 +286,7 @@ class QiipClient:
 
         Raises:
             DaemonUnreachable, Unauthorized, ApiError: the stream could not be opened or broke.
+            NotADaemon: an event is not the daemon's.
         """
         try:
             async with httpx_sse.aconnect_sse(
@@ -276,7 +295,11 @@ class QiipClient:
                 _raise_for(source.response, self.url)
                 async for event in source.aiter_sse():
                     if event.event == "node":
-                        yield NodeEvent.model_validate_json(event.data)
+                        try:
+                            parsed = NodeEvent.model_validate_json(event.data)
+                        except ValueError as exc:
+                            raise self._shape_error("/admin/events", exc) from None
+                        yield parsed
         except httpx.HTTPError as exc:
             raise DaemonUnreachable(f"The event stream from {self.url} broke: {exc!r}.") from exc
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.server
 import threading
 from pathlib import Path
 
@@ -61,3 +62,42 @@ async def test_the_console_recovers_by_itself_when_the_daemon_comes_up(tmp_path:
             assert app.connected and app.connection_problem is None
     finally:
         daemon.close()
+
+
+class _Impostor(http.server.BaseHTTPRequestHandler):
+    """Answers every GET with 200 and a fixed body: a login page, or JSON that is not the daemon's."""
+
+    content_type = "text/html"
+    body = b""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("content-type", self.content_type)
+        self.send_header("content-length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [("text/html", b"<html><body>Sign in</body></html>"), ("application/json", b'{"nodes": [{"name": "x"}]}')],
+)
+async def test_a_server_that_is_not_the_daemon_is_named_as_such(content_type: str, body: bytes) -> None:
+    handler = type("Handler", (_Impostor,), {"content_type": content_type, "body": body})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        app = QiipConsole(ConsoleConfig(url=url), retry_delays_s=(30.0,))
+        async with app.run_test(size=(80, 24)) as pilot:
+            await wait_for(pilot, lambda: _problem(app), what="the connection screen")
+            assert _text(app, "#problem-title") == "Something answers there, but it is not a QIIP daemon."
+            assert "/admin/nodes" in _text(app, "#problem-detail")
+            await pilot.press("q")
+    finally:
+        server.shutdown()
+        server.server_close()
