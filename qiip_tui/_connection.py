@@ -77,7 +77,8 @@ def describe_problem(error: ClientError, *, url: str, source: str, username: str
     if isinstance(error, ApiError):
         return ConnectionProblem(
             "refused",
-            f"The daemon answered with an error (HTTP {error.status}{f', {error.code}' if error.code else ''}).",
+            f"The daemon answered with an error (HTTP {error.status}"
+            f"{f', {error.code}' if error.code and error.code != str(error.status) else ''}).",
             url,
             error.message,
             (

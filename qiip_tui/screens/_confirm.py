@@ -34,12 +34,14 @@ class ConfirmModal(ModalScreen[bool | None]):
         Binding("escape,n", "cancel", "Cancel"),
         Binding("y", "confirm", "Confirm"),
         Binding("question_mark", "app.help", "Keys", show=False),  # a modal screen hides the app's keys
+        Binding("f", "toggle_option", "Toggle the option", show=False),
     ]
     """
     | Key | Action |
     | :- | :- |
     | y | Confirm. |
     | n, escape | Cancel. |
+    | f | Tick or clear the option (Force), when the dialog has one. |
     | ? | The key map. |
     """
 
@@ -56,7 +58,8 @@ class ConfirmModal(ModalScreen[bool | None]):
             yield Static(self.body, id="body", markup=False)
             if self.option is not None:
                 yield Checkbox(self.option, id="option")
-            yield Label("y confirms · n or Esc cancels", id="confirm-keys")
+            keys = "y confirms · n or Esc cancels" + (" · f ticks the option" if self.option is not None else "")
+            yield Label(keys, id="confirm-keys")
             with Horizontal(id="buttons"):
                 yield Button("Cancel", id="cancel", compact=True)
                 yield Button(self.confirm_label, id="confirm", variant="error", compact=True)
@@ -68,6 +71,11 @@ class ConfirmModal(ModalScreen[bool | None]):
         """Dismiss with the option's state."""
         option = self.query("#option").first(Checkbox).value if self.option is not None else False
         self.dismiss(option)
+
+    def action_toggle_option(self) -> None:
+        """Tick or clear the option's checkbox (no-op without one)."""
+        for checkbox in self.query("#option").results(Checkbox):
+            checkbox.toggle()
 
     def action_cancel(self) -> None:
         """Dismiss with None."""

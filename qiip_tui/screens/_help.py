@@ -35,7 +35,7 @@ def key_map(bindings: Iterable[ActiveBinding], *, key_display: dict[str, str]) -
         One row per described binding, widget and screen keys first, the app's last.
     """
     rows: list[tuple[int, str, str, str]] = []
-    seen: set[tuple[str, str]] = set()
+    seen: dict[tuple[str, str], int] = {}
     for active in bindings:
         binding = active.binding
         node = active.node
@@ -48,10 +48,16 @@ def key_map(bindings: Iterable[ActiveBinding], *, key_display: dict[str, str]) -
             where, rank = type(node).__name__, 0
         else:
             where, rank = "everywhere", 2
-        if (binding.description, where) in seen:
+        key = key_display.get(binding.key, binding.key)
+        index = seen.get((binding.description, where))
+        if index is not None:
+            # One binding with several keys (`escape,q`): one row, every key.
+            rank, keys, description, where = rows[index]
+            if key not in keys.split(" / "):
+                rows[index] = (rank, f"{keys} / {key}", description, where)
             continue
-        seen.add((binding.description, where))
-        rows.append((rank, key_display.get(binding.key, binding.key), binding.description, where))
+        seen[(binding.description, where)] = len(rows)
+        rows.append((rank, key, binding.description, where))
     return [(key, action, where) for _, key, action, where in sorted(rows, key=lambda row: row[0])]
 
 
@@ -79,7 +85,7 @@ class HelpScreen(ModalScreen[None]):
         with Vertical(id="help"):
             yield Label(f"Keys: {self.title_text}", id="help-title")
             yield DataTable[str](id="help-keys", cursor_type="none", zebra_stripes=True)
-            yield Label("Ctrl+P opens the command palette: every action, by name. Mouse works too.", id="help-hint")
+            yield Label("Ctrl+P: every action, by name. Mouse works too.", id="help-hint")
 
     def on_mount(self) -> None:
         table = self.query_one("#help-keys", DataTable)

@@ -104,6 +104,7 @@ async def test_keyboard_first_palette_key_map_and_screen_keys(console_daemon: Da
         await pilot.press("question_mark")
         keys = await screen_of(pilot, HelpScreen)
         assert keys.title_text == "confirmation" and ("y", "Confirm", "this screen") in keys.rows
+        assert ("esc / n", "Cancel", "this screen") in keys.rows
         await pilot.press("escape")
         await screen_of(pilot, ConfirmModal)
         await pilot.press("escape")
@@ -130,6 +131,11 @@ async def test_keyboard_first_palette_key_map_and_screen_keys(console_daemon: Da
         await pilot.press("f")
         await screen_of(pilot, FleetScreen)
         await pilot.press("enter")
+        await screen_of(pilot, NodeScreen)
+        await pilot.press("question_mark")
+        keys = await screen_of(pilot, HelpScreen)
+        assert any(action == "Back" and "q" in key.split(" / ") for key, action, _ in keys.rows), keys.rows
+        await pilot.press("escape")
         await screen_of(pilot, NodeScreen)
         await pilot.press("f")
         await screen_of(pilot, FleetScreen)
