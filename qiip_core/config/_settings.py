@@ -14,12 +14,14 @@ from __future__ import annotations
 import contextvars
 import ipaddress
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -525,11 +527,30 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings, dotenv_settings]
+        sources: list[PydanticBaseSettingsSource] = [
+            init_settings,
+            env_settings,
+            _DotEnvWithoutClientVariables(dotenv_settings),
+        ]
         path = _config_file.get()
         if path is not None:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
         return tuple(sources)
+
+
+class _DotEnvWithoutClientVariables(PydanticBaseSettingsSource):
+    """The `.env` source, without the client-side variables (`QIIP_URL`, `QIIP_TOKEN`, …) that a `.env` shared
+    with the console or the CLI may hold: they are not daemon settings, and the settings forbid unknown keys."""
+
+    def __init__(self, inner: PydanticBaseSettingsSource) -> None:
+        super().__init__(inner.settings_cls)
+        self._inner = inner
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self._inner.get_field_value(field, field_name)
+
+    def __call__(self) -> dict[str, Any]:
+        return {key: value for key, value in self._inner().items() if key.upper() not in _NOT_SETTINGS}
 
 
 def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
@@ -574,9 +595,21 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, config_file)) from exc
     except SettingsError as exc:
-        raise ConfigError(f"A setting could not be parsed: {exc}. JSON is expected for lists and tables.") from exc
+        raise ConfigError(_unparsable(exc)) from exc
     finally:
         _config_file.reset(token)
+
+
+def _unparsable(exc: SettingsError) -> str:
+    """Name the variables behind a value pydantic-settings could not decode (a list or table not in JSON)."""
+    match = re.search(r'field "(\w+)"', str(exc))
+    group = match.group(1) if match else ""
+    names = sorted(key for key in os.environ if group and key.upper().startswith(f"QIIP_{group.upper()}__"))
+    where = ", ".join(names) if names else f"a QIIP_{group.upper()}__… variable" if group else "a variable"
+    return (
+        f"A setting could not be parsed: {where} (in the environment or .env). Lists and tables are written in "
+        "JSON there, like QIIP_ROUTING__ALLOWED_ENDPOINT_PORTS='[8001, 8002]'."
+    )
 
 
 def _sentence(text: str) -> str:
@@ -585,7 +618,11 @@ def _sentence(text: str) -> str:
 
 def format_validation_error(exc: ValidationError, config_file: Path | None) -> str:
     """Turn a settings `ValidationError` into lines naming each setting, its variable and the problem."""
-    where = f" in {config_file}" if config_file else ""
+    from_env = any(
+        "QIIP_" + "__".join(str(p).upper() for p in error["loc"] if not str(p).isdigit()) in os.environ
+        for error in exc.errors()
+    )
+    where = f" in {config_file}" if config_file and not from_env else ""
     lines = [f"Invalid settings{where}:"]
     for error in exc.errors():
         loc = [str(part) for part in error["loc"]]

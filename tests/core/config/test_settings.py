@@ -94,7 +94,11 @@ def test_bad_toml_and_missing_file(tmp_path: Path) -> None:
     [
         ("QIIP_ROUTING__ALLOWED_ENDPOINT_NETWORKS", '["10.0.0.0/33"]', "not a CIDR network"),
         ("QIIP_ROUTING__ALLOWED_ENDPOINT_PORTS", "[0]", "routing.allowed_endpoint_ports.0"),
-        ("QIIP_ROUTING__ALLOWED_ENDPOINT_PORTS", "not-json", "could not be parsed"),
+        (
+            "QIIP_ROUTING__ALLOWED_ENDPOINT_PORTS",
+            "8001,8002",
+            "could not be parsed: QIIP_ROUTING__ALLOWED_ENDPOINT_PORTS",
+        ),
         ("QIIP_LOGGING__LEVEL", "LOUD", "logging.level"),
         ("QIIP_UPSTREAM__CONNECT_TIMEOUT_S", "-1", "upstream.connect_timeout_s"),
         ("QIIP_ENGINES__LLAMACPP__SHA256", "xyz", "64 hexadecimal"),
@@ -146,3 +150,17 @@ def test_state_dir_must_be_absolute(monkeypatch: pytest.MonkeyPatch, value: str,
 def test_state_dir_expands_the_home_directory(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QIIP_STATE_DIR", "~/qiip-state")
     assert load_settings().state_dir.is_absolute()
+
+
+def test_a_dotenv_shared_with_the_console_is_fine(tmp_path: Path) -> None:
+    (tmp_path / ".env").write_text("QIIP_URL=http://127.0.0.1:9000\nQIIP_TOKEN=t\nQIIP_ROUTING__MAX_ATTEMPTS=2\n")
+    assert load_settings().routing.max_attempts == 2
+
+
+def test_a_bad_value_from_the_environment_is_not_blamed_on_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("QIIP_HEALTH__INTERVAL_S", "-1")
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, "[routing]\nmax_attempts = 2\n"))
+    assert info.value.message.startswith("Invalid settings:") and "QIIP_HEALTH__INTERVAL_S" in info.value.message
