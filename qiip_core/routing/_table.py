@@ -280,7 +280,7 @@ class RoutingTable:
             return NoNodes("No inference nodes are registered.", model=model)
         serving = self._by_model.get(model)
         if not serving:
-            return ModelNotFound(f"The model {model!r} does not exist on any node.", model=model)
+            return ModelNotFound(f"The model {_shown_model(model)} does not exist on any node.", model=model)
         if api is not None and not any(api in s.node.capabilities.endpoints for s in serving.values()):
             offered = sorted({e for s in serving.values() for e in s.node.capabilities.endpoints})
             return EndpointNotSupported(
@@ -458,3 +458,11 @@ class RoutingTable:
                 listener(change)
             except Exception:
                 logger.exception("a routing-table listener failed")
+
+
+def _shown_model(model: str, limit: int = 200) -> str:
+    """`model` quoted for an error message, cut to `limit` characters: a client's model name is echoed
+    back, and one of a megabyte must not come back whole."""
+    if len(model) <= limit:
+        return repr(model)
+    return f"{model[:limit]!r}… ({len(model)} characters)"

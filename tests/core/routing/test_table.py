@@ -55,6 +55,9 @@ def test_routing_errors() -> None:
     with pytest.raises(ModelNotFound) as missing:
         table.reserve("x")
     assert (missing.value.status, missing.value.code) == (404, "model_not_found")
+    with pytest.raises(ModelNotFound) as huge:
+        table.reserve("x" * 1_000_000)
+    assert len(huge.value.message) < 400 and "(1000000 characters)" in huge.value.message
     with pytest.raises(ModelUnavailable) as unavailable:
         table.reserve("m")
     assert (unavailable.value.status, unavailable.value.code) == (503, "model_unavailable")
