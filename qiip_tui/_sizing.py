@@ -7,6 +7,7 @@ implies (`ceil256(context × slots)` and how the K/V cache compares with the run
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -23,13 +24,16 @@ CACHE_BYTES_PER_ELEMENT: dict[str, float] = {"f16": 2.0, "q8_0": 34 / 32}
 Sizing = Literal["auto", "custom"]
 
 
+_WHOLE_NUMBER = re.compile(r"-?(?:[0-9]{1,3}(?:([,_])[0-9]{3}(?:\1[0-9]{3})*)?|[0-9]+)")
+
+
 def _number(text: str) -> int | str:
-    # A value that is not a whole number goes to the core as typed, so its message quotes it.
-    stripped = text.strip().replace("_", "").replace(",", "")
-    try:
-        return int(stripped)
-    except ValueError:
-        return text
+    # Digits, optionally grouped by thousands with one separator (32,768 or 32_768). Anything else goes to
+    # the core as typed, so its message quotes it.
+    stripped = text.strip()
+    if _WHOLE_NUMBER.fullmatch(stripped):
+        return int(stripped.replace("_", "").replace(",", ""))
+    return text
 
 
 @dataclass(frozen=True)

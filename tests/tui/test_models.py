@@ -111,6 +111,11 @@ def test_the_sizing_form_asks_the_core() -> None:
         ("context_per_slot", "context_per_slot must be a whole number of tokens, got '12a'.")
     ]
     assert typed.policy()["context_per_slot"] == "12a"
+    # Thousands separators, consistently grouped, are fine; anything looser is quoted back by the core.
+    for text, parsed in [("2,048", 2048), ("2_048", 2048), (" 2048 ", 2048), ("-256", -256)]:
+        assert values.with_value("context_per_slot", text).policy()["context_per_slot"] == parsed
+    for loose in ["1,,0,2,4", ",,,2048", "２０４８", "20,48", "2,048_000"]:
+        assert values.with_value("context_per_slot", loose).policy()["context_per_slot"] == loose
     huge = values.with_value("fit_target_mib", "999999")
     assert [v.field for v in check_sizing(huge, chat)] == ["fit_target_mib"]
     auto_record = node("n", llamacpp_runtime=runtime()).llamacpp_runtime
