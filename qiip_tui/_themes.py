@@ -186,9 +186,11 @@ def load_theme_file(path: Path) -> Theme:
         first = exc.errors()[0]
         field = ".".join(str(part) for part in first["loc"]) or "the file"
         message = first["msg"].removeprefix("Value error, ")
-        raise ThemeFileError(
-            f"The theme file {path} is invalid at {field}: {message}. Fix the value or remove the field.", path=path
-        ) from None
+        advice = {
+            "missing": f"Add {field} (themes/README.md lists the fields).",
+            "extra_forbidden": "Remove it, or check its spelling against themes/README.md.",
+        }.get(first["type"], "Fix the value.")
+        raise ThemeFileError(f"The theme file {path} is invalid at {field}: {message}. {advice}", path=path) from None
     return model.to_theme(path.stem)
 
 

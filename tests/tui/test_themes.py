@@ -40,9 +40,9 @@ def test_the_wheel_ships_the_themes_where_an_installed_console_looks() -> None:
     ("text", "message"),
     [
         ("primary = ", "is not valid TOML"),
-        ('primary = "#123456"\nsparkle = true\n', "invalid at sparkle: Extra inputs are not permitted"),
+        ('primary = "#123456"\nsparkle = true\n', "invalid at sparkle: Extra inputs are not permitted. Remove it"),
         ('primary = "bluish"\n', "invalid at primary: 'bluish' is not a colour"),
-        ("dark = true\n", "invalid at primary: Field required"),
+        ("dark = true\n", "invalid at primary: Field required. Add primary"),
         ('primary = "#fff"\n[variables]\nstatus-healthy = "nope"\n', "status-healthy: 'nope' is not a colour"),
         ('name = "Bad Name"\nprimary = "#fff"\n', "invalid at name: String should match pattern"),
     ],
