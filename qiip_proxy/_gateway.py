@@ -189,3 +189,4 @@ class _Fleet:
             logger.info("detached %s", node_id)
         else:
             await self.gateway.registry.deregister(node_id)
+            self.gateway.local_nodes.forget(node_id)

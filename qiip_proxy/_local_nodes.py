@@ -40,6 +40,7 @@ class LocalNodes:
         self.servers: dict[str, ManagedLlamaServer] = {}
         self.errors: dict[str, str] = {}
         self.ready: set[str] = set()
+        self.removed: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._policies: dict[str, AutoPolicy | CustomPolicy | None] = {}
         for index, config in enumerate(settings.local_nodes):
@@ -108,11 +109,25 @@ class LocalNodes:
         return 300.0
 
     def states(self) -> dict[str, str]:
-        """Each local node's launch state: `starting`, `serving` or `failed`."""
+        """Each local node's launch state: `starting`, `serving`, `failed`, or `removed` (through the admin API;
+        its llama-server is stopped and it stays out until the daemon restarts)."""
         return {
-            c.id: "failed" if c.id in self.errors else "serving" if c.id in self.ready else "starting"
+            c.id: "removed"
+            if c.id in self.removed
+            else "failed"
+            if c.id in self.errors
+            else "serving"
+            if c.id in self.ready
+            else "starting"
             for c in self.settings.local_nodes
         }
+
+    def forget(self, node_id: str) -> None:
+        """Record that the local node `node_id` was removed (its server is stopped by the remove operation)."""
+        if node_id in self.ready or node_id in self.servers:
+            self.ready.discard(node_id)
+            self.servers.pop(node_id, None)
+            self.removed.add(node_id)
 
     async def aclose(self) -> None:
         """Stop launching and stop every local llama-server."""

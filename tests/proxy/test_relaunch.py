@@ -120,6 +120,11 @@ def test_when_the_rollback_fails_too_only_removal_is_left(relaunch_daemon: Daemo
     removal = relaunch_daemon.admin.delete("/admin/nodes/victim")
     assert removal.status_code == 202
     relaunch_daemon.wait_gone("victim", timeout_s=30)
+    wait_until(
+        lambda: relaunch_daemon.client.get("/health").json()["local_nodes"]["victim"] == "removed",
+        10,
+        "/health to say the local node was removed",
+    )
 
 
 def test_relaunch_refusals(relaunch_daemon: Daemon) -> None:
