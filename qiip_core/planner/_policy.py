@@ -170,8 +170,11 @@ def _custom_violations(policy: CustomPolicy, train_context: int, shape: ModelSha
     found = []
     ctx = policy.context_per_slot
     if ctx < CONTEXT_STEP or ctx % CONTEXT_STEP:
+        # Suggest the aligned values around it that the model can take; past its training context, its largest.
+        largest = max(CONTEXT_STEP, train_context // CONTEXT_STEP * CONTEXT_STEP)
         low = max(CONTEXT_STEP, ctx // CONTEXT_STEP * CONTEXT_STEP)
-        nearest = f"{low} or {low + CONTEXT_STEP}" if ctx > CONTEXT_STEP else f"{CONTEXT_STEP}"
+        nearby = [value for value in (low, low + CONTEXT_STEP) if value <= largest] if ctx > CONTEXT_STEP else []
+        nearest = str(CONTEXT_STEP) if ctx <= CONTEXT_STEP else " or ".join(map(str, nearby)) or str(largest)
         found.append(
             Violation(
                 "context_per_slot",

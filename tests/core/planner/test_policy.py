@@ -68,6 +68,17 @@ def test_a_valid_custom_policy_has_no_violations():
             ],
         ),
         (
+            # Only values the model can take are suggested: 8192 is its training context.
+            {"context_per_slot": 8300},
+            [
+                ("context_per_slot", "context_per_slot must be a positive multiple of 256 tokens, got 8300; try 8192."),
+                (
+                    "context_per_slot",
+                    "context_per_slot (8300 tokens) exceeds the model's training context of 8192 tokens.",
+                ),
+            ],
+        ),
+        (
             {"context_per_slot": 0},
             [("context_per_slot", "context_per_slot must be a positive multiple of 256 tokens, got 0; try 256.")],
         ),
