@@ -115,6 +115,8 @@ def sizing_preview(values: SizingValues, runtime: LlamaCppRuntime | None) -> lis
         return ["Aggregate context: enter a context per slot and a number of slots."]
     aggregate = _ceil_step(context * slots)
     lines = [f"Aggregate context: ceil256({context:,} × {slots}) = {aggregate:,} tokens"]
+    if aggregate > MAX_AGGREGATE_CONTEXT:
+        return [*lines, f"llama.cpp's largest context is {MAX_AGGREGATE_CONTEXT:,} tokens: no K/V cache to compare."]
     current, current_type = effective.get("aggregate_context"), effective.get("cache_type_k")
     new_bytes = CACHE_BYTES_PER_ELEMENT.get(values.cache_type)
     old_bytes = CACHE_BYTES_PER_ELEMENT.get(str(current_type))

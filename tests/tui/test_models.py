@@ -132,6 +132,8 @@ def test_the_preview_is_arithmetic_on_the_form_and_the_running_server() -> None:
         "K/V cache ≈ 0.40× the running server's (3,072 q8_0 cells vs 4,096 f16)",
     ]
     assert "enter a context per slot" in sizing_preview(q8.with_value("slots", ""), record)[0]
+    absurd = sizing_preview(q8.with_value("context_per_slot", str(10**22)), record)
+    assert len(absurd) == 2 and "no K/V cache to compare" in absurd[1]
     assert "at least 4,096 tokens" in sizing_preview(SizingValues(), record)[0]
 
 
