@@ -101,6 +101,11 @@ class ChatScreen(ConsoleScreen[None]):
     def on_mount(self) -> None:
         self._load_models()
         self.query_one("#prompt", Input).focus()
+        self.console.connection_signal.subscribe(self, self._connection_changed)
+
+    def _connection_changed(self, _: object) -> None:
+        if self.console.connected:
+            self._load_models()  # the daemon may serve other models after it comes back
 
     # -- models ------------------------------------------------------------------------------------------
 
@@ -117,11 +122,17 @@ class ChatScreen(ConsoleScreen[None]):
         select = self.query_one("#model", Select)
         current = select.value
         select.set_options((model, model) for model in message.models)
-        if current in message.models:
+        gone = isinstance(current, str) and current not in message.models
+        if gone:
+            select.clear()
+        elif isinstance(current, str):
             select.value = current
         elif message.models:
             select.value = message.models[0]
-        if message.error:
+        if gone and not message.error:
+            # Never move the next message to another model behind the operator's back.
+            self._status(f"{current} is no longer served; choose a model.")
+        elif message.error:
             self._status(f"Could not list the models: {message.error}")
         elif not message.models:
             self._status("No model is served by a healthy node now (ctrl+r reloads the list).")

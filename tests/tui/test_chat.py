@@ -15,6 +15,7 @@ from qiip_tui.widgets import Transcript
 from tests.support.daemon import Daemon
 from tests.support.fault_backend import FaultBackend, Sse
 from tests.tui.conftest import config_for, in_thread, screen_of, wait_for
+from tests.tui.fakes import FakeClient, sample_fleet
 
 pytestmark = pytest.mark.integration
 
@@ -74,3 +75,22 @@ async def test_escape_cancels_a_running_stream_and_the_node_sees_the_disconnect(
         chats = [r for r in slow_backend.requests if r.path == "/v1/chat/completions"]
         sent = json.loads(chats[-1].body)["messages"]
         assert sent == [{"role": "user", "content": "again"}]
+
+
+async def test_a_model_that_is_no_longer_served_is_not_swapped_for_another() -> None:
+    client = FakeClient(sample_fleet(), models=["first", "second"])
+    app = QiipConsole(client=client, metrics_interval_s=3600, node_poll_s=3600)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("c")
+        chat = await screen_of(pilot, ChatScreen)
+        select = chat.query_one("#model", Select)
+        await wait_for(pilot, lambda: select.value == "first", what="the first model chosen")
+        select.value = "second"
+        client.model_ids = ["first"]
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, select.is_blank, what="the choice to be cleared")
+        status = str(chat.query_one("#chat-status", Label).render())
+        assert "second is no longer served; choose a model." in status
+        await pilot.press(*"hello", "enter")
+        await pilot.pause()
+        assert "Choose a model first" in str(chat.query_one("#chat-status", Label).render())
