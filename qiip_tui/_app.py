@@ -175,8 +175,15 @@ class QiipConsole(ConsoleActions):
                 self.theme = name
                 break
         self.theme_changed_signal.subscribe(self, self._remember_theme)
-        for error in self.theme_errors:
-            self.notify(error.message, title="Theme file skipped", severity="warning", timeout=10)
+        if len(self.theme_errors) > 2:
+            # One notification rather than a stack of them over the table.
+            names = ", ".join(error.path.name for error in self.theme_errors)
+            first = self.theme_errors[0].message
+            message = f"{len(self.theme_errors)} theme files skipped: {names}. The first: {first}"
+            self.notify(message, title="Theme files skipped", severity="warning", timeout=15)
+        else:
+            for error in self.theme_errors:
+                self.notify(error.message, title="Theme file skipped", severity="warning", timeout=10)
         self._follow_events()
         self.set_interval(self.metrics_interval_s, self._poll_metrics)
 

@@ -209,7 +209,7 @@ def load_themes(directories: Iterable[Path]) -> tuple[list[Theme], list[ThemeFil
             try:
                 theme = load_theme_file(path)
             except ThemeFileError as exc:
-                logger.warning("%s", exc.message)
+                logger.debug("%s", exc.message)  # the caller shows it (the console as a notification)
                 errors.append(exc)
                 continue
             themes[theme.name] = theme

@@ -97,3 +97,14 @@ async def test_a_theme_chosen_in_the_palette_is_remembered(config_home: Path) ->
     again = QiipConsole(config, retry_delays_s=(30.0,))
     async with again.run_test(size=(100, 30)):
         assert again.theme == "high-contrast"
+
+
+async def test_many_broken_theme_files_make_one_notification(tmp_path: Path, config_home: Path) -> None:
+    for name in ("a", "b", "c", "d"):
+        (tmp_path / f"{name}.toml").write_text("primary = 1")
+    config = ConsoleConfig(url=f"http://127.0.0.1:{free_port()}")
+    app = QiipConsole(config, retry_delays_s=(30.0,), theme_dirs=[SHIPPED, tmp_path])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        notes = [n for n in app._notifications if n.title.startswith("Theme")]
+        assert len(notes) == 1 and notes[0].message.startswith("4 theme files skipped: a.toml, b.toml, c.toml, d.toml.")
