@@ -47,6 +47,8 @@ if TYPE_CHECKING:
 
 __all__ = ["PROXY_PATHS", "ProxyRoutes", "read_request", "serve_inference"]
 
+_INT32_MAX = 2**31 - 1
+
 logger = logging.getLogger("qiip.proxy")
 
 PROXY_PATHS: dict[str, ApiName] = {
@@ -193,6 +195,18 @@ async def read_request(
     stream = payload.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
         raise ClientError(400, "`stream` must be true or false.", "invalid_type", "stream")
+    for limit in ("max_tokens", "max_completion_tokens"):
+        value = payload.get(limit)
+        # llama.cpp reads these as a 32-bit n_predict (-1: until the context ends); beyond, it answers nonsense.
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or not -1 <= value <= _INT32_MAX
+        ):
+            raise ClientError(
+                400,
+                f"`{limit}` must be a whole number of tokens up to {_INT32_MAX}, got {str(value)[:40]}.",
+                "invalid_value",
+                limit,
+            )
     headers = [("content-type", "application/json"), ("accept-encoding", "identity")]
     headers += [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k in _FORWARDED_HEADERS]
     if request_id is not None:

@@ -265,6 +265,9 @@ def test_bad_requests(fault_daemon: Daemon) -> None:
         (b"{", "invalid_json"),
         (b'{"model": 5}', "missing_model"),
         (deep, "invalid_json"),
+        (b'{"model": "m", "max_tokens": 1000000000000000000000000000000}', "invalid_value"),
+        (b'{"model": "m", "max_completion_tokens": "5"}', "invalid_value"),
+        (b'{"model": "m", "max_tokens": true}', "invalid_value"),
     ):
         answer = httpx.post(fault_daemon.url + CHAT, content=raw, timeout=30)
         assert answer.status_code == 400 and answer.json()["error"]["code"] == code
