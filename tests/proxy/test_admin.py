@@ -203,9 +203,9 @@ def test_shutting_down_ends_the_event_streams_instead_of_waiting_for_them(tmp_pa
         ended.append("<end>")
 
     follower = threading.Thread(target=follow, daemon=True)
-    follower.start()
-    wait_until(lambda: "<status 200>" in ended, 10, "the stream to start")
     try:
+        follower.start()
+        wait_until(lambda: "<status 200>" in ended, 10, "the stream to start")
         # The daemon's grace period is a minute: had it waited for the stream, stop() would kill it at 30 s.
         assert daemon.stop(signal.SIGTERM) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it caught
         follower.join(10)
