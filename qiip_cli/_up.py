@@ -16,11 +16,9 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
-import tomllib
 from pathlib import Path
 from types import FrameType
 
@@ -28,8 +26,9 @@ import click
 import httpx
 
 from qiip_cli._main import CliContext, cli, pass_cli, run_or_exit
-from qiip_core import EngineError
-from qiip_core.config import Settings
+from qiip_core import ConfigError, EngineError
+from qiip_core.client import read_console_file
+from qiip_core.config import Settings, bind_listener
 from qiip_core.discovery import atomic_write
 from qiip_core.engines.llamacpp import LlamaCppInstaller, make_test_gguf
 
@@ -51,23 +50,19 @@ class _Stop(Exception):
 
 
 def _check_port(host: str, port: int) -> None:
-    """Refuse an address the daemon could not bind, the way uvicorn binds it (SO_REUSEADDR, so connections
-    of a previous run still in TIME-WAIT do not count).
+    """Refuse an address the daemon could not bind (`bind_listener`, as the daemon binds it).
 
     Raises:
         click.ClickException: the port is in use, or `host` is not an address of this machine.
     """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                raise click.ClickException(
-                    f"Port {port} on {host} is already in use; pass --port to choose another."
-                ) from None
-            raise click.ClickException(f"Cannot listen on {host}:{port}: {exc.strerror}.") from None
+    try:
+        bind_listener(host, port).close()
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise click.ClickException(
+                f"Port {port} on {host} is already in use; pass --port to choose another."
+            ) from None
+        raise click.ClickException(f"Cannot listen on {host}:{port}: {exc.strerror}.") from None
 
 
 def _ensure_engine(settings: Settings) -> None:
@@ -160,12 +155,9 @@ def up(ctx: CliContext, model: Path | None, alias: str | None, host: str, port: 
 def _previous_credentials(settings: Settings) -> tuple[str, str] | None:
     """The admin credentials an earlier `qiip up` wrote to the state directory's console.toml, if it is
     private and names both."""
-    path = settings.state_dir / "console.toml"
     try:
-        if path.stat().st_mode & 0o077:
-            return None
-        values = tomllib.loads(path.read_text())
-    except (OSError, ValueError):
+        values = read_console_file(settings.state_dir / "console.toml")
+    except ConfigError:
         return None
     username, password = values.get("username"), values.get("password")
     if isinstance(username, str) and isinstance(password, str) and username and password:

@@ -411,16 +411,14 @@ async def events(
     gateway = _gateway(request)
     queue: asyncio.Queue[TableChange | None] = asyncio.Queue(maxsize=1024)
 
-    def listener(change: TableChange) -> None:
+    def listener(change: TableChange | None) -> None:
         if queue.full():
             # A console that stopped reading gets a gap rather than unbounded memory; it resyncs on reconnect.
             queue.get_nowait()
         queue.put_nowait(change)
 
     def end() -> None:
-        if queue.full():
-            queue.get_nowait()
-        queue.put_nowait(None)
+        listener(None)  # the stream's end
 
     unsubscribe = gateway.table.add_listener(listener)
     gateway.on_shutdown_begun.add(end)

@@ -21,7 +21,7 @@ import uvicorn
 import qiip_core
 from qiip_core import ConfigError
 from qiip_core._logging import configure_logging
-from qiip_core.config import load_settings
+from qiip_core.config import bind_listener, load_settings
 from qiip_proxy._app import create_app, serving_app
 from qiip_proxy._gateway import Gateway
 
@@ -31,21 +31,13 @@ __all__ = ["main"]
 def _bind(host: str, port: int) -> socket.socket:
     """Bind the listening socket, or say plainly why not."""
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        return bind_listener(host, port)
     except socket.gaierror as exc:
         raise ConfigError(f"The address {host!r} (server.host) cannot be resolved: {exc.strerror}.") from exc
-    family, kind, proto, _, address = infos[0]
-    sock = socket.socket(family, kind, proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind(address)
     except OSError as exc:
-        sock.close()
         raise ConfigError(
             f"Cannot listen on {host}:{port}: {exc.strerror}; choose another port with --port or server.port."
         ) from exc
-    sock.set_inheritable(True)
-    return sock
 
 
 class _Server(uvicorn.Server):

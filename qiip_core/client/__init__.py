@@ -22,6 +22,7 @@ from qiip_core.client._config import (
     check_daemon_url,
     console_config_paths,
     load_console_config,
+    read_console_file,
 )
 
 __all__ = [
@@ -42,4 +43,5 @@ __all__ = [
     "check_daemon_url",
     "console_config_paths",
     "load_console_config",
+    "read_console_file",
 ]

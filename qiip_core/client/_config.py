@@ -27,7 +27,14 @@ from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError
 
 from qiip_core._errors import ConfigError
 
-__all__ = ["DEFAULT_URL", "ConsoleConfig", "check_daemon_url", "console_config_paths", "load_console_config"]
+__all__ = [
+    "DEFAULT_URL",
+    "ConsoleConfig",
+    "check_daemon_url",
+    "console_config_paths",
+    "load_console_config",
+    "read_console_file",
+]
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 """The daemon's URL when nothing says otherwise."""
@@ -63,7 +70,15 @@ def console_config_paths(env: Mapping[str, str], state_dir: Path | None) -> list
     return paths
 
 
-def _read_private(path: Path) -> dict[str, object]:
+def read_console_file(path: Path) -> dict[str, object]:
+    """The values of a console config file (`url`, `username`, `password`, `token`), as TOML.
+
+    Returns:
+        Its values; empty when the file does not exist.
+
+    Raises:
+        ConfigError: it is not a regular file, its group or others can read it, or it is not valid TOML.
+    """
     try:
         info = path.stat()
     except FileNotFoundError:
@@ -136,7 +151,7 @@ def load_console_config(
     values: dict[str, object] = {}
     source = "defaults"
     for path in console_config_paths(env, state_dir):
-        found = _read_private(path)
+        found = read_console_file(path)
         if found:
             values, source = found, str(path)
             break

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from qiip_core.config._listen import bind_listener
 from qiip_core.config._settings import (
     AdminSettings,
     AttachedProfile,
@@ -39,6 +40,7 @@ __all__ = [
     "ServerSettings",
     "Settings",
     "UpstreamSettings",
+    "bind_listener",
     "default_state_dir",
     "format_validation_error",
     "load_settings",

@@ -243,6 +243,9 @@ def validate_policy(
     return sorted(found, key=lambda v: order.index(v.field) if v.field in order else len(order))
 
 
+_NOT_CUSTOM = "sizing must be 'custom' here; an automatic policy has no sizes to check."
+
+
 def validate_custom(
     policy: CustomPolicy | Mapping[str, Any] | str | bytes,
     *,
@@ -262,8 +265,8 @@ def validate_custom(
         The violations; a policy that is automatic breaks the `sizing` rule.
     """
     if isinstance(policy, AutoPolicy):
-        return [Violation("sizing", "sizing must be 'custom' here; an automatic policy has no sizes to check.")]
+        return [Violation("sizing", _NOT_CUSTOM)]
     found = validate_policy(policy, train_context=train_context, devices=devices, shape=shape)
     if not found and isinstance(parse_policy(policy), AutoPolicy):
-        found.append(Violation("sizing", "sizing must be 'custom' here; an automatic policy has no sizes to check."))
+        found.append(Violation("sizing", _NOT_CUSTOM))
     return found
