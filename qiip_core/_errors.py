@@ -28,6 +28,7 @@ QiipError
 │   ├── DigestMismatch
 │   ├── EngineBuildError
 │   ├── EngineLaunchError
+│   ├── ModelFileError          a model file is not a GGUF llama-server can load (`.path`); also a ValueError
 │   ├── VerificationError       the running server differs from its plan (`.field`, `.expected`, `.actual`)
 │   └── RelaunchError           a relaunch failed (`.rolled_back`: the previous sizing runs again, or not)
 ├── PlanError                   a llama.cpp sizing cannot be planned (`.violations` of a policy, if any)
@@ -48,6 +49,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from qiip_core.planner import Violation
 
 __all__ = [
@@ -62,6 +65,7 @@ __all__ = [
     "EngineLaunchError",
     "EngineNotInstalled",
     "FailoverExhausted",
+    "ModelFileError",
     "ModelNotFound",
     "ModelUnavailable",
     "NoNodes",
@@ -305,6 +309,20 @@ class EngineLaunchError(EngineError):
     def __init__(self, message: str, *, log_tail: str = "") -> None:
         super().__init__(message)
         self.log_tail = log_tail
+
+
+class ModelFileError(EngineError, ValueError):
+    """A model file cannot be served: missing, not a GGUF, truncated, a non-first shard, a shard missing.
+
+    It is also a `ValueError`, which is what reading a bad file raised before it had a class of its own.
+
+    Attributes:
+        path: the file the message is about.
+    """
+
+    def __init__(self, message: str, *, path: Path) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 class VerificationError(EngineError):

@@ -4,7 +4,8 @@
 LlamaCppInstaller(settings)        find_installed() / install(cpu=…, force=…, archive=…, progress=…)
  └── InstalledEngine               root, server, fit_params, quantize, version, variant
 make_test_gguf(path, …)            a random-weight llama GGUF (or a split family) that llama-server serves
-read_gguf_metadata(path)           GgufMetadata: shape, context, head sizes, tensor bytes across shards
+read_gguf_metadata(path)           GgufMetadata: shape, every metadata value, tensors across shards; or
+                                   ModelFileError (not a GGUF, truncated, a non-first shard, …)
 LaunchSpec(model=…, …).argv(bin)   every sizing flag spelled out
 LlamaServerProcess(bin, spec, log) start() / wait_ready(timeout_s) / stop(grace_s)
 nvidia_gpu_count()                 (count, reason): whether a CUDA build can run here
@@ -21,13 +22,15 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from qiip_core.engines.llamacpp._build import nvidia_gpu_count
+    from qiip_core.engines.llamacpp._gguf import GgufMetadata, GgufTensor, read_gguf_metadata
     from qiip_core.engines.llamacpp._install import InstalledEngine, LlamaCppInstaller, ProgressCallback
     from qiip_core.engines.llamacpp._managed import ManagedLlamaServer, default_local_policy
     from qiip_core.engines.llamacpp._server import LaunchSpec, LlamaServerProcess, free_port
-    from qiip_core.engines.llamacpp._testmodel import GgufMetadata, make_test_gguf, read_gguf_metadata
+    from qiip_core.engines.llamacpp._testmodel import make_test_gguf
 
 __all__ = [
     "GgufMetadata",
+    "GgufTensor",
     "InstalledEngine",
     "LaunchSpec",
     "LlamaCppInstaller",
@@ -42,7 +45,8 @@ __all__ = [
 ]
 
 _MODULES = {
-    "GgufMetadata": "_testmodel",
+    "GgufMetadata": "_gguf",
+    "GgufTensor": "_gguf",
     "InstalledEngine": "_install",
     "LaunchSpec": "_server",
     "LlamaCppInstaller": "_install",
@@ -53,7 +57,7 @@ _MODULES = {
     "free_port": "_server",
     "make_test_gguf": "_testmodel",
     "nvidia_gpu_count": "_build",
-    "read_gguf_metadata": "_testmodel",
+    "read_gguf_metadata": "_gguf",
 }
 
 

@@ -18,9 +18,9 @@ import logging
 from pathlib import Path
 
 from qiip_core._errors import EngineError, EngineLaunchError, PlanError, RelaunchError, VerificationError
+from qiip_core.engines.llamacpp._gguf import read_gguf_metadata
 from qiip_core.engines.llamacpp._install import InstalledEngine
 from qiip_core.engines.llamacpp._server import LlamaServerProcess, free_port
-from qiip_core.engines.llamacpp._testmodel import read_gguf_metadata
 from qiip_core.nodes import LlamaCppRuntime
 from qiip_core.planner import (
     CONTEXT_STEP,

@@ -1,5 +1,4 @@
-"""Write small random-weight llama GGUF models that a real `llama-server` loads and serves, and read back
-the shape of any GGUF.
+"""Write small random-weight GGUF models that a real `llama-server` loads and serves.
 
 The test models exist so the whole path (launch, health, routing, chat, slots, metrics) runs against the
 real engine without downloading weights. They are `llama` architecture, F16 matrices and F32 norms, with a
@@ -15,25 +14,21 @@ the one to pass to `llama-server --model`.
 Files are written into a temporary directory next to the target and renamed into place, the first shard
 last, so a failed or interrupted write never leaves a half-written model under the final name.
 
-`read_gguf_metadata` is what the sizing planner needs from a model: layer count, widths, head counts and
-sizes, feed-forward width, training context, and the tensor bytes across all shards (in total, per block, and
-of the input embedding).
+Read a model back with `read_gguf_metadata` (`_gguf.py`).
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import re
 import shutil
 import string
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CHAT_TEMPLATE", "MIN_VOCAB", "GgufMetadata", "make_test_gguf", "read_gguf_metadata"]
+__all__ = ["CHAT_TEMPLATE", "MIN_VOCAB", "make_test_gguf"]
 
 logger = logging.getLogger("qiip.engines")
 
@@ -65,42 +60,6 @@ _WORDS = (
 ).split()
 
 _PUNCTUATION = ".,!?;:'\"()-[]{}<>/\\@#$%&*+=_|~`^"
-
-
-@dataclass(frozen=True, kw_only=True)
-class GgufMetadata:
-    """The shape of a GGUF model, as the sizing planner needs it."""
-
-    architecture: str
-    """`general.architecture`, such as `llama`."""
-    n_layers: int
-    """`<arch>.block_count`."""
-    n_embd: int
-    """`<arch>.embedding_length`."""
-    n_head: int
-    """`<arch>.attention.head_count` (the largest, when it varies by layer)."""
-    n_head_kv: int
-    """`<arch>.attention.head_count_kv` (the largest, when it varies by layer); `n_head` when absent."""
-    n_ctx_train: int
-    """`<arch>.context_length`, the training context in tokens."""
-    n_vocab: int
-    """`<arch>.vocab_size`, else the length of `tokenizer.ggml.tokens`."""
-    head_dim_k: int
-    """Per-head K width: `<arch>.attention.key_length`, else `n_embd / n_head`."""
-    head_dim_v: int
-    """Per-head V width: `<arch>.attention.value_length`, else `n_embd / n_head`."""
-    tensor_bytes: int
-    """Bytes of tensor data across all shards."""
-    paths: tuple[Path, ...]
-    """The files: one, or every shard of a split family in order."""
-    n_ff: int | None = None
-    """`<arch>.feed_forward_length` (the largest, when it varies by layer); None when absent."""
-    block_tensor_bytes: tuple[int, ...] = ()
-    """Bytes of the `blk.N.*` tensors of each block, in block order (what one layer weighs)."""
-    token_embd_bytes: int = 0
-    """Bytes of `token_embd.weight`, the input embedding."""
-    has_output_weight: bool = True
-    """Whether `output.weight` exists; without it the output projection reuses `token_embd.weight`."""
 
 
 def _validate(
@@ -329,105 +288,3 @@ def make_test_gguf(
         shutil.rmtree(tmp_dir, ignore_errors=True)
     logger.info("wrote test model %s (%d file(s))", finals[0], len(finals))
     return finals
-
-
-_SHARD_RE = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
-_BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
-
-
-def _field(reader: Any, key: str) -> Any:
-    field = reader.get_field(key)
-    return None if field is None else field.contents()
-
-
-def _as_int(value: Any, key: str, path: Path) -> int:
-    if isinstance(value, list):
-        # Per-layer values (some architectures vary head counts by layer): the largest bounds the sizes.
-        value = max(value) if value else None
-    if value is None:
-        raise ValueError(f"{path} has no {key} value; it is not a complete model GGUF.")
-    return int(value)
-
-
-def read_gguf_metadata(path: Path) -> GgufMetadata:
-    """Read the shape of a GGUF model (a single file, or the first shard of a split family).
-
-    Args:
-        path: the `.gguf` file; for a split family, any shard works and every shard is read.
-
-    Returns:
-        The model's shape and its tensor bytes across every shard.
-
-    Raises:
-        ValueError: the file is not a readable GGUF, lacks a required key, or a shard of its family is
-            missing.
-    """
-    from gguf import GGUFReader
-
-    def open_reader(file: Path) -> Any:
-        try:
-            return GGUFReader(file)
-        except FileNotFoundError:
-            raise ValueError(f"The GGUF file {file} does not exist.") from None
-        except (ValueError, OSError, IndexError, KeyError) as exc:
-            raise ValueError(f"{file} is not a readable GGUF file: {exc}.") from exc
-
-    path = Path(path)
-    first = open_reader(path)
-    count = _field(first, "split.count")
-    paths: tuple[Path, ...] = (path,)
-    if count is not None and int(count) > 1:
-        match = _SHARD_RE.match(path.name)
-        if match is None:
-            raise ValueError(f"{path} is a shard of a {count}-file family but is not named NAME-0000i-of-0000N.gguf.")
-        paths = tuple(
-            path.with_name(f"{match['prefix']}-{i:05d}-of-{int(count):05d}.gguf") for i in range(1, int(count) + 1)
-        )
-        if paths[0] != path:
-            first = open_reader(paths[0])
-    arch = _field(first, "general.architecture")
-    if not isinstance(arch, str):
-        raise ValueError(f"{paths[0]} has no general.architecture; it is not a model GGUF.")
-
-    def get(key: str) -> Any:
-        return _field(first, key.format(arch=arch))
-
-    n_embd = _as_int(get("{arch}.embedding_length"), f"{arch}.embedding_length", paths[0])
-    n_head = _as_int(get("{arch}.attention.head_count"), f"{arch}.attention.head_count", paths[0])
-    kv = get("{arch}.attention.head_count_kv")
-    n_head_kv = n_head if kv is None else _as_int(kv, f"{arch}.attention.head_count_kv", paths[0])
-    vocab = get("{arch}.vocab_size")
-    if vocab is None:
-        tokens = first.get_field("tokenizer.ggml.tokens")
-        vocab = len(tokens.data) if tokens is not None else None
-    default_head = n_embd // n_head if n_head else 0
-    key_length, value_length = get("{arch}.attention.key_length"), get("{arch}.attention.value_length")
-    tensors = [(str(t.name), int(t.n_bytes)) for t in first.tensors]
-    for shard in paths:
-        if shard != paths[0]:
-            tensors += [(str(t.name), int(t.n_bytes)) for t in open_reader(shard).tensors]
-    tensor_bytes = sum(n for _, n in tensors)
-    n_layers = _as_int(get("{arch}.block_count"), f"{arch}.block_count", paths[0])
-    blocks = [0] * n_layers
-    for name, n_bytes in tensors:
-        block = _BLOCK_RE.match(name)
-        if block is not None and int(block[1]) < n_layers:
-            blocks[int(block[1])] += n_bytes
-    n_ff = get("{arch}.feed_forward_length")
-    return GgufMetadata(
-        architecture=arch,
-        n_layers=n_layers,
-        n_embd=n_embd,
-        n_head=n_head,
-        n_head_kv=n_head_kv,
-        n_ctx_train=_as_int(get("{arch}.context_length"), f"{arch}.context_length", paths[0]),
-        n_vocab=_as_int(vocab, f"{arch}.vocab_size", paths[0]),
-        head_dim_k=default_head if key_length is None else int(key_length),
-        head_dim_v=default_head if value_length is None else int(value_length),
-        tensor_bytes=tensor_bytes,
-        paths=paths,
-        n_ff=None if n_ff is None else _as_int(n_ff, f"{arch}.feed_forward_length", paths[0]),
-        block_tensor_bytes=tuple(blocks),
-        token_embd_bytes=sum(n for name, n in tensors if name == "token_embd.weight"),
-        has_output_weight=any(name == "output.weight" for name, _ in tensors),
-    )

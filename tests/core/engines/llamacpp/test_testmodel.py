@@ -99,25 +99,10 @@ def test_split_family(tmp_path, split):
         assert reader.get_field("split.tensors.count").contents() == 21
         assert len(reader.tensors) >= 1
     whole = read_gguf_metadata(make_test_gguf(tmp_path / "one" / "fam.gguf")[0])
-    for path in (paths[0], paths[-1]):
-        meta = read_gguf_metadata(path)
-        assert meta.paths == tuple(paths)
-        assert meta.tensor_bytes == whole.tensor_bytes
-        assert meta.n_layers == 2
-
-
-def test_missing_shard_is_reported(tmp_path):
-    paths = make_test_gguf(tmp_path / "fam.gguf", split=3)
-    paths[1].unlink()
-    with pytest.raises(ValueError, match="does not exist"):
-        read_gguf_metadata(paths[0])
-
-
-def test_garbage_is_not_a_gguf(tmp_path):
-    bad = tmp_path / "bad.gguf"
-    bad.write_bytes(b"not a model at all" * 10)
-    with pytest.raises(ValueError, match="not a readable GGUF"):
-        read_gguf_metadata(bad)
+    meta = read_gguf_metadata(paths[0])
+    assert meta.paths == tuple(paths)
+    assert meta.tensor_bytes == whole.tensor_bytes
+    assert meta.n_layers == 2
 
 
 @pytest.mark.parametrize(

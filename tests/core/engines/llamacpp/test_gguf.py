@@ -1,0 +1,78 @@
+"""Reading GGUF files: what a model says about itself, and a precise refusal for every file llama-server cannot load."""
+
+from __future__ import annotations
+
+import pytest
+
+from qiip_core import EngineError, ModelFileError
+from qiip_core.engines.llamacpp import make_test_gguf, read_gguf_metadata
+
+
+def test_values_and_tensors_are_read(tmp_path):
+    path = make_test_gguf(tmp_path / "m.gguf", n_layers=2, n_embd=64, n_head_kv=2, n_ctx_train=4096)[0]
+    meta = read_gguf_metadata(path)
+    assert meta.value("{arch}.context_length") == 4096
+    assert meta.value("general.architecture") == "llama"
+    # The vocabulary arrays are kept as their lengths only.
+    assert meta.value("tokenizer.ggml.tokens") == 512
+    assert meta.layer_values("{arch}.attention.head_count_kv", 0) == (2, 2)
+    assert meta.layer_values("{arch}.no_such_key", 7) == (7, 7)
+    up = next(t for t in meta.tensors if t.name == "blk.0.ffn_up.weight")
+    assert (up.ggml_type, up.ne, up.n_bytes) == ("F16", (64, 256), 64 * 256 * 2)
+    assert sum(t.n_bytes for t in meta.tensors) == meta.tensor_bytes
+
+
+def test_a_missing_file_is_named(tmp_path):
+    with pytest.raises(ModelFileError, match=r"does not exist") as caught:
+        read_gguf_metadata(tmp_path / "nowhere.gguf")
+    assert caught.value.path == tmp_path / "nowhere.gguf"
+
+
+def test_a_directory_is_not_a_model(tmp_path):
+    with pytest.raises(ModelFileError, match="is a directory"):
+        read_gguf_metadata(tmp_path)
+
+
+def test_a_file_that_is_not_a_gguf_is_named_with_its_magic(tmp_path):
+    bad = tmp_path / "model.safetensors"
+    bad.write_bytes(b"\x08\x00\x00\x00not a gguf" * 10)
+    with pytest.raises(ModelFileError, match=r"is not a GGUF model: it starts with") as caught:
+        read_gguf_metadata(bad)
+    # One error class for both kinds of caller: the engine's and the old ValueError ones.
+    assert isinstance(caught.value, EngineError) and isinstance(caught.value, ValueError)
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.999])
+def test_a_truncated_gguf_is_refused(tmp_path, keep):
+    path = make_test_gguf(tmp_path / "m.gguf", n_vocab=2000)[0]
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+    with pytest.raises(ModelFileError, match=r"truncated"):
+        read_gguf_metadata(path)
+
+
+def test_a_gguf_cut_inside_its_header_is_damaged(tmp_path):
+    path = make_test_gguf(tmp_path / "m.gguf")[0]
+    path.write_bytes(path.read_bytes()[:200])
+    with pytest.raises(ModelFileError, match=r"damaged or truncated|truncated"):
+        read_gguf_metadata(path)
+
+
+def test_a_later_shard_names_the_first(tmp_path):
+    paths = make_test_gguf(tmp_path / "fam.gguf", split=3)
+    with pytest.raises(ModelFileError, match=r"is shard 2 of 3 .* pass the first shard, fam-00001-of-00003.gguf"):
+        read_gguf_metadata(paths[1])
+
+
+def test_a_missing_shard_is_named(tmp_path):
+    paths = make_test_gguf(tmp_path / "fam.gguf", split=3)
+    paths[1].unlink()
+    with pytest.raises(ModelFileError, match=r"fam-00002-of-00003.gguf is missing"):
+        read_gguf_metadata(paths[0])
+
+
+def test_a_renamed_shard_is_refused(tmp_path):
+    paths = make_test_gguf(tmp_path / "fam.gguf", split=2)
+    renamed = paths[0].rename(tmp_path / "first.gguf")
+    with pytest.raises(ModelFileError, match=r"not named NAME-00001-of-00002.gguf"):
+        read_gguf_metadata(renamed)
