@@ -17,7 +17,7 @@ network. See docs/planner.md for how the planner decides and how exact the estim
 
 from __future__ import annotations
 
-from qiip_core.planner._devices import read_devices, read_system_memory
+from qiip_core.planner._devices import read_cpu_repack, read_devices, read_system_memory
 from qiip_core.planner._estimate import (
     DeviceEstimate,
     Estimator,
@@ -82,6 +82,7 @@ __all__ = [
     "parse_policy",
     "parse_server_log",
     "plan",
+    "read_cpu_repack",
     "read_devices",
     "read_system_memory",
     "resolves_flash_attn",

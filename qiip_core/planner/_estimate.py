@@ -7,10 +7,15 @@ computes them from the model's shape alone:
 - **model**: in CPU mode every tensor, on the one device. With GPUs the blocks go where llama.cpp puts them by
   default (`layer_split`: proportional to free memory), the output layer on the last device, and the input
   embedding stays in host memory.
-- **context**: `kv_bytes_per_token × --ctx-size`, each layer's share on its layer's device. Exact.
-- **compute**: the graph `sched_reserve` reserves, rebuilt and replayed through ggml's allocator
-  (`_graph.py`, `_galloc.py`). Exact on one device; with several GPUs the scheduler's copies between devices
-  are modelled from its source.
+  In CPU mode the CPU backend also keeps an interleaved copy of the weights it repacks (`CPU_REPACK`).
+- **context**: every cache llama.cpp builds for the architecture (`_memory.memory_layout`: the K/V cache, the
+  sliding-window cache, recurrent state), each layer's share on its layer's device. Exact.
+- **compute**: the graph `sched_reserve` reserves, rebuilt for the architecture (`_compute.py`) and replayed
+  through ggml's allocator (`_galloc.py`). Exact on one device; with several GPUs the scheduler's copies
+  between devices are modelled from its source.
+
+Only modelled architectures (`_compute.is_modelled`) can be estimated here; `estimate` refuses the others with a
+`PlanError`, and the planner asks `llama-fit-params` instead.
 
 Two estimators answer the planner through one protocol: `PythonEstimator` (these formulas, the preview and
 the fallback) and `FitParamsEstimator` (`llama-fit-params`, the authority when installed).
@@ -23,9 +28,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from qiip_core._errors import PlanError
+from qiip_core.planner._compute import build_graph, is_modelled
 from qiip_core.planner._galloc import compute_buffer_bytes
-from qiip_core.planner._graph import GraphParams, build_llama_graph
-from qiip_core.planner._shape import ModelShape, kv_bytes_per_token
+from qiip_core.planner._graph import GraphParams
+from qiip_core.planner._memory import Cache, memory_layout
+from qiip_core.planner._shape import ModelShape
 from qiip_core.planner._types import MIB, CacheType, DeviceMemory, FlashAttn
 
 __all__ = [
@@ -36,6 +44,7 @@ __all__ = [
     "PythonEstimator",
     "estimate",
     "layer_split",
+    "repacked_bytes",
     "resolves_flash_attn",
 ]
 
@@ -59,9 +68,9 @@ class DeviceEstimate:
     index: int
     """The device's index (`DeviceMemory.index`); -1 for host memory in GPU mode."""
     model_mib: float
-    """Weights (`load_tensors: … model buffer size`)."""
+    """Weights (`load_tensors: … model buffer size`; in CPU mode `CPU_Mapped` plus `CPU_REPACK`)."""
     context_mib: float
-    """K/V cache (`llama_kv_cache: size = …`)."""
+    """Every cache (`llama_kv_cache: size = …` per K/V cache, `llama_memory_recurrent: size = …`)."""
     compute_mib: float
     """Graph allocator buffer (`sched_reserve: … compute buffer size`)."""
     output_mib: float = 0.0
@@ -95,6 +104,8 @@ class MemoryEstimate:
     """Who estimated: `python` or `llama-fit-params`."""
     flash_attn: bool = True
     """Whether the estimate assumed flash attention runs."""
+    caches: tuple[Cache, ...] = ()
+    """The caches llama.cpp builds for this sizing (`_memory.memory_layout`); empty when unknown."""
 
 
 class Estimator(Protocol):
@@ -217,6 +228,7 @@ def estimate(
         ValueError: no devices, a CPU device mixed with GPUs, a context that is not a positive multiple of
             256 or smaller than the slots, a Q8_0 cache without flash attention or with head widths that
             are not multiples of 32.
+        PlanError: the architecture is not modelled (`_compute.is_modelled`).
     """
     if not devices:
         raise ValueError("estimate needs at least one device.")
@@ -228,10 +240,18 @@ def estimate(
             f"aggregate_context must be a positive multiple of 256 tokens and at least slots; got "
             f"{aggregate_context} tokens for {slots} slots."
         )
+    if not is_modelled(shape):
+        raise PlanError(
+            f"The memory of architecture {shape.architecture!r} is not modelled by the Python estimator; install "
+            "llama-fit-params next to llama-server (qiip engine install llama.cpp) to plan it."
+        )
     fa = resolves_flash_attn(shape, flash_attn, cpu=cpu)
     if cache_type != "f16" and not fa:
         raise ValueError("a quantised V cache needs flash attention (llama.cpp refuses it otherwise).")
-    kv_layer = kv_bytes_per_token(shape, cache_type) // shape.n_layers * aggregate_context
+    caches = memory_layout(
+        shape, aggregate_context=aggregate_context, slots=slots, cache_type=cache_type, n_ubatch=n_ubatch, flash_attn=fa
+    )
+    swa_cells = next((c.cells for c in caches if c.kind == "kv_swa"), 0)
     # The output buffer holds one row per output of a decode: one per slot, or up to a batch with embeddings.
     output_bytes = (shape.n_vocab + (shape.n_embd if embeddings else 0)) * (N_BATCH if embeddings else slots) * 4
     if cpu:
@@ -242,16 +262,17 @@ def estimate(
             flash_attn=fa,
             n_ubatch=n_ubatch,
             embeddings=embeddings,
+            swa_cells=swa_cells,
         )
-        buffer = compute_buffer_bytes(build_llama_graph(shape, params), alignment=CPU_ALIGNMENT)[0]
+        buffer = compute_buffer_bytes(build_graph(shape, params), alignment=CPU_ALIGNMENT)[0]
         only = DeviceEstimate(
             index=devices[0].index,
-            model_mib=shape.weights_bytes / MIB,
-            context_mib=kv_layer * shape.n_layers / MIB,
+            model_mib=(shape.weights_bytes + repacked_bytes(shape, devices[0])) / MIB,
+            context_mib=sum(c.bytes for c in caches) / MIB,
             compute_mib=buffer / MIB,
             output_mib=output_bytes / MIB,
         )
-        return MemoryEstimate(devices=(only,), source="python", flash_attn=fa)
+        return MemoryEstimate(devices=(only,), source="python", flash_attn=fa, caches=caches)
 
     host = len(devices)
     split = layer_split([d.free_mib for d in devices], shape.total_layers)
@@ -264,10 +285,11 @@ def estimate(
         embeddings=embeddings,
         layer_devices=split,
         host=host,
+        swa_cells=swa_cells,
     )
     alignment = dict.fromkeys(range(len(devices)), CUDA_ALIGNMENT) | {host: CPU_ALIGNMENT}
     # Several GPUs run as a pipeline (`pipeline parallelism enabled`), whose copies between devices stay.
-    compute = compute_buffer_bytes(build_llama_graph(shape, params), alignment=alignment, keep_copies=len(devices) > 1)
+    compute = compute_buffer_bytes(build_graph(shape, params), alignment=alignment, keep_copies=len(devices) > 1)
     layer_bytes = shape.layer_bytes()
     per_device = []
     for position, device in enumerate(devices):
@@ -277,7 +299,7 @@ def estimate(
             DeviceEstimate(
                 index=device.index,
                 model_mib=model / MIB,
-                context_mib=kv_layer * len(blocks) / MIB,
+                context_mib=sum(c.layer_bytes(il) for c in caches for il in blocks) / MIB,
                 compute_mib=compute.get(position, 0) / MIB,
             )
         )
@@ -288,7 +310,23 @@ def estimate(
         compute_mib=compute.get(host, 0) / MIB,
         output_mib=output_bytes / MIB,
     )
-    return MemoryEstimate(devices=tuple(per_device), host=host_estimate, source="python", flash_attn=fa)
+    return MemoryEstimate(devices=tuple(per_device), host=host_estimate, source="python", flash_attn=fa, caches=caches)
+
+
+def repacked_bytes(shape: ModelShape, device: DeviceMemory) -> int:
+    """Bytes of the weights the CPU backend keeps a repacked copy of (`CPU_REPACK model buffer size`).
+
+    A matrix is repacked when its type is one `device.repack` lists and its rows are a whole number of the
+    interleaved groups. With a tied output the embedding is read by a matrix multiplication too.
+
+    Args:
+        shape: the model (its `weight_matrices`).
+        device: the CPU device (`read_cpu_repack` filled its `repack`); GPUs repack nothing.
+    """
+    rules = dict(device.repack)
+    if device.kind != "cpu" or not rules:
+        return 0
+    return sum(m.n_bytes for m in shape.weight_matrices if m.ggml_type in rules and m.rows % rules[m.ggml_type] == 0)
 
 
 @dataclass(frozen=True, kw_only=True)

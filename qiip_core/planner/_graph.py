@@ -1,4 +1,5 @@
-"""Rebuild the graph llama.cpp reserves its compute buffer for, tensor by tensor.
+"""Rebuild the graph llama.cpp reserves its compute buffer for, tensor by tensor: the primitives and the blocks
+every architecture shares.
 
 llama-server sizes its compute buffer once, at start-up (`llama_context::sched_reserve`): it builds the
 worst-case prompt-processing graph for one micro-batch and lets ggml's graph allocator (`ggml-alloc.c`) plan
@@ -6,17 +7,17 @@ every intermediate tensor into one buffer, reusing memory as tensors die. The bu
 high-water mark. To predict it we build the same graph here, in the same order, with the same shapes, types,
 views and flags, and run the same allocator over it (`_galloc.py`).
 
-The graph is llama's (`src/models/llama.cpp`, `llm_graph_context::build_*` in `src/llama-graph.cpp`):
+This module holds what every architecture's graph is made of:
 
-```
-inp_tokens ─ get_rows(token_embd) ─┐                                          (input layer, on the host)
-for each block:                    ▼
-  rms_norm · attn_norm ─ Q, K, V = mul_mat ─ rope(Q), rope(K) ─ set_rows into the K/V cache
-  flash attention:  flash_attn_ext(Q, K cache, V cache, kq_mask)             [head_v, n_head, tokens]
-  otherwise:        kq = mul_mat(K cache, Q) [n_kv, tokens, n_head] ─ soft_max(kq, kq_mask) ─ mul_mat(V, kq) ─ cont
-  mul_mat(wo) + residual ─ rms_norm · ffn_norm ─ gate, up = mul_mat ─ swiglu ─ mul_mat(down) + residual
-rms_norm · output_norm ─ mul_mat(output) = logits [n_vocab, outputs]        (output layer)
-```
+- `Tensor` and `Graph`: enough of `struct ggml_tensor` and `ggml_cgraph` for the allocator;
+- `Builder`: the ggml calls (`ggml_mul_mat`, `ggml_view_*`, `ggml_set_rows`, …) reduced to shapes and strides;
+- `GraphParams` and `reserve_batch`: the micro-batch `sched_reserve` plans for;
+- the shared blocks of `llm_graph_context` (`src/llama-graph.cpp`): the input embedding (`build_inp_embd`), one
+  K/V cache's inputs (`kv_inputs`: indices, mask, Hadamard rotations), the cache writes and multi-head attention
+  (`attention`: `build_attn` and `build_attn_mha`), and the output layer.
+
+The graphs themselves are per architecture: `_graph_llama.py` (llama and llama-style decoders),
+`_graph_gemma.py` (Gemma 2 and 3, sliding-window attention), and `_compute.py` picks one for a model.
 
 The micro-batch is what `sched_reserve` asks for: `min(n_ctx, n_ubatch)` tokens rounded up to a multiple of
 the slot count (`graph_reserve`), all K/V cells visible (`init_full`), and as many outputs as llama-server
@@ -35,13 +36,46 @@ from dataclasses import dataclass, field
 from qiip_core.planner._shape import ModelShape, row_bytes
 from qiip_core.planner._types import CacheType
 
-__all__ = ["Graph", "GraphParams", "Tensor", "build_llama_graph", "reserve_batch"]
+__all__ = [
+    "Builder",
+    "Graph",
+    "GraphParams",
+    "KvInputs",
+    "Tensor",
+    "attention",
+    "embed_tokens",
+    "kv_inputs",
+    "ne4",
+    "output_layer",
+    "reserve_batch",
+]
 
 N_OUTPUTS_EMBEDDINGS = 2048
 """Outputs per batch with `--embeddings`: llama-server's `n_batch` (default 2048), capped by the tokens."""
 
-INPLACE_OPS = frozenset({"ADD", "MUL", "RMS_NORM", "ROPE", "SOFT_MAX", "SCALE", "UNARY"})
-"""Ops whose result may take over a dying parent's memory (`ggml_op_can_inplace`, the ones llama uses)."""
+INPLACE_OPS = frozenset(
+    {
+        "FILL",
+        "SCALE",
+        "DIAG_MASK_ZERO",
+        "DIAG_MASK_INF",
+        "ADD",
+        "ADD_ID",
+        "ADD1",
+        "SUB",
+        "MUL",
+        "DIV",
+        "SQR",
+        "SQRT",
+        "LOG",
+        "UNARY",
+        "ROPE",
+        "RMS_NORM",
+        "CLAMP",
+        "SOFT_MAX",
+    }
+)
+"""Ops whose result may take over a dying parent's memory (`ggml_op_can_inplace` in `ggml-alloc.c`, forward ops)."""
 
 
 @dataclass(eq=False, slots=True)
@@ -97,9 +131,13 @@ def _contiguous(dtype: str, ne: tuple[int, int, int, int]) -> tuple[int, int, in
     return (nb0, nb1, nb1 * ne[1], nb1 * ne[1] * ne[2])
 
 
-def _ne(*dims: int) -> tuple[int, int, int, int]:
+def ne4(*dims: int) -> tuple[int, int, int, int]:
+    """A ggml shape from up to four dimensions, innermost first; missing ones are 1."""
     padded = (*dims, 1, 1, 1, 1)[:4]
     return (padded[0], padded[1], padded[2], padded[3])
+
+
+_ne = ne4
 
 
 @dataclass(slots=True)
@@ -148,6 +186,8 @@ class GraphParams:
     """Device of each block and, last, of the output layer; empty means all on the host."""
     host: int = 0
     """Device of the input layer and the graph inputs (the host CPU)."""
+    swa_cells: int = 0
+    """Cells of the sliding-window K/V cache (`_memory.swa_cells`); 0 without one."""
 
 
 def reserve_batch(params: GraphParams) -> tuple[int, int]:
@@ -165,8 +205,11 @@ def reserve_batch(params: GraphParams) -> tuple[int, int]:
     return -(-tokens // params.slots) * params.slots, outputs
 
 
-class _Builder:
-    """The ggml calls llama's graph uses, reduced to what memory depends on."""
+class Builder:
+    """The ggml calls llama.cpp's graphs use, reduced to what memory depends on.
+
+    Every tensor it makes is placed on `device`, which a graph changes as it walks the layers.
+    """
 
     def __init__(self, device: int) -> None:
         self.device = device
@@ -212,134 +255,221 @@ class _Builder:
         flat = self.reshape(cur, _ne(n, math.prod(cur.ne) // n))
         return self.reshape(self.mul_mat("hadamard", rot, flat), cur.ne)
 
+    def get_rows(self, name: str, a: Tensor, rows: Tensor) -> Tensor:
+        """`ggml_get_rows`: the rows of `a` that `rows` (a 1-D index) names, as F32."""
+        return self.new(name, "GET_ROWS", "f32", _ne(a.ne[0], rows.ne[0], a.ne[2]), a, rows)
 
-def build_llama_graph(shape: ModelShape, params: GraphParams) -> Graph:
-    """Build the worst-case prompt-processing graph llama-server reserves its compute buffer for.
+    def norm(self, name: str, x: Tensor, weight: str, *, op: str = "RMS_NORM", bias: bool = False) -> Tensor:
+        """`build_norm`: normalise `x` (RMS or layer norm), then multiply by the weight and add the bias."""
+        cur = self.same(f"norm-{name}", op, x)
+        cur = self.same(name, "MUL", cur, self.weight(f"{weight}.weight", x.ne[0]))
+        if bias:
+            cur = self.same(name, "ADD", cur, self.weight(f"{weight}.bias", x.ne[0]))
+        return cur
 
-    Args:
-        shape: the model.
-        params: the server settings.
+
+def _strides_2d(t: Tensor) -> tuple[int, int, int, int]:
+    # ggml_view_2d(t, ne0 * ne1, ne2, nb[2], 0): merge the first two dimensions.
+    return (t.nb[0], t.nb[2], t.nb[2] * t.ne[2], t.nb[2] * t.ne[2])
+
+
+def embed_tokens(b: Builder, g: Graph, shape: ModelShape, n_tok: int) -> Tensor:
+    """`build_inp_embd`: look the tokens up in the embedding; the embedding-vector input is still allocated.
 
     Returns:
-        The graph, nodes and leafs in llama.cpp's order, each tensor tagged with its device.
+        The `[n_embd, n_tok]` embeddings, on the builder's device (the host).
     """
-    layer_devices = params.layer_devices or (params.host,) * shape.total_layers
-    if len(layer_devices) != shape.total_layers:
-        raise ValueError(f"layer_devices needs {shape.total_layers} entries (blocks and output).")
-    n_tok, n_out = reserve_batch(params)
-    n_kv = params.aggregate_context
-    e, n_head, n_kv_head, dk, dv = shape.n_embd, shape.n_head, shape.n_head_kv, shape.head_dim_k, shape.head_dim_v
-    fa, ct = params.flash_attn, params.cache_type
-    quantised = ct != "f16"
-    g = Graph()
-    b = _Builder(params.host)
-
-    # Input layer (build_inp_embd): the token path runs, the embedding-vector input is still allocated.
+    e = shape.n_embd
     tok_embd = b.leaf("token_embd.weight", "f16", _ne(e, shape.n_vocab), external=True)
     tokens = b.leaf("inp_tokens", "i32", _ne(n_tok))
     inp_embd = b.leaf("inp_embd", "f32", _ne(e, n_tok))
-    embd = b.new("embd", "GET_ROWS", "f32", _ne(e, n_tok), tok_embd, tokens)
+    embd = b.get_rows("embd", tok_embd, tokens)
+    # ggml_build_forward_select keeps both paths in the graph; the token path is expanded first.
     g.expand(embd)
     g.expand(inp_embd)
-    inp_pos = b.leaf("inp_pos", "i32", _ne(n_tok))
+    return embd
+
+
+@dataclass(frozen=True, slots=True)
+class KvInputs:
+    """One K/V cache's graph inputs (`llm_graph_input_attn_kv`), and what its views need."""
+
+    cells: int
+    """Cells of the cache; in the reserved graph every one is visible (`n_kv`)."""
+    k_idxs: Tensor
+    """`attn_inp_k_idxs`: where each token's K row goes."""
+    v_idxs: Tensor
+    """`attn_inp_v_idxs`: where each V row (or, transposed, each V element) goes."""
+    kq_mask: Tensor
+    """`attn_inp_kq_mask`: `[n_kv, n_tokens]`, F16 with flash attention and F32 without."""
+    k_rot: Tensor | None
+    """`attn_inp_k_rot`: the K Hadamard rotation of a quantised cache, or None."""
+    v_rot: Tensor | None
+    """`attn_inp_v_rot`: the V Hadamard rotation, or None."""
+    v_width: int
+    """Elements of one cell's V row in the cache (`n_embd_v_gqa_max` when transposed)."""
+
+
+def kv_inputs(
+    b: Builder,
+    shape: ModelShape,
+    *,
+    layers: tuple[int, ...],
+    cells: int,
+    n_tok: int,
+    flash_attn: bool,
+    cache_type: CacheType,
+) -> KvInputs:
+    """The inputs of one K/V cache holding `layers` (`build_attn_inp_kv_impl`, `build_input_k/v_idxs/rot`).
+
+    Args:
+        b: the builder, on the host device.
+        shape: the model.
+        layers: the blocks the cache holds (its head widths decide the Hadamard rotations).
+        cells: the cache's size in cells.
+        n_tok: tokens of the micro-batch.
+        flash_attn: flash attention runs (V is stored untransposed, the mask is F16).
+        cache_type: the cache's element type.
+    """
+    v_max = max((shape.layer_kv_heads(il) * shape.layer_head_dims(il)[1] for il in range(shape.n_layers)), default=0)
     k_idxs = b.leaf("attn_inp_k_idxs", "i64", _ne(n_tok))
     # Without flash attention the V cache is transposed and written element by element.
-    v_idxs = b.leaf("attn_inp_v_idxs", "i64", _ne(n_tok if fa else n_tok * n_kv_head * dv))
-    kq_mask = b.leaf("attn_inp_kq_mask", "f16" if fa else "f32", _ne(n_kv, n_tok))
-    k_rot_n = 64
-    while dk % (k_rot_n * 2) == 0:
-        k_rot_n *= 2
-    k_rot = b.leaf("attn_inp_k_rot", "f32", _ne(k_rot_n, k_rot_n)) if quantised and dk % 64 == 0 else None
-    v_rot = b.leaf("attn_inp_v_rot", "f32", _ne(64, 64)) if quantised and dv % 64 == 0 else None
-    out_ids = b.leaf("out_ids", "i32", _ne(n_out))
+    v_idxs = b.leaf("attn_inp_v_idxs", "i64", _ne(n_tok if flash_attn else n_tok * v_max))
+    kq_mask = b.leaf("attn_inp_kq_mask", "f16" if flash_attn else "f32", _ne(cells, n_tok))
+    # attn_rot_k/v: a quantised cache whose layers share one head width, a multiple of 64.
+    widths_k = {shape.layer_head_dims(il)[0] for il in layers}
+    widths_v = {shape.layer_head_dims(il)[1] for il in layers}
+    quantised = cache_type != "f16"
+    k_rot = v_rot = None
+    if quantised and len(widths_k) == 1 and shape.head_dim_k % 64 == 0:
+        (dk,) = widths_k
+        n = 64
+        while dk % (n * 2) == 0:
+            n *= 2
+        k_rot = b.leaf("attn_inp_k_rot", "f32", _ne(n, n))
+    if quantised and len(widths_v) == 1 and shape.head_dim_v % 64 == 0:
+        v_rot = b.leaf("attn_inp_v_rot", "f32", _ne(64, 64))
+    return KvInputs(cells, k_idxs, v_idxs, kq_mask, k_rot, v_rot, v_max)
 
-    inp = embd
-    for il in range(shape.n_layers):
-        b.device = layer_devices[il]
 
-        blk = f"blk.{il}"
-        residual = inp
-        cur = b.same(f"norm-{il}", "RMS_NORM", inp)
-        cur = b.same(f"attn_norm-{il}", "MUL", cur, b.weight(f"{blk}.attn_norm", e))
-        q = b.mul_mat(f"Qcur-{il}", b.weight(f"{blk}.attn_q", e, n_head * dk), cur)
-        k = b.mul_mat(f"Kcur-{il}", b.weight(f"{blk}.attn_k", e, n_kv_head * dk), cur)
-        v = b.mul_mat(f"Vcur-{il}", b.weight(f"{blk}.attn_v", e, n_kv_head * dv), cur)
-        q, k = b.reshape(q, _ne(dk, n_head, n_tok)), b.reshape(k, _ne(dk, n_kv_head, n_tok))
-        v = b.reshape(v, _ne(dv, n_kv_head, n_tok))
-        q = b.same(f"Qcur-{il}", "ROPE", q, inp_pos)
-        k = b.same(f"Kcur-{il}", "ROPE", k, inp_pos)
-        if k_rot is not None:
-            q, k = b.hadamard(q, k_rot), b.hadamard(k, k_rot)
-        if v_rot is not None:
-            v = b.hadamard(v, v_rot)
-        # build_attn: Q, V, K are expanded together, then the cache writes.
-        g.expand(q)
-        g.expand(v)
-        g.expand(k)
-        cache_k = b.leaf(f"cache_k_l{il}", ct, _ne(n_kv_head * dk, n_kv), external=True)
-        cache_v = b.leaf(f"cache_v_l{il}", ct, _ne(n_kv_head * dv, n_kv), external=True)
-        g.expand(b.set_rows(cache_k, b.view(k, _ne(n_kv_head * dk, n_tok), _strides_2d(k)), k_idxs))
-        if fa:
-            g.expand(b.set_rows(cache_v, b.view(v, _ne(n_kv_head * dv, n_tok), _strides_2d(v)), v_idxs))
-        else:
-            flat_v = b.reshape(b.reshape(v, _ne(n_kv_head * dv, n_tok)), _ne(1, n_kv_head * dv * n_tok))
-            g.expand(b.set_rows(b.reshape(cache_v, _ne(1, n_kv_head * dv * n_kv)), flat_v, v_idxs))
-        kh, kr = row_bytes(ct, dk), row_bytes(ct, n_kv_head * dk)
-        k_all = b.view(cache_k, _ne(dk, n_kv_head, n_kv), (cache_k.nb[0], kh, kr, kr * n_kv))
-        if fa:
-            vh, vr = row_bytes(ct, dv), row_bytes(ct, n_kv_head * dv)
-            v_all = b.view(cache_v, _ne(dv, n_kv_head, n_kv), (cache_v.nb[0], vh, vr, vr * n_kv))
-        else:
-            vc = row_bytes(ct, n_kv)
-            v_all = b.view(cache_v, _ne(n_kv, n_kv_head, dv), (cache_v.nb[0], vc * dv, vc, vc * dv * n_kv_head))
-        q4 = b.permute(b.view(q, q.ne, (q.nb[0], q.nb[1], q.nb[2], q.nb[2] * q.ne[2])), (0, 2, 1, 3))
-        k4, v4 = b.permute(k_all, (0, 2, 1, 3)), b.permute(v_all, (0, 2, 1, 3))
-        if fa:
-            att = b.new(f"fattn-{il}", "FLASH_ATTN_EXT", "f32", _ne(v4.ne[0], q4.ne[2], q4.ne[1]), q4, k4, v4, kq_mask)
-            g.expand(att)
-            cur = b.reshape(att, _ne(att.ne[0] * att.ne[1], att.ne[2]))
-        else:
-            kq = b.mul_mat(f"kq-{il}", k4, q4)
-            kq = b.same(f"kq_soft_max-{il}", "SOFT_MAX", kq, kq_mask)
-            kqv = b.permute(b.mul_mat(f"kqv-{il}", v4, kq), (0, 2, 1, 3))
-            cur = b.new(f"kqv_out-{il}", "CONT", "f32", _ne(kqv.ne[0] * kqv.ne[1], kqv.ne[2]), kqv)
-            g.expand(cur)
-        if v_rot is not None:
-            cur = b.hadamard(cur, v_rot)
-        cur = b.mul_mat(f"attn_out-{il}", b.weight(f"{blk}.attn_output", n_head * dv, e), cur)
-        if il == shape.n_layers - 1:
-            # Only the output rows go on from the last block.
-            cur = b.new("last_attn", "GET_ROWS", "f32", _ne(e, n_out), cur, out_ids)
-            residual = b.new("last_inp", "GET_ROWS", "f32", _ne(e, n_out), residual, out_ids)
-        ffn_inp = b.same(f"ffn_inp-{il}", "ADD", cur, residual)
-        cur = b.same(f"norm-{il}", "RMS_NORM", ffn_inp)
-        cur = b.same(f"ffn_norm-{il}", "MUL", cur, b.weight(f"{blk}.ffn_norm", e))
-        up = b.mul_mat(f"ffn_up-{il}", b.weight(f"{blk}.ffn_up", e, shape.n_ff), cur)
-        gate = b.mul_mat(f"ffn_gate-{il}", b.weight(f"{blk}.ffn_gate", e, shape.n_ff), cur)
-        act = b.same(f"ffn_swiglu-{il}", "GLU", gate, up)
-        down = b.mul_mat(f"ffn_out-{il}", b.weight(f"{blk}.ffn_down", shape.n_ff, e), act)
-        inp = b.same(f"l_out-{il}", "ADD", down, ffn_inp)
+def attention(
+    b: Builder,
+    g: Graph,
+    *,
+    il: int,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    inp: KvInputs,
+    cache_type: CacheType,
+    flash_attn: bool,
+    iswa: bool = False,
+    softcap: bool = False,
+) -> Tensor:
+    """Write K and V into the cache and attend over every cell (`build_attn` with `build_attn_mha`).
 
-    b.device = layer_devices[-1]
-    cur = b.same("norm", "RMS_NORM", inp)
-    result_norm = b.same("result_norm", "MUL", cur, b.weight("output_norm.weight", e))
+    Args:
+        b: the builder, on the layer's device.
+        g: the graph.
+        il: the block.
+        q: `[head_dim_k, n_head, n_tok]` queries, roped.
+        k: `[head_dim_k, n_head_kv, n_tok]` keys, roped.
+        v: `[head_dim_v, n_head_kv, n_tok]` values.
+        inp: the inputs of the cache this block's K/V live in.
+        cache_type: the cache's element type.
+        flash_attn: flash attention runs.
+        iswa: the model has a sliding-window cache; llama.cpp then expands Q, K, V in that order (Q, V, K
+            otherwise).
+        softcap: attention logits are squashed before the softmax (`attn_soft_cap`: scale, tanh, scale, in
+            place; flash attention does it inside its kernel).
+
+    Returns:
+        `[head_dim_v * n_head, n_tok]`: the attention output before the output projection.
+    """
+    dk, n_kv_head, n_tok = k.ne[0], k.ne[1], k.ne[2]
+    dv = v.ne[0]
+    n_kv, ct, fa = inp.cells, cache_type, flash_attn
+    if inp.k_rot is not None:
+        q, k = b.hadamard(q, inp.k_rot), b.hadamard(k, inp.k_rot)
+    if inp.v_rot is not None:
+        v = b.hadamard(v, inp.v_rot)
+    # Q, V, K (or Q, K, V with a sliding-window cache) are expanded together, then the cache writes.
+    for t in (q, k, v) if iswa else (q, v, k):
+        g.expand(t)
+    v_width = n_kv_head * dv if fa else inp.v_width
+    cache_k = b.leaf(f"cache_k_l{il}", ct, _ne(n_kv_head * dk, n_kv), external=True)
+    cache_v = b.leaf(f"cache_v_l{il}", ct, _ne(v_width, n_kv), external=True)
+    g.expand(b.set_rows(cache_k, b.view(k, _ne(n_kv_head * dk, n_tok), _strides_2d(k)), inp.k_idxs))
+    if fa:
+        g.expand(b.set_rows(cache_v, b.view(v, _ne(n_kv_head * dv, n_tok), _strides_2d(v)), inp.v_idxs))
+    else:
+        flat_v = b.reshape(b.reshape(v, _ne(n_kv_head * dv, n_tok)), _ne(1, n_kv_head * dv * n_tok))
+        g.expand(b.set_rows(b.reshape(cache_v, _ne(1, v_width * n_kv)), flat_v, inp.v_idxs))
+    kh, kr = row_bytes(ct, dk), row_bytes(ct, n_kv_head * dk)
+    k_all = b.view(cache_k, _ne(dk, n_kv_head, n_kv), (cache_k.nb[0], kh, kr, kr * n_kv))
+    if fa:
+        vh, vr = row_bytes(ct, dv), row_bytes(ct, v_width)
+        v_all = b.view(cache_v, _ne(dv, n_kv_head, n_kv), (cache_v.nb[0], vh, vr, vr * n_kv))
+    else:
+        vc = row_bytes(ct, n_kv)
+        v_all = b.view(cache_v, _ne(n_kv, n_kv_head, dv), (cache_v.nb[0], vc * dv, vc, vc * v_width))
+    q4 = b.permute(b.view(q, q.ne, (q.nb[0], q.nb[1], q.nb[2], q.nb[2] * q.ne[2])), (0, 2, 1, 3))
+    k4, v4 = b.permute(k_all, (0, 2, 1, 3)), b.permute(v_all, (0, 2, 1, 3))
+    if fa:
+        att = b.new(f"fattn-{il}", "FLASH_ATTN_EXT", "f32", _ne(v4.ne[0], q4.ne[2], q4.ne[1]), q4, k4, v4, inp.kq_mask)
+        g.expand(att)
+        cur = b.reshape(att, _ne(att.ne[0] * att.ne[1], att.ne[2]))
+    else:
+        kq = b.mul_mat(f"kq-{il}", k4, q4)
+        if softcap:
+            kq = b.same(f"kq_scaled_2-{il}", "SCALE", b.same(f"kq_tanh-{il}", "UNARY", b.same(f"kq-{il}", "SCALE", kq)))
+        kq = b.same(f"kq_soft_max-{il}", "SOFT_MAX", kq, inp.kq_mask)
+        kqv = b.permute(b.mul_mat(f"kqv-{il}", v4, kq), (0, 2, 1, 3))
+        cur = b.new(f"kqv_out-{il}", "CONT", "f32", _ne(kqv.ne[0] * kqv.ne[1], kqv.ne[2]), kqv)
+        g.expand(cur)
+    if inp.v_rot is not None:
+        cur = b.hadamard(cur, inp.v_rot)
+    return cur
+
+
+def output_layer(
+    b: Builder,
+    g: Graph,
+    shape: ModelShape,
+    params: GraphParams,
+    inp: Tensor,
+    *,
+    device: int,
+    softcap: bool = False,
+) -> None:
+    """The output norm and the logits, and mean pooling with `--embeddings` (`build_pooling`).
+
+    Args:
+        b: the builder.
+        g: the graph.
+        shape: the model.
+        params: the server settings.
+        inp: the last block's output, `[n_embd, n_outputs]`.
+        device: the output layer's device.
+        softcap: the logits are squashed (`final_logit_softcapping`: scale, tanh, scale; all in place).
+    """
+    n_tok = reserve_batch(params)[0]
+    b.device = device
+    result_norm = b.norm("result_norm", inp, "output_norm")
     result_norm.is_output = True
-    logits = b.mul_mat("result_output", b.weight("output.weight", e, shape.n_vocab), result_norm)
+    logits = b.mul_mat("result_output", b.weight("output.weight", shape.n_embd, shape.n_vocab), result_norm)
+    if softcap:
+        logits = b.same("result_output", "UNARY", b.same("result_output", "SCALE", logits))
+        logits = b.same("result_output", "SCALE", logits)
     logits.is_output = True
     g.expand(logits)
     if params.embeddings:
         # build_pooling, mean: mul_mat(cont(transpose(embd)), inp_mean [tokens, slots]).
         b.device = params.host
         inp_mean = b.leaf("inp_mean", "f32", _ne(n_tok, params.slots))
-        b.device = layer_devices[-1]
+        b.device = device
         transposed = b.permute(result_norm, (1, 0, 2, 3))
         cont = b.new("cont", "CONT", "f32", _ne(transposed.ne[0], transposed.ne[1]), transposed)
         pooled = b.mul_mat("result_embd_pooled", cont, inp_mean)
         pooled.is_output = True
         g.expand(pooled)
-    return g
-
-
-def _strides_2d(t: Tensor) -> tuple[int, int, int, int]:
-    # ggml_view_2d(t, ne0 * ne1, ne2, nb[2], 0): merge the first two dimensions.
-    return (t.nb[0], t.nb[2], t.nb[2] * t.ne[2], t.nb[2] * t.ne[2])

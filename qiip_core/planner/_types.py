@@ -83,6 +83,9 @@ class DeviceMemory:
     """Memory available to a new process in MiB (NVML `memory.free`; `MemAvailable` in CPU mode)."""
     kind: DeviceKind = "nvidia"
     """`nvidia` for a GPU; `cpu` for the host in CPU mode, which a managed GPU node never uses."""
+    repack: tuple[tuple[str, int], ...] = ()
+    """CPU mode: the weight types the CPU backend repacks into its `CPU_REPACK` buffer, each with the row count
+    a matrix must be a multiple of (`ggml_repack_get_optimal_repack_type`); `read_cpu_repack` reads them."""
 
     def __post_init__(self) -> None:
         if self.index < 0:

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from qiip_core import PlanError
-from qiip_core.planner import DeviceMemory, read_devices, read_system_memory
+from qiip_core.planner import DeviceMemory, read_cpu_repack, read_devices, read_system_memory
 
 MEMINFO = "MemTotal:       24683520 kB\nMemFree:        23000000 kB\nMemAvailable:   24129536 kB\nBuffers: 1 kB\n"
 
@@ -89,9 +89,9 @@ def test_without_a_driver_a_managed_gpu_node_fails(error, meminfo):
     assert "CPU mode is not allowed for a managed GPU node" in message
 
 
-def test_without_a_driver_cpu_mode_plans_against_system_memory(meminfo):
+def test_without_a_driver_cpu_mode_plans_against_system_memory(meminfo, tmp_path):
     nvml = FakeNvml(init_error=NVMLError_LibraryNotFound("NVML Shared Library Not Found"))
-    (device,) = read_devices(allow_cpu=True, nvml=nvml, meminfo=meminfo)
+    (device,) = read_devices(allow_cpu=True, nvml=nvml, meminfo=meminfo, cpuinfo=tmp_path / "none")
     assert device == DeviceMemory(index=0, name="CPU (system memory)", total_mib=24105, free_mib=23564, kind="cpu")
     assert device.used_mib == 541
     assert device.record() == {"index": 0, "total_mib": 24105, "used_mib": 541, "free_mib": 23564}
@@ -111,6 +111,25 @@ def test_a_broken_driver_is_never_cpu_mode(meminfo):
     with pytest.raises(PlanError, match="NVML failed to read the GPUs: GPU is lost"):
         read_devices(allow_cpu=True, nvml=nvml, meminfo=meminfo)
     assert nvml.shut_down
+
+
+@pytest.mark.parametrize(
+    ("machine", "flags", "repacked"),
+    [
+        ("x86_64", "flags\t\t: fpu sse2 avx avx2 fma", {"Q4_0", "Q4_K", "IQ4_NL", "MXFP4"}),
+        ("x86_64", "flags\t\t: fpu sse2 avx", set()),
+        ("aarch64", "Features\t: fp asimd asimddp", {"Q4_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "MXFP4", "Q8_0"}),
+        ("aarch64", "Features\t: fp asimd", set()),
+        ("riscv64", "isa\t\t: rv64imafdc", set()),
+    ],
+)
+def test_repacked_weight_types_follow_the_instruction_sets(tmp_path, machine, flags, repacked):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\n{flags}\n\nprocessor\t: 1\n{flags}\n")
+    found = read_cpu_repack(cpuinfo, machine)
+    assert {t for t, _ in found} == repacked
+    assert all(rows in (4, 8) for _, rows in found)
+    assert read_cpu_repack(tmp_path / "missing", machine) == ()
 
 
 def test_system_memory_needs_both_lines(tmp_path):

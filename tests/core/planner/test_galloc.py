@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from qiip_core.planner._galloc import compute_buffer_bytes
-from qiip_core.planner._graph import Graph, GraphParams, Tensor, build_llama_graph, reserve_batch
+from qiip_core.planner._graph import Graph, GraphParams, Tensor, reserve_batch
+from qiip_core.planner._graph_llama import build_llama_graph
 
 from .conftest import shape
 

@@ -1,0 +1,110 @@
+"""llama's graph (`src/models/llama.cpp`), the one most dense decoders share.
+
+```
+inp_tokens ─ get_rows(token_embd) ─┐                                          (input layer, on the host)
+for each block:                    ▼
+  rms_norm · attn_norm ─ Q, K, V = mul_mat ─ rope(Q), rope(K) ─ set_rows into the K/V cache
+  flash attention:  flash_attn_ext(Q, K cache, V cache, kq_mask)             [head_v, n_head, tokens]
+  otherwise:        kq = mul_mat(K cache, Q) [n_kv, tokens, n_head] ─ soft_max(kq, kq_mask) ─ mul_mat(V, kq) ─ cont
+  mul_mat(wo) + residual ─ rms_norm · ffn_norm ─ gate, up = mul_mat ─ swiglu ─ mul_mat(down) + residual
+rms_norm · output_norm ─ mul_mat(output) = logits [n_vocab, outputs]        (output layer)
+```
+"""
+
+from __future__ import annotations
+
+from qiip_core.planner._graph import (
+    Builder,
+    Graph,
+    GraphParams,
+    Tensor,
+    attention,
+    embed_tokens,
+    kv_inputs,
+    ne4,
+    output_layer,
+    reserve_batch,
+)
+from qiip_core.planner._shape import ModelShape
+
+__all__ = ["build_llama_graph", "dense_ffn"]
+
+
+def dense_ffn(b: Builder, shape: ModelShape, il: int, cur: Tensor, *, act: str = "GLU") -> Tensor:
+    """`build_ffn` with a parallel gate: up and gate projections, the gated activation, the down projection.
+
+    Args:
+        b: the builder, on the layer's device.
+        shape: the model.
+        il: the block.
+        cur: the normalised input, `[n_embd, tokens]`.
+        act: the fused gated activation op (`GLU`: SwiGLU, GeGLU).
+
+    Returns:
+        `[n_embd, tokens]`.
+    """
+    e, ff, blk = shape.n_embd, shape.layer_ff(il), f"blk.{il}"
+    up = b.mul_mat(f"ffn_up-{il}", b.weight(f"{blk}.ffn_up", e, ff), cur)
+    gate = b.mul_mat(f"ffn_gate-{il}", b.weight(f"{blk}.ffn_gate", e, ff), cur)
+    gated = b.same(f"ffn_act-{il}", act, gate, up)
+    return b.mul_mat(f"ffn_out-{il}", b.weight(f"{blk}.ffn_down", ff, e), gated)
+
+
+def build_llama_graph(shape: ModelShape, params: GraphParams) -> Graph:
+    """Build the worst-case prompt-processing graph llama-server reserves its compute buffer for.
+
+    Args:
+        shape: the model.
+        params: the server settings.
+
+    Returns:
+        The graph, nodes and leafs in llama.cpp's order, each tensor tagged with its device.
+
+    Raises:
+        ValueError: `layer_devices` does not have one entry per layer and one for the output.
+    """
+    layer_devices = params.layer_devices or (params.host,) * shape.total_layers
+    if len(layer_devices) != shape.total_layers:
+        raise ValueError(f"layer_devices needs {shape.total_layers} entries (blocks and output).")
+    n_tok, n_out = reserve_batch(params)
+    e, n_head, n_kv_head, dk, dv = shape.n_embd, shape.n_head, shape.n_head_kv, shape.head_dim_k, shape.head_dim_v
+    g = Graph()
+    b = Builder(params.host)
+
+    inp = embed_tokens(b, g, shape, n_tok)
+    inp_pos = b.leaf("inp_pos", "i32", ne4(n_tok))
+    kv = kv_inputs(
+        b,
+        shape,
+        layers=shape.attention_layers(),
+        cells=params.aggregate_context,
+        n_tok=n_tok,
+        flash_attn=params.flash_attn,
+        cache_type=params.cache_type,
+    )
+    out_ids = b.leaf("out_ids", "i32", ne4(n_out))
+
+    for il in range(shape.n_layers):
+        b.device = layer_devices[il]
+        blk = f"blk.{il}"
+        residual = inp
+        cur = b.norm(f"attn_norm-{il}", inp, f"{blk}.attn_norm")
+        q = b.mul_mat(f"Qcur-{il}", b.weight(f"{blk}.attn_q", e, n_head * dk), cur)
+        k = b.mul_mat(f"Kcur-{il}", b.weight(f"{blk}.attn_k", e, n_kv_head * dk), cur)
+        v = b.mul_mat(f"Vcur-{il}", b.weight(f"{blk}.attn_v", e, n_kv_head * dv), cur)
+        q, k = b.reshape(q, ne4(dk, n_head, n_tok)), b.reshape(k, ne4(dk, n_kv_head, n_tok))
+        v = b.reshape(v, ne4(dv, n_kv_head, n_tok))
+        q = b.same(f"Qcur-{il}", "ROPE", q, inp_pos)
+        k = b.same(f"Kcur-{il}", "ROPE", k, inp_pos)
+        cur = attention(b, g, il=il, q=q, k=k, v=v, inp=kv, cache_type=params.cache_type, flash_attn=params.flash_attn)
+        cur = b.mul_mat(f"attn_out-{il}", b.weight(f"{blk}.attn_output", n_head * dv, e), cur)
+        if il == shape.n_layers - 1:
+            # Only the output rows go on from the last block.
+            cur = b.get_rows("last_attn", cur, out_ids)
+            residual = b.get_rows("last_inp", residual, out_ids)
+        ffn_inp = b.same(f"ffn_inp-{il}", "ADD", cur, residual)
+        cur = b.norm(f"ffn_norm-{il}", ffn_inp, f"{blk}.ffn_norm")
+        inp = b.same(f"l_out-{il}", "ADD", dense_ffn(b, shape, il, cur), ffn_inp)
+
+    output_layer(b, g, shape, params, inp, device=layer_devices[-1])
+    return g
