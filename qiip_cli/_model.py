@@ -20,6 +20,7 @@ def model() -> None:
 
 @model.command("make-test-gguf")
 @click.argument("path", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--arch", "architecture", default="llama", show_default=True, help="general.architecture to write.")
 @click.option("--layers", type=int, default=2, show_default=True, help="Transformer blocks.")
 @click.option("--embd", type=int, default=64, show_default=True, help="Embedding width.")
 @click.option("--heads", type=int, default=4, show_default=True, help="Attention heads (divide --embd).")
@@ -29,8 +30,16 @@ def model() -> None:
 @click.option("--ff", type=int, default=None, help="Feed-forward width  [default: 4 x --embd]")
 @click.option("--split", type=int, default=1, show_default=True, help="Write a split family of N files.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the random weights.")
+@click.option(
+    "--option",
+    "options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="An architecture option, such as sliding_window=512 (repeatable).",
+)
 def make_test_gguf(
     path: Path,
+    architecture: str,
     layers: int,
     embd: int,
     heads: int,
@@ -40,17 +49,22 @@ def make_test_gguf(
     ff: int | None,
     split: int,
     seed: int,
+    options: tuple[str, ...],
 ) -> None:
-    """Write a random-weight llama GGUF to PATH (ending in .gguf) and print the files written.
+    """Write a random-weight GGUF to PATH (ending in .gguf) and print the files written.
 
     With --split N the files are PATH's stem + -00001-of-0000N.gguf …; the first is the one to serve.
     """
     from qiip_core.engines.llamacpp import make_test_gguf as write
 
+    parsed = run_or_exit(lambda: _parse_options(options))
+
     def run() -> list[Path]:
         try:
             return write(
                 path,
+                architecture=architecture,
+                options=parsed,
                 n_layers=layers,
                 n_embd=embd,
                 n_head=heads,
@@ -70,6 +84,27 @@ def make_test_gguf(
         click.echo(str(written))
 
 
+def _parse_options(options: tuple[str, ...]) -> dict[str, int | float | bool]:
+    """`KEY=VALUE` pairs: integers, numbers with a point, or true/false."""
+    parsed: dict[str, int | float | bool] = {}
+    for item in options:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise QiipError(
+                f"--option must be KEY=VALUE with a name for KEY, such as sliding_window=512; got {item!r}."
+            )
+        value: int | float | bool
+        if raw.lower() in ("true", "false"):
+            value = raw.lower() == "true"
+        else:
+            try:
+                value = float(raw) if "." in raw else int(raw)
+            except ValueError:
+                raise QiipError(f"--option {key} must be a number or true/false; got {raw!r}.") from None
+        parsed[key] = value
+    return parsed
+
+
 _FLAGS = {
     "n_layers": "--layers",
     "n_embd": "--embd",
@@ -79,6 +114,7 @@ _FLAGS = {
     "n_vocab": "--vocab",
     "n_ff": "--ff",
     "split": "--split",
+    "architecture": "--arch",
 }
 
 

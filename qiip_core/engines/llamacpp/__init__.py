@@ -3,7 +3,7 @@
 ```
 LlamaCppInstaller(settings)        find_installed() / install(cpu=…, force=…, archive=…, progress=…)
  └── InstalledEngine               root, server, fit_params, quantize, version, variant
-make_test_gguf(path, …)            a random-weight llama GGUF (or a split family) that llama-server serves
+make_test_gguf(path, architecture=…) a random-weight GGUF (or a split family) that llama-server serves
 read_gguf_metadata(path)           GgufMetadata: shape, every metadata value, tensors across shards; or
                                    ModelFileError (not a GGUF, truncated, a non-first shard, …)
 LaunchSpec(model=…, …).argv(bin)   every sizing flag spelled out
@@ -26,9 +26,10 @@ if TYPE_CHECKING:
     from qiip_core.engines.llamacpp._install import InstalledEngine, LlamaCppInstaller, ProgressCallback
     from qiip_core.engines.llamacpp._managed import ManagedLlamaServer, default_local_policy
     from qiip_core.engines.llamacpp._server import LaunchSpec, LlamaServerProcess, free_port
-    from qiip_core.engines.llamacpp._testmodel import make_test_gguf
+    from qiip_core.engines.llamacpp._testmodel import TEST_ARCHITECTURES, make_test_gguf
 
 __all__ = [
+    "TEST_ARCHITECTURES",
     "GgufMetadata",
     "GgufTensor",
     "InstalledEngine",
@@ -45,6 +46,7 @@ __all__ = [
 ]
 
 _MODULES = {
+    "TEST_ARCHITECTURES": "_testmodel",
     "GgufMetadata": "_gguf",
     "GgufTensor": "_gguf",
     "InstalledEngine": "_install",

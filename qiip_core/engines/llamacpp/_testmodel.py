@@ -1,7 +1,10 @@
 """Write small random-weight GGUF models that a real `llama-server` loads and serves.
 
 The test models exist so the whole path (launch, health, routing, chat, slots, metrics) runs against the
-real engine without downloading weights. They are `llama` architecture, F16 matrices and F32 norms, with a
+real engine without downloading weights, and so the sizing planner can be checked on every architecture family
+it models. Each architecture has a writer (`_WRITERS`: `llama` here, the others in `_testarch_*.py` modules)
+that returns its tensors and metadata keys; this module adds what every model shares. Weights are F16
+matrices and F32 norms, with a
 SentencePiece ("llama") vocabulary: `<unk>`, `<s>`, `</s>`, the 256 byte-fallback tokens `<0x00>`…`<0xFF>`,
 single characters, then common English words with every prefix (so the SentencePiece merge of adjacent
 pieces can reach the whole word) and, for large vocabularies, generated filler pieces. A ChatML-style Jinja
@@ -19,16 +22,27 @@ Read a model back with `read_gguf_metadata` (`_gguf.py`).
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import logging
 import shutil
 import string
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CHAT_TEMPLATE", "MIN_VOCAB", "make_test_gguf"]
+__all__ = [
+    "CHAT_TEMPLATE",
+    "MIN_VOCAB",
+    "TEST_ARCHITECTURES",
+    "ArchitectureWriter",
+    "TestModelSpec",
+    "Weights",
+    "add_attention_metadata",
+    "make_test_gguf",
+]
 
 logger = logging.getLogger("qiip.engines")
 
@@ -96,11 +110,8 @@ def _validate(
         )
     if not 1 <= n_ff <= 16 * 16384:
         raise ValueError(f"n_ff must be between 1 and {16 * 16384}, got {n_ff}.")
-    n_tensors = 3 + 9 * n_layers
-    if not 1 <= split <= n_tensors:
-        raise ValueError(
-            f"split must be between 1 and the number of tensors ({n_tensors} for {n_layers} layers), got {split}."
-        )
+    if split < 1:
+        raise ValueError(f"split must be between 1 and the number of tensors, got {split}.")
 
 
 def _filler_pieces() -> Iterator[str]:
@@ -153,9 +164,122 @@ def build_vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, types
 
 
+@dataclass(frozen=True, kw_only=True)
+class TestModelSpec:
+    """What a test model of any architecture is asked to be: the common shape, and the architecture's options."""
+
+    architecture: str
+    """`general.architecture` to write (a key of `TEST_ARCHITECTURES`)."""
+    n_layers: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    n_ctx_train: int
+    n_vocab: int
+    n_ff: int
+    options: Mapping[str, int | float | bool] = field(default_factory=dict)
+    """Architecture-specific settings (`sliding_window`, `n_expert`, …); each writer names what it takes."""
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head: `n_embd / n_head`."""
+        return self.n_embd // self.n_head
+
+    def option(self, name: str, default: int | float | bool) -> Any:
+        """An architecture option, or its default."""
+        return self.options.get(name, default)
+
+
+class Weights:
+    """Random test weights: F16 matrices scaled by 1/√(input width), F32 norms of ones. Seeded, so repeatable."""
+
+    def __init__(self, seed: int) -> None:
+        import numpy as np
+
+        self.np = np
+        self.rng = np.random.default_rng(seed)
+
+    def matrix(self, rows: int, cols: int) -> Any:
+        """An F16 weight of `rows` outputs and `cols` inputs (numpy `(rows, cols)` is GGUF `ne = [cols, rows]`)."""
+        scale = 1.0 / self.np.sqrt(cols)
+        return (self.rng.standard_normal((rows, cols), dtype=self.np.float32) * scale).astype(self.np.float16)
+
+    def experts(self, n_expert: int, rows: int, cols: int) -> Any:
+        """An F16 stack of `n_expert` weights (GGUF `ne = [cols, rows, n_expert]`)."""
+        scale = 1.0 / self.np.sqrt(cols)
+        values = self.rng.standard_normal((n_expert, rows, cols), dtype=self.np.float32) * scale
+        return values.astype(self.np.float16)
+
+    def norm(self, n: int) -> Any:
+        """An F32 vector of ones (a norm's weight)."""
+        return self.np.ones(n, dtype=self.np.float32)
+
+    def vector(self, n: int, scale: float = 0.02) -> Any:
+        """A small random F32 vector (a bias)."""
+        return (self.rng.standard_normal(n, dtype=self.np.float32) * scale).astype(self.np.float32)
+
+
+Tensors = list[tuple[str, Any]]
+"""Named arrays in file order."""
+
+ArchitectureWriter = Callable[[TestModelSpec, Weights], tuple[Tensors, Callable[[Any], None]]]
+"""Writes one architecture: its tensors, and a function adding its metadata keys to a `gguf.GGUFWriter`."""
+
+_WRITERS: dict[str, str] = {
+    "llama": "qiip_core.engines.llamacpp._testmodel:llama_writer",
+}
+"""`general.architecture` → the writer (`module:function`, imported when used)."""
+
+TEST_ARCHITECTURES = tuple(sorted(_WRITERS))
+"""The architectures `make_test_gguf` writes."""
+
+
+def _writer(architecture: str) -> ArchitectureWriter:
+    target = _WRITERS.get(architecture)
+    if target is None:
+        raise ValueError(f"architecture must be one of {', '.join(sorted(_WRITERS))}; got {architecture!r}.")
+    module, _, name = target.partition(":")
+    writer: ArchitectureWriter = getattr(importlib.import_module(module), name)
+    return writer
+
+
+def add_attention_metadata(writer: Any, spec: TestModelSpec, *, rms_eps: float = 1e-5) -> None:
+    """The keys every rotary decoder has: feed-forward width, head counts, RoPE and the RMS norm's epsilon."""
+    writer.add_feed_forward_length(spec.n_ff)
+    writer.add_head_count(spec.n_head)
+    writer.add_head_count_kv(spec.n_head_kv)
+    writer.add_rope_dimension_count(spec.head_dim)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(rms_eps)
+
+
+def llama_writer(spec: TestModelSpec, w: Weights) -> tuple[Tensors, Callable[[Any], None]]:
+    """llama: RMS norms, separate Q/K/V projections, SwiGLU feed-forward, an untied output."""
+    if spec.options:
+        raise ValueError(f"architecture llama takes no options; got {', '.join(sorted(spec.options))}.")
+    e, hd = spec.n_embd, spec.head_dim
+    tensors: Tensors = [("token_embd.weight", w.matrix(spec.n_vocab, e))]
+    for i in range(spec.n_layers):
+        blk = f"blk.{i}"
+        tensors += [
+            (f"{blk}.attn_norm.weight", w.norm(e)),
+            (f"{blk}.attn_q.weight", w.matrix(spec.n_head * hd, e)),
+            (f"{blk}.attn_k.weight", w.matrix(spec.n_head_kv * hd, e)),
+            (f"{blk}.attn_v.weight", w.matrix(spec.n_head_kv * hd, e)),
+            (f"{blk}.attn_output.weight", w.matrix(e, spec.n_head * hd)),
+            (f"{blk}.ffn_norm.weight", w.norm(e)),
+            (f"{blk}.ffn_gate.weight", w.matrix(spec.n_ff, e)),
+            (f"{blk}.ffn_up.weight", w.matrix(spec.n_ff, e)),
+            (f"{blk}.ffn_down.weight", w.matrix(e, spec.n_ff)),
+        ]
+    tensors += [("output_norm.weight", w.norm(e)), ("output.weight", w.matrix(spec.n_vocab, e))]
+    return tensors, lambda writer: add_attention_metadata(writer, spec)
+
+
 def make_test_gguf(
     path: Path,
     *,
+    architecture: str = "llama",
     n_layers: int = 2,
     n_embd: int = 64,
     n_head: int = 4,
@@ -165,32 +289,35 @@ def make_test_gguf(
     n_ff: int | None = None,
     split: int = 1,
     seed: int = 0,
+    options: Mapping[str, int | float | bool] | None = None,
 ) -> list[Path]:
-    """Write a random-weight llama GGUF that `llama-server` loads, serves and chats with.
+    """Write a random-weight GGUF that `llama-server` loads and serves (chats with, for decoders).
 
     The same arguments always write the same bytes.
 
     Args:
         path: the file to write, ending in `.gguf`. With `split > 1` it names the family: `x.gguf` becomes
             `x-00001-of-0000N.gguf` ….
-        n_layers: transformer blocks (1–512).
+        architecture: `general.architecture`, one of `TEST_ARCHITECTURES` (`llama` by default).
+        n_layers: blocks (1–512).
         n_embd: embedding width (8–16384).
         n_head: attention heads; must divide `n_embd`, with an even head size.
         n_head_kv: K/V heads (grouped-query attention); must divide `n_head`.
         n_ctx_train: training context in tokens (16–2^24).
         n_vocab: vocabulary size (300–262144).
         n_ff: feed-forward width; default `4 * n_embd`.
-        split: number of files; between 1 and the number of tensors (3 + 9 per layer).
+        split: number of files; between 1 and the number of tensors.
         seed: seed of the random weights.
+        options: the architecture's own settings (each writer documents what it takes).
 
     Returns:
         The files written, the entrypoint (the only file, or the first shard) first.
 
     Raises:
-        ValueError: an argument is out of range or inconsistent; the message says what is allowed.
+        ValueError: an argument is out of range or inconsistent, or an option is unknown to the architecture;
+            the message says what is allowed.
         OSError: the directory cannot be written; nothing is left under the final names.
     """
-    import numpy as np
     from gguf import GGUFWriter, LlamaFileType
 
     path = Path(path)
@@ -207,50 +334,35 @@ def make_test_gguf(
         n_ff=ff,
         split=split,
     )
-    head_dim = n_embd // n_head
-    rng = np.random.default_rng(seed)
-
-    def matrix(rows: int, cols: int) -> Any:
-        # numpy (rows, cols) is GGUF ne = [cols, rows]: `cols` is the input width of a weight matrix.
-        scale = 1.0 / np.sqrt(cols)
-        return (rng.standard_normal((rows, cols), dtype=np.float32) * scale).astype(np.float16)
-
-    def norm() -> Any:
-        return np.ones(n_embd, dtype=np.float32)
-
-    tensors: list[tuple[str, Any]] = [("token_embd.weight", matrix(n_vocab, n_embd))]
-    for i in range(n_layers):
-        blk = f"blk.{i}"
-        tensors += [
-            (f"{blk}.attn_norm.weight", norm()),
-            (f"{blk}.attn_q.weight", matrix(n_head * head_dim, n_embd)),
-            (f"{blk}.attn_k.weight", matrix(n_head_kv * head_dim, n_embd)),
-            (f"{blk}.attn_v.weight", matrix(n_head_kv * head_dim, n_embd)),
-            (f"{blk}.attn_output.weight", matrix(n_embd, n_head * head_dim)),
-            (f"{blk}.ffn_norm.weight", norm()),
-            (f"{blk}.ffn_gate.weight", matrix(ff, n_embd)),
-            (f"{blk}.ffn_up.weight", matrix(ff, n_embd)),
-            (f"{blk}.ffn_down.weight", matrix(n_embd, ff)),
-        ]
-    tensors += [("output_norm.weight", norm()), ("output.weight", matrix(n_vocab, n_embd))]
+    spec = TestModelSpec(
+        architecture=architecture,
+        n_layers=n_layers,
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        n_ctx_train=n_ctx_train,
+        n_vocab=n_vocab,
+        n_ff=ff,
+        options=dict(options or {}),
+    )
+    tensors, add_metadata = _writer(architecture)(spec, Weights(seed))
+    if split > len(tensors):
+        raise ValueError(
+            f"split must be between 1 and the number of tensors ({len(tensors)} for {n_layers} layers), got {split}."
+        )
 
     tokens, scores, types = build_vocab(n_vocab)
     directory = path.parent
     directory.mkdir(parents=True, exist_ok=True)
     tmp_dir = Path(tempfile.mkdtemp(prefix=f".{path.stem}.tmp-", dir=directory))
     try:
-        writer = GGUFWriter(tmp_dir / path.name, "llama")
+        writer = GGUFWriter(tmp_dir / path.name, architecture)
         writer.add_name(f"qiip-test-{n_layers}x{n_embd}")
         writer.add_file_type(int(LlamaFileType.MOSTLY_F16))
         writer.add_context_length(n_ctx_train)
         writer.add_embedding_length(n_embd)
         writer.add_block_count(n_layers)
-        writer.add_feed_forward_length(ff)
-        writer.add_head_count(n_head)
-        writer.add_head_count_kv(n_head_kv)
-        writer.add_rope_dimension_count(head_dim)
-        writer.add_rope_freq_base(10000.0)
-        writer.add_layer_norm_rms_eps(1e-5)
+        add_metadata(writer)
         writer.add_vocab_size(n_vocab)
         writer.add_tokenizer_model("llama")
         writer.add_tokenizer_pre("default")

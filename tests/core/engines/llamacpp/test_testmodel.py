@@ -117,6 +117,8 @@ def test_split_family(tmp_path, split):
         ({"split": 22}, r"split must be between 1 and the number of tensors \(21"),
         ({"split": 0}, "split must be between 1"),
         ({"n_ff": 0}, "n_ff must be between 1"),
+        ({"architecture": "gpt-9"}, "architecture must be one of .*llama"),
+        ({"options": {"n_expert": 4}}, "architecture llama takes no options; got n_expert"),
     ],
 )
 def test_invalid_shapes_are_refused_with_what_is_allowed(tmp_path, kwargs, message):
