@@ -49,7 +49,7 @@ from qiip_core.planner._types import (
     DeviceMemory,
     FlashAttn,
 )
-from qiip_core.planner._verify import ServerLogFacts, parse_server_log, verify_runtime
+from qiip_core.planner._verify import LoggedCache, ServerLogFacts, parse_server_log, verify_runtime
 
 __all__ = [
     "CONTEXT_FLOOR",
@@ -66,6 +66,7 @@ __all__ = [
     "FitParamsEstimator",
     "FitRow",
     "FlashAttn",
+    "LoggedCache",
     "MemoryEstimate",
     "ModelShape",
     "Plan",

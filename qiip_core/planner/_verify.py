@@ -35,12 +35,19 @@ from qiip_core.nodes import LlamaCppRuntime
 from qiip_core.planner._plan import Plan
 from qiip_core.planner._types import DeviceMemory
 
-__all__ = ["ServerLogFacts", "parse_server_log", "verify_runtime"]
+__all__ = ["LoggedCache", "ServerLogFacts", "parse_server_log", "verify_runtime"]
 
+_RUN_START = "llama_server: initializing"
+"""The first line every llama-server run logs; a log appended across relaunches is read from its last one."""
+_SWA_CREATING = re.compile(r"creating\s+(non-SWA|SWA) KV cache")
+_RECURRENT_RE = re.compile(
+    r"llama_memory_recurrent: size =\s*([\d.]+) MiB \(\s*(\d+) cells,\s*(\d+) layers,.*?\), "
+    r"R \((\w+)\):\s*([\d.]+) MiB, S \((\w+)\):\s*([\d.]+) MiB"
+)
 _SLOTS_RE = re.compile(r"initializing, n_slots = (\d+), n_ctx_slot = (\d+), kv_unified = '(\w+)'")
 _N_CTX_RE = re.compile(r"llama_context: n_ctx\s+=\s+(\d+)")
 _KV_RE = re.compile(
-    r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells,.*?\), "
+    r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells,\s*(\d+) layers,.*?\), "
     r"K \((\w+)\):\s*([\d.]+) MiB, V \((\w+)\):\s*([\d.]+) MiB"
 )
 _OFFLOAD_RE = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
@@ -48,6 +55,24 @@ _COMPUTE_RE = re.compile(r"sched_reserve:\s+(\S+) compute buffer size =\s*([\d.]
 _MODEL_RE = re.compile(r"load_tensors:\s+(\S+) model buffer size =\s*([\d.]+) MiB")
 _FA_AUTO_RE = re.compile(r"resolve_fused_ops: Flash Attention (enabled|not supported)")
 _FA_RE = re.compile(r"llama_context: flash_attn\s+=\s+(\w+)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoggedCache:
+    """One cache as llama-server logs it (`llama_kv_cache: size = …`, `llama_memory_recurrent: size = …`)."""
+
+    kind: str
+    """`kv` (full attention), `kv_swa` (after `creating SWA KV cache`) or `recurrent`."""
+    cells: int
+    """Cells (tokens for K/V, sequences for recurrent state)."""
+    layers: int
+    """Layers it holds."""
+    mib: float
+    """Its size in MiB, two decimals."""
+    type_k: str
+    """K type (R for recurrent state)."""
+    type_v: str
+    """V type (S for recurrent state)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,14 +87,16 @@ class ServerLogFacts:
     """`kv_unified = 'true'`."""
     n_ctx: int | None = None
     """`llama_context: n_ctx = A`: the aggregate context."""
+    caches: tuple[LoggedCache, ...] = ()
+    """Every cache, in the order logged."""
     kv_cells: int | None = None
-    """Cells of the K/V cache (`llama_kv_cache: size = … (N cells, …)`)."""
+    """Cells of the full-attention K/V cache (`llama_kv_cache: size = … (N cells, …)`)."""
     kv_mib: float | None = None
-    """K/V cache size in MiB (2 decimals, as logged)."""
+    """Size of the full-attention K/V cache in MiB (2 decimals, as logged)."""
     cache_type_k: str | None = None
-    """`K (t)`."""
+    """`K (t)` of the full-attention cache (else of the first K/V cache)."""
     cache_type_v: str | None = None
-    """`V (t)`."""
+    """`V (t)` of the full-attention cache (else of the first K/V cache)."""
     offloaded: tuple[int, int] | None = None
     """`offloaded L/N layers to GPU`; absent on a CPU build."""
     compute_mib: dict[str, float] = field(default_factory=dict)
@@ -93,31 +120,55 @@ def _last(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
     return found
 
 
+def _caches(text: str) -> tuple[LoggedCache, ...]:
+    """The caches in log order; a K/V cache after `creating SWA KV cache` is the sliding-window one."""
+    found: list[tuple[int, LoggedCache]] = []
+    creating = [(m.start(), m[1]) for m in _SWA_CREATING.finditer(text)]
+    for m in _KV_RE.finditer(text):
+        before = [kind for at, kind in creating if at < m.start()]
+        kind = "kv_swa" if before and before[-1] == "SWA" else "kv"
+        cache = LoggedCache(kind=kind, cells=int(m[2]), layers=int(m[3]), mib=float(m[1]), type_k=m[4], type_v=m[6])
+        found.append((m.start(), cache))
+    for m in _RECURRENT_RE.finditer(text):
+        cache = LoggedCache(
+            kind="recurrent", cells=int(m[2]), layers=int(m[3]), mib=float(m[1]), type_k=m[4], type_v=m[6]
+        )
+        found.append((m.start(), cache))
+    return tuple(cache for _, cache in sorted(found, key=lambda item: item[0]))
+
+
 def parse_server_log(text: str) -> ServerLogFacts:
-    """Read the sizing facts from a llama-server log; the last match of each line wins.
+    """Read the sizing facts of the last llama-server run in a log; the last match of each line wins.
 
     Args:
-        text: the log.
+        text: the log; when it holds several runs (a relaunch appends), only the last run is read.
 
     Returns:
         The facts.
     """
-    slots, n_ctx, kv, offload = (_last(p, text) for p in (_SLOTS_RE, _N_CTX_RE, _KV_RE, _OFFLOAD_RE))
+    start = text.rfind(_RUN_START)
+    if start > 0:
+        text = text[start:]
+    slots, n_ctx, offload = (_last(p, text) for p in (_SLOTS_RE, _N_CTX_RE, _OFFLOAD_RE))
     fa_auto, fa = _last(_FA_AUTO_RE, text), _last(_FA_RE, text)
     flash = None
     if fa_auto is not None:
         flash = "enabled" if fa_auto[1] == "enabled" else "disabled"
     elif fa is not None and fa[1] in ("enabled", "disabled"):
         flash = fa[1]
+    caches = _caches(text)
+    kv_caches = [c for c in caches if c.kind != "recurrent"]
+    full = next((c for c in kv_caches if c.kind == "kv"), kv_caches[0] if kv_caches else None)
     return ServerLogFacts(
         n_slots=int(slots[1]) if slots else None,
         n_ctx_slot=int(slots[2]) if slots else None,
         kv_unified=slots[3] if slots else None,
         n_ctx=int(n_ctx[1]) if n_ctx else None,
-        kv_cells=int(kv[2]) if kv else None,
-        kv_mib=float(kv[1]) if kv else None,
-        cache_type_k=kv[3] if kv else None,
-        cache_type_v=kv[5] if kv else None,
+        caches=caches,
+        kv_cells=full.cells if full else None,
+        kv_mib=full.mib if full else None,
+        cache_type_k=full.type_k if full else None,
+        cache_type_v=full.type_v if full else None,
         offloaded=(int(offload[1]), int(offload[2])) if offload else None,
         compute_mib={m[1]: float(m[2]) for m in _COMPUTE_RE.finditer(text)},
         model_mib={m[1]: float(m[2]) for m in _MODEL_RE.finditer(text)},
