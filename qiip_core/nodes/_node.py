@@ -102,6 +102,12 @@ class LlamaCppRuntime(BaseModel):
         effective: what the running server reports (`context_per_slot`, `slots`, `cache_type_k`, …).
         gpus: per-device memory after load, `[{index, total_mib, used_mib, free_mib}]`.
         observed_at: when it was observed; always timezone-aware.
+        architecture: the model's `general.architecture` (`gemma3`, `qwen3moe`, …), when known.
+        memory: the caches the server allocated and the verifier matched against the plan,
+            `[{kind: kv|kv_swa|recurrent, cells, layers, type_k, type_v, mib}]`; empty for an encoder, or when
+            the architecture's caches are not modelled.
+        unverified: checks that could not be made, each `"<check>: <why>"` (an architecture whose caches
+            the planner does not model is verified on the facts every server logs, and says so here).
     """
 
     model_config = ConfigDict(extra="ignore", frozen=True)
@@ -110,6 +116,9 @@ class LlamaCppRuntime(BaseModel):
     effective: dict[str, Any]
     gpus: list[dict[str, Any]] = Field(default_factory=list)
     observed_at: datetime
+    architecture: str | None = None
+    memory: list[dict[str, Any]] = Field(default_factory=list)
+    unverified: list[str] = Field(default_factory=list)
 
     @field_validator("observed_at")
     @classmethod

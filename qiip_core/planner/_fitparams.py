@@ -18,6 +18,11 @@ installed it is the planner's authority. Two of its limits shape how we call it:
   per slot, and for 512 tokens where llama-server rounds up to a multiple of the slots. Its compute figure
   can therefore be a little low or much too high. With `compute_floor` (the default) each device's compute
   is raised to our exact graph estimate when llama-fit-params' is lower.
+- At `--parallel 1` a sliding-window cache holds one window instead of one per slot, so each device's context
+  is raised to the exact caches (`_memory.memory_layout`) when those are known.
+
+For an architecture the planner does not model (`_compute.is_modelled` is False) its rows are the estimate as
+they are; that is what "llama-fit-params is the authority" means for models we cannot rebuild.
 """
 
 from __future__ import annotations
@@ -31,9 +36,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from qiip_core._errors import PlanError
+from qiip_core.planner._compute import is_modelled
 from qiip_core.planner._estimate import DeviceEstimate, MemoryEstimate, estimate, resolves_flash_attn
+from qiip_core.planner._memory import memory_layout
 from qiip_core.planner._shape import ModelShape
-from qiip_core.planner._types import CacheType, DeviceMemory, FlashAttn
+from qiip_core.planner._types import MIB, CacheType, DeviceMemory, FlashAttn
 
 __all__ = ["FitParamsEstimator", "FitRow", "parse_fit_print"]
 
@@ -190,6 +197,22 @@ class FitParamsEstimator:
             )
             for row, device in zip(rows, devices, strict=True)
         )
+        fa = resolves_flash_attn(shape, flash_attn, cpu=cpu_mode)
+        caches = (
+            memory_layout(shape, aggregate_context=aggregate_context, slots=slots, cache_type=cache_type, flash_attn=fa)
+            if shape.memory_known
+            else ()
+        )
+        if not is_modelled(shape):
+            # llama-fit-params is the only estimate of an architecture we do not model; its rows stand, plus the
+            # output buffer of one logit row per slot, which it leaves out and CPU mode holds in system memory.
+            if cpu_mode:
+                cached = sum(c.bytes for c in caches) / MIB
+                measured = tuple(
+                    replace(m, output_mib=shape.n_vocab * slots * 4 / MIB, context_mib=max(m.context_mib, cached))
+                    for m in measured
+                )
+            return MemoryEstimate(devices=measured, source=self.name, flash_attn=fa, caches=caches)
         python = estimate(
             shape,
             aggregate_context=aggregate_context,
@@ -203,11 +226,12 @@ class FitParamsEstimator:
                 replace(m, compute_mib=max(m.compute_mib, p.compute_mib))
                 for m, p in zip(measured, python.devices, strict=True)
             )
+        # At --parallel 1 a sliding-window cache holds one window, where llama-server's unified pool holds one per
+        # slot: the exact caches are the floor of the context.
+        measured = tuple(
+            replace(m, context_mib=max(m.context_mib, p.context_mib))
+            for m, p in zip(measured, python.devices, strict=True)
+        )
         # The output buffer is not in llama-fit-params' rows; in CPU mode it is host memory the plan must count.
         measured = tuple(replace(m, output_mib=p.output_mib) for m, p in zip(measured, python.devices, strict=True))
-        return MemoryEstimate(
-            devices=measured,
-            host=python.host,
-            source=self.name,
-            flash_attn=resolves_flash_attn(shape, flash_attn, cpu=cpu_mode),
-        )
+        return MemoryEstimate(devices=measured, host=python.host, source=self.name, flash_attn=fa, caches=caches)

@@ -29,6 +29,7 @@ from typing import Any, Literal
 from qiip_core._errors import PlanError
 from qiip_core.engines.llamacpp import LaunchSpec
 from qiip_core.planner._estimate import Estimator, MemoryEstimate
+from qiip_core.planner._memory import Cache
 from qiip_core.planner._policy import AutoPolicy, CustomPolicy, parse_policy, validate_policy
 from qiip_core.planner._shape import ModelShape
 from qiip_core.planner._types import (
@@ -87,6 +88,13 @@ class Plan:
     """Who estimated: `python` or `llama-fit-params`."""
     devices: tuple[DeviceMemory, ...]
     """The devices planned on, with the free memory the plan was made against."""
+    architecture: str = "llama"
+    """The model's `general.architecture`."""
+    memory_known: bool = True
+    """Whether llama.cpp's caches for this architecture are modelled; when not, `caches` is empty and the
+    verifier records the cache checks as unverified."""
+    caches: tuple[Cache, ...] = ()
+    """The caches llama-server will allocate (`_memory.memory_layout`); empty for an encoder or when unknown."""
     tried: int = field(default=0, compare=False)
     """How many candidates were estimated."""
 
@@ -288,6 +296,7 @@ def plan(
         context, slots, cache_type = found
     aggregate = ceil_step(context * slots)
     cpu = devices[0].kind == "cpu"
+    chosen = search.estimate(context, slots, cache_type)
     result_plan = Plan(
         policy=parsed,
         train_context=shape.n_ctx_train,
@@ -301,9 +310,12 @@ def plan(
         gpu_layers=0 if cpu else shape.total_layers,
         total_layers=shape.total_layers,
         estimator_overrun_used=overrun,
-        estimate=search.estimate(context, slots, cache_type),
+        estimate=chosen,
         estimator=estimator.name,
         devices=tuple(devices),
+        architecture=shape.architecture,
+        memory_known=shape.memory_known,
+        caches=chosen.caches,
         tried=len(search.cache),
     )
     logger.info("%s (%d candidates, estimator %s)", result_plan.summary(), result_plan.tried, estimator.name)

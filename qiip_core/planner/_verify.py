@@ -8,19 +8,27 @@ After `/health` answers, every planned value is read back from the server itself
 /v1/models    data[0].meta.n_ctx_train == train
 server log    initializing, n_slots = S, n_ctx_slot = C, kv_unified = 'true'
               llama_context: n_ctx = A
-              llama_kv_cache: size = … (A cells, …), K (t): …, V (t): …
+              every K/V cache: K (t), V (t) are the planned types
               load_tensors: offloaded L/L layers to GPU          (GPU mode; CPU mode has no offload)
               the training-context overflow warnings exactly when A > train; never "failed to fit params"
+              each planned cache, by kind, cells and layers:
+                llama_kv_cache: size = … (A cells, L layers, …)                     the full-attention cache
+                creating SWA KV cache … llama_kv_cache: size = … (W cells, …)       the sliding-window cache
+                llama_memory_recurrent: size = … (S cells, L layers, …)             recurrent state
 devices       every device keeps at least fit_target_mib free after the load
 ```
 
 The first difference raises `VerificationError` naming the value, what the plan expected and what the server
-said. The log is read at `--log-verbosity 4` (what `launch_spec_for` sets); the last match of each line counts.
+said. The log is read at `--log-verbosity 4` (what `launch_spec_for` sets), from the last run in it. For an
+architecture whose caches are not modelled (`Plan.memory_known` False) the cache matches cannot be made: the
+record lists them in `unverified` and the universal checks still apply, so a correct server is never refused
+for a log shape the planner does not know.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -35,7 +43,9 @@ from qiip_core.nodes import LlamaCppRuntime
 from qiip_core.planner._plan import Plan
 from qiip_core.planner._types import DeviceMemory
 
-__all__ = ["LoggedCache", "ServerLogFacts", "parse_server_log", "verify_runtime"]
+__all__ = ["LoggedCache", "ServerLogFacts", "check_log", "parse_server_log", "verify_runtime"]
+
+logger = logging.getLogger("qiip.planner")
 
 _RUN_START = "llama_server: initializing"
 """The first line every llama-server run logs; a log appended across relaunches is read from its last one."""
@@ -219,12 +229,21 @@ async def _get_json(session: aiohttp.ClientSession, endpoint: str, path: str) ->
         ) from exc
 
 
-def check_log(plan: Plan, facts: ServerLogFacts) -> None:
+def check_log(plan: Plan, facts: ServerLogFacts) -> list[str]:
     """Compare the log's facts with the plan.
+
+    The facts every llama-server logs are checked for every model: slots, the per-slot context, the unified
+    pool, the aggregate context, the K/V cache types, flash attention, layer offload, the training-context
+    warnings and fit failures. Each planned cache (full K/V, sliding-window K/V, recurrent state) is then matched
+    with the logged cache of its kind, by cells and layers. For an architecture whose caches are not modelled
+    those matches cannot be made; they are returned as unverified instead of failing a correct server.
 
     Args:
         plan: the plan.
         facts: `parse_server_log` of the server's log.
+
+    Returns:
+        The checks that could not be made, each `"<check>: <why>"`.
 
     Raises:
         VerificationError: a value differs or a required line is missing.
@@ -241,9 +260,12 @@ def check_log(plan: Plan, facts: ServerLogFacts) -> None:
     _check("slot_context_limit", f"{log}: n_ctx_slot", plan.slot_context_limit, facts.n_ctx_slot)
     _check("kv_unified", f"{log}: kv_unified", "true", facts.kv_unified)
     _check("aggregate_context", f"{log}: llama_context: n_ctx", plan.aggregate_context, facts.n_ctx)
-    _check("aggregate_context", f"{log}: llama_kv_cache cells", plan.aggregate_context, facts.kv_cells)
-    _check("cache_type_k", f"{log}: llama_kv_cache K type", plan.cache_type_k, facts.cache_type_k)
-    _check("cache_type_v", f"{log}: llama_kv_cache V type", plan.cache_type_v, facts.cache_type_v)
+    for cache in facts.caches:
+        if cache.kind == "recurrent":
+            continue
+        where = "sliding-window " if cache.kind == "kv_swa" else ""
+        _check("cache_type_k", f"{log}: {where}llama_kv_cache K type", plan.cache_type_k, cache.type_k)
+        _check("cache_type_v", f"{log}: {where}llama_kv_cache V type", plan.cache_type_v, cache.type_v)
     if plan.flash_attn == "on":
         _check("flash_attn", f"{log}: flash attention", "enabled", facts.flash_attn)
     if plan.cpu_mode:
@@ -256,6 +278,27 @@ def check_log(plan: Plan, facts: ServerLogFacts) -> None:
     overflow = plan.aggregate_context > plan.train_context
     _check("training_context_overflow", f"{log}: overflow warning", overflow, facts.overflow_warning)
     _check("training_context_capping", f"{log}: capping warning", overflow, facts.capping_warning)
+    if not plan.memory_known:
+        seen = ", ".join(f"{c.kind} {c.cells} cells × {c.layers} layers" for c in facts.caches) or "no cache"
+        return [
+            f"caches: llama.cpp's caches for architecture {plan.architecture!r} are not modelled, so their cells "
+            f"and layers were not compared with a plan (the server logged {seen})"
+        ]
+    _check("caches", f"{log}: cache kinds", [c.kind for c in plan.caches], [c.kind for c in facts.caches])
+    for planned, logged in zip(plan.caches, facts.caches, strict=True):
+        name = {"kv": "kv_cells", "kv_swa": "swa_kv_cells", "recurrent": "recurrent_cells"}[planned.kind]
+        source = f"{log}: {_CACHE_LINES[planned.kind]}"
+        _check(name, f"{source} cells", planned.cells, logged.cells)
+        _check(name.replace("cells", "layers"), f"{source} layers", len(planned.layers), logged.layers)
+    return []
+
+
+_CACHE_LINES = {
+    "kv": "llama_kv_cache",
+    "kv_swa": "sliding-window llama_kv_cache",
+    "recurrent": "llama_memory_recurrent",
+}
+"""The log line each cache kind is read from."""
 
 
 async def verify_runtime(
@@ -316,7 +359,7 @@ async def verify_runtime(
         raise VerificationError(
             f"The llama-server log {log_path} cannot be read: {exc}.", field="log", expected=str(log_path), actual=None
         ) from exc
-    check_log(plan, parse_server_log(text))
+    unverified = check_log(plan, parse_server_log(text))
     _check("devices", "device count after load", len(plan.devices), len(devices_after))
     target = plan.policy.fit_target_mib
     for device in devices_after:
@@ -328,9 +371,14 @@ async def verify_runtime(
                 expected=f">= {target}",
                 actual=device.free_mib,
             )
+    for item in unverified:
+        logger.warning("llama-server for %r verified without one check: %s", alias, item)
     return LlamaCppRuntime(
         requested=plan.requested(),
         effective=plan.effective(),
         gpus=[d.record() for d in devices_after],
         observed_at=datetime.now(UTC),
+        architecture=plan.architecture,
+        memory=[c.record() for c in plan.caches],
+        unverified=unverified,
     )

@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from qiip_core.engines.llamacpp._testmodel import TEST_ARCHITECTURES, make_test_gguf
 
 __all__ = [
-    "TEST_ARCHITECTURES",
     "GgufMetadata",
     "GgufTensor",
     "InstalledEngine",
@@ -38,6 +37,7 @@ __all__ = [
     "LlamaServerProcess",
     "ManagedLlamaServer",
     "ProgressCallback",
+    "TEST_ARCHITECTURES",
     "default_local_policy",
     "free_port",
     "make_test_gguf",
@@ -46,7 +46,6 @@ __all__ = [
 ]
 
 _MODULES = {
-    "TEST_ARCHITECTURES": "_testmodel",
     "GgufMetadata": "_gguf",
     "GgufTensor": "_gguf",
     "InstalledEngine": "_install",
@@ -55,6 +54,7 @@ _MODULES = {
     "LlamaServerProcess": "_server",
     "ManagedLlamaServer": "_managed",
     "ProgressCallback": "_install",
+    "TEST_ARCHITECTURES": "_testmodel",
     "default_local_policy": "_managed",
     "free_port": "_server",
     "make_test_gguf": "_testmodel",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import UTC
 from typing import Any
 
@@ -83,7 +84,96 @@ def cpu_plan() -> Plan:
 
 
 def test_a_matching_log_passes():
-    check_log(cpu_plan(), parse_server_log(CPU_LOG))
+    assert check_log(cpu_plan(), parse_server_log(CPU_LOG)) == []
+
+
+# Gemma 3 270M at 2 slots × 8192 tokens: llama_kv_cache_iswa, a full cache for 3 layers and a sliding-window cache
+# of pad256(512 × 2 + 512) = 1536 cells for 15 (lines as the real server logs them).
+GEMMA_LOG = """0.00.002.134 I srv  llama_server: initializing ...
+0.00.450.235 I llama_context: n_ctx                 = 16384
+0.00.451.044 I llama_kv_cache_iswa: creating non-SWA KV cache, size = 16384 cells
+0.00.472.541 I llama_kv_cache: size =   48.00 MiB ( 16384 cells,   3 layers,  2/1 seqs), K (f16):   24.00 MiB, \
+V (f16):   24.00 MiB
+0.00.472.566 I llama_kv_cache_iswa: creating     SWA KV cache, size = 1536 cells
+0.00.481.978 I llama_kv_cache: size =   22.50 MiB (  1536 cells,  15 layers,  2/1 seqs), K (f16):   11.25 MiB, \
+V (f16):   11.25 MiB
+0.00.482.632 I resolve_fused_ops: Flash Attention enabled
+0.00.483.993 I sched_reserve:        CPU compute buffer size =    35.27 MiB
+0.00.524.481 I srv    load_model: initializing, n_slots = 2, n_ctx_slot = 16384, kv_unified = 'true'
+"""
+
+
+def gemma_plan() -> Plan:
+    layers = tuple(il % 6 < 5 for il in range(18))
+    s = replace(
+        shape(n_layers=18, n_embd=640, n_head=4, n_head_kv=1, head_dim=256, n_ctx_train=32768, n_vocab=4096),
+        architecture="gemma3",
+        memory="iswa",
+        swa_window=512,
+        swa_layers=layers,
+        n_ff=2048,
+    )
+    policy = CustomPolicy(fit_target_mib=512, context_per_slot=8192, slots=2, cache_type="f16")
+    return plan(s, [cpu(8000, total_mib=8192)], policy, estimator=PythonEstimator())
+
+
+def test_a_sliding_window_model_checks_both_caches():
+    facts = parse_server_log(GEMMA_LOG)
+    assert [(c.kind, c.cells, c.layers, c.mib) for c in facts.caches] == [
+        ("kv", 16384, 3, 48.0),
+        ("kv_swa", 1536, 15, 22.5),
+    ]
+    p = gemma_plan()
+    assert [(c.kind, c.cells, len(c.layers)) for c in p.caches] == [("kv", 16384, 3), ("kv_swa", 1536, 15)]
+    assert check_log(p, facts) == []
+    with pytest.raises(VerificationError) as caught:
+        check_log(p, parse_server_log(GEMMA_LOG.replace("1536 cells", "2048 cells")))
+    assert (caught.value.field, caught.value.expected, caught.value.actual) == ("swa_kv_cells", 1536, 2048)
+    with pytest.raises(VerificationError) as caught:
+        check_log(p, parse_server_log(GEMMA_LOG.replace("V (f16):   11.25", "V (q8_0):   11.25")))
+    assert caught.value.field == "cache_type_v" and "sliding-window" in str(caught.value)
+
+
+def test_a_missing_cache_is_a_difference():
+    only_full = "\n".join(line for line in GEMMA_LOG.splitlines() if "15 layers" not in line)
+    with pytest.raises(VerificationError) as caught:
+        check_log(gemma_plan(), parse_server_log(only_full))
+    assert (caught.value.field, caught.value.expected, caught.value.actual) == ("caches", ["kv", "kv_swa"], ["kv"])
+
+
+def test_an_architecture_without_memory_rules_is_verified_on_what_every_server_logs():
+    # What plan() makes of an architecture it has no memory rules for (planned by llama-fit-params).
+    p = replace(gemma_plan(), architecture="someday-arch", memory_known=False, caches=())
+    (unverified,) = check_log(p, parse_server_log(GEMMA_LOG))
+    assert unverified.startswith("caches: llama.cpp's caches for architecture 'someday-arch' are not modelled")
+    assert "kv 16384 cells × 3 layers, kv_swa 1536 cells × 15 layers" in unverified
+    # The universal checks still apply.
+    with pytest.raises(VerificationError, match="slots"):
+        check_log(p, parse_server_log(GEMMA_LOG.replace("n_slots = 2", "n_slots = 4")))
+    with pytest.raises(VerificationError, match="cache_type_k"):
+        check_log(p, parse_server_log(GEMMA_LOG.replace("K (f16)", "K (q4_0)")))
+
+
+def test_only_the_last_run_of_an_appended_log_counts():
+    earlier = GEMMA_LOG.replace("16384", "32768")
+    facts = parse_server_log(earlier + "qiip_fit_plan: sizing=custom …\n" + GEMMA_LOG)
+    assert [c.cells for c in facts.caches] == [16384, 1536] and facts.n_ctx == 16384
+
+
+def test_recurrent_state_is_read():
+    line = (
+        "llama_memory_recurrent: size =    0.19 MiB (     3 cells,   4 layers,  3 seqs  0 rs_seq), "
+        "R (f32):    0.19 MiB, S (f32):    0.00 MiB, P (f32):    0.00 MiB\n"
+    )
+    (cache,) = parse_server_log(line).caches
+    assert (cache.kind, cache.cells, cache.layers, cache.mib, cache.type_k, cache.type_v) == (
+        "recurrent",
+        3,
+        4,
+        0.19,
+        "f32",
+        "f32",
+    )
 
 
 @pytest.mark.parametrize(
@@ -93,7 +183,8 @@ def test_a_matching_log_passes():
         ("n_ctx_slot = 8192", "n_ctx_slot = 4096", "slot_context_limit", 8192, 4096),
         ("kv_unified = 'true'", "kv_unified = 'false'", "kv_unified", "true", "false"),
         ("n_ctx                 = 16384", "n_ctx                 = 8192", "aggregate_context", 16384, 8192),
-        ("16384 cells", "8192 cells", "aggregate_context", 16384, 8192),
+        ("16384 cells", "8192 cells", "kv_cells", 16384, 8192),
+        ("4 layers", "3 layers", "kv_layers", 4, 3),
         ("K (f16)", "K (q8_0)", "cache_type_k", "f16", "q8_0"),
         ("V (f16)", "V (q4_0)", "cache_type_v", "f16", "q4_0"),
         ("initializing, n_slots", "starting, n_slots", "slots", 2, None),
