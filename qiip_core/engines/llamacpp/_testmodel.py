@@ -227,6 +227,8 @@ ArchitectureWriter = Callable[[TestModelSpec, Weights], tuple[Tensors, Callable[
 
 _WRITERS: dict[str, str] = {
     "llama": "qiip_core.engines.llamacpp._testmodel:llama_writer",
+    "gemma2": "qiip_core.engines.llamacpp._testarch_gemma:gemma2_writer",
+    "gemma3": "qiip_core.engines.llamacpp._testarch_gemma:gemma3_writer",
 }
 """`general.architecture` → the writer (`module:function`, imported when used)."""
 
