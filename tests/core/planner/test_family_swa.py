@@ -12,11 +12,13 @@ from pathlib import Path
 import pytest
 
 from qiip_core.engines.llamacpp import make_test_gguf, read_gguf_metadata
+from qiip_core.nodes import LlamaCppRuntime
 from qiip_core.planner import (
     AutoPolicy,
     CustomPolicy,
     FitParamsEstimator,
     ModelShape,
+    Plan,
     PythonEstimator,
     estimate,
     launch_spec_for,
@@ -117,7 +119,7 @@ async def test_the_real_gemma_is_estimated_within_2_percent(
     assert_estimate_matches_log(result, log)
 
 
-async def _launch_and_verify(binary, path, p, log):
+async def _launch_and_verify(binary: Path, path: Path, p: Plan, log: Path) -> LlamaCppRuntime:
     spec = launch_spec_for(p, model_path=path, alias="planned", threads=1)
     async with running(binary, spec, log) as server:
         record = await verify_runtime(
