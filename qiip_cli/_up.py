@@ -1,9 +1,16 @@
 """`qiip up`: the main job in one command.
 
-It makes sure a `llama-server` is installed (building one, once per machine, if not), picks the model (a
-GGUF the user names, or a small test model it generates), starts the daemon with that model as a local
-llama.cpp node, waits until the node is healthy, and prints the base URL to give an OpenAI client.
-Ctrl-C (or SIGTERM) stops the daemon, which stops its llama-server; nothing is left running.
+It makes sure a `llama-server` is installed (building one, once per machine, if not), picks the models (GGUFs
+the user names, or a small test model it generates), checks each before anything starts (a readable, whole GGUF,
+given by its first shard, and a sizing that fits this machine's memory, planned as the daemon will plan it),
+starts the daemon with one local llama.cpp node per model, waits until every node is healthy, and prints the base
+URL to give an OpenAI client. Ctrl-C (or SIGTERM) stops the daemon, which stops its llama-servers; nothing is left
+running.
+
+Sizing: each slot gets `--ctx-size` tokens (default min(training context, 4096)) and there are `--slots` of them
+(default 2); `--sizing auto` lets the planner choose the largest context per slot and then the most slots. With
+several models and `--sizing auto`, each is planned against an equal share of the free memory and launched with
+that exact sizing, so the first does not take everything.
 
 The daemon runs as a child process in its own session, so a terminal's Ctrl-C reaches only this command,
 which then stops the daemon gracefully (SIGTERM, then SIGKILL after a grace period).
@@ -19,18 +26,21 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import click
 import httpx
 
 from qiip_cli._main import CliContext, cli, pass_cli, run_or_exit
-from qiip_core import ConfigError, EngineError
+from qiip_core import ConfigError, EngineError, PlanError
 from qiip_core.client import read_console_file
 from qiip_core.config import Settings, bind_listener
 from qiip_core.discovery import atomic_write
-from qiip_core.engines.llamacpp import LlamaCppInstaller, make_test_gguf
+from qiip_core.engines.llamacpp import InstalledEngine, LlamaCppInstaller, ManagedLlamaServer, make_test_gguf
+from qiip_core.planner import AutoPolicy, CustomPolicy, DeviceMemory, Plan, read_devices
 
 __all__ = ["up"]
 
@@ -65,10 +75,11 @@ def _check_port(host: str, port: int) -> None:
         raise click.ClickException(f"Cannot listen on {host}:{port}: {exc.strerror}.") from None
 
 
-def _ensure_engine(settings: Settings) -> None:
+def _ensure_engine(settings: Settings) -> InstalledEngine:
     installer = LlamaCppInstaller(settings.engines.llamacpp)
-    if installer.find_installed() is not None:
-        return
+    found = installer.find_installed()
+    if found is not None:
+        return found
     from qiip_core.engines.llamacpp import nvidia_gpu_count
 
     gpus, reason = nvidia_gpu_count()
@@ -77,16 +88,12 @@ def _ensure_engine(settings: Settings) -> None:
         click.echo(f"No NVIDIA GPU here ({reason}): building a CPU llama-server for this machine.", err=True)
     click.echo("llama-server is not installed yet; building it once (this takes a while).", err=True)
     try:
-        installer.install(cpu=cpu, progress=lambda line: click.echo(f"  {line}", err=True))
+        return installer.install(cpu=cpu, progress=lambda line: click.echo(f"  {line}", err=True))
     except EngineError as exc:
         raise click.ClickException(exc.message) from None
 
 
-def _ensure_model(settings: Settings, model: Path | None) -> Path:
-    if model is not None:
-        if not model.is_file():
-            raise click.ClickException(f"The model file {model} does not exist.")
-        return model.resolve()
+def _test_model(settings: Settings) -> Path:
     path = settings.state_dir / "models" / f"{TEST_MODEL_ALIAS}.gguf"
     if not path.is_file():
         click.echo(f"No --model given: generating a small test model at {path}.", err=True)
@@ -95,32 +102,170 @@ def _ensure_model(settings: Settings, model: Path | None) -> Path:
     return path
 
 
+def _parse_model(value: str) -> tuple[str | None, Path]:
+    """`PATH` or `ALIAS=PATH`: a path that exists as given wins over an alias split."""
+    if "=" in value and not Path(value).exists():
+        alias, _, path = value.partition("=")
+        if alias:
+            return alias, Path(path)
+    return None, Path(value)
+
+
+def _policy(
+    train_context: int, *, sizing: str, slots: int | None, ctx_size: int | None, fit_target_mib: int
+) -> AutoPolicy | CustomPolicy:
+    if sizing == "auto":
+        return AutoPolicy(fit_target_mib=fit_target_mib)
+    context = ctx_size if ctx_size is not None else max(256, min(train_context, 4096) // 256 * 256)
+    return CustomPolicy(fit_target_mib=fit_target_mib, context_per_slot=context, slots=slots or 2, cache_type="f16")
+
+
+def _left_after(devices: list[DeviceMemory], planned: Plan) -> list[DeviceMemory]:
+    """The devices with what `planned` will hold taken off their free memory."""
+    return [
+        replace(d, free_mib=max(0, d.free_mib - int(e.total_mib + 0.5)))
+        for d, e in zip(devices, planned.estimate.devices, strict=True)
+    ]
+
+
+def _preflight(
+    engine: InstalledEngine,
+    models: list[tuple[str, Path]],
+    *,
+    sizing: str,
+    slots: int | None,
+    ctx_size: int | None,
+    fit_target_mib: int,
+    embeddings: bool,
+) -> list[dict[str, Any]]:
+    """Check every model and plan it as the daemon will; return the `[[local_nodes]]` entries to launch.
+
+    Raises:
+        click.ClickException: one line naming the file and why it cannot be served (not a GGUF, truncated, a later
+            shard, a missing shard), or why its sizing is invalid or does not fit (with the plan's numbers).
+    """
+    devices = read_devices(allow_cpu=engine.variant != "cuda")
+    share = len(models) if sizing == "auto" and len(models) > 1 else 1
+    entries: list[dict[str, Any]] = []
+    for index, (alias, path) in enumerate(models):
+        try:
+            server = ManagedLlamaServer(engine, model_path=path, alias=alias, log_path=Path("/dev/null"))
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from None
+        policy = _policy(
+            server.shape.n_ctx_train, sizing=sizing, slots=slots, ctx_size=ctx_size, fit_target_mib=fit_target_mib
+        )
+        budget = [replace(d, free_mib=d.free_mib // share) for d in devices] if share > 1 else devices
+        try:
+            planned = server.make_plan(policy, devices=budget)
+        except PlanError as exc:
+            raise click.ClickException(f"{path.name}: {exc.message}") from None
+        devices = _left_after(devices, planned)
+        if share > 1:
+            # The daemon launches exactly this sizing: re-planning 'auto' there would take all that is left.
+            policy = CustomPolicy(
+                fit_target_mib=fit_target_mib,
+                context_per_slot=planned.context_per_slot,
+                slots=planned.slots,
+                cache_type=planned.cache_type_k,
+            )
+        click.echo(
+            f"{alias}: {path.name} ({planned.architecture}), {planned.slots} slot(s) × {planned.context_per_slot} "
+            f"tokens, {planned.cache_type_k} K/V, {planned.estimate.devices[0].total_mib:,.0f} MiB planned"
+            + (" (embeddings)" if embeddings or server.embeddings else ""),
+            err=True,
+        )
+        entries.append(
+            {
+                "id": LOCAL_NODE_ID if index == 0 else f"{LOCAL_NODE_ID}-{index + 1}",
+                "gguf": str(path),
+                "model": alias,
+                "sizing": policy.model_dump(),
+                "embeddings": embeddings or server.embeddings,
+            }
+        )
+    return entries
+
+
 @cli.command("up")
 @click.option(
     "--model",
-    "model",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="GGUF file to serve (default: a small generated test model).",
+    "models",
+    multiple=True,
+    metavar="[ALIAS=]PATH",
+    help="GGUF file to serve (the first shard of a split model); repeat to serve several. Default: a small "
+    "generated test model.",
 )
-@click.option("--alias", help="The model name clients use (default: the file name without .gguf).")
+@click.option("--alias", help="The model name clients use, with one --model (default: the file name without .gguf).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address the gateway binds.")
 @click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True, help="Port the gateway binds.")
-@click.option("--slots", type=click.IntRange(1, 256), default=2, show_default=True, help="Parallel slots.")
+@click.option("--slots", type=click.IntRange(1, 256), help="Parallel slots per model  [default: 2]")
+@click.option(
+    "--ctx-size",
+    type=click.IntRange(256, 4_294_967_040),
+    help="Tokens each slot is guaranteed, a multiple of 256  [default: min(training context, 4096)]",
+)
+@click.option(
+    "--sizing",
+    type=click.Choice(["auto", "custom"]),
+    default="custom",
+    show_default=True,
+    help="auto: the largest context per slot that fits, then the most slots (instead of --ctx-size/--slots).",
+)
+@click.option(
+    "--fit-target-mib",
+    type=click.IntRange(0),
+    default=512,
+    show_default=True,
+    help="Memory to leave free on every device, in MiB.",
+)
+@click.option("--embeddings", is_flag=True, help="Serve /v1/embeddings (embedding models are served so anyway).")
 @pass_cli
-def up(ctx: CliContext, model: Path | None, alias: str | None, host: str, port: int, slots: int) -> None:
-    """Serve a GGUF model behind the gateway on this machine, until Ctrl-C."""
+def up(
+    ctx: CliContext,
+    models: tuple[str, ...],
+    alias: str | None,
+    host: str,
+    port: int,
+    slots: int | None,
+    ctx_size: int | None,
+    sizing: str,
+    fit_target_mib: int,
+    embeddings: bool,
+) -> None:
+    """Serve GGUF models behind the gateway on this machine, until Ctrl-C."""
     settings = ctx.settings
+    if sizing == "auto" and (slots is not None or ctx_size is not None):
+        raise click.UsageError("--sizing auto chooses the context and the slots; drop --ctx-size and --slots.")
+    if alias is not None and len(models) > 1:
+        raise click.UsageError("--alias names one model; with several, give each as --model ALIAS=PATH.")
     _check_port(host, port)
-    _ensure_engine(settings)
-    gguf = run_or_exit(lambda: _ensure_model(settings, model))
-    served = alias or (TEST_MODEL_ALIAS if model is None else gguf.name.removesuffix(".gguf"))
+    engine = _ensure_engine(settings)
+    served: list[tuple[str, Path]] = []
+    if not models:
+        served.append((alias or TEST_MODEL_ALIAS, run_or_exit(lambda: _test_model(settings))))
+    for value in models:
+        given, path = _parse_model(value)
+        name = given or (alias if len(models) == 1 and alias else path.name.removesuffix(".gguf"))
+        if any(name == other for other, _ in served):
+            raise click.UsageError(f"Two models would be served as {name!r}; name them with --model ALIAS=PATH.")
+        served.append((name, path.resolve() if path.exists() else path))
+    local_nodes = _preflight(
+        engine,
+        served,
+        sizing=sizing,
+        slots=slots,
+        ctx_size=ctx_size,
+        fit_target_mib=fit_target_mib,
+        embeddings=embeddings,
+    )
     env = dict(os.environ)
     console_credentials: tuple[str, str] | None = None
     if settings.admin.enabled and not (settings.admin.username and settings.admin.password):
         # The same credentials on every start: a console left open reconnects after a restart.
         console_credentials = _previous_credentials(settings) or ("qiip", secrets.token_urlsafe(24))
         env["QIIP_ADMIN__USERNAME"], env["QIIP_ADMIN__PASSWORD"] = console_credentials
-    env["QIIP_LOCAL_NODES"] = json.dumps([{"id": LOCAL_NODE_ID, "gguf": str(gguf), "model": served, "slots": slots}])
+    env["QIIP_LOCAL_NODES"] = json.dumps(local_nodes)
     env["QIIP_STATE_DIR"] = str(settings.state_dir)
     argv = [sys.executable, "-m", "qiip_proxy", "--host", host, "--port", str(port)]
     if ctx.config is not None:
@@ -133,14 +278,15 @@ def up(ctx: CliContext, model: Path | None, alias: str | None, host: str, port: 
     previous = {s: signal.signal(s, stop) for s in _STOP_SIGNALS}
     try:
         base = f"http://{host}:{port}"
-        _wait_ready(daemon, base, served, settings)
+        _wait_ready(daemon, base, [(n["id"], n["model"]) for n in local_nodes], settings)
         if console_credentials is not None:
             # Only once this daemon serves: a start that fails leaves a running daemon's console file alone.
             credentials = _write_console_config(settings, base, *console_credentials)
             click.echo(
                 f"Admin API: user {console_credentials[0]}, password in {credentials} (`qiip console`).", err=True
             )
-        click.echo(f"Serving {served!r}. Press Ctrl-C to stop.", err=True)
+        names = ", ".join(repr(n["model"]) for n in local_nodes)
+        click.echo(f"Serving {names}. Press Ctrl-C to stop.", err=True)
         click.echo(f"OpenAI base URL: {base}/v1")
         daemon.wait()
         raise click.ClickException(f"The daemon exited unexpectedly (status {daemon.returncode}).")
@@ -173,29 +319,31 @@ def _write_console_config(settings: Settings, url: str, username: str, password:
     return path
 
 
-def _wait_ready(daemon: subprocess.Popen[bytes], base: str, served: str, settings: Settings) -> None:
-    """Wait until the local node's model is routable: it is listed by `/v1/models` (healthy), and the daemon
-    reports its own launch as `serving`. A failed launch or an exited daemon ends the wait at once."""
+def _wait_ready(daemon: subprocess.Popen[bytes], base: str, nodes: list[tuple[str, str]], settings: Settings) -> None:
+    """Wait until every local node's model is routable: listed by `/v1/models` (healthy), and the daemon reports
+    its launch as `serving`. A failed launch or an exited daemon ends the wait at once."""
     deadline = time.monotonic() + _READY_TIMEOUT_S
-    log = settings.state_dir / "logs" / f"{LOCAL_NODE_ID}.log"
     with httpx.Client(trust_env=False, timeout=2.0) as client:
         while time.monotonic() < deadline:
             if daemon.poll() is not None:
                 raise click.ClickException(f"The daemon exited during start-up (status {daemon.returncode}).")
             try:
-                launch = client.get(f"{base}/health").json().get("local_nodes", {}).get(LOCAL_NODE_ID)
-                if launch == "failed":
-                    raise click.ClickException(
-                        f"The model {served!r} failed to start: the daemon says why above "
-                        f"(`local node {LOCAL_NODE_ID} failed to start`); llama-server's own output is in {log}."
-                    )
-                models = [m["id"] for m in client.get(f"{base}/v1/models").json()["data"]]
-                if launch == "serving" and served in models:
+                launches = client.get(f"{base}/health").json().get("local_nodes", {})
+                for node_id, served in nodes:
+                    if launches.get(node_id) == "failed":
+                        log = settings.state_dir / "logs" / f"{node_id}.log"
+                        raise click.ClickException(
+                            f"The model {served!r} failed to start: the daemon says why above "
+                            f"(`local node {node_id} failed to start`); llama-server's own output is in {log}."
+                        )
+                listed = {m["id"] for m in client.get(f"{base}/v1/models").json()["data"]}
+                if all(launches.get(node_id) == "serving" and served in listed for node_id, served in nodes):
                     return
             except (httpx.HTTPError, ValueError, KeyError, TypeError):
                 pass
             time.sleep(0.1)
-    raise click.ClickException(f"The model {served!r} did not become ready in time; see its log at {log}.")
+    names = ", ".join(repr(served) for _, served in nodes)
+    raise click.ClickException(f"{names} did not become ready in time; see the logs in {settings.state_dir / 'logs'}.")
 
 
 def _terminate(daemon: subprocess.Popen[bytes]) -> None:

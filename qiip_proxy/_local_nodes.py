@@ -52,9 +52,16 @@ class LocalNodes:
                 ) from exc
 
     def start(self) -> None:
-        """Launch every configured local node in the background."""
+        """Launch every configured local node in the background, one after another.
+
+        One at a time, so each is planned against the memory the previous ones left free rather than all against
+        the same free memory at once.
+        """
+        self._tasks.append(asyncio.create_task(self._launch_all(), name="qiip-local-nodes"))
+
+    async def _launch_all(self) -> None:
         for config in self.settings.local_nodes:
-            self._tasks.append(asyncio.create_task(self._launch(config), name=f"qiip-local-{config.id}"))
+            await self._launch(config)
 
     async def _launch(self, config: LocalNodeConfig) -> None:
         try:
@@ -86,7 +93,7 @@ class LocalNodes:
             self.errors[config.id] = message
             logger.error("local node %s failed to start: %s", config.id, message)
             return
-        capabilities = NodeCapabilities(endpoints=("embeddings",) if config.embeddings else ("chat", "completions"))
+        capabilities = NodeCapabilities(endpoints=("embeddings",) if server.embeddings else ("chat", "completions"))
         node = Node(
             id=config.id,
             endpoint=server.endpoint,

@@ -446,7 +446,8 @@ class LocalNodeConfig(_Group):
     maximise context and slots; `{sizing = "custom", context_per_slot, slots, cache_type, fit_target_mib}`
     asks for exact values. Overrides `slots`."""
     embeddings: bool = False
-    """Serve `/v1/embeddings` (`--embeddings --pooling mean`) instead of generation."""
+    """Serve `/v1/embeddings` (`--embeddings`) instead of generation. An embedding model (one whose GGUF
+    declares a pooling, or an encoder such as BERT) is always served so."""
     threads: int = Field(default=0, ge=0)
     """CPU threads (`--threads`); 0 lets llama.cpp choose."""
     startup_timeout_s: PositiveSeconds = 300.0

@@ -4,6 +4,7 @@
 read_devices(allow_cpu=…)                 [DeviceMemory]: NVIDIA GPUs (NVML), or one CPU device in CPU mode
 ModelShape.from_metadata(read_gguf_metadata(path))
 estimate(shape, aggregate_context=…, slots=…, cache_type=…, flash_attn=…, devices=…) -> MemoryEstimate
+is_modelled(shape)                        whether the Python estimator rebuilds this architecture's graph
 PythonEstimator() / FitParamsEstimator(binary, model)      the Estimator protocol the planner asks
 validate_policy(policy or JSON, train_context=…, devices=…) -> [Violation]   (validate_custom for custom)
 plan(shape, devices, AutoPolicy() | CustomPolicy(…), estimator=…) -> Plan
@@ -17,6 +18,7 @@ network. See docs/planner.md for how the planner decides and how exact the estim
 
 from __future__ import annotations
 
+from qiip_core.planner._compute import is_modelled
 from qiip_core.planner._devices import read_cpu_repack, read_devices, read_system_memory
 from qiip_core.planner._estimate import (
     DeviceEstimate,
@@ -76,6 +78,7 @@ __all__ = [
     "Violation",
     "estimate",
     "fits",
+    "is_modelled",
     "kv_bytes_per_token",
     "launch_spec_for",
     "layer_split",

@@ -37,7 +37,13 @@ from pathlib import Path
 
 from qiip_core._errors import PlanError
 from qiip_core.planner._compute import is_modelled
-from qiip_core.planner._estimate import DeviceEstimate, MemoryEstimate, estimate, resolves_flash_attn
+from qiip_core.planner._estimate import (
+    DeviceEstimate,
+    MemoryEstimate,
+    estimate,
+    repacked_bytes,
+    resolves_flash_attn,
+)
 from qiip_core.planner._memory import memory_layout
 from qiip_core.planner._shape import ModelShape
 from qiip_core.planner._types import MIB, CacheType, DeviceMemory, FlashAttn
@@ -208,8 +214,15 @@ class FitParamsEstimator:
             # output buffer of one logit row per slot, which it leaves out and CPU mode holds in system memory.
             if cpu_mode:
                 cached = sum(c.bytes for c in caches) / MIB
+                # In CPU mode the weights are every tensor plus the repacked copies, whatever the architecture.
+                weights = (shape.weights_bytes + repacked_bytes(shape, devices[0])) / MIB
                 measured = tuple(
-                    replace(m, output_mib=shape.n_vocab * slots * 4 / MIB, context_mib=max(m.context_mib, cached))
+                    replace(
+                        m,
+                        output_mib=shape.n_vocab * slots * 4 / MIB,
+                        context_mib=max(m.context_mib, cached),
+                        model_mib=max(m.model_mib, weights),
+                    )
                     for m in measured
                 )
             return MemoryEstimate(devices=measured, source=self.name, flash_attn=fa, caches=caches)

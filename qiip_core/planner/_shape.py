@@ -310,6 +310,12 @@ class ModelShape:
         rest = self.weights_bytes - sum(self.block_bytes) - self.token_embd_bytes
         return rest + (self.token_embd_bytes if self.tied_output else 0)
 
+    @property
+    def embedding_model(self) -> bool:
+        """Whether the model is made to embed, not generate: it declares a pooling, or it is an encoder without a
+        cache. llama-server must run it with `--embeddings`."""
+        return self.pooling != "none" or (self.memory == "none" and self.memory_known)
+
     def layer_kv_heads(self, il: int) -> int:
         """K/V heads of block `il`: 0 for a recurrent block (no attention)."""
         if self.recurrent_layers and self.recurrent_layers[il]:

@@ -109,9 +109,34 @@ def test_up_refuses_a_busy_port_and_a_missing_model(tmp_path: Path) -> None:
     assert missing.returncode == 1 and "does not exist" in missing.stderr
 
 
+def _gguf_without_tensors(path: Path) -> Path:
+    """A llama GGUF whose header is whole and right, with no weights at all: llama-server refuses to load it."""
+    from gguf import GGUFWriter
+
+    from qiip_core.engines.llamacpp._testmodel import build_vocab
+
+    tokens, scores, types = build_vocab(512)
+    writer = GGUFWriter(path, "llama")
+    writer.add_context_length(2048)
+    writer.add_embedding_length(64)
+    writer.add_block_count(2)
+    writer.add_feed_forward_length(256)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(4)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
 def test_up_fails_fast_when_its_model_cannot_load(tmp_path: Path, llama_server_binary: Path) -> None:
-    broken = tmp_path / "broken.gguf"
-    broken.write_bytes(b"GGUF" + os.urandom(4096))
+    # A file every check before the launch accepts, which llama-server itself refuses.
+    broken = _gguf_without_tensors(tmp_path / "broken.gguf")
     env = {k: v for k, v in os.environ.items() if not k.startswith("QIIP_")}
     env |= {
         "QIIP_STATE_DIR": str(tmp_path / "state"),
@@ -153,3 +178,183 @@ def test_up_keeps_the_console_credentials_of_an_earlier_start(tmp_path: Path) ->
     assert _previous_credentials(settings) == ("qiip", 'pa"ss')
     path.chmod(0o644)  # one others can read is not trusted (the console refuses it too)
     assert _previous_credentials(settings) is None
+
+
+def _up_env(tmp_path: Path, llama_server_binary: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QIIP_")}
+    return env | {
+        "QIIP_STATE_DIR": str(tmp_path / "state"),
+        "QIIP_ENGINES__LLAMACPP__SERVER_BINARY": str(llama_server_binary),
+    }
+
+
+def _run_up(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", "from qiip_cli import main; main()", "up", "--port", str(free_port()), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _available_mib() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) // 1024
+    raise AssertionError("no MemAvailable in /proc/meminfo")
+
+
+def test_up_serves_the_real_gemma_planned_automatically_and_relaunches_it_custom(
+    tmp_path: Path, llama_server_binary: Path, gemma_gguf: Path
+) -> None:
+    port = free_port()
+    # An automatic plan fills memory up to the fit target: leave it about 1.5 GiB to fill, not the whole machine.
+    target = _available_mib() - 1536
+    argv = ["up", "--port", str(port), "--model", str(gemma_gguf), "--sizing", "auto", "--fit-target-mib", str(target)]
+    with subprocess.Popen(
+        [sys.executable, "-c", "from qiip_cli import main; main()", *argv],
+        env=_up_env(tmp_path, llama_server_binary),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as up:
+        try:
+            assert up.stdout is not None and up.stderr is not None
+            line = up.stdout.readline()
+            assert line == f"OpenAI base URL: http://127.0.0.1:{port}/v1\n", line or up.stderr.read()
+            base = f"http://127.0.0.1:{port}"
+            client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
+            model = "gemma-3-270m-q4_k_m"
+            assert [m.id for m in client.models.list()] == [model]
+            completion = client.completions.create(
+                model=model, prompt="The capital of France is", max_tokens=8, temperature=0
+            )
+            assert completion.choices[0].text.startswith(" the capital of the country of France")
+            reply = client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": "Say hello."}], max_tokens=8, temperature=0
+            )
+            assert reply.usage is not None and 1 <= reply.usage.completion_tokens <= 8
+            stream = client.chat.completions.create(
+                model=model,
+                messages=[{"role": "user", "content": "Count to three."}],
+                max_tokens=8,
+                temperature=0,
+                stream=True,
+            )
+            chunks = list(stream)
+            assert chunks and chunks[-1].choices[0].finish_reason in ("length", "stop")
+            client.close()
+            # The node's record: an automatic plan of the whole training context, both caches verified.
+            console = tomllib.loads((tmp_path / "state" / "console.toml").read_text())
+            auth = (console["username"], console["password"])
+            node = httpx.get(f"{base}/admin/nodes/local", auth=auth).json()
+            runtime = node["llamacpp_runtime"]
+            assert runtime["requested"]["sizing"] == "auto" and runtime["architecture"] == "gemma3"
+            assert runtime["effective"]["context_per_slot"] == 32768 and runtime["unverified"] == []
+            assert [(m["kind"], m["layers"]) for m in runtime["memory"]] == [("kv", 3), ("kv_swa", 15)]
+            # A relaunch with an operator's exact sizing.
+            custom = {
+                "sizing": "custom",
+                "fit_target_mib": 512,
+                "context_per_slot": 4096,
+                "slots": 3,
+                "cache_type": "q8_0",
+            }
+            started = httpx.post(f"{base}/admin/nodes/local/llamacpp/relaunch", json=custom, auth=auth, timeout=30)
+            assert started.status_code == 202, started.text
+            operation = started.json()["id"]
+            deadline = time.monotonic() + 120
+            state = ""
+            while time.monotonic() < deadline:
+                state = httpx.get(f"{base}/admin/operations/{operation}", auth=auth).json()["state"]
+                if state in ("succeeded", "failed"):
+                    break
+                time.sleep(0.2)
+            assert state == "succeeded"
+            runtime = httpx.get(f"{base}/admin/nodes/local", auth=auth).json()["llamacpp_runtime"]
+            assert (runtime["effective"]["slots"], runtime["effective"]["cache_type_k"]) == (3, "q8_0")
+            assert runtime["memory"][1]["cells"] == 2048 and runtime["unverified"] == []  # pad256(512 × 3 + 512)
+            again = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
+            completion = again.completions.create(model=model, prompt="The capital of France is", max_tokens=4)
+            assert completion.choices[0].text
+            again.close()
+        finally:
+            up.send_signal(signal.SIGINT)
+            up.wait(timeout=60)
+    assert up.returncode == 0
+    assert _processes_mentioning(str(gemma_gguf)) == []
+
+
+def test_up_serves_several_models_behind_one_gateway(tmp_path: Path, llama_server_binary: Path) -> None:
+    from qiip_core.engines.llamacpp import make_test_gguf
+
+    first = make_test_gguf(tmp_path / "first.gguf")[0]
+    second = make_test_gguf(
+        tmp_path / "second.gguf", architecture="gemma3", n_embd=128, options={"sliding_window": 64}
+    )[0]
+    port = free_port()
+    argv = ["up", "--port", str(port), "--model", str(first), "--model", f"windowed={second}", "--ctx-size", "1024"]
+    with subprocess.Popen(
+        [sys.executable, "-c", "from qiip_cli import main; main()", *argv],
+        env=_up_env(tmp_path, llama_server_binary),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as up:
+        try:
+            assert up.stdout is not None and up.stderr is not None
+            line = up.stdout.readline()
+            assert line == f"OpenAI base URL: http://127.0.0.1:{port}/v1\n", line or up.stderr.read()
+            client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+            assert sorted(m.id for m in client.models.list()) == ["first", "windowed"]
+            for model in ("first", "windowed"):
+                reply = client.completions.create(model=model, prompt="hello", max_tokens=2)
+                assert reply.model == model and reply.choices[0].text is not None
+            client.close()
+            health = httpx.get(f"http://127.0.0.1:{port}/health").json()
+            assert health["local_nodes"] == {"local": "serving", "local-2": "serving"}
+        finally:
+            up.send_signal(signal.SIGINT)
+            up.wait(timeout=60)
+    assert up.returncode == 0
+    assert _processes_mentioning(str(tmp_path / "state")) == []
+
+
+def test_up_names_the_file_and_the_reason_for_every_model_it_cannot_serve(
+    tmp_path: Path, llama_server_binary: Path
+) -> None:
+    from qiip_core.engines.llamacpp import make_test_gguf
+
+    env = _up_env(tmp_path, llama_server_binary)
+    text = tmp_path / "notes.gguf"
+    text.write_text("not a model\n")
+    truncated = make_test_gguf(tmp_path / "cut.gguf", n_vocab=2000)[0]
+    data = truncated.read_bytes()
+    truncated.write_bytes(data[: len(data) * 9 // 10])  # a download cut inside the weights
+    shards = make_test_gguf(tmp_path / "family.gguf", split=3)
+    good = make_test_gguf(tmp_path / "good.gguf")[0]
+    cases = [
+        (["--model", str(text)], f"{text} is not a GGUF model: it starts with b'not '"),
+        (["--model", str(truncated)], f"{truncated} is truncated"),
+        (["--model", str(shards[1])], "is shard 2 of 3 of a split GGUF; pass the first shard, family-00001-of-00003"),
+        (["--model", str(tmp_path / "absent.gguf")], "absent.gguf does not exist"),
+        (
+            ["--model", str(good), "--ctx-size", "2048", "--slots", "256", "--fit-target-mib", str(_available_mib())],
+            "good.gguf: The custom sizing (256 slots of 2048 tokens, f16 K/V) does not fit: system memory (CPU "
+            "mode) needs",
+        ),
+        (["--model", str(good), "--ctx-size", "1000"], "context_per_slot must be a positive multiple of 256"),
+        (["--model", str(good), "--sizing", "auto", "--slots", "2"], "--sizing auto chooses the context and the slots"),
+        (["--model", str(good), "--model", str(good)], "Two models would be served as 'good'"),
+    ]
+    for args, message in cases:
+        result = _run_up(env, *args)
+        assert result.returncode != 0, args
+        errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+        assert len(errors) == 1 and message in errors[0], (args, result.stderr)
+        assert "Traceback" not in result.stderr
+    # Nothing was started, and nothing was written under the state directory but what qiip up always writes.
+    assert _processes_mentioning(str(tmp_path)) == []
+    assert not (tmp_path / "state" / "logs").exists()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 from qiip_core._errors import EngineError, EngineLaunchError, PlanError, RelaunchError, VerificationError
@@ -26,11 +27,13 @@ from qiip_core.planner import (
     CONTEXT_STEP,
     AutoPolicy,
     CustomPolicy,
+    DeviceMemory,
     Estimator,
     FitParamsEstimator,
     ModelShape,
     Plan,
     PythonEstimator,
+    is_modelled,
     launch_spec_for,
     plan,
     read_devices,
@@ -68,10 +71,12 @@ class ManagedLlamaServer:
         host: the address it binds.
         port: its port; 0 picks a free one at the first launch and keeps it afterwards.
         threads: CPU threads (`--threads`), None for llama.cpp's default.
-        embeddings: serve `/v1/embeddings` instead of generation.
+        embeddings: serve `/v1/embeddings` instead of generation; an embedding model (one that declares a pooling,
+            or an encoder) is always served so.
 
     Raises:
-        ValueError: the model file is not a readable GGUF.
+        ModelFileError: the model file cannot be served (missing, not a GGUF, truncated, a later shard of a split
+            family); it is also a ValueError.
     """
 
     def __init__(
@@ -93,8 +98,8 @@ class ManagedLlamaServer:
         self.host = host
         self.port = port or free_port(host)
         self.threads = threads
-        self.embeddings = embeddings
         self.shape = ModelShape.from_metadata(read_gguf_metadata(model_path))
+        self.embeddings = embeddings or self.shape.embedding_model
         self.process: LlamaServerProcess | None = None
         self.runtime: LlamaCppRuntime | None = None
         self.plan: Plan | None = None
@@ -111,9 +116,25 @@ class ManagedLlamaServer:
         return self.engine.variant != "cuda"
 
     def _estimator(self) -> Estimator:
-        if self.engine.fit_params is not None and not self.embeddings:
+        # Our estimate is exact for the architectures we model; llama-fit-params sizes 512 logit rows instead of
+        # one per slot and one sliding window instead of one per slot, so it is the authority only for the rest.
+        if not is_modelled(self.shape) and self.engine.fit_params is not None:
             return FitParamsEstimator(self.engine.fit_params, self.model_path)
         return PythonEstimator(embeddings=self.embeddings)
+
+    def make_plan(self, policy: AutoPolicy | CustomPolicy, *, devices: Sequence[DeviceMemory] | None = None) -> Plan:
+        """Plan `policy` against the devices as they are now (or `devices`), without launching anything.
+
+        The Python estimator plans the architectures it models (exact to what llama-server logs);
+        `llama-fit-params`, when installed, plans every other one.
+
+        Raises:
+            PlanError: the policy is invalid, no sizing fits (the message gives the plan's numbers per device), no
+                usable device exists, or the architecture is not modelled and llama-fit-params is not installed.
+        """
+        if devices is None:
+            devices = read_devices(allow_cpu=self.cpu_mode)
+        return plan(self.shape, devices, policy, estimator=self._estimator())
 
     async def launch(self, policy: AutoPolicy | CustomPolicy, *, startup_timeout_s: float = 300.0) -> LlamaCppRuntime:
         """Plan, launch and verify the server for `policy`.
@@ -126,8 +147,7 @@ class ManagedLlamaServer:
             EngineLaunchError: the server did not become healthy (the log tail is in the message).
             VerificationError: the running server differs from the plan (it is stopped).
         """
-        devices = await asyncio.to_thread(read_devices, allow_cpu=self.cpu_mode)
-        planned = await asyncio.to_thread(plan, self.shape, devices, policy, estimator=self._estimator())
+        planned = await asyncio.to_thread(self.make_plan, policy)
         spec = launch_spec_for(
             planned,
             model_path=self.model_path,
