@@ -337,7 +337,7 @@ def test_up_names_the_file_and_the_reason_for_every_model_it_cannot_serve(
     good = make_test_gguf(tmp_path / "good.gguf")[0]
     cases = [
         (["--model", str(text)], f"{text} is not a GGUF model: it starts with b'not '"),
-        (["--model", str(truncated)], f"{truncated} is truncated"),
+        (["--model", str(truncated)], f"{truncated} is truncated or damaged"),
         (["--model", str(shards[1])], "is shard 2 of 3 of a split GGUF; pass the first shard, family-00001-of-00003"),
         (["--model", str(tmp_path / "absent.gguf")], "absent.gguf does not exist"),
         (

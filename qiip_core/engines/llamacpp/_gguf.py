@@ -162,8 +162,8 @@ def _open(file: Path) -> Any:
         reader = GGUFReader(file)
     except (ValueError, OSError, IndexError, KeyError, TypeError, OverflowError) as exc:
         raise ModelFileError(
-            f"{file} is a damaged or truncated GGUF file: its header ends early or holds values that are not a "
-            "model's. Download it again.",
+            f"{file} is truncated or damaged: it ends before the header and tensors it describes, or holds values "
+            "no model has. Download it again.",
             path=file,
         ) from exc
     size = file.stat().st_size
