@@ -13,6 +13,7 @@ from collections.abc import Callable
 from qiip_core.planner._graph import Graph, GraphParams
 from qiip_core.planner._graph_gemma import build_gemma_graph
 from qiip_core.planner._graph_llama import build_llama_graph
+from qiip_core.planner._graph_moe import build_qwen_moe_graph
 from qiip_core.planner._shape import ModelShape
 
 __all__ = ["EXPERT_GRAPHS", "GRAPH_BUILDERS", "GraphBuilder", "build_graph", "is_modelled"]
@@ -24,10 +25,12 @@ GRAPH_BUILDERS: dict[str, GraphBuilder] = {
     "llama": build_llama_graph,
     "gemma2": build_gemma_graph,
     "gemma3": build_gemma_graph,
+    "qwen2moe": build_qwen_moe_graph,
+    "qwen3moe": build_qwen_moe_graph,
 }
 """`general.architecture` → the graph llama.cpp reserves for it."""
 
-EXPERT_GRAPHS: frozenset[str] = frozenset()
+EXPERT_GRAPHS: frozenset[str] = frozenset({"llama", "qwen2moe", "qwen3moe"})
 """Architectures whose builder also models mixture-of-experts blocks (`<arch>.expert_count` > 0)."""
 
 

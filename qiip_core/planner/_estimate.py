@@ -33,7 +33,7 @@ from qiip_core.planner._compute import build_graph, is_modelled
 from qiip_core.planner._galloc import compute_buffer_bytes
 from qiip_core.planner._graph import GraphParams
 from qiip_core.planner._memory import Cache, memory_layout
-from qiip_core.planner._shape import ModelShape
+from qiip_core.planner._shape import ModelShape, WeightMatrix
 from qiip_core.planner._types import MIB, CacheType, DeviceMemory, FlashAttn
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "PythonEstimator",
     "estimate",
     "layer_split",
+    "mapped_bytes",
     "repacked_bytes",
     "resolves_flash_attn",
 ]
@@ -267,7 +268,7 @@ def estimate(
         buffer = compute_buffer_bytes(build_graph(shape, params), alignment=CPU_ALIGNMENT)[0]
         only = DeviceEstimate(
             index=devices[0].index,
-            model_mib=(shape.weights_bytes + repacked_bytes(shape, devices[0])) / MIB,
+            model_mib=(mapped_bytes(shape, devices[0]) + repacked_bytes(shape, devices[0])) / MIB,
             context_mib=sum(c.bytes for c in caches) / MIB,
             compute_mib=buffer / MIB,
             output_mib=output_bytes / MIB,
@@ -323,10 +324,37 @@ def repacked_bytes(shape: ModelShape, device: DeviceMemory) -> int:
         shape: the model (its `weight_matrices`).
         device: the CPU device (`read_cpu_repack` filled its `repack`); GPUs repack nothing.
     """
+    return sum(m.n_bytes for m in _repacked(shape, device))
+
+
+def _repacked(shape: ModelShape, device: DeviceMemory) -> list[WeightMatrix]:
     rules = dict(device.repack)
     if device.kind != "cpu" or not rules:
-        return 0
-    return sum(m.n_bytes for m in shape.weight_matrices if m.ggml_type in rules and m.rows % rules[m.ggml_type] == 0)
+        return []
+    return [m for m in shape.weight_matrices if m.ggml_type in rules and m.rows % rules[m.ggml_type] == 0]
+
+
+def mapped_bytes(shape: ModelShape, device: DeviceMemory) -> int:
+    """Bytes of the model files CPU mode maps (`CPU_Mapped model buffer size`, summed over the files).
+
+    llama.cpp maps, per file, the range from the first to the last tensor its CPU buffer holds
+    (`llama_model_loader::get_mapping_range`), padding between tensors included. Weights the CPU backend repacks
+    live in `CPU_REPACK` instead, so repacked weights at either end of a file (the experts of the last block,
+    in a file sorted by name) are not mapped.
+
+    Args:
+        shape: the model (its `stored_tensors`; without them, every tensor's bytes).
+        device: the CPU device (what it repacks, `repacked_bytes`).
+    """
+    if not shape.stored_tensors:
+        return shape.weights_bytes
+    repacked = {m.name for m in _repacked(shape, device)}
+    total = 0
+    for shard in sorted({t.shard for t in shape.stored_tensors}):
+        kept = [t for t in shape.stored_tensors if t.shard == shard and t.name not in repacked]
+        if kept:
+            total += max(t.offset + t.n_bytes for t in kept) - min(t.offset for t in kept)
+    return total
 
 
 @dataclass(frozen=True, kw_only=True)

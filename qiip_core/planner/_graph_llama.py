@@ -7,6 +7,7 @@ for each block:                    ▼
   flash attention:  flash_attn_ext(Q, K cache, V cache, kq_mask)             [head_v, n_head, tokens]
   otherwise:        kq = mul_mat(K cache, Q) [n_kv, tokens, n_head] ─ soft_max(kq, kq_mask) ─ mul_mat(V, kq) ─ cont
   mul_mat(wo) + residual ─ rms_norm · ffn_norm ─ gate, up = mul_mat ─ swiglu ─ mul_mat(down) + residual
+  (with experts, Mixtral-style: the feed-forward is `_graph_moe.moe_ffn`, weights renormalised)
 rms_norm · output_norm ─ mul_mat(output) = logits [n_vocab, outputs]        (output layer)
 ```
 """
@@ -25,6 +26,7 @@ from qiip_core.planner._graph import (
     output_layer,
     reserve_batch,
 )
+from qiip_core.planner._graph_moe import moe_ffn
 from qiip_core.planner._shape import ModelShape
 
 __all__ = ["build_llama_graph", "dense_ffn"]
@@ -104,7 +106,9 @@ def build_llama_graph(shape: ModelShape, params: GraphParams) -> Graph:
             residual = b.get_rows("last_inp", residual, out_ids)
         ffn_inp = b.same(f"ffn_inp-{il}", "ADD", cur, residual)
         cur = b.norm(f"ffn_norm-{il}", ffn_inp, f"{blk}.ffn_norm")
-        inp = b.same(f"l_out-{il}", "ADD", dense_ffn(b, shape, il, cur), ffn_inp)
+        # Mixtral-style experts (`llama.expert_count` > 0) replace the dense feed-forward in every block.
+        ffn = moe_ffn(b, g, shape, il, cur, norm_w=True) if shape.n_expert else dense_ffn(b, shape, il, cur)
+        inp = b.same(f"l_out-{il}", "ADD", ffn, ffn_inp)
 
     output_layer(b, g, shape, params, inp, device=layer_devices[-1])
     return g

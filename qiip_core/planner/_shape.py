@@ -23,7 +23,7 @@ from qiip_core.planner._types import MIB, CacheType
 if TYPE_CHECKING:
     from qiip_core.engines.llamacpp import GgufMetadata
 
-__all__ = ["ModelShape", "SsmShape", "WeightMatrix", "kv_bytes_per_token", "row_bytes"]
+__all__ = ["ModelShape", "SsmShape", "StoredTensor", "WeightMatrix", "kv_bytes_per_token", "row_bytes"]
 
 _TYPE_LAYOUT: dict[str, tuple[int, int]] = {
     "f32": (4, 1),
@@ -86,6 +86,25 @@ class WeightMatrix:
     """Its ggml type in upper case (`Q4_K`)."""
     rows: int
     """`ne[1]`: output rows; repacking interleaves 4 or 8 of them and needs a whole number of groups."""
+    n_bytes: int
+    """Its size in bytes."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredTensor:
+    """Where one tensor's data sits in the model's files.
+
+    llama.cpp maps, per file, the byte range from the first to the last tensor its CPU buffer holds
+    (`llama_model_loader::get_mapping_range`); a weight the CPU backend repacks lives in `CPU_REPACK` instead, so
+    repacked weights at either end of a file fall out of the `CPU_Mapped` range.
+    """
+
+    name: str
+    """The tensor's name."""
+    shard: int
+    """The file of a split family that holds it (0: the first or only file)."""
+    offset: int
+    """Where its data starts in that file, in bytes."""
     n_bytes: int
     """Its size in bytes."""
 
@@ -166,6 +185,8 @@ class ModelShape:
     """`<arch>.final_logit_softcapping` is set: the logits are squashed (scale, tanh, scale)."""
     weight_matrices: tuple[WeightMatrix, ...] = ()
     """The weights matrix multiplications read, for the CPU backend's repacking; empty when unknown."""
+    stored_tensors: tuple[StoredTensor, ...] = ()
+    """Every tensor's place in the files, for the mapped range in CPU mode; empty when unknown."""
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "n_embd", "n_head", "n_head_kv", "head_dim_k", "head_dim_v", "n_ff", "n_vocab"):
@@ -279,6 +300,7 @@ class ModelShape:
                 for t in metadata.tensors
                 if len(t.ne) in (2, 3) and t.name != "token_embd.weight"
             ),
+            stored_tensors=_stored_tensors(metadata),
         )
 
     @property
@@ -387,6 +409,12 @@ def kv_bytes_per_token(shape: ModelShape, cache_type: CacheType, *, layers: tupl
         dk, dv = shape.layer_head_dims(il)
         total += row_bytes(cache_type, heads * dk) + row_bytes(cache_type, heads * dv)
     return total
+
+
+def _stored_tensors(metadata: GgufMetadata) -> tuple[StoredTensor, ...]:
+    """Every tensor's place in the files; empty unless every tensor's offset is known."""
+    stored = tuple(StoredTensor(t.name, t.shard, t.offset, t.n_bytes) for t in metadata.tensors if t.offset is not None)
+    return stored if len(stored) == len(metadata.tensors) else ()
 
 
 def _swa_layers(metadata: GgufMetadata, n_layers: int, default_pattern: int) -> tuple[bool, ...]:

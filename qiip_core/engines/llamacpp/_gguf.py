@@ -46,6 +46,11 @@ class GgufTensor:
     """Elements per dimension, innermost first (ggml's `ne`): a weight matrix is `(n_in, n_out)`."""
     n_bytes: int
     """Bytes of its data."""
+    shard: int = 0
+    """Which file of a split family holds it (0 for the first, or only, file)."""
+    offset: int | None = None
+    """Where its data starts in that file, in bytes from the file's start (what llama.cpp maps); None when
+    unknown."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -252,8 +257,8 @@ def read_gguf_metadata(path: Path) -> GgufMetadata:
         return values.get(key.format(arch=arch))
 
     tensors = [_tensor(t) for t in first.tensors]
-    for shard in paths[1:]:
-        tensors += [_tensor(t) for t in _open(shard).tensors]
+    for index, shard in enumerate(paths[1:], start=1):
+        tensors += [_tensor(t, index) for t in _open(shard).tensors]
     n_embd = _as_int(get("{arch}.embedding_length"), f"{arch}.embedding_length", paths[0])
     n_head = _as_int(get("{arch}.attention.head_count"), f"{arch}.attention.head_count", paths[0])
     kv = get("{arch}.attention.head_count_kv")
@@ -291,10 +296,12 @@ def read_gguf_metadata(path: Path) -> GgufMetadata:
     )
 
 
-def _tensor(tensor: Any) -> GgufTensor:
+def _tensor(tensor: Any, shard: int = 0) -> GgufTensor:
     return GgufTensor(
         name=str(tensor.name),
         ggml_type=str(tensor.tensor_type.name),
         ne=tuple(int(n) for n in tensor.shape),
         n_bytes=int(tensor.n_bytes),
+        shard=shard,
+        offset=int(tensor.data_offset),
     )

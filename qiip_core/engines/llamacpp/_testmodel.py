@@ -229,6 +229,8 @@ _WRITERS: dict[str, str] = {
     "llama": "qiip_core.engines.llamacpp._testmodel:llama_writer",
     "gemma2": "qiip_core.engines.llamacpp._testarch_gemma:gemma2_writer",
     "gemma3": "qiip_core.engines.llamacpp._testarch_gemma:gemma3_writer",
+    "qwen2moe": "qiip_core.engines.llamacpp._testarch_moe:qwen2moe_writer",
+    "qwen3moe": "qiip_core.engines.llamacpp._testarch_moe:qwen3moe_writer",
 }
 """`general.architecture` → the writer (`module:function`, imported when used)."""
 
@@ -256,9 +258,20 @@ def add_attention_metadata(writer: Any, spec: TestModelSpec, *, rms_eps: float =
 
 
 def llama_writer(spec: TestModelSpec, w: Weights) -> tuple[Tensors, Callable[[Any], None]]:
-    """llama: RMS norms, separate Q/K/V projections, SwiGLU feed-forward, an untied output."""
+    """llama: RMS norms, separate Q/K/V projections, SwiGLU feed-forward, an untied output.
+
+    With expert options (`n_expert`, `n_expert_used`, `n_ff_expert`) it is a Mixtral-style mixture of experts,
+    written by `_testarch_moe.llama_moe_writer`; without, the dense model.
+    """
     if spec.options:
-        raise ValueError(f"architecture llama takes no options; got {', '.join(sorted(spec.options))}.")
+        from qiip_core.engines.llamacpp._testarch_moe import MOE_OPTIONS, llama_moe_writer
+
+        if set(spec.options) & MOE_OPTIONS:
+            return llama_moe_writer(spec, w)
+        raise ValueError(
+            f"architecture llama takes only the expert options ({', '.join(sorted(MOE_OPTIONS))}); got "
+            f"{', '.join(sorted(spec.options))}."
+        )
     e, hd = spec.n_embd, spec.head_dim
     tensors: Tensors = [("token_embd.weight", w.matrix(spec.n_vocab, e))]
     for i in range(spec.n_layers):

@@ -118,7 +118,7 @@ def test_split_family(tmp_path, split):
         ({"split": 0}, "split must be between 1"),
         ({"n_ff": 0}, "n_ff must be between 1"),
         ({"architecture": "gpt-9"}, "architecture must be one of .*llama"),
-        ({"options": {"n_expert": 4}}, "architecture llama takes no options; got n_expert"),
+        ({"options": {"sliding_window": 4}}, r"architecture llama takes only the expert options \(.*\); got sliding"),
     ],
 )
 def test_invalid_shapes_are_refused_with_what_is_allowed(tmp_path, kwargs, message):
