@@ -166,6 +166,13 @@ class ModelShape:
     """`<arch>.final_logit_softcapping` is set: the logits are squashed (scale, tanh, scale)."""
     weight_matrices: tuple[WeightMatrix, ...] = ()
     """The weights matrix multiplications read, for the CPU backend's repacking; empty when unknown."""
+    rope: bool = True
+    """Attention blocks rotate Q and K; False for Granite hybrids without positional encoding
+    (`<arch>.rope.scaling.finetuned` false, `hparams.rope_finetuned` in `granite-hybrid.cpp`)."""
+    residual_scale: float = 0.0
+    """`<arch>.residual_scale` (Granite): each block's outputs are scaled before their residual; 0 for none."""
+    logit_scale: float = 0.0
+    """`<arch>.logit_scale` (Granite): the logits are divided by it; 0 for none."""
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "n_embd", "n_head", "n_head_kv", "head_dim_k", "head_dim_v", "n_ff", "n_vocab"):
@@ -279,6 +286,11 @@ class ModelShape:
                 for t in metadata.tensors
                 if len(t.ne) in (2, 3) and t.name != "token_embd.weight"
             ),
+            # Granite models switch rotary embeddings off with `rope.scaling.finetuned` (`has_rope`).
+            rope=not metadata.architecture.startswith("granite")
+            or bool(metadata.value("{arch}.rope.scaling.finetuned", True)),
+            residual_scale=float(metadata.value("{arch}.residual_scale", 0.0) or 0.0),
+            logit_scale=float(metadata.value("{arch}.logit_scale", 0.0) or 0.0),
         )
 
     @property

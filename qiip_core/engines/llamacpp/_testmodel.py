@@ -227,6 +227,9 @@ ArchitectureWriter = Callable[[TestModelSpec, Weights], tuple[Tensors, Callable[
 
 _WRITERS: dict[str, str] = {
     "llama": "qiip_core.engines.llamacpp._testmodel:llama_writer",
+    "lfm2": "qiip_core.engines.llamacpp._testarch_recurrent:lfm2_writer",
+    "granitehybrid": "qiip_core.engines.llamacpp._testarch_recurrent:granitehybrid_writer",
+    "mamba2": "qiip_core.engines.llamacpp._testarch_recurrent:mamba2_writer",
 }
 """`general.architecture` → the writer (`module:function`, imported when used)."""
 
