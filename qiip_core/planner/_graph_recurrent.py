@@ -28,7 +28,7 @@ recurrent cache has one cell per slot, all visible (`init_full`: head 0, every c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from qiip_core.planner._graph import (
     Builder,
@@ -318,8 +318,15 @@ class _Context:
     out_ids: Tensor
 
 
-def _start(shape: ModelShape, params: GraphParams, *, attention: bool, rope: bool = True) -> tuple[_Context, Tensor]:
-    """The input embedding and the inputs, in the order the graphs create them."""
+def _start(
+    shape: ModelShape, params: GraphParams, *, attention: bool, rope: bool = True, iswa: bool = False
+) -> tuple[_Context, Tensor]:
+    """The input embedding and the inputs, in the order the graphs create them.
+
+    With `iswa` (LFM2 with a sliding window: every attention block slides) the blocks attend over the
+    sliding-window cache; `build_inp_mem_hybrid_iswa` builds no Hadamard rotations, and the full cache's inputs,
+    which no block reads, never enter the graph.
+    """
     devices = params.layer_devices or (params.host,) * shape.total_layers
     if len(devices) != shape.total_layers:
         raise ValueError(f"layer_devices needs {shape.total_layers} entries (blocks and output).")
@@ -333,11 +340,13 @@ def _start(shape: ModelShape, params: GraphParams, *, attention: bool, rope: boo
             b,
             shape,
             layers=shape.attention_layers(),
-            cells=params.aggregate_context,
+            cells=params.swa_cells if iswa else params.aggregate_context,
             n_tok=n_tok,
             flash_attn=params.flash_attn,
             cache_type=params.cache_type,
         )
+        if iswa:
+            kv = replace(kv, k_rot=None, v_rot=None)
     inp_pos = b.leaf("inp_pos", "i32", ne4(n_tok)) if attention and rope else None
     out_ids = b.leaf("out_ids", "i32", ne4(n_out))
     return _Context(b, g, devices, n_tok, params.slots, rs, kv, inp_pos, out_ids), inp
@@ -368,7 +377,7 @@ def _attention_block(
 
 
 def build_lfm2_graph(shape: ModelShape, params: GraphParams) -> Graph:
-    """The reserved graph of an LFM2 model (`llama_model_lfm2::graph`, without a sliding window).
+    """The reserved graph of an LFM2 model (`llama_model_lfm2::graph`).
 
     Args:
         shape: the model (`lfm2`): short-convolution blocks where `is_recurrent`, attention elsewhere.
@@ -379,11 +388,12 @@ def build_lfm2_graph(shape: ModelShape, params: GraphParams) -> Graph:
 
     Raises:
         ValueError: `layer_devices` does not have one entry per layer and one for the output, or the model has
-            a sliding window (`hybrid_iswa`, not modelled).
+            a sliding window but `params.swa_cells` is 0.
     """
-    if shape.memory != "hybrid":
-        raise ValueError(f"LFM2's graph is modelled with one K/V cache; this model's memory is {shape.memory!r}.")
-    c, inp = _start(shape, params, attention=True)
+    iswa = shape.memory == "hybrid_iswa"
+    if iswa and params.swa_cells < 1:
+        raise ValueError("an LFM2 model with a sliding window needs params.swa_cells.")
+    c, inp = _start(shape, params, attention=True, iswa=iswa)
     b = c.b
     for il in range(shape.n_layers):
         b.device = c.devices[il]

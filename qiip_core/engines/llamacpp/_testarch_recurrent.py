@@ -141,8 +141,11 @@ def lfm2_writer(spec: TestModelSpec, w: Weights) -> tuple[Tensors, Callable[[Any
         l_cache (int): the short convolution's width in tokens, `shortconv.l_cache` (default 3).
         tied_output (bool): the output projection reuses the token embedding, as the published models do
             (default False).
+        sliding_window (int): `attention.sliding_window` in tokens; above 0 every attention block slides
+            (llama.cpp then builds `llama_memory_hybrid_iswa`). Default 0: full attention.
     """
-    _check_options("lfm2", spec, {"attention_period": int, "l_cache": int, "tied_output": bool})
+    known = {"attention_period": int, "l_cache": int, "tied_output": bool, "sliding_window": int}
+    _check_options("lfm2", spec, known)
     attends = _attention_blocks("lfm2", spec, 3)
     l_cache = int(spec.option("l_cache", 3))
     if l_cache < 2:
@@ -169,6 +172,9 @@ def lfm2_writer(spec: TestModelSpec, w: Weights) -> tuple[Tensors, Callable[[Any
     def metadata(writer: Any) -> None:
         _add_hybrid_metadata(writer, spec, attends)
         writer.add_shortconv_l_cache(l_cache)
+        window = int(spec.option("sliding_window", 0))
+        if window:
+            writer.add_sliding_window(window)
 
     return tensors, metadata
 
@@ -184,6 +190,8 @@ def granitehybrid_writer(spec: TestModelSpec, w: Weights) -> tuple[Tensors, Call
         ssm_group_count (int): `ssm.group_count` (default 1).
         residual_scale (float): `residual_scale`, scaling each block's output (default 0: none).
         logit_scale (float): `logit_scale`, dividing the logits (default 0: none).
+        rope (bool): attention blocks use rotary embeddings (default True); False writes
+            `rope.scaling.finetuned = false`, as the published Granite 4.0-H models (no positional encoding).
     """
     known = {
         "attention_period": int,
@@ -193,6 +201,7 @@ def granitehybrid_writer(spec: TestModelSpec, w: Weights) -> tuple[Tensors, Call
         "ssm_group_count": int,
         "residual_scale": float,
         "logit_scale": float,
+        "rope": bool,
     }
     _check_options("granitehybrid", spec, known)
     attends = _attention_blocks("granitehybrid", spec, 4)
@@ -218,6 +227,8 @@ def granitehybrid_writer(spec: TestModelSpec, w: Weights) -> tuple[Tensors, Call
             writer.add_residual_scale(residual)
         if logit:
             writer.add_logit_scale(logit)
+        if not spec.option("rope", True):
+            writer.add_rope_scaling_finetuned(False)
 
     return tensors, metadata
 
