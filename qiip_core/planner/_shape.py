@@ -74,6 +74,8 @@ class SsmShape:
     """`ssm.time_step_rank` (`dt_rank`): Mamba's Δ projection rank; Mamba-2's head count."""
     group_count: int = 0
     """`ssm.group_count` (`n_group`): Mamba-2's B/C groups; 0 for Mamba."""
+    dt_b_c_rms: bool = False
+    """`ssm.dt_b_c_rms` (Falcon-Mamba): Mamba's Δ, B and C are RMS-normalised before the scan."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +244,7 @@ class ModelShape:
                 state_size=int(metadata.value("{arch}.ssm.state_size", 0)),
                 time_step_rank=int(metadata.value("{arch}.ssm.time_step_rank", 0)),
                 group_count=int(metadata.value("{arch}.ssm.group_count", 0) or 0),
+                dt_b_c_rms=bool(metadata.value("{arch}.ssm.dt_b_c_rms", False)),
             )
         n_expert = int(metadata.value("{arch}.expert_count", 0) or 0)
         used = metadata.value("{arch}.expert_used_count", 0) or 0

@@ -1,4 +1,4 @@
-"""Test-model writers for recurrent and hybrid architectures: LFM2, Granite 4 hybrid, Mamba-2.
+"""Test-model writers for recurrent and hybrid architectures: LFM2, Granite 4 hybrid, Mamba-2, Mamba.
 
 These models keep recurrent state per sequence (`llama_memory_recurrent`) next to, or instead of, a K/V cache,
 so the planner's recurrent memory and its graphs of short-convolution and Mamba-2 layers can be checked against a
@@ -11,6 +11,7 @@ lfm2            attention blocks where head_count_kv[il] > 0, short-convolution 
 granitehybrid   attention blocks where head_count_kv[il] > 0, Mamba-2 blocks where it is 0 (ssm.*),
                 a SwiGLU feed-forward after every block
 mamba2          Mamba-2 blocks only, no feed-forward, no attention
+mamba           Mamba blocks only (optionally Falcon-Mamba's Δ/B/C norms: ssm.dt_b_c_rms)
 ```
 
 Which blocks attend is an option (`attention_period`: every n-th block, counting from the n-th), so one writer
@@ -26,7 +27,7 @@ from typing import Any
 
 from qiip_core.engines.llamacpp._testmodel import Tensors, TestModelSpec, Weights
 
-__all__ = ["granitehybrid_writer", "lfm2_writer", "mamba2_writer"]
+__all__ = ["granitehybrid_writer", "lfm2_writer", "mamba2_writer", "mamba_writer"]
 
 
 def _check_options(architecture: str, spec: TestModelSpec, known: Mapping[str, type]) -> None:
@@ -258,6 +259,57 @@ def mamba2_writer(spec: TestModelSpec, w: Weights) -> tuple[Tensors, Callable[[A
         writer.add_feed_forward_length(0)
         writer.add_head_count(0)
         _add_ssm_metadata(writer, widths)
+        writer.add_layer_norm_rms_eps(1e-5)
+
+    return tensors, metadata
+
+
+def mamba_writer(spec: TestModelSpec, w: Weights) -> tuple[Tensors, Callable[[Any], None]]:
+    """Mamba: every block a Mamba mixer (`build_mamba_layer`) with a residual, no attention, no feed-forward.
+
+    As for `mamba2_writer`, the file says 0 heads and no feed-forward.
+
+    Options:
+        ssm_conv_kernel (int): `ssm.conv_kernel` (default 4).
+        ssm_state_size (int): `ssm.state_size` (default 16).
+        ssm_dt_rank (int): `ssm.time_step_rank`, Δ's rank (default `ceil(n_embd / 16)`).
+        dt_b_c_rms (bool): `ssm.dt_b_c_rms`, Falcon-Mamba's norms of Δ, B and C (default False).
+    """
+    known = {"ssm_conv_kernel": int, "ssm_state_size": int, "ssm_dt_rank": int, "dt_b_c_rms": bool}
+    _check_options("mamba", spec, known)
+    e = spec.n_embd
+    d_conv, d_inner = int(spec.option("ssm_conv_kernel", 4)), 2 * e
+    d_state, dt_rank = int(spec.option("ssm_state_size", 16)), int(spec.option("ssm_dt_rank", -(-e // 16)))
+    if d_conv < 2 or d_state < 1 or dt_rank < 1:
+        raise ValueError("the ssm options of architecture mamba must be at least 1 (ssm_conv_kernel at least 2).")
+    np = w.np
+    tensors: Tensors = [("token_embd.weight", w.matrix(spec.n_vocab, e))]
+    for il in range(spec.n_layers):
+        blk = f"blk.{il}"
+        tensors += [
+            (f"{blk}.attn_norm.weight", w.norm(e)),
+            (f"{blk}.ssm_in.weight", w.matrix(2 * d_inner, e)),
+            (f"{blk}.ssm_conv1d.weight", _f32_matrix(w, d_inner, d_conv)),
+            (f"{blk}.ssm_conv1d.bias", w.vector(d_inner)),
+            (f"{blk}.ssm_x.weight", w.matrix(dt_rank + 2 * d_state, d_inner)),
+            (f"{blk}.ssm_dt.weight", w.matrix(d_inner, dt_rank)),
+            (f"{blk}.ssm_dt.bias", w.vector(d_inner)),
+            # Stored negated (-exp(A_log)) for a decaying state.
+            (f"{blk}.ssm_a", -np.exp(w.rng.uniform(0.0, 1.0, size=(d_inner, d_state)).astype(np.float32))),
+            (f"{blk}.ssm_d", np.ones(d_inner, dtype=np.float32)),
+            (f"{blk}.ssm_out.weight", w.matrix(e, d_inner)),
+        ]
+    tensors += [("output_norm.weight", w.norm(e)), ("output.weight", w.matrix(spec.n_vocab, e))]
+
+    def metadata(writer: Any) -> None:
+        writer.add_feed_forward_length(0)
+        writer.add_head_count(0)
+        writer.add_ssm_conv_kernel(d_conv)
+        writer.add_ssm_inner_size(d_inner)
+        writer.add_ssm_state_size(d_state)
+        writer.add_ssm_time_step_rank(dt_rank)
+        if spec.option("dt_b_c_rms", False):
+            writer.add_ssm_dt_b_c_rms(True)
         writer.add_layer_norm_rms_eps(1e-5)
 
     return tensors, metadata

@@ -230,6 +230,7 @@ _WRITERS: dict[str, str] = {
     "lfm2": "qiip_core.engines.llamacpp._testarch_recurrent:lfm2_writer",
     "granitehybrid": "qiip_core.engines.llamacpp._testarch_recurrent:granitehybrid_writer",
     "mamba2": "qiip_core.engines.llamacpp._testarch_recurrent:mamba2_writer",
+    "mamba": "qiip_core.engines.llamacpp._testarch_recurrent:mamba_writer",
 }
 """`general.architecture` → the writer (`module:function`, imported when used)."""
 
