@@ -30,7 +30,11 @@ from qiip_core.engines.llamacpp._testmodel import Tensors, TestModelSpec, Weight
 __all__ = ["granitehybrid_writer", "lfm2_writer", "mamba2_writer", "mamba_writer"]
 
 
+_KINDS = {int: "a whole number", float: "a number", bool: "true or false"}
+
+
 def _check_options(architecture: str, spec: TestModelSpec, known: Mapping[str, type]) -> None:
+    """Refuse options the writer does not know, and values of the wrong kind (a whole number is a number too)."""
     unknown = sorted(set(spec.options) - set(known))
     if unknown:
         raise ValueError(
@@ -38,8 +42,9 @@ def _check_options(architecture: str, spec: TestModelSpec, known: Mapping[str, t
         )
     for name, kind in known.items():
         value = spec.options.get(name)
-        if value is not None and (type(value) is not kind):
-            raise ValueError(f"option {name} of architecture {architecture} must be a {kind.__name__}, got {value!r}.")
+        accepted = (int, float) if kind is float else (kind,)
+        if value is not None and (type(value) not in accepted):
+            raise ValueError(f"option {name} of architecture {architecture} must be {_KINDS[kind]}, got {value!r}.")
 
 
 def _attention_blocks(architecture: str, spec: TestModelSpec, default_period: int) -> tuple[bool, ...]:
