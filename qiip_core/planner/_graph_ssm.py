@@ -107,8 +107,8 @@ def build_rs(
     """`llm_graph_context::build_rs`: read the sequences' states out of one recurrent cache.
 
     Clears the zeroed cell in place (a `scale` view of the cache), gathers the sequences' rows (`get_rows`, or
-    for Mamba-2's S state the scan itself, which reads the cache through `s_copy`), and copies the other cells
-    (none in the reserved graph).
+    for a Mamba mixer's S state the scan itself, which reads the cache through `s_copy`), and copies the other
+    cells (none in the reserved graph).
 
     Args:
         b: the builder, on the layer's device.
