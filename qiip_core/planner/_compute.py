@@ -14,6 +14,7 @@ from qiip_core.planner._graph import Graph, GraphParams
 from qiip_core.planner._graph_gemma import build_gemma_graph
 from qiip_core.planner._graph_llama import build_llama_graph
 from qiip_core.planner._graph_moe import build_qwen_moe_graph
+from qiip_core.planner._graph_recurrent import build_granite_hybrid_graph, build_lfm2_graph, build_mamba_graph
 from qiip_core.planner._shape import ModelShape
 
 __all__ = ["EXPERT_GRAPHS", "GRAPH_BUILDERS", "GraphBuilder", "build_graph", "is_modelled"]
@@ -27,6 +28,10 @@ GRAPH_BUILDERS: dict[str, GraphBuilder] = {
     "gemma3": build_gemma_graph,
     "qwen2moe": build_qwen_moe_graph,
     "qwen3moe": build_qwen_moe_graph,
+    "lfm2": build_lfm2_graph,
+    "granitehybrid": build_granite_hybrid_graph,
+    "mamba": build_mamba_graph,
+    "mamba2": build_mamba_graph,
 }
 """`general.architecture` → the graph llama.cpp reserves for it."""
 

@@ -157,6 +157,8 @@ def memory_layout(
     if shape.memory in ("recurrent", "hybrid", "hybrid_iswa"):
         layers = tuple(il for il in range(shape.n_layers) if shape.is_recurrent(il))
         r, s = recurrent_state_widths(shape)
+        # One cell per sequence (`create_memory`: max(1, n_seq_max)), one row each: rollback snapshots
+        # (`n_rs_seq`, 1 + n_rs_seq rows per cell) come only with speculative decoding, never launched here.
         cells = max(1, slots)
         r_bytes, s_bytes = cells * row_bytes(RECURRENT_TYPE, r), cells * row_bytes(RECURRENT_TYPE, s)
         caches.append(

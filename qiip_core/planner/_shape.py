@@ -74,6 +74,8 @@ class SsmShape:
     """`ssm.time_step_rank` (`dt_rank`): Mamba's Δ projection rank; Mamba-2's head count."""
     group_count: int = 0
     """`ssm.group_count` (`n_group`): Mamba-2's B/C groups; 0 for Mamba."""
+    dt_b_c_rms: bool = False
+    """`ssm.dt_b_c_rms` (Falcon-Mamba): Mamba's Δ, B and C are RMS-normalised before the scan."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +189,13 @@ class ModelShape:
     """The weights matrix multiplications read, for the CPU backend's repacking; empty when unknown."""
     stored_tensors: tuple[StoredTensor, ...] = ()
     """Every tensor's place in the files, for the mapped range in CPU mode; empty when unknown."""
+    rope: bool = True
+    """Attention blocks rotate Q and K; False for Granite hybrids without positional encoding
+    (`<arch>.rope.scaling.finetuned` false, `hparams.rope_finetuned` in `granite-hybrid.cpp`)."""
+    residual_scale: float = 0.0
+    """`<arch>.residual_scale` (Granite): each block's outputs are scaled before their residual; 0 for none."""
+    logit_scale: float = 0.0
+    """`<arch>.logit_scale` (Granite): the logits are divided by it; 0 for none."""
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "n_embd", "n_head", "n_head_kv", "head_dim_k", "head_dim_v", "n_ff", "n_vocab"):
@@ -256,6 +265,7 @@ class ModelShape:
                 state_size=int(metadata.value("{arch}.ssm.state_size", 0)),
                 time_step_rank=int(metadata.value("{arch}.ssm.time_step_rank", 0)),
                 group_count=int(metadata.value("{arch}.ssm.group_count", 0) or 0),
+                dt_b_c_rms=bool(metadata.value("{arch}.ssm.dt_b_c_rms", False)),
             )
         n_expert = int(metadata.value("{arch}.expert_count", 0) or 0)
         used = metadata.value("{arch}.expert_used_count", 0) or 0
@@ -266,10 +276,11 @@ class ModelShape:
             architecture=metadata.architecture,
             n_layers=n,
             n_embd=metadata.n_embd,
-            n_head=metadata.n_head,
+            # Mamba models say 0 heads (the converter writes the keys, unused); nothing here sizes attention.
+            n_head=max(1, metadata.n_head),
             n_head_kv=max(1, metadata.n_head_kv),
-            head_dim_k=metadata.head_dim_k,
-            head_dim_v=metadata.head_dim_v,
+            head_dim_k=max(1, metadata.head_dim_k),
+            head_dim_v=max(1, metadata.head_dim_v),
             n_ff=max(1, n_ff),
             n_ctx_train=metadata.n_ctx_train,
             n_vocab=metadata.n_vocab,
@@ -301,6 +312,11 @@ class ModelShape:
                 if len(t.ne) in (2, 3) and t.name != "token_embd.weight"
             ),
             stored_tensors=_stored_tensors(metadata),
+            # Granite models switch rotary embeddings off with `rope.scaling.finetuned` (`has_rope`).
+            rope=not metadata.architecture.startswith("granite")
+            or bool(metadata.value("{arch}.rope.scaling.finetuned", True)),
+            residual_scale=float(metadata.value("{arch}.residual_scale", 0.0) or 0.0),
+            logit_scale=float(metadata.value("{arch}.logit_scale", 0.0) or 0.0),
         )
 
     @property

@@ -231,6 +231,10 @@ _WRITERS: dict[str, str] = {
     "gemma3": "qiip_core.engines.llamacpp._testarch_gemma:gemma3_writer",
     "qwen2moe": "qiip_core.engines.llamacpp._testarch_moe:qwen2moe_writer",
     "qwen3moe": "qiip_core.engines.llamacpp._testarch_moe:qwen3moe_writer",
+    "lfm2": "qiip_core.engines.llamacpp._testarch_recurrent:lfm2_writer",
+    "granitehybrid": "qiip_core.engines.llamacpp._testarch_recurrent:granitehybrid_writer",
+    "mamba2": "qiip_core.engines.llamacpp._testarch_recurrent:mamba2_writer",
+    "mamba": "qiip_core.engines.llamacpp._testarch_recurrent:mamba_writer",
 }
 """`general.architecture` → the writer (`module:function`, imported when used)."""
 

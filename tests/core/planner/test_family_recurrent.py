@@ -1,0 +1,243 @@
+"""Recurrent and hybrid models (LFM2, Granite 4 hybrid, Mamba-2, Mamba) run by real llama-server processes.
+
+Every estimate (each cache the server logs, the compute buffer, the weights) is compared with the log, and one
+plan per family is launched from `launch_spec_for` and verified. Servers run with `--threads 1` on loopback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from qiip_core import VerificationError
+from qiip_core.engines.llamacpp import LaunchSpec, LlamaServerProcess, make_test_gguf, read_gguf_metadata
+from qiip_core.planner import (
+    AutoPolicy,
+    DeviceMemory,
+    MemoryEstimate,
+    ModelShape,
+    Plan,
+    PythonEstimator,
+    estimate,
+    launch_spec_for,
+    parse_server_log,
+    plan,
+    read_devices,
+    verify_runtime,
+)
+
+pytestmark = pytest.mark.integration
+
+TOLERANCE = 0.02
+"""Estimates must be within 2% of what llama-server logs."""
+
+LOG_RESOLUTION_MIB = 0.005
+"""The log prints MiB to two decimals: a state of a few KiB logs as 0.01, and no estimate can be closer."""
+
+# name: (architecture, blocks, width, heads, K/V heads, training context, vocabulary, FFN width, options)
+MODELS: dict[str, tuple[str, int, int, int, int, int, int, int, dict[str, int | float | bool]]] = {
+    # Blocks 2 and 5 attend, the others are short convolutions of 3 tokens.
+    "lfm2": ("lfm2", 6, 256, 4, 2, 8192, 2000, 768, {"attention_period": 3}),
+    # Every attention block slides (llama_memory_hybrid_iswa): the full cache has no layer at all.
+    "lfm2-swa": ("lfm2", 6, 256, 4, 2, 8192, 2000, 768, {"attention_period": 3, "sliding_window": 512}),
+    # Blocks 2 and 5 attend, the others are Mamba-2 mixers (16 heads, a 16-wide state); Granite's scales.
+    "granite": (
+        "granitehybrid",
+        6,
+        256,
+        4,
+        2,
+        8192,
+        2000,
+        768,
+        {"attention_period": 3, "residual_scale": 0.22, "logit_scale": 8.0},
+    ),
+    # Granite 4.0-H's layout: no rotary embedding, one attention block of five, a wider state in 2 groups.
+    "granite-nope": (
+        "granitehybrid",
+        5,
+        384,
+        6,
+        2,
+        16384,
+        3000,
+        1024,
+        {"attention_period": 5, "ssm_state_size": 64, "ssm_group_count": 2, "ssm_head_count": 12, "rope": False},
+    ),
+    # LFM2 as published: the output projection is the token embedding; a 4-token convolution.
+    "lfm2-tied": ("lfm2", 6, 256, 4, 2, 8192, 2000, 768, {"attention_period": 2, "l_cache": 4, "tied_output": True}),
+    "mamba2": ("mamba2", 4, 256, 4, 4, 8192, 2000, 1024, {"ssm_state_size": 32, "ssm_head_count": 8}),
+    "mamba": ("mamba", 4, 256, 4, 4, 8192, 2000, 1024, {}),
+    # Falcon-Mamba: Δ, B and C are RMS-normalised before the scan.
+    "falcon-mamba": ("mamba", 3, 192, 4, 4, 8192, 1000, 768, {"dt_b_c_rms": True, "ssm_state_size": 8}),
+}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, ModelShape]]:
+    directory = tmp_path_factory.mktemp("recurrent-models")
+    found = {}
+    for name, (arch, layers, width, heads, kv_heads, train, vocab, ff, options) in MODELS.items():
+        path = make_test_gguf(
+            directory / f"{name}.gguf",
+            architecture=arch,
+            n_layers=layers,
+            n_embd=width,
+            n_head=heads,
+            n_head_kv=kv_heads,
+            n_ctx_train=train,
+            n_vocab=vocab,
+            n_ff=ff,
+            options=options,
+        )[0]
+        found[name] = (path, ModelShape.from_metadata(read_gguf_metadata(path)))
+    return found
+
+
+@contextlib.asynccontextmanager
+async def running(binary: Path, spec: LaunchSpec, log: Path) -> AsyncIterator[LlamaServerProcess]:
+    process = LlamaServerProcess(binary, spec, log)
+    await process.start()
+    try:
+        await process.wait_ready(timeout_s=60)
+        yield process
+    finally:
+        await process.stop()
+
+
+def assert_close(estimated: float, logged: float, what: str) -> None:
+    bound = max(TOLERANCE * logged, LOG_RESOLUTION_MIB)
+    assert abs(estimated - logged) <= bound, f"{what}: estimated {estimated:.4f} MiB, logged {logged}"
+
+
+def assert_estimate_matches_log(result: MemoryEstimate, shape: ModelShape, log: Path) -> None:
+    facts = parse_server_log(log.read_text())
+    (device,) = result.devices
+    assert [c.kind for c in result.caches] == [c.kind for c in facts.caches]
+    for planned, logged in zip(result.caches, facts.caches, strict=True):
+        what = f"{planned.kind} cache"
+        assert planned.cells == logged.cells, what
+        assert (planned.type_k, planned.type_v) == (logged.type_k, logged.type_v), what
+        # llama_memory_recurrent logs the model's block count, not the recurrent blocks it holds.
+        layers = shape.n_layers if planned.kind == "recurrent" else len(planned.layers)
+        assert layers == logged.layers, what
+        assert_close(planned.mib, logged.mib, what)
+    assert_close(device.context_mib, sum(c.mib for c in facts.caches), "context")
+    assert_close(device.compute_mib, facts.compute_mib["CPU"], "compute")
+    assert_close(device.model_mib, facts.model_mib["CPU_Mapped"], "model")
+
+
+def synthetic_cpu(free_mib: float) -> DeviceMemory:
+    return DeviceMemory(index=0, name="CPU (planned)", total_mib=10**7, free_mib=math.floor(free_mib), kind="cpu")
+
+
+# (model, --ctx-size, --parallel, --flash-attn, cache type): per family F16 and Q8_0 (64-wide heads), flash
+# attention on, off and auto, 1, 3 and 8 slots (3 does not divide the 512-token micro-batch), contexts 512-16384.
+MEASURED = [
+    ("lfm2", 4096, 1, "auto", "f16"),
+    ("lfm2", 512, 8, "off", "f16"),
+    ("lfm2", 16384, 3, "off", "f16"),
+    ("lfm2", 16384, 8, "on", "q8_0"),
+    ("lfm2", 2048, 3, "on", "f16"),
+    ("lfm2-swa", 8192, 3, "auto", "f16"),
+    ("lfm2-swa", 16384, 8, "on", "q8_0"),
+    ("granite", 4096, 1, "off", "f16"),
+    ("granite", 8192, 8, "auto", "f16"),
+    ("granite", 16384, 8, "on", "q8_0"),
+    ("granite", 512, 3, "off", "f16"),
+    ("granite-nope", 4096, 3, "auto", "f16"),
+    ("granite-nope", 16384, 8, "on", "q8_0"),
+    ("granite-nope", 1024, 1, "off", "f16"),
+    ("mamba2", 4096, 1, "auto", "f16"),
+    ("mamba2", 512, 8, "off", "f16"),
+    ("mamba2", 16384, 3, "on", "f16"),
+    ("lfm2-tied", 4096, 1, "off", "f16"),
+    ("lfm2-tied", 16384, 3, "on", "q8_0"),
+    ("mamba", 4096, 1, "auto", "f16"),
+    ("mamba", 512, 8, "off", "f16"),
+    ("falcon-mamba", 16384, 3, "on", "f16"),
+]
+
+
+@pytest.mark.parametrize(("name", "ctx", "slots", "fa", "cache"), MEASURED)
+async def test_estimates_are_within_2_percent_of_the_log(
+    llama_server_binary, models, tmp_path, name, ctx, slots, fa, cache
+):
+    path, shape = models[name]
+    spec = LaunchSpec(
+        model=path,
+        alias=name,
+        ctx_size=ctx,
+        slots=slots,
+        cache_type_k=cache,
+        cache_type_v=cache,
+        flash_attn=fa,
+        gpu_layers=0,
+        threads=1,
+    )
+    log = tmp_path / "server.log"
+    async with running(llama_server_binary, spec, log):
+        pass
+    result = estimate(
+        shape, aggregate_context=ctx, slots=slots, cache_type=cache, flash_attn=fa, devices=[synthetic_cpu(10**6)]
+    )
+    assert_estimate_matches_log(result, shape, log)
+
+
+def budget(shape: ModelShape, *, context: int, slots: int, target: int = 512) -> float:
+    """Free MiB at which exactly this F16 sizing fits (with 1 MiB to spare)."""
+    result = estimate(
+        shape,
+        aggregate_context=-(-context * slots // 256) * 256,
+        slots=slots,
+        cache_type="f16",
+        flash_attn="auto",
+        devices=[synthetic_cpu(10**6)],
+    )
+    return result.devices[0].total_mib + target + 4 + 1
+
+
+async def launch_and_verify(binary: Path, path: Path, shape: ModelShape, p: Plan, log: Path) -> None:
+    spec = launch_spec_for(p, model_path=path, alias="planned", threads=1)
+    async with running(binary, spec, log) as server:
+        record = await verify_runtime(
+            p, endpoint=server.endpoint, log_path=log, alias="planned", devices_after=read_devices(allow_cpu=True)
+        )
+    assert record.effective == p.effective() and record.requested == p.requested()
+    assert_estimate_matches_log(p.estimate, shape, log)
+
+
+@pytest.mark.parametrize(("name", "slots"), [("lfm2", 3), ("lfm2-swa", 2), ("granite", 5), ("granite-nope", 2)])
+async def test_automatic_plans_of_hybrids_run_as_planned(llama_server_binary, models, tmp_path, name, slots):
+    path, shape = models[name]
+    device = synthetic_cpu(budget(shape, context=shape.n_ctx_train, slots=slots))
+    p = plan(shape, [device], AutoPolicy(), estimator=PythonEstimator())
+    assert p.context_per_slot == shape.n_ctx_train and p.slots >= slots and p.cache_type_k == "f16"
+    await launch_and_verify(llama_server_binary, path, shape, p, tmp_path / "server.log")
+
+
+async def test_an_automatic_plan_of_a_pure_recurrent_model_runs_as_planned(llama_server_binary, models, tmp_path):
+    path, shape = models["mamba2"]
+    device = synthetic_cpu(budget(shape, context=shape.n_ctx_train, slots=4))
+    p = plan(shape, [device], AutoPolicy(), estimator=PythonEstimator())
+    assert p.context_per_slot == shape.n_ctx_train and p.slots >= 4
+    log = tmp_path / "server.log"
+    spec = launch_spec_for(p, model_path=path, alias="planned", threads=1)
+    async with running(llama_server_binary, spec, log) as server:
+        try:
+            record = await verify_runtime(
+                p, endpoint=server.endpoint, log_path=log, alias="planned", devices_after=read_devices(allow_cpu=True)
+            )
+        except VerificationError as error:
+            # KNOWN VERIFIER GAP (outside this family's planner code): verify_runtime requires a
+            # `llama_kv_cache: size = … (N cells …)` line and compares its cells and K/V types with the plan, but a
+            # Mamba-2 server has no K/V cache at all, only `llama_memory_recurrent` (one cell per slot). Until the
+            # verifier checks each planned cache by kind, the missing K/V line is the one failure accepted here.
+            assert (error.field, error.expected, error.actual) == ("aggregate_context", p.aggregate_context, None)
+        else:
+            assert record.effective == p.effective() and record.requested == p.requested()
+    assert_estimate_matches_log(p.estimate, shape, log)
