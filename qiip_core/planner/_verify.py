@@ -289,7 +289,9 @@ def check_log(plan: Plan, facts: ServerLogFacts) -> list[str]:
         name = {"kv": "kv_cells", "kv_swa": "swa_kv_cells", "recurrent": "recurrent_cells"}[planned.kind]
         source = f"{log}: {_CACHE_LINES[planned.kind]}"
         _check(name, f"{source} cells", planned.cells, logged.cells)
-        _check(name.replace("cells", "layers"), f"{source} layers", len(planned.layers), logged.layers)
+        # llama_memory_recurrent logs the model's block count (`hparams.n_layer()`), not the blocks it holds.
+        layers = plan.total_layers - 1 if planned.kind == "recurrent" else len(planned.layers)
+        _check(name.replace("cells", "layers"), f"{source} layers", layers, logged.layers)
     return []
 
 
