@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -112,7 +112,7 @@ class ServerLogFacts:
     compute_mib: dict[str, float] = field(default_factory=dict)
     """`sched_reserve: <buffer> compute buffer size = X MiB`, per buffer (`CPU`, `CUDA0`, `CUDA_Host`)."""
     model_mib: dict[str, float] = field(default_factory=dict)
-    """`load_tensors: <buffer> model buffer size = X MiB`, per buffer."""
+    """`load_tensors: <buffer> model buffer size = X MiB`, per buffer (summed over the files of a split model)."""
     flash_attn: str | None = None
     """`enabled` or `disabled`: what `auto` resolved to, or what was set."""
     overflow_warning: bool = False
@@ -145,6 +145,14 @@ def _caches(text: str) -> tuple[LoggedCache, ...]:
         )
         found.append((m.start(), cache))
     return tuple(cache for _, cache in sorted(found, key=lambda item: item[0]))
+
+
+def _summed(matches: Iterator[re.Match[str]]) -> dict[str, float]:
+    """Buffer sizes by name; a split model maps each file on its own line, so one name may repeat."""
+    sizes: dict[str, float] = {}
+    for m in matches:
+        sizes[m[1]] = round(sizes.get(m[1], 0.0) + float(m[2]), 2)
+    return sizes
 
 
 def parse_server_log(text: str) -> ServerLogFacts:
@@ -181,7 +189,7 @@ def parse_server_log(text: str) -> ServerLogFacts:
         cache_type_v=full.type_v if full else None,
         offloaded=(int(offload[1]), int(offload[2])) if offload else None,
         compute_mib={m[1]: float(m[2]) for m in _COMPUTE_RE.finditer(text)},
-        model_mib={m[1]: float(m[2]) for m in _MODEL_RE.finditer(text)},
+        model_mib=_summed(_MODEL_RE.finditer(text)),
         flash_attn=flash,
         overflow_warning="possible training context overflow" in text,
         capping_warning="exceeds the training context of the model" in text,

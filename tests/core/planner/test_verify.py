@@ -359,3 +359,13 @@ async def test_missing_log_low_free_memory_and_no_server(server, tmp_path):
             p, endpoint="http://127.0.0.1:9", log_path=log, alias="m", devices_after=[cpu(3000, 4096)], timeout_s=2
         )
     assert caught.value.field == "/health"
+
+
+def test_a_split_model_maps_each_file_on_its_own_line():
+    lines = "".join(
+        f"load_tensors:   CPU_Mapped model buffer size =     {mib} MiB\n" for mib in ("0.61", "0.47", "0.90")
+    )
+    assert parse_server_log(lines + "load_tensors:   CPU_REPACK model buffer size =     0.25 MiB\n").model_mib == {
+        "CPU_Mapped": 1.98,
+        "CPU_REPACK": 0.25,
+    }
