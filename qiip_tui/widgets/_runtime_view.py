@@ -1,4 +1,5 @@
-"""A llama.cpp node's runtime record, requested against effective, one setting per row."""
+"""A llama.cpp node's runtime record, requested against effective, one setting per row; then the model's
+architecture, each cache the server allocated, and any check the verifier could not make."""
 
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ _ROWS: tuple[tuple[str, str | None, str | None], ...] = (
     ("estimator overrun", "allow_estimator_overrun", "estimator_overrun_used"),
 )
 """Label, `requested` key and `effective` key of each row."""
+
+_CACHE_LABELS = {"kv": "K/V cache", "kv_swa": "K/V cache (window)", "recurrent": "recurrent state"}
+"""How each cache kind of `llamacpp_runtime.memory` is labelled."""
 
 
 def _show(value: Any) -> str:
@@ -71,4 +75,21 @@ class RuntimeView(DataTable[str]):
         offload = effective.get("layer_offload")
         if offload:
             self.add_row("layer offload", DASH, str(offload))
+        if runtime.architecture:
+            self.add_row("architecture", DASH, runtime.architecture)
+        for cache in runtime.memory:
+            label = _CACHE_LABELS.get(str(cache.get("kind")), str(cache.get("kind")))
+            types = (
+                cache.get("type_k")
+                if cache.get("type_k") == cache.get("type_v")
+                else (f"{cache.get('type_k')}/{cache.get('type_v')}")
+            )
+            self.add_row(
+                label,
+                DASH,
+                f"{_show(cache.get('cells'))} cells × {_show(cache.get('layers'))} layers, {types}, "
+                f"{float(cache.get('mib') or 0):,.2f} MiB",
+            )
+        for item in runtime.unverified:
+            self.add_row("not verified", DASH, item)
         self.add_row("observed", DASH, runtime.observed_at.strftime("%Y-%m-%d %H:%MZ"))
