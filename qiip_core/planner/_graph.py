@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from qiip_core.planner._arch import Pooling
 from qiip_core.planner._shape import ModelShape, row_bytes
 from qiip_core.planner._types import CacheType
 
@@ -47,6 +48,7 @@ __all__ = [
     "kv_inputs",
     "ne4",
     "output_layer",
+    "pooling_stage",
     "reserve_batch",
 ]
 
@@ -442,7 +444,7 @@ def output_layer(
     device: int,
     softcap: bool = False,
 ) -> None:
-    """The output norm and the logits, and mean pooling with `--embeddings` (`build_pooling`).
+    """The output norm and the logits, and the pooling stage with `--embeddings` (`pooling_stage`).
 
     Args:
         b: the builder.
@@ -453,7 +455,6 @@ def output_layer(
         device: the output layer's device.
         softcap: the logits are squashed (`final_logit_softcapping`: scale, tanh, scale; all in place).
     """
-    n_tok = reserve_batch(params)[0]
     b.device = device
     result_norm = b.norm("result_norm", inp, "output_norm")
     result_norm.is_output = True
@@ -464,12 +465,37 @@ def output_layer(
     logits.is_output = True
     g.expand(logits)
     if params.embeddings:
-        # build_pooling, mean: mul_mat(cont(transpose(embd)), inp_mean [tokens, slots]).
-        b.device = params.host
+        pooling_stage(b, g, params, result_norm, pooling=shape.embeddings_pooling, device=device)
+
+
+def pooling_stage(b: Builder, g: Graph, params: GraphParams, embd: Tensor, *, pooling: Pooling, device: int) -> None:
+    """`build_pooling` with `--embeddings`: one vector per sequence from the output rows.
+
+    Args:
+        b: the builder.
+        g: the graph.
+        params: the server settings (one sequence per slot in the reserved micro-batch).
+        embd: the rows pooled (`t_embd`: the output norm's result, or an encoder's last block), `[n_embd, tokens]`.
+        pooling: the pooling llama-server runs (`ModelShape.embeddings_pooling`). `mean` multiplies the
+            transposed rows by `inp_mean` `[tokens, slots]`; `cls` and `last` pick one row per sequence
+            (`inp_cls`); `rank` is modelled by its row pick only, not its classifier head (a few rows);
+            `none` returns the rows themselves.
+        device: the output layer's device.
+    """
+    if pooling == "none":
+        return
+    n_tok = reserve_batch(params)[0]
+    b.device = params.host
+    if pooling == "mean":
         inp_mean = b.leaf("inp_mean", "f32", _ne(n_tok, params.slots))
         b.device = device
-        transposed = b.permute(result_norm, (1, 0, 2, 3))
+        # mul_mat(cont(transpose(embd)), inp_mean): the transposed rows are copied out whole.
+        transposed = b.permute(embd, (1, 0, 2, 3))
         cont = b.new("cont", "CONT", "f32", _ne(transposed.ne[0], transposed.ne[1]), transposed)
         pooled = b.mul_mat("result_embd_pooled", cont, inp_mean)
-        pooled.is_output = True
-        g.expand(pooled)
+    else:
+        inp_cls = b.leaf("inp_cls", "i32", _ne(params.slots))
+        b.device = device
+        pooled = b.get_rows("result_embd_pooled", embd, inp_cls)
+    pooled.is_output = True
+    g.expand(pooled)
