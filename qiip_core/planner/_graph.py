@@ -53,7 +53,8 @@ __all__ = [
 ]
 
 N_OUTPUTS_EMBEDDINGS = 2048
-"""Outputs per batch with `--embeddings`: llama-server's `n_batch` (default 2048), capped by the tokens."""
+"""Outputs per batch with `--embeddings`: llama.cpp's default `n_batch`, capped by the tokens. llama-server
+lowers its batch to the micro-batch with embeddings, so every token of the micro-batch is an output."""
 
 INPLACE_OPS = frozenset(
     {
@@ -183,7 +184,7 @@ class GraphParams:
     n_ubatch: int = 512
     """Micro-batch size in tokens (`--ubatch-size`, llama-server's default 512)."""
     embeddings: bool = False
-    """`--embeddings --pooling mean`: every token is an output and a mean-pooling stage follows."""
+    """`--embeddings`: every token is an output and the pooling stage follows (`ModelShape.embeddings_pooling`)."""
     layer_devices: tuple[int, ...] = ()
     """Device of each block and, last, of the output layer; empty means all on the host."""
     host: int = 0
