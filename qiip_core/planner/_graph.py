@@ -470,17 +470,16 @@ def output_layer(
 
 
 def pooling_stage(b: Builder, g: Graph, params: GraphParams, embd: Tensor, *, pooling: Pooling, device: int) -> None:
-    """`build_pooling` with `--embeddings`: one vector per sequence from the output rows.
+    """`build_pooling` with `--embeddings`: one vector per sequence (one per slot when reserving).
 
     Args:
         b: the builder.
         g: the graph.
-        params: the server settings (one sequence per slot in the reserved micro-batch).
+        params: the server settings.
         embd: the rows pooled (`t_embd`: the output norm's result, or an encoder's last block), `[n_embd, tokens]`.
-        pooling: the pooling llama-server runs (`ModelShape.embeddings_pooling`). `mean` multiplies the
-            transposed rows by `inp_mean` `[tokens, slots]`; `cls` and `last` pick one row per sequence
-            (`inp_cls`); `rank` is modelled by its row pick only, not its classifier head (a few rows);
-            `none` returns the rows themselves.
+        pooling: `ModelShape.embeddings_pooling`. `mean` multiplies the transposed rows by `inp_mean`
+            `[tokens, slots]`; `cls`, `last` and `rank` pick a row per sequence (`inp_cls`; rank's classifier
+            head, a few rows, is not modelled); `none` keeps the rows.
         device: the output layer's device.
     """
     if pooling == "none":
