@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from qiip_core.planner._graph import Graph, GraphParams
+from qiip_core.planner._graph_embed import build_bert_graph
 from qiip_core.planner._graph_gemma import build_gemma_graph
 from qiip_core.planner._graph_llama import build_llama_graph
 from qiip_core.planner._graph_moe import build_qwen_moe_graph
@@ -32,6 +33,9 @@ GRAPH_BUILDERS: dict[str, GraphBuilder] = {
     "granitehybrid": build_granite_hybrid_graph,
     "mamba": build_mamba_graph,
     "mamba2": build_mamba_graph,
+    "qwen3": build_llama_graph,
+    "bert": build_bert_graph,
+    "nomic-bert": build_bert_graph,
 }
 """`general.architecture` → the graph llama.cpp reserves for it."""
 

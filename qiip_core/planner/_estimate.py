@@ -29,7 +29,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from qiip_core._errors import PlanError
+from qiip_core.planner._arch import Pooling
 from qiip_core.planner._compute import build_graph, is_modelled
+from qiip_core.planner._embeddings import embeddings_ubatch, output_buffer_bytes, output_rows
 from qiip_core.planner._galloc import compute_buffer_bytes
 from qiip_core.planner._graph import GraphParams
 from qiip_core.planner._memory import Cache, memory_layout
@@ -58,9 +60,6 @@ CPU_ALIGNMENT = 32
 CUDA_ALIGNMENT = 128
 """Alignment of CUDA buffers in bytes (`ggml_backend_cuda_buffer_type_get_alignment`)."""
 
-N_BATCH = 2048
-"""llama-server's logical batch (`--batch-size`): the most outputs one decode returns with `--embeddings`."""
-
 
 @dataclass(frozen=True, kw_only=True)
 class DeviceEstimate:
@@ -75,7 +74,11 @@ class DeviceEstimate:
     compute_mib: float
     """Graph allocator buffer (`sched_reserve: … compute buffer size`)."""
     output_mib: float = 0.0
-    """Logits (and embeddings) output buffer in host memory (`output buffer size`); CPU mode and host only."""
+    """Logits (and embeddings) output buffer in host memory at its largest: one row per slot, or with
+    embeddings one per token of the batch (`_embeddings.output_rows`); CPU mode and host only."""
+    output_at_start_mib: float = 0.0
+    """The output buffer as allocated at start, one row per slot: what the log prints (`output buffer size`);
+    with embeddings it grows to `output_mib` with the first batch."""
 
     @property
     def total_mib(self) -> float:
@@ -107,6 +110,12 @@ class MemoryEstimate:
     """Whether the estimate assumed flash attention runs."""
     caches: tuple[Cache, ...] = ()
     """The caches llama.cpp builds for this sizing (`_memory.memory_layout`); empty when unknown."""
+    pooling: Pooling | None = None
+    """With embeddings, the pooling the estimate assumed (`ModelShape.embeddings_pooling`), which the launch
+    must pass (`--pooling`); None for a generative estimate."""
+    ubatch_size: int | None = None
+    """With embeddings, the micro-batch the estimate assumed (`_embeddings.embeddings_ubatch`), which the
+    launch must pass (`--ubatch-size`, `--batch-size`); None for llama-server's defaults."""
 
 
 class Estimator(Protocol):
@@ -220,7 +229,9 @@ def estimate(
         flash_attn: `--flash-attn`; `auto` is resolved as `resolves_flash_attn` says.
         n_ubatch: micro-batch size in tokens (`--ubatch-size`; llama-server's default is 512).
         devices: the NVIDIA GPUs, or the one CPU device (`kind="cpu"`).
-        embeddings: the server runs with `--embeddings --pooling mean`.
+        embeddings: the server runs with `--embeddings`, pooling as `ModelShape.embeddings_pooling` says and
+            the micro-batch of `_embeddings.embeddings_ubatch`. Always so for an encoder (a model without
+            memory), which llama-server serves nothing else from.
 
     Returns:
         Model, context and compute MiB per device, in the order of `devices`.
@@ -246,6 +257,9 @@ def estimate(
             f"The memory of architecture {shape.architecture!r} is not modelled by the Python estimator; install "
             "llama-fit-params next to llama-server (qiip engine install llama.cpp) to plan it."
         )
+    embeddings = embeddings or shape.memory == "none"
+    if embeddings:
+        n_ubatch = embeddings_ubatch(shape, aggregate_context=aggregate_context, slots=slots, n_ubatch=n_ubatch)
     fa = resolves_flash_attn(shape, flash_attn, cpu=cpu)
     if cache_type != "f16" and not fa:
         raise ValueError("a quantised V cache needs flash attention (llama.cpp refuses it otherwise).")
@@ -253,8 +267,13 @@ def estimate(
         shape, aggregate_context=aggregate_context, slots=slots, cache_type=cache_type, n_ubatch=n_ubatch, flash_attn=fa
     )
     swa_cells = next((c.cells for c in caches if c.kind == "kv_swa"), 0)
-    # The output buffer holds one row per output of a decode: one per slot, or up to a batch with embeddings.
-    output_bytes = (shape.n_vocab + (shape.n_embd if embeddings else 0)) * (N_BATCH if embeddings else slots) * 4
+    output_bytes = output_buffer_bytes(
+        shape, rows=output_rows(slots=slots, ubatch=n_ubatch, embeddings=embeddings), embeddings=embeddings
+    )
+    output_at_start = output_buffer_bytes(shape, rows=slots, embeddings=embeddings) / MIB
+    # What the launch must pass for the server to be the one estimated.
+    pooling = shape.embeddings_pooling if embeddings else None
+    ubatch_size = n_ubatch if embeddings else None
     if cpu:
         params = GraphParams(
             aggregate_context=aggregate_context,
@@ -272,8 +291,16 @@ def estimate(
             context_mib=sum(c.bytes for c in caches) / MIB,
             compute_mib=buffer / MIB,
             output_mib=output_bytes / MIB,
+            output_at_start_mib=output_at_start,
         )
-        return MemoryEstimate(devices=(only,), source="python", flash_attn=fa, caches=caches)
+        return MemoryEstimate(
+            devices=(only,),
+            source="python",
+            flash_attn=fa,
+            caches=caches,
+            pooling=pooling,
+            ubatch_size=ubatch_size,
+        )
 
     host = len(devices)
     split = layer_split([d.free_mib for d in devices], shape.total_layers)
@@ -310,8 +337,17 @@ def estimate(
         context_mib=0.0,
         compute_mib=compute.get(host, 0) / MIB,
         output_mib=output_bytes / MIB,
+        output_at_start_mib=output_at_start,
     )
-    return MemoryEstimate(devices=tuple(per_device), host=host_estimate, source="python", flash_attn=fa, caches=caches)
+    return MemoryEstimate(
+        devices=tuple(per_device),
+        host=host_estimate,
+        source="python",
+        flash_attn=fa,
+        caches=caches,
+        pooling=pooling,
+        ubatch_size=ubatch_size,
+    )
 
 
 def repacked_bytes(shape: ModelShape, device: DeviceMemory) -> int:
@@ -364,7 +400,7 @@ class PythonEstimator:
     n_ubatch: int = 512
     """Micro-batch size in tokens (`--ubatch-size`)."""
     embeddings: bool = False
-    """Plan for `--embeddings --pooling mean`."""
+    """Plan for `--embeddings` (the model's own pooling, else mean; see `estimate`)."""
 
     @property
     def name(self) -> str:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from qiip_core.planner._arch import Pooling
 from qiip_core.planner._shape import ModelShape, row_bytes
 from qiip_core.planner._types import CacheType
 
@@ -47,11 +48,13 @@ __all__ = [
     "kv_inputs",
     "ne4",
     "output_layer",
+    "pooling_stage",
     "reserve_batch",
 ]
 
 N_OUTPUTS_EMBEDDINGS = 2048
-"""Outputs per batch with `--embeddings`: llama-server's `n_batch` (default 2048), capped by the tokens."""
+"""Outputs per batch with `--embeddings`: llama.cpp's default `n_batch`, capped by the tokens. llama-server
+lowers its batch to the micro-batch with embeddings, so every token of the micro-batch is an output."""
 
 INPLACE_OPS = frozenset(
     {
@@ -181,7 +184,7 @@ class GraphParams:
     n_ubatch: int = 512
     """Micro-batch size in tokens (`--ubatch-size`, llama-server's default 512)."""
     embeddings: bool = False
-    """`--embeddings --pooling mean`: every token is an output and a mean-pooling stage follows."""
+    """`--embeddings`: every token is an output and the pooling stage follows (`ModelShape.embeddings_pooling`)."""
     layer_devices: tuple[int, ...] = ()
     """Device of each block and, last, of the output layer; empty means all on the host."""
     host: int = 0
@@ -442,7 +445,7 @@ def output_layer(
     device: int,
     softcap: bool = False,
 ) -> None:
-    """The output norm and the logits, and mean pooling with `--embeddings` (`build_pooling`).
+    """The output norm and the logits, and the pooling stage with `--embeddings` (`pooling_stage`).
 
     Args:
         b: the builder.
@@ -453,7 +456,6 @@ def output_layer(
         device: the output layer's device.
         softcap: the logits are squashed (`final_logit_softcapping`: scale, tanh, scale; all in place).
     """
-    n_tok = reserve_batch(params)[0]
     b.device = device
     result_norm = b.norm("result_norm", inp, "output_norm")
     result_norm.is_output = True
@@ -464,12 +466,36 @@ def output_layer(
     logits.is_output = True
     g.expand(logits)
     if params.embeddings:
-        # build_pooling, mean: mul_mat(cont(transpose(embd)), inp_mean [tokens, slots]).
-        b.device = params.host
+        pooling_stage(b, g, params, result_norm, pooling=shape.embeddings_pooling, device=device)
+
+
+def pooling_stage(b: Builder, g: Graph, params: GraphParams, embd: Tensor, *, pooling: Pooling, device: int) -> None:
+    """`build_pooling` with `--embeddings`: one vector per sequence (one per slot when reserving).
+
+    Args:
+        b: the builder.
+        g: the graph.
+        params: the server settings.
+        embd: the rows pooled (`t_embd`: the output norm's result, or an encoder's last block), `[n_embd, tokens]`.
+        pooling: `ModelShape.embeddings_pooling`. `mean` multiplies the transposed rows by `inp_mean`
+            `[tokens, slots]`; `cls`, `last` and `rank` pick a row per sequence (`inp_cls`; rank's classifier
+            head, a few rows, is not modelled); `none` keeps the rows.
+        device: the output layer's device.
+    """
+    if pooling == "none":
+        return
+    n_tok = reserve_batch(params)[0]
+    b.device = params.host
+    if pooling == "mean":
         inp_mean = b.leaf("inp_mean", "f32", _ne(n_tok, params.slots))
         b.device = device
-        transposed = b.permute(result_norm, (1, 0, 2, 3))
+        # mul_mat(cont(transpose(embd)), inp_mean): the transposed rows are copied out whole.
+        transposed = b.permute(embd, (1, 0, 2, 3))
         cont = b.new("cont", "CONT", "f32", _ne(transposed.ne[0], transposed.ne[1]), transposed)
         pooled = b.mul_mat("result_embd_pooled", cont, inp_mean)
-        pooled.is_output = True
-        g.expand(pooled)
+    else:
+        inp_cls = b.leaf("inp_cls", "i32", _ne(params.slots))
+        b.device = device
+        pooled = b.get_rows("result_embd_pooled", embd, inp_cls)
+    pooled.is_output = True
+    g.expand(pooled)

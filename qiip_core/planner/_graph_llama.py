@@ -10,6 +10,9 @@ for each block:                    ▼
   (with experts, Mixtral-style: the feed-forward is `_graph_moe.moe_ffn`, weights renormalised)
 rms_norm · output_norm ─ mul_mat(output) = logits [n_vocab, outputs]        (output layer)
 ```
+
+Qwen3 is the same graph with an RMS norm of each Q and K head (`attn_q_norm`, `attn_k_norm`) before the
+rotation (`QK_NORM_ARCHITECTURES`).
 """
 
 from __future__ import annotations
@@ -29,7 +32,11 @@ from qiip_core.planner._graph import (
 from qiip_core.planner._graph_moe import moe_ffn
 from qiip_core.planner._shape import ModelShape
 
-__all__ = ["build_llama_graph", "dense_ffn"]
+__all__ = ["QK_NORM_ARCHITECTURES", "build_llama_graph", "dense_ffn"]
+
+QK_NORM_ARCHITECTURES = frozenset({"qwen3"})
+"""Llama-style decoders that RMS-normalise every Q and K head before the rotation (`src/models/qwen3.cpp`:
+`attn_q_norm`, `attn_k_norm`); otherwise their graph is llama's."""
 
 
 def dense_ffn(b: Builder, shape: ModelShape, il: int, cur: Tensor, *, act: str = "GLU") -> Tensor:
@@ -69,6 +76,7 @@ def build_llama_graph(shape: ModelShape, params: GraphParams) -> Graph:
     if len(layer_devices) != shape.total_layers:
         raise ValueError(f"layer_devices needs {shape.total_layers} entries (blocks and output).")
     n_tok, n_out = reserve_batch(params)
+    qk_norm = shape.architecture in QK_NORM_ARCHITECTURES
     e, n_head, n_kv_head, dk, dv = shape.n_embd, shape.n_head, shape.n_head_kv, shape.head_dim_k, shape.head_dim_v
     g = Graph()
     b = Builder(params.host)
@@ -96,7 +104,11 @@ def build_llama_graph(shape: ModelShape, params: GraphParams) -> Graph:
         v = b.mul_mat(f"Vcur-{il}", b.weight(f"{blk}.attn_v", e, n_kv_head * dv), cur)
         q, k = b.reshape(q, ne4(dk, n_head, n_tok)), b.reshape(k, ne4(dk, n_kv_head, n_tok))
         v = b.reshape(v, ne4(dv, n_kv_head, n_tok))
+        if qk_norm:
+            q = b.norm(f"Qcur_normed-{il}", q, f"{blk}.attn_q_norm")
         q = b.same(f"Qcur-{il}", "ROPE", q, inp_pos)
+        if qk_norm:
+            k = b.norm(f"Kcur_normed-{il}", k, f"{blk}.attn_k_norm")
         k = b.same(f"Kcur-{il}", "ROPE", k, inp_pos)
         cur = attention(b, g, il=il, q=q, k=k, v=v, inp=kv, cache_type=params.cache_type, flash_attn=params.flash_attn)
         cur = b.mul_mat(f"attn_out-{il}", b.weight(f"{blk}.attn_output", n_head * dv, e), cur)

@@ -345,7 +345,9 @@ def launch_spec_for(
         host: the address to listen on.
         port: the TCP port; 0 lets `LlamaServerProcess.start` pick a free one.
         threads: CPU threads (`--threads`); None lets llama.cpp choose.
-        embeddings: serve embeddings (`--embeddings --pooling mean`); plan with `PythonEstimator(embeddings=True)`.
+        embeddings: serve embeddings (`--embeddings`); plan with `PythonEstimator(embeddings=True)`. An estimate
+            made for embeddings (an encoder's always is) launches them whatever this says, with the pooling
+            and micro-batch it assumed (`MemoryEstimate.pooling`, `.ubatch_size`); otherwise mean pooling.
 
     Returns:
         The launch spec.
@@ -363,7 +365,9 @@ def launch_spec_for(
         flash_attn=plan.flash_attn,
         gpu_layers=0 if plan.cpu_mode else "all",
         metrics=True,
-        embeddings=embeddings,
+        embeddings=embeddings or plan.estimate.pooling is not None,
+        pooling=plan.estimate.pooling or "mean",
+        ubatch_size=plan.estimate.ubatch_size,
         threads=threads,
         log_verbosity=4,
     )

@@ -183,6 +183,8 @@ class ModelShape:
     """`<arch>.attention.causal`: False for encoders, which attend both ways."""
     pooling: Pooling = "none"
     """The model's own pooling (`<arch>.pooling_type`); `none` for generative models."""
+    fused_qkv: bool = False
+    """The blocks project Q, K and V with one fused `attn_qkv` weight (BERT variants, nomic-bert)."""
     final_logit_softcap: bool = False
     """`<arch>.final_logit_softcapping` is set: the logits are squashed (scale, tanh, scale)."""
     weight_matrices: tuple[WeightMatrix, ...] = ()
@@ -305,6 +307,7 @@ class ModelShape:
             n_ff_shared_expert=int(metadata.value("{arch}.expert_shared_feed_forward_length", 0) or 0),
             causal=bool(causal) if causal is not None else (rules.causal if rules is not None else True),
             pooling=POOLING_TYPES.get(int(pooling_value), "none") if pooling_value is not None else "none",
+            fused_qkv=any(t.name == "blk.0.attn_qkv.weight" for t in metadata.tensors),
             final_logit_softcap=bool(metadata.value("{arch}.final_logit_softcapping", 0.0)),
             weight_matrices=tuple(
                 WeightMatrix(t.name, t.ggml_type, t.ne[1], t.n_bytes)
@@ -323,6 +326,16 @@ class ModelShape:
     def total_layers(self) -> int:
         """Layers llama.cpp counts for offload: the blocks plus the output layer (`offloaded L/L layers`)."""
         return self.n_layers + 1
+
+    @property
+    def embeddings_pooling(self) -> Pooling:
+        """The pooling llama-server runs with `--embeddings` as qiip launches it (`LaunchSpec.pooling`).
+
+        The model's own (`<arch>.pooling_type`) when its GGUF declares one, else mean: llama-server's
+        `--pooling` overrides the model's (`llama_context`: `cparams.pooling_type`), so qiip passes mean only
+        to models that declare none, generative models among them.
+        """
+        return self.pooling if self.pooling != "none" else "mean"
 
     @property
     def weights_mib(self) -> float:

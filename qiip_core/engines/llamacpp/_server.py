@@ -35,9 +35,12 @@ import aiohttp
 
 from qiip_core._errors import EngineLaunchError
 
-__all__ = ["CACHE_TYPES", "LaunchSpec", "LlamaServerProcess", "free_port"]
+__all__ = ["CACHE_TYPES", "POOLINGS", "LaunchSpec", "LlamaServerProcess", "free_port"]
 
 logger = logging.getLogger("qiip.engines")
+
+POOLINGS = frozenset({"none", "mean", "cls", "last", "rank"})
+"""Values of `--pooling` (`enum llama_pooling_type`)."""
 
 CACHE_TYPES = frozenset({"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"})
 """KV cache types llama-server accepts for `--cache-type-k` and `--cache-type-v`. The quantised ones need
@@ -104,7 +107,14 @@ class LaunchSpec:
     metrics: bool = True
     """Serve Prometheus metrics at `/metrics` (`--metrics`)."""
     embeddings: bool = False
-    """Serve `/v1/embeddings` with mean pooling (`--embeddings --pooling mean`) instead of generation."""
+    """Serve `/v1/embeddings` (`--embeddings --pooling POOLING`) instead of generation."""
+    pooling: str = "mean"
+    """With `embeddings`, how token vectors become one (`--pooling`, one of `POOLINGS`): the model's own when
+    its GGUF declares one (bge: `cls`, Qwen3-Embedding: `last`; another gives wrong vectors), mean for a model
+    that declares none."""
+    ubatch_size: int | None = None
+    """Micro-batch and batch in tokens (`--ubatch-size` and `--batch-size`, equal); None keeps llama-server's
+    defaults. Embeddings need every input in one micro-batch (see `qiip_core.planner._embeddings`)."""
     threads: int | None = None
     """CPU threads (`--threads`); None lets llama.cpp choose."""
     log_verbosity: int = 4
@@ -134,6 +144,12 @@ class LaunchSpec:
             raise ValueError(f"gpu_layers must be 'all' or a number of layers >= 0, got {self.gpu_layers!r}.")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be None (llama.cpp chooses) or at least 1, got {self.threads}.")
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {sorted(POOLINGS)}, got {self.pooling!r}.")
+        if self.ubatch_size is not None and self.ubatch_size < 1:
+            raise ValueError(
+                f"ubatch_size must be None (llama-server's default) or at least 1, got {self.ubatch_size}."
+            )
         if not 0 <= self.log_verbosity <= 5:
             raise ValueError(f"log_verbosity must be between 0 and 5, got {self.log_verbosity}.")
 
@@ -191,7 +207,9 @@ class LaunchSpec:
         if self.metrics:
             args.append("--metrics")
         if self.embeddings:
-            args += ["--embeddings", "--pooling", "mean"]
+            args += ["--embeddings", "--pooling", self.pooling]
+        if self.ubatch_size is not None:
+            args += ["--batch-size", str(self.ubatch_size), "--ubatch-size", str(self.ubatch_size)]
         if self.threads is not None:
             args += ["--threads", str(self.threads)]
         args += list(self.extra_args)

@@ -235,6 +235,9 @@ _WRITERS: dict[str, str] = {
     "granitehybrid": "qiip_core.engines.llamacpp._testarch_recurrent:granitehybrid_writer",
     "mamba2": "qiip_core.engines.llamacpp._testarch_recurrent:mamba2_writer",
     "mamba": "qiip_core.engines.llamacpp._testarch_recurrent:mamba_writer",
+    "bert": "qiip_core.engines.llamacpp._testarch_embed:bert_writer",
+    "nomic-bert": "qiip_core.engines.llamacpp._testarch_embed:nomic_bert_writer",
+    "qwen3": "qiip_core.engines.llamacpp._testarch_embed:qwen3_writer",
 }
 """`general.architecture` → the writer (`module:function`, imported when used)."""
 
@@ -249,6 +252,11 @@ def _writer(architecture: str) -> ArchitectureWriter:
     module, _, name = target.partition(":")
     writer: ArchitectureWriter = getattr(importlib.import_module(module), name)
     return writer
+
+
+def _written(writer: Any, key: str) -> bool:
+    """Whether the architecture's metadata already wrote `key` (the shared value then stays out)."""
+    return any(key in kv for kv in writer.kv_data)
 
 
 def add_attention_metadata(writer: Any, spec: TestModelSpec, *, rms_eps: float = 1e-5) -> None:
@@ -383,11 +391,14 @@ def make_test_gguf(
         writer.add_block_count(n_layers)
         add_metadata(writer)
         writer.add_vocab_size(n_vocab)
-        writer.add_tokenizer_model("llama")
+        # An architecture may bring its own tokenizer (the encoders' WordPiece); else SentencePiece.
+        if not _written(writer, "tokenizer.ggml.model"):
+            writer.add_tokenizer_model("llama")
         writer.add_tokenizer_pre("default")
         writer.add_token_list(tokens)
         writer.add_token_scores(scores)
-        writer.add_token_types(types)
+        if not _written(writer, "tokenizer.ggml.token_type"):
+            writer.add_token_types(types)
         writer.add_unk_token_id(0)
         writer.add_bos_token_id(1)
         writer.add_eos_token_id(2)
