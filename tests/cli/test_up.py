@@ -294,8 +294,10 @@ def test_up_serves_several_models_behind_one_gateway(tmp_path: Path, llama_serve
     second = make_test_gguf(
         tmp_path / "second.gguf", architecture="gemma3", n_embd=128, options={"sliding_window": 64}
     )[0]
+    encoder = make_test_gguf(tmp_path / "encoder.gguf", architecture="bert", n_embd=128, n_ctx_train=512)[0]
     port = free_port()
-    argv = ["up", "--port", str(port), "--model", str(first), "--model", f"windowed={second}", "--ctx-size", "1024"]
+    argv = ["up", "--port", str(port), "--model", str(first), "--model", f"windowed={second}", "--ctx-size", "512"]
+    argv += ["--model", f"embedder={encoder}"]
     with subprocess.Popen(
         [sys.executable, "-c", "from qiip_cli import main; main()", *argv],
         env=_up_env(tmp_path, llama_server_binary),
@@ -308,13 +310,17 @@ def test_up_serves_several_models_behind_one_gateway(tmp_path: Path, llama_serve
             line = up.stdout.readline()
             assert line == f"OpenAI base URL: http://127.0.0.1:{port}/v1\n", line or up.stderr.read()
             client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
-            assert sorted(m.id for m in client.models.list()) == ["first", "windowed"]
+            assert sorted(m.id for m in client.models.list()) == ["embedder", "first", "windowed"]
             for model in ("first", "windowed"):
                 reply = client.completions.create(model=model, prompt="hello", max_tokens=2)
                 assert reply.model == model and reply.choices[0].text is not None
+            # An encoder is an embedding model: served with --embeddings without being told.
+            vectors = client.embeddings.create(model="embedder", input=["hello world", "the model"])
+            assert [len(item.embedding) for item in vectors.data] == [128, 128]
             client.close()
             health = httpx.get(f"http://127.0.0.1:{port}/health").json()
-            assert health["local_nodes"] == {"local": "serving", "local-2": "serving"}
+            assert health["local_nodes"] == {"local": "serving", "local-2": "serving", "local-3": "serving"}
+            assert "(embeddings)" in up.stderr.readline() + up.stderr.readline() + up.stderr.readline()
         finally:
             up.send_signal(signal.SIGINT)
             up.wait(timeout=60)
