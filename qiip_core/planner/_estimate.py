@@ -1,8 +1,8 @@
 """Memory estimates per device, and the estimators the planner asks.
 
 An estimate splits what llama-server will hold on each device into the three parts `llama-fit-params`
-prints: model (weights), context (the K/V cache) and compute (the graph allocator's buffer). `estimate`
-computes them from the model's shape alone:
+prints: model (weights), context (every cache) and compute (the graph allocator's buffer), plus the output
+buffer in host memory. `estimate` computes them from the model's shape alone:
 
 - **model**: in CPU mode every tensor, on the one device. With GPUs the blocks go where llama.cpp puts them by
   default (`layer_split`: proportional to free memory), the output layer on the last device, and the input
@@ -17,8 +17,9 @@ computes them from the model's shape alone:
 Only modelled architectures (`_compute.is_modelled`) can be estimated here; `estimate` refuses the others with a
 `PlanError`, and the planner asks `llama-fit-params` instead.
 
-Two estimators answer the planner through one protocol: `PythonEstimator` (these formulas, the preview and
-the fallback) and `FitParamsEstimator` (`llama-fit-params`, the authority when installed).
+Two estimators answer the planner through one protocol: `PythonEstimator` (these formulas: exact for the
+architectures it models, the console's preview) and `FitParamsEstimator` (`llama-fit-params`: llama.cpp
+measuring itself, the authority for every architecture we do not model).
 """
 
 from __future__ import annotations
