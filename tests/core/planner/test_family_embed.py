@@ -31,7 +31,7 @@ from qiip_core.planner import (
 )
 from qiip_core.planner._compute import build_graph
 from qiip_core.planner._graph import GraphParams
-from tests.support.llama_server import assert_close, running, synthetic_cpu
+from tests.support.planner import assert_close, running, synthetic_cpu
 
 pytestmark = pytest.mark.integration
 
@@ -189,11 +189,11 @@ async def test_automatic_embedding_plans_launch_with_the_models_own_pooling(
     log = tmp_path / "server.log"
     async with running(llama_server_binary, spec, log) as server:
         vectors = await embed(server.endpoint, ["hello", "world"])
-        if shape.memory != "none":
-            # A decoder keeps its K/V cache: every planned value is read back.
-            await verify_runtime(
-                p, endpoint=server.endpoint, log_path=log, alias="embed", devices_after=read_devices(allow_cpu=True)
-            )
+        # Every planned value is read back; an encoder has no cache to match, a decoder its K/V cache.
+        record = await verify_runtime(
+            p, endpoint=server.endpoint, log_path=log, alias="embed", devices_after=read_devices(allow_cpu=True)
+        )
+    assert record.unverified == [] and len(record.memory) == (0 if shape.memory == "none" else 1)
     assert [len(v) for v in vectors] == [shape.n_embd] * 2
     facts = parse_server_log(log.read_text())
     (device,) = p.estimate.devices
