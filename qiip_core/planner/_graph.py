@@ -46,6 +46,7 @@ __all__ = [
     "attention",
     "embed_tokens",
     "kv_inputs",
+    "layer_devices",
     "ne4",
     "output_layer",
     "pooling_stage",
@@ -274,6 +275,66 @@ class Builder:
 def _strides_2d(t: Tensor) -> tuple[int, int, int, int]:
     # ggml_view_2d(t, ne0 * ne1, ne2, nb[2], 0): merge the first two dimensions.
     return (t.nb[0], t.nb[2], t.nb[2] * t.ne[2], t.nb[2] * t.ne[2])
+
+
+def layer_devices(shape: ModelShape, params: GraphParams) -> tuple[int, ...]:
+    """The device of each block and, last, of the output layer: `params.layer_devices`, or all on the host.
+
+    Raises:
+        ValueError: `layer_devices` does not have one entry per block and one for the output.
+    """
+    devices = params.layer_devices or (params.host,) * shape.total_layers
+    if len(devices) != shape.total_layers:
+        raise ValueError(f"layer_devices needs {shape.total_layers} entries (blocks and output).")
+    return devices
+
+
+def project_qkv(
+    b: Builder,
+    shape: ModelShape,
+    il: int,
+    cur: Tensor,
+    *,
+    n_tok: int,
+    inp_pos: Tensor | None,
+    biases: bool = False,
+    qk_norm: bool = False,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """`build_qkv` with separate projections, then the per-head Q/K norms and the rotary embedding.
+
+    Args:
+        b: the builder, on the layer's device.
+        shape: the model.
+        il: the block.
+        cur: the normalised input, `[n_embd, n_tok]`.
+        n_tok: tokens of the micro-batch.
+        inp_pos: the positions input; None for a block without rotary embedding.
+        biases: the projections add biases (Qwen 2).
+        qk_norm: Q and K get an RMS norm per head before the rotation (Qwen 3, Gemma 3, LFM2).
+
+    Returns:
+        Q `[head_dim_k, n_head, n_tok]`, K `[head_dim_k, n_head_kv, n_tok]` and V `[head_dim_v, n_head_kv, n_tok]`.
+    """
+    e, blk = shape.n_embd, f"blk.{il}"
+    n_head, n_kv_head = shape.n_head, shape.layer_kv_heads(il)
+    dk, dv = shape.layer_head_dims(il)
+    widths = {"q": n_head * dk, "k": n_kv_head * dk, "v": n_kv_head * dv}
+    projected = {}
+    for part, width in widths.items():
+        t = b.mul_mat(f"{part.upper()}cur-{il}", b.weight(f"{blk}.attn_{part}", e, width), cur)
+        if biases:
+            t = b.same(f"{part.upper()}cur-{il}", "ADD", t, b.weight(f"{blk}.attn_{part}.bias", width))
+        projected[part] = t
+    q = b.reshape(projected["q"], ne4(dk, n_head, n_tok))
+    k = b.reshape(projected["k"], ne4(dk, n_kv_head, n_tok))
+    v = b.reshape(projected["v"], ne4(dv, n_kv_head, n_tok))
+    if qk_norm:
+        q = b.norm(f"Qcur_normed-{il}", q, f"{blk}.attn_q_norm")
+        k = b.norm(f"Kcur_normed-{il}", k, f"{blk}.attn_k_norm")
+    if inp_pos is not None:
+        q = b.same(f"Qcur-{il}", "ROPE", q, inp_pos)
+        k = b.same(f"Kcur-{il}", "ROPE", k, inp_pos)
+    return q, k, v
 
 
 def embed_tokens(b: Builder, g: Graph, shape: ModelShape, n_tok: int) -> Tensor:

@@ -27,6 +27,7 @@ from qiip_core.planner._graph import (
     GraphParams,
     Tensor,
     embed_tokens,
+    layer_devices,
     ne4,
     pooling_stage,
     reserve_batch,
@@ -113,9 +114,7 @@ def build_bert_graph(shape: ModelShape, params: GraphParams) -> Graph:
     Raises:
         ValueError: `layer_devices` does not have one entry per layer and one for the output.
     """
-    layer_devices = params.layer_devices or (params.host,) * shape.total_layers
-    if len(layer_devices) != shape.total_layers:
-        raise ValueError(f"layer_devices needs {shape.total_layers} entries (blocks and output).")
+    devices = layer_devices(shape, params)
     nomic = shape.architecture == "nomic-bert"
     n_tok, n_out = reserve_batch(params)
     e, ff = shape.n_embd, shape.n_ff
@@ -135,7 +134,7 @@ def build_bert_graph(shape: ModelShape, params: GraphParams) -> Graph:
     out_ids = b.leaf("out_ids", "i32", ne4(n_out))
 
     for il in range(shape.n_layers):
-        b.device = layer_devices[il]
+        b.device = devices[il]
         blk = f"blk.{il}"
         q, k, v = _qkv(b, shape, il, inp, n_tok)
         if nomic:
@@ -166,5 +165,5 @@ def build_bert_graph(shape: ModelShape, params: GraphParams) -> Graph:
     inp.is_output = True
     g.expand(inp)
     if params.embeddings:
-        pooling_stage(b, g, params, inp, pooling=shape.embeddings_pooling, device=layer_devices[-1])
+        pooling_stage(b, g, params, inp, pooling=shape.embeddings_pooling, device=devices[-1])
     return g

@@ -25,8 +25,10 @@ from qiip_core.planner._graph import (
     attention,
     embed_tokens,
     kv_inputs,
+    layer_devices,
     ne4,
     output_layer,
+    project_qkv,
     reserve_batch,
 )
 from qiip_core.planner._graph_llama import dense_ffn
@@ -49,15 +51,13 @@ def build_gemma_graph(shape: ModelShape, params: GraphParams) -> Graph:
         ValueError: `layer_devices` does not have one entry per layer and one for the output, or the model has
             sliding-window layers but `params.swa_cells` is 0.
     """
-    layer_devices = params.layer_devices or (params.host,) * shape.total_layers
-    if len(layer_devices) != shape.total_layers:
-        raise ValueError(f"layer_devices needs {shape.total_layers} entries (blocks and output).")
+    devices = layer_devices(shape, params)
     iswa = bool(shape.swa_layers)
     if iswa and params.swa_cells < 1:
         raise ValueError("a model with sliding-window layers needs params.swa_cells.")
     gemma3 = shape.architecture == "gemma3"
     n_tok, n_out = reserve_batch(params)
-    e, n_head, n_kv_head = shape.n_embd, shape.n_head, shape.n_head_kv
+    e, n_head = shape.n_embd, shape.n_head
     fa, ct = params.flash_attn, params.cache_type
     g = Graph()
     b = Builder(params.host)
@@ -77,21 +77,11 @@ def build_gemma_graph(shape: ModelShape, params: GraphParams) -> Graph:
     out_ids = b.leaf("out_ids", "i32", ne4(n_out))
 
     for il in range(shape.n_layers):
-        b.device = layer_devices[il]
+        b.device = devices[il]
         blk = f"blk.{il}"
-        dk, dv = shape.layer_head_dims(il)
+        dv = shape.layer_head_dims(il)[1]
         cur = b.norm(f"attn_norm-{il}", inp, f"{blk}.attn_norm")
-        q = b.mul_mat(f"Qcur-{il}", b.weight(f"{blk}.attn_q", e, n_head * dk), cur)
-        k = b.mul_mat(f"Kcur-{il}", b.weight(f"{blk}.attn_k", e, n_kv_head * dk), cur)
-        v = b.mul_mat(f"Vcur-{il}", b.weight(f"{blk}.attn_v", e, n_kv_head * dv), cur)
-        q, k = b.reshape(q, ne4(dk, n_head, n_tok)), b.reshape(k, ne4(dk, n_kv_head, n_tok))
-        v = b.reshape(v, ne4(dv, n_kv_head, n_tok))
-        if gemma3:
-            q = b.norm(f"Qcur_normed-{il}", q, f"{blk}.attn_q_norm")
-        q = b.same(f"Qcur-{il}", "ROPE", q, inp_pos)
-        if gemma3:
-            k = b.norm(f"Kcur_normed-{il}", k, f"{blk}.attn_k_norm")
-        k = b.same(f"Kcur-{il}", "ROPE", k, inp_pos)
+        q, k, v = project_qkv(b, shape, il, cur, n_tok=n_tok, inp_pos=inp_pos, qk_norm=gemma3)
         q = b.same(f"Qcur_scaled-{il}", "SCALE", q)
         cache = sliding if sliding is not None and shape.is_swa(il) else base
         cur = attention(
@@ -108,5 +98,5 @@ def build_gemma_graph(shape: ModelShape, params: GraphParams) -> Graph:
         inp = b.same(f"l_out-{il}", "ADD", cur, sa_out)
 
     softcap = shape.architecture == "gemma2" or shape.final_logit_softcap
-    output_layer(b, g, shape, params, inp, device=layer_devices[-1], softcap=softcap)
+    output_layer(b, g, shape, params, inp, device=devices[-1], softcap=softcap)
     return g

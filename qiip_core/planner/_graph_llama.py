@@ -25,8 +25,10 @@ from qiip_core.planner._graph import (
     attention,
     embed_tokens,
     kv_inputs,
+    layer_devices,
     ne4,
     output_layer,
+    project_qkv,
     reserve_batch,
 )
 from qiip_core.planner._graph_moe import moe_ffn
@@ -72,12 +74,10 @@ def build_llama_graph(shape: ModelShape, params: GraphParams) -> Graph:
     Raises:
         ValueError: `layer_devices` does not have one entry per layer and one for the output.
     """
-    layer_devices = params.layer_devices or (params.host,) * shape.total_layers
-    if len(layer_devices) != shape.total_layers:
-        raise ValueError(f"layer_devices needs {shape.total_layers} entries (blocks and output).")
+    devices = layer_devices(shape, params)
     n_tok, n_out = reserve_batch(params)
     qk_norm = shape.architecture in QK_NORM_ARCHITECTURES
-    e, n_head, n_kv_head, dk, dv = shape.n_embd, shape.n_head, shape.n_head_kv, shape.head_dim_k, shape.head_dim_v
+    e, n_head, dv = shape.n_embd, shape.n_head, shape.head_dim_v
     g = Graph()
     b = Builder(params.host)
 
@@ -95,21 +95,11 @@ def build_llama_graph(shape: ModelShape, params: GraphParams) -> Graph:
     out_ids = b.leaf("out_ids", "i32", ne4(n_out))
 
     for il in range(shape.n_layers):
-        b.device = layer_devices[il]
+        b.device = devices[il]
         blk = f"blk.{il}"
         residual = inp
         cur = b.norm(f"attn_norm-{il}", inp, f"{blk}.attn_norm")
-        q = b.mul_mat(f"Qcur-{il}", b.weight(f"{blk}.attn_q", e, n_head * dk), cur)
-        k = b.mul_mat(f"Kcur-{il}", b.weight(f"{blk}.attn_k", e, n_kv_head * dk), cur)
-        v = b.mul_mat(f"Vcur-{il}", b.weight(f"{blk}.attn_v", e, n_kv_head * dv), cur)
-        q, k = b.reshape(q, ne4(dk, n_head, n_tok)), b.reshape(k, ne4(dk, n_kv_head, n_tok))
-        v = b.reshape(v, ne4(dv, n_kv_head, n_tok))
-        if qk_norm:
-            q = b.norm(f"Qcur_normed-{il}", q, f"{blk}.attn_q_norm")
-        q = b.same(f"Qcur-{il}", "ROPE", q, inp_pos)
-        if qk_norm:
-            k = b.norm(f"Kcur_normed-{il}", k, f"{blk}.attn_k_norm")
-        k = b.same(f"Kcur-{il}", "ROPE", k, inp_pos)
+        q, k, v = project_qkv(b, shape, il, cur, n_tok=n_tok, inp_pos=inp_pos, qk_norm=qk_norm)
         cur = attention(b, g, il=il, q=q, k=k, v=v, inp=kv, cache_type=params.cache_type, flash_attn=params.flash_attn)
         cur = b.mul_mat(f"attn_out-{il}", b.weight(f"{blk}.attn_output", n_head * dv, e), cur)
         if il == shape.n_layers - 1:
@@ -122,5 +112,5 @@ def build_llama_graph(shape: ModelShape, params: GraphParams) -> Graph:
         ffn = moe_ffn(b, g, shape, il, cur, norm_w=True) if shape.n_expert else dense_ffn(b, shape, il, cur)
         inp = b.same(f"l_out-{il}", "ADD", ffn, ffn_inp)
 
-    output_layer(b, g, shape, params, inp, device=layer_devices[-1])
+    output_layer(b, g, shape, params, inp, device=devices[-1])
     return g

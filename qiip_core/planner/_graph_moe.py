@@ -36,8 +36,10 @@ from qiip_core.planner._graph import (
     attention,
     embed_tokens,
     kv_inputs,
+    layer_devices,
     ne4,
     output_layer,
+    project_qkv,
     reserve_batch,
 )
 from qiip_core.planner._shape import ModelShape
@@ -192,14 +194,12 @@ def build_qwen_moe_graph(shape: ModelShape, params: GraphParams) -> Graph:
         ValueError: `layer_devices` does not have one entry per layer and one for the output, or the model has
             no experts.
     """
-    layer_devices = params.layer_devices or (params.host,) * shape.total_layers
-    if len(layer_devices) != shape.total_layers:
-        raise ValueError(f"layer_devices needs {shape.total_layers} entries (blocks and output).")
+    devices = layer_devices(shape, params)
     if shape.n_expert < 1:
         raise ValueError(f"a {shape.architecture} model needs experts (expert_count > 0).")
     qwen3 = shape.architecture == "qwen3moe"
     n_tok, n_out = reserve_batch(params)
-    e, n_head, n_kv_head, dk, dv = shape.n_embd, shape.n_head, shape.n_head_kv, shape.head_dim_k, shape.head_dim_v
+    e, n_head, dv = shape.n_embd, shape.n_head, shape.head_dim_v
     rows = _rows(shape)
     g = Graph()
     b = Builder(params.host)
@@ -218,25 +218,11 @@ def build_qwen_moe_graph(shape: ModelShape, params: GraphParams) -> Graph:
     out_ids = b.leaf("out_ids", "i32", ne4(n_out))
 
     for il in range(shape.n_layers):
-        b.device = layer_devices[il]
+        b.device = devices[il]
         blk = f"blk.{il}"
         residual = inp
         cur = b.norm(f"attn_norm-{il}", inp, f"{blk}.attn_norm")
-        q = b.mul_mat(f"Qcur-{il}", b.weight(f"{blk}.attn_q", e, n_head * dk), cur)
-        k = b.mul_mat(f"Kcur-{il}", b.weight(f"{blk}.attn_k", e, n_kv_head * dk), cur)
-        v = b.mul_mat(f"Vcur-{il}", b.weight(f"{blk}.attn_v", e, n_kv_head * dv), cur)
-        if not qwen3:
-            q = b.same(f"Qcur-{il}", "ADD", q, b.weight(f"{blk}.attn_q.bias", n_head * dk))
-            k = b.same(f"Kcur-{il}", "ADD", k, b.weight(f"{blk}.attn_k.bias", n_kv_head * dk))
-            v = b.same(f"Vcur-{il}", "ADD", v, b.weight(f"{blk}.attn_v.bias", n_kv_head * dv))
-        q, k = b.reshape(q, ne4(dk, n_head, n_tok)), b.reshape(k, ne4(dk, n_kv_head, n_tok))
-        v = b.reshape(v, ne4(dv, n_kv_head, n_tok))
-        if qwen3:
-            q = b.norm(f"Qcur_normed-{il}", q, f"{blk}.attn_q_norm")
-        q = b.same(f"Qcur-{il}", "ROPE", q, inp_pos)
-        if qwen3:
-            k = b.norm(f"Kcur_normed-{il}", k, f"{blk}.attn_k_norm")
-        k = b.same(f"Kcur-{il}", "ROPE", k, inp_pos)
+        q, k, v = project_qkv(b, shape, il, cur, n_tok=n_tok, inp_pos=inp_pos, biases=not qwen3, qk_norm=qwen3)
         cur = attention(b, g, il=il, q=q, k=k, v=v, inp=kv, cache_type=params.cache_type, flash_attn=params.flash_attn)
         cur = b.mul_mat(f"attn_out-{il}", b.weight(f"{blk}.attn_output", n_head * dv, e), cur)
         if il == shape.n_layers - 1:
@@ -249,5 +235,5 @@ def build_qwen_moe_graph(shape: ModelShape, params: GraphParams) -> Graph:
             out = b.same(f"ffn_out-{il}", "ADD", out, _shared_expert(b, shape, il, cur, rows))
         inp = b.same(f"l_out-{il}", "ADD", out, ffn_inp)
 
-    output_layer(b, g, shape, params, inp, device=layer_devices[-1])
+    output_layer(b, g, shape, params, inp, device=devices[-1])
     return g

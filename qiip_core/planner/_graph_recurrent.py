@@ -30,7 +30,9 @@ from qiip_core.planner._graph import (
     attention,
     embed_tokens,
     kv_inputs,
+    layer_devices,
     ne4,
+    project_qkv,
     reserve_batch,
 )
 from qiip_core.planner._graph_llama import dense_ffn
@@ -92,9 +94,7 @@ def _start(
     sliding-window cache; `build_inp_mem_hybrid_iswa` builds no Hadamard rotations, and the full cache's inputs,
     which no block reads, never enter the graph.
     """
-    devices = params.layer_devices or (params.host,) * shape.total_layers
-    if len(devices) != shape.total_layers:
-        raise ValueError(f"layer_devices needs {shape.total_layers} entries (blocks and output).")
+    devices = layer_devices(shape, params)
     n_tok, n_out = reserve_batch(params)
     g, b = Graph(), Builder(params.host)
     inp = embed_tokens(b, g, shape, n_tok)
@@ -124,21 +124,10 @@ def _attention_block(
     if c.kv is None:
         raise ValueError("an attention block needs the K/V inputs.")
     b, blk, e = c.b, f"blk.{il}", shape.n_embd
-    n_head, n_kv_head = shape.n_head, shape.layer_kv_heads(il)
-    dk, dv = shape.layer_head_dims(il)
-    q = b.mul_mat(f"Qcur-{il}", b.weight(f"{blk}.attn_q", e, n_head * dk), cur)
-    k = b.mul_mat(f"Kcur-{il}", b.weight(f"{blk}.attn_k", e, n_kv_head * dk), cur)
-    v = b.mul_mat(f"Vcur-{il}", b.weight(f"{blk}.attn_v", e, n_kv_head * dv), cur)
-    q, k = b.reshape(q, ne4(dk, n_head, c.n_tok)), b.reshape(k, ne4(dk, n_kv_head, c.n_tok))
-    v = b.reshape(v, ne4(dv, n_kv_head, c.n_tok))
-    if qk_norm:
-        q = b.norm(f"Qcur_normed-{il}", q, f"{blk}.attn_q_norm")
-        k = b.norm(f"Kcur_normed-{il}", k, f"{blk}.attn_k_norm")
-    if c.inp_pos is not None:
-        q = b.same(f"Qcur-{il}", "ROPE", q, c.inp_pos)
-        k = b.same(f"Kcur-{il}", "ROPE", k, c.inp_pos)
+    dv = shape.layer_head_dims(il)[1]
+    q, k, v = project_qkv(b, shape, il, cur, n_tok=c.n_tok, inp_pos=c.inp_pos, qk_norm=qk_norm)
     cur = attention(b, c.g, il=il, q=q, k=k, v=v, inp=c.kv, cache_type=params.cache_type, flash_attn=params.flash_attn)
-    return b.mul_mat(f"attn_out-{il}", b.weight(f"{blk}.attn_output", n_head * dv, e), cur)
+    return b.mul_mat(f"attn_out-{il}", b.weight(f"{blk}.attn_output", shape.n_head * dv, e), cur)
 
 
 def build_lfm2_graph(shape: ModelShape, params: GraphParams) -> Graph:
