@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from qiip_core.engines.llamacpp import LaunchSpec, LlamaServerProcess
-from qiip_core.planner import DeviceMemory, MemoryEstimate, parse_server_log
+from qiip_core.planner import DeviceMemory, MemoryEstimate, ModelShape, estimate, parse_server_log
 
 TOLERANCE = 0.02
 """Estimates must be within 2% of what llama-server logs."""
@@ -66,9 +66,25 @@ def assert_estimate_matches_log(result: MemoryEstimate, log: Path) -> None:
     (device,) = result.devices
     assert [c.kind for c in result.caches] == [c.kind for c in facts.caches], "the caches differ in kind"
     for planned, logged in zip(result.caches, facts.caches, strict=True):
-        assert (planned.cells, len(planned.layers)) == (logged.cells, logged.layers), planned.kind
+        assert planned.cells == logged.cells, planned.kind
+        assert (planned.type_k, planned.type_v) == (logged.type_k, logged.type_v), planned.kind
+        # llama_memory_recurrent logs the model's block count, not the recurrent blocks it holds.
+        assert planned.kind == "recurrent" or len(planned.layers) == logged.layers, planned.kind
         assert_close(planned.mib, logged.mib, f"{planned.kind} cache")
     assert_close(device.context_mib, sum(c.mib for c in facts.caches), "all caches")
     assert_close(device.compute_mib, facts.compute_mib["CPU"], "compute")
     weights = facts.model_mib["CPU_Mapped"] + facts.model_mib.get("CPU_REPACK", 0.0)
     assert_close(device.model_mib, weights, "weights")
+
+
+def budget(shape: ModelShape, *, context: int, slots: int, cache: str = "f16", target: int = 512) -> float:
+    """Free MiB at which exactly this sizing fits on a CPU device (with 1 MiB to spare)."""
+    result = estimate(
+        shape,
+        aggregate_context=-(-context * slots // 256) * 256,
+        slots=slots,
+        cache_type=cache,  # type: ignore[arg-type]
+        flash_attn="auto" if cache == "f16" else "on",
+        devices=[synthetic_cpu(10**6)],
+    )
+    return result.devices[0].total_mib + target + 4 + 1

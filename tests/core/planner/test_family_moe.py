@@ -34,13 +34,7 @@ from qiip_core.planner import (
 )
 from qiip_core.planner._compute import build_graph, is_modelled
 from qiip_core.planner._graph import GraphParams
-from tests.core.planner.test_integration import (
-    assert_close,
-    assert_estimate_matches_log,
-    budget,
-    running,
-    synthetic_cpu,
-)
+from tests.support.planner import assert_close, assert_estimate_matches_log, budget, running, synthetic_cpu
 
 pytestmark = pytest.mark.integration
 

@@ -6,36 +6,25 @@ plan per family is launched from `launch_spec_for` and verified. Servers run wit
 
 from __future__ import annotations
 
-import contextlib
-import math
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from qiip_core.engines.llamacpp import LaunchSpec, LlamaServerProcess, make_test_gguf, read_gguf_metadata
+from qiip_core.engines.llamacpp import LaunchSpec, make_test_gguf, read_gguf_metadata
 from qiip_core.planner import (
     AutoPolicy,
-    DeviceMemory,
-    MemoryEstimate,
     ModelShape,
     Plan,
     PythonEstimator,
     estimate,
     launch_spec_for,
-    parse_server_log,
     plan,
     read_devices,
     verify_runtime,
 )
+from tests.support.planner import assert_estimate_matches_log, budget, running, synthetic_cpu
 
 pytestmark = pytest.mark.integration
-
-TOLERANCE = 0.02
-"""Estimates must be within 2% of what llama-server logs."""
-
-LOG_RESOLUTION_MIB = 0.005
-"""The log prints MiB to two decimals: a state of a few KiB logs as 0.01, and no estimate can be closer."""
 
 # name: (architecture, blocks, width, heads, K/V heads, training context, vocabulary, FFN width, options)
 MODELS: dict[str, tuple[str, int, int, int, int, int, int, int, dict[str, int | float | bool]]] = {
@@ -97,43 +86,6 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Mo
     return found
 
 
-@contextlib.asynccontextmanager
-async def running(binary: Path, spec: LaunchSpec, log: Path) -> AsyncIterator[LlamaServerProcess]:
-    process = LlamaServerProcess(binary, spec, log)
-    await process.start()
-    try:
-        await process.wait_ready(timeout_s=60)
-        yield process
-    finally:
-        await process.stop()
-
-
-def assert_close(estimated: float, logged: float, what: str) -> None:
-    bound = max(TOLERANCE * logged, LOG_RESOLUTION_MIB)
-    assert abs(estimated - logged) <= bound, f"{what}: estimated {estimated:.4f} MiB, logged {logged}"
-
-
-def assert_estimate_matches_log(result: MemoryEstimate, shape: ModelShape, log: Path) -> None:
-    facts = parse_server_log(log.read_text())
-    (device,) = result.devices
-    assert [c.kind for c in result.caches] == [c.kind for c in facts.caches]
-    for planned, logged in zip(result.caches, facts.caches, strict=True):
-        what = f"{planned.kind} cache"
-        assert planned.cells == logged.cells, what
-        assert (planned.type_k, planned.type_v) == (logged.type_k, logged.type_v), what
-        # llama_memory_recurrent logs the model's block count, not the recurrent blocks it holds.
-        layers = shape.n_layers if planned.kind == "recurrent" else len(planned.layers)
-        assert layers == logged.layers, what
-        assert_close(planned.mib, logged.mib, what)
-    assert_close(device.context_mib, sum(c.mib for c in facts.caches), "context")
-    assert_close(device.compute_mib, facts.compute_mib["CPU"], "compute")
-    assert_close(device.model_mib, facts.model_mib["CPU_Mapped"], "model")
-
-
-def synthetic_cpu(free_mib: float) -> DeviceMemory:
-    return DeviceMemory(index=0, name="CPU (planned)", total_mib=10**7, free_mib=math.floor(free_mib), kind="cpu")
-
-
 # (model, --ctx-size, --parallel, --flash-attn, cache type): per family F16 and Q8_0 (64-wide heads), flash
 # attention on, off and auto, 1, 3 and 8 slots (3 does not divide the 512-token micro-batch), contexts 512-16384.
 MEASURED = [
@@ -184,20 +136,7 @@ async def test_estimates_are_within_2_percent_of_the_log(
     result = estimate(
         shape, aggregate_context=ctx, slots=slots, cache_type=cache, flash_attn=fa, devices=[synthetic_cpu(10**6)]
     )
-    assert_estimate_matches_log(result, shape, log)
-
-
-def budget(shape: ModelShape, *, context: int, slots: int, target: int = 512) -> float:
-    """Free MiB at which exactly this F16 sizing fits (with 1 MiB to spare)."""
-    result = estimate(
-        shape,
-        aggregate_context=-(-context * slots // 256) * 256,
-        slots=slots,
-        cache_type="f16",
-        flash_attn="auto",
-        devices=[synthetic_cpu(10**6)],
-    )
-    return result.devices[0].total_mib + target + 4 + 1
+    assert_estimate_matches_log(result, log)
 
 
 async def launch_and_verify(binary: Path, path: Path, shape: ModelShape, p: Plan, log: Path) -> None:
@@ -207,7 +146,7 @@ async def launch_and_verify(binary: Path, path: Path, shape: ModelShape, p: Plan
             p, endpoint=server.endpoint, log_path=log, alias="planned", devices_after=read_devices(allow_cpu=True)
         )
     assert record.effective == p.effective() and record.requested == p.requested()
-    assert_estimate_matches_log(p.estimate, shape, log)
+    assert_estimate_matches_log(p.estimate, log)
 
 
 @pytest.mark.parametrize(("name", "slots"), [("lfm2", 3), ("lfm2-swa", 2), ("granite", 5), ("granite-nope", 2)])
@@ -233,4 +172,4 @@ async def test_an_automatic_plan_of_a_pure_recurrent_model_runs_as_planned(llama
     # No K/V cache at all: the one cache is the recurrent state, one cell per slot.
     assert record.effective == p.effective() and record.unverified == []
     assert [(m["kind"], m["cells"]) for m in record.memory] == [("recurrent", p.slots)]
-    assert_estimate_matches_log(p.estimate, shape, log)
+    assert_estimate_matches_log(p.estimate, log)

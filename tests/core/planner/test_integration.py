@@ -7,9 +7,7 @@ the Q8_0 fallback); the server itself has the machine's memory, and `verify_runt
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,7 +18,6 @@ from qiip_core.config import load_settings
 from qiip_core.engines.llamacpp import (
     LaunchSpec,
     LlamaCppInstaller,
-    LlamaServerProcess,
     make_test_gguf,
     read_gguf_metadata,
 )
@@ -29,22 +26,18 @@ from qiip_core.planner import (
     CustomPolicy,
     DeviceMemory,
     FitParamsEstimator,
-    MemoryEstimate,
     ModelShape,
     Plan,
     PythonEstimator,
     estimate,
     launch_spec_for,
-    parse_server_log,
     plan,
     read_devices,
     verify_runtime,
 )
+from tests.support.planner import assert_estimate_matches_log, budget, running, synthetic_cpu
 
 pytestmark = pytest.mark.integration
-
-TOLERANCE = 0.02
-"""Estimates must be within 2% of what llama-server logs."""
 
 # name: (blocks, width, heads, K/V heads, training context, vocabulary, FFN width)
 MODELS = {
@@ -82,48 +75,6 @@ def fit_params_binary(llama_server_binary: Path) -> Path:
     if installed is None or installed.fit_params is None:
         pytest.skip("llama-fit-params is not installed next to llama-server")
     return installed.fit_params
-
-
-@contextlib.asynccontextmanager
-async def running(binary: Path, spec: LaunchSpec, log: Path) -> AsyncIterator[LlamaServerProcess]:
-    process = LlamaServerProcess(binary, spec, log)
-    await process.start()
-    try:
-        await process.wait_ready(timeout_s=60)
-        yield process
-    finally:
-        await process.stop()
-
-
-def assert_close(estimated: float, logged: float, what: str) -> None:
-    assert abs(estimated - logged) <= TOLERANCE * logged, f"{what}: estimated {estimated:.2f} MiB, logged {logged}"
-
-
-def assert_estimate_matches_log(result: MemoryEstimate, log: Path) -> None:
-    facts = parse_server_log(log.read_text())
-    (device,) = result.devices
-    assert facts.kv_mib is not None
-    assert_close(device.context_mib, facts.kv_mib, "K/V")
-    assert_close(device.compute_mib, facts.compute_mib["CPU"], "compute")
-    assert_close(device.model_mib, facts.model_mib["CPU_Mapped"], "model")
-
-
-def synthetic_cpu(free_mib: float) -> DeviceMemory:
-    return DeviceMemory(index=0, name="CPU (planned)", total_mib=10**7, free_mib=math.floor(free_mib), kind="cpu")
-
-
-def budget(shape: ModelShape, *, context: int, slots: int, cache: str, target: int = 512) -> float:
-    """Free MiB at which exactly this sizing fits (with 1 MiB to spare)."""
-    fa = "auto" if cache == "f16" else "on"
-    result = estimate(
-        shape,
-        aggregate_context=-(-context * slots // 256) * 256,
-        slots=slots,
-        cache_type=cache,  # type: ignore[arg-type]
-        flash_attn=fa,  # type: ignore[arg-type]
-        devices=[synthetic_cpu(10**6)],
-    )
-    return result.devices[0].total_mib + target + 4 + 1
 
 
 # (model, --ctx-size, --parallel, --flash-attn, cache type): every shape; F16 and Q8_0; flash attention on, off and
