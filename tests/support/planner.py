@@ -88,3 +88,20 @@ def budget(shape: ModelShape, *, context: int, slots: int, cache: str = "f16", t
         devices=[synthetic_cpu(10**6)],
     )
     return result.devices[0].total_mib + target + 4 + 1
+
+
+async def assert_load_matches_estimate(
+    binary: Path, model: Path, shape: ModelShape, log: Path, *, ctx: int, slots: int, flash_attn: str, cache: str
+) -> MemoryEstimate:
+    """Load `model` once at this sizing and check the estimate against what the server logged; return it."""
+    await load_once(binary, model, log, ctx=ctx, slots=slots, flash_attn=flash_attn, cache=cache)
+    result = estimate(
+        shape,
+        aggregate_context=ctx,
+        slots=slots,
+        cache_type=cache,  # type: ignore[arg-type]
+        flash_attn=flash_attn,  # type: ignore[arg-type]
+        devices=[synthetic_cpu(10**6)],
+    )
+    assert_estimate_matches_log(result, log)
+    return result

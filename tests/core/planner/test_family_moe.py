@@ -34,7 +34,14 @@ from qiip_core.planner import (
 )
 from qiip_core.planner._compute import build_graph, is_modelled
 from qiip_core.planner._graph import GraphParams
-from tests.support.planner import assert_close, assert_estimate_matches_log, budget, running, synthetic_cpu
+from tests.support.planner import (
+    assert_close,
+    assert_estimate_matches_log,
+    assert_load_matches_estimate,
+    budget,
+    running,
+    synthetic_cpu,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -131,24 +138,10 @@ async def test_expert_models_are_estimated_within_2_percent(
     llama_server_binary, models, tmp_path, name, ctx, slots, fa, cache
 ):
     path, shape = models[name]
-    spec = LaunchSpec(
-        model=path,
-        alias=name,
-        ctx_size=ctx,
-        slots=slots,
-        cache_type_k=cache,
-        cache_type_v=cache,
-        flash_attn=fa,
-        gpu_layers=0,
-        threads=1,
-    )
     log = tmp_path / "server.log"
-    async with running(llama_server_binary, spec, log):
-        pass
-    result = estimate(
-        shape, aggregate_context=ctx, slots=slots, cache_type=cache, flash_attn=fa, devices=[synthetic_cpu(10**6)]
+    result = await assert_load_matches_estimate(
+        llama_server_binary, path, shape, log, ctx=ctx, slots=slots, flash_attn=fa, cache=cache
     )
-    assert_estimate_matches_log(result, log)
     params = GraphParams(aggregate_context=ctx, slots=slots, cache_type=cache, flash_attn=result.flash_attn)
     assert len(build_graph(shape, params).nodes) == logged_nodes(log)
 

@@ -16,7 +16,6 @@ import pytest
 from qiip_core import VerificationError
 from qiip_core.config import load_settings
 from qiip_core.engines.llamacpp import (
-    LaunchSpec,
     LlamaCppInstaller,
     make_test_gguf,
     read_gguf_metadata,
@@ -35,7 +34,13 @@ from qiip_core.planner import (
     read_devices,
     verify_runtime,
 )
-from tests.support.planner import assert_estimate_matches_log, budget, running, synthetic_cpu
+from tests.support.planner import (
+    assert_estimate_matches_log,
+    assert_load_matches_estimate,
+    budget,
+    running,
+    synthetic_cpu,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -102,24 +107,10 @@ async def test_estimates_are_within_2_percent_of_the_log(
     llama_server_binary, models, tmp_path, name, ctx, slots, fa, cache
 ):
     path, shape = models[name]
-    spec = LaunchSpec(
-        model=path,
-        alias=name,
-        ctx_size=ctx,
-        slots=slots,
-        cache_type_k=cache,
-        cache_type_v=cache,
-        flash_attn=fa,
-        gpu_layers=0,
-        threads=1,
-    )
     log = tmp_path / "server.log"
-    async with running(llama_server_binary, spec, log):
-        pass
-    result = estimate(
-        shape, aggregate_context=ctx, slots=slots, cache_type=cache, flash_attn=fa, devices=[synthetic_cpu(10**6)]
+    await assert_load_matches_estimate(
+        llama_server_binary, path, shape, log, ctx=ctx, slots=slots, flash_attn=fa, cache=cache
     )
-    assert_estimate_matches_log(result, log)
 
 
 async def launch_and_verify(binary: Path, path: Path, p: Plan, log: Path, *, embeddings: bool = False) -> None:
