@@ -29,7 +29,7 @@ import shutil
 import string
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -227,6 +227,7 @@ ArchitectureWriter = Callable[[TestModelSpec, Weights], tuple[Tensors, Callable[
 
 _WRITERS: dict[str, str] = {
     "llama": "qiip_core.engines.llamacpp._testmodel:llama_writer",
+    "granite": "qiip_core.engines.llamacpp._testmodel:granite_writer",
     "gemma2": "qiip_core.engines.llamacpp._testarch_gemma:gemma2_writer",
     "gemma3": "qiip_core.engines.llamacpp._testarch_gemma:gemma3_writer",
     "qwen2moe": "qiip_core.engines.llamacpp._testarch_moe:qwen2moe_writer",
@@ -301,6 +302,25 @@ def llama_writer(spec: TestModelSpec, w: Weights) -> tuple[Tensors, Callable[[An
         ]
     tensors += [("output_norm.weight", w.norm(e)), ("output.weight", w.matrix(spec.n_vocab, e))]
     return tensors, lambda writer: add_attention_metadata(writer, spec)
+
+
+def granite_writer(spec: TestModelSpec, w: Weights) -> tuple[Tensors, Callable[[Any], None]]:
+    """granite (dense): llama's tensors and a logit scale (`granite.logit_scale`, required by llama.cpp).
+
+    An architecture llama.cpp serves and the planner does not model: it is planned by `llama-fit-params` and its
+    caches are recorded as unverified. Options: `logit_scale` (default 8).
+    """
+    options = dict(spec.options)
+    scale = float(options.pop("logit_scale", 8.0))
+    if options:
+        raise ValueError(f"architecture granite takes the option logit_scale; got {', '.join(sorted(options))}.")
+    tensors, llama_metadata = llama_writer(replace(spec, options={}), w)
+
+    def metadata(writer: Any) -> None:
+        llama_metadata(writer)
+        writer.add_logit_scale(scale)
+
+    return tensors, metadata
 
 
 def make_test_gguf(
