@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from qiip_core._errors import ModelFileError
+from qiip_core.engines.llamacpp._gguf_header import GgufFormatError, GgufHeader, RawTensor, read_header
 
 __all__ = ["GgufMetadata", "GgufTensor", "read_gguf_metadata", "shard_paths"]
 
@@ -28,10 +29,6 @@ GGUF_MAGIC = b"GGUF"
 
 _SHARD_RE = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
-_SKIPPED_ARRAYS = frozenset(
-    {"tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type", "tokenizer.ggml.merges"}
-)
-"""Vocabulary arrays: hundreds of thousands of entries nobody sizes memory from; only their length is kept."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,9 +142,7 @@ def shard_paths(path: Path) -> tuple[Path, ...] | None:
     return tuple(path.with_name(f"{match['prefix']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1))
 
 
-def _open(file: Path) -> Any:
-    from gguf import GGUFReader
-
+def _open(file: Path) -> GgufHeader:
     try:
         with file.open("rb") as handle:
             magic = handle.read(4)
@@ -164,38 +159,23 @@ def _open(file: Path) -> Any:
             path=file,
         )
     try:
-        reader = GGUFReader(file)
-    except (ValueError, OSError, IndexError, KeyError, TypeError, OverflowError) as exc:
+        header = read_header(file)
+    except (GgufFormatError, OSError) as exc:
         raise ModelFileError(
             f"{file} is truncated or damaged: it ends before the header and tensors it describes, or holds values "
             "no model has. Download it again.",
             path=file,
         ) from exc
     size = file.stat().st_size
-    for tensor in reader.tensors:
-        end = int(tensor.data_offset) + int(tensor.n_bytes)
+    for tensor in header.tensors:
+        end = tensor.offset + tensor.n_bytes
         if end > size:
             raise ModelFileError(
                 f"{file} is truncated: it has {size:,} bytes but tensor {tensor.name} ends at byte {end:,}. "
                 "Download it again.",
                 path=file,
             )
-    return reader
-
-
-def _contents(reader: Any) -> dict[str, Any]:
-    values: dict[str, Any] = {}
-    for key, item in reader.fields.items():
-        if key.startswith("GGUF."):
-            continue
-        if key in _SKIPPED_ARRAYS:
-            values[key] = len(item.data)
-            continue
-        try:
-            values[key] = item.contents()
-        except (ValueError, IndexError, TypeError, UnicodeDecodeError):  # pragma: no cover - a damaged value
-            continue
-    return values
+    return header
 
 
 def _as_int(value: Any, key: str, path: Path) -> int:
@@ -223,7 +203,7 @@ def read_gguf_metadata(path: Path) -> GgufMetadata:
     """
     path = Path(path)
     first = _open(path)
-    values = _contents(first)
+    values = {k: v for k, v in first.values.items() if not k.startswith("GGUF.")}
     count = values.get("split.count")
     paths: tuple[Path, ...] = (path,)
     if count is not None and int(count) > 1:
@@ -296,12 +276,12 @@ def read_gguf_metadata(path: Path) -> GgufMetadata:
     )
 
 
-def _tensor(tensor: Any, shard: int = 0) -> GgufTensor:
+def _tensor(tensor: RawTensor, shard: int = 0) -> GgufTensor:
     return GgufTensor(
-        name=str(tensor.name),
-        ggml_type=str(tensor.tensor_type.name),
-        ne=tuple(int(n) for n in tensor.shape),
-        n_bytes=int(tensor.n_bytes),
+        name=tensor.name,
+        ggml_type=tensor.ggml_type,
+        ne=tensor.ne,
+        n_bytes=tensor.n_bytes,
         shard=shard,
-        offset=int(tensor.data_offset),
+        offset=tensor.offset,
     )

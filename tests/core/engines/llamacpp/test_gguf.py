@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from qiip_core import EngineError, ModelFileError
-from qiip_core.engines.llamacpp import make_test_gguf, read_gguf_metadata
+from qiip_core.engines.llamacpp import TEST_ARCHITECTURES, make_test_gguf, read_gguf_metadata
 
 
 def test_values_and_tensors_are_read(tmp_path):
@@ -76,3 +79,46 @@ def test_a_renamed_shard_is_refused(tmp_path):
     renamed = paths[0].rename(tmp_path / "first.gguf")
     with pytest.raises(ModelFileError, match=r"not named NAME-00001-of-00002.gguf"):
         read_gguf_metadata(renamed)
+
+
+def _reference(path: Path) -> tuple[dict[str, Any], list[tuple[str, str, tuple[int, ...], int, int]]]:
+    """What `gguf.GGUFReader` reads from `path`: values (lengths for the vocabulary) and the tensor table."""
+    from gguf import GGUFReader
+
+    from qiip_core.engines.llamacpp._gguf_header import LENGTH_ONLY
+
+    reader = GGUFReader(path)
+    values = {
+        key: len(field.data) if key in LENGTH_ONLY else field.contents()
+        for key, field in reader.fields.items()
+        if not key.startswith("GGUF.")
+    }
+    tensors = [
+        (str(t.name), t.tensor_type.name, tuple(int(n) for n in t.shape), int(t.n_bytes), int(t.data_offset))
+        for t in reader.tensors
+    ]
+    return values, tensors
+
+
+@pytest.mark.parametrize("architecture", sorted(TEST_ARCHITECTURES))
+def test_the_header_reader_agrees_with_gguf_readers_on_every_test_architecture(tmp_path, architecture):
+    path = make_test_gguf(tmp_path / "m.gguf", architecture=architecture, n_embd=128, n_vocab=600)[0]
+    meta = read_gguf_metadata(path)
+    values, tensors = _reference(path)
+    assert dict(meta.values) == values
+    assert [(t.name, t.ggml_type, t.ne, t.n_bytes, t.offset) for t in meta.tensors] == tensors
+
+
+@pytest.mark.integration
+def test_the_header_reader_agrees_with_gguf_readers_on_the_real_gemma(gemma_gguf):
+    meta = read_gguf_metadata(gemma_gguf)
+    values, tensors = _reference(gemma_gguf)
+    assert dict(meta.values) == values and meta.value("tokenizer.ggml.tokens") == 262_144
+    assert [(t.name, t.ggml_type, t.ne, t.n_bytes, t.offset) for t in meta.tensors] == tensors
+
+
+def test_a_split_familys_later_file_reads_like_gguf_reader(tmp_path):
+    paths = make_test_gguf(tmp_path / "fam.gguf", split=2)
+    meta = read_gguf_metadata(paths[0])
+    second = [(t.name, t.n_bytes, t.offset) for t in meta.tensors if t.shard == 1]
+    assert second == [(name, n, offset) for name, _, _, n, offset in _reference(paths[1])[1]]
