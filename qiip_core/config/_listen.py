@@ -9,7 +9,11 @@ __all__ = ["bind_listener"]
 
 def bind_listener(host: str, port: int) -> socket.socket:
     """Bind a TCP socket to `host:port` as uvicorn would (SO_REUSEADDR, so connections of a previous run
-    still in TIME-WAIT do not count), inheritable so a server process can take it over.
+    still in TIME-WAIT do not count).
+
+    The socket is not inheritable: the daemon's event loop (uvloop, through libuv) passes every inheritable
+    descriptor to the processes it spawns, and a llama-server holding the gateway's port would keep the port bound
+    after the daemon stops.
 
     Args:
         host: a name or address of this machine (`server.host`).
@@ -33,5 +37,5 @@ def bind_listener(host: str, port: int) -> socket.socket:
     except OSError:
         sock.close()
         raise
-    sock.set_inheritable(True)
+    sock.set_inheritable(False)
     return sock

@@ -35,6 +35,27 @@ def _processes_mentioning(text: str) -> list[int]:
     return found
 
 
+def _listening_pids(port: int) -> set[int]:
+    """The processes that hold a listening TCP socket on `port` (from /proc/net/tcp and each process's fds)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":  # 0A: LISTEN
+                inodes.add(fields[9])
+    holders = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            links = {os.readlink(fd) for fd in (entry / "fd").iterdir()}
+        except OSError:
+            continue
+        if any(f"socket:[{inode}]" in links for inode in inodes):
+            holders.add(int(entry.name))
+    return holders
+
+
 def test_up_serves_until_ctrl_c_and_leaves_nothing_behind(tmp_path: Path, llama_server_binary: Path) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("QIIP_")}
@@ -61,7 +82,10 @@ def test_up_serves_until_ctrl_c_and_leaves_nothing_behind(tmp_path: Path, llama_
             )
             assert reply.usage is not None and 1 <= reply.usage.completion_tokens <= 3
             client.close()
-            assert _processes_mentioning(str(tmp_path / "state" / "models"))
+            servers = _processes_mentioning(str(tmp_path / "state" / "models"))
+            assert servers
+            # The gateway's port is the daemon's alone: a llama-server holding it would keep it after a stop.
+            assert not set(servers) & _listening_pids(port)
         finally:
             up.send_signal(signal.SIGINT)
             up.wait(timeout=60)

@@ -237,6 +237,12 @@ def _parent_death_signal() -> Callable[[], None] | None:
     return preexec
 
 
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    """Send `sig` to the process group `pgid`; a group that is gone already is not an error."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
 class LlamaServerProcess:
     """One `llama-server` child process.
 
@@ -285,6 +291,9 @@ class LlamaServerProcess:
             self.spec = replace(self.spec, port=free_port(self.spec.host))
         argv = self.spec.argv(self.binary)
         env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
+        # On an abort ggml forks a debugger to print a backtrace, which can hang a crashed server (and its forks
+        # outlive it); the assertion itself is still logged.
+        env["GGML_NO_BACKTRACE"] = "1"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         try:
             with self.log_path.open("wb") as log:
@@ -375,25 +384,30 @@ class LlamaServerProcess:
         )
 
     async def stop(self, grace_s: float = 10.0) -> None:
-        """Stop the process: SIGTERM, wait up to `grace_s` seconds, then SIGKILL; always reaped.
+        """Stop the process and anything it forked: SIGTERM, wait up to `grace_s` seconds, then SIGKILL; always
+        reaped.
 
-        Safe to call more than once, and before `start`.
+        The server runs in a process group of its own (`start_new_session`), so the signals go to the group: a
+        child it forked (a crash handler, say) never outlives it. Safe to call more than once, before `start`, and
+        after the server exited by itself (what it left behind is still killed).
 
         Args:
             grace_s: seconds to wait for a clean exit after SIGTERM.
         """
         process = self._process
-        if process is None or process.returncode is not None:
+        if process is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            process.terminate()
+        if process.returncode is not None:
+            _signal_group(process.pid, signal.SIGKILL)
+            return
+        _signal_group(process.pid, signal.SIGTERM)
         try:
             await asyncio.wait_for(process.wait(), grace_s)
         except TimeoutError:
             logger.warning("llama-server pid %s ignored SIGTERM for %s s; killing it", process.pid, grace_s)
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
+            _signal_group(process.pid, signal.SIGKILL)
             await process.wait()
+        _signal_group(process.pid, signal.SIGKILL)
         logger.info("llama-server pid %s stopped (exit status %s)", process.pid, process.returncode)
 
     async def aclose(self) -> None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -15,6 +16,15 @@ import pytest
 
 from qiip_core import EngineLaunchError
 from qiip_core.engines.llamacpp import LaunchSpec, LlamaServerProcess, free_port, make_test_gguf
+
+
+async def _gone(pid: int, timeout_s: float = 10.0) -> bool:
+    """Whether `pid` is gone within `timeout_s` seconds."""
+    for _ in range(int(timeout_s / 0.05)):
+        if not _alive(pid):
+            return True
+        await asyncio.sleep(0.05)
+    return not _alive(pid)
 
 
 def _alive(pid: int) -> bool:
@@ -307,3 +317,40 @@ def test_server_dies_with_its_parent(llama_server_binary, tiny_gguf, tmp_path):
             parent.stdout.close()
         if child and _alive(child):
             os.kill(child, signal.SIGKILL)
+
+
+async def test_stop_also_ends_what_the_server_forked(tmp_path):
+    # A stand-in for a crashed llama-server whose crash handler forked a helper: the supervisor's part is the
+    # process group, which this exercises without needing a real crash.
+    child_file = tmp_path / "child.pid"
+    program = tmp_path / "forking-server"
+    program.write_text(f"#!/bin/sh\nsleep 300 &\necho $! > {child_file}\nexec sleep 300\n")
+    program.chmod(0o755)
+    process = LlamaServerProcess(
+        program, LaunchSpec(model=tmp_path / "m.gguf", alias="f", ctx_size=512), tmp_path / "log"
+    )
+    await process.start()
+    deadline = time.monotonic() + 10
+    while not child_file.exists() or not child_file.read_text().strip():
+        assert time.monotonic() < deadline, "the stand-in never forked"
+        await asyncio.sleep(0.05)
+    child = int(child_file.read_text())
+    assert _alive(child)
+    await process.stop(grace_s=5)
+    assert await _gone(child)
+
+
+async def test_stop_after_the_server_exited_still_ends_its_forks(tmp_path):
+    child_file = tmp_path / "child.pid"
+    program = tmp_path / "crashing-server"
+    program.write_text(f"#!/bin/sh\nsleep 300 &\necho $! > {child_file}\nexit 134\n")
+    program.chmod(0o755)
+    process = LlamaServerProcess(
+        program, LaunchSpec(model=tmp_path / "m.gguf", alias="c", ctx_size=512), tmp_path / "log"
+    )
+    await process.start()
+    with pytest.raises(EngineLaunchError):
+        await process.wait_ready(10)
+    child = int(child_file.read_text())
+    await process.stop()
+    assert await _gone(child)
