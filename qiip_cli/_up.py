@@ -37,7 +37,7 @@ import httpx
 from qiip_cli._main import CliContext, cli, pass_cli, run_or_exit
 from qiip_core import ConfigError, EngineError, PlanError
 from qiip_core.client import read_console_file
-from qiip_core.config import Settings, bind_listener
+from qiip_core.config import Settings, bind_listener, local_nodes_in_use
 from qiip_core.discovery import atomic_write
 from qiip_core.engines.llamacpp import InstalledEngine, LlamaCppInstaller, ManagedLlamaServer, make_test_gguf
 from qiip_core.planner import AutoPolicy, CustomPolicy, DeviceMemory, Plan, read_devices
@@ -240,6 +240,9 @@ def up(
     if alias is not None and len(models) > 1:
         raise click.UsageError("--alias names one model; with several, give each as --model ALIAS=PATH.")
     _check_port(host, port)
+    busy = local_nodes_in_use(settings.state_dir)
+    if busy is not None:
+        raise click.ClickException(busy)
     engine = _ensure_engine(settings)
     served: list[tuple[str, Path]] = []
     if not models:

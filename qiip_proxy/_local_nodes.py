@@ -12,7 +12,7 @@ import asyncio
 import logging
 
 from qiip_core import ConfigError, PlanError, QiipError
-from qiip_core.config import LocalNodeConfig, Settings
+from qiip_core.config import LocalNodeConfig, Settings, StateDirLock
 from qiip_core.discovery import Registry
 from qiip_core.engines.llamacpp import LlamaCppInstaller, ManagedLlamaServer, default_local_policy
 from qiip_core.nodes import Engine, Node, NodeCapabilities, NodeStatus
@@ -31,7 +31,8 @@ class LocalNodes:
         registry: where ready nodes are registered (ephemerally).
 
     Raises:
-        ConfigError: a local node's `sizing` is not a valid policy.
+        ConfigError: a local node's `sizing` is not a valid policy, or another daemon runs local nodes from the
+            same state directory (`StateDirLock`).
     """
 
     def __init__(self, settings: Settings, registry: Registry) -> None:
@@ -50,6 +51,8 @@ class LocalNodes:
                 raise ConfigError(
                     f"Invalid setting local_nodes.{index}.sizing (node {config.id!r}): {exc.message}"
                 ) from exc
+        # Held until aclose: another daemon's local nodes would share these node ids and their logs.
+        self._lock = StateDirLock(settings.state_dir) if settings.local_nodes else None
 
     def start(self) -> None:
         """Launch every configured local node in the background, one after another.
@@ -142,3 +145,5 @@ class LocalNodes:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await asyncio.gather(*(s.stop() for s in self.servers.values()), return_exceptions=True)
+        if self._lock is not None:
+            self._lock.release()

@@ -23,8 +23,10 @@ from qiip_core.config._settings import (
     format_validation_error,
     load_settings,
 )
+from qiip_core.config._statelock import LOCAL_NODES_LOCK, StateDirLock, local_nodes_in_use
 
 __all__ = [
+    "LOCAL_NODES_LOCK",
     "AdminSettings",
     "AttachedProfile",
     "AuthSettings",
@@ -39,9 +41,11 @@ __all__ = [
     "RoutingSettings",
     "ServerSettings",
     "Settings",
+    "StateDirLock",
     "UpstreamSettings",
     "bind_listener",
     "default_state_dir",
     "format_validation_error",
     "load_settings",
+    "local_nodes_in_use",
 ]

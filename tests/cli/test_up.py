@@ -388,3 +388,33 @@ def test_up_names_the_file_and_the_reason_for_every_model_it_cannot_serve(
     # Nothing was started, and nothing was written under the state directory but what qiip up always writes.
     assert _processes_mentioning(str(tmp_path)) == []
     assert not (tmp_path / "state" / "logs").exists()
+
+
+def test_a_second_up_on_the_same_state_directory_is_refused(tmp_path: Path, llama_server_binary: Path) -> None:
+    env = _up_env(tmp_path, llama_server_binary)
+    port = free_port()
+    with subprocess.Popen(
+        [sys.executable, "-c", "from qiip_cli import main; main()", "up", "--port", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as first:
+        try:
+            assert first.stdout is not None and first.stderr is not None
+            line = first.stdout.readline()
+            assert line.startswith("OpenAI base URL"), line or first.stderr.read()
+            second = _run_up(env)
+            assert second.returncode == 1
+            assert "Another QIIP daemon runs local nodes from the state directory" in second.stderr
+            assert "QIIP_STATE_DIR" in second.stderr
+            # The first one is untouched and still serves.
+            assert httpx.get(f"http://127.0.0.1:{port}/health").json()["local_nodes"] == {"local": "serving"}
+        finally:
+            first.send_signal(signal.SIGINT)
+            first.wait(timeout=60)
+    assert first.returncode == 0
+    # Once it is gone, the directory is free again.
+    from qiip_core.config import local_nodes_in_use
+
+    assert local_nodes_in_use(tmp_path / "state") is None
