@@ -31,11 +31,13 @@ from collections.abc import Callable
 from typing import Any
 
 from qiip_core.engines.llamacpp._testmodel import (
+    Option,
     Tensors,
     TestModelSpec,
     Weights,
     add_attention_metadata,
     build_vocab,
+    check_options,
 )
 
 __all__ = ["POOLING_TYPES", "bert_writer", "nomic_bert_writer", "qwen3_writer", "wordpiece_token_types"]
@@ -49,21 +51,6 @@ _LAYER_NORM_EPS = 1e-12
 
 _SEP_TOKEN_ID = 2
 """`</s>` of the shared vocabulary: the separator WordPiece appends after every input."""
-
-
-def _check_options(spec: TestModelSpec, known: dict[str, tuple[type, ...]]) -> None:
-    """Reject options the architecture does not take, or of the wrong type, naming them."""
-    unknown = sorted(set(spec.options) - set(known))
-    if unknown:
-        raise ValueError(
-            f"architecture {spec.architecture} takes the options {', '.join(sorted(known)) or 'none'}; got "
-            f"unknown {', '.join(unknown)}."
-        )
-    for name, value in spec.options.items():
-        # bool is an int in Python; an integer option must not silently accept True.
-        if not isinstance(value, known[name]) or (bool not in known[name] and isinstance(value, bool)):
-            allowed = " or ".join(t.__name__ for t in known[name])
-            raise ValueError(f"option {name} of architecture {spec.architecture} must be {allowed}, got {value!r}.")
 
 
 def _pooling(spec: TestModelSpec, default: int) -> int:
@@ -126,7 +113,9 @@ def bert_writer(spec: TestModelSpec, w: Weights) -> tuple[Tensors, Callable[[Any
     Raises:
         ValueError: an unknown option or value.
     """
-    _check_options(spec, {"pooling_type": (int,), "fused_qkv": (bool,), "token_types": (int,)})
+    check_options(
+        spec, {"pooling_type": Option(int, minimum=0), "fused_qkv": Option(bool), "token_types": Option(int, minimum=1)}
+    )
     pooling = _pooling(spec, 2)
     token_types = int(spec.option("token_types", 2))
     if token_types < 1:
@@ -181,7 +170,7 @@ def nomic_bert_writer(spec: TestModelSpec, w: Weights) -> tuple[Tensors, Callabl
     Raises:
         ValueError: an unknown option or value.
     """
-    _check_options(spec, {"pooling_type": (int,)})
+    check_options(spec, {"pooling_type": Option(int, minimum=0)})
     pooling = _pooling(spec, 1)
     e, kv = spec.n_embd, spec.n_head_kv * spec.head_dim
     tensors: Tensors = [
@@ -223,7 +212,7 @@ def qwen3_writer(spec: TestModelSpec, w: Weights) -> tuple[Tensors, Callable[[An
     Raises:
         ValueError: an unknown option or value.
     """
-    _check_options(spec, {"pooling_type": (int,), "tied_output": (bool,)})
+    check_options(spec, {"pooling_type": Option(int, minimum=0), "tied_output": Option(bool)})
     pooling = _pooling(spec, 3)
     e, hd = spec.n_embd, spec.head_dim
     tensors: Tensors = [("token_embd.weight", w.matrix(spec.n_vocab, e))]

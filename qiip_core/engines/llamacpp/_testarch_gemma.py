@@ -9,7 +9,7 @@ Options:
 
 - `sliding_window` (tokens): Gemma 2 defaults to 4096 when absent; Gemma 3 slides only when it is set.
 - `swa_pattern`: of every N layers the last is full attention (`attention.sliding_window_pattern`; llama.cpp's
-  defaults are 2 for Gemma 2 and 6 for Gemma 3).
+  defaults are 2 for Gemma 2 and 6 for Gemma 3; 0 makes every layer slide).
 - `head_dim`: K and V head width (default `n_embd / n_head`).
 - `final_logit_softcapping`, `attn_logit_softcapping`: Gemma 2's soft caps (30 and 50 by default).
 """
@@ -19,23 +19,32 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from qiip_core.engines.llamacpp._testmodel import Tensors, TestModelSpec, Weights
+from qiip_core.engines.llamacpp._testmodel import Option, Tensors, TestModelSpec, Weights, check_options
 
 __all__ = ["gemma2_writer", "gemma3_writer"]
 
-_GEMMA2_OPTIONS = frozenset(
-    {"sliding_window", "swa_pattern", "head_dim", "final_logit_softcapping", "attn_logit_softcapping"}
-)
-_GEMMA3_OPTIONS = frozenset({"sliding_window", "swa_pattern", "head_dim", "final_logit_softcapping"})
+_HEAD_DIM = Option(int, minimum=8, maximum=512)
+_SOFTCAP = Option(float, minimum=1e-3)
+_GEMMA2_OPTIONS = {
+    "sliding_window": Option(int, minimum=1),
+    "swa_pattern": Option(int, minimum=0),
+    "head_dim": _HEAD_DIM,
+    "final_logit_softcapping": _SOFTCAP,
+    "attn_logit_softcapping": _SOFTCAP,
+}
+_GEMMA3_OPTIONS = {
+    "sliding_window": Option(int, minimum=0),
+    "swa_pattern": Option(int, minimum=0),
+    "head_dim": _HEAD_DIM,
+    "final_logit_softcapping": _SOFTCAP,
+}
 
 
-def _check_options(spec: TestModelSpec, allowed: frozenset[str]) -> None:
-    unknown = sorted(set(spec.options) - allowed)
-    if unknown:
-        allowed_names = ", ".join(sorted(allowed))
-        raise ValueError(
-            f"architecture {spec.architecture} takes the options {allowed_names}; got {', '.join(unknown)}."
-        )
+def _check(spec: TestModelSpec, known: dict[str, Option]) -> None:
+    check_options(spec, known)
+    head_dim = int(spec.option("head_dim", spec.head_dim))
+    if head_dim % 2:
+        raise ValueError(f"option head_dim of architecture {spec.architecture} must be even (RoPE), got {head_dim}.")
 
 
 def _tensors(spec: TestModelSpec, w: Weights, *, qk_norm: bool) -> Tensors:
@@ -83,7 +92,7 @@ def _metadata(spec: TestModelSpec, writer: Any, *, default_window: int) -> None:
 
 def gemma2_writer(spec: TestModelSpec, w: Weights) -> tuple[Tensors, Callable[[Any], None]]:
     """Gemma 2: every other layer slides by default, attention and final logits are soft-capped."""
-    _check_options(spec, _GEMMA2_OPTIONS)
+    _check(spec, _GEMMA2_OPTIONS)
 
     def metadata(writer: Any) -> None:
         _metadata(spec, writer, default_window=4096)
@@ -95,7 +104,7 @@ def gemma2_writer(spec: TestModelSpec, w: Weights) -> tuple[Tensors, Callable[[A
 
 def gemma3_writer(spec: TestModelSpec, w: Weights) -> tuple[Tensors, Callable[[Any], None]]:
     """Gemma 3: Q/K norms; five of every six layers slide when a window is set."""
-    _check_options(spec, _GEMMA3_OPTIONS)
+    _check(spec, _GEMMA3_OPTIONS)
 
     def metadata(writer: Any) -> None:
         _metadata(spec, writer, default_window=0)

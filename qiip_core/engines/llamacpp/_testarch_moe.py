@@ -31,10 +31,12 @@ from collections.abc import Callable
 from typing import Any
 
 from qiip_core.engines.llamacpp._testmodel import (
+    Option,
     Tensors,
     TestModelSpec,
     Weights,
     add_attention_metadata,
+    check_options,
 )
 
 __all__ = ["MOE_OPTIONS", "llama_moe_writer", "qwen2moe_writer", "qwen3moe_writer"]
@@ -46,13 +48,16 @@ MAX_TEST_EXPERTS = 64
 """Most experts a test block has: enough for any routing shape, small enough to write quickly."""
 
 
+_EXPERT_RULES = {
+    "n_expert": Option(int, minimum=2, maximum=MAX_TEST_EXPERTS),
+    "n_expert_used": Option(int, minimum=1, maximum=MAX_TEST_EXPERTS),
+    "n_ff_expert": Option(int, minimum=1, maximum=16 * 16384),
+    "n_ff_shared_expert": Option(int, minimum=1, maximum=16 * 16384),
+}
+
+
 def _check_options(spec: TestModelSpec, allowed: frozenset[str]) -> None:
-    unknown = set(spec.options) - allowed
-    if unknown:
-        raise ValueError(
-            f"architecture {spec.architecture} takes the options {', '.join(sorted(allowed))}; got "
-            f"{', '.join(sorted(unknown))}."
-        )
+    check_options(spec, {name: rule for name, rule in _EXPERT_RULES.items() if name in allowed})
 
 
 def _experts(spec: TestModelSpec, *, default_ff: int) -> tuple[int, int, int]:

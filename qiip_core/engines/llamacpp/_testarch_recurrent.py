@@ -22,36 +22,29 @@ norms) is F32.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
-from qiip_core.engines.llamacpp._testmodel import Tensors, TestModelSpec, Weights
+from qiip_core.engines.llamacpp._testmodel import Option, Tensors, TestModelSpec, Weights, check_options
 
 __all__ = ["granitehybrid_writer", "lfm2_writer", "mamba2_writer", "mamba_writer"]
 
 
-_KINDS = {int: "a whole number", float: "a number", bool: "true or false"}
-
-
-def _check_options(architecture: str, spec: TestModelSpec, known: Mapping[str, type]) -> None:
-    """Refuse options the writer does not know, and values of the wrong kind (a whole number is a number too)."""
-    unknown = sorted(set(spec.options) - set(known))
-    if unknown:
-        raise ValueError(
-            f"architecture {architecture} takes the options {', '.join(sorted(known))}; got {', '.join(unknown)}."
-        )
-    for name, kind in known.items():
-        value = spec.options.get(name)
-        accepted = (int, float) if kind is float else (kind,)
-        if value is not None and (type(value) not in accepted):
-            raise ValueError(f"option {name} of architecture {architecture} must be {_KINDS[kind]}, got {value!r}.")
-
-
 def _attention_blocks(architecture: str, spec: TestModelSpec, default_period: int) -> tuple[bool, ...]:
-    """Which blocks attend: every `attention_period`-th block, the `attention_period`-th first."""
-    period = int(spec.option("attention_period", default_period))
-    if period < 1:
-        raise ValueError(f"option attention_period of architecture {architecture} must be at least 1, got {period}.")
+    """Which blocks attend: every `attention_period`-th block, the `attention_period`-th first.
+
+    A hybrid needs both kinds of block (llama.cpp cannot build a hybrid memory without attention, nor a recurrent
+    state without recurrent blocks): the default period is shortened to fit a small model, and a period that
+    leaves no block of one kind is refused.
+    """
+    if spec.n_layers < 2:
+        raise ValueError(f"architecture {architecture} needs at least 2 layers: one attends, one is recurrent.")
+    period = int(spec.option("attention_period", min(default_period, spec.n_layers)))
+    if not 2 <= period <= spec.n_layers:
+        raise ValueError(
+            f"option attention_period of architecture {architecture} must be between 2 and the layer count "
+            f"({spec.n_layers}), so that some blocks attend and the others are recurrent; got {period}."
+        )
     return tuple((il + 1) % period == 0 for il in range(spec.n_layers))
 
 
@@ -150,8 +143,13 @@ def lfm2_writer(spec: TestModelSpec, w: Weights) -> tuple[Tensors, Callable[[Any
         sliding_window (int): `attention.sliding_window` in tokens; above 0 every attention block slides
             (llama.cpp then builds `llama_memory_hybrid_iswa`). Default 0: full attention.
     """
-    known = {"attention_period": int, "l_cache": int, "tied_output": bool, "sliding_window": int}
-    _check_options("lfm2", spec, known)
+    known = {
+        "attention_period": Option(int, minimum=2),
+        "l_cache": Option(int, minimum=2, maximum=16),
+        "tied_output": Option(bool),
+        "sliding_window": Option(int, minimum=0),
+    }
+    check_options(spec, known)
     attends = _attention_blocks("lfm2", spec, 3)
     l_cache = int(spec.option("l_cache", 3))
     if l_cache < 2:
@@ -200,16 +198,16 @@ def granitehybrid_writer(spec: TestModelSpec, w: Weights) -> tuple[Tensors, Call
             `rope.scaling.finetuned = false`, as the published Granite 4.0-H models (no positional encoding).
     """
     known = {
-        "attention_period": int,
-        "ssm_conv_kernel": int,
-        "ssm_state_size": int,
-        "ssm_head_count": int,
-        "ssm_group_count": int,
-        "residual_scale": float,
-        "logit_scale": float,
-        "rope": bool,
+        "attention_period": Option(int, minimum=2),
+        "ssm_conv_kernel": Option(int, minimum=2, maximum=16),
+        "ssm_state_size": Option(int, minimum=1, maximum=1024),
+        "ssm_head_count": Option(int, minimum=1),
+        "ssm_group_count": Option(int, minimum=1),
+        "residual_scale": Option(float, minimum=0),
+        "logit_scale": Option(float, minimum=0),
+        "rope": Option(bool),
     }
-    _check_options("granitehybrid", spec, known)
+    check_options(spec, known)
     attends = _attention_blocks("granitehybrid", spec, 4)
     widths = _ssm_widths("granitehybrid", spec)
     e = spec.n_embd
@@ -248,8 +246,13 @@ def mamba2_writer(spec: TestModelSpec, w: Weights) -> tuple[Tensors, Callable[[A
     Options:
         ssm_conv_kernel, ssm_state_size, ssm_head_count, ssm_group_count: as for `granitehybrid_writer`.
     """
-    known = {"ssm_conv_kernel": int, "ssm_state_size": int, "ssm_head_count": int, "ssm_group_count": int}
-    _check_options("mamba2", spec, known)
+    known = {
+        "ssm_conv_kernel": Option(int, minimum=2, maximum=16),
+        "ssm_state_size": Option(int, minimum=1, maximum=1024),
+        "ssm_head_count": Option(int, minimum=1),
+        "ssm_group_count": Option(int, minimum=1),
+    }
+    check_options(spec, known)
     widths = _ssm_widths("mamba2", spec)
     e = spec.n_embd
     tensors: Tensors = [("token_embd.weight", w.matrix(spec.n_vocab, e))]
@@ -280,8 +283,13 @@ def mamba_writer(spec: TestModelSpec, w: Weights) -> tuple[Tensors, Callable[[An
         ssm_dt_rank (int): `ssm.time_step_rank`, Δ's rank (default `ceil(n_embd / 16)`).
         dt_b_c_rms (bool): `ssm.dt_b_c_rms`, Falcon-Mamba's norms of Δ, B and C (default False).
     """
-    known = {"ssm_conv_kernel": int, "ssm_state_size": int, "ssm_dt_rank": int, "dt_b_c_rms": bool}
-    _check_options("mamba", spec, known)
+    known = {
+        "ssm_conv_kernel": Option(int, minimum=2, maximum=16),
+        "ssm_state_size": Option(int, minimum=1, maximum=1024),
+        "ssm_dt_rank": Option(int, minimum=1),
+        "dt_b_c_rms": Option(bool),
+    }
+    check_options(spec, known)
     e = spec.n_embd
     d_conv, d_inner = int(spec.option("ssm_conv_kernel", 4)), 2 * e
     d_state, dt_rank = int(spec.option("ssm_state_size", 16)), int(spec.option("ssm_dt_rank", -(-e // 16)))

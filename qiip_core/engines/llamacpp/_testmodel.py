@@ -39,8 +39,10 @@ __all__ = [
     "TEST_ARCHITECTURES",
     "ArchitectureWriter",
     "TestModelSpec",
+    "Option",
     "Weights",
     "add_attention_metadata",
+    "check_options",
     "make_test_gguf",
 ]
 
@@ -222,6 +224,46 @@ class Weights:
 Tensors = list[tuple[str, Any]]
 """Named arrays in file order."""
 
+_KINDS = {int: "a whole number", float: "a number", bool: "true or false"}
+
+
+@dataclass(frozen=True)
+class Option:
+    """What an architecture option takes: its kind and, for numbers, the smallest (and largest) value."""
+
+    kind: type
+    """`int`, `float` (a whole number is a number too) or `bool`."""
+    minimum: float | None = None
+    maximum: float | None = None
+
+
+def check_options(spec: TestModelSpec, known: Mapping[str, Option]) -> None:
+    """Refuse an option the architecture does not take, of the wrong kind, or out of its range, naming it.
+
+    Raises:
+        ValueError: the first option that is not allowed, with what is.
+    """
+    unknown = sorted(set(spec.options) - set(known))
+    if unknown:
+        takes = ", ".join(sorted(known)) or "no options"
+        raise ValueError(f"architecture {spec.architecture} takes {takes}; got {', '.join(unknown)}.")
+    for name, value in spec.options.items():
+        rule = known[name]
+        accepted = (int, float) if rule.kind is float else (rule.kind,)
+        if type(value) not in accepted:
+            raise ValueError(
+                f"option {name} of architecture {spec.architecture} must be {_KINDS[rule.kind]}, got {value!r}."
+            )
+        if rule.minimum is not None and not isinstance(value, bool) and value < rule.minimum:
+            raise ValueError(
+                f"option {name} of architecture {spec.architecture} must be at least {rule.minimum:g}, got {value}."
+            )
+        if rule.maximum is not None and not isinstance(value, bool) and value > rule.maximum:
+            raise ValueError(
+                f"option {name} of architecture {spec.architecture} must be at most {rule.maximum:g}, got {value}."
+            )
+
+
 ArchitectureWriter = Callable[[TestModelSpec, Weights], tuple[Tensors, Callable[[Any], None]]]
 """Writes one architecture: its tensors, and a function adding its metadata keys to a `gguf.GGUFWriter`."""
 
@@ -310,10 +352,8 @@ def granite_writer(spec: TestModelSpec, w: Weights) -> tuple[Tensors, Callable[[
     An architecture llama.cpp serves and the planner does not model: it is planned by `llama-fit-params` and its
     caches are recorded as unverified. Options: `logit_scale` (default 8).
     """
-    options = dict(spec.options)
-    scale = float(options.pop("logit_scale", 8.0))
-    if options:
-        raise ValueError(f"architecture granite takes the option logit_scale; got {', '.join(sorted(options))}.")
+    check_options(spec, {"logit_scale": Option(float, minimum=1e-6)})
+    scale = float(spec.option("logit_scale", 8.0))
     tensors, llama_metadata = llama_writer(replace(spec, options={}), w)
 
     def metadata(writer: Any) -> None:

@@ -72,13 +72,13 @@ def test_qwen3_is_a_causal_decoder_with_qk_norms_and_its_own_pooling(tmp_path):
 @pytest.mark.parametrize(
     ("architecture", "options", "message"),
     [
-        ("bert", {"sliding_window": 4}, "unknown sliding_window"),
-        ("nomic-bert", {"fused_qkv": True}, "unknown fused_qkv"),
-        ("qwen3", {"n_expert": 8}, "unknown n_expert"),
+        ("bert", {"sliding_window": 4}, "takes fused_qkv, pooling_type, token_types; got sliding_window"),
+        ("nomic-bert", {"fused_qkv": True}, "takes pooling_type; got fused_qkv"),
+        ("qwen3", {"n_expert": 8}, "takes pooling_type, tied_output; got n_expert"),
         ("bert", {"pooling_type": 4}, "pooling_type must be one of"),
-        ("bert", {"pooling_type": True}, "must be int"),
-        ("bert", {"fused_qkv": 1}, "must be bool"),
-        ("bert", {"token_types": 0}, "token_types must be at least 1"),
+        ("bert", {"pooling_type": True}, "must be a whole number, got True"),
+        ("bert", {"fused_qkv": 1}, "must be true or false, got 1"),
+        ("bert", {"token_types": 0}, "token_types of architecture bert must be at least 1"),
     ],
 )
 def test_unknown_or_invalid_options_are_refused_by_name(tmp_path, architecture, options, message):

@@ -93,14 +93,14 @@ def test_same_seed_same_bytes(tmp_path):
 @pytest.mark.parametrize(
     ("architecture", "options", "message"),
     [
-        ("qwen3moe", {"n_expert": 1}, "n_expert must be between 2 and 64, got 1"),
-        ("qwen3moe", {"n_expert": 65}, "n_expert must be between 2 and 64"),
+        ("qwen3moe", {"n_expert": 1}, "option n_expert of architecture qwen3moe must be at least 2, got 1"),
+        ("qwen3moe", {"n_expert": 65}, "n_expert of architecture qwen3moe must be at most 64, got 65"),
         ("qwen3moe", {"n_expert": 4, "n_expert_used": 5}, r"n_expert_used must be between 1 and n_expert \(4\)"),
-        ("qwen3moe", {"n_ff_expert": 0}, "n_ff_expert must be between 1"),
-        ("qwen3moe", {"n_ff_shared_expert": 64}, "takes the options n_expert, .*; got n_ff_shared_expert"),
-        ("qwen2moe", {"n_ff_shared_expert": 0}, "n_ff_shared_expert must be between 1"),
+        ("qwen3moe", {"n_ff_expert": 0}, "n_ff_expert of architecture qwen3moe must be at least 1"),
+        ("qwen3moe", {"n_ff_shared_expert": 64}, "takes n_expert, .*; got n_ff_shared_expert"),
+        ("qwen2moe", {"n_ff_shared_expert": 0}, "n_ff_shared_expert of architecture qwen2moe must be at least 1"),
         ("llama", {"n_expert": 4, "n_ff_expert": 128}, r"feed_forward_length \(n_ff = 256\) wide; pass n_ff=128"),
-        ("llama", {"n_expert": 4, "sliding_window": 8}, "takes the options .*; got sliding_window"),
+        ("llama", {"n_expert": 4, "sliding_window": 8}, "takes n_expert, .*; got sliding_window"),
     ],
 )
 def test_invalid_expert_options_are_refused(tmp_path, architecture, options, message):

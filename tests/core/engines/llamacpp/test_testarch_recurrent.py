@@ -88,14 +88,14 @@ def test_pure_recurrent_models_say_zero_heads_and_still_have_a_shape(tmp_path):
 @pytest.mark.parametrize(
     ("architecture", "options", "message"),
     [
-        ("lfm2", {"window": 4}, "takes the options attention_period, l_cache, sliding_window, tied_output; got window"),
+        ("lfm2", {"window": 4}, "takes attention_period, l_cache, sliding_window, tied_output; got window"),
         ("lfm2", {"l_cache": 1}, "l_cache of architecture lfm2 must be at least 2"),
         ("lfm2", {"attention_period": 2.0}, "attention_period of architecture lfm2 must be a whole number"),
         ("granitehybrid", {"ssm_head_count": 3}, "must divide the inner width"),
         ("granitehybrid", {"rope": 1}, "option rope of architecture granitehybrid must be true or false"),
-        ("granitehybrid", {"attention_period": 0}, "attention_period of architecture granitehybrid must be at least 1"),
-        ("mamba2", {"sliding_window": 8}, "architecture mamba2 takes the options"),
-        ("mamba", {"ssm_group_count": 1}, "architecture mamba takes the options"),
+        ("granitehybrid", {"attention_period": 0}, "attention_period of architecture granitehybrid must be at least 2"),
+        ("mamba2", {"sliding_window": 8}, "architecture mamba2 takes ssm_conv_kernel"),
+        ("mamba", {"ssm_group_count": 1}, "architecture mamba takes dt_b_c_rms"),
     ],
 )
 def test_unknown_or_invalid_options_are_refused(tmp_path, architecture, options, message):

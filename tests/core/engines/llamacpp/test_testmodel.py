@@ -144,3 +144,32 @@ def test_a_failed_write_leaves_nothing_and_keeps_the_old_file(tmp_path, monkeypa
         make_test_gguf(target)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]
     assert target.read_bytes() == b"previous"
+
+
+@pytest.mark.parametrize(
+    ("architecture", "options", "message"),
+    [
+        ("gemma3", {"sliding_window": -5}, "sliding_window of architecture gemma3 must be at least 0, got -5"),
+        ("gemma3", {"head_dim": 0}, "head_dim of architecture gemma3 must be at least 8"),
+        ("gemma3", {"head_dim": 9}, "head_dim of architecture gemma3 must be even"),
+        ("gemma2", {"sliding_window": 0}, "sliding_window of architecture gemma2 must be at least 1"),
+        ("qwen3moe", {"n_expert": 1.5}, "n_expert of architecture qwen3moe must be a whole number, got 1.5"),
+        ("qwen3moe", {"n_expert": True}, "n_expert of architecture qwen3moe must be a whole number, got True"),
+        ("granite", {"logit_scale": 0}, "logit_scale of architecture granite must be at least"),
+        ("lfm2", {"attention_period": 1}, "attention_period of architecture lfm2 must be at least 2"),
+        ("lfm2", {"attention_period": 3}, "between 2 and the layer count \\(2\\)"),
+    ],
+)
+def test_option_values_are_checked_before_anything_is_written(tmp_path, architecture, options, message):
+    with pytest.raises(ValueError, match=message):
+        make_test_gguf(tmp_path / "m.gguf", architecture=architecture, n_embd=128, options=options)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("architecture", ["lfm2", "granitehybrid"])
+def test_a_small_hybrid_has_both_kinds_of_block_by_default(tmp_path, architecture):
+    from qiip_core.planner import ModelShape
+
+    path = make_test_gguf(tmp_path / "h.gguf", architecture=architecture, n_layers=2, n_embd=128)[0]
+    shape = ModelShape.from_metadata(read_gguf_metadata(path))
+    assert shape.recurrent_layers == (True, False)
