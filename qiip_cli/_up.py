@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -29,7 +30,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Literal
 
 import click
 import httpx
@@ -102,6 +103,11 @@ def _test_model(settings: Settings) -> Path:
     return path
 
 
+def _default_alias(path: Path) -> str:
+    """The file's name without `.gguf`, and without `-00001-of-0000N` for the first shard of a split model."""
+    return re.sub(r"-\d{5}-of-\d{5}$", "", path.name.removesuffix(".gguf"))
+
+
 def _parse_model(value: str) -> tuple[str | None, Path]:
     """`PATH` or `ALIAS=PATH`: a path that exists as given wins over an alias split."""
     if "=" in value and not Path(value).exists():
@@ -112,12 +118,60 @@ def _parse_model(value: str) -> tuple[str | None, Path]:
 
 
 def _policy(
-    train_context: int, *, sizing: str, slots: int | None, ctx_size: int | None, fit_target_mib: int
+    train_context: int,
+    *,
+    sizing: str,
+    slots: int | None,
+    ctx_size: int | None,
+    cache_type: Literal["f16", "q8_0"],
+    fit_target_mib: int,
 ) -> AutoPolicy | CustomPolicy:
     if sizing == "auto":
         return AutoPolicy(fit_target_mib=fit_target_mib)
     context = ctx_size if ctx_size is not None else max(256, min(train_context, 4096) // 256 * 256)
-    return CustomPolicy(fit_target_mib=fit_target_mib, context_per_slot=context, slots=slots or 2, cache_type="f16")
+    return CustomPolicy(
+        fit_target_mib=fit_target_mib, context_per_slot=context, slots=slots or 2, cache_type=cache_type
+    )
+
+
+_FLAGS = {
+    "context_per_slot": "--ctx-size",
+    "fit_target_mib": "--fit-target-mib",
+    "cache_type": "--cache-type",
+}
+"""The sizing policy's fields, as `qiip up` spells them (`slots`, also a word of the prose, apart)."""
+
+
+def _in_flags(message: str) -> str:
+    """A planner message in `qiip up`'s words: its flags for the policy's fields, no advice it cannot take."""
+    message = re.sub(r",? or set allow_estimator_overrun[^.]*", "", message)
+    message = re.sub(r"use cache_type '(\w+)'", r"use --cache-type \1", message)
+    message = re.sub(r"\b(or slots\b|slots(?= must))", lambda m: m.group(1).replace("slots", "--slots"), message)
+    return re.sub(r"\b(" + "|".join(_FLAGS) + r")\b", lambda m: _FLAGS[m.group(1)], message)
+
+
+def _describe(planned: Plan) -> str:
+    """`2 slot(s) × 4096 tokens, K/V f16 (full and window)`, or what a model without a K/V cache keeps."""
+    kinds = [c.kind for c in planned.caches]
+    if not planned.memory_known:
+        memory = f"{planned.cache_type_k} K/V"
+    elif "kv" in kinds or "kv_swa" in kinds:
+        memory = f"{planned.cache_type_k} K/V" + (" (full and window)" if "kv_swa" in kinds else "")
+        memory += " + recurrent state" if "recurrent" in kinds else ""
+    else:
+        memory = "recurrent state, no K/V cache" if kinds else "no cache (an encoder)"
+    return f"{planned.slots} slot(s) × {planned.context_per_slot} tokens, {memory}"
+
+
+def _share(devices: list[DeviceMemory], *, fit_target_mib: int, models: int) -> list[DeviceMemory]:
+    """The devices as one of `models` automatic plans may see them: the fit target, plus an equal share of what is
+    free beyond it, so that all the plans together still leave the target free."""
+    if models <= 1:
+        return devices
+    return [
+        replace(d, free_mib=min(d.free_mib, fit_target_mib + max(0, d.free_mib - fit_target_mib) // models))
+        for d in devices
+    ]
 
 
 def _left_after(devices: list[DeviceMemory], planned: Plan) -> list[DeviceMemory]:
@@ -135,10 +189,14 @@ def _preflight(
     sizing: str,
     slots: int | None,
     ctx_size: int | None,
+    cache_type: Literal["f16", "q8_0"],
     fit_target_mib: int,
     embeddings: bool,
 ) -> list[dict[str, Any]]:
     """Check every model and plan it as the daemon will; return the `[[local_nodes]]` entries to launch.
+
+    With several models and an automatic sizing each is planned against an equal share of what is free beyond
+    the fit target, so that together they leave the target free, and is launched with exactly that sizing.
 
     Raises:
         click.ClickException: one line naming the file and why it cannot be served (not a GGUF, truncated, a later
@@ -153,13 +211,18 @@ def _preflight(
         except ValueError as exc:
             raise click.ClickException(str(exc)) from None
         policy = _policy(
-            server.shape.n_ctx_train, sizing=sizing, slots=slots, ctx_size=ctx_size, fit_target_mib=fit_target_mib
+            server.shape.n_ctx_train,
+            sizing=sizing,
+            slots=slots,
+            ctx_size=ctx_size,
+            cache_type=cache_type,
+            fit_target_mib=fit_target_mib,
         )
-        budget = [replace(d, free_mib=d.free_mib // share) for d in devices] if share > 1 else devices
+        budget = _share(devices, fit_target_mib=fit_target_mib, models=share)
         try:
             planned = server.make_plan(policy, devices=budget)
         except PlanError as exc:
-            raise click.ClickException(f"{path.name}: {exc.message}") from None
+            raise click.ClickException(f"{path.name}: {_in_flags(exc.message)}") from None
         devices = _left_after(devices, planned)
         if share > 1:
             # The daemon launches exactly this sizing: re-planning 'auto' there would take all that is left.
@@ -169,9 +232,12 @@ def _preflight(
                 slots=planned.slots,
                 cache_type=planned.cache_type_k,
             )
+        again = (
+            " now (planned again at launch, against the memory free then)" if share == 1 and sizing == "auto" else ""
+        )
         click.echo(
-            f"{alias}: {path.name} ({planned.architecture}), {planned.slots} slot(s) × {planned.context_per_slot} "
-            f"tokens, {planned.cache_type_k} K/V, {planned.estimate.devices[0].total_mib:,.0f} MiB planned"
+            f"{alias}: {path.name} ({planned.architecture}), {_describe(planned)}, "
+            f"{planned.estimate.devices[0].total_mib:,.0f} MiB planned{again}"
             + (" (embeddings)" if embeddings or server.embeddings else ""),
             err=True,
         )
@@ -213,6 +279,13 @@ def _preflight(
     help="auto: the largest context per slot that fits, then the most slots (instead of --ctx-size/--slots).",
 )
 @click.option(
+    "--cache-type",
+    type=click.Choice(["f16", "q8_0"]),
+    default="f16",
+    show_default=True,
+    help="K/V cache type with --ctx-size/--slots (q8_0: about half the memory).",
+)
+@click.option(
     "--fit-target-mib",
     type=click.IntRange(0),
     default=512,
@@ -230,15 +303,21 @@ def up(
     slots: int | None,
     ctx_size: int | None,
     sizing: str,
+    cache_type: Literal["f16", "q8_0"],
     fit_target_mib: int,
     embeddings: bool,
 ) -> None:
     """Serve GGUF models behind the gateway on this machine, until Ctrl-C."""
     settings = ctx.settings
-    if sizing == "auto" and (slots is not None or ctx_size is not None):
-        raise click.UsageError("--sizing auto chooses the context and the slots; drop --ctx-size and --slots.")
+    if sizing == "auto" and (slots is not None or ctx_size is not None or cache_type != "f16"):
+        raise click.UsageError(
+            "--sizing auto chooses the context, the slots and the cache type; drop --ctx-size, --slots and "
+            "--cache-type."
+        )
     if alias is not None and len(models) > 1:
         raise click.UsageError("--alias names one model; with several, give each as --model ALIAS=PATH.")
+    if alias is not None and (not alias.strip() or "," in alias):
+        raise click.UsageError(f"--alias must be a name without commas, got {alias!r}.")
     _check_port(host, port)
     busy = local_nodes_in_use(settings.state_dir)
     if busy is not None:
@@ -249,7 +328,11 @@ def up(
         served.append((alias or TEST_MODEL_ALIAS, run_or_exit(lambda: _test_model(settings))))
     for value in models:
         given, path = _parse_model(value)
-        name = given or (alias if len(models) == 1 and alias else path.name.removesuffix(".gguf"))
+        if given is not None and alias is not None:
+            raise click.UsageError(f"--model {value} names its model already; drop --alias {alias}.")
+        if not str(path) or str(path) == ".":
+            raise click.UsageError(f"--model {value} names no file; give it as ALIAS=PATH.")
+        name = given or alias or _default_alias(path)
         if any(name == other for other, _ in served):
             raise click.UsageError(f"Two models would be served as {name!r}; name them with --model ALIAS=PATH.")
         served.append((name, path.resolve() if path.exists() else path))
@@ -259,6 +342,7 @@ def up(
         sizing=sizing,
         slots=slots,
         ctx_size=ctx_size,
+        cache_type=cache_type,
         fit_target_mib=fit_target_mib,
         embeddings=embeddings,
     )
@@ -275,8 +359,15 @@ def up(
         argv += ["--config", str(ctx.config)]
     daemon = subprocess.Popen(argv, env=env, start_new_session=True)
 
+    stopping = False
+
     def stop(signum: int, frame: FrameType | None) -> None:
-        raise _Stop
+        # Only the first signal interrupts; a second one (a service manager and a terminal both signalling, say)
+        # must not land in the middle of the stop it started.
+        nonlocal stopping
+        if not stopping:
+            stopping = True
+            raise _Stop
 
     previous = {s: signal.signal(s, stop) for s in _STOP_SIGNALS}
     try:

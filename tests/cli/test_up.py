@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -367,7 +368,7 @@ def test_up_names_the_file_and_the_reason_for_every_model_it_cannot_serve(
     good = make_test_gguf(tmp_path / "good.gguf")[0]
     cases = [
         (["--model", str(text)], f"{text} is not a GGUF model: it starts with b'not '"),
-        (["--model", str(truncated)], f"{truncated} is truncated or damaged"),
+        (["--model", str(truncated)], f"{truncated} is truncated: it has"),
         (["--model", str(shards[1])], "is shard 2 of 3 of a split GGUF; pass the first shard, family-00001-of-00003"),
         (["--model", str(tmp_path / "absent.gguf")], "absent.gguf does not exist"),
         (
@@ -375,8 +376,18 @@ def test_up_names_the_file_and_the_reason_for_every_model_it_cannot_serve(
             "good.gguf: The custom sizing (256 slots of 2048 tokens, f16 K/V) does not fit: system memory (CPU "
             "mode) needs",
         ),
-        (["--model", str(good), "--ctx-size", "1000"], "context_per_slot must be a positive multiple of 256"),
-        (["--model", str(good), "--sizing", "auto", "--slots", "2"], "--sizing auto chooses the context and the slots"),
+        (
+            ["--model", str(good), "--ctx-size", "2048", "--slots", "256", "--fit-target-mib", str(_available_mib())],
+            "Lower --ctx-size or --slots, use --cache-type q8_0, lower --fit-target-mib.",
+        ),
+        (
+            ["--model", str(good), "--ctx-size", "1000"],
+            "--ctx-size must be a positive multiple of 256 tokens, got 1000",
+        ),
+        (["--model", str(good), "--sizing", "auto", "--slots", "2"], "--sizing auto chooses the context, the slots"),
+        (["--model", f"x={good}", "--alias", "y"], f"--model x={good} names its model already; drop --alias y"),
+        (["--model", str(good), "--alias", ""], "--alias must be a name without commas, got ''"),
+        (["--model", "name="], "--model name= names no file"),
         (["--model", str(good), "--model", str(good)], "Two models would be served as 'good'"),
     ]
     for args, message in cases:
@@ -418,3 +429,16 @@ def test_a_second_up_on_the_same_state_directory_is_refused(tmp_path: Path, llam
     from qiip_core.config import local_nodes_in_use
 
     assert local_nodes_in_use(tmp_path / "state") is None
+
+
+def test_several_automatic_plans_share_what_is_free_beyond_the_target() -> None:
+    from qiip_cli._up import _share
+    from qiip_core.planner import DeviceMemory
+
+    device = DeviceMemory(index=0, name="CPU", total_mib=24000, free_mib=23000, kind="cpu")
+    (one,) = _share([device], fit_target_mib=21000, models=2)
+    # Each of two sees the target and half of the 2,000 MiB beyond it: together they leave 21,000 free.
+    assert one.free_mib == 22000
+    assert _share([device], fit_target_mib=21000, models=1) == [device]
+    (starved,) = _share([replace(device, free_mib=500)], fit_target_mib=512, models=3)
+    assert starved.free_mib == 500
