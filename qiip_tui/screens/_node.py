@@ -84,6 +84,7 @@ class NodeScreen(ConsoleScreen[None]):
                 with Vertical(id="runtime"):
                     yield Label("llama.cpp runtime", classes="section")
                     yield RuntimeView(id="runtime-view")
+                    yield Static("", id="unverified", markup=False)
         yield OperationPanel(id="operation")
         with Horizontal(id="actions"):
             for action, label in (
@@ -162,6 +163,10 @@ class NodeScreen(ConsoleScreen[None]):
         peak = max(history, default=0)
         self.query_one("#in-flight-label", Label).update(f"In flight: {node.in_flight} now, peak {peak:g}")
         self.query_one("#runtime-view", RuntimeView).show(node.llamacpp_runtime)
+        unverified = node.llamacpp_runtime.unverified if node.llamacpp_runtime is not None else []
+        notes = self.query_one("#unverified", Static)
+        notes.update("\n".join(f"Not verified — {item}" for item in unverified))
+        notes.display = bool(unverified)
         self._show_errors()
 
     def _show_devices(self, node: NodeInfo) -> None:

@@ -48,7 +48,6 @@ class RuntimeView(DataTable[str]):
     DEFAULT_CSS = """
     RuntimeView {
         height: auto;
-        max-height: 16;
     }
     """
 
@@ -91,5 +90,6 @@ class RuntimeView(DataTable[str]):
                 f"{float(cache.get('mib') or 0):,.2f} MiB",
             )
         for item in runtime.unverified:
-            self.add_row("not verified", DASH, item)
+            # The check's name; the node screen shows the whole sentence, wrapped, under the table.
+            self.add_row("not verified", DASH, item.split(":", 1)[0])
         self.add_row("observed", DASH, runtime.observed_at.strftime("%Y-%m-%d %H:%MZ"))
