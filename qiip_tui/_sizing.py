@@ -122,8 +122,17 @@ def sizing_preview(values: SizingValues, runtime: LlamaCppRuntime | None) -> lis
     old_bytes = CACHE_BYTES_PER_ELEMENT.get(str(current_type))
     if isinstance(current, int) and current > 0 and new_bytes and old_bytes:
         ratio = aggregate * new_bytes / (current * old_bytes)
-        lines.append(
-            f"K/V cache ≈ {ratio:.2f}× the running server's ({aggregate:,} {values.cache_type} cells "
-            f"vs {current:,} {current_type})"
-        )
+        kinds = {str(cache.get("kind")) for cache in runtime.memory} if runtime is not None else set()
+        if kinds - {"kv"}:
+            # A sliding window's cache grows with the slots, recurrent state with the slots only: the ratio is
+            # the full-attention cache's alone.
+            lines.append(
+                f"Full-attention K/V cache ≈ {ratio:.2f}× the running server's ({aggregate:,} {values.cache_type} "
+                f"cells vs {current:,} {current_type}); its window or recurrent cache grows with the slots only"
+            )
+        else:
+            lines.append(
+                f"K/V cache ≈ {ratio:.2f}× the running server's ({aggregate:,} {values.cache_type} cells "
+                f"vs {current:,} {current_type})"
+            )
     return lines

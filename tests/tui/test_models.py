@@ -135,6 +135,12 @@ def test_the_preview_is_arithmetic_on_the_form_and_the_running_server() -> None:
     absurd = sizing_preview(q8.with_value("context_per_slot", str(10**22)), record)
     assert len(absurd) == 2 and "no K/V cache to compare" in absurd[1]
     assert "at least 4,096 tokens" in sizing_preview(SizingValues(), record)[0]
+    # With a sliding window the ratio is the full-attention cache's, and says so.
+    windowed = record.model_copy(update={"memory": [{"kind": "kv", "cells": 4096}, {"kind": "kv_swa", "cells": 1536}]})
+    (_, line) = sizing_preview(q8, windowed)
+    assert (
+        line.startswith("Full-attention K/V cache ≈ 0.40×") and "window or recurrent cache grows with the slots" in line
+    )
 
 
 def test_connection_problems_name_the_cause_and_what_to_check() -> None:
