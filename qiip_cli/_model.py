@@ -20,7 +20,15 @@ def model() -> None:
 
 @model.command("make-test-gguf")
 @click.argument("path", type=click.Path(path_type=Path, dir_okay=False))
-@click.option("--arch", "architecture", default="llama", show_default=True, help="general.architecture to write.")
+@click.option(
+    "--arch",
+    "architecture",
+    default="llama",
+    show_default=True,
+    help="general.architecture to write: llama, gemma2, gemma3, qwen3moe, qwen2moe, lfm2, granitehybrid, mamba, "
+    "mamba2, bert, nomic-bert, qwen3 (an embedding model unless --option pooling_type=0), granite (one the planner "
+    "does not model).",
+)
 @click.option("--layers", type=int, default=2, show_default=True, help="Transformer blocks.")
 @click.option("--embd", type=int, default=64, show_default=True, help="Embedding width.")
 @click.option("--heads", type=int, default=4, show_default=True, help="Attention heads (divide --embd).")

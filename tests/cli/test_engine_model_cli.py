@@ -152,3 +152,13 @@ def test_install_from_archive_then_status(runner, tmp_path, monkeypatch):
     assert "llama.cpp: installed" in status.stdout
     assert "version:    b1" in status.stdout and "variant:    cpu" in status.stdout
     assert f"server:     {server}" in status.stdout
+
+
+def test_the_arch_help_names_every_architecture() -> None:
+    from click.testing import CliRunner
+
+    from qiip_cli._main import cli
+    from qiip_core.engines.llamacpp import TEST_ARCHITECTURES
+
+    text = " ".join(CliRunner().invoke(cli, ["model", "make-test-gguf", "--help"]).output.split())
+    assert all(name in text for name in TEST_ARCHITECTURES)
