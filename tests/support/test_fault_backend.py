@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import gzip
+import importlib
+import inspect
 import json
 import socket
 import struct
@@ -15,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+import tests.support.fault_backend as fault_backend
 from tests.support.fault_backend import (
     Completion,
     Embeddings,
@@ -357,3 +360,15 @@ def test_close_is_idempotent_and_final() -> None:
     backend.close()
     with pytest.raises(RuntimeError):
         backend.start_listening()
+
+
+def test_the_package_exports_every_behaviour_and_the_backend_in_a_sorted_all() -> None:
+    exported = list(fault_backend.__all__)
+    assert exported == sorted(exported)
+    assert all(getattr(fault_backend, name) is not None for name in exported)
+    # What a test scripts with; `_http` and `_payloads` are the server's own plumbing.
+    modules = ["_answers", "_backend", "_exchange", "_gates", "_status", "_stream"]
+    defined = set()
+    for module in (importlib.import_module(f"tests.support.fault_backend.{name}") for name in modules):
+        defined |= {name for name, value in vars(module).items() if inspect.getmodule(value) is module}
+    assert {name for name in defined if not name.startswith("_")} == set(exported)
