@@ -1,13 +1,27 @@
-"""Running real llama-server processes for the planner's tests, and comparing what they log with estimates."""
+"""The planner's tests on real llama-server processes: generated models, plans launched and verified, and what
+the servers log compared with the estimates."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
+from typing import Any
 
-from qiip_core.engines.llamacpp import LaunchSpec, LlamaServerProcess
-from qiip_core.planner import DeviceMemory, MemoryEstimate, ModelShape, estimate, parse_server_log
+from qiip_core.engines.llamacpp import LaunchSpec, LlamaServerProcess, make_test_gguf, read_gguf_metadata
+from qiip_core.nodes import LlamaCppRuntime
+from qiip_core.planner import (
+    DeviceMemory,
+    MemoryEstimate,
+    ModelShape,
+    Plan,
+    estimate,
+    launch_spec_for,
+    parse_server_log,
+    read_devices,
+    verify_runtime,
+)
+from tests.support.llama_server import running
 
 TOLERANCE = 0.02
 """Estimates must be within 2% of what llama-server logs."""
@@ -15,22 +29,75 @@ TOLERANCE = 0.02
 LOG_ROUNDING_MIB = 0.005 + 1e-9
 """llama-server prints MiB with two decimals: a tiny buffer may differ from its figure by half a hundredth."""
 
+ModelRow = tuple[str, int, int, int, int, int, int, int, Mapping[str, int | float | bool]]
+"""A generated model: (architecture, blocks, width, heads, K/V heads, training context, vocabulary, FFN width,
+the architecture's options)."""
+
 
 def synthetic_cpu(free_mib: float) -> DeviceMemory:
     """A CPU device with `free_mib` free, for planning; the server itself has the machine's memory."""
     return DeviceMemory(index=0, name="CPU (planned)", total_mib=10**7, free_mib=int(free_mib), kind="cpu")
 
 
+def generated_model(path: Path, **gguf: Any) -> tuple[Path, ModelShape]:
+    """Write a test model with `make_test_gguf(path, **gguf)` and read its shape back from the file."""
+    written = make_test_gguf(path, **gguf)[0]
+    return written, ModelShape.from_metadata(read_gguf_metadata(written))
+
+
+def generated_models(directory: Path, rows: Mapping[str, ModelRow]) -> dict[str, tuple[Path, ModelShape]]:
+    """One generated model per row, written to `directory/NAME.gguf`, with its shape."""
+    return {
+        name: generated_model(
+            directory / f"{name}.gguf",
+            architecture=architecture,
+            n_layers=layers,
+            n_embd=width,
+            n_head=heads,
+            n_head_kv=kv_heads,
+            n_ctx_train=train,
+            n_vocab=vocab,
+            n_ff=ff,
+            options=options,
+        )
+        for name, (architecture, layers, width, heads, kv_heads, train, vocab, ff, options) in rows.items()
+    }
+
+
 @contextlib.asynccontextmanager
-async def running(binary: Path, spec: LaunchSpec, log: Path) -> AsyncIterator[LlamaServerProcess]:
-    """A llama-server for `spec`, healthy, stopped on the way out."""
-    process = LlamaServerProcess(binary, spec, log)
-    await process.start()
-    try:
-        await process.wait_ready(timeout_s=60)
-        yield process
-    finally:
-        await process.stop()
+async def running_plan(
+    binary: Path, model: Path, p: Plan, log: Path, *, alias: str = "planned", embeddings: bool = False
+) -> AsyncIterator[tuple[LlamaServerProcess, LlamaCppRuntime]]:
+    """A llama-server launched as plan `p` says (one thread), its runtime verified against the plan on the way in.
+
+    Yields:
+        The running server, and the runtime record `verify_runtime` made of it (the real devices read after).
+
+    Raises:
+        VerificationError: the running server differs from the plan.
+    """
+    spec = launch_spec_for(p, model_path=model, alias=alias, threads=1, embeddings=embeddings)
+    async with running(binary, spec, log) as server:
+        record = await verify_runtime(
+            p, endpoint=server.endpoint, log_path=log, alias=alias, devices_after=read_devices(allow_cpu=True)
+        )
+        yield server, record
+
+
+async def launch_and_verify(
+    binary: Path, model: Path, p: Plan, log: Path, *, embeddings: bool = False
+) -> LlamaCppRuntime:
+    """Run plan `p` once: its record must be the plan's (in CPU mode) and its estimate must match the log.
+
+    Returns:
+        The runtime record of the server, stopped by now.
+    """
+    async with running_plan(binary, model, p, log, embeddings=embeddings) as (_, record):
+        pass
+    assert record.effective == p.effective() and record.requested == p.requested()
+    assert record.effective["device_mode"] == "cpu" and record.effective["gpu_layers"] == 0
+    assert_estimate_matches_log(p.estimate, log)
+    return record
 
 
 async def load_once(

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from openai import AsyncOpenAI
 
-from qiip_core.engines.llamacpp import LaunchSpec, make_test_gguf, read_gguf_metadata
+from qiip_core.engines.llamacpp import LaunchSpec
 from qiip_core.planner import (
     AutoPolicy,
     CustomPolicy,
@@ -31,12 +31,13 @@ from qiip_core.planner import (
 )
 from qiip_core.planner._compute import build_graph
 from qiip_core.planner._graph import GraphParams
-from tests.support.planner import assert_close, running, synthetic_cpu
+from tests.support.llama_server import running
+from tests.support.planner import ModelRow, assert_close, generated_models, synthetic_cpu
 
 pytestmark = pytest.mark.integration
 
 # name: (architecture, blocks, width, heads, K/V heads, training context, vocabulary, FFN width, options)
-MODELS: dict[str, tuple[str, int, int, int, int, int, int, int, dict[str, int | bool]]] = {
+MODELS: dict[str, ModelRow] = {
     # bge-style: separate Q/K/V with biases, CLS pooling.
     "bge": ("bert", 2, 128, 4, 4, 512, 8000, 512, {}),
     # MiniLM-style: a fused QKV, mean pooling, 16-wide heads.
@@ -56,22 +57,7 @@ _NODES_RE = re.compile(r"sched_reserve: graph: nodes = (\d+)")
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, ModelShape]]:
     directory = tmp_path_factory.mktemp("embedding-models")
-    found = {}
-    for name, (arch, layers, width, heads, kv_heads, train, vocab, ff, options) in MODELS.items():
-        path = make_test_gguf(
-            directory / f"{name}.gguf",
-            architecture=arch,
-            n_layers=layers,
-            n_embd=width,
-            n_head=heads,
-            n_head_kv=kv_heads,
-            n_ctx_train=train,
-            n_vocab=vocab,
-            n_ff=ff,
-            options=options,
-        )[0]
-        found[name] = (path, ModelShape.from_metadata(read_gguf_metadata(path)))
-    return found
+    return generated_models(directory, MODELS)
 
 
 async def embed(endpoint: str, texts: list[str]) -> list[list[float]]:

@@ -19,34 +19,34 @@ import httpx
 import pytest
 
 from qiip_core.config import load_settings
-from qiip_core.engines.llamacpp import LaunchSpec, LlamaCppInstaller, make_test_gguf, read_gguf_metadata
+from qiip_core.engines.llamacpp import LaunchSpec, LlamaCppInstaller, read_gguf_metadata
 from qiip_core.planner import (
     AutoPolicy,
     ModelShape,
     PythonEstimator,
     estimate,
-    launch_spec_for,
     parse_server_log,
     plan,
     read_cpu_repack,
-    read_devices,
-    verify_runtime,
 )
 from qiip_core.planner._compute import build_graph, is_modelled
 from qiip_core.planner._graph import GraphParams
+from tests.support.llama_server import running
 from tests.support.planner import (
+    ModelRow,
     assert_close,
     assert_estimate_matches_log,
     assert_load_matches_estimate,
     budget,
-    running,
+    generated_models,
+    running_plan,
     synthetic_cpu,
 )
 
 pytestmark = pytest.mark.integration
 
 # name: (architecture, blocks, width, heads, K/V heads, training context, vocabulary, FFN width, expert options)
-MODELS = {
+MODELS: dict[str, ModelRow] = {
     # Qwen3-30B-A3B in miniature: 16 experts, 4 per token, experts a quarter of the FFN width; head 64 (rotations
     # with Q8_0).
     "q3moe": ("qwen3moe", 3, 256, 4, 2, 16384, 2000, 1024, {"n_expert": 16, "n_expert_used": 4, "n_ff_expert": 256}),
@@ -86,23 +86,9 @@ _NODES_RE = re.compile(r"sched_reserve: graph[^:]*: nodes = (\d+)")
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, ModelShape]]:
     directory = tmp_path_factory.mktemp("moe-models")
-    found = {}
-    for name, (arch, layers, width, heads, kv_heads, train, vocab, ff, options) in MODELS.items():
-        path = make_test_gguf(
-            directory / f"{name}.gguf",
-            architecture=arch,
-            n_layers=layers,
-            n_embd=width,
-            n_head=heads,
-            n_head_kv=kv_heads,
-            n_ctx_train=train,
-            n_vocab=vocab,
-            n_ff=ff,
-            options=options,
-        )[0]
-        shape = ModelShape.from_metadata(read_gguf_metadata(path))
-        assert shape.n_expert == options["n_expert"] and is_modelled(shape)
-        found[name] = (path, shape)
+    found = generated_models(directory, MODELS)
+    for name, (_, shape) in found.items():
+        assert shape.n_expert == MODELS[name][-1]["n_expert"] and is_modelled(shape)
     return found
 
 
@@ -159,12 +145,8 @@ async def test_planned_expert_models_run_as_planned_and_generate(llama_server_bi
     device = synthetic_cpu(budget(shape, context=sizing[0], slots=sizing[1], cache=sizing[2]))
     p = plan(shape, [device], AutoPolicy(), estimator=PythonEstimator())
     assert p.context_per_slot >= sizing[0] and p.slots >= 1
-    spec = launch_spec_for(p, model_path=path, alias="planned", threads=1)
     log = tmp_path / "server.log"
-    async with running(llama_server_binary, spec, log) as server:
-        record = await verify_runtime(
-            p, endpoint=server.endpoint, log_path=log, alias="planned", devices_after=read_devices(allow_cpu=True)
-        )
+    async with running_plan(llama_server_binary, path, p, log) as (server, record):
         async with httpx.AsyncClient(base_url=server.endpoint, trust_env=False, timeout=60) as client:
             chat = await client.post(
                 "/v1/chat/completions",

@@ -10,29 +10,22 @@ from pathlib import Path
 
 import pytest
 
-from qiip_core.engines.llamacpp import make_test_gguf, read_gguf_metadata
-from qiip_core.planner import (
-    AutoPolicy,
-    ModelShape,
-    Plan,
-    PythonEstimator,
-    launch_spec_for,
-    plan,
-    read_devices,
-    verify_runtime,
-)
+from qiip_core.planner import AutoPolicy, ModelShape, PythonEstimator, plan
 from tests.support.planner import (
+    ModelRow,
     assert_estimate_matches_log,
     assert_load_matches_estimate,
     budget,
-    running,
+    generated_models,
+    launch_and_verify,
+    running_plan,
     synthetic_cpu,
 )
 
 pytestmark = pytest.mark.integration
 
 # name: (architecture, blocks, width, heads, K/V heads, training context, vocabulary, FFN width, options)
-MODELS: dict[str, tuple[str, int, int, int, int, int, int, int, dict[str, int | float | bool]]] = {
+MODELS: dict[str, ModelRow] = {
     # Blocks 2 and 5 attend, the others are short convolutions of 3 tokens.
     "lfm2": ("lfm2", 6, 256, 4, 2, 8192, 2000, 768, {"attention_period": 3}),
     # Every attention block slides (llama_memory_hybrid_iswa): the full cache has no layer at all.
@@ -73,22 +66,7 @@ MODELS: dict[str, tuple[str, int, int, int, int, int, int, int, dict[str, int | 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, ModelShape]]:
     directory = tmp_path_factory.mktemp("recurrent-models")
-    found = {}
-    for name, (arch, layers, width, heads, kv_heads, train, vocab, ff, options) in MODELS.items():
-        path = make_test_gguf(
-            directory / f"{name}.gguf",
-            architecture=arch,
-            n_layers=layers,
-            n_embd=width,
-            n_head=heads,
-            n_head_kv=kv_heads,
-            n_ctx_train=train,
-            n_vocab=vocab,
-            n_ff=ff,
-            options=options,
-        )[0]
-        found[name] = (path, ModelShape.from_metadata(read_gguf_metadata(path)))
-    return found
+    return generated_models(directory, MODELS)
 
 
 # (model, --ctx-size, --parallel, --flash-attn, cache type): per family F16 and Q8_0 (64-wide heads), flash
@@ -130,23 +108,13 @@ async def test_estimates_are_within_2_percent_of_the_log(
     )
 
 
-async def launch_and_verify(binary: Path, path: Path, shape: ModelShape, p: Plan, log: Path) -> None:
-    spec = launch_spec_for(p, model_path=path, alias="planned", threads=1)
-    async with running(binary, spec, log) as server:
-        record = await verify_runtime(
-            p, endpoint=server.endpoint, log_path=log, alias="planned", devices_after=read_devices(allow_cpu=True)
-        )
-    assert record.effective == p.effective() and record.requested == p.requested()
-    assert_estimate_matches_log(p.estimate, log)
-
-
 @pytest.mark.parametrize(("name", "slots"), [("lfm2", 3), ("lfm2-swa", 2), ("granite", 5), ("granite-nope", 2)])
 async def test_automatic_plans_of_hybrids_run_as_planned(llama_server_binary, models, tmp_path, name, slots):
     path, shape = models[name]
     device = synthetic_cpu(budget(shape, context=shape.n_ctx_train, slots=slots))
     p = plan(shape, [device], AutoPolicy(), estimator=PythonEstimator())
     assert p.context_per_slot == shape.n_ctx_train and p.slots >= slots and p.cache_type_k == "f16"
-    await launch_and_verify(llama_server_binary, path, shape, p, tmp_path / "server.log")
+    await launch_and_verify(llama_server_binary, path, p, tmp_path / "server.log")
 
 
 async def test_an_automatic_plan_of_a_pure_recurrent_model_runs_as_planned(llama_server_binary, models, tmp_path):
@@ -155,11 +123,8 @@ async def test_an_automatic_plan_of_a_pure_recurrent_model_runs_as_planned(llama
     p = plan(shape, [device], AutoPolicy(), estimator=PythonEstimator())
     assert p.context_per_slot == shape.n_ctx_train and p.slots >= 4
     log = tmp_path / "server.log"
-    spec = launch_spec_for(p, model_path=path, alias="planned", threads=1)
-    async with running(llama_server_binary, spec, log) as server:
-        record = await verify_runtime(
-            p, endpoint=server.endpoint, log_path=log, alias="planned", devices_after=read_devices(allow_cpu=True)
-        )
+    async with running_plan(llama_server_binary, path, p, log) as (_, record):
+        pass
     # No K/V cache at all: the one cache is the recurrent state, one cell per slot.
     assert record.effective == p.effective() and record.unverified == []
     assert [(m["kind"], m["cells"]) for m in record.memory] == [("recurrent", p.slots)]

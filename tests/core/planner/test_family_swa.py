@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from qiip_core.engines.llamacpp import make_test_gguf, read_gguf_metadata
+from qiip_core.engines.llamacpp import read_gguf_metadata
 from qiip_core.nodes import LlamaCppRuntime
 from qiip_core.planner import (
     AutoPolicy,
@@ -21,12 +21,16 @@ from qiip_core.planner import (
     Plan,
     PythonEstimator,
     estimate,
-    launch_spec_for,
     plan,
     read_devices,
-    verify_runtime,
 )
-from tests.support.planner import assert_estimate_matches_log, load_once, running, synthetic_cpu
+from tests.support.planner import (
+    assert_estimate_matches_log,
+    generated_model,
+    load_once,
+    running_plan,
+    synthetic_cpu,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -42,9 +46,8 @@ MODELS = {
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, ModelShape]]:
     directory = tmp_path_factory.mktemp("swa-models")
-    found = {}
-    for name, (architecture, options) in MODELS.items():
-        path = make_test_gguf(
+    return {
+        name: generated_model(
             directory / f"{name}.gguf",
             architecture=architecture,
             n_layers=6,
@@ -55,9 +58,9 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Mo
             n_vocab=2000,
             n_ff=384,
             options=options,
-        )[0]
-        found[name] = (path, ModelShape.from_metadata(read_gguf_metadata(path)))
-    return found
+        )
+        for name, (architecture, options) in MODELS.items()
+    }
 
 
 def test_the_generated_models_have_the_layer_patterns_llama_cpp_gives_them(models):
@@ -120,11 +123,8 @@ async def test_the_real_gemma_is_estimated_within_2_percent(
 
 
 async def _launch_and_verify(binary: Path, path: Path, p: Plan, log: Path) -> LlamaCppRuntime:
-    spec = launch_spec_for(p, model_path=path, alias="planned", threads=1)
-    async with running(binary, spec, log) as server:
-        record = await verify_runtime(
-            p, endpoint=server.endpoint, log_path=log, alias="planned", devices_after=read_devices(allow_cpu=True)
-        )
+    async with running_plan(binary, path, p, log) as (_, record):
+        pass
     assert record.effective == p.effective() and record.unverified == []
     assert record.architecture == p.architecture
     assert [m["kind"] for m in record.memory] == [c.kind for c in p.caches]

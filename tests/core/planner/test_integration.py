@@ -15,18 +15,13 @@ import pytest
 
 from qiip_core import VerificationError
 from qiip_core.config import load_settings
-from qiip_core.engines.llamacpp import (
-    LlamaCppInstaller,
-    make_test_gguf,
-    read_gguf_metadata,
-)
+from qiip_core.engines.llamacpp import LlamaCppInstaller
 from qiip_core.planner import (
     AutoPolicy,
     CustomPolicy,
     DeviceMemory,
     FitParamsEstimator,
     ModelShape,
-    Plan,
     PythonEstimator,
     estimate,
     launch_spec_for,
@@ -34,11 +29,12 @@ from qiip_core.planner import (
     read_devices,
     verify_runtime,
 )
+from tests.support.llama_server import running
 from tests.support.planner import (
-    assert_estimate_matches_log,
     assert_load_matches_estimate,
     budget,
-    running,
+    generated_model,
+    launch_and_verify,
     synthetic_cpu,
 )
 
@@ -58,9 +54,8 @@ MODELS = {
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, ModelShape]]:
     directory = tmp_path_factory.mktemp("planner-models")
-    found = {}
-    for name, (layers, width, heads, kv_heads, train, vocab, ff) in MODELS.items():
-        path = make_test_gguf(
+    return {
+        name: generated_model(
             directory / f"{name}.gguf",
             n_layers=layers,
             n_embd=width,
@@ -69,9 +64,9 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Mo
             n_ctx_train=train,
             n_vocab=vocab,
             n_ff=ff,
-        )[0]
-        found[name] = (path, ModelShape.from_metadata(read_gguf_metadata(path)))
-    return found
+        )
+        for name, (layers, width, heads, kv_heads, train, vocab, ff) in MODELS.items()
+    }
 
 
 @pytest.fixture(scope="session")
@@ -111,17 +106,6 @@ async def test_estimates_are_within_2_percent_of_the_log(
     await assert_load_matches_estimate(
         llama_server_binary, path, shape, log, ctx=ctx, slots=slots, flash_attn=fa, cache=cache
     )
-
-
-async def launch_and_verify(binary: Path, path: Path, p: Plan, log: Path, *, embeddings: bool = False) -> None:
-    spec = launch_spec_for(p, model_path=path, alias="planned", threads=1, embeddings=embeddings)
-    async with running(binary, spec, log) as server:
-        record = await verify_runtime(
-            p, endpoint=server.endpoint, log_path=log, alias="planned", devices_after=read_devices(allow_cpu=True)
-        )
-    assert record.effective == p.effective() and record.requested == p.requested()
-    assert record.effective["device_mode"] == "cpu" and record.effective["gpu_layers"] == 0
-    assert_estimate_matches_log(p.estimate, log)
 
 
 def fits_on(shape: ModelShape, device: DeviceMemory, context: int, slots: int, cache: str) -> bool:

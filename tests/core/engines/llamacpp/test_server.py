@@ -1,14 +1,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -16,6 +14,7 @@ import pytest
 
 from qiip_core import EngineLaunchError
 from qiip_core.engines.llamacpp import LaunchSpec, LlamaServerProcess, free_port, make_test_gguf
+from tests.support.llama_server import running
 
 
 async def _gone(pid: int, timeout_s: float = 10.0) -> bool:
@@ -135,17 +134,6 @@ async def test_stop_before_start_is_a_no_op(tmp_path):
 # --- real llama-server ------------------------------------------------------------------------------------
 
 
-@contextlib.asynccontextmanager
-async def serving(binary: Path, spec: LaunchSpec, log: Path) -> AsyncIterator[LlamaServerProcess]:
-    process = LlamaServerProcess(binary, spec, log)
-    await process.start()
-    try:
-        await process.wait_ready(timeout_s=60)
-        yield process
-    finally:
-        await process.stop()
-
-
 @pytest.mark.integration
 def test_every_flag_we_pass_is_in_llama_server_help(llama_server_binary):
     help_text = subprocess.run(
@@ -162,7 +150,7 @@ def test_every_flag_we_pass_is_in_llama_server_help(llama_server_binary):
 async def test_serves_health_models_chat_props_and_slots(llama_server_binary, tiny_gguf, tmp_path):
     spec = LaunchSpec(model=tiny_gguf, alias="tiny-test", ctx_size=2048, slots=2)
     log = tmp_path / "server.log"
-    async with serving(llama_server_binary, spec, log) as server:
+    async with running(llama_server_binary, spec, log) as server:
         assert server.endpoint == f"http://127.0.0.1:{server.spec.port}"
         assert server.spec.port != 0
         async with httpx.AsyncClient(base_url=server.endpoint, trust_env=False, timeout=30) as client:
@@ -213,7 +201,7 @@ async def test_split_slots_and_quantised_cache(llama_server_binary, tmp_path):
         flash_attn="on",
     )
     log = tmp_path / "split.log"
-    async with serving(llama_server_binary, spec, log) as server:
+    async with running(llama_server_binary, spec, log) as server:
         async with httpx.AsyncClient(base_url=server.endpoint, trust_env=False, timeout=30) as client:
             slots = (await client.get("/slots")).json()
             assert [s["n_ctx"] for s in slots] == [512] * 4
@@ -227,7 +215,7 @@ async def test_split_slots_and_quantised_cache(llama_server_binary, tmp_path):
 @pytest.mark.integration
 async def test_embeddings_mode(llama_server_binary, tiny_gguf, tmp_path):
     spec = LaunchSpec(model=tiny_gguf, alias="emb", ctx_size=512, embeddings=True)
-    async with serving(llama_server_binary, spec, tmp_path / "emb.log") as server:
+    async with running(llama_server_binary, spec, tmp_path / "emb.log") as server:
         async with httpx.AsyncClient(base_url=server.endpoint, trust_env=False, timeout=30) as client:
             reply = await client.post("/v1/embeddings", json={"model": "emb", "input": "hello world"})
             assert reply.status_code == 200
@@ -267,7 +255,7 @@ async def test_not_ready_in_time_stops_the_process(llama_server_binary, tiny_ggu
 @pytest.mark.integration
 async def test_stop_leaves_no_process_and_is_idempotent(llama_server_binary, tiny_gguf, tmp_path):
     spec = LaunchSpec(model=tiny_gguf, alias="t", ctx_size=512)
-    async with serving(llama_server_binary, spec, tmp_path / "s.log") as server:
+    async with running(llama_server_binary, spec, tmp_path / "s.log") as server:
         pid = server.pid
         assert pid is not None and _alive(pid)
         assert os.getpgid(pid) == pid  # its own session and process group

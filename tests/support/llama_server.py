@@ -1,0 +1,36 @@
+"""Run a real llama-server for a test: started from a launch spec, healthy before the test uses it, always stopped."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from qiip_core.engines.llamacpp import LaunchSpec, LlamaServerProcess
+
+READY_TIMEOUT_S = 60.0
+"""Seconds a server may take to load its model and answer `/health`."""
+
+
+@contextlib.asynccontextmanager
+async def running(binary: Path, spec: LaunchSpec, log: Path) -> AsyncIterator[LlamaServerProcess]:
+    """A llama-server for `spec`, healthy, stopped on the way out.
+
+    Args:
+        binary: the `llama-server` to run.
+        spec: what to launch; port 0 takes a free port.
+        log: the file the server's output goes to.
+
+    Yields:
+        The running process; its `endpoint` is the server's base URL.
+
+    Raises:
+        EngineLaunchError: the server exited or was not ready within `READY_TIMEOUT_S`.
+    """
+    process = LlamaServerProcess(binary, spec, log)
+    await process.start()
+    try:
+        await process.wait_ready(timeout_s=READY_TIMEOUT_S)
+        yield process
+    finally:
+        await process.stop()
