@@ -6,22 +6,19 @@ import os
 import pty
 import select
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.support.cli import QIIP, clean_environ
 from tests.support.daemon import free_port
 
 pytestmark = pytest.mark.integration
 
-QIIP = [sys.executable, "-c", "from qiip_cli import main; main()"]
-
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("QIIP_")}
-    return env | {"QIIP_STATE_DIR": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "config"), **extra}
+    return clean_environ() | {"QIIP_STATE_DIR": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "config"), **extra}
 
 
 def test_without_a_terminal_bare_qiip_prints_the_help(tmp_path: Path) -> None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 import tomllib
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pytest
 
 from qiip_cli._up import _previous_credentials, _write_console_config
 from qiip_core.config import load_settings
+from tests.support.cli import QIIP, clean_environ
 from tests.support.daemon import free_port
 
 pytestmark = pytest.mark.integration
@@ -57,17 +59,21 @@ def _listening_pids(port: int) -> set[int]:
     return holders
 
 
-def test_up_serves_until_ctrl_c_and_leaves_nothing_behind(tmp_path: Path, llama_server_binary: Path) -> None:
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("QIIP_")}
-    env |= {
+def _up_env(tmp_path: Path, llama_server_binary: Path) -> dict[str, str]:
+    """Settings for a `qiip up` on the state directory `tmp_path/state` that runs `llama_server_binary`."""
+    return clean_environ() | {
         "QIIP_STATE_DIR": str(tmp_path / "state"),
         "QIIP_ENGINES__LLAMACPP__SERVER_BINARY": str(llama_server_binary),
     }
+
+
+@contextlib.contextmanager
+def _up(port: int, *args: str, env: dict[str, str], cwd: Path | None = None) -> Iterator[subprocess.Popen[str]]:
+    """`qiip up --port PORT ARGS`, once it printed its OpenAI base URL; stopped with Ctrl-C (SIGINT) on the way out."""
     with subprocess.Popen(
-        [sys.executable, "-c", "from qiip_cli import main; main()", "up", "--port", str(port)],
+        [*QIIP, "up", "--port", str(port), *args],
         env=env,
-        cwd=tmp_path,
+        cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -76,20 +82,36 @@ def test_up_serves_until_ctrl_c_and_leaves_nothing_behind(tmp_path: Path, llama_
             assert up.stdout is not None and up.stderr is not None
             line = up.stdout.readline()
             assert line == f"OpenAI base URL: http://127.0.0.1:{port}/v1\n", line or up.stderr.read()
-            client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
-            assert [m.id for m in client.models.list()] == ["qiip-test-tiny"]
-            reply = client.chat.completions.create(
-                model="qiip-test-tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3
-            )
-            assert reply.usage is not None and 1 <= reply.usage.completion_tokens <= 3
-            client.close()
-            servers = _processes_mentioning(str(tmp_path / "state" / "models"))
-            assert servers
-            # The gateway's port is the daemon's alone: a llama-server holding it would keep it after a stop.
-            assert not set(servers) & _listening_pids(port)
+            yield up
         finally:
             up.send_signal(signal.SIGINT)
             up.wait(timeout=60)
+
+
+def _run_up(
+    env: dict[str, str], *args: str, port: int | None = None, timeout_s: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """`qiip up --port PORT ARGS` (a free port unless given) run to its end: for the starts that must fail."""
+    port = free_port() if port is None else port
+    return subprocess.run(
+        [*QIIP, "up", "--port", str(port), *args], env=env, capture_output=True, text=True, timeout=timeout_s
+    )
+
+
+def test_up_serves_until_ctrl_c_and_leaves_nothing_behind(tmp_path: Path, llama_server_binary: Path) -> None:
+    port = free_port()
+    with _up(port, env=_up_env(tmp_path, llama_server_binary), cwd=tmp_path) as up:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+        assert [m.id for m in client.models.list()] == ["qiip-test-tiny"]
+        reply = client.chat.completions.create(
+            model="qiip-test-tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+        )
+        assert reply.usage is not None and 1 <= reply.usage.completion_tokens <= 3
+        client.close()
+        servers = _processes_mentioning(str(tmp_path / "state" / "models"))
+        assert servers
+        # The gateway's port is the daemon's alone: a llama-server holding it would keep it after a stop.
+        assert not set(servers) & _listening_pids(port)
     assert up.returncode == 0
     deadline = time.monotonic() + 10
     while _processes_mentioning(str(tmp_path / "state")) and time.monotonic() < deadline:
@@ -106,31 +128,10 @@ def test_up_refuses_a_busy_port_and_a_missing_model(tmp_path: Path) -> None:
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         port = sock.getsockname()[1]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("QIIP_")} | {"QIIP_STATE_DIR": str(tmp_path)}
-        busy = subprocess.run(
-            [sys.executable, "-c", "from qiip_cli import main; main()", "up", "--port", str(port)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        env = clean_environ() | {"QIIP_STATE_DIR": str(tmp_path)}
+        busy = _run_up(env, port=port, timeout_s=60)
     assert busy.returncode == 1 and f"Port {port} on 127.0.0.1 is already in use" in busy.stderr
-    missing = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from qiip_cli import main; main()",
-            "up",
-            "--model",
-            str(tmp_path / "x.gguf"),
-            "--port",
-            str(free_port()),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    missing = _run_up(env, "--model", str(tmp_path / "x.gguf"), timeout_s=60)
     assert missing.returncode == 1 and "does not exist" in missing.stderr
 
 
@@ -162,32 +163,13 @@ def _gguf_without_tensors(path: Path) -> Path:
 def test_up_fails_fast_when_its_model_cannot_load(tmp_path: Path, llama_server_binary: Path) -> None:
     # A file every check before the launch accepts, which llama-server itself refuses.
     broken = _gguf_without_tensors(tmp_path / "broken.gguf")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("QIIP_")}
-    env |= {
-        "QIIP_STATE_DIR": str(tmp_path / "state"),
-        "QIIP_ENGINES__LLAMACPP__SERVER_BINARY": str(llama_server_binary),
-    }
+    env = _up_env(tmp_path, llama_server_binary)
     # A console file of a daemon already running on this state directory survives a start that fails.
     (tmp_path / "state").mkdir()
     console_file = tmp_path / "state" / "console.toml"
     console_file.write_text('url = "http://127.0.0.1:8080"\nusername = "qiip"\npassword = "running"\n')
     console_file.chmod(0o600)
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from qiip_cli import main; main()",
-            "up",
-            "--model",
-            str(broken),
-            "--port",
-            str(free_port()),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = _run_up(env, "--model", str(broken))
     assert result.returncode == 1
     assert "The model 'broken' failed to start: the daemon says why above" in result.stderr
     assert "local node local failed to start" in result.stderr  # the daemon's own line, above
@@ -205,24 +187,6 @@ def test_up_keeps_the_console_credentials_of_an_earlier_start(tmp_path: Path) ->
     assert _previous_credentials(settings) is None
 
 
-def _up_env(tmp_path: Path, llama_server_binary: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("QIIP_")}
-    return env | {
-        "QIIP_STATE_DIR": str(tmp_path / "state"),
-        "QIIP_ENGINES__LLAMACPP__SERVER_BINARY": str(llama_server_binary),
-    }
-
-
-def _run_up(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", "from qiip_cli import main; main()", "up", "--port", str(free_port()), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def _available_mib() -> int:
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemAvailable:"):
@@ -236,78 +200,64 @@ def test_up_serves_the_real_gemma_planned_automatically_and_relaunches_it_custom
     port = free_port()
     # An automatic plan fills memory up to the fit target: leave it about 1.5 GiB to fill, not the whole machine.
     target = _available_mib() - 1536
-    argv = ["up", "--port", str(port), "--model", str(gemma_gguf), "--sizing", "auto", "--fit-target-mib", str(target)]
-    with subprocess.Popen(
-        [sys.executable, "-c", "from qiip_cli import main; main()", *argv],
-        env=_up_env(tmp_path, llama_server_binary),
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    ) as up:
-        try:
-            assert up.stdout is not None and up.stderr is not None
-            line = up.stdout.readline()
-            assert line == f"OpenAI base URL: http://127.0.0.1:{port}/v1\n", line or up.stderr.read()
-            base = f"http://127.0.0.1:{port}"
-            client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
-            model = "gemma-3-270m-q4_k_m"
-            assert [m.id for m in client.models.list()] == [model]
-            completion = client.completions.create(
-                model=model, prompt="The capital of France is", max_tokens=8, temperature=0
-            )
-            assert completion.choices[0].text.startswith(" the capital of the country of France")
-            reply = client.chat.completions.create(
-                model=model, messages=[{"role": "user", "content": "Say hello."}], max_tokens=8, temperature=0
-            )
-            assert reply.usage is not None and 1 <= reply.usage.completion_tokens <= 8
-            stream = client.chat.completions.create(
-                model=model,
-                messages=[{"role": "user", "content": "Count to three."}],
-                max_tokens=8,
-                temperature=0,
-                stream=True,
-            )
-            chunks = list(stream)
-            assert chunks and chunks[-1].choices[0].finish_reason in ("length", "stop")
-            client.close()
-            # The node's record: an automatic plan of the whole training context, both caches verified.
-            console = tomllib.loads((tmp_path / "state" / "console.toml").read_text())
-            auth = (console["username"], console["password"])
-            node = httpx.get(f"{base}/admin/nodes/local", auth=auth).json()
-            runtime = node["llamacpp_runtime"]
-            assert runtime["requested"]["sizing"] == "auto" and runtime["architecture"] == "gemma3"
-            assert runtime["effective"]["context_per_slot"] == 32768 and runtime["unverified"] == []
-            assert [(m["kind"], m["layers"]) for m in runtime["memory"]] == [("kv", 3), ("kv_swa", 15)]
-            # A relaunch with an operator's exact sizing.
-            custom = {
-                "sizing": "custom",
-                "fit_target_mib": 512,
-                "context_per_slot": 4096,
-                "slots": 3,
-                "cache_type": "q8_0",
-            }
-            started = httpx.post(f"{base}/admin/nodes/local/llamacpp/relaunch", json=custom, auth=auth, timeout=30)
-            assert started.status_code == 202, started.text
-            operation = started.json()["id"]
-            deadline = time.monotonic() + 120
-            state = ""
-            while time.monotonic() < deadline:
-                state = httpx.get(f"{base}/admin/operations/{operation}", auth=auth).json()["state"]
-                if state in ("succeeded", "failed"):
-                    break
-                time.sleep(0.2)
-            assert state == "succeeded"
-            runtime = httpx.get(f"{base}/admin/nodes/local", auth=auth).json()["llamacpp_runtime"]
-            assert (runtime["effective"]["slots"], runtime["effective"]["cache_type_k"]) == (3, "q8_0")
-            assert runtime["memory"][1]["cells"] == 2048 and runtime["unverified"] == []  # pad256(512 × 3 + 512)
-            again = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
-            completion = again.completions.create(model=model, prompt="The capital of France is", max_tokens=4)
-            assert completion.choices[0].text
-            again.close()
-        finally:
-            up.send_signal(signal.SIGINT)
-            up.wait(timeout=60)
+    args = ["--model", str(gemma_gguf), "--sizing", "auto", "--fit-target-mib", str(target)]
+    with _up(port, *args, env=_up_env(tmp_path, llama_server_binary), cwd=tmp_path) as up:
+        base = f"http://127.0.0.1:{port}"
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
+        model = "gemma-3-270m-q4_k_m"
+        assert [m.id for m in client.models.list()] == [model]
+        completion = client.completions.create(
+            model=model, prompt="The capital of France is", max_tokens=8, temperature=0
+        )
+        assert completion.choices[0].text.startswith(" the capital of the country of France")
+        reply = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Say hello."}], max_tokens=8, temperature=0
+        )
+        assert reply.usage is not None and 1 <= reply.usage.completion_tokens <= 8
+        stream = client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "Count to three."}],
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+        )
+        chunks = list(stream)
+        assert chunks and chunks[-1].choices[0].finish_reason in ("length", "stop")
+        client.close()
+        # The node's record: an automatic plan of the whole training context, both caches verified.
+        console = tomllib.loads((tmp_path / "state" / "console.toml").read_text())
+        auth = (console["username"], console["password"])
+        node = httpx.get(f"{base}/admin/nodes/local", auth=auth).json()
+        runtime = node["llamacpp_runtime"]
+        assert runtime["requested"]["sizing"] == "auto" and runtime["architecture"] == "gemma3"
+        assert runtime["effective"]["context_per_slot"] == 32768 and runtime["unverified"] == []
+        assert [(m["kind"], m["layers"]) for m in runtime["memory"]] == [("kv", 3), ("kv_swa", 15)]
+        # A relaunch with an operator's exact sizing.
+        custom = {
+            "sizing": "custom",
+            "fit_target_mib": 512,
+            "context_per_slot": 4096,
+            "slots": 3,
+            "cache_type": "q8_0",
+        }
+        started = httpx.post(f"{base}/admin/nodes/local/llamacpp/relaunch", json=custom, auth=auth, timeout=30)
+        assert started.status_code == 202, started.text
+        operation = started.json()["id"]
+        deadline = time.monotonic() + 120
+        state = ""
+        while time.monotonic() < deadline:
+            state = httpx.get(f"{base}/admin/operations/{operation}", auth=auth).json()["state"]
+            if state in ("succeeded", "failed"):
+                break
+            time.sleep(0.2)
+        assert state == "succeeded"
+        runtime = httpx.get(f"{base}/admin/nodes/local", auth=auth).json()["llamacpp_runtime"]
+        assert (runtime["effective"]["slots"], runtime["effective"]["cache_type_k"]) == (3, "q8_0")
+        assert runtime["memory"][1]["cells"] == 2048 and runtime["unverified"] == []  # pad256(512 × 3 + 512)
+        again = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
+        completion = again.completions.create(model=model, prompt="The capital of France is", max_tokens=4)
+        assert completion.choices[0].text
+        again.close()
     assert up.returncode == 0
     assert _processes_mentioning(str(gemma_gguf)) == []
 
@@ -321,34 +271,21 @@ def test_up_serves_several_models_behind_one_gateway(tmp_path: Path, llama_serve
     )[0]
     encoder = make_test_gguf(tmp_path / "encoder.gguf", architecture="bert", n_embd=128, n_ctx_train=512)[0]
     port = free_port()
-    argv = ["up", "--port", str(port), "--model", str(first), "--model", f"windowed={second}", "--ctx-size", "512"]
-    argv += ["--model", f"embedder={encoder}"]
-    with subprocess.Popen(
-        [sys.executable, "-c", "from qiip_cli import main; main()", *argv],
-        env=_up_env(tmp_path, llama_server_binary),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    ) as up:
-        try:
-            assert up.stdout is not None and up.stderr is not None
-            line = up.stdout.readline()
-            assert line == f"OpenAI base URL: http://127.0.0.1:{port}/v1\n", line or up.stderr.read()
-            client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
-            assert sorted(m.id for m in client.models.list()) == ["embedder", "first", "windowed"]
-            for model in ("first", "windowed"):
-                reply = client.completions.create(model=model, prompt="hello", max_tokens=2)
-                assert reply.model == model and reply.choices[0].text is not None
-            # An encoder is an embedding model: served with --embeddings without being told.
-            vectors = client.embeddings.create(model="embedder", input=["hello world", "the model"])
-            assert [len(item.embedding) for item in vectors.data] == [128, 128]
-            client.close()
-            health = httpx.get(f"http://127.0.0.1:{port}/health").json()
-            assert health["local_nodes"] == {"local": "serving", "local-2": "serving", "local-3": "serving"}
-            assert "(embeddings)" in up.stderr.readline() + up.stderr.readline() + up.stderr.readline()
-        finally:
-            up.send_signal(signal.SIGINT)
-            up.wait(timeout=60)
+    args = ["--model", str(first), "--model", f"windowed={second}", "--ctx-size", "512"]
+    args += ["--model", f"embedder={encoder}"]
+    with _up(port, *args, env=_up_env(tmp_path, llama_server_binary)) as up:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+        assert sorted(m.id for m in client.models.list()) == ["embedder", "first", "windowed"]
+        for model in ("first", "windowed"):
+            reply = client.completions.create(model=model, prompt="hello", max_tokens=2)
+            assert reply.model == model and reply.choices[0].text is not None
+        # An encoder is an embedding model: served with --embeddings without being told.
+        vectors = client.embeddings.create(model="embedder", input=["hello world", "the model"])
+        assert [len(item.embedding) for item in vectors.data] == [128, 128]
+        client.close()
+        health = httpx.get(f"http://127.0.0.1:{port}/health").json()
+        assert health["local_nodes"] == {"local": "serving", "local-2": "serving", "local-3": "serving"}
+        assert "(embeddings)" in up.stderr.readline() + up.stderr.readline() + up.stderr.readline()
     assert up.returncode == 0
     assert _processes_mentioning(str(tmp_path / "state")) == []
 
@@ -404,26 +341,13 @@ def test_up_names_the_file_and_the_reason_for_every_model_it_cannot_serve(
 def test_a_second_up_on_the_same_state_directory_is_refused(tmp_path: Path, llama_server_binary: Path) -> None:
     env = _up_env(tmp_path, llama_server_binary)
     port = free_port()
-    with subprocess.Popen(
-        [sys.executable, "-c", "from qiip_cli import main; main()", "up", "--port", str(port)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    ) as first:
-        try:
-            assert first.stdout is not None and first.stderr is not None
-            line = first.stdout.readline()
-            assert line.startswith("OpenAI base URL"), line or first.stderr.read()
-            second = _run_up(env)
-            assert second.returncode == 1
-            assert "Another QIIP daemon runs local nodes from the state directory" in second.stderr
-            assert "QIIP_STATE_DIR" in second.stderr
-            # The first one is untouched and still serves.
-            assert httpx.get(f"http://127.0.0.1:{port}/health").json()["local_nodes"] == {"local": "serving"}
-        finally:
-            first.send_signal(signal.SIGINT)
-            first.wait(timeout=60)
+    with _up(port, env=env) as first:
+        second = _run_up(env)
+        assert second.returncode == 1
+        assert "Another QIIP daemon runs local nodes from the state directory" in second.stderr
+        assert "QIIP_STATE_DIR" in second.stderr
+        # The first one is untouched and still serves.
+        assert httpx.get(f"http://127.0.0.1:{port}/health").json()["local_nodes"] == {"local": "serving"}
     assert first.returncode == 0
     # Once it is gone, the directory is free again.
     from qiip_core.config import local_nodes_in_use

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import sys
 import threading
@@ -15,6 +14,7 @@ import httpx
 import pytest
 
 from qiip_core.engines.llamacpp import LaunchSpec, LlamaServerProcess, free_port
+from tests.support.cli import clean_environ
 from tests.support.daemon import Daemon, wait_until
 from tests.support.fault_backend import FaultBackend, Hang, Status
 
@@ -166,8 +166,7 @@ def test_unsafe_profiles_stop_start_up(tmp_path: Path, profile: str, fragment: s
     loose = token_file(tmp_path, 0o644)
     text = f'[[attached]]\nname = "x"\nmodel = "m"\n{profile.replace("TOKEN_0644", str(loose))}\n'
     config = write_config(tmp_path, text)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("QIIP_")}
-    env |= {"QIIP_STATE_DIR": str(tmp_path / "state"), "QIIP_ADMIN__ENABLED": "false"}
+    env = clean_environ() | {"QIIP_STATE_DIR": str(tmp_path / "state"), "QIIP_ADMIN__ENABLED": "false"}
     result = subprocess.run(
         [sys.executable, "-m", "qiip_proxy", "--config", str(config), "--port", "1"],
         env=env,

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.cli import run_qiip
 from tests.support.daemon import Daemon, wait_until
 from tests.support.etcd import EtcdServer
 from tests.support.fault_backend import FaultBackend
@@ -26,19 +24,6 @@ def etcd_env(etcd: EtcdServer) -> dict[str, str]:
     return {"QIIP_REGISTRY__BACKEND": "etcd", "QIIP_ETCD__ENDPOINTS": json.dumps([etcd.url])}
 
 
-def qiip(etcd: EtcdServer, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("QIIP_")} | etcd_env(etcd)
-    env["QIIP_STATE_DIR"] = str(tmp_path)
-    return subprocess.run(
-        [sys.executable, "-c", "from qiip_cli import main; main()", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
-    )
-
-
 @pytest.fixture
 def gateways(etcd: EtcdServer, tmp_path: Path) -> Iterator[tuple[Daemon, Daemon]]:
     env = etcd_env(etcd) | {"QIIP_ETCD__RECONNECT_MAX_BACKOFF_S": "0.5"}
@@ -50,15 +35,15 @@ def test_two_gateways_converge_on_puts_and_deletes(
     gateways: tuple[Daemon, Daemon], etcd: EtcdServer, backends: Backends, tmp_path: Path
 ) -> None:
     backend = backends()
-    added = qiip(etcd, tmp_path, "node", "add", "gpu01", backend.url, "--model", "shared/model")
+    added = run_qiip(tmp_path, "node", "add", "gpu01", backend.url, "--model", "shared/model", env=etcd_env(etcd))
     assert added.returncode == 0, added.stderr
     for gateway in gateways:
         gateway.wait_status("gpu01", "healthy", timeout_s=5)
         answer = httpx.post(gateway.url + "/v1/chat/completions", json={"model": "shared/model", "messages": []})
         assert answer.status_code == 200
-    listed = json.loads(qiip(etcd, tmp_path, "node", "list", "--json").stdout)
+    listed = json.loads(run_qiip(tmp_path, "node", "list", "--json", env=etcd_env(etcd)).stdout)
     assert [(n["id"], n["source"]) for n in listed] == [("gpu01", "etcd")]
-    removed = qiip(etcd, tmp_path, "node", "remove", "gpu01")
+    removed = run_qiip(tmp_path, "node", "remove", "gpu01", env=etcd_env(etcd))
     assert removed.returncode == 0, removed.stderr
     for gateway in gateways:
         gateway.wait_gone("gpu01", timeout_s=5)
@@ -69,7 +54,7 @@ def test_requests_are_served_through_an_etcd_outage(
 ) -> None:
     one, two = gateways
     backend = backends()
-    assert qiip(etcd, tmp_path, "node", "add", "gpu01", backend.url, "--model", "m").returncode == 0
+    assert run_qiip(tmp_path, "node", "add", "gpu01", backend.url, "--model", "m", env=etcd_env(etcd)).returncode == 0
     one.wait_status("gpu01", "healthy", timeout_s=5)
     failures: list[int] = []
     stop = threading.Event()
@@ -86,7 +71,7 @@ def test_requests_are_served_through_an_etcd_outage(
     try:
         etcd.stop()
         wait_until(lambda: one.client.get("/health").json()["status"] == "degraded", 10, "a degraded registry")
-        status = qiip(etcd, tmp_path, "registry", "status")
+        status = run_qiip(tmp_path, "registry", "status", env=etcd_env(etcd))
         assert status.returncode == 1 and "degraded" in status.stdout
         etcd.start()
         wait_until(lambda: one.client.get("/health").json()["status"] == "ok", 20, "the registry to recover")
@@ -95,10 +80,10 @@ def test_requests_are_served_through_an_etcd_outage(
         thread.join(30)
     assert failures == []
     other = backends()
-    assert qiip(etcd, tmp_path, "node", "add", "gpu02", other.url, "--model", "m").returncode == 0
+    assert run_qiip(tmp_path, "node", "add", "gpu02", other.url, "--model", "m", env=etcd_env(etcd)).returncode == 0
     for gateway in (one, two):
         gateway.wait_status("gpu02", "healthy", timeout_s=20)
-    status = qiip(etcd, tmp_path, "registry", "status")
+    status = run_qiip(tmp_path, "registry", "status", env=etcd_env(etcd))
     assert status.returncode == 0 and "backend: etcd" in status.stdout and "nodes:   2" in status.stdout
 
 

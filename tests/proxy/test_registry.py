@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -13,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.cli import clean_environ, run_qiip
 from tests.support.daemon import Daemon, wait_until
 from tests.support.fault_backend import FaultBackend, Gated, Json
 
@@ -21,28 +21,16 @@ pytestmark = pytest.mark.integration
 Backends = Callable[..., FaultBackend]
 
 
-def qiip(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("QIIP_")} | {"QIIP_STATE_DIR": str(state_dir)}
-    return subprocess.run(
-        [sys.executable, "-c", "from qiip_cli import main; main()", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=state_dir,
-    )
-
-
 def test_cli_changes_a_running_daemon_and_survive_a_restart(tmp_path: Path, backends: Backends) -> None:
     backend = backends()
     with Daemon(tmp_path) as daemon:
-        added = qiip(tmp_path, "node", "add", "gpu01", f"127.0.0.1:{backend.port}", "--model", "org/m:q4")
+        added = run_qiip(tmp_path, "node", "add", "gpu01", f"127.0.0.1:{backend.port}", "--model", "org/m:q4")
         assert added.returncode == 0, added.stderr
         assert f"registered gpu01 at http://127.0.0.1:{backend.port}" in added.stdout
         daemon.wait_status("gpu01", "healthy")
         body = {"model": "org/m:q4", "messages": []}
         assert httpx.post(daemon.url + "/v1/chat/completions", json=body, timeout=30).status_code == 200
-        listed = json.loads(qiip(tmp_path, "node", "list", "--json").stdout)
+        listed = json.loads(run_qiip(tmp_path, "node", "list", "--json").stdout)
         assert [(n["id"], n["source"]) for n in listed] == [("gpu01", "state")]
     with Daemon(tmp_path) as daemon:
         daemon.wait_status("gpu01", "healthy")
@@ -55,7 +43,7 @@ def test_cli_changes_a_running_daemon_and_survive_a_restart(tmp_path: Path, back
         )
         thread.start()
         wait_until(lambda: daemon.in_flight("gpu01") == 1, 10, "the request to be in flight")
-        removed = qiip(tmp_path, "node", "remove", "gpu01")
+        removed = run_qiip(tmp_path, "node", "remove", "gpu01")
         assert removed.returncode == 0, removed.stderr
         daemon.wait_status("gpu01", "draining")
         fresh = httpx.post(daemon.url + "/v1/chat/completions", json=body, timeout=30)
@@ -67,13 +55,13 @@ def test_cli_changes_a_running_daemon_and_survive_a_restart(tmp_path: Path, back
 
 
 def test_cli_refusals_are_one_clear_line(tmp_path: Path) -> None:
-    outside = qiip(tmp_path, "node", "add", "x", "http://10.1.2.3:8000", "--model", "m")
+    outside = run_qiip(tmp_path, "node", "add", "x", "http://10.1.2.3:8000", "--model", "m")
     assert outside.returncode == 1 and outside.stderr.startswith("error: The endpoint http://10.1.2.3:8000")
-    no_port = qiip(tmp_path, "node", "add", "x", "http://127.0.0.1", "--model", "m")
+    no_port = run_qiip(tmp_path, "node", "add", "x", "http://127.0.0.1", "--model", "m")
     assert no_port.returncode == 1 and "has no port" in no_port.stderr
-    missing = qiip(tmp_path, "node", "remove", "ghost")
+    missing = run_qiip(tmp_path, "node", "remove", "ghost")
     assert missing.returncode == 1 and "No node is registered with id 'ghost'" in missing.stderr
-    bad_id = qiip(tmp_path, "node", "add", "bad id", "http://127.0.0.1:1", "--model", "m")
+    bad_id = run_qiip(tmp_path, "node", "add", "bad id", "http://127.0.0.1:1", "--model", "m")
     assert bad_id.returncode == 1 and "NODE_ID must be 1-128 characters" in bad_id.stderr
     assert not (tmp_path / "nodes.json").exists()
 
@@ -97,7 +85,7 @@ engine = "llama_cpp"
         daemon.wait_status("cfg-node", "healthy")
         models = httpx.get(daemon.url + "/v1/models", timeout=30).json()["data"]
         assert models == [{"id": "cfg/model", "object": "model", "created": 0, "owned_by": "llama_cpp"}]
-        removed = qiip(tmp_path, "--config", str(config), "node", "remove", "cfg-node")
+        removed = run_qiip(tmp_path, "--config", str(config), "node", "remove", "cfg-node")
         assert removed.returncode == 1 and "declared in the config file" in removed.stderr
 
 
@@ -111,10 +99,9 @@ engine = "llama_cpp"
     ],
 )
 def test_invalid_settings_stop_start_up(tmp_path: Path, env: dict[str, str], expected: str) -> None:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("QIIP_")}
     result = subprocess.run(
         [sys.executable, "-m", "qiip_proxy", "--port", "1"],
-        env=clean | {"QIIP_STATE_DIR": str(tmp_path), "QIIP_ADMIN__ENABLED": "false"} | env,
+        env=clean_environ() | {"QIIP_STATE_DIR": str(tmp_path), "QIIP_ADMIN__ENABLED": "false"} | env,
         capture_output=True,
         text=True,
         timeout=60,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import signal
 import socket
@@ -20,6 +19,7 @@ import httpx
 from qiip_core.config import load_settings
 from qiip_core.discovery import add_to_state_file, remove_from_state_file
 from qiip_core.nodes import Engine, Node, NodeCapabilities
+from tests.support.cli import clean_environ
 
 FAST_ENV = {
     "QIIP_HEALTH__INTERVAL_S": "0.1",
@@ -95,7 +95,7 @@ class Daemon:
 
     def _start(self) -> Daemon:
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("QIIP_")} | self.env
+        env = clean_environ() | self.env
         argv = [sys.executable, "-m", "qiip_proxy", "--port", str(self.port)]
         if self.config is not None:
             argv += ["--config", str(self.config)]
