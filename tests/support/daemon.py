@@ -52,6 +52,22 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0, what: str
     raise TimeoutError(f"timed out waiting for {what}")
 
 
+def stop_process(process: subprocess.Popen[bytes], *, sig: int = signal.SIGTERM, timeout_s: float) -> int:
+    """Send `sig` to `process` if it still runs and wait for it to end; kill it after `timeout_s` seconds.
+
+    Returns:
+        Its exit code (negative: the signal that ended it).
+    """
+    if process.poll() is None:
+        process.send_signal(sig)
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return process.returncode
+
+
 class Daemon:
     """A `qiip-proxy` process with its own state directory.
 
@@ -118,14 +134,9 @@ class Daemon:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(sig)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode if self.process is not None else 0
+        if self.process is None:
+            return 0
+        return stop_process(self.process, sig=sig, timeout_s=30)
 
     def close(self) -> None:
         self.stop()

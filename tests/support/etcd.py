@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
 
 import httpx
 
-from tests.support.daemon import free_port
+from tests.support.daemon import free_port, stop_process
 
 
 class EtcdServer:
@@ -60,13 +59,8 @@ class EtcdServer:
         raise RuntimeError("etcd did not become ready")
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        if self.process is not None:
+            stop_process(self.process, timeout_s=20)
 
     def __enter__(self) -> EtcdServer:
         return self.start()

@@ -31,42 +31,31 @@ from qiip_core.planner import (
 )
 from tests.support.llama_server import running
 from tests.support.planner import (
+    ModelRow,
     assert_load_matches_estimate,
     budget,
-    generated_model,
+    generated_models,
     launch_and_verify,
     synthetic_cpu,
 )
 
 pytestmark = pytest.mark.integration
 
-# name: (blocks, width, heads, K/V heads, training context, vocabulary, FFN width)
-MODELS = {
-    "gqa2": (4, 256, 4, 2, 8192, 2000, 1024),
-    "tiny": (2, 64, 4, 4, 2048, 512, 256),  # head 16: no Q8_0
-    "wide": (6, 384, 6, 2, 16384, 8000, 1536),
-    "mqa": (3, 512, 8, 1, 4096, 32000, 1408),
-    "deep": (8, 128, 2, 2, 32768, 300, 512),
-    "head128": (2, 256, 2, 1, 1024, 20000, 640),  # training context below the 4096 floor
+# name: (architecture, blocks, width, heads, K/V heads, training context, vocabulary, FFN width, options)
+MODELS: dict[str, ModelRow] = {
+    "gqa2": ("llama", 4, 256, 4, 2, 8192, 2000, 1024, {}),
+    "tiny": ("llama", 2, 64, 4, 4, 2048, 512, 256, {}),  # head 16: no Q8_0
+    "wide": ("llama", 6, 384, 6, 2, 16384, 8000, 1536, {}),
+    "mqa": ("llama", 3, 512, 8, 1, 4096, 32000, 1408, {}),
+    "deep": ("llama", 8, 128, 2, 2, 32768, 300, 512, {}),
+    "head128": ("llama", 2, 256, 2, 1, 1024, 20000, 640, {}),  # training context below the 4096 floor
 }
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, ModelShape]]:
     directory = tmp_path_factory.mktemp("planner-models")
-    return {
-        name: generated_model(
-            directory / f"{name}.gguf",
-            n_layers=layers,
-            n_embd=width,
-            n_head=heads,
-            n_head_kv=kv_heads,
-            n_ctx_train=train,
-            n_vocab=vocab,
-            n_ff=ff,
-        )
-        for name, (layers, width, heads, kv_heads, train, vocab, ff) in MODELS.items()
-    }
+    return generated_models(directory, MODELS)
 
 
 @pytest.fixture(scope="session")

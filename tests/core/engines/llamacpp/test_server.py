@@ -307,16 +307,24 @@ def test_server_dies_with_its_parent(llama_server_binary, tiny_gguf, tmp_path):
             os.kill(child, signal.SIGKILL)
 
 
+def _forking_stand_in(tmp_path: Path, then: str) -> tuple[LlamaServerProcess, Path]:
+    """A stand-in llama-server that forks a sleeping child, writes the child's PID to a file, then runs `then`.
+
+    Returns:
+        The (unstarted) process, and the file the child's PID goes to.
+    """
+    child_file = tmp_path / "child.pid"
+    program = tmp_path / "stand-in-server"
+    program.write_text(f"#!/bin/sh\nsleep 300 &\necho $! > {child_file}\n{then}\n")
+    program.chmod(0o755)
+    spec = LaunchSpec(model=tmp_path / "m.gguf", alias="stand-in", ctx_size=512)
+    return LlamaServerProcess(program, spec, tmp_path / "log"), child_file
+
+
 async def test_stop_also_ends_what_the_server_forked(tmp_path):
     # A stand-in for a crashed llama-server whose crash handler forked a helper: the supervisor's part is the
     # process group, which this exercises without needing a real crash.
-    child_file = tmp_path / "child.pid"
-    program = tmp_path / "forking-server"
-    program.write_text(f"#!/bin/sh\nsleep 300 &\necho $! > {child_file}\nexec sleep 300\n")
-    program.chmod(0o755)
-    process = LlamaServerProcess(
-        program, LaunchSpec(model=tmp_path / "m.gguf", alias="f", ctx_size=512), tmp_path / "log"
-    )
+    process, child_file = _forking_stand_in(tmp_path, then="exec sleep 300")
     await process.start()
     deadline = time.monotonic() + 10
     while not child_file.exists() or not child_file.read_text().strip():
@@ -329,13 +337,7 @@ async def test_stop_also_ends_what_the_server_forked(tmp_path):
 
 
 async def test_stop_after_the_server_exited_still_ends_its_forks(tmp_path):
-    child_file = tmp_path / "child.pid"
-    program = tmp_path / "crashing-server"
-    program.write_text(f"#!/bin/sh\nsleep 300 &\necho $! > {child_file}\nexit 134\n")
-    program.chmod(0o755)
-    process = LlamaServerProcess(
-        program, LaunchSpec(model=tmp_path / "m.gguf", alias="c", ctx_size=512), tmp_path / "log"
-    )
+    process, child_file = _forking_stand_in(tmp_path, then="exit 134")
     await process.start()
     with pytest.raises(EngineLaunchError):
         await process.wait_ready(10)
