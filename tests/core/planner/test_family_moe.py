@@ -19,13 +19,18 @@ import httpx
 import pytest
 
 from qiip_core.config import load_settings
-from qiip_core.engines.llamacpp import LaunchSpec, LlamaCppInstaller, make_test_gguf, read_gguf_metadata
+from qiip_core.engines.llamacpp import (
+    LaunchSpec,
+    LlamaCppInstaller,
+    launch_spec_for,
+    make_test_gguf,
+    read_gguf_metadata,
+)
 from qiip_core.planner import (
     AutoPolicy,
     ModelShape,
     PythonEstimator,
     estimate,
-    launch_spec_for,
     parse_server_log,
     plan,
     read_cpu_repack,

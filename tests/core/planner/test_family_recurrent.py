@@ -10,13 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from qiip_core.engines.llamacpp import make_test_gguf, read_gguf_metadata
+from qiip_core.engines.llamacpp import launch_spec_for, make_test_gguf, read_gguf_metadata
 from qiip_core.planner import (
     AutoPolicy,
     ModelShape,
     Plan,
     PythonEstimator,
-    launch_spec_for,
     plan,
     read_devices,
     verify_runtime,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from qiip_core.engines.llamacpp import make_test_gguf, read_gguf_metadata
+from qiip_core.engines.llamacpp import launch_spec_for, make_test_gguf, read_gguf_metadata
 from qiip_core.nodes import LlamaCppRuntime
 from qiip_core.planner import (
     AutoPolicy,
@@ -21,7 +21,6 @@ from qiip_core.planner import (
     Plan,
     PythonEstimator,
     estimate,
-    launch_spec_for,
     plan,
     read_devices,
     verify_runtime,

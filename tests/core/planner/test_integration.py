@@ -17,6 +17,7 @@ from qiip_core import VerificationError
 from qiip_core.config import load_settings
 from qiip_core.engines.llamacpp import (
     LlamaCppInstaller,
+    launch_spec_for,
     make_test_gguf,
     read_gguf_metadata,
 )
@@ -29,7 +30,6 @@ from qiip_core.planner import (
     Plan,
     PythonEstimator,
     estimate,
-    launch_spec_for,
     plan,
     read_devices,
     verify_runtime,
