@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import click
 
-from qiip_cli._main import CliContext, cli, pass_cli, run_or_exit
+from qiip_cli._context import CliContext, pass_cli, run_or_exit
 from qiip_core.client import load_console_config
 
 __all__ = ["console"]
 
 
-@cli.command("console")
+@click.command("console")
 @click.option(
     "--url",
     default=None,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from qiip_cli._main import CliContext, cli, pass_cli, run_or_exit
+from qiip_cli._context import CliContext, pass_cli, run_or_exit
 from qiip_core.engines.llamacpp import InstalledEngine, LlamaCppInstaller
 
 __all__ = ["engine"]
@@ -14,7 +14,7 @@ __all__ = ["engine"]
 ENGINES = ("llama.cpp",)
 
 
-@cli.group()
+@click.group()
 def engine() -> None:
     """Install inference engines and show what is installed."""
 

@@ -1,48 +1,25 @@
-"""The `qiip` command group. Each subcommand group lives in its own module and registers here."""
+"""The `qiip` command group, and the one place every subcommand is added to it.
+
+Each subcommand (or group of them) lives in its own module, which imports only `_context` for what commands share;
+this module imports them and adds them with `cli.add_command`, so imports point one way: `_main` → commands →
+`_context`.
+"""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 import click
 
-from qiip_core import QiipError
-from qiip_core.config import Settings, load_settings
+from qiip_cli._console import console
+from qiip_cli._context import CliContext
+from qiip_cli._engine import engine
+from qiip_cli._model import model
+from qiip_cli._node import node, registry
+from qiip_cli._up import up
 
-__all__ = ["CliContext", "cli", "pass_cli", "run_or_exit"]
-
-T = TypeVar("T")
-
-
-def run_or_exit(fn: Callable[[], T]) -> T:
-    """Run `fn`; a `QiipError` becomes `error: <message>` on stderr and exit status 1."""
-    try:
-        return fn()
-    except QiipError as exc:
-        click.echo(f"error: {exc.message}", err=True)
-        sys.exit(1)
-
-
-class CliContext:
-    """What every subcommand gets: the `--config` path and the settings, loaded on first use."""
-
-    def __init__(self, config: Path | None) -> None:
-        self.config = config
-        self._settings: Settings | None = None
-
-    @property
-    def settings(self) -> Settings:
-        """The settings; an invalid value ends the command with the precise message."""
-        if self._settings is None:
-            self._settings = run_or_exit(lambda: load_settings(self.config))
-        return self._settings
-
-
-pass_cli = click.make_pass_decorator(CliContext)
-"""Decorator giving a command the `CliContext` as its first argument."""
+__all__ = ["cli"]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]}, invoke_without_command=True)
@@ -62,16 +39,14 @@ def cli(ctx: click.Context, config: Path | None) -> None:
     ctx.obj = CliContext(config)
     if ctx.invoked_subcommand is None:
         if sys.stdin.isatty() and sys.stdout.isatty():
-            from qiip_cli._console import console
-
             ctx.invoke(console)
         else:
             click.echo(ctx.get_help())
 
 
-def _register() -> None:
-    # Subcommand modules import this one for `cli`; registering them last avoids an import cycle.
-    from qiip_cli import _console, _engine, _model, _node, _up  # noqa: F401
-
-
-_register()
+cli.add_command(console)
+cli.add_command(engine)
+cli.add_command(model)
+cli.add_command(node)
+cli.add_command(registry)
+cli.add_command(up)

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import click
 
-from qiip_cli._main import CliContext, cli, pass_cli, run_or_exit
+from qiip_cli._context import CliContext, pass_cli, run_or_exit
 from qiip_core import QiipError
 
 __all__ = ["model"]
 
 
-@cli.group()
+@click.group()
 def model() -> None:
     """Work with model files."""
 

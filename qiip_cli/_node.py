@@ -11,11 +11,11 @@ import json
 import click
 from pydantic import ValidationError
 
-from qiip_cli._main import CliContext, cli, pass_cli, run_or_exit
+from qiip_cli._context import CliContext, pass_cli, run_or_exit
 from qiip_core.discovery import add_registration, list_all_registrations, registry_status, remove_registration
 from qiip_core.nodes import Engine, Node
 
-__all__ = ["node"]
+__all__ = ["node", "registry"]
 
 
 _FIELD_HELP = {
@@ -24,7 +24,7 @@ _FIELD_HELP = {
 }
 
 
-@cli.group()
+@click.group()
 def node() -> None:
     """Register, remove and list inference nodes."""
 
@@ -91,7 +91,7 @@ def list_nodes(ctx: CliContext, as_json: bool) -> None:
         click.echo("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
 
 
-@cli.group()
+@click.group()
 def registry() -> None:
     """Inspect the registry backend (embedded state file or etcd)."""
 

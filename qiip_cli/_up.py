@@ -35,13 +35,13 @@ from typing import Any, Literal
 import click
 import httpx
 
-from qiip_cli._main import CliContext, cli, pass_cli, run_or_exit
+from qiip_cli._context import CliContext, pass_cli, run_or_exit
 from qiip_core import ConfigError, EngineError, PlanError
 from qiip_core.client import read_console_file
 from qiip_core.config import Settings, bind_listener, local_nodes_in_use
-from qiip_core.discovery import atomic_write
 from qiip_core.engines.llamacpp import InstalledEngine, LlamaCppInstaller, ManagedLlamaServer, make_test_gguf
 from qiip_core.planner import AutoPolicy, CustomPolicy, DeviceMemory, Plan, read_devices
+from qiip_core.storage import atomic_write
 
 __all__ = ["up"]
 
@@ -253,7 +253,7 @@ def _preflight(
     return entries
 
 
-@cli.command("up")
+@click.command("up")
 @click.option(
     "--model",
     "models",

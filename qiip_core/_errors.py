@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from qiip_core.planner import Violation
+    from qiip_core._violation import Violation
 
 __all__ = [
     "AuthError",

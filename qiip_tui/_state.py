@@ -1,8 +1,8 @@
 """What the console remembers between runs (the theme), in `$XDG_CONFIG_HOME/qiip/console-state.json`.
 
-The file holds no secrets. It is written atomically (a temporary file in the same directory, then a rename), so
-a console killed mid-write leaves the previous state, and a state file that cannot be read is ignored: losing a
-preference must never keep the console from starting.
+The file holds no secrets. It is written atomically (`qiip_core.storage.atomic_write`: a temporary file in the
+same directory, fsynced, then a rename), so a console killed mid-write leaves the previous state, and a state file
+that cannot be read is ignored: losing a preference must never keep the console from starting.
 """
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
+
+from qiip_core.storage import atomic_write
 
 __all__ = ["ConsoleState", "default_state_path", "load_state", "save_state"]
 
@@ -54,15 +55,4 @@ def save_state(path: Path, state: ConsoleState) -> None:
     Raises:
         OSError: the directory cannot be created or written.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(prefix=".console-state-", suffix=".json", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(state.model_dump(mode="json"), f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    atomic_write(path, (json.dumps(state.model_dump(mode="json"), indent=2) + "\n").encode())

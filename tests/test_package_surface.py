@@ -19,6 +19,7 @@ PACKAGES = [
     "qiip_core.nodes",
     "qiip_core.planner",
     "qiip_core.routing",
+    "qiip_core.storage",
 ]
 
 

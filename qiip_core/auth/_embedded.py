@@ -2,8 +2,8 @@
 
 The file holds `{"version": 1, "tokens": [<token>, …]}`, each token without its secret, mode 0600.
 Readers take a shared `flock` on `<state_dir>/tokens.lock`, writers an exclusive one around
-read-modify-write, and every write replaces the file atomically: it is a `LockedJsonFile`, as the
-registry's state file is. A running store compares the file's mtime, size and inode every
+read-modify-write, and every write replaces the file atomically: it is a `LockedJsonFile` (`qiip_core.storage`), as
+the registry's state file is. A running store compares the file's mtime, size and inode every
 `registry.poll_interval_s` and reloads it when it changed, so a token created or revoked by the CLI or
 another store instance takes effect within that interval.
 
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from qiip_core._errors import TokenNotFound, TokenStoreUnavailable
 from qiip_core.auth._base import RETENTION, TokenStore
 from qiip_core.auth._token import InvokeToken, utc_now
-from qiip_core.discovery import LockedJsonFile
+from qiip_core.storage import LockedJsonFile
 
 if TYPE_CHECKING:
     from qiip_core.config import Settings

@@ -20,7 +20,6 @@ after the deletion never saw the token and refuses its secret as unknown.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
 import logging
@@ -34,8 +33,7 @@ from pydantic import ValidationError
 from qiip_core._errors import RegistryUnavailable, TokenNotFound, TokenStoreUnavailable
 from qiip_core.auth._base import TokenStore
 from qiip_core.auth._token import InvokeToken, utc_now
-from qiip_core.discovery import EtcdClient, PrefixFollower
-from qiip_core.discovery._follow import load_json_object
+from qiip_core.storage import EtcdClient, PrefixFollower, b64, load_json_object, unb64
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -47,10 +45,6 @@ __all__ = ["EtcdTokenStore", "decode_token", "encode_token"]
 logger = logging.getLogger("qiip.auth")
 
 _T = TypeVar("_T")
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
 
 
 def encode_token(token: InvokeToken) -> bytes:
@@ -126,9 +120,7 @@ class EtcdTokenStore(TokenStore):
 
     def _apply_put(self, token_id: str, kv: dict[str, Any], mod_revision: int) -> None:
         try:
-            token = decode_token(
-                token_id, base64.b64decode(kv.get("value", "")), max_value_bytes=self.etcd.max_value_bytes
-            )
+            token = decode_token(token_id, unb64(kv.get("value", "")), max_value_bytes=self.etcd.max_value_bytes)
         except ValueError as exc:
             logger.warning("etcd token store: skipping token %s at revision %d: %s", token_id, mod_revision, exc)
             return
@@ -144,8 +136,8 @@ class EtcdTokenStore(TokenStore):
         def create(client: Any) -> int | None:
             lease = client.lease(ttl=ttl_s)
             request = {
-                "compare": [{"key": _b64(key), "result": "EQUAL", "target": "CREATE", "create_revision": 0}],
-                "success": [{"request_put": {"key": _b64(key), "value": _b64(encode_token(token)), "lease": lease.id}}],
+                "compare": [{"key": b64(key), "result": "EQUAL", "target": "CREATE", "create_revision": 0}],
+                "success": [{"request_put": {"key": b64(key), "value": b64(encode_token(token)), "lease": lease.id}}],
                 "failure": [],
             }
             result = client.transaction(request)
@@ -163,7 +155,7 @@ class EtcdTokenStore(TokenStore):
         key = self._prefix + token_id.encode()
 
         def delete(client: Any) -> tuple[int, dict[str, Any] | None]:
-            result = client.post(client.get_url("/kv/deleterange"), json={"key": _b64(key), "prev_kv": True})
+            result = client.post(client.get_url("/kv/deleterange"), json={"key": b64(key), "prev_kv": True})
             previous = (result.get("prev_kvs") or [None])[0]
             lease = int(previous.get("lease", 0) or 0) if previous else 0
             if lease:
@@ -181,9 +173,7 @@ class EtcdTokenStore(TokenStore):
             return known if known.revoked_at is not None else known.model_copy(update={"revoked_at": now})
         self._follower.note(token_id, revision)
         try:
-            token = decode_token(
-                token_id, base64.b64decode(previous.get("value", "")), max_value_bytes=self.etcd.max_value_bytes
-            )
+            token = decode_token(token_id, unb64(previous.get("value", "")), max_value_bytes=self.etcd.max_value_bytes)
         except ValueError as exc:
             if known is None:
                 logger.warning("etcd token store: deleted the malformed token key of %s: %s", token_id, exc)

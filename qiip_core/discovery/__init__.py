@@ -1,6 +1,10 @@
 """Discovery: where node registrations live (the embedded state file by default, etcd for a fleet).
 
 `create_registry(settings)` picks the backend named by `registry.backend`.
+
+The files and etcd plumbing underneath (`atomic_write`, `LockedJsonFile`, `EtcdClient`, `PrefixFollower`) are
+`qiip_core.storage`'s, shared with the token store and the console; they are re-exported here, where they were
+first published.
 """
 
 from __future__ import annotations
@@ -27,10 +31,12 @@ from qiip_core.discovery._embedded import (
     list_registrations,
     remove_from_state_file,
 )
-from qiip_core.discovery._etcd import EtcdClient, EtcdRegistry, decode_node, encode_node
+from qiip_core.discovery._etcd import EtcdRegistry, decode_node, encode_node
 from qiip_core.discovery._factory import create_registry
-from qiip_core.discovery._follow import PrefixFollower
-from qiip_core.discovery._statefile import STATE_FILE_NAME, LockedJsonFile, StateFile, atomic_write
+from qiip_core.discovery._statefile import STATE_FILE_NAME, StateFile
+
+# The storage primitives were first written here; they stay importable from here.
+from qiip_core.storage import EtcdClient, LockedJsonFile, PrefixFollower, atomic_write
 
 __all__ = [
     "MAX_TOKEN_FILE_BYTES",

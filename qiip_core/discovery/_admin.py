@@ -13,9 +13,10 @@ from qiip_core._errors import NodeConflict, NodeNotFound
 from qiip_core.config import Settings
 from qiip_core.discovery._base import RegisteredNode, RegistryHealth, RegistryStatus
 from qiip_core.discovery._embedded import add_to_state_file, config_nodes, list_registrations, remove_from_state_file
-from qiip_core.discovery._etcd import EtcdClient, _unb64, decode_node, encode_node
+from qiip_core.discovery._etcd import decode_node, encode_node
 from qiip_core.discovery._statefile import StateFile
 from qiip_core.nodes import Node, NodeStatus
+from qiip_core.storage import EtcdClient, unb64
 
 __all__ = ["add_registration", "list_all_registrations", "registry_status", "remove_registration"]
 
@@ -82,12 +83,12 @@ def list_all_registrations(settings: Settings) -> list[RegisteredNode]:
     prefix = settings.etcd.prefix.encode()
     entries = [RegisteredNode(n, "config") for n in configured.values()]
     for kv in EtcdClient(settings.etcd).range_prefix(prefix)[1]:
-        node_id = _unb64(kv["key"])[len(prefix) :].decode(errors="replace")
+        node_id = unb64(kv["key"])[len(prefix) :].decode(errors="replace")
         if node_id in configured:
             continue
         try:
             node = decode_node(
-                node_id, _unb64(kv.get("value", "")), policy, max_value_bytes=settings.etcd.max_value_bytes
+                node_id, unb64(kv.get("value", "")), policy, max_value_bytes=settings.etcd.max_value_bytes
             )
         except ValueError as exc:
             logger.warning("skipping node %s in etcd: %s", node_id, exc)

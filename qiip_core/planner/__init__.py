@@ -8,12 +8,16 @@ is_modelled(shape)                        whether the Python estimator rebuilds 
 PythonEstimator() / FitParamsEstimator(binary, model)      the Estimator protocol the planner asks
 validate_policy(policy or JSON, train_context=…, devices=…) -> [Violation]   (validate_custom for custom)
 plan(shape, devices, AutoPolicy() | CustomPolicy(…), estimator=…) -> Plan
-launch_spec_for(plan, model_path=…, alias=…, …) -> LaunchSpec               run it with LlamaServerProcess
 await verify_runtime(plan, endpoint=…, log_path=…, alias=…, devices_after=…) -> LlamaCppRuntime
 ```
 
 Everything but `read_devices`, `FitParamsEstimator` and `verify_runtime` is pure: no files, processes or
 network. See docs/planner.md for how the planner decides and how exact the estimates are.
+
+The planner launches nothing and imports no engine: the llama.cpp engine reads the model
+(`qiip_core.engines.llamacpp.read_gguf_metadata`, a `ModelMetadata`) and turns a plan into its launch
+(`qiip_core.engines.llamacpp.launch_spec_for(plan, model_path=…, alias=…, …) -> LaunchSpec`). The arrow points one
+way: engines → planner.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from qiip_core.planner._estimate import (
     resolves_flash_attn,
 )
 from qiip_core.planner._fitparams import FitParamsEstimator, FitRow, parse_fit_print
-from qiip_core.planner._plan import Plan, fits, launch_spec_for, plan
+from qiip_core.planner._plan import Plan, fits, plan
 from qiip_core.planner._policy import (
     AutoPolicy,
     CustomPolicy,
@@ -50,6 +54,8 @@ from qiip_core.planner._types import (
     CacheType,
     DeviceMemory,
     FlashAttn,
+    ModelMetadata,
+    TensorMetadata,
 )
 from qiip_core.planner._verify import LoggedCache, ServerLogFacts, parse_server_log, verify_runtime
 
@@ -70,17 +76,18 @@ __all__ = [
     "FlashAttn",
     "LoggedCache",
     "MemoryEstimate",
+    "ModelMetadata",
     "ModelShape",
     "Plan",
     "PythonEstimator",
     "ServerLogFacts",
     "SizingPolicy",
+    "TensorMetadata",
     "Violation",
     "estimate",
     "fits",
     "is_modelled",
     "kv_bytes_per_token",
-    "launch_spec_for",
     "layer_split",
     "parse_fit_print",
     "parse_policy",

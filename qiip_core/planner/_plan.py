@@ -1,4 +1,4 @@
-"""Turn a sizing policy into a plan: context per slot, slots, K/V cache type, and the flags that launch it.
+"""Turn a sizing policy into a plan: context per slot, slots and K/V cache type, and why they fit.
 
 Automatic policy (the seed's planner):
 
@@ -23,11 +23,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from qiip_core._errors import PlanError
-from qiip_core.engines.llamacpp import LaunchSpec
 from qiip_core.planner._estimate import Estimator, MemoryEstimate
 from qiip_core.planner._memory import Cache
 from qiip_core.planner._policy import AutoPolicy, CustomPolicy, parse_policy, validate_policy
@@ -43,7 +41,7 @@ from qiip_core.planner._types import (
     ceil_step,
 )
 
-__all__ = ["Plan", "fits", "launch_spec_for", "plan"]
+__all__ = ["Plan", "fits", "plan"]
 
 logger = logging.getLogger("qiip.planner")
 
@@ -320,54 +318,3 @@ def plan(
     )
     logger.info("%s (%d candidates, estimator %s)", result_plan.summary(), result_plan.tried, estimator.name)
     return result_plan
-
-
-def launch_spec_for(
-    plan: Plan,
-    *,
-    model_path: Path,
-    alias: str,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    threads: int | None = None,
-    embeddings: bool = False,
-) -> LaunchSpec:
-    """The `llama-server` launch that runs `plan`, every sizing flag spelled out.
-
-    `--ctx-size` is the aggregate, `--parallel` the slots, `--kv-unified`, both cache types, `--flash-attn`,
-    `--gpu-layers` (all layers in GPU mode, 0 in CPU mode), `--fit off`, `--log-verbosity 4` (the log lines
-    `verify_runtime` reads) and `--metrics`.
-
-    Args:
-        plan: the plan.
-        model_path: the GGUF file, or the first shard of a split family.
-        alias: the model name clients send (`--alias`).
-        host: the address to listen on.
-        port: the TCP port; 0 lets `LlamaServerProcess.start` pick a free one.
-        threads: CPU threads (`--threads`); None lets llama.cpp choose.
-        embeddings: serve embeddings (`--embeddings`); plan with `PythonEstimator(embeddings=True)`. An estimate
-            made for embeddings (an encoder's always is) launches them whatever this says, with the pooling
-            and micro-batch it assumed (`MemoryEstimate.pooling`, `.ubatch_size`); otherwise mean pooling.
-
-    Returns:
-        The launch spec.
-    """
-    return LaunchSpec(
-        model=model_path,
-        alias=alias,
-        host=host,
-        port=port,
-        ctx_size=plan.aggregate_context,
-        slots=plan.slots,
-        kv_unified=True,
-        cache_type_k=plan.cache_type_k,
-        cache_type_v=plan.cache_type_v,
-        flash_attn=plan.flash_attn,
-        gpu_layers=0 if plan.cpu_mode else "all",
-        metrics=True,
-        embeddings=embeddings or plan.estimate.pooling is not None,
-        pooling=plan.estimate.pooling or "mean",
-        ubatch_size=plan.estimate.ubatch_size,
-        threads=threads,
-        log_verbosity=4,
-    )

@@ -15,12 +15,12 @@ be turned into precise sentences by `validate_policy`, the rules the daemon (a r
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from qiip_core._errors import PlanError
+from qiip_core._violation import Violation
 from qiip_core.planner._shape import ModelShape
 from qiip_core.planner._types import (
     CONTEXT_STEP,
@@ -87,16 +87,6 @@ _FIELD_HINTS = {
     "cache_type": "'f16' or 'q8_0' (the planner never goes below Q8_0)",
     "allow_estimator_overrun": "true or false",
 }
-
-
-@dataclass(frozen=True)
-class Violation:
-    """One rule a policy breaks."""
-
-    field: str
-    """The policy field at fault (`context_per_slot`, …)."""
-    message: str
-    """A full sentence: what is wrong and what is allowed."""
 
 
 def _type_violations(error: ValidationError) -> list[Violation]:

@@ -15,13 +15,9 @@ which cache, and how many cells each cache has, is `_memory.py`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from qiip_core.planner._arch import POOLING_TYPES, MemoryKind, Pooling, rules_for, swa_pattern
-from qiip_core.planner._types import MIB, CacheType
-
-if TYPE_CHECKING:
-    from qiip_core.engines.llamacpp import GgufMetadata
+from qiip_core.planner._types import MIB, CacheType, ModelMetadata
 
 __all__ = ["ModelShape", "SsmShape", "StoredTensor", "WeightMatrix", "kv_bytes_per_token", "row_bytes"]
 
@@ -221,11 +217,12 @@ class ModelShape:
             )
 
     @classmethod
-    def from_metadata(cls, metadata: GgufMetadata) -> ModelShape:
+    def from_metadata(cls, metadata: ModelMetadata) -> ModelShape:
         """The shape of a GGUF model, from `read_gguf_metadata`, with llama.cpp's rules for its architecture.
 
         Args:
-            metadata: the model's metadata.
+            metadata: the model's metadata: a `qiip_core.engines.llamacpp.GgufMetadata`, or anything that reads
+                the same (`ModelMetadata`).
 
         Returns:
             Its shape. A missing feed-forward width is taken as `4 * n_embd` (the llama default). For an
@@ -440,13 +437,13 @@ def kv_bytes_per_token(shape: ModelShape, cache_type: CacheType, *, layers: tupl
     return total
 
 
-def _stored_tensors(metadata: GgufMetadata) -> tuple[StoredTensor, ...]:
+def _stored_tensors(metadata: ModelMetadata) -> tuple[StoredTensor, ...]:
     """Every tensor's place in the files; empty unless every tensor's offset is known."""
     stored = tuple(StoredTensor(t.name, t.shard, t.offset, t.n_bytes) for t in metadata.tensors if t.offset is not None)
     return stored if len(stored) == len(metadata.tensors) else ()
 
 
-def _swa_layers(metadata: GgufMetadata, n_layers: int, default_pattern: int) -> tuple[bool, ...]:
+def _swa_layers(metadata: ModelMetadata, n_layers: int, default_pattern: int) -> tuple[bool, ...]:
     """`load_swa_pattern`: a per-layer array, a numeric pattern, or the architecture's default pattern."""
     raw = metadata.value("{arch}.attention.sliding_window_pattern")
     if isinstance(raw, list):

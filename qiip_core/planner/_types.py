@@ -1,13 +1,18 @@
-"""Names, limits and records the whole planner shares.
+"""Names, limits, records and protocols the whole planner shares.
 
 The limits are llama.cpp's or the seed contract's (`llamacpp_runtime`), not choices of ours; each constant
 says where it comes from.
+
+`ModelMetadata` and `TensorMetadata` say what the planner reads from a model file. The llama.cpp engine's GGUF
+reader (`qiip_core.engines.llamacpp.read_gguf_metadata`) provides them; the planner names only these protocols,
+so it never imports the engine that uses it (the engine imports the planner, never the reverse).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 __all__ = [
     "CONTEXT_FLOOR",
@@ -20,6 +25,8 @@ __all__ = [
     "DeviceKind",
     "DeviceMemory",
     "FlashAttn",
+    "ModelMetadata",
+    "TensorMetadata",
     "ceil_step",
 ]
 
@@ -103,3 +110,132 @@ class DeviceMemory:
     def record(self) -> dict[str, int]:
         """The seed's `llamacpp_runtime.gpus[]` entry: `{index, total_mib, used_mib, free_mib}`."""
         return {"index": self.index, "total_mib": self.total_mib, "used_mib": self.used_mib, "free_mib": self.free_mib}
+
+
+class TensorMetadata(Protocol):
+    """One tensor of a model file, as `ModelShape.from_metadata` reads it (`GgufTensor` provides it)."""
+
+    @property
+    def name(self) -> str:
+        """`blk.3.ffn_up.weight`, `token_embd.weight`, …"""
+        ...
+
+    @property
+    def ggml_type(self) -> str:
+        """The ggml type name in upper case: `F16`, `Q4_K`, `Q8_0`, …"""
+        ...
+
+    @property
+    def ne(self) -> tuple[int, ...]:
+        """Elements per dimension, innermost first (ggml's `ne`)."""
+        ...
+
+    @property
+    def n_bytes(self) -> int:
+        """Bytes of its data."""
+        ...
+
+    @property
+    def shard(self) -> int:
+        """Which file of a split family holds it (0 for the first, or only, file)."""
+        ...
+
+    @property
+    def offset(self) -> int | None:
+        """Where its data starts in that file, in bytes; None when unknown."""
+        ...
+
+
+class ModelMetadata(Protocol):
+    """What `ModelShape.from_metadata` reads from a model file (`GgufMetadata` provides it).
+
+    The attributes are the common shape keys every decoder has; `value` and `layer_values` reach every other
+    metadata key, `{arch}` standing for the architecture.
+    """
+
+    @property
+    def architecture(self) -> str:
+        """`general.architecture`, such as `llama` or `gemma3`."""
+        ...
+
+    @property
+    def n_layers(self) -> int:
+        """`<arch>.block_count`."""
+        ...
+
+    @property
+    def n_embd(self) -> int:
+        """`<arch>.embedding_length`."""
+        ...
+
+    @property
+    def n_head(self) -> int:
+        """`<arch>.attention.head_count` (the largest, when it varies by layer)."""
+        ...
+
+    @property
+    def n_head_kv(self) -> int:
+        """`<arch>.attention.head_count_kv` (the largest, when it varies by layer)."""
+        ...
+
+    @property
+    def n_ctx_train(self) -> int:
+        """The training context in tokens."""
+        ...
+
+    @property
+    def n_vocab(self) -> int:
+        """Tokens in the vocabulary."""
+        ...
+
+    @property
+    def head_dim_k(self) -> int:
+        """Per-head K width."""
+        ...
+
+    @property
+    def head_dim_v(self) -> int:
+        """Per-head V width."""
+        ...
+
+    @property
+    def n_ff(self) -> int | None:
+        """The feed-forward width (the largest, when it varies by layer); None when absent."""
+        ...
+
+    @property
+    def tensor_bytes(self) -> int:
+        """Bytes of tensor data across all shards."""
+        ...
+
+    @property
+    def block_tensor_bytes(self) -> tuple[int, ...]:
+        """Bytes of the `blk.N.*` tensors of each block, in block order."""
+        ...
+
+    @property
+    def token_embd_bytes(self) -> int:
+        """Bytes of `token_embd.weight`, the input embedding."""
+        ...
+
+    @property
+    def has_output_weight(self) -> bool:
+        """Whether `output.weight` exists; without it the output projection reuses `token_embd.weight`."""
+        ...
+
+    @property
+    def tensors(self) -> Sequence[TensorMetadata]:
+        """Every tensor across all shards, in file order."""
+        ...
+
+    def value(self, key: str, default: Any = None) -> Any:
+        """A metadata value, or `default` when the key is absent; `{arch}` in `key` stands for the architecture."""
+        ...
+
+    def layer_values(self, key: str, default: int) -> tuple[int, ...]:
+        """A per-layer integer key as one value per block; `default` for every block when the key is absent.
+
+        Raises:
+            ModelFileError: an array whose length is not the block count.
+        """
+        ...

@@ -19,10 +19,10 @@ devices       every device keeps at least fit_target_mib free after the load
 ```
 
 The first difference raises `VerificationError` naming the value, what the plan expected and what the server
-said. The log is read at `--log-verbosity 4` (what `launch_spec_for` sets), from the last run in it. For an
-architecture whose caches are not modelled (`Plan.memory_known` False) the cache matches cannot be made: the
-record lists them in `unverified` and the universal checks still apply, so a correct server is never refused
-for a log shape the planner does not know.
+said. The log is read at `--log-verbosity 4` (what `qiip_core.engines.llamacpp.launch_spec_for` sets), from the
+last run in it. For an architecture whose caches are not modelled (`Plan.memory_known` False) the cache matches
+cannot be made: the record lists them in `unverified` and the universal checks still apply, so a correct server
+is never refused for a log shape the planner does not know.
 """
 
 from __future__ import annotations

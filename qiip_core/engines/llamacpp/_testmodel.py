@@ -2,9 +2,9 @@
 
 The test models exist so the whole path (launch, health, routing, chat, slots, metrics) runs against the
 real engine without downloading weights, and so the sizing planner can be checked on every architecture family
-it models. Each architecture has a writer (`_WRITERS`: `llama` here, the others in `_testarch_*.py` modules)
-that returns its tensors and metadata keys; this module adds what every model shares. Weights are F16
-matrices and F32 norms, with a
+it models. Each architecture has a writer (`_WRITERS`, in the `_testarch_*.py` modules, imported when used)
+that returns its tensors and metadata keys; this module holds what every writer shares and adds what every model
+shares. The writers import this module, never the reverse. Weights are F16 matrices and F32 norms, with a
 SentencePiece ("llama") vocabulary: `<unk>`, `<s>`, `</s>`, the 256 byte-fallback tokens `<0x00>`…`<0xFF>`,
 single characters, then common English words with every prefix (so the SentencePiece merge of adjacent
 pieces can reach the whole word) and, for large vocabularies, generated filler pieces. A ChatML-style Jinja
@@ -29,7 +29,7 @@ import shutil
 import string
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -268,8 +268,8 @@ ArchitectureWriter = Callable[[TestModelSpec, Weights], tuple[Tensors, Callable[
 """Writes one architecture: its tensors, and a function adding its metadata keys to a `gguf.GGUFWriter`."""
 
 _WRITERS: dict[str, str] = {
-    "llama": "qiip_core.engines.llamacpp._testmodel:llama_writer",
-    "granite": "qiip_core.engines.llamacpp._testmodel:granite_writer",
+    "llama": "qiip_core.engines.llamacpp._testarch_llama:llama_writer",
+    "granite": "qiip_core.engines.llamacpp._testarch_llama:granite_writer",
     "gemma2": "qiip_core.engines.llamacpp._testarch_gemma:gemma2_writer",
     "gemma3": "qiip_core.engines.llamacpp._testarch_gemma:gemma3_writer",
     "qwen2moe": "qiip_core.engines.llamacpp._testarch_moe:qwen2moe_writer",
@@ -310,57 +310,6 @@ def add_attention_metadata(writer: Any, spec: TestModelSpec, *, rms_eps: float =
     writer.add_rope_dimension_count(spec.head_dim)
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(rms_eps)
-
-
-def llama_writer(spec: TestModelSpec, w: Weights) -> tuple[Tensors, Callable[[Any], None]]:
-    """llama: RMS norms, separate Q/K/V projections, SwiGLU feed-forward, an untied output.
-
-    With expert options (`n_expert`, `n_expert_used`, `n_ff_expert`) it is a Mixtral-style mixture of experts,
-    written by `_testarch_moe.llama_moe_writer`; without, the dense model.
-    """
-    if spec.options:
-        from qiip_core.engines.llamacpp._testarch_moe import MOE_OPTIONS, llama_moe_writer
-
-        if set(spec.options) & MOE_OPTIONS:
-            return llama_moe_writer(spec, w)
-        raise ValueError(
-            f"architecture llama takes only the expert options ({', '.join(sorted(MOE_OPTIONS))}); got "
-            f"{', '.join(sorted(spec.options))}."
-        )
-    e, hd = spec.n_embd, spec.head_dim
-    tensors: Tensors = [("token_embd.weight", w.matrix(spec.n_vocab, e))]
-    for i in range(spec.n_layers):
-        blk = f"blk.{i}"
-        tensors += [
-            (f"{blk}.attn_norm.weight", w.norm(e)),
-            (f"{blk}.attn_q.weight", w.matrix(spec.n_head * hd, e)),
-            (f"{blk}.attn_k.weight", w.matrix(spec.n_head_kv * hd, e)),
-            (f"{blk}.attn_v.weight", w.matrix(spec.n_head_kv * hd, e)),
-            (f"{blk}.attn_output.weight", w.matrix(e, spec.n_head * hd)),
-            (f"{blk}.ffn_norm.weight", w.norm(e)),
-            (f"{blk}.ffn_gate.weight", w.matrix(spec.n_ff, e)),
-            (f"{blk}.ffn_up.weight", w.matrix(spec.n_ff, e)),
-            (f"{blk}.ffn_down.weight", w.matrix(e, spec.n_ff)),
-        ]
-    tensors += [("output_norm.weight", w.norm(e)), ("output.weight", w.matrix(spec.n_vocab, e))]
-    return tensors, lambda writer: add_attention_metadata(writer, spec)
-
-
-def granite_writer(spec: TestModelSpec, w: Weights) -> tuple[Tensors, Callable[[Any], None]]:
-    """granite (dense): llama's tensors and a logit scale (`granite.logit_scale`, required by llama.cpp).
-
-    An architecture llama.cpp serves and the planner does not model: it is planned by `llama-fit-params` and its
-    caches are recorded as unverified. Options: `logit_scale` (default 8).
-    """
-    check_options(spec, {"logit_scale": Option(float, minimum=1e-6)})
-    scale = float(spec.option("logit_scale", 8.0))
-    tensors, llama_metadata = llama_writer(replace(spec, options={}), w)
-
-    def metadata(writer: Any) -> None:
-        llama_metadata(writer)
-        writer.add_logit_scale(scale)
-
-    return tensors, metadata
 
 
 def make_test_gguf(

@@ -16,14 +16,13 @@ from pathlib import Path
 import pytest
 from openai import AsyncOpenAI
 
-from qiip_core.engines.llamacpp import LaunchSpec
+from qiip_core.engines.llamacpp import LaunchSpec, launch_spec_for
 from qiip_core.planner import (
     AutoPolicy,
     CustomPolicy,
     ModelShape,
     PythonEstimator,
     estimate,
-    launch_spec_for,
     parse_server_log,
     plan,
     read_devices,

@@ -19,7 +19,11 @@ import httpx
 import pytest
 
 from qiip_core.config import load_settings
-from qiip_core.engines.llamacpp import LaunchSpec, LlamaCppInstaller, read_gguf_metadata
+from qiip_core.engines.llamacpp import (
+    LaunchSpec,
+    LlamaCppInstaller,
+    read_gguf_metadata,
+)
 from qiip_core.planner import (
     AutoPolicy,
     ModelShape,

@@ -10,7 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from qiip_core.planner import AutoPolicy, ModelShape, PythonEstimator, plan
+from qiip_core.planner import (
+    AutoPolicy,
+    ModelShape,
+    PythonEstimator,
+    plan,
+)
 from tests.support.planner import (
     ModelRow,
     assert_estimate_matches_log,

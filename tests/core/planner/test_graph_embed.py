@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from qiip_core.planner import CustomPolicy, ModelShape, PythonEstimator, estimate, launch_spec_for, plan
+from qiip_core.engines.llamacpp import launch_spec_for
+from qiip_core.planner import CustomPolicy, ModelShape, PythonEstimator, estimate, plan
 from qiip_core.planner._compute import build_graph, is_modelled
 from qiip_core.planner._embeddings import embeddings_ubatch, output_buffer_bytes, output_rows
 from qiip_core.planner._graph import GraphParams, reserve_batch

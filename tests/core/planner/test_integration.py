@@ -15,7 +15,10 @@ import pytest
 
 from qiip_core import VerificationError
 from qiip_core.config import load_settings
-from qiip_core.engines.llamacpp import LlamaCppInstaller
+from qiip_core.engines.llamacpp import (
+    LlamaCppInstaller,
+    launch_spec_for,
+)
 from qiip_core.planner import (
     AutoPolicy,
     CustomPolicy,
@@ -24,7 +27,6 @@ from qiip_core.planner import (
     ModelShape,
     PythonEstimator,
     estimate,
-    launch_spec_for,
     plan,
     read_devices,
     verify_runtime,

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from qiip_core import PlanError
+from qiip_core.engines.llamacpp import launch_spec_for
 from qiip_core.planner import (
     FIT_SLACK_MIB,
     MAX_SLOTS,
@@ -15,7 +16,6 @@ from qiip_core.planner import (
     Plan,
     PythonEstimator,
     fits,
-    launch_spec_for,
     plan,
 )
 from qiip_core.planner._types import ceil_step

@@ -25,23 +25,20 @@ is immediate.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
 import logging
 import random
 import ssl
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 
 from qiip_core._errors import RegistryUnavailable
+from qiip_core.storage._etcd import EtcdClient, b64, prefix_range_end, unb64
 
-if TYPE_CHECKING:
-    from qiip_core.discovery._etcd import EtcdClient
-
-__all__ = ["OnDelete", "OnPut", "OnState", "PrefixFollower", "load_json_object", "prefix_range_end"]
+__all__ = ["OnDelete", "OnPut", "OnState", "PrefixFollower"]
 
 OnPut = Callable[[str, dict[str, Any], int], None]
 """Called with a key's name (the key after the prefix), its raw kv as etcd's JSON gateway gives it (base64
@@ -52,42 +49,6 @@ OnState = Callable[[str | None], None]
 """Called with None after each successful snapshot or watch start, and with what is wrong on a failure."""
 
 _FIRST_BACKOFF_S = 0.5
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
-def _unb64(text: str) -> bytes:
-    return base64.b64decode(text)
-
-
-def prefix_range_end(prefix: bytes) -> bytes:
-    """The end of etcd's range for every key starting with `prefix` (the prefix with its last byte + 1)."""
-    end = bytearray(prefix)
-    while end:
-        if end[-1] < 0xFF:
-            end[-1] += 1
-            return bytes(end)
-        end.pop()
-    return b"\0"
-
-
-def load_json_object(value: bytes, *, max_value_bytes: int) -> dict[str, Any]:
-    """Parse a value under a followed prefix, which must be a JSON object of at most `max_value_bytes`.
-
-    Raises:
-        ValueError: the value is too large, not JSON, or not a JSON object.
-    """
-    if len(value) > max_value_bytes:
-        raise ValueError(f"the value is {len(value)} bytes, over the limit of {max_value_bytes}")
-    try:
-        data = json.loads(value)
-    except ValueError as exc:
-        raise ValueError(f"the value is not JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise ValueError("the value is not a JSON object")
-    return data
 
 
 class PrefixFollower:
@@ -182,7 +143,7 @@ class PrefixFollower:
         revision, kvs = await asyncio.to_thread(self.client.range_prefix, self.prefix)
         present: set[str] = set()
         for kv in kvs:
-            name = self._name(_unb64(kv["key"]))
+            name = self._name(unb64(kv["key"]))
             if name is None:
                 continue
             present.add(name)
@@ -229,8 +190,8 @@ class PrefixFollower:
             self._session = aiohttp.ClientSession(connector=connector, trust_env=False)
         body = {
             "create_request": {
-                "key": _b64(self.prefix),
-                "range_end": _b64(prefix_range_end(self.prefix)),
+                "key": b64(self.prefix),
+                "range_end": b64(prefix_range_end(self.prefix)),
                 "start_revision": str(self._revision + 1),
                 "progress_notify": True,
             }
@@ -269,7 +230,7 @@ class PrefixFollower:
             return False
         for event in result.get("events", []):
             kv = event.get("kv", {})
-            name = self._name(_unb64(kv.get("key", "")))
+            name = self._name(unb64(kv.get("key", "")))
             if name is None:
                 continue
             # etcd's JSON gateway marks only deletes with a type; a put has none.

@@ -1,0 +1,22 @@
+"""`Violation`: one rule a sizing policy breaks, as `PlanError.violations` carries it.
+
+It lives below both the error tree (`_errors`) and the planner (`qiip_core.planner`, which exports it and is where
+callers import it from), so that the error tree can name it without importing the planner: the planner imports
+the error tree, never the reverse.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Violation"]
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One rule a policy breaks."""
+
+    field: str
+    """The policy field at fault (`context_per_slot`, …)."""
+    message: str
+    """A full sentence: what is wrong and what is allowed."""
