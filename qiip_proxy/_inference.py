@@ -96,14 +96,14 @@ async def serve_inference(gateway: Gateway, scope: Scope, receive: Receive, send
     """
     outcome = Outcome(started=time.perf_counter())
     try:
-        await _Inference(gateway, request_id_for(scope), outcome).serve(scope, receive, send)
+        await _InferenceRequest(gateway, request_id_for(scope), outcome).serve(scope, receive, send)
     finally:
         # 5. account
         outcome.duration_s = time.perf_counter() - outcome.started
         gateway.metrics.account(outcome)
 
 
-class _Inference:
+class _InferenceRequest:
     """One inference request on its way, and what ends it early: the client leaving, or its token revoked."""
 
     __slots__ = ("_disconnected", "_ended", "_task", "gateway", "outcome", "request_id", "token")

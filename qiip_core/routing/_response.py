@@ -213,8 +213,8 @@ class UpstreamResponse:
                 if out:
                     return out
         except UpstreamError as exc:
-            # The node broke off its answer: its fault, whatever the request. (Free on the way through: a try
-            # costs nothing until it catches.)
+            # The node broke off its answer: its fault, whatever the request. (This try is free in the relay's
+            # hot loop: since Python 3.11 a try costs nothing until it catches.)
             if self._committed:
                 self.reservation.record_failure(exc.message)
             raise
