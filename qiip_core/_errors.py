@@ -1,46 +1,65 @@
 """The one exception tree of QIIP.
 
-Every error that crosses a package boundary is a `QiipError`. Third-party exceptions (httpx, etcd3gw,
-asyncssh, OS errors) are translated where they are raised, so callers never catch library types:
+Every error that crosses a package boundary is a `QiipError`. Third-party exceptions (aiohttp, httpx,
+etcd3gw, asyncssh, OS errors) are translated where they are raised, so callers never catch library types.
+
+Every class carries the HTTP answer it becomes when it reaches an API: `status`, the OpenAI-style `code`
+and, when one request field is at fault, `param` (class attributes; a few are set per instance, noted
+below). The daemon maps them with one exception handler for the client and the admin API
+(`qiip_proxy._errors`), and a test walks every subclass to check that none falls through to a 500.
 
 ```
-QiipError
-├── ConfigError                 a setting is invalid; start-up stops
-├── EndpointError               an endpoint string is malformed
+QiipError                       (500 internal_error: only for a bare QiipError, such as a CLI's own)
+├── ConfigError                 409 profile_invalid: a setting is invalid; start-up stops (over HTTP: an
+│   │                           attached profile whose token file cannot be used)
+│   └── ThemeFileError          422 invalid_theme: a console theme file (qiip_tui; `.path`)
+├── EndpointError               400 endpoint_not_allowed (param endpoint): an endpoint string is malformed
 │   └── EndpointNotAllowed      well-formed, but outside the allowlist
-├── RegistryError               the node registry refused or failed an operation
-│   ├── NodeNotFound
-│   ├── NodeConflict            the node exists, or its state forbids the change
-│   └── RegistryUnavailable     the backend (state file, etcd) cannot be reached
-├── RoutingError                no node can take the request (`.status`, `.code`)
+├── RegistryError               503 registry_error: the node registry refused or failed an operation
+│   ├── NodeNotFound            404 node_not_found (param node_id)
+│   ├── NodeConflict            409 conflict: the node exists, or its state forbids the change
+│   └── RegistryUnavailable     503 registry_unavailable: the backend (state file, etcd) cannot be reached
+├── RoutingError                no node can take the request (`.model`)
 │   ├── NoNodes                 503 no_nodes
-│   ├── ModelNotFound           404 model_not_found
+│   ├── ModelNotFound           404 model_not_found (param model)
 │   ├── ModelUnavailable        503 model_unavailable
-│   └── EndpointNotSupported    400 endpoint_not_supported
-├── UpstreamError               forwarding to a node failed (`.node_id`, `.status`, `.code`)
+│   └── EndpointNotSupported    400 endpoint_not_supported (param model)
+├── UpstreamError               forwarding to a node failed (`.node_id`, `.retryable`)
 │   ├── UpstreamConnectError    502 backend_unavailable
 │   ├── UpstreamTimeout         504 backend_timeout
 │   ├── UpstreamTransportError  502 backend_transport_error
-│   ├── UpstreamStatusError     the node answered 5xx (`.status` is the node's)
-│   └── FailoverExhausted       every attempt failed (`.attempts`, `.last`)
-├── EngineError                 installing, launching or verifying an inference engine failed
-│   ├── EngineNotInstalled
-│   ├── DigestMismatch
-│   ├── EngineBuildError
-│   ├── EngineLaunchError
-│   ├── ModelFileError          a model file is not a GGUF llama-server can load (`.path`); also a ValueError
-│   ├── VerificationError       the running server differs from its plan (`.field`, `.expected`, `.actual`)
-│   └── RelaunchError           a relaunch failed (`.rolled_back`: the previous sizing runs again, or not)
-├── PlanError                   a llama.cpp sizing cannot be planned (`.violations` of a policy, if any)
-└── AuthError                   an invoke token was refused, or the token store failed (`.status`, `.code`)
-    ├── TokenInvalid            401 invalid_api_key: no token has this secret, or it is malformed
-    ├── TokenExpired            401 token_expired
-    ├── TokenRevoked            401 token_revoked
-    ├── TokenScopeError         403 model_not_allowed: the token is bound to another model
-    ├── TokenNotFound           404 token_not_found: no token has this id (admin lookups)
-    ├── TokenRequestInvalid     400 invalid_token_request: a ttl, model or description out of bounds
-    └── TokenStoreUnavailable   503 token_store_unavailable: the token file or etcd cannot be used
+│   ├── UpstreamStatusError     the node answered 5xx: its status, code "<status>" (per instance; `.body`)
+│   └── FailoverExhausted       the last attempt's status, failover_exhausted (`.attempts`, `.last`)
+├── EngineError                 503 engine_error: installing, launching or verifying an engine failed
+│   ├── EngineNotInstalled      503 engine_not_installed
+│   ├── DigestMismatch          502 digest_mismatch (`.expected`, `.actual`)
+│   ├── EngineBuildError        503 engine_build_failed
+│   ├── EngineLaunchError       503 engine_launch_failed (`.log_tail`)
+│   ├── ModelFileError          422 invalid_model_file: not a GGUF llama-server can load (`.path`); also a
+│   │                           ValueError
+│   ├── VerificationError       502 verification_failed: the running server differs from its plan
+│   └── RelaunchError           503 relaunch_failed (`.rolled_back`)
+├── PlanError                   422 invalid_policy: a sizing cannot be planned (`.violations`, if any)
+├── AuthError                   an invoke token was refused, or the token store failed (`.token_id`)
+│   ├── TokenInvalid            401 invalid_api_key: no token has this secret, or it is malformed
+│   ├── TokenExpired            401 token_expired
+│   ├── TokenRevoked            401 token_revoked
+│   ├── TokenScopeError         403 model_not_allowed: the token is bound to another model
+│   ├── TokenNotFound           404 token_not_found: no token has this id (admin lookups)
+│   ├── TokenRequestInvalid     400 invalid_token_request: a ttl, model or description out of bounds
+│   └── TokenStoreUnavailable   503 token_store_unavailable: the token file or etcd cannot be used
+├── ClientError                 502 daemon_error: a running daemon could not be used (qiip_core.client)
+│   ├── DaemonUnreachable       502 daemon_unreachable: nothing answers at its URL
+│   ├── Unauthorized            401 unauthorized: it refused the admin credentials
+│   ├── NotADaemon              502 not_a_daemon: something else answers there
+│   └── ApiError                the daemon's own error answer: its status and code (per instance)
+└── RequestRefused              the daemon refuses a request's form itself (qiip_proxy; per instance:
+    │                           400 invalid_json, 413 request_too_large, 404 not_found, …)
+    └── AdminError              an admin API refusal (401 unauthorized, 415, 422 invalid_node, …)
 ```
+
+`ThemeFileError`, the client's errors and the daemon's refusals live with the package that raises them;
+this module holds the core's.
 """
 
 from __future__ import annotations
@@ -100,6 +119,13 @@ class QiipError(Exception):
         message: a full sentence saying what happened and, where it helps, what to do next.
     """
 
+    status: int = 500
+    """The HTTP status an API answers with when this error reaches it."""
+    code: str = "internal_error"
+    """The OpenAI-style error `code` of that answer."""
+    param: str | None = None
+    """The request field at fault, when there is one."""
+
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
@@ -108,6 +134,11 @@ class QiipError(Exception):
 class ConfigError(QiipError):
     """A setting is invalid. The message names the setting and what is allowed."""
 
+    # Over HTTP, the one configuration that can fail is an attached profile's (its token file): a conflict
+    # with the daemon's own configuration.
+    status = 409
+    code = "profile_invalid"
+
 
 class EndpointError(QiipError):
     """An endpoint string cannot be used: no port, a path, userinfo, an unknown scheme, …
@@ -115,6 +146,10 @@ class EndpointError(QiipError):
     Attributes:
         endpoint: the string as given.
     """
+
+    status = 400
+    code = "endpoint_not_allowed"
+    param = "endpoint"
 
     def __init__(self, message: str, *, endpoint: str) -> None:
         super().__init__(message)
@@ -128,6 +163,9 @@ class EndpointNotAllowed(EndpointError):
 class RegistryError(QiipError):
     """The node registry refused or failed an operation."""
 
+    status = 503
+    code = "registry_error"
+
 
 class NodeNotFound(RegistryError):
     """No node has this id.
@@ -135,6 +173,10 @@ class NodeNotFound(RegistryError):
     Attributes:
         node_id: the id asked for.
     """
+
+    status = 404
+    code = "node_not_found"
+    param = "node_id"
 
     def __init__(self, node_id: str) -> None:
         super().__init__(f"No node is registered with id {node_id!r}.")
@@ -144,9 +186,15 @@ class NodeNotFound(RegistryError):
 class NodeConflict(RegistryError):
     """The node already exists, comes from a source that cannot change it, or its state forbids the change."""
 
+    status = 409
+    code = "conflict"
+
 
 class RegistryUnavailable(RegistryError):
     """The registry's backend (state file, etcd) cannot be read or written right now."""
+
+    status = 503
+    code = "registry_unavailable"
 
 
 class RoutingError(QiipError):
@@ -158,8 +206,8 @@ class RoutingError(QiipError):
         code: the OpenAI error `code`.
     """
 
-    status: int = 503
-    code: str = "no_nodes"
+    status = 503
+    code = "no_nodes"
 
     def __init__(self, message: str, *, model: str) -> None:
         super().__init__(message)
@@ -178,6 +226,7 @@ class ModelNotFound(RoutingError):
 
     status = 404
     code = "model_not_found"
+    param = "model"
 
 
 class ModelUnavailable(RoutingError):
@@ -192,6 +241,7 @@ class EndpointNotSupported(RoutingError):
 
     status = 400
     code = "endpoint_not_supported"
+    param = "model"
 
 
 class UpstreamError(QiipError):
@@ -204,8 +254,8 @@ class UpstreamError(QiipError):
         retryable: whether another node may be tried (connect errors, timeouts, 5xx).
     """
 
-    status: int = 502
-    code: str = "backend_transport_error"
+    status = 502
+    code = "backend_transport_error"
     retryable: bool = True
 
     def __init__(self, message: str, *, node_id: str | None) -> None:
@@ -236,6 +286,8 @@ class UpstreamTransportError(UpstreamError):
 
 class UpstreamStatusError(UpstreamError):
     """The node answered with a 5xx status. The status and the start of its body are kept.
+
+    Its `status` is the node's, and its `code` that status as a string (per instance).
 
     Attributes:
         body: the node's response body, at most the first 4 KiB.
@@ -276,9 +328,14 @@ class FailoverExhausted(UpstreamError):
 class EngineError(QiipError):
     """Installing, launching or verifying an inference engine failed."""
 
+    status = 503
+    code = "engine_error"
+
 
 class EngineNotInstalled(EngineError):
     """The engine binary is not installed; the message says which command installs it."""
+
+    code = "engine_not_installed"
 
 
 class DigestMismatch(EngineError):
@@ -289,6 +346,9 @@ class DigestMismatch(EngineError):
         actual: the digest of what was downloaded.
     """
 
+    status = 502
+    code = "digest_mismatch"
+
     def __init__(self, message: str, *, expected: str, actual: str) -> None:
         super().__init__(message)
         self.expected = expected
@@ -298,6 +358,8 @@ class DigestMismatch(EngineError):
 class EngineBuildError(EngineError):
     """Building the engine from source failed; the previous install, if any, is untouched."""
 
+    code = "engine_build_failed"
+
 
 class EngineLaunchError(EngineError):
     """The engine process did not become healthy. The message carries the tail of its log.
@@ -305,6 +367,8 @@ class EngineLaunchError(EngineError):
     Attributes:
         log_tail: the last lines the process wrote.
     """
+
+    code = "engine_launch_failed"
 
     def __init__(self, message: str, *, log_tail: str = "") -> None:
         super().__init__(message)
@@ -320,6 +384,9 @@ class ModelFileError(EngineError, ValueError):
         path: the file the message is about.
     """
 
+    status = 422
+    code = "invalid_model_file"
+
     def __init__(self, message: str, *, path: Path) -> None:
         super().__init__(message)
         self.path = path
@@ -333,6 +400,9 @@ class VerificationError(EngineError):
         expected: the planned value.
         actual: what the server reported or logged (None when it reported nothing).
     """
+
+    status = 502
+    code = "verification_failed"
 
     def __init__(self, message: str, *, field: str, expected: object, actual: object) -> None:
         super().__init__(message)
@@ -349,6 +419,8 @@ class RelaunchError(EngineError):
             is down and only teardown is left (`relaunch_failed`).
     """
 
+    code = "relaunch_failed"
+
     def __init__(self, message: str, *, rolled_back: bool) -> None:
         super().__init__(message)
         self.rolled_back = rolled_back
@@ -360,6 +432,9 @@ class PlanError(QiipError):
     Attributes:
         violations: for an invalid policy, every rule it breaks (field and sentence); empty otherwise.
     """
+
+    status = 422
+    code = "invalid_policy"
 
     def __init__(self, message: str, *, violations: Sequence[Violation] = ()) -> None:
         super().__init__(message)
@@ -377,8 +452,8 @@ class AuthError(QiipError):
         code: the OpenAI error `code`.
     """
 
-    status: int = 401
-    code: str = "invalid_api_key"
+    status = 401
+    code = "invalid_api_key"
 
     def __init__(self, message: str, *, token_id: str | None = None) -> None:
         super().__init__(message)

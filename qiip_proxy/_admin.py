@@ -5,6 +5,9 @@ otherwise). State-changing routes accept `application/json` only (415 otherwise)
 cannot send JSON without a preflight, which is the CSRF boundary. Request bodies are strict (unknown
 fields: 422). Work that waits (drains, removals, relaunches) runs as a background operation: the answer is
 202 with the operation, to follow at `/admin/operations/{id}`.
+
+Routes raise their errors and never answer them: the app's one exception handler turns every `QiipError`
+(the core's, and `AdminError` for what only this API refuses) into its error answer (`_errors`).
 """
 
 from __future__ import annotations
@@ -20,16 +23,7 @@ from fastapi.security import HTTPBasic, HTTPBasicCredentials
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from qiip_core import (
-    AuthError,
-    ConfigError,
-    EndpointError,
-    NodeConflict,
-    NodeNotFound,
-    PlanError,
-    QiipError,
-    RegistryUnavailable,
-)
+from qiip_core import NodeNotFound, PlanError
 from qiip_core.lifecycle import (
     check_can_drain,
     check_can_relaunch,
@@ -42,7 +36,7 @@ from qiip_core.lifecycle import (
 from qiip_core.nodes import Engine, Node, NodeCapabilities, NodeStatus
 from qiip_core.planner import parse_policy, read_devices, validate_policy
 from qiip_core.routing import ChangeKind, NodeState, TableChange
-from qiip_proxy._errors import ClientError
+from qiip_proxy._errors import RequestRefused
 
 if TYPE_CHECKING:
     from qiip_proxy._gateway import Gateway
@@ -52,8 +46,8 @@ __all__ = ["AdminError", "node_view", "router"]
 _basic = HTTPBasic(auto_error=False, realm="qiip-admin")
 
 
-class AdminError(ClientError):
-    """An admin API refusal: 400, 401, 404, 409, 415, 422 with an OpenAI-shaped error body."""
+class AdminError(RequestRefused):
+    """An admin API refusal of its own: 400, 401, 404, 409, 415, 422 with an OpenAI-shaped error body."""
 
 
 def _gateway(request: Request) -> Gateway:
@@ -147,27 +141,8 @@ def node_view(state: NodeState) -> dict[str, Any]:
 def _node_or_404(gateway: Gateway, node_id: str) -> NodeState:
     state = gateway.table.get(node_id)
     if state is None:
-        raise AdminError(404, f"No node is registered with id {node_id!r}.", "node_not_found", "node_id")
+        raise NodeNotFound(node_id)
     return state
-
-
-def _map(exc: QiipError) -> AdminError:
-    if isinstance(exc, NodeNotFound):
-        return AdminError(404, exc.message, "node_not_found", "node_id")
-    if isinstance(exc, NodeConflict):
-        return AdminError(409, exc.message, "conflict")
-    if isinstance(exc, EndpointError):
-        return AdminError(400, exc.message, "endpoint_not_allowed", "endpoint")
-    if isinstance(exc, PlanError):
-        return _policy_error(exc)
-    if isinstance(exc, ConfigError):
-        return AdminError(409, exc.message, "profile_invalid")
-    if isinstance(exc, AuthError):
-        kind = "service_unavailable_error" if exc.status >= 500 else "invalid_request_error"
-        return AdminError(exc.status, exc.message, exc.code, type=kind)
-    if isinstance(exc, RegistryUnavailable):
-        return AdminError(503, exc.message, "registry_unavailable", type="service_unavailable_error")
-    return AdminError(500, exc.message, "internal_error", type="server_error")
 
 
 @router.get("/nodes")
@@ -196,10 +171,7 @@ async def register_node(request: Request, body: RegisterNode) -> JSONResponse:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"])
         raise AdminError(422, f"{field}: {first['msg']}.", "invalid_node", field) from None
-    try:
-        stored = await gateway.registry.register(node)
-    except QiipError as exc:
-        raise _map(exc) from exc
+    stored = await gateway.registry.register(node)
     return JSONResponse(stored.model_dump(mode="json"), status_code=201)
 
 
@@ -209,15 +181,12 @@ async def drain_node(request: Request, node_id: str, body: DrainRequest) -> JSON
     gateway = _gateway(request)
     _node_or_404(gateway, node_id)
     timeout_s = body.timeout_s or gateway.settings.admin.drain_timeout_s
-    try:
-        check_can_drain(gateway.table, node_id)
-        operation = gateway.operations.start(
-            "drain",
-            node_id,
-            lambda op: drain(gateway.table, gateway.fleet, node_id, timeout_s=timeout_s, log=op.log),
-        )
-    except QiipError as exc:
-        raise _map(exc) from exc
+    check_can_drain(gateway.table, node_id)
+    operation = gateway.operations.start(
+        "drain",
+        node_id,
+        lambda op: drain(gateway.table, gateway.fleet, node_id, timeout_s=timeout_s, log=op.log),
+    )
     return JSONResponse(operation.view(), status_code=202)
 
 
@@ -226,11 +195,8 @@ async def undrain_node(request: Request, node_id: str, body: Empty) -> JSONRespo
     """Take a drained node back into rotation (409 when it is not draining)."""
     gateway = _gateway(request)
     state = _node_or_404(gateway, node_id)
-    try:
-        check_can_undrain(gateway.table, node_id)
-        await gateway.fleet.set_lifecycle(node_id, None)
-    except QiipError as exc:
-        raise _map(exc) from exc
+    check_can_undrain(gateway.table, node_id)
+    await gateway.fleet.set_lifecycle(node_id, None)
     return JSONResponse(node_view(state))
 
 
@@ -247,17 +213,14 @@ async def delete_node(
         raise AdminError(409, f"Node {node_id!r} is declared in the config file; remove it there.", "conflict")
     server = gateway.local_nodes.servers.get(node_id)
     timeout_s = gateway.settings.admin.drain_timeout_s
-    try:
-        check_can_remove(gateway.table, node_id)
-        operation = gateway.operations.start(
-            "remove",
-            node_id,
-            lambda op: remove(
-                gateway.table, gateway.fleet, node_id, force=force, timeout_s=timeout_s, log=op.log, server=server
-            ),
-        )
-    except QiipError as exc:
-        raise _map(exc) from exc
+    check_can_remove(gateway.table, node_id)
+    operation = gateway.operations.start(
+        "remove",
+        node_id,
+        lambda op: remove(
+            gateway.table, gateway.fleet, node_id, force=force, timeout_s=timeout_s, log=op.log, server=server
+        ),
+    )
     return JSONResponse(operation.view(), status_code=202)
 
 
@@ -272,44 +235,30 @@ async def relaunch_node(request: Request, node_id: str) -> JSONResponse:
         payload = json.loads(await request.body())
     except ValueError as exc:
         raise AdminError(400, f"The body is not valid JSON: {exc}.", "invalid_json") from None
-    try:
-        policy = parse_policy(payload)
-    except PlanError as exc:
-        raise _policy_error(exc) from exc
+    policy = parse_policy(payload)
     server = gateway.local_nodes.servers.get(node_id)
-    try:
-        check_can_relaunch(gateway.table, node_id, server)
-    except QiipError as exc:
-        raise _map(exc) from exc
+    check_can_relaunch(gateway.table, node_id, server)
     assert server is not None
     devices = await asyncio.to_thread(read_devices, allow_cpu=server.cpu_mode)
     violations = validate_policy(policy, train_context=server.shape.n_ctx_train, devices=devices, shape=server.shape)
     if violations:
-        raise _policy_error(PlanError("The sizing policy is not valid for this node.", violations=violations))
+        raise PlanError("The sizing policy is not valid for this node.", violations=violations)
     node = state.effective_node()
-    try:
-        operation = gateway.operations.start(
-            "relaunch",
-            node_id,
-            lambda op: relaunch(
-                gateway.table,
-                gateway.fleet,
-                server,
-                node.model_copy(update={"status": NodeStatus.UNKNOWN}),
-                policy,
-                drain_timeout_s=gateway.settings.admin.drain_timeout_s,
-                startup_timeout_s=gateway.local_nodes.startup_timeout_s(node_id),
-                log=op.log,
-            ),
-        )
-    except QiipError as exc:
-        raise _map(exc) from exc
+    operation = gateway.operations.start(
+        "relaunch",
+        node_id,
+        lambda op: relaunch(
+            gateway.table,
+            gateway.fleet,
+            server,
+            node.model_copy(update={"status": NodeStatus.UNKNOWN}),
+            policy,
+            drain_timeout_s=gateway.settings.admin.drain_timeout_s,
+            startup_timeout_s=gateway.local_nodes.startup_timeout_s(node_id),
+            log=op.log,
+        ),
+    )
     return JSONResponse(operation.view(), status_code=202)
-
-
-def _policy_error(exc: PlanError) -> AdminError:
-    violations = [{"field": v.field, "message": v.message} for v in exc.violations]
-    return AdminError(422, exc.message, "invalid_policy", extra={"violations": violations})
 
 
 @router.get("/attached")
@@ -340,42 +289,30 @@ async def attach(request: Request, name: str, body: Empty) -> JSONResponse:
         raise AdminError(404, f"No attached profile is named {name!r}.", "profile_not_found", "name")
     if name in gateway.table:
         raise AdminError(409, f"The profile {name!r} is attached already.", "conflict")
-    try:
-        node = gateway.attach(name)
-    except QiipError as exc:
-        raise _map(exc) from exc
+    node = gateway.attach(name)
     return JSONResponse(node.model_dump(mode="json"), status_code=201)
 
 
 @router.post("/tokens", status_code=201)
 async def create_token(request: Request, body: CreateToken) -> JSONResponse:
     """Create an invoke token. The answer carries its secret, shown this once and stored only as a hash."""
-    try:
-        token, secret = await _gateway(request).tokens.create(
-            model=body.model, ttl_s=body.ttl_s, description=body.description
-        )
-    except QiipError as exc:
-        raise _map(exc) from exc
+    token, secret = await _gateway(request).tokens.create(
+        model=body.model, ttl_s=body.ttl_s, description=body.description
+    )
     return JSONResponse({**token.public(), "secret": secret}, status_code=201)
 
 
 @router.get("/tokens")
 async def list_tokens(request: Request) -> JSONResponse:
     """Live invoke tokens (not expired, not revoked), without their secrets."""
-    try:
-        tokens = await _gateway(request).tokens.list()
-    except QiipError as exc:
-        raise _map(exc) from exc
+    tokens = await _gateway(request).tokens.list()
     return JSONResponse({"tokens": [t.public() for t in tokens]})
 
 
 @router.delete("/tokens/{token_id}")
 async def revoke_token(request: Request, token_id: str) -> JSONResponse:
     """Revoke an invoke token; requests running on it end at once (streams with an in-band error)."""
-    try:
-        token = await _gateway(request).tokens.revoke(token_id)
-    except QiipError as exc:
-        raise _map(exc) from exc
+    token = await _gateway(request).tokens.revoke(token_id)
     return JSONResponse(token.public())
 
 

@@ -13,12 +13,13 @@ from starlette.responses import Response
 from starlette.types import ASGIApp
 
 import qiip_core
+from qiip_core import QiipError
 from qiip_core.config import Settings
 from qiip_proxy._admin import router as admin_router
 from qiip_proxy._client_api import router as client_router
-from qiip_proxy._errors import ClientError, error_response
+from qiip_proxy._errors import RequestRefused, error_response
 from qiip_proxy._gateway import Gateway
-from qiip_proxy._relay import ProxyRoutes
+from qiip_proxy._inference import ProxyRoutes
 
 __all__ = ["create_app", "serving_app"]
 
@@ -55,8 +56,9 @@ def create_app(settings: Settings) -> FastAPI:
     if settings.admin.enabled:
         app.include_router(admin_router)
 
-    @app.exception_handler(ClientError)
-    async def client_error(request: Request, exc: ClientError) -> Response:
+    # The one exception handler of both APIs: every error carries its status and code (`_errors`).
+    @app.exception_handler(QiipError)
+    async def qiip_error(request: Request, exc: QiipError) -> Response:
         return error_response(exc)
 
     @app.get("/metrics", tags=["operations"], include_in_schema=True)
@@ -67,13 +69,14 @@ def create_app(settings: Settings) -> FastAPI:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return error_response(ClientError(exc.status_code, str(exc.detail), code), headers=dict(exc.headers or {}))
+        refused = RequestRefused(exc.status_code, str(exc.detail), code)
+        return error_response(refused, headers=dict(exc.headers or {}))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> Response:
         first = exc.errors()[0] if exc.errors() else {"msg": "invalid request", "loc": ()}
         param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-        return error_response(ClientError(422, str(first["msg"]), "invalid_request", param))
+        return error_response(RequestRefused(422, str(first["msg"]), "invalid_request", param))
 
     return app
 

@@ -1,6 +1,9 @@
 """The OpenAI-compatible client API as FastAPI routes: `/v1/models`, `/health`, and the documented
-inference routes, which run the relay in `_relay` (where one request's way through the daemon reads
-top to bottom).
+inference routes, which run `serve_inference` in `_inference` (where one request's way through the daemon
+reads top to bottom).
+
+Errors are raised, never answered here: the app's one exception handler turns every `QiipError` into its
+OpenAI error answer (`_errors`).
 """
 
 from __future__ import annotations
@@ -11,11 +14,10 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from qiip_core import AuthError, TokenScopeError
+from qiip_core import TokenScopeError
 from qiip_core.auth import InvokeToken, parse_bearer
 from qiip_core.nodes import NodeStatus
-from qiip_proxy._errors import error_response
-from qiip_proxy._relay import serve_inference
+from qiip_proxy._inference import serve_inference
 
 if TYPE_CHECKING:
     from qiip_proxy._gateway import Gateway
@@ -50,7 +52,7 @@ def _gateway(request: Request) -> Gateway:
 
 
 class _Inference(Response):
-    """Serves an inference request through the same code as `ProxyRoutes` (see `_relay`)."""
+    """Serves an inference request through the same code as `ProxyRoutes` (see `_inference`)."""
 
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
@@ -98,10 +100,7 @@ def _token(request: Request) -> InvokeToken | None:
 async def list_models(request: Request) -> Response:
     """The models served by at least one healthy node (OpenAI `GET /v1/models`); with a token bound to one
     model, only that one."""
-    try:
-        token = _token(request)
-    except AuthError as exc:
-        return error_response(exc)
+    token = _token(request)
     only = token.model if token is not None else None
     served = _gateway(request).table.models()
     data = [_model_object(model, engine.value) for model, engine in sorted(served.items()) if only in (None, model)]
@@ -111,19 +110,14 @@ async def list_models(request: Request) -> Response:
 @router.get("/v1/models/{model:path}", tags=["client"])
 async def retrieve_model(request: Request, model: str) -> Response:
     """One model (OpenAI `GET /v1/models/{model}`): 404 when no node serves it, 503 when none is healthy."""
-    try:
-        token = _token(request)
-    except AuthError as exc:
-        return error_response(exc)
+    token = _token(request)
     if token is not None and not token.allows(model):
-        return error_response(
-            TokenScopeError(f"This invoke token may not use the model {model!r}.", token_id=token.id, model=model)
-        )
+        raise TokenScopeError(f"This invoke token may not use the model {model!r}.", token_id=token.id, model=model)
     table = _gateway(request).table
     served = table.models()
-    if model in served:
-        return JSONResponse(_model_object(model, served[model].value))
-    return error_response(table.routing_error(model))
+    if model not in served:
+        raise table.routing_error(model)
+    return JSONResponse(_model_object(model, served[model].value))
 
 
 @router.get("/health", tags=["client"])

@@ -1,21 +1,37 @@
-"""The one place that turns errors into HTTP answers on the client API.
+"""The one place that turns errors into HTTP answers, for the client API and the admin API alike.
 
-Every error body has OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, so the `openai`
-library raises its usual exceptions with our message. Once a stream has started, errors are not HTTP
-answers any more: `sse_error_event` is what the relay sends in-band, followed by `data: [DONE]`.
+Every error is a `QiipError` that carries its status, OpenAI error `code` and `param` (see the tree in
+`qiip_core._errors`); `describe_error` adds what only HTTP needs: the OpenAI `type`, the response headers
+and extra fields of the error object. The app registers one exception handler for `QiipError`
+(`error_response`); the inference paths, served as plain ASGI, answer with `send_error`. Every body has
+OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, so the `openai` library raises its usual
+exceptions with our message.
+
+Once a stream has started, errors are not HTTP answers any more: `sse_error_event` is what the relay sends
+in-band, followed by `data: [DONE]`.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from starlette.responses import Response
+from starlette.types import Send
 
-from qiip_core import AuthError, FailoverExhausted, QiipError, RoutingError, UpstreamError
+from qiip_core import AuthError, FailoverExhausted, PlanError, QiipError, UpstreamError
 
-__all__ = ["SSE_DONE", "TOO_DEEP", "ClientError", "describe_error", "error_body", "error_response", "sse_error_event"]
+__all__ = [
+    "SSE_DONE",
+    "TOO_DEEP",
+    "ErrorAnswer",
+    "RequestRefused",
+    "describe_error",
+    "error_body",
+    "error_response",
+    "send_error",
+    "sse_error_event",
+]
 
 SSE_DONE = b"data: [DONE]\n\n"
 
@@ -23,11 +39,13 @@ TOO_DEEP = "The request body is not valid JSON: it is nested too deeply."
 """The message for a JSON body whose nesting exceeds what the parser recurses through."""
 
 
-@dataclass
-class ClientError(Exception):
-    """A request the gateway refuses itself (bad JSON, missing model, too large, …).
+class RequestRefused(QiipError):
+    """A request the daemon refuses for its form (bad JSON, missing model, too large, an unknown path, …).
 
-    Attributes:
+    Unlike the core's errors, one class covers every such refusal, so its status and code are the
+    instance's (the class's are what a refusal without a more precise reason gets).
+
+    Args:
         status: the HTTP status.
         message: a full sentence for the client.
         code: the OpenAI error `code`.
@@ -37,13 +55,72 @@ class ClientError(Exception):
         extra: more fields for the error object (such as `violations`).
     """
 
+    status = 400
+    code = "invalid_request"
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str,
+        param: str | None = None,
+        *,
+        type: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.param = param
+        self.type = type
+        self.headers = headers or {}
+        self.extra = extra or {}
+
+
+class ErrorAnswer(NamedTuple):
+    """What the client gets for an error: the parts of an HTTP answer, or of an in-band SSE error event."""
+
     status: int
-    message: str
-    code: str
-    param: str | None = None
-    type: str = "invalid_request_error"
-    headers: dict[str, str] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
+    """The HTTP status."""
+    body: bytes
+    """The OpenAI error JSON."""
+    headers: dict[str, str]
+    """Headers to add to the answer."""
+
+
+_TYPES = {401: "authentication_error", 403: "permission_error", 503: "service_unavailable_error"}
+"""OpenAI error types by status; any other status is an `invalid_request_error` below 500, else a `server_error`."""
+
+
+def describe_error(exc: QiipError) -> ErrorAnswer:
+    """The answer for an error: the one mapping, for both APIs and in-band stream errors.
+
+    Args:
+        exc: the error, with its status, code and param.
+
+    Returns:
+        The status, the OpenAI error body, and headers: `WWW-Authenticate` for a refused invoke token,
+        `X-QIIP-Attempts` (and `X-QIIP-Failover: exhausted`) for a failed forward.
+    """
+    status = exc.status
+    headers: dict[str, str] = {}
+    extra: dict[str, Any] | None = None
+    if isinstance(exc, RequestRefused):
+        kind, headers, extra = exc.type, exc.headers, exc.extra
+    elif isinstance(exc, UpstreamError):
+        kind = "upstream_error"
+        if isinstance(exc, FailoverExhausted):
+            headers = {"X-QIIP-Failover": "exhausted", "X-QIIP-Attempts": str(exc.attempts)}
+        else:
+            headers = {"X-QIIP-Attempts": "1"}
+    else:
+        kind = _TYPES.get(status) or ("invalid_request_error" if status < 500 else "server_error")
+        if isinstance(exc, AuthError) and status == 401:
+            headers = {"WWW-Authenticate": 'Bearer realm="qiip"'}
+        elif isinstance(exc, PlanError):
+            extra = {"violations": [{"field": v.field, "message": v.message} for v in exc.violations]}
+    return ErrorAnswer(status, error_body(exc.message, type=kind, code=exc.code, param=exc.param, extra=extra), headers)
 
 
 def error_body(
@@ -54,42 +131,29 @@ def error_body(
     return json.dumps({"error": error}).encode()
 
 
-def describe_error(exc: QiipError | ClientError) -> tuple[int, str, str | None, str | None, dict[str, str]]:
-    """(status, OpenAI type, code, param, extra headers) for an error: the one mapping table."""
-    if isinstance(exc, ClientError):
-        return exc.status, exc.type, exc.code, exc.param, exc.headers
-    if isinstance(exc, AuthError):
-        if exc.status == 401:
-            return 401, "authentication_error", exc.code, None, {"WWW-Authenticate": 'Bearer realm="qiip"'}
-        kind = {403: "permission_error"}.get(
-            exc.status, "invalid_request_error" if exc.status < 500 else "server_error"
-        )
-        return exc.status, kind, exc.code, None, {}
-    if isinstance(exc, RoutingError):
-        if exc.status < 500:
-            return exc.status, "invalid_request_error", exc.code, "model", {}
-        return exc.status, "service_unavailable_error", exc.code, None, {}
-    if isinstance(exc, FailoverExhausted):
-        headers = {"X-QIIP-Failover": "exhausted", "X-QIIP-Attempts": str(exc.attempts)}
-        return exc.status, "upstream_error", exc.code, None, headers
-    if isinstance(exc, UpstreamError):
-        return exc.status, "upstream_error", exc.code, None, {"X-QIIP-Attempts": "1"}
-    return 500, "server_error", "internal_error", None, {}
+def error_response(exc: QiipError, *, headers: dict[str, str] | None = None) -> Response:
+    """The HTTP answer for an error raised before anything was sent to the client: the app's exception
+    handler for every `QiipError`."""
+    status, body, extra = describe_error(exc)
+    return Response(body, status_code=status, media_type="application/json", headers={**extra, **(headers or {})})
 
 
-def error_response(exc: QiipError | ClientError, *, headers: dict[str, str] | None = None) -> Response:
-    """The HTTP answer for an error raised before anything was sent to the client."""
-    status, kind, code, param, extra = describe_error(exc)
-    fields = exc.extra if isinstance(exc, ClientError) else None
-    return Response(
-        error_body(exc.message, type=kind, code=code, param=param, extra=fields),
-        status_code=status,
-        media_type="application/json",
-        headers={**extra, **(headers or {})},
-    )
+async def send_error(send: Send, exc: QiipError, request_id: str) -> None:
+    """Send a complete error answer on a plain ASGI path (before anything else was sent).
+
+    Args:
+        send: the ASGI send channel.
+        exc: the error.
+        request_id: the request's `X-Request-Id`.
+    """
+    status, body, headers = describe_error(exc)
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+    raw.append((b"x-request-id", request_id.encode()))
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
 
 
 def sse_error_event(exc: QiipError) -> bytes:
     """One SSE event carrying the OpenAI error, for failures after a stream has started."""
-    _, kind, code, param, _ = describe_error(exc)
-    return b"data: " + error_body(exc.message, type=kind, code=code, param=param) + b"\n\n"
+    return b"data: " + describe_error(exc).body + b"\n\n"

@@ -1,15 +1,16 @@
-"""Prometheus metrics of the client API (`GET /metrics`).
+"""The last step of an inference request: account. Prometheus metrics of the client API (`GET /metrics`).
 
-Counters and histograms are updated once per request at its end (`account`); per-node gauges (in-flight
-requests, status, breaker) are read from the routing table when Prometheus scrapes, so the request path
-never touches a gauge.
+Every inference request ends as one `Outcome`, filled in as it goes and accounted once, when it ends
+(`GatewayMetrics.account`); per-node gauges (in-flight requests, status, breaker) are read from the routing
+table when Prometheus scrapes, so the request path never touches a gauge.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -19,12 +20,39 @@ from prometheus_client.registry import Collector
 from qiip_core.nodes import NodeStatus
 from qiip_core.routing import RoutingTable
 
-__all__ = ["GatewayMetrics"]
+__all__ = ["GatewayMetrics", "Outcome"]
 
 TTFT_WINDOW = 256
 """How many recent streaming requests per node the admin metrics' `ttft_p50_s` is the median of."""
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+@dataclass(slots=True)
+class Outcome:
+    """How one client request ended, as the metrics record it.
+
+    Attributes:
+        started: when the request arrived (`time.perf_counter()`, seconds).
+        model: the requested model ("" before it is known, and for a model no node serves).
+        node: the node that answered ("" when none did).
+        status: the HTTP status the client got (499 when it left first); None while the request has not
+            ended for the client, and for a request the daemon stopped before it had an answer (not
+            accounted).
+        duration_s: time to the last byte, in seconds.
+        ttft_s: time to the first event of a stream, in seconds.
+        error_code: the OpenAI error code when the request failed (also mid-stream), else None.
+        failed_nodes: nodes whose attempts failed before this answer.
+    """
+
+    started: float
+    model: str = ""
+    node: str = ""
+    status: int | None = None
+    duration_s: float = 0.0
+    ttft_s: float | None = None
+    error_code: str | None = None
+    failed_nodes: Sequence[str] = ()
 
 
 class _TableCollector(Collector):
@@ -120,35 +148,25 @@ class GatewayMetrics:
                 by_node[node]["ttft_p50_s"] = statistics.median(recent)
         return {"by_model": by_model, "by_node": by_node}
 
-    def account(
-        self,
-        *,
-        model: str,
-        node: str,
-        status: int,
-        duration_s: float,
-        ttft_s: float | None = None,
-        error_code: str | None = None,
-        failed_nodes: list[str] | None = None,
-    ) -> None:
-        """Record one finished client request.
+    def account(self, outcome: Outcome) -> None:
+        """Record one finished client request: its count by status, its error, the nodes that failed before
+        the answer, and (when a node answered) its latency and time to first token.
 
         Args:
-            model: the requested model.
-            node: the node that served it ("" when none did).
-            status: the HTTP status the client got.
-            duration_s: time to the last byte, in seconds.
-            ttft_s: time to the first event of a stream, in seconds.
-            error_code: the OpenAI error code when the request failed (also mid-stream).
-            failed_nodes: nodes whose attempts failed before this answer.
+            outcome: how the request ended; one without a status (the daemon stopped it before it had an
+                answer) is not recorded.
         """
-        self.requests.labels(model, node, str(status)).inc()
-        if error_code is not None:
-            self.errors.labels(model, node, error_code).inc()
-        for failed in failed_nodes or ():
+        if outcome.status is None:
+            return
+        model, node = outcome.model, outcome.node
+        self.requests.labels(model, node, str(outcome.status)).inc()
+        if outcome.error_code is not None:
+            self.errors.labels(model, node, outcome.error_code).inc()
+        for failed in outcome.failed_nodes:
             self.retries.labels(model, failed).inc()
         if node:
-            self.latency.labels(model, node).observe(duration_s)
+            self.latency.labels(model, node).observe(outcome.duration_s)
+            ttft_s = outcome.ttft_s
             if ttft_s is not None:
                 self.ttft.labels(model, node).observe(ttft_s)
                 recent = self._recent_ttft_s.get(node)

@@ -73,11 +73,14 @@ CONSOLE_VARIABLES: dict[str, str] = {
 
 
 class ThemeFileError(ConfigError):
-    """A theme file cannot be used.
+    """A theme file cannot be used (422 `invalid_theme`).
 
     Attributes:
         path: the file.
     """
+
+    status = 422
+    code = "invalid_theme"
 
     def __init__(self, message: str, *, path: Path) -> None:
         super().__init__(message)

@@ -49,20 +49,30 @@ __all__ = [
 
 
 class ClientError(QiipError):
-    """The daemon could not be used."""
+    """The daemon could not be used (502 `daemon_error`)."""
+
+    status = 502
+    code = "daemon_error"
 
 
 class DaemonUnreachable(ClientError):
-    """Nothing answered at the daemon's URL (refused, timed out, not HTTP)."""
+    """Nothing answered at the daemon's URL (refused, timed out, not HTTP; 502 `daemon_unreachable`)."""
+
+    code = "daemon_unreachable"
 
 
 class Unauthorized(ClientError):
-    """The daemon refused the admin credentials (401)."""
+    """The daemon refused the admin credentials (401 `unauthorized`)."""
+
+    status = 401
+    code = "unauthorized"
 
 
 class NotADaemon(ClientError):
     """Something answered at the daemon's URL, but not with the daemon's JSON (a login page, another
-    service): a successful answer that is not JSON, or JSON of another shape."""
+    service): a successful answer that is not JSON, or JSON of another shape (502 `not_a_daemon`)."""
+
+    code = "not_a_daemon"
 
 
 class ApiError(ClientError):
@@ -70,9 +80,12 @@ class ApiError(ClientError):
 
     Attributes:
         status: the HTTP status.
-        code: the OpenAI error code (`node_not_found`, `conflict`, `invalid_policy`, …).
+        code: the OpenAI error code (`node_not_found`, `conflict`, `invalid_policy`, …); None when the
+            answer had none.
         violations: for an invalid sizing policy, `[{field, message}]`.
     """
+
+    code: str | None  # type: ignore[assignment]  # the daemon's, which may be missing
 
     def __init__(self, message: str, *, status: int, code: str | None, violations: list[dict[str, str]]) -> None:
         super().__init__(message)

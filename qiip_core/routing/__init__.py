@@ -1,17 +1,16 @@
 """The routing engine: least-connections selection, reservations, circuit breakers, forwarding with
-failover before the first byte, and SSE framing for the relay."""
+failover before the first byte, and the node's answer as the relay reads it (SSE framing included).
+
+In the order a request takes them: `_table` (select: `RoutingTable.reserve`), `_upstream` (the client, the
+request it sends, and its errors translated), `_forward` (`Forwarder.open`: attempts and failover),
+`_response` (the committed answer: reading, and the node's success or failure), `_sse` (event framing).
+"""
 
 from __future__ import annotations
 
 from qiip_core.routing._breaker import BreakerState, CircuitBreaker
-from qiip_core.routing._forward import (
-    HOP_BY_HOP_HEADERS,
-    Forwarder,
-    UpstreamClient,
-    UpstreamRequest,
-    UpstreamResponse,
-    map_transport_error,
-)
+from qiip_core.routing._forward import Forwarder
+from qiip_core.routing._response import HOP_BY_HOP_HEADERS, UpstreamResponse
 from qiip_core.routing._sse import EventFramer, event_boundary
 from qiip_core.routing._table import (
     ChangeKind,
@@ -21,6 +20,7 @@ from qiip_core.routing._table import (
     TableChange,
     select_least_connections,
 )
+from qiip_core.routing._upstream import UpstreamClient, UpstreamRequest, map_transport_error
 
 __all__ = [
     "HOP_BY_HOP_HEADERS",

@@ -1,8 +1,8 @@
 """The routing table: every known node with what this gateway observes about it, and least-connections
 selection with reservations.
 
-The registry says which nodes exist (`apply_put`, `apply_delete`); the health checker and the forwarder
-say how they behave (`observe_liveness`, `record_success`, `record_failure`). Requests take a
+The registry says which nodes exist (`apply_put`, `apply_delete`); the health checker, the forwarder and
+the responses it commits to say how they behave (`set_liveness`, `record_success`, `record_failure`). Requests take a
 `Reservation` on the least-loaded healthy node serving their model and release it exactly once, however
 the request ends. Everything here runs on one event loop and never awaits, so each method is atomic.
 
@@ -177,6 +177,19 @@ class Reservation:
     def released(self) -> bool:
         """True once released."""
         return self._released
+
+    def record_success(self) -> None:
+        """The request succeeded on this node: its breaker closes (`RoutingTable.record_success`)."""
+        self._table.record_success(self.state.id)
+
+    def record_failure(self, error: str) -> bool:
+        """The request failed on this node with a connect error, timeout or broken answer
+        (`RoutingTable.record_failure`).
+
+        Returns:
+            True when the failure opened (or kept open) the node's breaker.
+        """
+        return self._table.record_failure(self.state.id, error)
 
     def release(self) -> None:
         """Give the slot back. Calling it again does nothing."""

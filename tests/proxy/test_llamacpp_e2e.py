@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import httpx
 import openai
 import pytest
@@ -12,8 +14,10 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def client(llama_daemon: Daemon) -> openai.OpenAI:
-    return openai.OpenAI(base_url=llama_daemon.url + "/v1", api_key="unused", max_retries=0)
+def client(llama_daemon: Daemon) -> Iterator[openai.OpenAI]:
+    # Closed after each test: a client left to the garbage collector leaves its pooled socket unclosed.
+    with openai.OpenAI(base_url=llama_daemon.url + "/v1", api_key="unused", max_retries=0) as client:
+        yield client
 
 
 def test_models_lists_the_union_of_healthy_nodes(client: openai.OpenAI) -> None:

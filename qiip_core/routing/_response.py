@@ -1,0 +1,279 @@
+"""The node's answer, from its first bytes to its end: what the relay reads, and what the node is credited
+with.
+
+`UpstreamResponse.receive()` turns the node's status and headers into a response the gateway can commit to,
+once what the client will see first has arrived:
+
+- a 5xx answer is not committed: it raises `UpstreamStatusError`, for the forwarder to fail over;
+- a non-streaming answer: the status, headers and the body (read whole when it fits
+  `buffer_response_bytes`, so a node dying while sending it can still be failed over);
+- a streaming answer (`text/event-stream`): the status, headers and the first complete event, so a node
+  that accepts the request and then fails before its first token is failed over too.
+
+`read()` then gives the rest of the body, whole SSE events at a time for streams (decoded when the node
+compressed them), under the inter-chunk idle timeout and the node's request deadline.
+
+The response holds the node's reservation until `aclose()`, and it is what reports the node's behaviour to
+the routing table once committed, so the relay never has to:
+
+- a read that fails counts one failure against the node's circuit breaker, at once;
+- an answer below 400 read to its end counts as the node's success (its breaker closes) when it is closed;
+- an answer abandoned before its end (the client left, the stream was ended) counts neither way; nor does a
+  4xx answer, which is the client's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from qiip_core._errors import UpstreamError, UpstreamStatusError, UpstreamTimeout, UpstreamTransportError
+from qiip_core.config import UpstreamSettings
+from qiip_core.routing._sse import EventFramer
+from qiip_core.routing._table import Reservation
+from qiip_core.routing._upstream import TRANSPORT_ERRORS, map_transport_error
+
+__all__ = ["HOP_BY_HOP_HEADERS", "UpstreamResponse"]
+
+HOP_BY_HOP_HEADERS = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"content-length",
+        b"host",
+    }
+)
+"""Headers that describe one connection, never relayed in either direction."""
+
+_GATEWAY_HEADERS = frozenset({b"server", b"date", b"x-request-id", b"x-accel-buffering"})
+"""Response headers the gateway sets itself; the node's are dropped so the client never sees two."""
+
+_STREAM_HEADERS = frozenset({b"content-encoding", b"cache-control"})
+"""Dropped from decoded event streams: the gateway relays them decoded and sets its own cache policy."""
+
+_DECODABLE = {"identity": 0, "gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+"""Content encodings an event stream may come in, with the `wbits` that decodes each."""
+
+_ERROR_BODY_BYTES = 4096
+"""How much of a 5xx answer's body is kept for the error message."""
+
+
+@dataclass(slots=True)
+class UpstreamResponse:
+    """A node's response that the gateway has committed to relaying.
+
+    Attributes:
+        reservation: the node's reservation, released by `aclose()`.
+        status_code: the node's status.
+        headers: response headers to relay: hop-by-hop, CORS and the gateway's own (server, date, request id)
+            removed; for SSE also content-encoding and cache-control.
+        prefix: the bytes already read: the first event(s) of a stream or the start (or all) of a body.
+        complete: True when `prefix` is the whole body.
+        sse: True for an event stream (relayed whole events at a time).
+        attempts: nodes tried, this one included.
+        failures: the errors of the earlier attempts, oldest first.
+    """
+
+    reservation: Reservation
+    status_code: int
+    headers: list[tuple[bytes, bytes]]
+    prefix: bytes
+    complete: bool
+    sse: bool
+    attempts: int = 1
+    failures: list[UpstreamError] = field(default_factory=list)
+    _response: aiohttp.ClientResponse | None = None
+    _framer: EventFramer | None = None
+    _decoder: zlib._Decompress | None = None
+    _idle_timeout_s: float = 60.0
+    _deadline: float | None = None
+    _committed: bool = False
+
+    @classmethod
+    async def receive(
+        cls,
+        reservation: Reservation,
+        response: aiohttp.ClientResponse,
+        settings: UpstreamSettings,
+        *,
+        deadline: float | None = None,
+    ) -> UpstreamResponse:
+        """Read what the client will see first, and commit to the node's answer.
+
+        Args:
+            reservation: the node's reservation, handed to the response.
+            response: the node's answer, headers received.
+            settings: the idle timeout, buffer and event sizes.
+            deadline: the event-loop time by which the node must have finished (its `deadline_s`), or None.
+                It bounds the reads after this one; this one is bounded by the caller's first-byte timeout.
+
+        Returns:
+            The committed response; the caller must `aclose()` it.
+
+        Raises:
+            UpstreamStatusError: the node answered 5xx (at most 4 KiB of its body kept).
+            UpstreamTimeout, UpstreamTransportError: a stream broke, or ended, before its first event.
+            aiohttp.ClientError, zlib.error, TimeoutError, OSError: reading a non-streaming body failed (the
+                forwarder translates these with `map_transport_error`).
+        """
+        node_id = reservation.state.id
+        status = response.status
+        if status >= 500:
+            body = await _read_at_most(response, _ERROR_BODY_BYTES)
+            text = body[:200].decode("utf-8", "replace")
+            raise UpstreamStatusError(
+                f"HTTP {status}: {text}" if text else f"HTTP {status}", node_id=node_id, status=status, body=body
+            )
+        encoding = response.headers.get("content-encoding", "identity").lower()
+        sse = status == 200 and response.content_type == "text/event-stream" and encoding in _DECODABLE
+        result = cls(
+            reservation=reservation,
+            status_code=status,
+            headers=_relay_headers(response, decoded=sse),
+            prefix=b"",
+            complete=False,
+            sse=sse,
+            _response=response,
+            _idle_timeout_s=settings.idle_timeout_s,
+        )
+        if sse:
+            result._framer = EventFramer(settings.max_event_bytes)
+            if encoding != "identity":
+                result._decoder = zlib.decompressobj(_DECODABLE[encoding])
+            result.prefix = await result.read()
+            if not result.prefix:
+                raise UpstreamTransportError("the event stream ended before its first event.", node_id=node_id)
+        else:
+            result.prefix, result.complete = await _buffer(response, settings.buffer_response_bytes)
+        if result.complete:
+            response.release()
+            result._response = None
+        result._deadline = deadline
+        # From here on, the response reports the node's failures itself; before, the forwarder does (and
+        # fails over).
+        result._committed = True
+        return result
+
+    @property
+    def node_id(self) -> str:
+        """The node serving this response."""
+        return self.reservation.state.id
+
+    async def read(self) -> bytes:
+        """The next piece of the body: whole events for a stream. Returns b"" at the end.
+
+        Raises:
+            UpstreamTimeout: the node sent nothing for `idle_timeout_s`, or its request deadline passed.
+            UpstreamTransportError: the connection broke (the relay reports it in-band).
+        """
+        response = self._response
+        if self.complete or response is None:
+            return b""
+        try:
+            while True:
+                wait_s = self._idle_timeout_s
+                if self._deadline is not None:
+                    left = self._deadline - asyncio.get_running_loop().time()
+                    if left <= 0:
+                        raise UpstreamTimeout("the node's request deadline passed.", node_id=self.node_id)
+                    wait_s = min(wait_s, left)
+                try:
+                    async with asyncio.timeout(wait_s):
+                        chunk = await response.content.readany()
+                    if self._decoder is not None:
+                        chunk = self._decoder.decompress(chunk) if chunk else self._decoder.flush()
+                except TimeoutError as exc:
+                    if isinstance(exc, aiohttp.ClientError):
+                        raise map_transport_error(exc, self.node_id) from exc
+                    if self._deadline is not None and asyncio.get_running_loop().time() >= self._deadline:
+                        raise UpstreamTimeout("the node's request deadline passed.", node_id=self.node_id) from None
+                    raise UpstreamTimeout(
+                        f"the node sent nothing for {self._idle_timeout_s:g} s.", node_id=self.node_id
+                    ) from None
+                except TRANSPORT_ERRORS as exc:
+                    raise map_transport_error(exc, self.node_id) from exc
+                if not chunk and response.content.at_eof():
+                    self.complete = True
+                    return self._framer.flush() if self._framer is not None else b""
+                if self._framer is None:
+                    if chunk:
+                        return chunk
+                    continue
+                out = self._framer.feed(chunk)
+                if out:
+                    return out
+        except UpstreamError as exc:
+            # The node broke off its answer: its fault, whatever the request. (This try is free in the relay's
+            # hot loop: since Python 3.11 a try costs nothing until it catches.)
+            if self._committed:
+                self.reservation.record_failure(exc.message)
+            raise
+
+    async def aclose(self) -> None:
+        """Finish with the node's response and release the reservation. Idempotent.
+
+        A response read to its end returns its connection to the pool, and an answer below 400 then counts
+        as the node's success; one abandoned early (the client left, the relay failed) closes the connection,
+        so the node sees the disconnect at once.
+        """
+        try:
+            response, self._response = self._response, None
+            if response is not None:
+                if self.complete:
+                    response.release()
+                else:
+                    response.close()
+        finally:
+            reservation = self.reservation
+            if not reservation.released:
+                if self.complete and self.status_code < 400 and self._committed:
+                    reservation.record_success()
+                reservation.release()
+
+
+def _relay_headers(response: aiohttp.ClientResponse, *, decoded: bool) -> list[tuple[bytes, bytes]]:
+    headers = []
+    for name, value in response.raw_headers:
+        lower = name.lower()
+        if (
+            lower in HOP_BY_HOP_HEADERS
+            or lower in _GATEWAY_HEADERS
+            # A node's CORS answer is not the gateway's policy.
+            or lower.startswith(b"access-control-")
+            or (decoded and lower in _STREAM_HEADERS)
+        ):
+            continue
+        headers.append((lower, value))
+    return headers
+
+
+async def _read_at_most(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    body = bytearray()
+    while len(body) < limit:
+        chunk = await response.content.readany()
+        if not chunk:
+            break
+        body += chunk
+    return bytes(body[:limit])
+
+
+async def _buffer(response: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
+    """Read up to `limit` bytes; returns (bytes, whole body read)."""
+    body = bytearray()
+    while True:
+        chunk = await response.content.readany()
+        if not chunk:
+            return bytes(body), True
+        body += chunk
+        if len(body) > limit:
+            return bytes(body), False

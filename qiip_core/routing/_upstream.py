@@ -1,0 +1,145 @@
+"""The upstream client: what the gateway sends a node, the HTTP client that sends it, and what its failures
+become in QIIP's error tree.
+
+The client is aiohttp, chosen for speed (docs/performance.md), and aiohttp's exceptions never leave this
+package: `map_transport_error` translates them (and zlib and OS errors) with one table, most specific class
+first, so the forwarder and the response raise `UpstreamError`s only. A test asserts that every aiohttp
+client error class has a row.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import aiohttp
+
+from qiip_core._errors import UpstreamConnectError, UpstreamError, UpstreamTimeout, UpstreamTransportError
+from qiip_core.config import UpstreamSettings
+from qiip_core.nodes import ApiName
+
+__all__ = ["TRANSPORT_ERRORS", "UpstreamClient", "UpstreamRequest", "map_transport_error"]
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamRequest:
+    """One client request, ready to send to any node serving its model.
+
+    Attributes:
+        path: the API path, for example `/v1/chat/completions`.
+        body: the client's body, forwarded byte for byte.
+        headers: headers to forward (already filtered of hop-by-hop and client credentials).
+        model: the requested model.
+        stream: True when the client asked for SSE (`"stream": true`).
+        api: which OpenAI API this is, to route only to nodes that serve it (None: any node of the model).
+    """
+
+    path: str
+    body: bytes
+    headers: Sequence[tuple[str, str]]
+    model: str
+    stream: bool
+    api: ApiName | None = None
+
+
+class UpstreamClient:
+    """The HTTP/1.1 client for node traffic: one keep-alive pool for all nodes.
+
+    Built on aiohttp, which relays several times more requests per second than httpx on one core (see
+    docs/performance.md). Proxy environment variables are ignored (node traffic never goes through a
+    proxy), redirects are never followed, and bodies are not decompressed (non-streaming answers are
+    relayed as they come, with their `Content-Encoding`).
+
+    Args:
+        settings: pool size, keep-alive expiry (keep it below the nodes' idle timeout; vLLM's is 5 s),
+            connect and pool timeouts.
+    """
+
+    def __init__(self, settings: UpstreamSettings) -> None:
+        self.settings = settings
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The aiohttp session, created on first use (it must be created inside the event loop)."""
+        if self._session is None:
+            connector = aiohttp.TCPConnector(
+                limit=self.settings.max_connections,
+                limit_per_host=0,
+                keepalive_timeout=self.settings.keepalive_expiry_s,
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                trust_env=False,
+                auto_decompress=False,
+                timeout=aiohttp.ClientTimeout(
+                    total=None,
+                    connect=self.settings.pool_timeout_s + self.settings.connect_timeout_s,
+                    sock_connect=self.settings.connect_timeout_s,
+                ),
+                skip_auto_headers=("User-Agent", "Accept-Encoding"),
+            )
+        return self._session
+
+    async def post(self, url: str, body: bytes, headers: Sequence[tuple[str, str]]) -> aiohttp.ClientResponse:
+        """Send a POST and return once the response headers have arrived.
+
+        Raises:
+            aiohttp.ClientError, TimeoutError, OSError: as aiohttp raises them (see `map_transport_error`).
+        """
+        return await self.session.post(url, data=body, headers=headers, allow_redirects=False)
+
+    async def aclose(self) -> None:
+        """Close every pooled connection."""
+        if self._session is not None:
+            await self._session.close()
+
+
+# Most specific first: the first matching class decides. A test asserts that every aiohttp client error
+# class is matched by some row.
+_TRANSPORT_ERRORS: tuple[tuple[type[BaseException], type[UpstreamError], str], ...] = (
+    (aiohttp.ConnectionTimeoutError, UpstreamTimeout, "connecting to the node timed out"),
+    (aiohttp.SocketTimeoutError, UpstreamTimeout, "the node stopped sending"),
+    (aiohttp.ServerTimeoutError, UpstreamTimeout, "the node timed out"),
+    (aiohttp.ClientConnectorError, UpstreamConnectError, "the node refused or dropped the connection"),
+    (aiohttp.ServerFingerprintMismatch, UpstreamConnectError, "the node's TLS certificate did not match its pin"),
+    (aiohttp.ServerDisconnectedError, UpstreamTransportError, "the node closed the connection"),
+    (aiohttp.ClientPayloadError, UpstreamTransportError, "the node's response was cut short or malformed"),
+    (aiohttp.ClientResponseError, UpstreamTransportError, "the node's response could not be parsed"),
+    (aiohttp.ClientOSError, UpstreamTransportError, "the connection to the node failed"),
+    (aiohttp.ServerConnectionError, UpstreamTransportError, "the connection to the node failed"),
+    (aiohttp.ClientConnectionError, UpstreamTransportError, "the connection to the node failed"),
+    (aiohttp.InvalidURL, UpstreamTransportError, "the node's URL is invalid"),
+    (aiohttp.NonHttpUrlClientError, UpstreamTransportError, "the node's URL is not HTTP"),
+    (aiohttp.RedirectClientError, UpstreamTransportError, "the node answered with a redirect that cannot be used"),
+    (
+        aiohttp.client_exceptions.UploadAbortedError,
+        UpstreamTransportError,
+        "sending the request to the node was aborted",
+    ),
+    (aiohttp.ClientError, UpstreamTransportError, "the connection to the node failed"),
+    (zlib.error, UpstreamTransportError, "the node's compressed response could not be decoded"),
+    (TimeoutError, UpstreamTimeout, "the node timed out"),
+    (OSError, UpstreamTransportError, "the connection to the node failed"),
+)
+
+TRANSPORT_ERRORS = (aiohttp.ClientError, zlib.error, TimeoutError, OSError)
+"""Exceptions `map_transport_error` translates."""
+
+
+def map_transport_error(exc: BaseException, node_id: str | None) -> UpstreamError:
+    """Translate a client library error into QIIP's tree (most specific class wins).
+
+    Args:
+        exc: the aiohttp, zlib or OS error.
+        node_id: the node the request went to.
+
+    Returns:
+        `UpstreamTimeout` (504), `UpstreamConnectError` (502) or `UpstreamTransportError` (502).
+    """
+    for library_type, ours, text in _TRANSPORT_ERRORS:
+        if isinstance(exc, library_type):
+            detail = str(exc) or type(exc).__name__
+            return ours(f"{text} ({detail}).", node_id=node_id)
+    return UpstreamTransportError(f"the connection to the node failed ({exc!r}).", node_id=node_id)

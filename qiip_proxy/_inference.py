@@ -1,0 +1,209 @@
+"""One client inference request through the gateway, top to bottom, as plain ASGI.
+
+`serve_inference` takes the request through its five steps, each in a module of its own, in this order:
+
+1. **parse** (`_parse`): size limit before the body is read whole, JSON, `model`, `stream`, the invoke token;
+2. **select** (`RoutingTable.reserve`, in the core): the least-loaded eligible node serving the model;
+3. **forward** (`Forwarder.open`, in the core): send it there, failing over to the next node while no byte
+   has reached the client, until the node's first bytes commit the gateway to its answer;
+4. **relay** (`_relay`): status and headers, then whole SSE events or body chunks as they come; the
+   committed answer counts as the node's success or failure by itself when it ends;
+5. **account** (`_metrics`): the request's one `Outcome`, recorded in one `finally` however it ended.
+
+The client connection is watched from the moment the request is read: a disconnect, while waiting for the
+first token or mid-stream, cancels the request, which closes the node's request and releases the
+reservation. So does revoking the request's invoke token (or its expiry), and a stream then ends with one
+in-band error event.
+
+`ProxyRoutes` serves the three inference paths ahead of the FastAPI app: they are the hot path, and
+skipping the framework's routing and middleware layers roughly doubles the requests a core can relay
+(docs/performance.md). The FastAPI routes of the same paths call the same code and document them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from qiip_core import (
+    AuthError,
+    FailoverExhausted,
+    ModelNotFound,
+    NoNodes,
+    QiipError,
+    RoutingError,
+    TokenRevoked,
+    UpstreamError,
+)
+from qiip_core.auth import InvokeToken
+from qiip_core.routing import UpstreamRequest
+from qiip_proxy._errors import RequestRefused, send_error, sse_error_event
+from qiip_proxy._metrics import Outcome
+from qiip_proxy._parse import CLIENT_CLOSED_REQUEST, PROXY_PATHS, parse_request, request_id_for
+from qiip_proxy._relay import SHUTDOWN_EVENT, end_stream, relay
+
+if TYPE_CHECKING:
+    from qiip_proxy._gateway import Gateway
+
+__all__ = ["ProxyRoutes", "serve_inference"]
+
+logger = logging.getLogger("qiip.proxy")
+
+
+class ProxyRoutes:
+    """ASGI middleware: `POST` to an inference path is served here; everything else goes to `app`.
+
+    Args:
+        app: the daemon's application.
+        gateway: the gateway it serves.
+    """
+
+    def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
+        self.app = app
+        self.gateway = gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if scope["method"] == "POST" and scope["path"] in PROXY_PATHS:
+            await serve_inference(self.gateway, scope, receive, send)
+            return
+        request_id = request_id_for(scope).encode()
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                headers.append((b"x-request-id", request_id))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+async def serve_inference(gateway: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
+    """Serve one inference request (`scope["path"]` is one of `PROXY_PATHS`) completely.
+
+    Args:
+        gateway: the gateway serving it.
+        scope: the request's ASGI scope.
+        receive: its ASGI receive channel.
+        send: its ASGI send channel.
+    """
+    outcome = Outcome(started=time.perf_counter())
+    try:
+        await _InferenceRequest(gateway, request_id_for(scope), outcome).serve(scope, receive, send)
+    finally:
+        # 5. account
+        outcome.duration_s = time.perf_counter() - outcome.started
+        gateway.metrics.account(outcome)
+
+
+class _InferenceRequest:
+    """One inference request on its way, and what ends it early: the client leaving, or its token revoked."""
+
+    __slots__ = ("_disconnected", "_ended", "_task", "gateway", "outcome", "request_id", "token")
+
+    def __init__(self, gateway: Gateway, request_id: str, outcome: Outcome) -> None:
+        self.gateway = gateway
+        self.request_id = request_id
+        self.outcome = outcome
+        self.token: InvokeToken | None = None
+        self._disconnected = False
+        self._ended: QiipError | None = None
+        self._task: asyncio.Task[Any] | None = None
+
+    async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Parse the request, then forward and relay it while watching the client connection."""
+        outcome = self.outcome
+        # 1. parse
+        try:
+            request, self.token = await parse_request(self.gateway, scope, receive, self.request_id)
+        except (RequestRefused, AuthError) as exc:
+            if exc.code != "client_disconnected":
+                await send_error(send, exc, self.request_id)
+            outcome.status, outcome.error_code = exc.status, exc.code
+            return
+        outcome.model = request.model
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        watcher = asyncio.create_task(self._watch(receive, task))
+        streams = None
+        if self.token is not None:
+            streams = self.gateway.streams_by_token.setdefault(self.token.id, set())
+            streams.add(self.end_for_revocation)
+            if not self.gateway.tokens.is_valid(self.token.id):
+                self.end_for_revocation()
+        try:
+            await self._forward_and_relay(request, send)
+        except asyncio.CancelledError:
+            if not (self._disconnected or self._ended is not None):
+                raise
+            task.uncancel()
+        finally:
+            watcher.cancel()
+            if streams is not None:
+                streams.discard(self.end_for_revocation)
+
+    async def _forward_and_relay(self, request: UpstreamRequest, send: Send) -> None:
+        outcome = self.outcome
+        # 2. select and 3. forward
+        try:
+            upstream = await self.gateway.forwarder.open(request)
+        except asyncio.CancelledError:
+            if self._ended is not None:
+                await send_error(send, self._ended, self.request_id)
+                outcome.status, outcome.error_code = self._ended.status, self._ended.code
+            elif self._disconnected:
+                outcome.status, outcome.error_code = CLIENT_CLOSED_REQUEST, "client_disconnected"
+            raise
+        except (RoutingError, UpstreamError) as exc:
+            await send_error(send, exc, self.request_id)
+            if isinstance(exc, ModelNotFound | NoNodes):
+                # A model no node serves is the client's word only: keep it out of the label set.
+                outcome.model = ""
+            outcome.status, outcome.error_code = exc.status, exc.code
+            if isinstance(exc, FailoverExhausted):
+                # Every failed attempt but the last was retried elsewhere.
+                outcome.failed_nodes = [e.node_id for e in exc.failures[:-1] if e.node_id]
+            return
+        # 4. relay
+        outcome.node, outcome.status = upstream.node_id, upstream.status_code
+        outcome.failed_nodes = [e.node_id for e in upstream.failures if e.node_id]
+        try:
+            await relay(upstream, send, self.request_id, outcome)
+        except asyncio.CancelledError:
+            if self._disconnected:
+                outcome.error_code = "client_disconnected"
+                logger.info("client disconnected; closed its request to node %s", upstream.node_id)
+            elif upstream.sse:
+                # The token was revoked, or the daemon is stopping after its grace period: end the stream
+                # honestly, with one error event.
+                ended = self._ended
+                outcome.error_code = ended.code if ended is not None else "gateway_shutdown"
+                await end_stream(send, sse_error_event(ended) if ended is not None else SHUTDOWN_EVENT)
+            raise
+        finally:
+            await upstream.aclose()
+
+    def end_for_revocation(self) -> None:
+        """The request's invoke token was revoked or expired: end the request now (in-band for a stream)."""
+        if self._ended is None and self._task is not None:
+            token_id = self.token.id if self.token is not None else "?"
+            self._ended = TokenRevoked(
+                f"The invoke token {token_id} was revoked or expired; this request was ended.", token_id=token_id
+            )
+            self._task.cancel()
+
+    async def _watch(self, receive: Receive, task: asyncio.Task[Any]) -> None:
+        while True:
+            message: Message = await receive()
+            if message["type"] == "http.disconnect":
+                self._disconnected = True
+                task.cancel()
+                return

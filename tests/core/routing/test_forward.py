@@ -1,0 +1,142 @@
+"""The forwarder and the response it commits to, against a fault-injecting node: who counts what against the
+node's circuit breaker, and when."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from qiip_core import FailoverExhausted, UpstreamTransportError
+from qiip_core.config import UpstreamSettings
+from qiip_core.nodes import Node, NodeStatus
+from qiip_core.routing import Forwarder, RoutingTable, UpstreamRequest
+from tests.support.fault_backend import FaultBackend, Json, Sse, Status
+
+pytestmark = pytest.mark.integration
+
+CHAT = "/v1/chat/completions"
+
+
+def request(*, stream: bool = True) -> UpstreamRequest:
+    body = b'{"model": "m", "messages": [], "stream": %s}' % (b"true" if stream else b"false")
+    return UpstreamRequest(
+        path=CHAT, body=body, headers=[("content-type", "application/json")], model="m", stream=stream
+    )
+
+
+@pytest.fixture
+def backend() -> Iterator[FaultBackend]:
+    with FaultBackend(model="m") as node:
+        yield node
+
+
+@pytest.fixture
+def table(backend: FaultBackend) -> RoutingTable:
+    table = RoutingTable(breaker_threshold=5)
+    table.apply_put(Node(id="n1", endpoint=backend.url, model="m"), source="config")
+    table.set_liveness("n1", NodeStatus.HEALTHY)
+    # One failure already counted, so a success shows as the count going back to 0.
+    table.record_failure("n1", "earlier")
+    return table
+
+
+@pytest.fixture
+async def forwarder(table: RoutingTable) -> AsyncIterator[Forwarder]:
+    forwarder = Forwarder(table, UpstreamSettings(idle_timeout_s=2, ttfb_timeout_s=2), max_attempts=1)
+    yield forwarder
+    await forwarder.aclose()
+
+
+def failures(table: RoutingTable) -> int:
+    state = table.get("n1")
+    assert state is not None
+    return state.breaker.consecutive_failures
+
+
+def in_flight(table: RoutingTable) -> int:
+    state = table.get("n1")
+    assert state is not None
+    return state.in_flight
+
+
+async def test_a_stream_read_to_its_end_is_the_nodes_success(
+    backend: FaultBackend, table: RoutingTable, forwarder: Forwarder
+) -> None:
+    backend.push(Sse(n_events=3))
+    upstream = await forwarder.open(request())
+    body = upstream.prefix
+    while chunk := await upstream.read():
+        body += chunk
+    assert body.endswith(b"data: [DONE]\n\n") and failures(table) == 1
+    await upstream.aclose()
+    await upstream.aclose()
+    assert failures(table) == 0 and in_flight(table) == 0
+
+
+async def test_a_whole_buffered_answer_is_the_nodes_success(
+    backend: FaultBackend, table: RoutingTable, forwarder: Forwarder
+) -> None:
+    backend.push(Json(200, {"object": "chat.completion"}))
+    upstream = await forwarder.open(request(stream=False))
+    assert upstream.complete and await upstream.read() == b""
+    await upstream.aclose()
+    assert failures(table) == 0 and in_flight(table) == 0
+
+
+async def test_a_stream_cut_after_its_first_event_counts_once_at_the_cut(
+    backend: FaultBackend, table: RoutingTable, forwarder: Forwarder
+) -> None:
+    backend.push(Sse(n_events=5, reset_after_events=2, delay_between_s=0.05))
+    upstream = await forwarder.open(request())
+    with pytest.raises(UpstreamTransportError):
+        while await upstream.read():
+            pass
+    assert failures(table) == 2
+    await upstream.aclose()
+    assert failures(table) == 2 and in_flight(table) == 0
+
+
+async def test_a_stream_cut_before_its_first_event_is_counted_by_the_forwarder_alone(
+    backend: FaultBackend, table: RoutingTable, forwarder: Forwarder
+) -> None:
+    backend.push(Sse(n_events=5, reset_after_events=0))
+    with pytest.raises(UpstreamTransportError):
+        await forwarder.open(request())
+    assert failures(table) == 2 and in_flight(table) == 0
+
+
+async def test_an_abandoned_answer_counts_neither_way(
+    backend: FaultBackend, table: RoutingTable, forwarder: Forwarder
+) -> None:
+    backend.push(Sse(n_events=50, delay_between_s=0.05))
+    upstream = await forwarder.open(request())
+    await upstream.read()
+    await upstream.aclose()
+    assert failures(table) == 1 and in_flight(table) == 0
+    await asyncio.to_thread(backend.wait_for_disconnect)
+
+
+async def test_a_4xx_answer_counts_neither_way(
+    backend: FaultBackend, table: RoutingTable, forwarder: Forwarder
+) -> None:
+    backend.push(Status(400))
+    upstream = await forwarder.open(request(stream=False))
+    assert upstream.status_code == 400 and upstream.complete
+    await upstream.aclose()
+    assert failures(table) == 1 and in_flight(table) == 0
+
+
+async def test_every_attempt_answering_5xx_counts_nothing(backend: FaultBackend, table: RoutingTable) -> None:
+    second = Node(id="n2", endpoint=backend.url, model="m")
+    table.apply_put(second, source="config")
+    table.set_liveness("n2", NodeStatus.HEALTHY)
+    backend.default = Status(503)
+    forwarder = Forwarder(table, UpstreamSettings(), max_attempts=3)
+    try:
+        with pytest.raises(FailoverExhausted) as info:
+            await forwarder.open(request())
+    finally:
+        await forwarder.aclose()
+    assert info.value.attempts == 2 and failures(table) == 1 and in_flight(table) == 0
