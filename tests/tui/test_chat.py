@@ -39,9 +39,13 @@ async def test_a_turn_streams_from_a_llama_cpp_node(console_daemon: Daemon) -> N
         turn = screen.conversation.turns[0]
         await wait_for(pilot, lambda: turn.state is not TurnState.STREAMING, timeout_s=30, what="the answer")
         assert turn.state is TurnState.DONE, turn.error
-        assert turn.answer and turn.tokens == 12 and turn.finish_reason == "length"
+        # Sampled from random weights: usually all 12 tokens, now and then an early end-of-sequence.
+        assert turn.answer and (
+            (turn.tokens == 12 and turn.finish_reason == "length")
+            or (turn.tokens < 12 and turn.finish_reason == "stop")
+        )
         shown = str(screen.query_one(Transcript).children[0].render())
-        assert "Say hello" in shown and turn.answer[:10] in shown and "12 tokens" in shown
+        assert "Say hello" in shown and turn.answer[:10] in shown and f"{turn.tokens} tokens" in shown
 
 
 async def test_escape_cancels_a_running_stream_and_the_node_sees_the_disconnect(
