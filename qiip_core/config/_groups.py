@@ -1,0 +1,433 @@
+"""The groups of QIIP's settings: one pydantic model per TOML table (`[server]`, `[routing]`, `[etcd]`, …).
+
+`Settings` (`_settings.py`) holds one of each and loads them; each group validates its own values, so an invalid
+value is refused with the setting's name wherever it came from (the environment, `.env`, the TOML file, code).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+from qiip_core._errors import ConfigError
+from qiip_core.nodes import (
+    DEFAULT_ALLOWED_HOSTS,
+    DEFAULT_ALLOWED_NETWORKS,
+    EndpointPolicy,
+    Engine,
+    NodeCapabilities,
+)
+
+__all__ = [
+    "AdminSettings",
+    "AttachedProfile",
+    "AuthSettings",
+    "BreakerSettings",
+    "EngineSettings",
+    "EtcdSettings",
+    "HealthSettings",
+    "LlamaCppEngineSettings",
+    "LocalNodeConfig",
+    "LoggingSettings",
+    "MiB",
+    "NodeConfig",
+    "PositiveSeconds",
+    "RegistrySettings",
+    "RoutingSettings",
+    "ServerSettings",
+    "UpstreamSettings",
+    "default_state_dir",
+]
+
+MiB = 1024 * 1024
+
+PositiveSeconds = Annotated[float, Field(gt=0, le=86_400)]
+
+
+def default_state_dir() -> Path:
+    """The default state directory: `$XDG_STATE_HOME/qiip`, else `~/.local/state/qiip`."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "qiip"
+
+
+def _default_engine_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "qiip" / "engines"
+
+
+class _Group(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ServerSettings(_Group):
+    """Where the daemon listens (`[server]`)."""
+
+    host: str = "127.0.0.1"
+    """Address to bind. `qiip-proxy --host` overrides it."""
+    port: int = Field(default=8080, ge=1, le=65535)
+    """TCP port to bind. `qiip-proxy --port` overrides it."""
+    shutdown_timeout_s: PositiveSeconds = 30.0
+    """On SIGTERM, how long in-flight requests may run before they are cancelled."""
+    max_body_bytes: int = Field(default=32 * MiB, ge=1024)
+    """Largest client request body; a larger one gets 413 before it is read whole."""
+
+
+class RoutingSettings(_Group):
+    """Node selection, failover and the endpoint allowlist (`[routing]`)."""
+
+    max_attempts: int = Field(default=3, ge=1, le=16)
+    """Nodes tried per request, the first try included. 1 disables failover."""
+    allowed_endpoint_hosts: list[str] = Field(default_factory=lambda: list(DEFAULT_ALLOWED_HOSTS))
+    """Host names a node endpoint may use: exact names or `*.suffix` patterns."""
+    allowed_endpoint_networks: list[str] = Field(default_factory=lambda: list(DEFAULT_ALLOWED_NETWORKS))
+    """CIDR networks an IP-literal node endpoint must fall in."""
+    allowed_endpoint_ports: list[Annotated[int, Field(ge=1, le=65535)]] = Field(default_factory=list)
+    """Ports a node endpoint may use; empty allows any port."""
+
+    @field_validator("allowed_endpoint_networks")
+    @classmethod
+    def _cidr(cls, value: list[str]) -> list[str]:
+        for item in value:
+            try:
+                ipaddress.ip_network(item.strip(), strict=True)
+            except ValueError:
+                try:
+                    network = ipaddress.ip_network(item.strip(), strict=False)
+                except ValueError:
+                    raise ValueError(f"{item!r} is not a CIDR network such as 10.0.0.0/8 or fd00::/8") from None
+                raise ValueError(f"{item!r} has host bits set; did you mean {network}?") from None
+        return value
+
+    @field_validator("allowed_endpoint_hosts")
+    @classmethod
+    def _patterns(cls, value: list[str]) -> list[str]:
+        for item in value:
+            body = item[2:] if item.startswith("*.") else item
+            if not body or "*" in body or "/" in body or ":" in body.strip("[]") and "." in body:
+                raise ValueError(f"{item!r} is not a host name or a *.suffix pattern")
+        return value
+
+    def endpoint_policy(self) -> EndpointPolicy:
+        """The allowlist these settings describe."""
+        return EndpointPolicy.from_strings(
+            hosts=self.allowed_endpoint_hosts,
+            networks=self.allowed_endpoint_networks,
+            ports=self.allowed_endpoint_ports,
+        )
+
+
+class UpstreamSettings(_Group):
+    """How the gateway talks to nodes (`[upstream]`)."""
+
+    connect_timeout_s: PositiveSeconds = 5.0
+    """TCP (and TLS) connect timeout per attempt."""
+    ttfb_timeout_s: PositiveSeconds = 120.0
+    """Time to first byte: from sending the request to the response headers and, when streaming, the
+    first event. Long prompts on large models need a generous value."""
+    idle_timeout_s: PositiveSeconds = 60.0
+    """Longest silence between two chunks of a response once it has started."""
+    write_timeout_s: PositiveSeconds = 30.0
+    """Longest time to send the request body."""
+    pool_timeout_s: PositiveSeconds = 10.0
+    """Longest wait for a free connection in the pool."""
+    max_connections: int = Field(default=1024, ge=1)
+    """Connections open to all nodes together."""
+    max_keepalive_connections: int = Field(default=256, ge=0)
+    """Idle connections kept for reuse."""
+    keepalive_expiry_s: PositiveSeconds = 4.0
+    """Idle connections are closed after this; keep it below the nodes' own idle timeout (vLLM: 5 s)."""
+    buffer_response_bytes: int = Field(default=1 * MiB, ge=0)
+    """A non-streaming response up to this size is read whole before the client gets a byte, so a node
+    that fails while sending it can still be failed over."""
+    max_event_bytes: int = Field(default=16 * MiB, ge=64 * 1024)
+    """Largest single SSE event held while waiting for its end; larger events are relayed in pieces."""
+
+
+class AdminSettings(_Group):
+    """The admin API (`[admin]`): HTTP Basic credentials for every `/admin/*` route."""
+
+    enabled: bool = True
+    """Serve `/admin/*`. When enabled, the daemon refuses to start without `username` and `password`."""
+    username: str | None = Field(default=None, min_length=1, max_length=128)
+    """Admin user name (`QIIP_ADMIN__USERNAME`)."""
+    password: SecretStr | None = None
+    """Admin password (`QIIP_ADMIN__PASSWORD`); never logged or shown."""
+    drain_timeout_s: PositiveSeconds = 30.0
+    """Default time a drain waits for in-flight requests before it reports what remained."""
+
+    def check_credentials(self) -> None:
+        """Refuse an enabled admin API without credentials (the daemon calls this at start-up).
+
+        Raises:
+            ConfigError: enabled, and the user name or password is missing or empty.
+        """
+        if self.enabled and (not self.username or self.password is None or not self.password.get_secret_value()):
+            raise ConfigError(
+                "The admin API is enabled but has no credentials: set admin.username and admin.password "
+                "(QIIP_ADMIN__USERNAME, QIIP_ADMIN__PASSWORD), or turn it off with admin.enabled = false."
+            )
+
+
+class HealthSettings(_Group):
+    """Background health checks (`[health]`)."""
+
+    interval_s: PositiveSeconds = 10.0
+    """Time between probes of each node."""
+    timeout_s: PositiveSeconds = 5.0
+    """Timeout of one `GET /health` probe."""
+    failure_threshold: int = Field(default=3, ge=1, le=100)
+    """Consecutive failed probes that make a node `unhealthy`."""
+    recovery_timeout_s: PositiveSeconds = 30.0
+    """Timeout of the one-token completion probe that closes an open circuit breaker."""
+    concurrency: int = Field(default=64, ge=1)
+    """Probes in flight at once."""
+
+
+class BreakerSettings(_Group):
+    """Per-node circuit breakers (`[breaker]`)."""
+
+    failure_threshold: int = Field(default=3, ge=1, le=100)
+    """Consecutive request failures (connect errors, timeouts, 5xx) that open a node's breaker."""
+
+
+class LoggingSettings(_Group):
+    """Logs (`[logging]`)."""
+
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
+    """Lowest level written."""
+    format: Literal["console", "json"] = "console"
+    """`json` for log collectors, `console` for people."""
+
+    @field_validator("level", mode="before")
+    @classmethod
+    def _upper(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
+
+
+class RegistrySettings(_Group):
+    """Where the fleet is recorded (`[registry]`)."""
+
+    backend: Literal["embedded", "etcd"] = "embedded"
+    """`embedded`: a state file under `state_dir` (one gateway); `etcd`: shared by every gateway (`[etcd]`)."""
+    poll_interval_s: Annotated[float, Field(gt=0, le=60)] = 0.5
+    """How often the embedded registry checks its state file for changes made by `qiip node …`, and the
+    embedded token store its token file for tokens created or revoked by another process."""
+
+
+class EtcdSettings(_Group):
+    """The etcd cluster of the `etcd` registry backend (`[etcd]`)."""
+
+    endpoints: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:2379"], min_length=1)
+    """Client URLs of the etcd members (`http://host:port` or `https://host:port`); tried in turn."""
+    prefix: str = "/nodes/"
+    """Key prefix of node registrations: the key is `<prefix><node_id>`."""
+    provisioning_prefix: str = "/provisioning/"
+    """Key prefix of provisioning task records: `<provisioning_prefix><host>`."""
+    tokens_prefix: str = "/tokens/"
+    """Key prefix of invoke tokens (`registry.backend = "etcd"`): `<tokens_prefix><token_id>`."""
+    lease_ttl_s: int = Field(default=600, gt=300, le=86_400)
+    """Lease of a managed node's key; refreshed after each successful health probe of the node, so a node
+    nobody can reach expires by itself. Must exceed 300 s and three health intervals."""
+    timeout_s: PositiveSeconds = 5.0
+    """Timeout of one etcd call (not of the watch, which stays open)."""
+    reconnect_max_backoff_s: PositiveSeconds = 30.0
+    """Longest wait between reconnection attempts while etcd is unreachable."""
+    max_value_bytes: int = Field(default=256 * 1024, ge=1024)
+    """A registration larger than this is skipped as hostile."""
+    ca_file: Path | None = None
+    """CA bundle to verify etcd's TLS certificate (https endpoints)."""
+    cert_file: Path | None = None
+    """Client certificate for TLS client authentication."""
+    key_file: Path | None = None
+    """Key of `cert_file`."""
+    username: str | None = None
+    """etcd user (etcd authentication); give `password` with it."""
+    password: SecretStr | None = None
+    """Password of `username`; never logged."""
+
+    @field_validator("prefix", "provisioning_prefix", "tokens_prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        if not value.startswith("/") or not value.endswith("/"):
+            raise ValueError("a key prefix starts and ends with '/', such as /nodes/")
+        return value
+
+    @field_validator("endpoints")
+    @classmethod
+    def _urls(cls, value: list[str]) -> list[str]:
+        for url in value:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
+                raise ValueError(f"{url!r} is not an etcd client URL such as http://127.0.0.1:2379")
+        return value
+
+    @model_validator(mode="after")
+    def _tokens_apart(self) -> EtcdSettings:
+        # A token key under the node prefix would be read as a (malformed) registration, and the reverse.
+        for name in ("prefix", "provisioning_prefix"):
+            other: str = getattr(self, name)
+            if self.tokens_prefix.startswith(other) or other.startswith(self.tokens_prefix):
+                raise ValueError(
+                    f"etcd.tokens_prefix ({self.tokens_prefix}) and etcd.{name} ({other}) overlap; "
+                    "give invoke tokens a key prefix of their own, such as /tokens/"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _pairs(self) -> EtcdSettings:
+        if (self.username is None) != (self.password is None):
+            raise ValueError("etcd.username and etcd.password go together: give both or neither")
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("etcd.cert_file and etcd.key_file go together: give both or neither")
+        return self
+
+
+class AuthSettings(_Group):
+    """Invoke tokens: the credentials clients present to the OpenAI-compatible API (`[auth]`)."""
+
+    client_tokens: Literal["off", "required"] = "off"
+    """`required`: every client request needs `Authorization: Bearer <secret>` of a live invoke token;
+    `off`: clients present nothing. Tokens live where `registry.backend` says (state file or etcd)."""
+    token_default_ttl_s: int = Field(default=3600, gt=0)
+    """Lifetime in seconds of a token created without a ttl (one hour)."""
+    token_max_ttl_s: int = Field(default=30 * 86_400, gt=0, le=3650 * 86_400)
+    """Longest lifetime in seconds a token may be created with (30 days); longer requests are refused."""
+
+    @model_validator(mode="after")
+    def _default_within_max(self) -> AuthSettings:
+        if self.token_default_ttl_s > self.token_max_ttl_s:
+            raise ValueError(
+                f"auth.token_default_ttl_s ({self.token_default_ttl_s}) exceeds auth.token_max_ttl_s "
+                f"({self.token_max_ttl_s}); lower the default or raise the maximum"
+            )
+        return self
+
+
+class LlamaCppEngineSettings(_Group):
+    """The pinned llama.cpp source and where builds go (`[engines.llamacpp]`)."""
+
+    source_kind: Literal["pypi-sdist", "llama.cpp"] = "pypi-sdist"
+    """`pypi-sdist`: llama-cpp-python's source distribution, which carries llama.cpp in
+    `vendor/llama.cpp`; `llama.cpp`: a llama.cpp release archive."""
+    version: str = "0.3.36"
+    """The llama-cpp-python version (`pypi-sdist`) or the llama.cpp tag such as `b6500` (`llama.cpp`)."""
+    sha256: str | None = None
+    """SHA-256 of the source archive. Required whenever `version` is not the pinned default."""
+    url_template: str | None = None
+    """Archive URL with `{version}`. Default: resolved from `index_url` (`pypi-sdist`), or the llama.cpp
+    GitHub tag archive (`llama.cpp`)."""
+    index_url: str = "https://pypi.org/simple"
+    """The package index used to find the sdist (`pypi-sdist` without `url_template`)."""
+    install_dir: Path = Field(default_factory=lambda: _default_engine_dir() / "llama.cpp")
+    """Builds go to `<install_dir>/<version>-<variant>/bin`, with a `current` link to the newest."""
+    server_binary: Path | None = None
+    """Use this `llama-server` instead of the installed one."""
+
+    @field_validator("sha256")
+    @classmethod
+    def _hex(cls, value: str | None) -> str | None:
+        if value is not None:
+            value = value.strip().lower()
+            if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+                raise ValueError("sha256 must be 64 hexadecimal characters")
+        return value
+
+
+class EngineSettings(_Group):
+    """Inference engines (`[engines]`)."""
+
+    llamacpp: LlamaCppEngineSettings = Field(default_factory=LlamaCppEngineSettings)
+
+
+class NodeConfig(_Group):
+    """A node declared in the config file (`[[nodes]]`)."""
+
+    id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
+    """Stable node name."""
+    endpoint: str
+    """`scheme://host:port`, checked against the allowlist."""
+    model: str = Field(min_length=1, max_length=512)
+    """The served model alias, matched exactly."""
+    engine: Engine = Engine.VLLM
+    """`vllm`, `llama_cpp` or `attached`."""
+    capabilities: NodeCapabilities = Field(default_factory=NodeCapabilities)
+    """What the node serves."""
+
+
+class AttachedProfile(_Group):
+    """An administrator-approved OpenAI-compatible server that may be attached as a node (`[[attached]]`).
+
+    HTTPS with normal certificate checks; plain HTTP only to a numeric loopback address. Redirects are never
+    followed and proxy environment variables never apply.
+    """
+
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
+    """The node id it is attached as."""
+    url: str
+    """`https://host[:port]` (or `http://127.0.0.1:port` / `http://[::1]:port`), without a path."""
+    model: str = Field(min_length=1, max_length=512)
+    """The model clients ask for; the server must list it in its `/v1/models`."""
+    capabilities: NodeCapabilities = Field(default_factory=NodeCapabilities)
+    """The APIs it serves (`endpoints`)."""
+    concurrency: int = Field(default=8, ge=1, le=10_000)
+    """At most this many requests in flight to it."""
+    deadline_s: PositiveSeconds = 300.0
+    """Longest a request to it may take, start to end."""
+    token_file: Path | None = None
+    """A file holding the bearer token the server expects; must be a regular file only its owner can read.
+    Its content is never shown."""
+    attach_on_start: bool = True
+    """Attach it when the daemon starts (otherwise `POST /admin/attached/{name}` does)."""
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("the url must be https://host[:port]")
+        if parts.path not in ("", "/") or parts.query or parts.fragment or "@" in parts.netloc:
+            raise ValueError("the url takes no path, query, fragment or credentials: https://host[:port]")
+        if parts.scheme == "http":
+            try:
+                loopback = ipaddress.ip_address(parts.hostname).is_loopback
+            except ValueError:
+                loopback = False
+            if not loopback:
+                raise ValueError("plain http is allowed only to a numeric loopback address; use https")
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+        return f"{parts.scheme}://{host}:{port}"
+
+
+class LocalNodeConfig(_Group):
+    """A llama.cpp node the daemon launches and supervises on its own host (`[[local_nodes]]`)."""
+
+    id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
+    """Node name."""
+    gguf: Path
+    """The GGUF file (or the first shard of a split family) to serve."""
+    model: str = Field(min_length=1, max_length=512)
+    """The alias clients use as `model`."""
+    host: str = "127.0.0.1"
+    """Address llama-server binds."""
+    port: int = Field(default=0, ge=0, le=65535)
+    """llama-server's port; 0 picks a free one."""
+    slots: int = Field(default=2, ge=1, le=256)
+    """Parallel slots (`--parallel`) when `sizing` is not given: each slot gets min(training context, 4096)
+    tokens with an F16 K/V cache."""
+    sizing: dict[str, Any] | None = None
+    """A llama.cpp sizing policy, as in a relaunch: `{sizing = "auto", fit_target_mib = 512}` lets the planner
+    maximise context and slots; `{sizing = "custom", context_per_slot, slots, cache_type, fit_target_mib}`
+    asks for exact values. Overrides `slots`."""
+    embeddings: bool = False
+    """Serve `/v1/embeddings` (`--embeddings`) instead of generation. An embedding model (one whose GGUF
+    declares a pooling, or an encoder such as BERT) is always served so."""
+    threads: int = Field(default=0, ge=0)
+    """CPU threads (`--threads`); 0 lets llama.cpp choose."""
+    startup_timeout_s: PositiveSeconds = 300.0
+    """How long loading may take before the launch counts as failed."""
