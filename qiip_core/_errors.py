@@ -26,7 +26,7 @@ QiipError                       (500 internal_error: only for a bare QiipError, 
 │   └── EndpointNotSupported    400 endpoint_not_supported (param model)
 ├── UpstreamError               forwarding to a node failed (`.node_id`, `.retryable`)
 │   ├── UpstreamConnectError    502 backend_unavailable
-│   ├── UpstreamTimeout         504 backend_timeout
+│   ├── UpstreamTimeout         504 backend_timeout (`.request_sent`)
 │   ├── UpstreamTransportError  502 backend_transport_error
 │   ├── UpstreamStatusError     the node answered 5xx: its status, code "<status>" (per instance; `.body`)
 │   └── FailoverExhausted       the last attempt's status, failover_exhausted (`.attempts`, `.last`)
@@ -271,10 +271,20 @@ class UpstreamConnectError(UpstreamError):
 
 
 class UpstreamTimeout(UpstreamError):
-    """Connect, time-to-first-byte, inter-chunk idle or pool timeout (504 `backend_timeout`)."""
+    """Connect, first-byte, generation, inter-chunk idle, pool or deadline timeout (504 `backend_timeout`).
+
+    Attributes:
+        request_sent: True when the node had received the whole request before the time ran out: it was
+            working on it, so sending it to another node would repeat that work (see
+            `routing.retry_after_timeout`).
+    """
 
     status = 504
     code = "backend_timeout"
+
+    def __init__(self, message: str, *, node_id: str | None, request_sent: bool = False) -> None:
+        super().__init__(message, node_id=node_id)
+        self.request_sent = request_sent
 
 
 class UpstreamTransportError(UpstreamError):

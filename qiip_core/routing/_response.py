@@ -6,17 +6,25 @@ once what the client will see first has arrived:
 
 - a 5xx answer is not committed: it raises `UpstreamStatusError`, for the forwarder to fail over;
 - a non-streaming answer: the status, headers and the body (read whole when it fits
-  `buffer_response_bytes`, so a node dying while sending it can still be failed over);
-- a streaming answer (`text/event-stream`): the status, headers and the first complete event, so a node
-  that accepts the request and then fails before its first token is failed over too.
+  `buffer_response_bytes`, so a node dying while sending it can still be failed over). A 200 body whose
+  end HTTP cannot vouch for (chunked, or ended by the connection's close) must also be whole JSON: a cut
+  there looks like an end, and is failed over like a broken connection;
+- a streaming answer (`text/event-stream`): the status, headers and the first event with data (the first
+  token), so a node that accepts the request and then fails before its first token is failed over too.
+  Comments and empty events before it (llama-server's `--sse-ping-interval` pings, `: PROCESSING`) commit
+  nothing and are dropped: they carry no output, and the client has not been answered yet.
 
 `read()` then gives the rest of the body, whole SSE events at a time for streams (decoded when the node
-compressed them), under the inter-chunk idle timeout and the node's request deadline.
+compressed them; comments included), under the inter-chunk idle timeout and the node's request deadline.
+An OpenAI stream ends with `data: [DONE]`: one that ends without it, however the transport ended it (a
+clean close, a chunked body's last chunk, a reset), was cut short, and `read()` raises.
 
 The response holds the node's reservation until `aclose()`, and it is what reports the node's behaviour to
 the routing table once committed, so the relay never has to:
 
-- a read that fails counts one failure against the node's circuit breaker, at once;
+- a read that fails (a stream cut before `[DONE]` included) counts one failure against the node's circuit
+  breaker, at once; except a timeout when one of the same request's timeouts already counted and the node
+  still passes its health probes (`timeout_counted`);
 - an answer below 400 read to its end counts as the node's success (its breaker closes) when it is closed;
 - an answer abandoned before its end (the client left, the stream was ended) counts neither way; nor does a
   4xx answer, which is the client's.
@@ -25,6 +33,7 @@ the routing table once committed, so the relay never has to:
 from __future__ import annotations
 
 import asyncio
+import json
 import zlib
 from dataclasses import dataclass, field
 
@@ -32,7 +41,7 @@ import aiohttp
 
 from qiip_core._errors import UpstreamError, UpstreamStatusError, UpstreamTimeout, UpstreamTransportError
 from qiip_core.config import UpstreamSettings
-from qiip_core.routing._sse import EventFramer
+from qiip_core.routing._sse import EventFramer, ends_with_done, first_data_event
 from qiip_core.routing._table import Reservation
 from qiip_core.routing._upstream import TRANSPORT_ERRORS, map_transport_error
 
@@ -77,11 +86,14 @@ class UpstreamResponse:
         status_code: the node's status.
         headers: response headers to relay: hop-by-hop, CORS and the gateway's own (server, date, request id)
             removed; for SSE also content-encoding and cache-control.
-        prefix: the bytes already read: the first event(s) of a stream or the start (or all) of a body.
-        complete: True when `prefix` is the whole body.
+        prefix: the bytes already read: a stream's first events, from its first data event on, or the start
+            (or all) of a body.
+        complete: True when `prefix` is the whole body, or once a stream has been read to its `[DONE]`.
         sse: True for an event stream (relayed whole events at a time).
         attempts: nodes tried, this one included.
         failures: the errors of the earlier attempts, oldest first.
+        timeout_counted: one of this request's timeouts already counted against a node's breaker; a timeout
+            of this node then counts only if the node fails its health probes.
     """
 
     reservation: Reservation
@@ -92,12 +104,16 @@ class UpstreamResponse:
     sse: bool
     attempts: int = 1
     failures: list[UpstreamError] = field(default_factory=list)
+    timeout_counted: bool = False
     _response: aiohttp.ClientResponse | None = None
     _framer: EventFramer | None = None
     _decoder: zlib._Decompress | None = None
-    _idle_timeout_s: float = 60.0
+    # None before the commit: the forwarder's first-byte limit bounds those reads.
+    _idle_timeout_s: float | None = None
     _deadline: float | None = None
     _committed: bool = False
+    # The last events read: where a stream's `[DONE]` is looked for when it ends.
+    _last: bytes = b""
 
     @classmethod
     async def receive(
@@ -122,7 +138,8 @@ class UpstreamResponse:
 
         Raises:
             UpstreamStatusError: the node answered 5xx (at most 4 KiB of its body kept).
-            UpstreamTimeout, UpstreamTransportError: a stream broke, or ended, before its first event.
+            UpstreamTransportError: a stream broke, or ended, before its first data event; a 200 body without
+                a declared length is not whole JSON.
             aiohttp.ClientError, zlib.error, TimeoutError, OSError: reading a non-streaming body failed (the
                 forwarder translates these with `map_transport_error`).
         """
@@ -144,20 +161,29 @@ class UpstreamResponse:
             complete=False,
             sse=sse,
             _response=response,
-            _idle_timeout_s=settings.idle_timeout_s,
         )
         if sse:
             result._framer = EventFramer(settings.max_event_bytes)
             if encoding != "identity":
                 result._decoder = zlib.decompressobj(_DECODABLE[encoding])
-            result.prefix = await result.read()
-            if not result.prefix:
-                raise UpstreamTransportError("the event stream ended before its first event.", node_id=node_id)
+            result.prefix = await result._first_data_events()
         else:
             result.prefix, result.complete = await _buffer(response, settings.buffer_response_bytes)
+            if (
+                result.complete
+                and status == 200
+                and "content-length" not in response.headers
+                and not _whole_json(result.prefix, encoding)
+            ):
+                raise UpstreamTransportError(
+                    f"the node's answer is not whole JSON: its body ended after {len(result.prefix)} bytes, "
+                    "without a declared length, so it was cut short.",
+                    node_id=node_id,
+                )
         if result.complete:
             response.release()
             result._response = None
+        result._idle_timeout_s = settings.idle_timeout_s
         result._deadline = deadline
         # From here on, the response reports the node's failures itself; before, the forwarder does (and
         # fails over).
@@ -169,12 +195,21 @@ class UpstreamResponse:
         """The node serving this response."""
         return self.reservation.state.id
 
+    async def _first_data_events(self) -> bytes:
+        """Read a stream up to its first event with data; what comes before it is dropped."""
+        while True:
+            events = await self.read()
+            start = first_data_event(events)
+            if start >= 0:
+                return events[start:] if start else events
+
     async def read(self) -> bytes:
         """The next piece of the body: whole events for a stream. Returns b"" at the end.
 
         Raises:
             UpstreamTimeout: the node sent nothing for `idle_timeout_s`, or its request deadline passed.
-            UpstreamTransportError: the connection broke (the relay reports it in-band).
+            UpstreamTransportError: the connection broke, or a stream ended without `data: [DONE]` (the relay
+                reports it in-band).
         """
         response = self._response
         if self.complete or response is None:
@@ -182,10 +217,12 @@ class UpstreamResponse:
         try:
             while True:
                 wait_s = self._idle_timeout_s
-                if self._deadline is not None:
+                if self._deadline is not None and wait_s is not None:
                     left = self._deadline - asyncio.get_running_loop().time()
                     if left <= 0:
-                        raise UpstreamTimeout("the node's request deadline passed.", node_id=self.node_id)
+                        raise UpstreamTimeout(
+                            "the node's request deadline passed.", node_id=self.node_id, request_sent=True
+                        )
                     wait_s = min(wait_s, left)
                 try:
                     async with asyncio.timeout(wait_s):
@@ -196,28 +233,67 @@ class UpstreamResponse:
                     if isinstance(exc, aiohttp.ClientError):
                         raise map_transport_error(exc, self.node_id) from exc
                     if self._deadline is not None and asyncio.get_running_loop().time() >= self._deadline:
-                        raise UpstreamTimeout("the node's request deadline passed.", node_id=self.node_id) from None
+                        raise UpstreamTimeout(
+                            "the node's request deadline passed.", node_id=self.node_id, request_sent=True
+                        ) from None
                     raise UpstreamTimeout(
-                        f"the node sent nothing for {self._idle_timeout_s:g} s.", node_id=self.node_id
+                        f"the node sent nothing for {wait_s:g} s.", node_id=self.node_id, request_sent=True
                     ) from None
                 except TRANSPORT_ERRORS as exc:
                     raise map_transport_error(exc, self.node_id) from exc
                 if not chunk and response.content.at_eof():
-                    self.complete = True
-                    return self._framer.flush() if self._framer is not None else b""
+                    if self._framer is None:
+                        self.complete = True
+                        return b""
+                    return self._end_of_stream()
                 if self._framer is None:
                     if chunk:
                         return chunk
                     continue
                 out = self._framer.feed(chunk)
                 if out:
+                    self._last = out
                     return out
         except UpstreamError as exc:
             # The node broke off its answer: its fault, whatever the request. (This try is free in the relay's
             # hot loop: since Python 3.11 a try costs nothing until it catches.)
-            if self._committed:
+            if self._committed and not (
+                # A node that still passes its health probes is charged one timeout per request at most: a
+                # request too big for the limits times out wherever it goes.
+                self.timeout_counted
+                and isinstance(exc, UpstreamTimeout)
+                and self.reservation.state.health_failures == 0
+            ):
                 self.reservation.record_failure(exc.message)
             raise
+
+    def _end_of_stream(self) -> bytes:
+        """The node ended its event stream: the last unfinished event if it is `[DONE]`, else an error.
+
+        Raises:
+            UpstreamTransportError: the stream ended before its first data event, or without `data: [DONE]`.
+        """
+        assert self._framer is not None
+        rest = self._framer.flush()
+        if not self._committed:
+            raise UpstreamTransportError("the event stream ended before its first data event.", node_id=self.node_id)
+        if rest:
+            if ends_with_done(rest):
+                # `data: [DONE]` without its blank line: complete the event, so every client dispatches it.
+                self.complete = True
+                return rest.rstrip(b"\r\n") + b"\n\n"
+            raise UpstreamTransportError(
+                "the node's event stream broke off in the middle of an event, before `data: [DONE]`: the answer "
+                "is incomplete.",
+                node_id=self.node_id,
+            )
+        if not ends_with_done(self._last):
+            raise UpstreamTransportError(
+                "the node ended its event stream without `data: [DONE]`: the answer is incomplete.",
+                node_id=self.node_id,
+            )
+        self.complete = True
+        return b""
 
     async def aclose(self) -> None:
         """Finish with the node's response and release the reservation. Idempotent.
@@ -265,6 +341,27 @@ async def _read_at_most(response: aiohttp.ClientResponse, limit: int) -> bytes:
             break
         body += chunk
     return bytes(body[:limit])
+
+
+def _whole_json(body: bytes, encoding: str) -> bool:
+    """Whether `body` (in its content `encoding`) is one whole JSON value; True when the encoding is not one
+    QIIP decodes (brotli, zstd: it cannot tell, and relays the body as it came)."""
+    if encoding != "identity":
+        wbits = _DECODABLE.get(encoding)
+        if wbits is None:
+            return True
+        decoder = zlib.decompressobj(wbits)
+        try:
+            body = decoder.decompress(body)
+        except zlib.error:
+            return False
+        if not decoder.eof:
+            return False
+    try:
+        json.loads(body)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 async def _buffer(response: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
