@@ -13,7 +13,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from tests.support.daemon import Daemon, llama_daemon_with
+from tests.support.daemon import Daemon, llama_daemon_with, wait_until
 from tests.support.fault_backend import Completion, FaultBackend, Sse, Status
 from tests.support.fault_backend._payloads import chat_chunk, sse_event
 
@@ -101,6 +101,20 @@ def test_a_cut_stream_and_a_slow_node_count_by_kind(fault_daemon: Daemon, backen
     # A cut stream reports no usage, and one node alone is never failed over.
     assert fault_daemon.counter("qiip_prompt_tokens_total", **labels) == 0
     assert fault_daemon.counter("qiip_failover_attempts_total", **labels) == 0
+
+
+def test_a_body_cut_after_its_headers_is_truncated(fault_daemon: Daemon, backends: Backends, model: str) -> None:
+    backend = backends()
+    node = f"{model}-n"
+    fault_daemon.add_node(node, backend.url, model)
+    # Over `upstream.buffer_response_bytes` (1 MiB): relayed as it comes, so the cut comes after the headers.
+    piece = b" " * 600_000
+    headers = {"content-type": "application/json"}
+    backend.push(Sse(writes=[piece, piece, piece], reset_after_events=2, delay_between_s=0.2, headers=headers))
+    with pytest.raises(httpx.HTTPError):
+        chat(fault_daemon, model)
+    wait_until(lambda: fault_daemon.in_flight(node) == 0, 5, "the reservation to be released")
+    assert fault_daemon.counter("qiip_upstream_errors_total", model=model, node=node, kind="truncated") == 1
 
 
 def test_a_stream_without_usage_counts_no_tokens(fault_daemon: Daemon, backends: Backends, model: str) -> None:
