@@ -63,7 +63,8 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.get("/metrics", tags=["operations"], include_in_schema=True)
     async def metrics() -> Response:
-        """Prometheus metrics: requests, errors, retries, in-flight, TTFT and latency per model and node."""
+        """Prometheus metrics per model and node: requests, errors, failovers, upstream errors by kind, tokens,
+        in-flight, time to first token and latency."""
         return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.exception_handler(HTTPException)

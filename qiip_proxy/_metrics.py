@@ -79,7 +79,8 @@ def find_usage(before: bytes, last: bytes) -> Usage | None:
     The last `"usage": {` within `USAGE_WINDOW_BYTES` of the end is parsed alone (at most 2 KiB of it). For a
     stream, that is the last data event before `[DONE]` that carries usage: llama-server sends it on
     `/v1/completions` streams always, and on chat streams when the client asks with
-    `stream_options.include_usage` (as OpenAI and vLLM do), in a last chunk with empty `choices`.
+    `stream_options.include_usage` (as OpenAI and vLLM do), in a last chunk with empty `choices` (as the
+    installed llama-server, commit 0c1e570, does in `tests/proxy/test_metrics_scrape.py`).
 
     Args:
         before: the piece of the answer relayed before `last` (b"" when there was none).
