@@ -75,6 +75,11 @@ class ServerSettings(_Group):
     """On SIGTERM, how long in-flight requests may run before they are cancelled."""
     max_body_bytes: int = Field(default=32 * MiB, ge=1024)
     """Largest client request body; a larger one gets 413 before it is read whole."""
+    keep_alive_s: int = Field(default=75, ge=1, le=86_400)
+    """Whole seconds an idle client connection stays open for its next request (uvicorn's
+    `timeout_keep_alive`, whose own default is 5 s). Keep it above the idle timeout of the load balancer or
+    proxy in front (AWS ALB: 60 s; Google Cloud's load balancers: 600 s, so 620 there): the balancer reuses
+    an idle connection for that long, and one the daemon closed first fails its next request."""
 
 
 class RoutingSettings(_Group):

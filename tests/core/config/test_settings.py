@@ -164,3 +164,16 @@ def test_a_bad_value_from_the_environment_is_not_blamed_on_the_file(
     with pytest.raises(ConfigError) as info:
         load_settings(write(tmp_path, "[routing]\nmax_attempts = 2\n"))
     assert info.value.message.startswith("Invalid settings:") and "QIIP_HEALTH__INTERVAL_S" in info.value.message
+
+
+def test_server_keeps_idle_connections_longer_than_load_balancers() -> None:
+    server = load_settings().server
+    assert server.keep_alive_s >= 75  # above AWS ALB's 60 s idle timeout, nginx's 75 s keepalive_timeout
+
+
+@pytest.mark.parametrize("value", ["0", "2.5", "86401"])
+def test_keep_alive_is_whole_seconds_from_one(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("QIIP_SERVER__KEEP_ALIVE_S", value)
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert "server.keep_alive_s (QIIP_SERVER__KEEP_ALIVE_S)" in info.value.message
