@@ -19,6 +19,7 @@ from qiip_proxy._admin import router as admin_router
 from qiip_proxy._client_api import router as client_router
 from qiip_proxy._errors import RequestRefused, error_response
 from qiip_proxy._gateway import Gateway
+from qiip_proxy._http import HeadAsGet
 from qiip_proxy._inference import ProxyRoutes
 
 __all__ = ["create_app", "serving_app"]
@@ -82,6 +83,7 @@ def create_app(settings: Settings) -> FastAPI:
 
 
 def serving_app(app: FastAPI) -> ASGIApp:
-    """The app as the server runs it: the inference paths served ahead of FastAPI's routing layers."""
+    """The app as the server runs it: the inference paths served ahead of FastAPI's routing layers, and
+    `HEAD` answered on every `GET` route behind them (`_http`)."""
     gateway: Gateway = app.state.gateway
-    return ProxyRoutes(app, gateway)
+    return ProxyRoutes(HeadAsGet(app), gateway)
