@@ -1,5 +1,5 @@
 """The daemon's HTTP manners toward what sits in front of it: idle connections kept open for a load
-balancer's pool, and `HEAD` on every `GET` route."""
+balancer's pool, `HEAD` on every `GET` route, and CORS for pages on other origins."""
 
 from __future__ import annotations
 
@@ -13,13 +13,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.support.daemon import Daemon, wait_until
-from tests.support.fault_backend import FaultBackend
+from tests.support.fault_backend import FaultBackend, Sse
 
 pytestmark = pytest.mark.integration
 
+ORIGIN = "https://app.example.com"
 MODEL = "http-model"
 CHAT = "/v1/chat/completions"
 OLD_KEEP_ALIVE_S = 5
@@ -34,8 +36,16 @@ def backend() -> Iterator[FaultBackend]:
 
 @pytest.fixture(scope="module")
 def default_daemon(tmp_path_factory: pytest.TempPathFactory, backend: FaultBackend) -> Iterator[Daemon]:
-    """A daemon with the defaults of `[server]`, serving one fault backend's model."""
+    """A daemon with the defaults of `[server]`: CORS off, the default keep-alive."""
     with Daemon(tmp_path_factory.mktemp("default")) as daemon:
+        daemon.add_node("http-node", backend.url, MODEL)
+        yield daemon
+
+
+@pytest.fixture(scope="module")
+def cors_daemon(tmp_path_factory: pytest.TempPathFactory, backend: FaultBackend) -> Iterator[Daemon]:
+    env = {"QIIP_SERVER__CORS_ALLOW_ORIGINS": json.dumps([ORIGIN, "http://127.0.0.1:3000"])}
+    with Daemon(tmp_path_factory.mktemp("cors"), env=env) as daemon:
         daemon.add_node("http-node", backend.url, MODEL)
         yield daemon
 
@@ -136,3 +146,81 @@ def test_head_on_a_post_route_answers_like_get(default_daemon: Daemon) -> None:
     head = default_daemon.client.head(CHAT)
     assert get.status_code == head.status_code == 405
     assert head.headers["allow"] == get.headers["allow"] == "POST" and head.content == b""
+
+
+# -- CORS ----------------------------------------------------------------------------------------------------
+
+
+def preflight(
+    daemon: Daemon, origin: str, *, method: str = "POST", headers: str = "authorization, content-type"
+) -> httpx.Response:
+    return daemon.client.options(
+        CHAT,
+        headers={"Origin": origin, "Access-Control-Request-Method": method, "Access-Control-Request-Headers": headers},
+    )
+
+
+def chat(daemon: Daemon, origin: str, *, stream: bool) -> httpx.Response:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+    return daemon.client.post(CHAT, json=body, headers={"Origin": origin, "Authorization": "Bearer unused"})
+
+
+def test_a_preflight_from_an_allowed_origin_is_allowed(cors_daemon: Daemon) -> None:
+    for origin in (ORIGIN, "http://127.0.0.1:3000"):
+        answer = preflight(cors_daemon, origin)
+        assert answer.status_code == 200
+        assert answer.headers["access-control-allow-origin"] == origin
+        assert "POST" in answer.headers["access-control-allow-methods"].split(", ")
+        allowed = {h.lower() for h in answer.headers["access-control-allow-headers"].split(", ")}
+        assert {"authorization", "content-type"} <= allowed
+        assert "access-control-allow-credentials" not in answer.headers
+    # What the openai JavaScript library sends along.
+    sdk = preflight(cors_daemon, ORIGIN, headers="authorization, content-type, x-stainless-os, x-stainless-lang")
+    assert sdk.status_code == 200
+
+
+def test_a_preflight_for_another_method_or_header_is_refused(cors_daemon: Daemon) -> None:
+    for answer in (preflight(cors_daemon, ORIGIN, method="PUT"), preflight(cors_daemon, ORIGIN, headers="x-other")):
+        assert answer.status_code == 400
+
+
+def test_a_preflight_from_another_origin_is_refused(cors_daemon: Daemon) -> None:
+    for origin in ("https://evil.example.com", "https://app.example.com:8443", "null"):
+        answer = preflight(cors_daemon, origin)
+        assert answer.status_code == 400
+        assert "access-control-allow-origin" not in answer.headers
+
+
+def test_cors_headers_on_a_plain_and_a_streamed_answer(cors_daemon: Daemon, backend: FaultBackend) -> None:
+    plain = chat(cors_daemon, ORIGIN, stream=False)
+    assert plain.status_code == 200 and plain.json()["choices"]
+    backend.push(Sse(writes=[b'data: {"choices": []}\n\n', b"data: [DONE]\n\n"]))
+    streamed = chat(cors_daemon, ORIGIN, stream=True)
+    assert streamed.status_code == 200 and streamed.content.endswith(b"data: [DONE]\n\n")
+    for answer in (plain, streamed):
+        assert answer.headers["access-control-allow-origin"] == ORIGIN
+        assert "Origin" in answer.headers["vary"]
+        assert "X-Request-Id" in answer.headers["access-control-expose-headers"].split(", ")
+    # An error of the inference path carries them too, so a page can read it.
+    refused = cors_daemon.client.post(CHAT, content=b"{", headers={"Origin": ORIGIN})
+    assert refused.status_code == 400 and refused.headers["access-control-allow-origin"] == ORIGIN
+    # So does every other route.
+    models = cors_daemon.client.get("/v1/models", headers={"Origin": ORIGIN})
+    assert models.headers["access-control-allow-origin"] == ORIGIN
+
+
+def test_no_cors_headers_for_another_origin(cors_daemon: Daemon) -> None:
+    answer = chat(cors_daemon, "https://evil.example.com", stream=False)
+    assert answer.status_code == 200
+    assert "access-control-allow-origin" not in answer.headers
+
+
+def test_cors_is_off_by_default(default_daemon: Daemon) -> None:
+    answer = preflight(default_daemon, ORIGIN)
+    assert answer.status_code == 405 and "access-control-allow-origin" not in answer.headers
+    for response in (
+        chat(default_daemon, ORIGIN, stream=False),
+        default_daemon.client.get("/v1/models", headers={"Origin": ORIGIN}),
+    ):
+        assert response.status_code == 200
+        assert not any(name.startswith("access-control-") for name in response.headers)
