@@ -19,6 +19,7 @@ from qiip_proxy._admin import router as admin_router
 from qiip_proxy._client_api import router as client_router
 from qiip_proxy._errors import RequestRefused, error_response
 from qiip_proxy._gateway import Gateway
+from qiip_proxy._http import HeadAsGet, with_cors
 from qiip_proxy._inference import ProxyRoutes
 
 __all__ = ["create_app", "serving_app"]
@@ -63,7 +64,8 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.get("/metrics", tags=["operations"], include_in_schema=True)
     async def metrics() -> Response:
-        """Prometheus metrics: requests, errors, retries, in-flight, TTFT and latency per model and node."""
+        """Prometheus metrics per model and node: requests, errors, failovers, upstream errors by kind, tokens,
+        in-flight, time to first token and latency."""
         return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.exception_handler(HTTPException)
@@ -82,6 +84,13 @@ def create_app(settings: Settings) -> FastAPI:
 
 
 def serving_app(app: FastAPI) -> ASGIApp:
-    """The app as the server runs it: the inference paths served ahead of FastAPI's routing layers."""
+    """The app as the server runs it: the inference paths served ahead of FastAPI's routing layers, `HEAD`
+    answered on every `GET` route, and, with `server.cors_allow_origins` set, CORS around all of it (`_http`).
+
+    With CORS off there is no CORS layer at all, so the inference path pays nothing for it; with CORS on,
+    every request passes through Starlette's `CORSMiddleware` (one header lookup, and one more call per
+    message sent: each event of a stream)."""
     gateway: Gateway = app.state.gateway
-    return ProxyRoutes(app, gateway)
+    served: ASGIApp = ProxyRoutes(HeadAsGet(app), gateway)
+    origins = gateway.settings.server.cors_allow_origins
+    return with_cors(served, origins) if origins else served

@@ -2,8 +2,9 @@
 
 Stages: settings are loaded and checked (an invalid one stops start-up with exit status 2 and a message
 naming it), logging is configured, the listening socket is bound (a port in use stops start-up the same
-way, before anything else starts), then uvicorn serves the app on it; the app's lifespan starts the
-gateway. SIGINT/SIGTERM stop accepting connections, let in-flight requests finish for up to
+way, before anything else starts), then uvicorn serves the app on it, keeping an idle client connection
+open for `server.keep_alive_s` (uvicorn's `timeout_keep_alive`); the app's lifespan starts the gateway.
+SIGINT/SIGTERM stop accepting connections, let in-flight requests finish for up to
 `server.shutdown_timeout_s`, then stop the gateway (and any local llama-server).
 """
 
@@ -93,6 +94,7 @@ def main(config: Path | None, host: str | None, port: int | None) -> None:
             access_log=False,
             server_header=False,
             timeout_graceful_shutdown=int(settings.server.shutdown_timeout_s),
+            timeout_keep_alive=settings.server.keep_alive_s,
             lifespan="on",
         ),
     )

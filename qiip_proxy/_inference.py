@@ -168,13 +168,12 @@ class _InferenceRequest:
                 # A model no node serves is the client's word only: keep it out of the label set.
                 outcome.model = ""
             outcome.status, outcome.error_code = exc.status, exc.code
-            if isinstance(exc, FailoverExhausted):
-                # Every failed attempt but the last was retried elsewhere.
-                outcome.failed_nodes = [e.node_id for e in exc.failures[:-1] if e.node_id]
+            if isinstance(exc, UpstreamError):
+                outcome.failures = exc.failures if isinstance(exc, FailoverExhausted) else [exc]
             return
         # 4. relay
         outcome.node, outcome.status = upstream.node_id, upstream.status_code
-        outcome.failed_nodes = [e.node_id for e in upstream.failures if e.node_id]
+        outcome.failures = upstream.failures
         try:
             await relay(upstream, send, self.request_id, outcome)
         except asyncio.CancelledError:

@@ -3,29 +3,143 @@
 Every inference request ends as one `Outcome`, filled in as it goes and accounted once, when it ends
 (`GatewayMetrics.account`); per-node gauges (in-flight requests, status, breaker) are read from the routing
 table when Prometheus scrapes, so the request path never touches a gauge.
+
+Names and units follow Prometheus' conventions (https://prometheus.io/docs/practices/naming/): a base unit
+in the name (`_seconds`), `_total` on every counter (prometheus-client appends it), and label sets that stay
+bounded: `model` is a model some node serves (empty otherwise), `node` a registered node's id, and every
+other label takes values from a short fixed list (`UPSTREAM_ERROR_KINDS`, statuses, error codes).
+
+The token counters read the `usage` object the node reports (OpenAI's `CompletionUsage`:
+https://platform.openai.com/docs/api-reference/chat/object#chat/object-usage), without parsing the answer:
+`find_usage` looks only at the end of it, where every server puts `usage` (the last data event before
+`[DONE]` of a stream; the end of a JSON body), and parses just that object.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import statistics
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from qiip_core import UpstreamConnectError, UpstreamError, UpstreamStatusError, UpstreamTimeout
 from qiip_core.nodes import NodeStatus
 from qiip_core.routing import RoutingTable
 
-__all__ = ["GatewayMetrics", "Outcome"]
+__all__ = ["UPSTREAM_ERROR_KINDS", "GatewayMetrics", "Outcome", "Usage", "find_usage", "upstream_error_kind"]
 
 TTFT_WINDOW = 256
 """How many recent streaming requests per node the admin metrics' `ttft_p50_s` is the median of."""
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
+"""Upper bounds (seconds) of the time-to-first-token histogram: 10 ms (a cached prompt on a small model, one
+hop away) to 60 s (a long prompt on a large model under load), finest between 0.1 and 2.5 s, where
+interactive chat lives and where `histogram_quantile` needs the resolution. Slower first tokens land in
+`+Inf` (the forwarder's first-byte timeout, `upstream.ttfb_timeout_s`, is 120 s by default)."""
+
+UPSTREAM_ERROR_KINDS = ("connect", "timeout", "status", "transport", "truncated")
+"""The `kind` label of `qiip_upstream_errors_total`, as `upstream_error_kind` assigns it."""
+
+USAGE_WINDOW_BYTES = 64 * 1024
+"""How far from the end of an answer `find_usage` looks for its `usage` object: the end of a JSON body
+(llama-server sorts its keys, so `usage` follows `choices` and `data`; vLLM and OpenAI put it after them too),
+or the last events of a stream."""
+
+_USAGE_OBJECT_BYTES = 2048
+"""The most of a `usage` object parsed: its counts and their `*_details` fit in a few hundred bytes."""
+
+_USAGE_VALUE = re.compile(rb'"usage"[ \t\r\n]*:[ \t\r\n]*\{')
+"""The `usage` key with an object for its value (not `"usage": null`, which OpenAI streams put on every
+chunk but the last, nor the string "usage" as a value)."""
+
+_DECODER = json.JSONDecoder()
+
+
+class Usage(NamedTuple):
+    """The tokens a node reports for one answer (OpenAI's `usage`; a count it leaves out is 0)."""
+
+    prompt_tokens: int
+    """Tokens of the prompt (`usage.prompt_tokens`)."""
+    completion_tokens: int
+    """Tokens generated (`usage.completion_tokens`; embeddings have none)."""
+
+
+def find_usage(before: bytes, last: bytes) -> Usage | None:
+    """The `usage` a node reported at the end of its answer, found without parsing the rest of it.
+
+    The last `"usage": {` within `USAGE_WINDOW_BYTES` of the end is parsed alone (at most 2 KiB of it). For a
+    stream, that is the last data event before `[DONE]` that carries usage: llama-server sends it on
+    `/v1/completions` streams always, and on chat streams when the client asks with
+    `stream_options.include_usage` (as OpenAI and vLLM do), in a last chunk with empty `choices` (as the
+    installed llama-server, commit 0c1e570, does in `tests/proxy/test_metrics_scrape.py`).
+
+    Args:
+        before: the piece of the answer relayed before `last` (b"" when there was none).
+        last: the last piece of the answer: a stream's last events, or the whole body of a buffered one.
+
+    Returns:
+        The prompt and completion tokens, or None when the end of the answer carries no usable `usage`.
+    """
+    if len(last) < USAGE_WINDOW_BYTES and before:
+        # `[DONE]` often comes in a read of its own, after the event that carries the usage.
+        last = before[len(last) - USAGE_WINDOW_BYTES :] + last
+    start = max(0, len(last) - USAGE_WINDOW_BYTES)
+    end = len(last)
+    while (at := last.rfind(b'"usage"', start, end)) >= 0:
+        end = at
+        found = _USAGE_VALUE.match(last, at)
+        if found is None:
+            continue
+        text = last[found.end() - 1 : found.end() - 1 + _USAGE_OBJECT_BYTES].decode("utf-8", "replace")
+        try:
+            usage, _ = _DECODER.raw_decode(text)
+        except ValueError:
+            continue
+        prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+        if _is_count(prompt) and _is_count(completion):
+            return Usage(prompt, completion)
+    return None
+
+
+def _is_count(value: object) -> bool:
+    return type(value) is int and value >= 0
+
+
+def upstream_error_kind(error: UpstreamError, *, committed: bool) -> str:
+    """What kind of failure a node's error is, for the `kind` label of `qiip_upstream_errors_total`.
+
+    Args:
+        error: the node's error.
+        committed: True when it broke off an answer the gateway had committed to (mid-stream, mid-body);
+            False for a failed attempt before that (failed over when attempts remained).
+
+    Returns:
+        `connect`: the node could not be reached; `timeout`: it was too slow (to connect, to its first byte,
+        between chunks, or past its deadline); `status`: it answered 5xx; `truncated`: a committed answer
+        broke off (the connection broke, or a stream ended before `[DONE]`); `transport`: any other broken
+        connection before the answer was committed (reset, closed, a malformed response, a stream that ended
+        before its first event).
+    """
+    if isinstance(error, UpstreamTimeout):
+        return "timeout"
+    if isinstance(error, UpstreamStatusError):
+        return "status"
+    if isinstance(error, UpstreamConnectError):
+        return "connect"
+    # Hook for a stream that ends cleanly but before `[DONE]` (issue 11, item 1): its error carries the code
+    # `upstream_error`, and it is a truncation wherever it is raised.
+    if committed or error.code == "upstream_error":
+        return "truncated"
+    return "transport"
 
 
 @dataclass(slots=True)
@@ -40,9 +154,14 @@ class Outcome:
             ended for the client, and for a request the daemon stopped before it had an answer (not
             accounted).
         duration_s: time to the last byte, in seconds.
-        ttft_s: time to the first event of a stream, in seconds.
+        first_token_s: seconds from `started` to the first `data:` event of a stream reaching the client;
+            None for a non-streaming answer, and for a stream that ended before any.
         error_code: the OpenAI error code when the request failed (also mid-stream), else None.
-        failed_nodes: nodes whose attempts failed before this answer.
+        failures: the failed attempts, oldest first: those before the node that answered, or every attempt
+            when none did.
+        relay_error: the node's error that broke off its committed answer (mid-stream, mid-body), else None.
+        answer_end: the last two pieces of an answer relayed to its end (`(b"", body)` for a buffered one),
+            where `usage` is looked for; None for an answer not relayed to its end.
     """
 
     started: float
@@ -50,9 +169,11 @@ class Outcome:
     node: str = ""
     status: int | None = None
     duration_s: float = 0.0
-    ttft_s: float | None = None
+    first_token_s: float | None = None
     error_code: str | None = None
-    failed_nodes: Sequence[str] = ()
+    failures: Sequence[UpstreamError] = ()
+    relay_error: UpstreamError | None = None
+    answer_end: tuple[bytes, bytes] | None = None
 
 
 class _TableCollector(Collector):
@@ -108,11 +229,36 @@ class GatewayMetrics:
             ["model", "node"],
             registry=self.registry,
         )
+        self.failover_attempts = Counter(
+            "qiip_failover_attempts",
+            "Attempts sent to another node after an attempt failed, by the node they went to.",
+            ["model", "node"],
+            registry=self.registry,
+        )
+        self.upstream_errors = Counter(
+            "qiip_upstream_errors",
+            "Failures of nodes, by the node that failed and kind: connect, timeout, status, transport "
+            "(before the answer was committed), truncated (a committed answer broke off).",
+            ["model", "node", "kind"],
+            registry=self.registry,
+        )
+        self.prompt_tokens = Counter(
+            "qiip_prompt_tokens",
+            "Prompt tokens, as the node reported them in its answer's usage.",
+            ["model", "node"],
+            registry=self.registry,
+        )
+        self.completion_tokens = Counter(
+            "qiip_completion_tokens",
+            "Completion tokens, as the node reported them in its answer's usage.",
+            ["model", "node"],
+            registry=self.registry,
+        )
         self.ttft = Histogram(
             "qiip_time_to_first_token_seconds",
-            "Streaming requests: time from the request to its first event reaching the client.",
+            "Streaming requests: time from the request to its first data event reaching the client.",
             ["model", "node"],
-            buckets=_LATENCY_BUCKETS,
+            buckets=TTFT_BUCKETS,
             registry=self.registry,
         )
         self.latency = Histogram(
@@ -149,8 +295,9 @@ class GatewayMetrics:
         return {"by_model": by_model, "by_node": by_node}
 
     def account(self, outcome: Outcome) -> None:
-        """Record one finished client request: its count by status, its error, the nodes that failed before
-        the answer, and (when a node answered) its latency and time to first token.
+        """Record one finished client request: its count by status, its error, its failed attempts and
+        failovers, the error that broke its answer, and (when a node answered) its latency, time to first
+        token and the tokens of its usage.
 
         Args:
             outcome: how the request ended; one without a status (the daemon stopped it before it had an
@@ -162,14 +309,40 @@ class GatewayMetrics:
         self.requests.labels(model, node, str(outcome.status)).inc()
         if outcome.error_code is not None:
             self.errors.labels(model, node, outcome.error_code).inc()
-        for failed in outcome.failed_nodes:
-            self.retries.labels(model, failed).inc()
+        failures = outcome.failures
+        if failures:
+            self._account_failures(model, node, failures)
+        if outcome.relay_error is not None:
+            kind = upstream_error_kind(outcome.relay_error, committed=True)
+            self.upstream_errors.labels(model, node, kind).inc()
         if node:
             self.latency.labels(model, node).observe(outcome.duration_s)
-            ttft_s = outcome.ttft_s
+            if outcome.answer_end is not None and outcome.status < 400:
+                usage = find_usage(*outcome.answer_end)
+                if usage is not None:
+                    self.prompt_tokens.labels(model, node).inc(usage.prompt_tokens)
+                    self.completion_tokens.labels(model, node).inc(usage.completion_tokens)
+            ttft_s = outcome.first_token_s
             if ttft_s is not None:
                 self.ttft.labels(model, node).observe(ttft_s)
                 recent = self._recent_ttft_s.get(node)
                 if recent is None:
                     recent = self._recent_ttft_s[node] = deque(maxlen=TTFT_WINDOW)
                 recent.append(ttft_s)
+
+    def _account_failures(self, model: str, node: str, failures: Sequence[UpstreamError]) -> None:
+        # When no node answered, the last failure was not retried.
+        retried = failures if node else failures[:-1]
+        for failure in retried:
+            if failure.node_id:
+                self.retries.labels(model, failure.node_id).inc()
+        for failure in failures:
+            if failure.node_id:
+                self.upstream_errors.labels(model, failure.node_id, upstream_error_kind(failure, committed=False)).inc()
+        # Every attempt after the first went to another node: the ones that failed, then the one that answered.
+        tried = [failure.node_id or "" for failure in failures]
+        if node:
+            tried.append(node)
+        for target in tried[1:]:
+            if target:
+                self.failover_attempts.labels(model, target).inc()

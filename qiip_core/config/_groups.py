@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -60,6 +61,41 @@ def _default_engine_dir() -> Path:
     return Path(base) / "qiip" / "engines"
 
 
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://(?:[a-z0-9-]+(?:\.[a-z0-9-]+)*|\[[0-9a-f:.]+\])(?::[0-9]{1,5})?")
+"""An origin as browsers serialise it (WHATWG URL, "origin"): lower-case scheme and host, optional port."""
+
+_DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+"""Ports a browser leaves out of an origin, by scheme."""
+
+_NOT_AN_ORIGIN = "is not * or an origin scheme://host[:port], such as https://app.example.com"
+"""What is wrong with a `server.cors_allow_origins` entry that is no origin at all."""
+
+
+def _origin_problem(text: str) -> str | None:
+    """Why `text` is not an origin exactly as a browser sends it in `Origin`, or None.
+
+    The CORS check compares origins as strings (Fetch standard, "CORS check"), so an origin written in another
+    form than the browser's serialisation (RFC 6454 §6.2: lower-case scheme and host, no default port, no path)
+    would never match: it is refused, with the form that would.
+    """
+    try:
+        parts = urlsplit(text)
+        host, port = parts.hostname, parts.port
+        if host and ":" in host:
+            host = f"[{ipaddress.IPv6Address(host).compressed}]"
+    except ValueError:
+        return _NOT_AN_ORIGIN
+    if not parts.scheme or not host or "@" in parts.netloc:
+        return _NOT_AN_ORIGIN
+    scheme = parts.scheme.lower()
+    form = f"{scheme}://{host}" + ("" if port is None or _DEFAULT_PORTS.get(scheme) == port else f":{port}")
+    if not _ORIGIN.fullmatch(form):
+        return _NOT_AN_ORIGIN
+    if text != form:
+        return f"is not written as a browser sends an origin (no path, lower case, no default port): use {form!r}"
+    return None
+
+
 class _Group(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -75,6 +111,23 @@ class ServerSettings(_Group):
     """On SIGTERM, how long in-flight requests may run before they are cancelled."""
     max_body_bytes: int = Field(default=32 * MiB, ge=1024)
     """Largest client request body; a larger one gets 413 before it is read whole."""
+    keep_alive_s: int = Field(default=75, ge=1, le=86_400)
+    """Whole seconds an idle client connection stays open for its next request (uvicorn's
+    `timeout_keep_alive`, whose own default is 5 s). Keep it above the idle timeout of the load balancer or
+    proxy in front (AWS ALB: 60 s; Google Cloud's load balancers: 600 s, so 620 there): the balancer reuses
+    an idle connection for that long, and one the daemon closed first fails its next request."""
+    cors_allow_origins: list[str] = Field(default_factory=list)
+    """Web origins whose pages may call the daemon from a browser (CORS): each `scheme://host[:port]` as the
+    browser sends it in `Origin`, or `*` for any. Empty (the default): CORS is off, and a cross-origin page
+    cannot read any answer."""
+
+    @field_validator("cors_allow_origins")
+    @classmethod
+    def _origins(cls, value: list[str]) -> list[str]:
+        for item in value:
+            if item != "*" and (problem := _origin_problem(item)):
+                raise ValueError(f"{item!r} {problem}")
+        return value
 
 
 class RoutingSettings(_Group):

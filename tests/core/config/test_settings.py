@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -164,3 +165,51 @@ def test_a_bad_value_from_the_environment_is_not_blamed_on_the_file(
     with pytest.raises(ConfigError) as info:
         load_settings(write(tmp_path, "[routing]\nmax_attempts = 2\n"))
     assert info.value.message.startswith("Invalid settings:") and "QIIP_HEALTH__INTERVAL_S" in info.value.message
+
+
+def test_server_keeps_idle_connections_longer_than_load_balancers_and_has_cors_off() -> None:
+    server = load_settings().server
+    assert server.keep_alive_s >= 75  # above AWS ALB's 60 s idle timeout, nginx's 75 s keepalive_timeout
+    assert server.cors_allow_origins == []
+
+
+def test_keep_alive_and_cors_origins_from_the_file(tmp_path: Path) -> None:
+    config = write(
+        tmp_path,
+        '[server]\nkeep_alive_s = 620\ncors_allow_origins = ["https://app.example.com", "http://[::1]:3000", "*"]\n',
+    )
+    server = load_settings(config).server
+    assert server.keep_alive_s == 620
+    assert server.cors_allow_origins == ["https://app.example.com", "http://[::1]:3000", "*"]
+
+
+@pytest.mark.parametrize(
+    ("origin", "fragment"),
+    [
+        ("app.example.com", "is not * or an origin scheme://host[:port]"),
+        ("null", "is not * or an origin scheme://host[:port]"),
+        ("https://*.example.com", "is not * or an origin scheme://host[:port]"),
+        ("https://ops@app.example.com", "is not * or an origin scheme://host[:port]"),
+        ("https://app.example.com:99999", "is not * or an origin scheme://host[:port]"),
+        ("https://app.example.com/", "use 'https://app.example.com'"),
+        ("https://app.example.com/chat", "use 'https://app.example.com'"),
+        ("https://App.Example.com", "use 'https://app.example.com'"),
+        ("https://app.example.com:443", "use 'https://app.example.com'"),
+        ("http://[0:0::1]:3000", "use 'http://[::1]:3000'"),
+    ],
+)
+def test_a_cors_origin_must_be_as_browsers_send_it(monkeypatch: pytest.MonkeyPatch, origin: str, fragment: str) -> None:
+    monkeypatch.setenv("QIIP_SERVER__CORS_ALLOW_ORIGINS", json.dumps(["https://ok.example.com", origin]))
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    message = info.value.message
+    assert "server.cors_allow_origins (QIIP_SERVER__CORS_ALLOW_ORIGINS)" in message
+    assert repr(origin) in message and fragment in message
+
+
+@pytest.mark.parametrize("value", ["0", "2.5", "86401"])
+def test_keep_alive_is_whole_seconds_from_one(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("QIIP_SERVER__KEEP_ALIVE_S", value)
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert "server.keep_alive_s (QIIP_SERVER__KEEP_ALIVE_S)" in info.value.message

@@ -1,0 +1,119 @@
+"""HTTP behaviours around the daemon's routes, applied to the whole ASGI app from outside: `HEAD` on every
+`GET` route, and CORS for web pages on other origins.
+
+`serving_app` (`_app`) stacks them so the inference fast path (`ProxyRoutes`) pays for neither unless it
+needs it:
+
+    CORSMiddleware            only with `server.cors_allow_origins` set: preflights, and CORS headers on
+      ProxyRoutes             every answer, the fast path's plain and streamed ones included
+        HeadAsGet             `HEAD` only; every other method passes through untouched
+          FastAPI
+
+The fast path serves `POST` only, so `HEAD` never reaches it; a `HEAD` on an inference path answers like a
+`GET` there: 405.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from starlette.middleware.cors import CORSMiddleware
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+__all__ = ["CORS_ALLOW_HEADERS", "CORS_ALLOW_METHODS", "CORS_EXPOSE_HEADERS", "HeadAsGet", "with_cors"]
+
+CORS_ALLOW_METHODS = ("GET", "HEAD", "POST", "DELETE")
+"""Methods a preflight allows: the ones the client and admin APIs use."""
+
+CORS_ALLOW_HEADERS = (
+    "Authorization",
+    "Content-Type",
+    "X-Request-Id",
+    "traceparent",
+    "tracestate",
+    # What the openai JavaScript library adds to every request; a browser refuses the request unless the
+    # preflight allows each one (the same list as Ollama's, ollama/ollama server/routes.go).
+    "OpenAI-Beta",
+    "X-Stainless-Arch",
+    "X-Stainless-Async",
+    "X-Stainless-Custom-Poll-Interval",
+    "X-Stainless-Helper-Method",
+    "X-Stainless-Lang",
+    "X-Stainless-OS",
+    "X-Stainless-Package-Version",
+    "X-Stainless-Poll-Helper",
+    "X-Stainless-Retry-Count",
+    "X-Stainless-Runtime",
+    "X-Stainless-Runtime-Version",
+    "X-Stainless-Timeout",
+)
+"""Request headers a preflight allows, beyond the CORS-safelisted ones: the ones the daemon reads or forwards
+(`Authorization` for invoke tokens and the admin API, `Content-Type: application/json`, the request id and
+trace context), and the ones the openai JavaScript library sends."""
+
+CORS_EXPOSE_HEADERS = ("X-Request-Id", "X-QIIP-Attempts", "X-QIIP-Failover", "Retry-After")
+"""Response headers a page's script may read, beyond the CORS-safelisted ones (Fetch standard, "CORS-safelisted
+response-header name")."""
+
+
+def with_cors(app: ASGIApp, origins: Sequence[str]) -> ASGIApp:
+    """`app` behind Starlette's `CORSMiddleware` for `origins` (the Fetch standard's CORS protocol).
+
+    A preflight (`OPTIONS` with `Origin` and `Access-Control-Request-Method`) is answered here: 200 with the
+    allowed methods and headers for an allowed origin, else 400 without `Access-Control-Allow-Origin`, which the
+    browser reports as a CORS failure. Every other answer gets `Access-Control-Allow-Origin` (the origin itself,
+    or `*` when `origins` holds `*`) when its request came from an allowed origin, and `Vary: Origin`. Browser
+    credentials (cookies, a cached HTTP Basic login) are never allowed: a page must send its own
+    `Authorization`, so an allowed page cannot act with an operator's stored admin login.
+
+    Args:
+        app: the app to wrap (the whole daemon, fast path included).
+        origins: `server.cors_allow_origins`, already checked; not empty.
+
+    Returns:
+        The wrapped app.
+    """
+    return CORSMiddleware(
+        app,
+        allow_origins=list(origins),
+        allow_methods=CORS_ALLOW_METHODS,
+        allow_headers=CORS_ALLOW_HEADERS,
+        allow_credentials=False,
+        expose_headers=CORS_EXPOSE_HEADERS,
+    )
+
+
+class HeadAsGet:
+    """ASGI middleware: answer `HEAD` as `GET` without the body (RFC 9110 §9.3.2), on every route.
+
+    FastAPI's routes answer only the methods they declare, so a `HEAD` on a `GET` route would be a 405. Here
+    the app serves a `HEAD` as the `GET` it stands for; the client gets that answer's status and headers
+    (`Content-Length` and `Content-Type` included), and the response ends right after them. Ending it there
+    also ends an answer that never ends by itself (`/admin/events`): the server then reports the client gone to
+    the app (ASGI HTTP spec, `http.disconnect` "if receive is called after a response has been sent"), which
+    stops the stream. The app's body messages are dropped.
+
+    Args:
+        app: the app to wrap.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+        ended = False
+
+        async def send_head(message: Message) -> None:
+            nonlocal ended
+            if ended:
+                return
+            await send(message)
+            if message["type"] == "http.response.start":
+                ended = True
+                await send({"type": "http.response.body", "body": b""})
+
+        # A copy: the server keeps its own scope saying HEAD, so it still sends no body whatever it is given.
+        await self.app({**scope, "method": "GET"}, receive, send_head)

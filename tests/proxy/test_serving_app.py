@@ -1,0 +1,44 @@
+"""The layers `serving_app` puts around the daemon's routes, in process: what runs for every request."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+from starlette.middleware.cors import CORSMiddleware
+from starlette.types import ASGIApp
+
+from qiip_core.config import load_settings
+from qiip_proxy._app import create_app, serving_app
+from qiip_proxy._inference import ProxyRoutes
+
+ORIGIN = "https://app.example.com"
+
+
+def served(tmp_path: Path, **server: object) -> ASGIApp:
+    settings = load_settings(state_dir=tmp_path, admin={"enabled": False}, server=server)
+    return serving_app(create_app(settings))
+
+
+def test_with_cors_off_the_fast_path_is_the_outermost_layer(tmp_path: Path) -> None:
+    # Nothing of CORS runs per request: the inference path pays nothing for it.
+    assert type(served(tmp_path)) is ProxyRoutes
+
+
+def test_with_cors_on_it_wraps_the_fast_path_too(tmp_path: Path) -> None:
+    app = served(tmp_path, cors_allow_origins=[ORIGIN])
+    assert isinstance(app, CORSMiddleware) and type(app.app) is ProxyRoutes
+
+
+async def test_head_and_cors_in_process(tmp_path: Path) -> None:
+    app = served(tmp_path, cors_allow_origins=[ORIGIN])
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://qiip", headers={"Origin": ORIGIN}) as client:
+        get = await client.get("/v1/models")
+        head = await client.head("/v1/models")
+        assert (head.status_code, head.content) == (200, b"")
+        assert head.headers["content-length"] == get.headers["content-length"] != "0"
+        assert head.headers["access-control-allow-origin"] == ORIGIN
+        # An answer of the plain ASGI inference path, ahead of FastAPI's middleware.
+        refused = await client.post("/v1/chat/completions", content=b"{")
+        assert refused.status_code == 400 and refused.headers["access-control-allow-origin"] == ORIGIN
