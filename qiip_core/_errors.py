@@ -252,11 +252,13 @@ class UpstreamError(QiipError):
         status: the HTTP status to answer with (502, 504, or the node's own 5xx).
         code: the OpenAI error `code`.
         retryable: whether another node may be tried (connect errors, timeouts, 5xx).
+        attempts: nodes tried for the request, this one included (`X-QIIP-Attempts`; set by the forwarder).
     """
 
     status = 502
     code = "backend_transport_error"
     retryable: bool = True
+    attempts: int = 1
 
     def __init__(self, message: str, *, node_id: str | None) -> None:
         super().__init__(message)

@@ -113,7 +113,7 @@ def describe_error(exc: QiipError) -> ErrorAnswer:
         if isinstance(exc, FailoverExhausted):
             headers = {"X-QIIP-Failover": "exhausted", "X-QIIP-Attempts": str(exc.attempts)}
         else:
-            headers = {"X-QIIP-Attempts": "1"}
+            headers = {"X-QIIP-Attempts": str(exc.attempts)}
     else:
         kind = _TYPES.get(status) or ("invalid_request_error" if status < 500 else "server_error")
         if isinstance(exc, AuthError) and status == 401:

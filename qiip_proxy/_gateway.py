@@ -57,6 +57,7 @@ class Gateway:
             self.table,
             settings.upstream,
             max_attempts=settings.routing.max_attempts,
+            retry_after_timeout=settings.routing.retry_after_timeout,
             headers_for=self._headers_for,
         )
         self.health = HealthChecker(

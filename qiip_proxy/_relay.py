@@ -13,9 +13,8 @@ invoke token revoked, the daemon stopping) ends the same way, with `end_stream`.
 
 The loop that relays a stream's events is the gateway's hottest path (docs/performance.md): one read and
 one send per event, plus what the metrics need: the last two pieces relayed are kept (the node's `usage` is
-in them) and one flag is tested (events are searched for `data:` only until the first one). That adds 3-7 ns
-to the 195 ns the loop spends per event in-process (`bench/relay_metrics.py`), against the several
-microseconds a relayed event costs.
+in them). The time to first token needs nothing per event: a stream is committed by its first data event
+(`UpstreamResponse`), so the first token goes out with the first send.
 """
 
 from __future__ import annotations
@@ -75,20 +74,15 @@ async def relay(upstream: UpstreamResponse, send: Send, request_id: str, outcome
         return
     await send({"type": "http.response.start", "status": upstream.status_code, "headers": headers})
     await send({"type": "http.response.body", "body": upstream.prefix, "more_body": True})
-    # The first token is the first `data:` event: a comment event (a keep-alive) before it is not one.
-    awaiting_data = upstream.sse
-    if awaiting_data and _holds_data_event(upstream.prefix):
+    if upstream.sse:
+        # A stream is committed by its first data event, which leads the prefix: the first token is out.
         outcome.first_token_s = time.perf_counter() - outcome.started
-        awaiting_data = False
     # The last two pieces relayed: the node's `usage` is in them (`[DONE]` may come in a read of its own).
     before, last = b"", upstream.prefix
     try:
         while chunk := await upstream.read():
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
             before, last = last, chunk
-            if awaiting_data and _holds_data_event(chunk):
-                outcome.first_token_s = time.perf_counter() - outcome.started
-                awaiting_data = False
     except UpstreamError as exc:
         logger.warning("node %s failed mid-response: %s", upstream.node_id, exc.message)
         outcome.relay_error = exc
@@ -102,11 +96,6 @@ async def relay(upstream: UpstreamResponse, send: Send, request_id: str, outcome
         return
     await send({"type": "http.response.body", "body": b""})
     outcome.answer_end = (before, last)
-
-
-def _holds_data_event(events: bytes) -> bool:
-    """Whether whole SSE events hold a `data:` line (one starts the bytes, or follows a line end)."""
-    return events.startswith(b"data:") or b"\ndata:" in events or b"\rdata:" in events
 
 
 async def end_stream(send: Send, event: bytes) -> None:

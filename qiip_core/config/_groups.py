@@ -135,6 +135,10 @@ class RoutingSettings(_Group):
 
     max_attempts: int = Field(default=3, ge=1, le=16)
     """Nodes tried per request, the first try included. 1 disables failover."""
+    retry_after_timeout: bool = False
+    """Send a request to another node after one that had received it timed out. Off by default: that node
+    was working on it, so a re-send repeats the whole prompt's work elsewhere, and a request too big for the
+    limits then loads every node in turn. Timeouts while connecting are always failed over."""
     allowed_endpoint_hosts: list[str] = Field(default_factory=lambda: list(DEFAULT_ALLOWED_HOSTS))
     """Host names a node endpoint may use: exact names or `*.suffix` patterns."""
     allowed_endpoint_networks: list[str] = Field(default_factory=lambda: list(DEFAULT_ALLOWED_NETWORKS))
@@ -180,8 +184,15 @@ class UpstreamSettings(_Group):
     connect_timeout_s: PositiveSeconds = 5.0
     """TCP (and TLS) connect timeout per attempt."""
     ttfb_timeout_s: PositiveSeconds = 120.0
-    """Time to first byte: from sending the request to the response headers and, when streaming, the
-    first event. Long prompts on large models need a generous value."""
+    """Time to the first token of a stream: from sending the request to its first `data:` event (comments
+    such as llama-server's `--sse-ping-interval` pings do not count). Long prompts on large models need a
+    generous value."""
+    generation_timeout_s: PositiveSeconds = 600.0
+    """Time to a non-streaming answer: from sending the request to the whole answer. A node sends a
+    non-streaming answer's headers only once generation has ended, so this bounds the whole generation."""
+    request_deadline_s: PositiveSeconds = 3600.0
+    """One deadline for the whole request: every attempt and the answer's relay together. A stream still
+    running then ends with an error event."""
     idle_timeout_s: PositiveSeconds = 60.0
     """Longest silence between two chunks of a response once it has started."""
     write_timeout_s: PositiveSeconds = 30.0

@@ -4,12 +4,22 @@ byte has reached the client.
 `Forwarder.open()` is the whole pre-commit phase of one client request. For each attempt it reserves the
 least-loaded eligible node (never one already tried; `RoutingTable.reserve`), sends the request
 (`UpstreamClient`), and waits for what the client will see first (`UpstreamResponse.receive`): a whole
-non-streaming body when it fits the buffer, or the first complete event of a stream.
+non-streaming body when it fits the buffer, or the first data event (the first token) of a stream.
 
-Connect errors, timeouts and 5xx answers are retried on another node while attempts remain. What counts
-against a node's circuit breaker before the answer is committed (after, the response counts for itself):
+Time limits per attempt: a stream's first token within `upstream.ttfb_timeout_s`; a non-streaming answer
+(whose headers a node sends only once generation has ended) within `upstream.generation_timeout_s`; both
+also within the node's own `deadline_s` and the one request-wide `upstream.request_deadline_s`, which bounds
+every attempt and the answer together.
 
-- a connect error or timeout: at once, whatever the request;
+Connect errors, 5xx answers and broken connections are retried on another node while attempts remain. A
+timeout is retried only when the node never had the whole request (the connection, or the pool, timed
+out): once a node has the request it is working on it, and sending it elsewhere would repeat the prompt's
+work on every node in turn (`routing.retry_after_timeout` opts in). What counts against a node's circuit
+breaker before the answer is committed (after, the response counts for itself):
+
+- a connect error or broken connection: at once, whatever the request;
+- a timeout: the first of the request, and any later one from a node failing its health probes. A request
+  too big for the limits times out wherever it goes; it must not open the breakers of healthy nodes;
 - a 5xx answer: only once another node has answered the same request. When every node tried answers
   5xx, the request itself is the likely cause (a malformed part llama-server chokes on), and counting it
   would let any client take a model's nodes out of rotation with a few bad requests. 501 and 505 say a
@@ -17,7 +27,8 @@ against a node's circuit breaker before the answer is committed (after, the resp
 
 A stale pooled connection that the node closed before answering is retried once on the same node without
 counting. A 4xx answer (429 included) is the client's: it is returned as it came and touches no breaker.
-When every attempt fails, `FailoverExhausted` carries the attempt count and the last error.
+When every attempt fails, `FailoverExhausted` carries the attempt count and the last error; a timeout that
+ends the request early is raised itself, with `attempts` set.
 """
 
 from __future__ import annotations
@@ -32,7 +43,13 @@ from qiip_core._errors import FailoverExhausted, RoutingError, UpstreamError, Up
 from qiip_core.config import UpstreamSettings
 from qiip_core.routing._response import UpstreamResponse
 from qiip_core.routing._table import Reservation, RoutingTable
-from qiip_core.routing._upstream import TRANSPORT_ERRORS, UpstreamClient, UpstreamRequest, map_transport_error
+from qiip_core.routing._upstream import (
+    TRANSPORT_ERRORS,
+    SendProgress,
+    UpstreamClient,
+    UpstreamRequest,
+    map_transport_error,
+)
 
 __all__ = ["Forwarder"]
 
@@ -60,12 +77,14 @@ class Forwarder:
         settings: UpstreamSettings,
         *,
         max_attempts: int = 3,
+        retry_after_timeout: bool = False,
         client: UpstreamClient | None = None,
         headers_for: Callable[[str], Mapping[str, str]] | None = None,
     ) -> None:
         self.table = table
         self.settings = settings
         self.max_attempts = max_attempts
+        self.retry_after_timeout = retry_after_timeout
         self._headers_for = headers_for
         self._owns_client = client is None
         self.client = client or UpstreamClient(settings)
@@ -85,10 +104,16 @@ class Forwarder:
             RoutingError: no node could be reserved for the first attempt (`NoNodes`, `ModelNotFound`,
                 `ModelUnavailable`).
             FailoverExhausted: every attempt failed (with `max_attempts` > 1).
+            UpstreamTimeout: a node that had the request timed out (not retried without
+                `retry_after_timeout`), or the request's deadline passed; `attempts` says how many nodes
+                were tried.
             UpstreamError: the one attempt failed (with `max_attempts` == 1).
         """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.request_deadline_s
         tried: list[str] = []
         failures: list[UpstreamError] = []
+        timeout_counted = False
         while len(tried) < self.max_attempts:
             try:
                 reservation = self.table.reserve(request.model, api=request.api, exclude=tried)
@@ -99,14 +124,28 @@ class Forwarder:
             node_id = reservation.state.id
             tried.append(node_id)
             try:
-                response = await self._attempt(reservation, request)
+                response = await self._attempt(reservation, request, deadline)
             except UpstreamError as exc:
                 reservation.release()
-                if not isinstance(exc, UpstreamStatusError):
-                    # The node could not be reached or did not answer in time: its fault, whatever the request.
-                    self.table.record_failure(node_id, exc.message)
                 failures.append(exc)
                 logger.warning("attempt %d on node %s failed: %s", len(tried), node_id, exc.message)
+                if isinstance(exc, UpstreamTimeout):
+                    if not timeout_counted or reservation.state.health_failures > 0:
+                        self.table.record_failure(node_id, exc.message)
+                    timeout_counted = True
+                    if exc.request_sent and not self.retry_after_timeout:
+                        exc.message += (
+                            " The node had the whole request, so it was not sent to another node"
+                            " (routing.retry_after_timeout)."
+                        )
+                        exc.attempts = len(tried)
+                        raise exc from None
+                    if loop.time() >= deadline:
+                        exc.attempts = len(tried)
+                        raise exc from None
+                elif not isinstance(exc, UpstreamStatusError):
+                    # The node could not be reached or broke off: its fault, whatever the request.
+                    self.table.record_failure(node_id, exc.message)
                 continue
             except BaseException:
                 reservation.release()
@@ -115,6 +154,7 @@ class Forwarder:
             self._blame_status_failures(failures)
             response.attempts = len(tried)
             response.failures = failures
+            response.timeout_counted = timeout_counted
             return response
         # Every node tried answered 5xx (or failed): when all that came back were answers, the request itself
         # is the likely cause, and no breaker moves.
@@ -132,38 +172,65 @@ class Forwarder:
             ):
                 self.table.record_failure(failure.node_id, failure.message)
 
-    async def _attempt(self, reservation: Reservation, request: UpstreamRequest) -> UpstreamResponse:
+    async def _attempt(self, reservation: Reservation, request: UpstreamRequest, deadline: float) -> UpstreamResponse:
+        """One attempt on one node: send, and wait for the answer's first token (or all of a plain one).
+
+        Args:
+            reservation: the node, reserved.
+            request: the client's request.
+            deadline: the request-wide deadline, in the event loop's clock.
+
+        Raises:
+            UpstreamTimeout: a limit passed (`request_sent` when the node had the whole request).
+            UpstreamError: any other failure of the node.
+        """
         node = reservation.state.node
         node_id = node.id
         url = node.endpoint + request.path
-        ttfb_s = self.settings.ttfb_timeout_s
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        # The tightest of: this attempt's own limit, the node's deadline, the request's deadline.
+        limits = [
+            (self.settings.ttfb_timeout_s if request.stream else self.settings.generation_timeout_s, ""),
+            (deadline - started, " (the request's deadline)"),
+        ]
         node_deadline_s = node.capabilities.deadline_s
         if node_deadline_s is not None:
-            ttfb_s = min(ttfb_s, node_deadline_s)
+            limits.append((node_deadline_s, " (the node's deadline)"))
+        limit_s, which = min(limits)
+        if limit_s <= 0:
+            raise UpstreamTimeout("the request's deadline passed before this node could be tried.", node_id=node_id)
+        answer_deadline = min(deadline, started + node_deadline_s) if node_deadline_s is not None else deadline
         headers = request.headers
         if self._headers_for is not None and (extra := self._headers_for(node_id)):
             headers = [*headers, *extra.items()]
-        started = asyncio.get_running_loop().time()
-        deadline = started + node_deadline_s if node_deadline_s is not None else None
+        progress = SendProgress(len(request.body))
         try:
-            async with asyncio.timeout(ttfb_s) as first_byte:
-                response = await self._send(url, request.body, headers, node_id)
+            async with asyncio.timeout(limit_s) as first_byte:
+                response = await self._send(url, request.body, headers, node_id, progress)
                 try:
-                    return await UpstreamResponse.receive(reservation, response, self.settings, deadline=deadline)
+                    return await UpstreamResponse.receive(
+                        reservation, response, self.settings, deadline=answer_deadline
+                    )
                 except BaseException:
                     response.close()
                     raise
         except TRANSPORT_ERRORS as exc:
             if isinstance(exc, TimeoutError) and first_byte.expired():
-                raise UpstreamTimeout(f"the node sent no first byte within {ttfb_s:g} s.", node_id=node_id) from None
+                what = "first token" if request.stream else "answer"
+                raise UpstreamTimeout(
+                    f"the node sent no {what} within {limit_s:g} s{which}.",
+                    node_id=node_id,
+                    request_sent=progress.body_sent,
+                ) from None
             raise map_transport_error(exc, node_id) from exc
 
     async def _send(
-        self, url: str, body: bytes, headers: Sequence[tuple[str, str]], node_id: str
+        self, url: str, body: bytes, headers: Sequence[tuple[str, str]], node_id: str, progress: SendProgress
     ) -> aiohttp.ClientResponse:
         for retry in (True, False):
             try:
-                return await self.client.post(url, body, headers)
+                return await self.client.post(url, body, headers, progress)
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
                 # A pooled keep-alive connection the node closed (or reset) just before we used it fails like
                 # this, before any response byte; one fresh try on the same node is not a node failure. A
@@ -171,4 +238,5 @@ class Forwarder:
                 if not retry or isinstance(exc, aiohttp.ClientConnectorError):
                     raise
                 logger.debug("node %s: retrying on a fresh connection after %r", node_id, exc)
+                progress.sent_bytes = 0
         raise AssertionError("unreachable")

@@ -112,7 +112,7 @@ class UpstreamResponse:
     _idle_timeout_s: float | None = None
     _deadline: float | None = None
     _committed: bool = False
-    # The last events read: where a stream's `[DONE]` is looked for when it ends.
+    # The last events read that were not only comments: where a stream's `[DONE]` is looked for at its end.
     _last: bytes = b""
 
     @classmethod
@@ -220,9 +220,7 @@ class UpstreamResponse:
                 if self._deadline is not None and wait_s is not None:
                     left = self._deadline - asyncio.get_running_loop().time()
                     if left <= 0:
-                        raise UpstreamTimeout(
-                            "the node's request deadline passed.", node_id=self.node_id, request_sent=True
-                        )
+                        raise UpstreamTimeout("the request's deadline passed.", node_id=self.node_id, request_sent=True)
                     wait_s = min(wait_s, left)
                 try:
                     async with asyncio.timeout(wait_s):
@@ -234,7 +232,7 @@ class UpstreamResponse:
                         raise map_transport_error(exc, self.node_id) from exc
                     if self._deadline is not None and asyncio.get_running_loop().time() >= self._deadline:
                         raise UpstreamTimeout(
-                            "the node's request deadline passed.", node_id=self.node_id, request_sent=True
+                            "the request's deadline passed.", node_id=self.node_id, request_sent=True
                         ) from None
                     raise UpstreamTimeout(
                         f"the node sent nothing for {wait_s:g} s.", node_id=self.node_id, request_sent=True
@@ -252,7 +250,9 @@ class UpstreamResponse:
                     continue
                 out = self._framer.feed(chunk)
                 if out:
-                    self._last = out
+                    if not out.startswith(b":"):
+                        # Not a lone keep-alive comment: these events may hold the stream's last data event.
+                        self._last = out
                     return out
         except UpstreamError as exc:
             # The node broke off its answer: its fault, whatever the request. (This try is free in the relay's

@@ -12,6 +12,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import aiohttp
 
@@ -19,7 +20,7 @@ from qiip_core._errors import UpstreamConnectError, UpstreamError, UpstreamTimeo
 from qiip_core.config import UpstreamSettings
 from qiip_core.nodes import ApiName
 
-__all__ = ["TRANSPORT_ERRORS", "UpstreamClient", "UpstreamRequest", "map_transport_error"]
+__all__ = ["TRANSPORT_ERRORS", "SendProgress", "UpstreamClient", "UpstreamRequest", "map_transport_error"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +42,36 @@ class UpstreamRequest:
     model: str
     stream: bool
     api: ApiName | None = None
+
+
+@dataclass(slots=True)
+class SendProgress:
+    """How much of one request's body the client has handed to the node's connection.
+
+    Attributes:
+        body_bytes: the body's size.
+        sent_bytes: bytes of it written to the connection so far (aiohttp's `on_request_chunk_sent` trace).
+    """
+
+    body_bytes: int
+    sent_bytes: int = 0
+
+    @property
+    def body_sent(self) -> bool:
+        """The connection was made and the whole body written to it: the node has the request."""
+        return self.sent_bytes >= self.body_bytes
+
+
+async def _count_sent_chunk(
+    session: aiohttp.ClientSession, context: SimpleNamespace, params: aiohttp.TraceRequestChunkSentParams
+) -> None:
+    progress = context.trace_request_ctx
+    if isinstance(progress, SendProgress):
+        progress.sent_bytes += len(params.chunk)
+
+
+_SEND_TRACE = aiohttp.TraceConfig()
+_SEND_TRACE.on_request_chunk_sent.append(_count_sent_chunk)
 
 
 class UpstreamClient:
@@ -79,16 +110,28 @@ class UpstreamClient:
                     sock_connect=self.settings.connect_timeout_s,
                 ),
                 skip_auto_headers=("User-Agent", "Accept-Encoding"),
+                trace_configs=[_SEND_TRACE],
             )
         return self._session
 
-    async def post(self, url: str, body: bytes, headers: Sequence[tuple[str, str]]) -> aiohttp.ClientResponse:
+    async def post(
+        self, url: str, body: bytes, headers: Sequence[tuple[str, str]], progress: SendProgress | None = None
+    ) -> aiohttp.ClientResponse:
         """Send a POST and return once the response headers have arrived.
+
+        Args:
+            url: the node's URL.
+            body: the request body.
+            headers: the request headers.
+            progress: counts the body bytes written, so a caller that gives up can tell whether the node
+                had the whole request.
 
         Raises:
             aiohttp.ClientError, TimeoutError, OSError: as aiohttp raises them (see `map_transport_error`).
         """
-        return await self.session.post(url, data=body, headers=headers, allow_redirects=False)
+        return await self.session.post(
+            url, data=body, headers=headers, allow_redirects=False, trace_request_ctx=progress
+        )
 
     async def aclose(self) -> None:
         """Close every pooled connection."""

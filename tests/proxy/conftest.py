@@ -32,6 +32,7 @@ def fault_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         "QIIP_HEALTH__INTERVAL_S": "60",
         "QIIP_HEALTH__FAILURE_THRESHOLD": "3",
         "QIIP_UPSTREAM__TTFB_TIMEOUT_S": "1",
+        "QIIP_UPSTREAM__GENERATION_TIMEOUT_S": "1",
         "QIIP_UPSTREAM__IDLE_TIMEOUT_S": "1",
         "QIIP_SERVER__MAX_BODY_BYTES": str(1 << 20),
     }

@@ -2,55 +2,20 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 
 import httpx
 import openai
 import pytest
 
 from tests.support.daemon import Daemon, wait_until
-from tests.support.fault_backend import Exchange, FaultBackend, Hang, Json, Sse, Status
+from tests.support.failover import body, busy, calls
+from tests.support.fault_backend import Exchange, FaultBackend, Json, Sse, Status
 
 pytestmark = pytest.mark.integration
 
 Backends = Callable[..., FaultBackend]
 CHAT = "/v1/chat/completions"
-
-
-def calls(backend: FaultBackend) -> int:
-    """Inference requests the backend received (health probes left out)."""
-    return sum(1 for r in backend.requests if r.path.startswith("/v1/"))
-
-
-def body(model: str, **extra: object) -> dict[str, object]:
-    return {"model": model, "messages": [{"role": "user", "content": "hi"}], **extra}
-
-
-@contextmanager
-def busy(daemon: Daemon, backend: FaultBackend, model: str) -> Iterator[None]:
-    """Hold one request on `backend` so least-connections sends the next request elsewhere first."""
-    backend.push(Hang())
-    before = len(backend.requests)
-    client = httpx.Client(trust_env=False, timeout=30)
-    thread = threading.Thread(
-        target=lambda: _quietly(lambda: client.post(daemon.url + CHAT, json=body(model))), daemon=True
-    )
-    thread.start()
-    backend.wait_for_requests(before + 1)
-    try:
-        yield
-    finally:
-        client.close()
-        thread.join(10)
-
-
-def _quietly(fn: Callable[[], object]) -> None:
-    try:
-        fn()
-    except httpx.HTTPError:
-        pass
 
 
 def test_refused_connection_fails_over_to_another_node(fault_daemon: Daemon, backends: Backends, model: str) -> None:
@@ -131,29 +96,26 @@ def test_429_is_relayed_with_retry_after(fault_daemon: Daemon, backends: Backend
     assert calls(busy_node) == 1
 
 
-def test_slow_headers_time_out_and_fail_over(fault_daemon: Daemon, backends: Backends, model: str) -> None:
-    slow, fast = backends(), backends()
-    slow.default = Json(200, {"late": True}, delay_s=3)
-    fault_daemon.add_node(f"{model}-fast", fast.url, model)
-    with busy(fault_daemon, fast, model):
-        fault_daemon.add_node(f"{model}-slow", slow.url, model)
-        response = httpx.post(fault_daemon.url + CHAT, json=body(model), timeout=30)
-    assert response.status_code == 200 and "late" not in response.json()
-    slow.wait_for_disconnect()
-
-
-def test_slow_first_event_fails_over_before_the_client_sees_a_byte(
-    fault_daemon: Daemon, backends: Backends, model: str
+@pytest.mark.parametrize(
+    "slow_answer", [Json(200, {"late": True}, delay_s=3), Sse(delay_first_event_s=3)], ids=["answer", "stream"]
+)
+def test_a_node_that_times_out_with_the_request_is_not_replaced_by_another(
+    fault_daemon: Daemon, backends: Backends, model: str, slow_answer: Json | Sse
 ) -> None:
+    # The slow node had the whole request: another node would only repeat its work (no
+    # routing.retry_after_timeout here; tests/proxy/test_timeouts.py has it on).
     slow, fast = backends(), backends()
-    slow.default = Sse(delay_first_event_s=3)
+    slow.default = slow_answer
     fault_daemon.add_node(f"{model}-fast", fast.url, model)
     with busy(fault_daemon, fast, model):
         fault_daemon.add_node(f"{model}-slow", slow.url, model)
-        response = httpx.post(fault_daemon.url + CHAT, json=body(model, stream=True), timeout=30)
-    assert response.status_code == 200
-    assert response.text.count("data: ") == 6 and response.text.endswith("data: [DONE]\n\n")
-    assert response.headers["x-accel-buffering"] == "no"
+        response = httpx.post(
+            fault_daemon.url + CHAT, json=body(model, stream=isinstance(slow_answer, Sse)), timeout=30
+        )
+        assert response.status_code == 504 and response.headers["x-qiip-attempts"] == "1"
+        error = response.json()["error"]
+        assert error["code"] == "backend_timeout" and "routing.retry_after_timeout" in error["message"]
+        assert calls(fast) == 1  # the request that keeps it busy, no other
     slow.wait_for_disconnect()
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from qiip_core.engines.llamacpp import LaunchSpec, LlamaServerProcess
@@ -34,3 +35,18 @@ async def running(binary: Path, spec: LaunchSpec, log: Path) -> AsyncIterator[Ll
         yield process
     finally:
         await process.stop()
+
+
+@contextlib.contextmanager
+def serving(binary: Path, spec: LaunchSpec, log: Path) -> Iterator[str]:
+    """`running`, for synchronous tests: a llama-server on its own event loop; yields its base URL."""
+    loop = asyncio.new_event_loop()
+    manager = running(binary, spec, log)
+    try:
+        process = loop.run_until_complete(manager.__aenter__())
+        try:
+            yield process.endpoint
+        finally:
+            loop.run_until_complete(manager.__aexit__(None, None, None))
+    finally:
+        loop.close()

@@ -3,6 +3,7 @@ from __future__ import annotations
 from hypothesis import given, strategies as st
 
 from qiip_core.routing import EventFramer, event_boundary
+from qiip_core.routing._sse import ends_with_done, first_data_event
 
 
 def test_boundaries() -> None:
@@ -56,3 +57,24 @@ def test_framing_never_changes_bytes(events: list[bytes], cuts: list[int]) -> No
     out += framer.feed(stream[position:]) if position < len(stream) else b""
     out += framer.flush()
     assert bytes(out) == stream
+
+
+def test_the_first_data_event_follows_comments_and_empty_events() -> None:
+    assert first_data_event(b"data: a\n\n") == 0
+    assert first_data_event(b":\n\n: PROCESSING\r\n\r\ndata: a\n\n") == len(b":\n\n: PROCESSING\r\n\r\n")
+    assert first_data_event(b"event: ping\n\nid: 3\n\ndata\n\n") == len(b"event: ping\n\nid: 3\n\n")
+    assert first_data_event(b":\n\n: PROCESSING\n\n") == -1
+    assert first_data_event(b"") == -1
+    # A field named like data is not data (SSE: the field name is all before the colon).
+    assert first_data_event(b"datum: x\n\n") == -1
+
+
+def test_done_is_the_last_data_event() -> None:
+    assert ends_with_done(b"data: [DONE]\n\n")
+    assert ends_with_done(b"data: {}\n\ndata: [DONE]\n\n:\n\n")
+    assert ends_with_done(b"data: [DONE]")  # an unfinished last event counts
+    assert ends_with_done(b"data:[DONE]\r\n\r\n")
+    assert not ends_with_done(b"data: {}\n\n")
+    assert not ends_with_done(b"data: [DONE]\n\ndata: {}\n\n")
+    assert not ends_with_done(b":\n\n")
+    assert not ends_with_done(b"")

@@ -23,7 +23,7 @@ Behaviours are frozen dataclasses whose `respond()` drives an `Exchange`; a test
 subclassing `Behaviour`. The modules, by fault family:
 
 - `_exchange`: `RequestRecord`, `Exchange` and `Behaviour`; the connection faults (`reset()`, `close()`).
-- `_status`: status faults: `Json`, `Status`, `LoadingThenOk`.
+- `_status`: status faults: `Json`, `UnframedJson`, `Status`, `LoadingThenOk`.
 - `_stream`: stream faults: `Sse`, `big_line_event`.
 - `_gates`: delays and gates: `Hang`, `Gated`.
 - `_answers`: valid answers: `Completion` (the default), `Embeddings`.
@@ -38,7 +38,7 @@ from tests.support.fault_backend._answers import Completion, Embeddings
 from tests.support.fault_backend._backend import FaultBackend
 from tests.support.fault_backend._exchange import Behaviour, ClientGone, Exchange, RequestRecord
 from tests.support.fault_backend._gates import Gated, Hang
-from tests.support.fault_backend._status import Json, LoadingThenOk, Status
+from tests.support.fault_backend._status import Json, LoadingThenOk, Status, UnframedJson
 from tests.support.fault_backend._stream import Sse, big_line_event
 
 __all__ = [
@@ -55,5 +55,6 @@ __all__ = [
     "RequestRecord",
     "Sse",
     "Status",
+    "UnframedJson",
     "big_line_event",
 ]

@@ -1,4 +1,5 @@
-"""Status faults: whole responses with any status and body, and llama-server's 503 while it loads its model."""
+"""Status faults: whole responses with any status and body, bodies without a declared length cut short, and
+llama-server's 503 while it loads its model."""
 
 from __future__ import annotations
 
@@ -39,6 +40,37 @@ class Json(Behaviour):
             headers["content-encoding"] = "gzip"
         headers.update(lower_names(self.headers))
         await exchange.send_response(self.status, body, headers)
+
+
+@dataclass(frozen=True)
+class UnframedJson(Behaviour):
+    """A JSON answer without `Content-Length`: chunked, or ended by closing the connection, and maybe cut.
+
+    Without a declared length, only the transport says where the body ends, so a cut can look like an end:
+    a chunked body's last chunk, or a FIN on a close-delimited one.
+
+    Attributes:
+        body: a JSON value to serialise.
+        chunked: chunked transfer encoding (one chunk); False ends the body by closing the connection.
+        cut_after_bytes: send only this many bytes of the body, then end it as `reset` says.
+        reset: end a cut body with a TCP RST instead of its normal end (the last chunk, or a FIN).
+    """
+
+    body: dict[str, Any] = field(default_factory=dict)
+    chunked: bool = False
+    cut_after_bytes: int | None = None
+    reset: bool = False
+
+    async def respond(self, exchange: Exchange) -> None:
+        body = dumps(self.body)
+        if self.cut_after_bytes is not None:
+            body = body[: self.cut_after_bytes]
+        await exchange.start_stream(200, {"content-type": "application/json"}, chunked=self.chunked)
+        await exchange.send(body)
+        if self.reset:
+            exchange.reset()
+            return
+        await exchange.end_stream()
 
 
 @dataclass(frozen=True)
