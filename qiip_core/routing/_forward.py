@@ -204,7 +204,7 @@ class Forwarder:
         headers = request.headers
         if self._headers_for is not None and (extra := self._headers_for(node_id)):
             headers = [*headers, *extra.items()]
-        progress = SendProgress(len(request.body))
+        progress = SendProgress()
         try:
             async with asyncio.timeout(limit_s) as first_byte:
                 response = await self._send(url, request.body, headers, node_id, progress)
@@ -221,7 +221,7 @@ class Forwarder:
                 raise UpstreamTimeout(
                     f"the node sent no {what} within {limit_s:g} s{which}.",
                     node_id=node_id,
-                    request_sent=progress.body_sent,
+                    request_sent=progress.sent,
                 ) from None
             raise map_transport_error(exc, node_id) from exc
 
@@ -238,5 +238,5 @@ class Forwarder:
                 if not retry or isinstance(exc, aiohttp.ClientConnectorError):
                     raise
                 logger.debug("node %s: retrying on a fresh connection after %r", node_id, exc)
-                progress.sent_bytes = 0
+                progress.sent = False
         raise AssertionError("unreachable")

@@ -4,15 +4,16 @@ node's circuit breaker, and when."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from qiip_core import FailoverExhausted, UpstreamTransportError
+from qiip_core import FailoverExhausted, UpstreamTimeout, UpstreamTransportError
 from qiip_core.config import UpstreamSettings
 from qiip_core.nodes import Node, NodeStatus
 from qiip_core.routing import Forwarder, RoutingTable, UpstreamRequest
-from tests.support.fault_backend import FaultBackend, Json, Sse, Status
+from tests.support.fault_backend import FaultBackend, Hang, Json, Sse, Status
 
 pytestmark = pytest.mark.integration
 
@@ -140,3 +141,40 @@ async def test_every_attempt_answering_5xx_counts_nothing(backend: FaultBackend,
     finally:
         await forwarder.aclose()
     assert info.value.attempts == 2 and failures(table) == 1 and in_flight(table) == 0
+
+
+async def test_a_timeout_says_whether_the_node_had_the_request(backend: FaultBackend) -> None:
+    # A node that holds the request: it had it.
+    backend.push(Hang())
+    table = RoutingTable(breaker_threshold=5)
+    table.apply_put(Node(id="n1", endpoint=backend.url, model="m"), source="config")
+    table.set_liveness("n1", NodeStatus.HEALTHY)
+    forwarder = Forwarder(table, UpstreamSettings(ttfb_timeout_s=0.5), max_attempts=3)
+    try:
+        with pytest.raises(UpstreamTimeout) as held:
+            await forwarder.open(request())
+        assert held.value.request_sent and held.value.attempts == 1
+        # A listening socket that never accepts (backlog full) stands for a node that does not answer the
+        # handshake in time: the request never left, and every node may be tried.
+        with socket.socket() as unanswered:
+            unanswered.bind(("127.0.0.1", 0))
+            unanswered.listen(0)
+            host, port = unanswered.getsockname()
+            fillers = [socket.socket() for _ in range(3)]
+            for filler in fillers:
+                filler.setblocking(False)
+                filler.connect_ex((host, port))
+            try:
+                table.apply_put(Node(id="n2", endpoint=f"http://{host}:{port}", model="m"), source="config")
+                table.set_liveness("n2", NodeStatus.HEALTHY)
+                table.apply_delete("n1")
+                with pytest.raises(FailoverExhausted) as unsent:
+                    await forwarder.open(request())
+                # Failed over (to no other node here), not ended at the first timeout.
+                last = unsent.value.last
+                assert isinstance(last, UpstreamTimeout) and not last.request_sent
+            finally:
+                for filler in fillers:
+                    filler.close()
+    finally:
+        await forwarder.aclose()
