@@ -250,8 +250,8 @@ class UpstreamResponse:
                     continue
                 out = self._framer.feed(chunk)
                 if out:
-                    if not out.startswith(b":"):
-                        # Not a lone keep-alive comment: these events may hold the stream's last data event.
+                    if not out.startswith(b":") or b"data" in out:
+                        # Not keep-alive comments only: these events may hold the stream's last data event.
                         self._last = out
                     return out
         except UpstreamError as exc:
