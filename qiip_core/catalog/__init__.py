@@ -1,0 +1,36 @@
+"""Models: the Hugging Face cache catalog, GGUF generations and their `artifact_id`.
+
+```
+scan_catalog(cache_dir) -> Catalog          huggingface_hub's scan_cache_dir, grouped into
+ ├── gguf: [GgufGeneration]                 standalone GGUFs and complete split families (shard 1 the entrypoint)
+ ├── full: [FullModel]                      complete safetensors snapshots (vLLM)
+ └── issues: [CatalogIssue]                 incomplete, unverifiable, invalid, corrupted (→ degraded)
+artifact_id(repo_id=…, revision=…, files=…, entrypoint=…)   SHA-256 of a canonical JSON
+```
+"""
+
+from __future__ import annotations
+
+from qiip_core.catalog._scan import default_cache_dir, resolve_artifact, scan_catalog
+from qiip_core.catalog._types import (
+    ARTIFACT_ID_RE,
+    Catalog,
+    CatalogIssue,
+    FullModel,
+    GgufGeneration,
+    IssueKind,
+    artifact_id,
+)
+
+__all__ = [
+    "ARTIFACT_ID_RE",
+    "Catalog",
+    "CatalogIssue",
+    "FullModel",
+    "GgufGeneration",
+    "IssueKind",
+    "artifact_id",
+    "default_cache_dir",
+    "resolve_artifact",
+    "scan_catalog",
+]
