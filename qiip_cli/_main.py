@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from qiip_cli._catalog import download, list_models
 from qiip_cli._console import console
 from qiip_cli._context import CliContext
 from qiip_cli._engine import engine
@@ -47,6 +48,8 @@ def cli(ctx: click.Context, config: Path | None) -> None:
 cli.add_command(console)
 cli.add_command(engine)
 cli.add_command(model)
+model.add_command(list_models)
+model.add_command(download)
 cli.add_command(node)
 cli.add_command(registry)
 cli.add_command(up)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from qiip_core import NodeNotFound
 from qiip_core.auth import TokenStore, create_token_store
+from qiip_core.catalog import DownloadManager, default_cache_dir
 from qiip_core.config import Settings
 from qiip_core.discovery import (
     Registry,
@@ -66,6 +67,9 @@ class Gateway:
         self.metrics = GatewayMetrics(self.table)
         self.local_nodes = LocalNodes(settings, self.registry)
         self.operations = OperationRunner()
+        self.cache_dir = settings.models.hf_cache_dir or default_cache_dir()
+        """The Hugging Face cache the catalog reads and downloads fill."""
+        self.downloads = DownloadManager(settings.models, self.cache_dir)
         self.tokens: TokenStore = create_token_store(settings)
         # Streams running on each invoke token, ended at once when the token is revoked or expires.
         self.streams_by_token: dict[str, set[Callable[[], None]]] = {}
@@ -155,6 +159,7 @@ class Gateway:
     async def shutdown(self) -> None:
         """Stop local nodes, health checks and the registry watch; close upstream connections."""
         await self.operations.aclose()
+        await self.downloads.aclose()
         await self.local_nodes.aclose()
         await self.health.aclose()
         await self.registry.aclose()

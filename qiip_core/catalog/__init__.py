@@ -11,6 +11,7 @@ artifact_id(repo_id=…, revision=…, files=…, entrypoint=…)   SHA-256 of a
 
 from __future__ import annotations
 
+from qiip_core.catalog._download import Download, DownloadManager, DownloadState, download_files
 from qiip_core.catalog._scan import default_cache_dir, resolve_artifact, scan_catalog
 from qiip_core.catalog._types import (
     ARTIFACT_ID_RE,
@@ -26,11 +27,15 @@ __all__ = [
     "ARTIFACT_ID_RE",
     "Catalog",
     "CatalogIssue",
+    "Download",
+    "DownloadManager",
+    "DownloadState",
     "FullModel",
     "GgufGeneration",
     "IssueKind",
     "artifact_id",
     "default_cache_dir",
+    "download_files",
     "resolve_artifact",
     "scan_catalog",
 ]

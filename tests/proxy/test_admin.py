@@ -36,6 +36,10 @@ ROUTES = [
     ("DELETE", "/admin/tokens/tok_1"),
     ("GET", "/admin/attached"),
     ("POST", "/admin/attached/x"),
+    ("GET", "/admin/models/catalog"),
+    ("POST", "/admin/models/download"),
+    ("GET", "/admin/models/downloads"),
+    ("GET", "/admin/models/downloads/dl_1"),
 ]
 
 
