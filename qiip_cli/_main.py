@@ -16,6 +16,7 @@ from qiip_cli._catalog import download, list_models
 from qiip_cli._console import console
 from qiip_cli._context import CliContext
 from qiip_cli._engine import engine
+from qiip_cli._manifests import acquire, pause, register, status, verify
 from qiip_cli._model import model
 from qiip_cli._node import node, registry
 from qiip_cli._up import up
@@ -50,6 +51,8 @@ cli.add_command(engine)
 cli.add_command(model)
 model.add_command(list_models)
 model.add_command(download)
+for command in (register, acquire, pause, status, verify):
+    model.add_command(command)
 cli.add_command(node)
 cli.add_command(registry)
 cli.add_command(up)

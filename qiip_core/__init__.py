@@ -15,6 +15,7 @@ auth → storage, everything → the error tree). The import-linter contracts in
 from __future__ import annotations
 
 from qiip_core._errors import (
+    AcquisitionPaused,
     ArtifactNotFound,
     AuthError,
     ConfigError,
@@ -64,6 +65,7 @@ from qiip_core._errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AcquisitionPaused",
     "ArtifactNotFound",
     "AuthError",
     "ConfigError",

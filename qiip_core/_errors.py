@@ -48,6 +48,7 @@ QiipError                       (500 internal_error: only for a bare QiipError, 
 │   ├── SourceNotAllowed        403 source_not_allowed: a URL (or a redirect) outside the allowlist, or with
 │   │                           credentials in it
 │   ├── ObjectMismatch          422 object_mismatch: the bytes' SHA-256 or size differ from the manifest's
+│   ├── AcquisitionPaused       409 acquisition_paused: paused at a durable offset; acquire again to resume
 │   └── RevisionInUse           409 revision_in_use: a node serves it, or another acquisition holds it
 ├── AuthError                   an invoke token was refused, or the token store failed (`.token_id`)
 │   ├── TokenInvalid            401 invalid_api_key: no token has this secret, or it is malformed
@@ -82,6 +83,7 @@ if TYPE_CHECKING:
     from qiip_core._violation import Violation
 
 __all__ = [
+    "AcquisitionPaused",
     "AuthError",
     "ConfigError",
     "DigestMismatch",
@@ -517,6 +519,13 @@ class ObjectMismatch(ModelStoreError):
 
     status = 422
     code = "object_mismatch"
+
+
+class AcquisitionPaused(ModelStoreError):
+    """An acquisition stopped because it was paused; its offset is durable and the next one resumes there."""
+
+    status = 409
+    code = "acquisition_paused"
 
 
 class RevisionInUse(ModelStoreError):

@@ -9,13 +9,14 @@ headers cannot miss it.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import JSONResponse
 
-from qiip_core import ModelStoreError
+from qiip_core import ModelStoreError, QiipError
 from qiip_core.catalog import scan_catalog
 from qiip_proxy._admin import AdminError, require_admin
 
@@ -30,6 +31,8 @@ DEGRADED_HEADER = "X-QIIP-Catalog-Degraded"
 REPO_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$"
 """A hub repository id, `ORG/NAME` (the hub's own limit is 96 characters per part)."""
 
+logger = logging.getLogger("qiip.proxy")
+
 router = APIRouter(prefix="/admin/models", tags=["models"], dependencies=[Depends(require_admin)])
 
 
@@ -40,6 +43,10 @@ def _gateway(request: Request) -> Gateway:
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class Empty(_Strict):
+    """A body with no fields (`{}`)."""
 
 
 class DownloadRequest(_Strict):
@@ -93,3 +100,70 @@ async def get_download(request: Request, download_id: str) -> JSONResponse:
     if download is None:
         raise AdminError(404, f"No download has id {download_id!r}.", "download_not_found", "download_id")
     return JSONResponse(download.view())
+
+
+def _revision_or_404(gateway: Gateway, revision_id: str) -> None:
+    gateway.model_store.get(revision_id)
+
+
+@router.post("/manifests")
+async def register_manifest(request: Request, body: dict[str, Any]) -> JSONResponse:
+    """Register a model revision from its manifest: 201 when new, 200 when the same manifest was registered
+    already; 422 with `violations`; 409 when another manifest holds the same source and revision."""
+    store = _gateway(request).model_store
+    manifest, new = await asyncio.to_thread(store.register, body)
+    status = await asyncio.to_thread(store.status, manifest.id)
+    return JSONResponse(status.view(), status_code=201 if new else 200)
+
+
+@router.get("/manifests")
+async def list_manifests(request: Request) -> JSONResponse:
+    """Every registered revision with its acquisition state and bytes done."""
+    store = _gateway(request).model_store
+
+    def views() -> list[dict[str, Any]]:
+        return [store.status(m.id).view() for m in store.manifests()]
+
+    return JSONResponse({"revisions": await asyncio.to_thread(views)})
+
+
+@router.get("/manifests/{revision_id}")
+async def get_manifest(request: Request, revision_id: str) -> JSONResponse:
+    """One registered revision (404 when unknown)."""
+    status = await asyncio.to_thread(_gateway(request).model_store.status, revision_id)
+    return JSONResponse(status.view())
+
+
+@router.post("/manifests/{revision_id}/acquire", status_code=202)
+async def acquire(request: Request, revision_id: str, body: Empty) -> JSONResponse:
+    """Acquire (or resume) every file over HTTPS in the background: 202 with the revision; joins a running one."""
+    gateway = _gateway(request)
+    await asyncio.to_thread(_revision_or_404, gateway, revision_id)
+    running = gateway.acquisitions.get(revision_id)
+    if running is None or running.done():
+        task = asyncio.create_task(_acquire(gateway, revision_id), name=f"qiip-acquire-{revision_id}")
+        gateway.acquisitions[revision_id] = task
+        await asyncio.sleep(0)  # let it register as active before the status is read
+    status = await asyncio.to_thread(gateway.model_store.status, revision_id)
+    return JSONResponse(status.view(), status_code=202)
+
+
+async def _acquire(gateway: Gateway, revision_id: str) -> None:
+    try:
+        await asyncio.to_thread(gateway.model_store.acquire, revision_id)
+    except QiipError as exc:
+        logger.warning("acquisition of %s stopped: %s", revision_id, exc.message)
+
+
+@router.post("/manifests/{revision_id}/pause")
+async def pause(request: Request, revision_id: str, body: Empty) -> JSONResponse:
+    """Pause an acquisition at its next chunk; its offset stays durable and `acquire` resumes it."""
+    status = await asyncio.to_thread(_gateway(request).model_store.pause, revision_id)
+    return JSONResponse(status.view())
+
+
+@router.post("/manifests/{revision_id}/verify")
+async def verify(request: Request, revision_id: str, body: Empty) -> JSONResponse:
+    """Hash every object of the revision again: `{"ok": bool, "files": {name: matches}}`."""
+    files = await asyncio.to_thread(_gateway(request).model_store.verify, revision_id)
+    return JSONResponse({"ok": all(files.values()), "files": files})

@@ -11,8 +11,11 @@ artifact_id(repo_id=…, revision=…, files=…, entrypoint=…)   SHA-256 of a
 
 from __future__ import annotations
 
+from qiip_core.catalog._acquire import ObjectStore, Transfer
 from qiip_core.catalog._download import Download, DownloadManager, DownloadState, download_files
-from qiip_core.catalog._scan import default_cache_dir, resolve_artifact, scan_catalog
+from qiip_core.catalog._manifest import Manifest, ManifestFile, check_source_url, host_allowed, parse_manifest
+from qiip_core.catalog._scan import default_cache_dir, resolve_artifact, scan_catalog, verify_generation
+from qiip_core.catalog._store import AcquisitionState, ModelStore, RevisionStatus, model_store_for
 from qiip_core.catalog._types import (
     ARTIFACT_ID_RE,
     Catalog,
@@ -25,6 +28,7 @@ from qiip_core.catalog._types import (
 
 __all__ = [
     "ARTIFACT_ID_RE",
+    "AcquisitionState",
     "Catalog",
     "CatalogIssue",
     "Download",
@@ -33,9 +37,20 @@ __all__ = [
     "FullModel",
     "GgufGeneration",
     "IssueKind",
+    "Manifest",
+    "ManifestFile",
+    "ModelStore",
+    "ObjectStore",
+    "RevisionStatus",
+    "Transfer",
     "artifact_id",
+    "check_source_url",
     "default_cache_dir",
     "download_files",
+    "host_allowed",
+    "model_store_for",
+    "parse_manifest",
     "resolve_artifact",
     "scan_catalog",
+    "verify_generation",
 ]

@@ -42,7 +42,7 @@ from qiip_core.catalog._types import (
 if TYPE_CHECKING:
     from huggingface_hub import CachedFileInfo, CachedRevisionInfo
 
-__all__ = ["default_cache_dir", "resolve_artifact", "scan_catalog"]
+__all__ = ["default_cache_dir", "resolve_artifact", "scan_catalog", "verify_generation"]
 
 logger = logging.getLogger("qiip.catalog")
 
@@ -345,3 +345,31 @@ def resolve_artifact(artifact: str, cache_dir: Path | None = None) -> Path:
     if generation is None:
         raise ArtifactNotFound(artifact, root)
     return generation.entrypoint_path
+
+
+def verify_generation(generation: GgufGeneration) -> dict[str, bool]:
+    """Hash each file of a generation and compare with the SHA-256 its blob is named by.
+
+    Args:
+        generation: a generation from `scan_catalog`.
+
+    Returns:
+        `{file name: matches}`; a file whose blob is not named by a SHA-256 (`verifiable` False) is False.
+    """
+    import hashlib
+
+    results = {}
+    for name, blob in zip(generation.files, generation.blobs, strict=True):
+        if not _SHA256_RE.match(blob.name):
+            results[name] = False
+            continue
+        digest = hashlib.sha256()
+        try:
+            with blob.open("rb") as handle:
+                while block := handle.read(1 << 20):
+                    digest.update(block)
+        except OSError:
+            results[name] = False
+            continue
+        results[name] = digest.hexdigest() == blob.name
+    return results

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,3 +59,55 @@ def test_download_resolves_the_branch_and_prints_the_artifact(
     missing = runner.invoke(cli, ["model", "download", "qiip-test/cli-GGUF", "--file", "absent.gguf"])
     assert missing.exit_code == 1
     assert "error: qiip-test/cli-GGUF at eeeeeeeeeeee has no file absent.gguf" in missing.output
+
+
+def test_register_acquire_status_and_verify_from_local_files(
+    runner: CliRunner, tmp_path: Path, model_cache: ModelCache
+) -> None:
+    digest = hashlib.sha256(model_cache.tiny.read_bytes()).hexdigest()
+    manifest = {
+        "name": "Tiny",
+        "revision": "1" * 40,
+        "source": "qiip-test/tiny",
+        "licence": "Apache-2.0",
+        "format": "gguf",
+        "entrypoint": "tiny.gguf",
+        "files": [{"name": "tiny.gguf", "digest": f"sha256:{digest}", "bytes": model_cache.tiny.stat().st_size}],
+    }
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(manifest))
+    registered = runner.invoke(cli, ["model", "register", "--manifest", str(path)])
+    assert registered.exit_code == 0, registered.output
+    revision_id = registered.output.split()[0]
+    assert "registered" in runner.invoke(cli, ["model", "status"]).output
+    uploads = tmp_path / "uploads"
+    uploads.mkdir()
+    (uploads / "tiny.gguf").write_bytes(model_cache.tiny.read_bytes())
+    acquired = runner.invoke(cli, ["model", "acquire", revision_id, "--from-dir", str(uploads)])
+    assert acquired.exit_code == 0, acquired.output
+    assert f"{revision_id} is available" in acquired.output
+    assert " available " in runner.invoke(cli, ["model", "status", revision_id]).output
+    checked = runner.invoke(cli, ["model", "verify", revision_id])
+    assert checked.exit_code == 0 and "ok    tiny.gguf" in checked.output
+    assert "pause requested" in runner.invoke(cli, ["model", "pause", revision_id]).output
+
+
+def test_register_refuses_an_invalid_manifest_in_one_line(runner: CliRunner, tmp_path: Path) -> None:
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps({"name": "x"}))
+    result = runner.invoke(cli, ["model", "register", "--manifest", str(path)])
+    assert result.exit_code == 1
+    assert result.output.startswith(f"error: The manifest {path} is invalid: revision: Field required;")
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_verify_a_cache_generation_and_an_unknown_id(
+    runner: CliRunner, model_cache: ModelCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from qiip_core.catalog import scan_catalog
+
+    monkeypatch.setenv("QIIP_MODELS__HF_CACHE_DIR", str(model_cache.root))
+    tiny = next(g for g in scan_catalog(model_cache.root).gguf if g.entrypoint == "tiny-F16.gguf")
+    assert runner.invoke(cli, ["model", "verify", tiny.artifact_id]).exit_code == 0
+    unknown = runner.invoke(cli, ["model", "verify", "f" * 64])
+    assert unknown.exit_code == 1 and "No GGUF generation with artifact_id ffff" in unknown.output

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
+import ssl
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+import trustme
 
 from tests.support.daemon import Daemon, wait_until
-from tests.support.fake_hub import FakeHub
+from tests.support.fake_hub import FakeHub, FileServer
 from tests.support.model_cache import GEMMA_REPO, ModelCache
 
 pytestmark = pytest.mark.integration
@@ -103,3 +107,63 @@ def test_a_failed_download_says_why(models_daemon: Daemon) -> None:
     failed = admin.get(f"/admin/models/downloads/{download['id']}").json()
     assert failed["state"] == "failed" and "no repository qiip-test/absent" in failed["error"]
     assert httpx.get(models_daemon.url + "/admin/models/catalog", timeout=10).status_code == 401
+
+
+@pytest.fixture(scope="module")
+def https_source(
+    tmp_path_factory: pytest.TempPathFactory, model_cache: ModelCache
+) -> Iterator[tuple[FileServer, Path]]:
+    ca = trustme.CA()
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(context)
+    bundle = tmp_path_factory.mktemp("ca") / "ca.pem"
+    ca.cert_pem.write_to_path(str(bundle))
+    server = FileServer(context)
+    server.files["/tiny.gguf"] = model_cache.tiny
+    with server.running():
+        yield server, bundle
+
+
+def test_a_manifest_is_registered_acquired_and_verified(
+    tmp_path: Path, model_cache: ModelCache, https_source: tuple[FileServer, Path]
+) -> None:
+    server, bundle = https_source
+    env = {"QIIP_MODELS__CA_BUNDLE": str(bundle), "QIIP_MODELS__ALLOWED_DOWNLOAD_HOSTS": '["127.0.0.1"]'}
+    digest = hashlib.sha256(model_cache.tiny.read_bytes()).hexdigest()
+    manifest: dict[str, Any] = {
+        "name": "Tiny",
+        "revision": "1" * 40,
+        "source": "qiip-test/tiny",
+        "licence": "Apache-2.0",
+        "format": "gguf",
+        "quantization": "F16",
+        "entrypoint": "tiny.gguf",
+        "files": [
+            {
+                "name": "tiny.gguf",
+                "digest": f"sha256:{digest}",
+                "bytes": model_cache.tiny.stat().st_size,
+                "url": server.url + "/tiny.gguf",
+            }
+        ],
+    }
+    with Daemon(tmp_path / "state", env=env) as daemon:
+        admin = daemon.admin
+        created = admin.post("/admin/models/manifests", json=manifest)
+        assert created.status_code == 201, created.text
+        revision = created.json()
+        assert revision["state"] == "registered" and revision["bytes_total"] == manifest["files"][0]["bytes"]
+        assert admin.post("/admin/models/manifests", json=manifest).status_code == 200
+        started = admin.post(f"/admin/models/manifests/{revision['id']}/acquire", json={})
+        assert started.status_code == 202, started.text
+
+        def available() -> bool:
+            return bool(admin.get(f"/admin/models/manifests/{revision['id']}").json()["state"] == "available")
+
+        wait_until(available, timeout_s=30, what="the acquisition")
+        listed = admin.get("/admin/models/manifests").json()["revisions"]
+        assert [r["artifact_id"] for r in listed] == [revision["artifact_id"]]
+        assert admin.post(f"/admin/models/manifests/{revision['id']}/verify", json={}).json()["ok"]
+        bad = admin.post("/admin/models/manifests", json=manifest | {"entrypoint": "x.gguf", "revision": "2" * 40})
+        assert bad.status_code == 422 and bad.json()["error"]["violations"][0]["field"] == "entrypoint"
+        assert admin.get("/admin/models/manifests/rev_nope").json()["error"]["code"] == "revision_not_found"

@@ -26,6 +26,7 @@ import json
 import re
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -101,6 +102,9 @@ def _send_file(handler: BaseHTTPRequestHandler, path: Path, *, start: int | None
             handler.wfile.write(chunk)
             sent += len(chunk)
             position += len(chunk)
+            if behaviour.get("throttle_s"):
+                handler.wfile.flush()
+                time.sleep(behaviour["throttle_s"])
     return sent
 
 
@@ -316,6 +320,8 @@ class FileServer:
         self.ignore_range = False
         self.flip_byte_at: int | None = None
         self.redirects: dict[str, str] = {}
+        self.throttle_s = 0.0
+        """Pause between 64 KiB chunks (to let a test pause an acquisition part-way)."""
         self.url = ""
 
     @contextmanager
@@ -352,7 +358,15 @@ class FileServer:
                 if server.drop_at_fraction is not None and start is None:
                     drop_at = int(size * server.drop_at_fraction)
                     server.drop_at_fraction = None
-                sent = _send_file(self, file, start=start, head=False, drop_at=drop_at, flip_at=server.flip_byte_at)
+                sent = _send_file(
+                    self,
+                    file,
+                    start=start,
+                    head=False,
+                    drop_at=drop_at,
+                    flip_at=server.flip_byte_at,
+                    throttle_s=server.throttle_s,
+                )
                 server.served.append(Served(path, requested, 206 if start is not None else 200, sent))
 
         with _serving(Handler, self.host, self.context) as url:
