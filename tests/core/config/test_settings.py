@@ -164,3 +164,23 @@ def test_a_bad_value_from_the_environment_is_not_blamed_on_the_file(
     with pytest.raises(ConfigError) as info:
         load_settings(write(tmp_path, "[routing]\nmax_attempts = 2\n"))
     assert info.value.message.startswith("Invalid settings:") and "QIIP_HEALTH__INTERVAL_S" in info.value.message
+
+
+@pytest.mark.parametrize(
+    "node",
+    [
+        {"id": "a", "model": "m"},
+        {"id": "a", "model": "m", "gguf": "/m.gguf", "artifact_id": "0" * 64},
+    ],
+)
+def test_a_local_node_serves_one_file_or_one_artifact(node: dict[str, str]) -> None:
+    with pytest.raises(ConfigError, match="exactly one of gguf"):
+        load_settings(local_nodes=[node])
+    assert load_settings(local_nodes=[{"id": "a", "model": "m", "artifact_id": "0" * 64}]).local_nodes[0].gguf is None
+
+
+def test_models_settings_refuse_a_bad_endpoint_and_host() -> None:
+    with pytest.raises(ConfigError, match="hub_endpoint must be an http"):
+        load_settings(models={"hub_endpoint": "ftp://hub"})
+    with pytest.raises(ConfigError, match="is not a host name"):
+        load_settings(models={"allowed_download_hosts": ["https://x"]})
