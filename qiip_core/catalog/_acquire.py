@@ -11,7 +11,8 @@ A transfer resumes from the recorded offset with `Range: bytes=<offset>-` (RFC 9
 truncated and the transfer restarts cleanly from byte 0. A broken connection keeps every byte received (the buffer
 is written and made durable before the error propagates), and the next attempt asks only for the rest. Redirects are
 followed by hand, at most five, each target checked against the host allowlist first. When every byte is there the
-file is hashed; a size or digest mismatch deletes the partial object (`ObjectMismatch`), a match renames it to its
+file's size and SHA-256 (of the bytes as they were written; the part before a resume is read back once) are
+checked; a size or digest mismatch deletes the partial object (`ObjectMismatch`), a match renames it to its
 digest's name. Local uploads take the same path, reading from a file instead of a connection.
 """
 
@@ -128,6 +129,7 @@ class ObjectStore:
         if local is None:
             assert file.url is not None
             check_source_url(file.url, allowed_hosts)
+        digest: str | None = None
         for attempt in range(1, ATTEMPTS + 1):
             offset = self._prepare(file)
             transfer.bytes_done = offset
@@ -135,10 +137,10 @@ class ObjectStore:
                 break
             try:
                 if local is not None:
-                    self._copy_local(file, local, offset, transfer)
+                    digest = self._copy_local(file, local, offset, transfer)
                 else:
                     assert file.url is not None
-                    self._fetch(file, file.url, offset, allowed_hosts, transfer, verify)
+                    digest = self._fetch(file, file.url, offset, allowed_hosts, transfer, verify)
                 break
             except (httpx.TransportError, _Broken) as exc:
                 logger.warning(
@@ -149,7 +151,7 @@ class ObjectStore:
                         f"The transfer of {file.name} broke {ATTEMPTS} times (last: {exc}); {transfer.bytes_done:,} "
                         "bytes are kept and the next acquisition resumes there."
                     ) from exc
-        return self._verify_and_publish(file)
+        return self._verify_and_publish(file, digest)
 
     def _prepare(self, file: ManifestFile) -> int:
         """Cut the partial file back to its durable offset (bytes past it were never acknowledged)."""
@@ -167,7 +169,8 @@ class ObjectStore:
         allowed: list[str],
         transfer: Transfer,
         verify: ssl.SSLContext | bool,
-    ) -> None:
+    ) -> str | None:
+        """Fetch from `offset` to the end; returns the SHA-256 of the whole object (None when it was complete)."""
         headers = {"Accept-Encoding": "identity"}
         if offset:
             headers["Range"] = f"bytes={offset}-"
@@ -178,7 +181,7 @@ class ObjectStore:
                         url = check_source_url(str(response.url.join(response.headers["location"])), allowed)
                         continue
                     if response.status_code == 416 and offset == file.bytes:
-                        return
+                        return None
                     if response.status_code not in (200, 206):
                         raise DownloadFailed(
                             f"The server answered {response.status_code} for {file.name}; check the manifest's URL."
@@ -191,30 +194,38 @@ class ObjectStore:
                         start = offset
                     elif offset:
                         logger.info("%s ignored the Range request; restarting %s from byte 0", url, file.name)
-                    self._write(file, start, response.iter_bytes(), transfer)
-                    return
+                    return self._write(file, start, response.iter_bytes(), transfer)
             raise DownloadFailed(f"{file.name}: more than {MAX_REDIRECTS} redirects.")
 
-    def _copy_local(self, file: ManifestFile, local: Path, offset: int, transfer: Transfer) -> None:
+    def _copy_local(self, file: ManifestFile, local: Path, offset: int, transfer: Transfer) -> str:
         try:
             handle = local.open("rb")
         except OSError as exc:
             raise DownloadFailed(f"The local file {local} cannot be read: {exc.strerror}.") from exc
         with handle:
             handle.seek(offset)
-            self._write(file, offset, iter(lambda: handle.read(1 << 20), b""), transfer)
+            return self._write(file, offset, iter(lambda: handle.read(1 << 20), b""), transfer)
 
-    def _write(self, file: ManifestFile, start: int, chunks: Iterator[bytes], transfer: Transfer) -> None:
-        """Write `chunks` at `start`, making each `chunk_bytes` durable before recording the new offset."""
+    def _write(self, file: ManifestFile, start: int, chunks: Iterator[bytes], transfer: Transfer) -> str:
+        """Write `chunks` at `start`, making each `chunk_bytes` durable before recording the new offset.
+
+        Returns:
+            The SHA-256 of the whole partial object (the bytes before `start` read back, the rest hashed as written),
+            so a complete object is not read again to be checked.
+        """
         part = self._part(file.sha256)
+        digest = hashlib.sha256()
         with part.open("r+b") as handle:
             handle.truncate(start)
+            while handle.tell() < start and (block := handle.read(min(_HASH_BLOCK, start - handle.tell()))):
+                digest.update(block)
             handle.seek(start)
             offset, buffered = start, bytearray()
 
             def flush() -> None:
                 nonlocal offset
                 if buffered:
+                    digest.update(buffered)
                     handle.write(buffered)
                     handle.flush()
                     os.fsync(handle.fileno())
@@ -236,15 +247,14 @@ class ObjectStore:
                 flush()
         if offset < file.bytes:
             raise _Broken(f"the source ended at byte {offset:,} of {file.bytes:,}")
+        return digest.hexdigest()
 
-    def _verify_and_publish(self, file: ManifestFile) -> Path:
+    def _verify_and_publish(self, file: ManifestFile, digest: str | None) -> Path:
+        """Check size and SHA-256 (`digest` when the bytes were hashed as written, else read back), then rename the
+        object into place; a mismatch deletes it."""
         part = self._part(file.sha256)
         size = part.stat().st_size
-        digest = hashlib.sha256()
-        with part.open("rb") as handle:
-            while block := handle.read(_HASH_BLOCK):
-                digest.update(block)
-        actual = digest.hexdigest()
+        actual = digest if digest is not None else _sha256_of(part)
         if size != file.bytes or actual != file.sha256:
             self.discard(file.sha256)
             what = f"{size:,} bytes" if size != file.bytes else f"SHA-256 {actual}"
@@ -273,15 +283,19 @@ class ObjectStore:
         path = self.object_path(file.sha256)
         if not path.is_file() or path.stat().st_size != file.bytes:
             return False
-        digest = hashlib.sha256()
-        with path.open("rb") as handle:
-            while block := handle.read(_HASH_BLOCK):
-                digest.update(block)
-        return digest.hexdigest() == file.sha256
+        return _sha256_of(path) == file.sha256
 
 
 class _Broken(Exception):
     """The transfer ended before the last byte (the connection closed early, or a malformed range answer)."""
+
+
+def _sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while block := handle.read(_HASH_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _fsync_dir(directory: Path) -> None:
