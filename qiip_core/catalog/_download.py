@@ -3,9 +3,9 @@
 A download resolves its revision (a branch, tag or commit) to the commit SHA with the hub's metadata route
 (`GET /api/models/{repo_id}/revision/{revision}`, `HfApi.model_info`), then fetches each file with
 `hf_hub_download` pinned to that commit: huggingface_hub's own machinery (`HEAD …/resolve/{commit}/{file}` for the
-`X-Repo-Commit`, `X-Linked-Etag` and `X-Linked-Size` headers, the redirect to the storage host, a `.incomplete`
-blob resumed with `Range`, the blob named by its ETag and the snapshot link). Finally the requested branch or tag
-is pointed at the commit in `refs/`, as huggingface_hub does when it resolves one itself.
+`X-Repo-Commit`, `X-Linked-Etag` and `X-Linked-Size` headers, the redirect to the storage host, a broken transfer
+retried with `Range` from its last whole chunk, the blob named by its ETag and the snapshot link). Finally the
+requested branch or tag is pointed at the commit in `refs/`, as huggingface_hub does when it resolves one itself.
 
 Requests are duplicate-safe: one for the same repository, revision and files while a download of them runs joins
 it (the same id); once it has finished (or failed) the same request starts a new one. Progress (bytes done and
@@ -46,7 +46,7 @@ class DownloadState(StrEnum):
     SUCCEEDED = "succeeded"
     """Every file is in the cache and the revision's ref is written."""
     FAILED = "failed"
-    """Stopped; `error` says why. Files already complete stay in the cache; a partial one resumes next time."""
+    """Stopped; `error` says why. Files already complete stay in the cache and are not fetched again."""
 
 
 class _Cancelled(Exception):
@@ -170,7 +170,7 @@ def download_files(download: Download, *, settings: ModelSettings, cache_dir: Pa
 
     Raises:
         DownloadFailed: the repository, revision or a file does not exist or is not accessible, the hub cannot be
-            reached, or a transfer broke (a partial file is kept and resumed by the next download).
+            reached, or a transfer broke past huggingface_hub's retries (complete files stay in the cache).
     """
     from huggingface_hub import HfApi, hf_hub_download
     from huggingface_hub.errors import (
@@ -225,7 +225,9 @@ def download_files(download: Download, *, settings: ModelSettings, cache_dir: Pa
         if download.revision != info.sha:
             _write_ref(cache_dir, download.repo_id, download.revision, info.sha)
     except _Cancelled:
-        raise DownloadFailed(f"The download of {what} was stopped; the next download resumes it.") from None
+        raise DownloadFailed(
+            f"The download of {what} was stopped; files already complete are kept, the next download fetches the rest."
+        ) from None
     except QiipError:
         raise
     except RepositoryNotFoundError as exc:
@@ -344,7 +346,7 @@ class DownloadManager:
         return list(reversed(self._downloads.values()))
 
     async def aclose(self) -> None:
-        """Stop running downloads (their partial files stay, to be resumed)."""
+        """Stop running downloads (their complete files stay in the cache)."""
         for download in self._running.values():
             download._cancel.set()
         tasks = list(self._tasks.values())

@@ -5,7 +5,7 @@ The hub (`FakeHub`, http://127.0.0.1:P) answers:
 
 - `GET /api/models/{repo_id}/revision/{revision}`: the model info JSON (`sha`, `siblings` with `rfilename`, `size`,
   `blobId`, and `lfs: {sha256, size, pointerSize}` for LFS files); 404 with `X-Error-Code: RepoNotFound` or
-  `RevisionNotFound`.
+  `RevisionNotFound`; 307 to the new name for a renamed repository.
 - `HEAD|GET /{repo_id}/resolve/{revision}/{file}`: for a small (git) file, 200 with the bytes, `ETag: "<git blob
   sha1>"` and `X-Repo-Commit`; for an LFS file, 302 to its storage host with `X-Repo-Commit`, `ETag`,
   `X-Linked-Etag: "<sha256>"`, `X-Linked-Size` (the hub's shape since it moved LFS to a CDN); 404 with
@@ -134,7 +134,10 @@ class FakeHub:
 
     def __init__(self) -> None:
         self.repos: dict[str, _Repo] = {}
+        self.drop_blob_at: int | None = None
+        """Cut the next full (non-Range) blob response after this many bytes."""
         self.renamed: dict[str, str] = {}
+        """Old repository id → new: the hub answers 307 to the new name (API and resolve routes)."""
         self.blobs: dict[str, Path] = {}
         self.requests: list[tuple[str, str, str | None]] = []
         """(method, path, Range header) of every request to either host."""
@@ -200,9 +203,11 @@ class FakeHub:
                     if blob is None:
                         self._error(404, "EntryNotFound", "no such blob")
                         return
-                    _send_file(
-                        self, blob, start=_parse_range(self.headers.get("Range"), blob.stat().st_size), head=head
-                    )
+                    start = _parse_range(self.headers.get("Range"), blob.stat().st_size)
+                    drop_at = hub.drop_blob_at if start is None and not head else None
+                    if drop_at is not None:
+                        hub.drop_blob_at = None
+                    _send_file(self, blob, start=start, head=head, drop_at=drop_at)
                     return
                 api = re.fullmatch(r"/api/models/(.+)/revision/([^/]+)", path)
                 if api:
@@ -215,6 +220,12 @@ class FakeHub:
                 self._error(404, "NotFound", f"no route {path}")
 
             def _model_info(self, repo_id: str, revision: str) -> None:
+                if repo_id in hub.renamed:
+                    self.send_response(307)
+                    self.send_header("Location", f"/api/models/{hub.renamed[repo_id]}/revision/{revision}")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 if repo_id not in hub.repos:
                     self._error(404, "RepoNotFound", f"Repository Not Found for url: {self.path}")
                     return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +26,7 @@ def hub(tmp_path_factory: pytest.TempPathFactory, model_cache: ModelCache) -> It
     fake.add(REPO, COMMIT, {"tiny-F16.gguf": model_cache.tiny, "README.md": readme})
     split = {f"split/{p.name}": p for p in model_cache.split}
     fake.add("qiip-test/split-GGUF", "5" * 40, split)
+    fake.renamed["qiip-test/old-name-GGUF"] = REPO
     with fake.running():
         yield fake
 
@@ -56,6 +58,36 @@ def test_a_branch_is_resolved_to_its_commit_and_recorded(tmp_path: Path, hub: Fa
     # The large file came from the storage host through the hub's redirect; nothing partial is left.
     assert any(path.startswith("/blobs/") for _, path, _ in hub.requests)
     assert not list(cache.rglob("*.incomplete"))
+
+
+def test_a_renamed_repository_is_followed_through_the_hubs_redirects(
+    tmp_path: Path, hub: FakeHub, online: None
+) -> None:
+    download = _download("qiip-test/old-name-GGUF", files=("tiny-F16.gguf",))
+    download_files(download, settings=ModelSettings(hub_endpoint=hub.endpoint), cache_dir=tmp_path)
+    assert download.commit == COMMIT
+    assert any(path.startswith("/qiip-test/old-name-GGUF/resolve/") for _, path, _ in hub.requests)
+    (generation,) = scan_catalog(tmp_path).gguf
+    assert generation.repo_id == "qiip-test/old-name-GGUF" and generation.revision == COMMIT
+
+
+def test_a_dropped_transfer_resumes_with_range_within_the_download(tmp_path: Path, hub: FakeHub, online: None) -> None:
+    from huggingface_hub import constants
+
+    # huggingface_hub keeps what it received in whole chunks (DOWNLOAD_CHUNK_SIZE, 10 MiB): a file of 2.4 chunks,
+    # cut after 1.5, resumes at the end of the first.
+    big = tmp_path / "big.gguf"
+    big.write_bytes(os.urandom(int(2.4 * constants.DOWNLOAD_CHUNK_SIZE)))
+    hub.add("qiip-test/big-GGUF", "b1" * 20, {"big.gguf": big})
+    hub.drop_blob_at = int(1.5 * constants.DOWNLOAD_CHUNK_SIZE)
+    before = len(hub.requests)
+    download = _download("qiip-test/big-GGUF")
+    download_files(download, settings=ModelSettings(hub_endpoint=hub.endpoint), cache_dir=tmp_path / "hub")
+    fetched = [r[2] for r in hub.requests[before:] if r[0] == "GET" and r[1].startswith("/blobs/")]
+    assert fetched == [None, f"bytes={constants.DOWNLOAD_CHUNK_SIZE}-"]
+    snapshot = tmp_path / "hub" / "models--qiip-test--big-GGUF" / "snapshots" / ("b1" * 20)
+    assert (snapshot / "big.gguf").read_bytes() == big.read_bytes()
+    assert download.bytes_done == download.bytes_total == big.stat().st_size
 
 
 def test_a_split_family_downloads_whole(tmp_path: Path, hub: FakeHub, online: None) -> None:
