@@ -27,7 +27,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qiip_core._errors import AcquisitionPaused, RevisionInUse, RevisionNotFound
+from qiip_core._errors import AcquisitionPaused, ModelStoreError, QiipError, RevisionInUse, RevisionNotFound
 from qiip_core.catalog._acquire import ObjectStore, Transfer
 from qiip_core.catalog._manifest import Manifest, parse_manifest
 from qiip_core.storage import atomic_write
@@ -216,6 +216,7 @@ class ModelStore:
             RevisionInUse: an acquisition of it already runs in this process.
             AcquisitionPaused: paused; the offsets are durable.
             SourceNotAllowed, ObjectMismatch, DownloadFailed: as `ObjectStore.acquire` (nothing is published).
+            ModelStoreError: the store's directory cannot be written.
         """
         manifest = self.get(revision_id)
         with self._lock:
@@ -243,9 +244,13 @@ class ModelStore:
                 self._publish(manifest)
         except AcquisitionPaused:
             raise
-        except Exception as exc:
-            self._errors[manifest.id] = getattr(exc, "message", str(exc))
+        except QiipError as exc:
+            self._errors[manifest.id] = exc.message
             raise
+        except OSError as exc:
+            error = ModelStoreError(f"The model store {self.root} cannot be written: {exc}.")
+            self._errors[manifest.id] = error.message
+            raise error from exc
         finally:
             with self._lock:
                 self._active.pop(manifest.id, None)
