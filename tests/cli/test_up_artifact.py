@@ -13,7 +13,7 @@ from qiip_core.catalog import Download, download_files, scan_catalog
 from qiip_core.client import read_console_file
 from qiip_core.config import ModelSettings
 from tests.cli.test_up import _run_up, _up, _up_env
-from tests.support.daemon import free_port
+from tests.support.daemon import free_port, wait_until
 from tests.support.fake_hub import FakeHub
 from tests.support.model_cache import ModelCache
 
@@ -49,6 +49,19 @@ def test_a_downloaded_generation_is_served_by_its_artifact_id(
         assert [(n["id"], n["artifact_id"]) for n in nodes] == [("local", generation.artifact_id)]
         catalog = httpx.get(f"http://127.0.0.1:{port}/admin/models/catalog", auth=auth, timeout=30).json()
         assert catalog["gguf"][0]["nodes"] == ["local"]
+        # A relaunch with another sizing keeps the record's artifact.
+        base = f"http://127.0.0.1:{port}/admin"
+        custom = {"sizing": "custom", "fit_target_mib": 512, "context_per_slot": 1024, "slots": 1, "cache_type": "f16"}
+        operation = httpx.post(f"{base}/nodes/local/llamacpp/relaunch", json=custom, auth=auth, timeout=30).json()
+        wait_until(
+            lambda: httpx.get(f"{base}/operations/{operation['id']}", auth=auth).json()["state"] != "running",
+            timeout_s=120,
+            what="the relaunch",
+        )
+        assert httpx.get(f"{base}/operations/{operation['id']}", auth=auth).json()["state"] == "succeeded"
+        relaunched = httpx.get(f"{base}/nodes/local", auth=auth).json()
+        assert relaunched["artifact_id"] == generation.artifact_id
+        assert relaunched["llamacpp_runtime"]["effective"]["slots"] == 1
 
 
 def test_an_unknown_artifact_is_refused_in_one_line(
