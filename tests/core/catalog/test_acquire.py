@@ -210,3 +210,31 @@ def test_a_registered_revision_is_never_replaced(store: ModelStore, blob: Path) 
     with pytest.raises(RevisionInUse, match="never replaced"):
         store.register(manifest(blob, None, name="Another name"))
     assert [m.id for m in store.manifests()] == [first.id]
+
+
+def test_bytes_complete_before_a_stop_are_verified_and_published_without_a_request(
+    store: ModelStore, server: FileServer, blob: Path
+) -> None:
+    registered, _ = store.register(manifest(blob, server.url + "/model.gguf"))
+    sha256 = registered.files[0].sha256
+    partial = store.root / "partial"
+    partial.mkdir(parents=True)
+    (partial / f"{sha256}.part").write_bytes(blob.read_bytes())
+    (partial / f"{sha256}.offset").write_text(f'{{"offset": {SIZE}}}')
+    assert store.status(registered.id).state is AcquisitionState.PARTIAL
+    assert store.acquire(registered.id).state is AcquisitionState.AVAILABLE
+    assert server.served == []
+
+
+def test_a_partial_object_past_its_durable_offset_is_cut_back(
+    store: ModelStore, server: FileServer, blob: Path
+) -> None:
+    registered, _ = store.register(manifest(blob, server.url + "/model.gguf"))
+    sha256 = registered.files[0].sha256
+    partial = store.root / "partial"
+    partial.mkdir(parents=True)
+    # 3 chunks on disk, only 2 acknowledged: the third may be torn, so it is fetched again.
+    (partial / f"{sha256}.part").write_bytes(blob.read_bytes()[: 3 * CHUNK - 7] + b"garbage")
+    (partial / f"{sha256}.offset").write_text(f'{{"offset": {2 * CHUNK}}}')
+    assert store.acquire(registered.id).state is AcquisitionState.AVAILABLE
+    assert [s.range for s in server.served] == [f"bytes={2 * CHUNK}-"]
