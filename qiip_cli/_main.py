@@ -12,9 +12,11 @@ from pathlib import Path
 
 import click
 
+from qiip_cli._catalog import download, list_models
 from qiip_cli._console import console
 from qiip_cli._context import CliContext
 from qiip_cli._engine import engine
+from qiip_cli._manifests import acquire, pause, register, status, verify
 from qiip_cli._model import model
 from qiip_cli._node import node, registry
 from qiip_cli._up import up
@@ -47,6 +49,10 @@ def cli(ctx: click.Context, config: Path | None) -> None:
 cli.add_command(console)
 cli.add_command(engine)
 cli.add_command(model)
+model.add_command(list_models)
+model.add_command(download)
+for command in (register, acquire, pause, status, verify):
+    model.add_command(command)
 cli.add_command(node)
 cli.add_command(registry)
 cli.add_command(up)

@@ -108,6 +108,20 @@ def _default_alias(path: Path) -> str:
     return re.sub(r"-\d{5}-of-\d{5}$", "", path.name.removesuffix(".gguf"))
 
 
+def _resolve_artifact(settings: Settings, artifact: str) -> Path:
+    """The entrypoint of `artifact`: an acquired manifest revision, else a generation of the Hugging Face cache.
+
+    Raises:
+        ArtifactNotFound: neither has it.
+    """
+    from qiip_core.catalog import model_store_for, resolve_artifact
+
+    if not re.fullmatch(r"[0-9a-f]{64}", artifact):
+        raise ConfigError(f"--artifact {artifact!r} is not an artifact id (64 hexadecimal characters).")
+    acquired = model_store_for(settings).resolve(artifact)
+    return acquired or resolve_artifact(artifact, settings.models.hf_cache_dir)
+
+
 def _parse_model(value: str) -> tuple[str | None, Path]:
     """`PATH` or `ALIAS=PATH`: a path that exists as given wins over an alias split."""
     if "=" in value and not Path(value).exists():
@@ -262,6 +276,14 @@ def _preflight(
     help="GGUF file to serve (the first shard of a split model); repeat to serve several. Default: a small "
     "generated test model.",
 )
+@click.option(
+    "--artifact",
+    "artifacts",
+    multiple=True,
+    metavar="[ALIAS=]ID",
+    help="A GGUF generation to serve by its artifact id (`qiip model list`: the Hugging Face cache, or an acquired "
+    "manifest revision); repeatable. The node record carries the id.",
+)
 @click.option("--alias", help="The model name clients use, with one --model (default: the file name without .gguf).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address the gateway binds.")
 @click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True, help="Port the gateway binds.")
@@ -297,6 +319,7 @@ def _preflight(
 def up(
     ctx: CliContext,
     models: tuple[str, ...],
+    artifacts: tuple[str, ...],
     alias: str | None,
     host: str,
     port: int,
@@ -314,7 +337,7 @@ def up(
             "--sizing auto chooses the context, the slots and the cache type; drop --ctx-size, --slots and "
             "--cache-type."
         )
-    if alias is not None and len(models) > 1:
+    if alias is not None and len(models) + len(artifacts) > 1:
         raise click.UsageError("--alias names one model; with several, give each as --model ALIAS=PATH.")
     if alias is not None and (not alias.strip() or "," in alias):
         raise click.UsageError(f"--alias must be a name without commas, got {alias!r}.")
@@ -324,8 +347,17 @@ def up(
         raise click.ClickException(busy)
     engine = _ensure_engine(settings)
     served: list[tuple[str, Path]] = []
-    if not models:
+    by_artifact: dict[str, str] = {}
+    if not models and not artifacts:
         served.append((alias or TEST_MODEL_ALIAS, run_or_exit(lambda: _test_model(settings))))
+    for value in artifacts:
+        named, _, artifact = value.rpartition("=")
+        entrypoint = run_or_exit(lambda: _resolve_artifact(settings, artifact))  # noqa: B023 - called at once
+        label = named or alias or _default_alias(entrypoint)
+        if any(label == other for other, _ in served):
+            raise click.UsageError(f"Two models would be served as {label!r}; name them with --artifact ALIAS=ID.")
+        served.append((label, entrypoint))
+        by_artifact[label] = artifact
     for value in models:
         given, path = _parse_model(value)
         if given is not None and alias is not None:
@@ -346,6 +378,11 @@ def up(
         fit_target_mib=fit_target_mib,
         embeddings=embeddings,
     )
+    for entry in local_nodes:
+        if entry["model"] in by_artifact:
+            # The daemon resolves the id itself and records it on the node.
+            del entry["gguf"]
+            entry["artifact_id"] = by_artifact[entry["model"]]
     env = dict(os.environ)
     console_credentials: tuple[str, str] | None = None
     if settings.admin.enabled and not (settings.admin.username and settings.admin.password):

@@ -40,6 +40,16 @@ QiipError                       (500 internal_error: only for a bare QiipError, 
 │   ├── VerificationError       502 verification_failed: the running server differs from its plan
 │   └── RelaunchError           503 relaunch_failed (`.rolled_back`)
 ├── PlanError                   422 invalid_policy: a sizing cannot be planned (`.violations`, if any)
+├── ModelStoreError             503 model_store_error: the catalog, a download or an acquisition failed
+│   ├── ArtifactNotFound        404 artifact_not_found: no catalog generation has this id (`.artifact_id`)
+│   ├── RevisionNotFound        404 revision_not_found: no registered manifest has this id
+│   ├── ManifestInvalid         422 invalid_manifest: a manifest breaks a rule (`.violations`)
+│   ├── DownloadFailed          502 download_failed: the hub refused or the transfer broke
+│   ├── SourceNotAllowed        403 source_not_allowed: a URL (or a redirect) outside the allowlist, or with
+│   │                           credentials in it
+│   ├── ObjectMismatch          422 object_mismatch: the bytes' SHA-256 or size differ from the manifest's
+│   ├── AcquisitionPaused       409 acquisition_paused: paused at a durable offset; acquire again to resume
+│   └── RevisionInUse           409 revision_in_use: a node serves it, or another acquisition holds it
 ├── AuthError                   an invoke token was refused, or the token store failed (`.token_id`)
 │   ├── TokenInvalid            401 invalid_api_key: no token has this secret, or it is malformed
 │   ├── TokenExpired            401 token_expired
@@ -73,6 +83,7 @@ if TYPE_CHECKING:
     from qiip_core._violation import Violation
 
 __all__ = [
+    "AcquisitionPaused",
     "AuthError",
     "ConfigError",
     "DigestMismatch",
@@ -84,8 +95,16 @@ __all__ = [
     "EngineLaunchError",
     "EngineNotInstalled",
     "FailoverExhausted",
+    "ArtifactNotFound",
+    "DownloadFailed",
+    "ManifestInvalid",
     "ModelFileError",
     "ModelNotFound",
+    "ModelStoreError",
+    "ObjectMismatch",
+    "RevisionInUse",
+    "RevisionNotFound",
+    "SourceNotAllowed",
     "ModelUnavailable",
     "NoNodes",
     "NodeConflict",
@@ -451,6 +470,81 @@ class PlanError(QiipError):
     def __init__(self, message: str, *, violations: Sequence[Violation] = ()) -> None:
         super().__init__(message)
         self.violations = tuple(violations)
+
+
+class ModelStoreError(QiipError):
+    """The model catalog, a hub download or a manifest acquisition failed."""
+
+    status = 503
+    code = "model_store_error"
+
+
+class ArtifactNotFound(ModelStoreError):
+    """No GGUF generation of the catalog has this `artifact_id`."""
+
+    status = 404
+    code = "artifact_not_found"
+    param = "artifact_id"
+
+    def __init__(self, artifact_id: str, cache_dir: Path | str) -> None:
+        super().__init__(
+            f"No GGUF generation with artifact_id {artifact_id} is in the Hugging Face cache {cache_dir}; "
+            "`qiip model list` shows the ones there."
+        )
+        self.artifact_id = artifact_id
+
+
+class RevisionNotFound(ModelStoreError):
+    """No registered manifest has this revision id."""
+
+    status = 404
+    code = "revision_not_found"
+
+
+class ManifestInvalid(ModelStoreError):
+    """A model manifest breaks a rule: each violation names the field and the rule."""
+
+    status = 422
+    code = "invalid_manifest"
+
+    def __init__(self, message: str, *, violations: Sequence[Violation] = ()) -> None:
+        super().__init__(message)
+        self.violations = tuple(violations)
+
+
+class DownloadFailed(ModelStoreError):
+    """The hub refused a download (no such repository, revision or file; no access) or the transfer broke."""
+
+    status = 502
+    code = "download_failed"
+
+
+class SourceNotAllowed(ModelStoreError):
+    """An acquisition URL, or a redirect it led to, is not HTTPS on an allowed host, or carries credentials."""
+
+    status = 403
+    code = "source_not_allowed"
+
+
+class ObjectMismatch(ModelStoreError):
+    """The acquired bytes differ from the manifest (SHA-256 or size): the object was discarded."""
+
+    status = 422
+    code = "object_mismatch"
+
+
+class AcquisitionPaused(ModelStoreError):
+    """An acquisition stopped because it was paused; its offset is durable and the next one resumes there."""
+
+    status = 409
+    code = "acquisition_paused"
+
+
+class RevisionInUse(ModelStoreError):
+    """The revision cannot change now: a node serves it, or another acquisition of it runs."""
+
+    status = 409
+    code = "revision_in_use"
 
 
 class AuthError(QiipError):

@@ -21,6 +21,7 @@ from qiip_proxy._errors import RequestRefused, error_response
 from qiip_proxy._gateway import Gateway
 from qiip_proxy._http import HeadAsGet, with_cors
 from qiip_proxy._inference import ProxyRoutes
+from qiip_proxy._models import router as models_router
 
 __all__ = ["create_app", "serving_app"]
 
@@ -56,6 +57,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(client_router)
     if settings.admin.enabled:
         app.include_router(admin_router)
+        app.include_router(models_router)
 
     # The one exception handler of both APIs: every error carries its status and code (`_errors`).
     @app.exception_handler(QiipError)

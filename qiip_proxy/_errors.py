@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 from starlette.responses import Response
 from starlette.types import Send
 
-from qiip_core import AuthError, FailoverExhausted, PlanError, QiipError, UpstreamError
+from qiip_core import AuthError, FailoverExhausted, ManifestInvalid, PlanError, QiipError, UpstreamError
 
 __all__ = [
     "SSE_DONE",
@@ -118,7 +118,7 @@ def describe_error(exc: QiipError) -> ErrorAnswer:
         kind = _TYPES.get(status) or ("invalid_request_error" if status < 500 else "server_error")
         if isinstance(exc, AuthError) and status == 401:
             headers = {"WWW-Authenticate": 'Bearer realm="qiip"'}
-        elif isinstance(exc, PlanError):
+        elif isinstance(exc, PlanError | ManifestInvalid):
             extra = {"violations": [{"field": v.field, "message": v.message} for v in exc.violations]}
     return ErrorAnswer(status, error_body(exc.message, type=kind, code=exc.code, param=exc.param, extra=extra), headers)
 

@@ -8,11 +8,13 @@ health probe succeeds.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 
 from qiip_core import NodeNotFound
 from qiip_core.auth import TokenStore, create_token_store
+from qiip_core.catalog import DownloadManager, default_cache_dir, model_store_for
 from qiip_core.config import Settings
 from qiip_core.discovery import (
     Registry,
@@ -67,6 +69,12 @@ class Gateway:
         self.metrics = GatewayMetrics(self.table)
         self.local_nodes = LocalNodes(settings, self.registry)
         self.operations = OperationRunner()
+        self.cache_dir = settings.models.hf_cache_dir or default_cache_dir()
+        """The Hugging Face cache the catalog reads and downloads fill."""
+        self.downloads = DownloadManager(settings.models, self.cache_dir)
+        self.model_store = model_store_for(settings)
+        # Manifest acquisitions running in the background, by revision id.
+        self.acquisitions: dict[str, asyncio.Task[None]] = {}
         self.tokens: TokenStore = create_token_store(settings)
         # Streams running on each invoke token, ended at once when the token is revoked or expires.
         self.streams_by_token: dict[str, set[Callable[[], None]]] = {}
@@ -156,6 +164,11 @@ class Gateway:
     async def shutdown(self) -> None:
         """Stop local nodes, health checks and the registry watch; close upstream connections."""
         await self.operations.aclose()
+        await self.downloads.aclose()
+        for revision_id, task in self.acquisitions.items():
+            if not task.done():
+                await asyncio.to_thread(self.model_store.pause, revision_id)
+        await asyncio.gather(*self.acquisitions.values(), return_exceptions=True)
         await self.local_nodes.aclose()
         await self.health.aclose()
         await self.registry.aclose()

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 
 from qiip_core import ConfigError, PlanError, QiipError
+from qiip_core.catalog import model_store_for, resolve_artifact
 from qiip_core.config import LocalNodeConfig, Settings, StateDirLock
 from qiip_core.discovery import Registry
 from qiip_core.engines.llamacpp import LlamaCppInstaller, ManagedLlamaServer, default_local_policy
@@ -74,12 +76,13 @@ class LocalNodes:
                     "llama-server is not installed; run `qiip engine install llama.cpp` (add --cpu on a "
                     "machine without an NVIDIA GPU)."
                 )
+            model_path = await asyncio.to_thread(self._model_path, config)
             log_path = self.settings.state_dir / "logs" / f"{config.id}.log"
             log_path.parent.mkdir(parents=True, exist_ok=True)
             server = await asyncio.to_thread(
                 ManagedLlamaServer,
                 installed,
-                model_path=config.gguf,
+                model_path=model_path,
                 alias=config.model,
                 log_path=log_path,
                 host=config.host,
@@ -89,7 +92,7 @@ class LocalNodes:
             )
             self.servers[config.id] = server
             policy = self._policies.get(config.id) or default_local_policy(server.shape.n_ctx_train, slots=config.slots)
-            logger.info("launching local node %s: %s (log %s)", config.id, config.gguf, log_path)
+            logger.info("launching local node %s: %s (log %s)", config.id, model_path, log_path)
             runtime = await server.launch(policy, startup_timeout_s=config.startup_timeout_s)
         except (QiipError, OSError, ValueError) as exc:
             message = exc.message if isinstance(exc, QiipError) else str(exc)
@@ -106,10 +109,20 @@ class LocalNodes:
             status=NodeStatus.UNKNOWN,
             capabilities=capabilities,
             llamacpp_runtime=runtime,
+            artifact_id=config.artifact_id,
         )
         await self.registry.register(node, ephemeral=True)
         self.ready.add(config.id)
         logger.info("local node %s is serving %r at %s", config.id, config.model, server.endpoint)
+
+    def _model_path(self, config: LocalNodeConfig) -> Path:
+        """The GGUF to serve: the configured file, or the entrypoint of `artifact_id` (an acquired manifest revision,
+        else a generation of the Hugging Face cache)."""
+        if config.gguf is not None:
+            return config.gguf
+        assert config.artifact_id is not None  # the settings require one of the two
+        acquired = model_store_for(self.settings).resolve(config.artifact_id)
+        return acquired or resolve_artifact(config.artifact_id, self.settings.models.hf_cache_dir)
 
     def startup_timeout_s(self, node_id: str) -> float:
         """How long the node's llama-server may take to load (its `startup_timeout_s`)."""

@@ -2,7 +2,7 @@
 
 ```
 QiipConsole(config)                        the app; talks to the daemon only (ConsoleClient)
-├── modes: fleet (FleetScreen → NodeScreen → SizingScreen), chat, logs, connection
+├── modes: fleet (FleetScreen → NodeScreen → SizingScreen), chat, logs, models, connection
 ├── _follow_events   worker: nodes(), then events(); retries with backoff   → FleetLoaded, NodeChanged, ConnectionLost
 ├── _poll_metrics    worker, every metrics_interval_s: metrics() + nodes()   → MetricsPolled
 └── fleet_signal     the fleet's changes, batched, for the screens          (FleetDelta)
@@ -38,7 +38,16 @@ from qiip_tui._messages import ConnectionLost, FleetLoaded, MetricsPolled, NodeC
 from qiip_tui._state import ConsoleState, default_state_path, load_state, save_state
 from qiip_tui._themes import THEME_DIRS, ThemeFileError, console_variable_defaults, load_themes
 from qiip_tui._types import Clock, ConsoleClient
-from qiip_tui.screens import ChatScreen, ConnectionScreen, FleetScreen, HelpScreen, LogsScreen, key_map, screen_name
+from qiip_tui.screens import (
+    ChatScreen,
+    ConnectionScreen,
+    FleetScreen,
+    HelpScreen,
+    LogsScreen,
+    ModelsScreen,
+    key_map,
+    screen_name,
+)
 from qiip_tui.widgets import FleetTable
 
 __all__ = ["QiipConsole"]
@@ -84,6 +93,7 @@ class QiipConsole(ConsoleActions):
         "fleet": FleetScreen,
         "chat": ChatScreen,
         "logs": LogsScreen,
+        "models": ModelsScreen,
         "connection": ConnectionScreen,
     }
     DEFAULT_MODE = "fleet"
@@ -92,6 +102,7 @@ class QiipConsole(ConsoleActions):
         Binding("f", "fleet", "Fleet"),
         Binding("c", "chat", "Chat"),
         Binding("l", "logs", "Logs"),
+        Binding("m", "models", "Models"),
         Binding("question_mark", "help", "Keys"),
     ]
     """
@@ -100,6 +111,7 @@ class QiipConsole(ConsoleActions):
     | f | The fleet. |
     | c | Chat. |
     | l | Provisioning logs. |
+    | m | Models: the cache catalog and downloads. |
     | ? | The keys of this screen. |
     | ctrl+p | The command palette. |
     """
@@ -336,6 +348,10 @@ class QiipConsole(ConsoleActions):
     def action_logs(self) -> None:
         """Show the provisioning logs."""
         self.switch_mode("logs")
+
+    def action_models(self) -> None:
+        """Show the models: the cache catalog and downloads."""
+        self.switch_mode("models")
 
     def get_system_commands(self, screen: Screen[object]) -> Iterable[SystemCommand]:
         # Textual's "Keys" (its help panel) would sit beside the console's own key map under the same name.

@@ -46,6 +46,7 @@ def console_commands(app: QiipConsole) -> list[PaletteCommand]:
         PaletteCommand("Fleet", app.action_fleet, "The fleet table (f)"),
         PaletteCommand("Chat", app.action_chat, "Talk to a model through the daemon (c)"),
         PaletteCommand("Provisioning logs", app.action_logs, "Provisioning output as it happens (l)"),
+        PaletteCommand("Models", app.action_models, "The model cache catalog and downloads (m)"),
         PaletteCommand("Keys", app.action_help, "The key map of this screen (?)"),
         PaletteCommand("Reconnect", app.action_reconnect, f"Connect to {app.client.url} again now"),
     ]

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from qiip_core.client import ChatDelta, NodeEvent, NodeInfo, OperationInfo
 
-__all__ = ["Clock", "ConsoleClient", "LogRecord", "ProvisioningLogSource"]
+__all__ = ["Clock", "ConsoleClient", "LogRecord", "ModelCatalogSource", "ProvisioningLogSource"]
 
 Clock = Callable[[], float]
 """A monotonic clock in seconds (`time.monotonic`); tests pass a frozen one."""
@@ -77,3 +77,12 @@ class ProvisioningLogSource(Protocol):
     """A daemon that streams provisioning logs. None does yet; the logs screen lights up when one does."""
 
     def provisioning_logs(self) -> AsyncIterator[LogRecord]: ...
+
+
+@runtime_checkable
+class ModelCatalogSource(Protocol):
+    """A daemon with the models API (`/admin/models/*`); `QiipClient` is one. The models screen needs it."""
+
+    async def catalog(self) -> dict[str, Any]: ...
+
+    async def downloads(self) -> list[dict[str, Any]]: ...

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +11,16 @@ import pytest
 from qiip_core.config import load_settings
 from qiip_core.engines.llamacpp import LlamaCppInstaller, fetch_test_model, make_test_gguf
 from tests.support.etcd import EtcdServer
+from tests.support.model_cache import ModelCache, build_model_cache
+
+# No test may reach huggingface.co: huggingface_hub reads these when it is first imported, so they are set before
+# any test imports it. A test that downloads points `models.hub_endpoint` at a loopback fake hub and turns offline
+# mode off for itself; the endpoint fallback is a closed loopback port.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
+os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+os.environ["HF_HUB_CACHE"] = "/nonexistent/qiip-tests/hf-cache"
 
 
 @pytest.fixture(scope="session")
@@ -45,3 +56,10 @@ def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
     """A fresh real etcd on loopback, stopped (by PID) after the test."""
     with EtcdServer(tmp_path / "etcd-data") as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def model_cache(tmp_path_factory: pytest.TempPathFactory, gemma_gguf: Path) -> ModelCache:
+    """A real Hugging Face hub cache: generated GGUFs, the real Gemma, split families complete and incomplete,
+    safetensors models complete and incomplete (see tests/support/model_cache.py)."""
+    return build_model_cache(tmp_path_factory.mktemp("hf") / "hub", tmp_path_factory.mktemp("models"), gemma_gguf)

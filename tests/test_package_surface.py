@@ -11,6 +11,7 @@ import pytest
 PACKAGES = [
     "qiip_core",
     "qiip_core.auth",
+    "qiip_core.catalog",
     "qiip_core.config",
     "qiip_core.discovery",
     "qiip_core.engines.llamacpp",

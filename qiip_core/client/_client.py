@@ -316,6 +316,38 @@ class QiipClient:
         except httpx.HTTPError as exc:
             raise DaemonUnreachable(f"The event stream from {self.url} broke: {exc!r}.") from exc
 
+    # -- models --------------------------------------------------------------------------------------------
+
+    async def catalog(self) -> dict[str, Any]:
+        """The Hugging Face cache catalog (`GET /admin/models/catalog`): `gguf`, `full`, `issues`, `counters`,
+        `degraded`."""
+        payload: dict[str, Any] = await self._admin_json("GET", "/admin/models/catalog")
+        return payload
+
+    async def downloads(self) -> list[dict[str, Any]]:
+        """Recent hub downloads, newest first (`GET /admin/models/downloads`)."""
+        payload = await self._admin_json("GET", "/admin/models/downloads")
+        try:
+            return list(payload["downloads"])
+        except (KeyError, TypeError) as exc:
+            raise self._shape_error("/admin/models/downloads", exc) from None
+
+    async def start_download(
+        self, repo_id: str, *, revision: str | None = None, files: Sequence[str] = ()
+    ) -> dict[str, Any]:
+        """Start (or join) a hub download (`POST /admin/models/download`).
+
+        Raises:
+            ApiError: 422 for a malformed repository id, revision or file name.
+        """
+        body: dict[str, Any] = {"repo_id": repo_id}
+        if revision is not None:
+            body["revision"] = revision
+        if files:
+            body["files"] = list(files)
+        payload: dict[str, Any] = await self._admin_json("POST", "/admin/models/download", body)
+        return payload
+
     # -- the client API ------------------------------------------------------------------------------------
 
     async def models(self) -> list[str]:

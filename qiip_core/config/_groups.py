@@ -36,6 +36,7 @@ __all__ = [
     "LocalNodeConfig",
     "LoggingSettings",
     "MiB",
+    "ModelSettings",
     "NodeConfig",
     "PositiveSeconds",
     "RegistrySettings",
@@ -408,6 +409,63 @@ class EngineSettings(_Group):
     llamacpp: LlamaCppEngineSettings = Field(default_factory=LlamaCppEngineSettings)
 
 
+DEFAULT_DOWNLOAD_HOSTS = (
+    "huggingface.co",
+    "cdn-lfs.hf.co",
+    "cdn-lfs-us-1.hf.co",
+    "cdn-lfs-eu-1.hf.co",
+    "cas-bridge.xethub.hf.co",
+    "cas-server.xethub.hf.co",
+    "transfer.xethub.hf.co",
+)
+"""Hosts a manifest's files may be acquired from by default: the Hugging Face Hub, its LFS CDN and its Xet
+storage (US and EU), as its download documentation lists them."""
+
+
+class ModelSettings(_Group):
+    """The Hugging Face cache nodes load from, the hub downloads come from, and verified acquisitions (`[models]`)."""
+
+    hf_cache_dir: Path | None = None
+    """The Hugging Face hub cache (`models--ORG--NAME/…`). Default: huggingface_hub's own (`HF_HUB_CACHE`, else
+    `$HF_HOME/hub`, else `~/.cache/huggingface/hub`)."""
+    hub_endpoint: str | None = None
+    """The hub's base URL. Default: huggingface_hub's own (`HF_ENDPOINT`, else `https://huggingface.co`)."""
+    hub_token: SecretStr | None = None
+    """A hub access token for gated or private repositories; never logged or shown."""
+    store_dir: Path | None = None
+    """Where registered manifests, partial acquisitions and verified objects live. Default:
+    `<state_dir>/models/store`."""
+    allowed_download_hosts: list[str] = Field(default_factory=lambda: list(DEFAULT_DOWNLOAD_HOSTS))
+    """Hosts an acquisition may fetch from, redirects included: exact names or `*.suffix` patterns. The list
+    replaces the default; include every host the chosen source redirects to."""
+    ca_bundle: Path | None = None
+    """A PEM file of certificate authorities to trust for acquisitions instead of the system's."""
+    chunk_bytes: int = Field(default=16 * MiB, ge=64 * 1024, le=256 * MiB)
+    """Bytes written (and made durable) per step of an acquisition (16 MiB)."""
+
+    @field_validator("hub_endpoint")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or parts.password:
+            raise ValueError("hub_endpoint must be an http(s) URL without credentials, such as https://huggingface.co")
+        return value.rstrip("/")
+
+    @field_validator("allowed_download_hosts")
+    @classmethod
+    def _hosts(cls, value: list[str]) -> list[str]:
+        cleaned = []
+        for host in value:
+            name = host.strip().lower()
+            bare = name.removeprefix("*.")
+            if not bare or any(c in bare for c in "/:@ *"):
+                raise ValueError(f"{host!r} is not a host name or *.suffix pattern")
+            cleaned.append(name)
+        return cleaned
+
+
 class NodeConfig(_Group):
     """A node declared in the config file (`[[nodes]]`)."""
 
@@ -473,8 +531,10 @@ class LocalNodeConfig(_Group):
 
     id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
     """Node name."""
-    gguf: Path
-    """The GGUF file (or the first shard of a split family) to serve."""
+    gguf: Path | None = None
+    """The GGUF file (or the first shard of a split family) to serve; or give `artifact_id`."""
+    artifact_id: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    """A GGUF generation of the Hugging Face cache catalog to serve (`qiip model list`), instead of `gguf`."""
     model: str = Field(min_length=1, max_length=512)
     """The alias clients use as `model`."""
     host: str = "127.0.0.1"
@@ -495,3 +555,11 @@ class LocalNodeConfig(_Group):
     """CPU threads (`--threads`); 0 lets llama.cpp choose."""
     startup_timeout_s: PositiveSeconds = 300.0
     """How long loading may take before the launch counts as failed."""
+
+    @model_validator(mode="after")
+    def _one_model(self) -> LocalNodeConfig:
+        if (self.gguf is None) == (self.artifact_id is None):
+            raise ValueError(
+                f"local node {self.id!r} needs exactly one of gguf (a file) and artifact_id (a catalog entry)"
+            )
+        return self

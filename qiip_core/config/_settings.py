@@ -40,6 +40,7 @@ from qiip_core.config._groups import (
     LlamaCppEngineSettings,
     LocalNodeConfig,
     LoggingSettings,
+    ModelSettings,
     NodeConfig,
     RegistrySettings,
     RoutingSettings,
@@ -58,6 +59,7 @@ __all__ = [
     "LlamaCppEngineSettings",
     "LocalNodeConfig",
     "LoggingSettings",
+    "ModelSettings",
     "NodeConfig",
     "RegistrySettings",
     "RoutingSettings",
@@ -99,6 +101,7 @@ class Settings(BaseSettings):
     etcd: EtcdSettings = Field(default_factory=EtcdSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     engines: EngineSettings = Field(default_factory=EngineSettings)
+    models: ModelSettings = Field(default_factory=ModelSettings)
     nodes: list[NodeConfig] = Field(default_factory=list)
     """Nodes declared in the config file."""
     local_nodes: list[LocalNodeConfig] = Field(default_factory=list)

@@ -8,10 +8,12 @@ from qiip_tui.screens._connection import ConnectionScreen
 from qiip_tui.screens._fleet import FleetScreen
 from qiip_tui.screens._help import HelpScreen, key_map, screen_name
 from qiip_tui.screens._logs import NOT_AVAILABLE, LogsScreen
+from qiip_tui.screens._models import MODELS_NOT_AVAILABLE, ModelsScreen
 from qiip_tui.screens._node import NodeScreen
 from qiip_tui.screens._sizing import SizingScreen
 
 __all__ = [
+    "MODELS_NOT_AVAILABLE",
     "NOT_AVAILABLE",
     "ChatScreen",
     "ConfirmModal",
@@ -19,6 +21,7 @@ __all__ = [
     "FleetScreen",
     "HelpScreen",
     "LogsScreen",
+    "ModelsScreen",
     "NodeScreen",
     "SizingScreen",
     "key_map",

@@ -36,6 +36,16 @@ ROUTES = [
     ("DELETE", "/admin/tokens/tok_1"),
     ("GET", "/admin/attached"),
     ("POST", "/admin/attached/x"),
+    ("GET", "/admin/models/catalog"),
+    ("POST", "/admin/models/download"),
+    ("GET", "/admin/models/downloads"),
+    ("GET", "/admin/models/downloads/dl_1"),
+    ("GET", "/admin/models/manifests"),
+    ("POST", "/admin/models/manifests"),
+    ("GET", "/admin/models/manifests/rev_1"),
+    ("POST", "/admin/models/manifests/rev_1/acquire"),
+    ("POST", "/admin/models/manifests/rev_1/pause"),
+    ("POST", "/admin/models/manifests/rev_1/verify"),
 ]
 
 

@@ -79,6 +79,8 @@ _ARGUMENTS: dict[str, Any] = {
     "attempts": 2,
     "last": UpstreamTimeout("The node timed out.", node_id="n1"),
     "violations": [],
+    "artifact_id": "0" * 64,
+    "cache_dir": Path("hub"),
 }
 
 

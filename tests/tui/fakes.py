@@ -193,3 +193,89 @@ class FakeClient:
 
     async def aclose(self) -> None:
         return None
+
+
+SAMPLE_CATALOG: dict[str, Any] = {
+    "cache_dir": "/srv/hf/hub",
+    "exists": True,
+    "degraded": True,
+    "counters": {"incomplete": 1, "unverifiable": 0, "invalid": 0, "corrupted": 1},
+    "repos": 3,
+    "files": 7,
+    "gguf": [
+        {
+            "artifact_id": "5d1f" * 16,
+            "repo_id": "google/gemma-3-270m-GGUF",
+            "revision": "0123456789abcdef0123456789abcdef01234567",
+            "refs": ["main"],
+            "entrypoint": "gemma-3-270m-q4_k_m.gguf",
+            "files": ["gemma-3-270m-q4_k_m.gguf"],
+            "size_bytes": 253_113_024,
+            "architecture": "gemma3",
+            "quantization": "Q4_K_M",
+            "context_length": 32768,
+            "modelled": True,
+            "verifiable": True,
+            "nodes": ["gpu01", "gpu02"],
+        },
+        {
+            "artifact_id": "a0b1" * 16,
+            "repo_id": "ibm/granite-GGUF",
+            "revision": "b" * 40,
+            "refs": [],
+            "entrypoint": "Q8_0/granite-00001-of-00002.gguf",
+            "files": ["Q8_0/granite-00001-of-00002.gguf", "Q8_0/granite-00002-of-00002.gguf"],
+            "size_bytes": 3_400_000_000,
+            "architecture": "granite",
+            "quantization": "Q8_0",
+            "context_length": 131072,
+            "modelled": False,
+            "verifiable": True,
+            "nodes": [],
+        },
+    ],
+    "full": [],
+    "issues": [],
+}
+"""A degraded catalog with two generations, one served by two nodes."""
+
+SAMPLE_DOWNLOADS: list[dict[str, Any]] = [
+    {
+        "id": "dl_1",
+        "repo_id": "Qwen/Qwen3-8B-GGUF",
+        "revision": "main",
+        "files": ["Qwen3-8B-Q4_K_M.gguf"],
+        "state": "running",
+        "commit": "c" * 40,
+        "bytes_done": 2_000_000_000,
+        "bytes_total": 5_000_000_000,
+        "rate_bytes_per_s": 104_857_600.0,
+        "eta_s": 28.6,
+        "error": None,
+    },
+    {
+        "id": "dl_0",
+        "repo_id": "org/absent",
+        "revision": "main",
+        "files": [],
+        "state": "failed",
+        "commit": None,
+        "bytes_done": 0,
+        "bytes_total": None,
+        "rate_bytes_per_s": 0.0,
+        "eta_s": 0.0,
+        "error": "The hub has no repository org/absent (or it is private).",
+    },
+]
+
+
+class FakeModelsClient(FakeClient):
+    """A `FakeClient` whose daemon has the models API, answering `SAMPLE_CATALOG` and `SAMPLE_DOWNLOADS`."""
+
+    async def catalog(self) -> dict[str, Any]:
+        self._check()
+        return SAMPLE_CATALOG
+
+    async def downloads(self) -> list[dict[str, Any]]:
+        self._check()
+        return SAMPLE_DOWNLOADS

@@ -23,11 +23,12 @@ from qiip_tui.screens import (
     FleetScreen,
     HelpScreen,
     LogsScreen,
+    ModelsScreen,
     NodeScreen,
     SizingScreen,
 )
 from tests.tui.conftest import screen_of, wait_for
-from tests.tui.fakes import SAMPLE_METRICS, FakeClient, sample_fleet
+from tests.tui.fakes import SAMPLE_METRICS, FakeClient, FakeModelsClient, sample_fleet
 
 SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((160, 48), id="160x48")]
 
@@ -122,6 +123,17 @@ def test_chat(snap_compare: Snap, size: tuple[int, int]) -> None:
 @pytest.mark.parametrize("size", SIZES)
 def test_logs(snap_compare: Snap, size: tuple[int, int]) -> None:
     assert snap_compare(console(), terminal_size=size, run_before=then(keys("l"), shows(LogsScreen)))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_models(snap_compare: Snap, size: tuple[int, int]) -> None:
+    async def loaded(pilot: Pilot[Any]) -> None:
+        screen = await screen_of(pilot, ModelsScreen)
+        await wait_for(pilot, lambda: len(screen.query(".download")) == 2, what="the downloads")
+        await pilot.pause()
+
+    client = FakeModelsClient(sample_fleet(), metrics=SAMPLE_METRICS)
+    assert snap_compare(console(client), terminal_size=size, run_before=then(keys("m"), loaded))
 
 
 @pytest.mark.parametrize("size", SIZES)

@@ -213,3 +213,23 @@ def test_keep_alive_is_whole_seconds_from_one(monkeypatch: pytest.MonkeyPatch, v
     with pytest.raises(ConfigError) as info:
         load_settings()
     assert "server.keep_alive_s (QIIP_SERVER__KEEP_ALIVE_S)" in info.value.message
+
+
+@pytest.mark.parametrize(
+    "node",
+    [
+        {"id": "a", "model": "m"},
+        {"id": "a", "model": "m", "gguf": "/m.gguf", "artifact_id": "0" * 64},
+    ],
+)
+def test_a_local_node_serves_one_file_or_one_artifact(node: dict[str, str]) -> None:
+    with pytest.raises(ConfigError, match="exactly one of gguf"):
+        load_settings(local_nodes=[node])
+    assert load_settings(local_nodes=[{"id": "a", "model": "m", "artifact_id": "0" * 64}]).local_nodes[0].gguf is None
+
+
+def test_models_settings_refuse_a_bad_endpoint_and_host() -> None:
+    with pytest.raises(ConfigError, match="hub_endpoint must be an http"):
+        load_settings(models={"hub_endpoint": "ftp://hub"})
+    with pytest.raises(ConfigError, match="is not a host name"):
+        load_settings(models={"allowed_download_hosts": ["https://x"]})

@@ -1,0 +1,113 @@
+"""`qiip model list | download` on a real hub cache and a loopback hub."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from qiip_cli._main import cli
+from tests.support.fake_hub import FakeHub
+from tests.support.model_cache import GEMMA_REPO, ModelCache
+
+
+@pytest.fixture
+def runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> CliRunner:
+    monkeypatch.chdir(tmp_path)  # no stray .env
+    monkeypatch.delenv("QIIP_CONFIG", raising=False)
+    monkeypatch.setenv("QIIP_STATE_DIR", str(tmp_path / "state"))
+    return CliRunner()
+
+
+def test_list_shows_generations_issues_and_counters(
+    runner: CliRunner, model_cache: ModelCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("QIIP_MODELS__HF_CACHE_DIR", str(model_cache.root))
+    result = runner.invoke(cli, ["model", "list"])
+    assert result.exit_code == 0, result.output
+    assert f"{GEMMA_REPO}@0123456789ab  gemma-3-270m-q4_k_m.gguf  gemma3 Q4_K_M  ctx 32,768  241.4 MiB" in result.output
+    assert "incomplete: qiip-test/tiny-GGUF: 2 of the 3 shards of broken are cached" in result.output
+    assert result.output.rstrip().endswith("2 incomplete, 1 unverifiable, 1 invalid; ok")
+    as_json = json.loads(runner.invoke(cli, ["model", "list", "--json"]).output)
+    assert as_json["counters"]["invalid"] == 1 and not as_json["degraded"]
+
+
+@pytest.fixture
+def hub(model_cache: ModelCache) -> Iterator[FakeHub]:
+    fake = FakeHub()
+    fake.add("qiip-test/cli-GGUF", "e" * 40, {"tiny-F16.gguf": model_cache.tiny})
+    with fake.running():
+        yield fake
+
+
+def test_download_resolves_the_branch_and_prints_the_artifact(
+    runner: CliRunner, tmp_path: Path, hub: FakeHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("QIIP_MODELS__HF_CACHE_DIR", str(tmp_path / "hub"))
+    monkeypatch.setenv("QIIP_MODELS__HUB_ENDPOINT", hub.endpoint)
+    result = runner.invoke(cli, ["model", "download", "qiip-test/cli-GGUF"])
+    assert result.exit_code == 0, result.output
+    assert f"qiip-test/cli-GGUF@main is commit {'e' * 40}" in result.output
+    assert "tiny-F16.gguf" in result.output.splitlines()[-1]
+    missing = runner.invoke(cli, ["model", "download", "qiip-test/cli-GGUF", "--file", "absent.gguf"])
+    assert missing.exit_code == 1
+    assert "error: qiip-test/cli-GGUF at eeeeeeeeeeee has no file absent.gguf" in missing.output
+
+
+def test_register_acquire_status_and_verify_from_local_files(
+    runner: CliRunner, tmp_path: Path, model_cache: ModelCache
+) -> None:
+    digest = hashlib.sha256(model_cache.tiny.read_bytes()).hexdigest()
+    manifest = {
+        "name": "Tiny",
+        "revision": "1" * 40,
+        "source": "qiip-test/tiny",
+        "licence": "Apache-2.0",
+        "format": "gguf",
+        "entrypoint": "tiny.gguf",
+        "files": [{"name": "tiny.gguf", "digest": f"sha256:{digest}", "bytes": model_cache.tiny.stat().st_size}],
+    }
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(manifest))
+    registered = runner.invoke(cli, ["model", "register", "--manifest", str(path)])
+    assert registered.exit_code == 0, registered.output
+    revision_id = registered.output.split()[0]
+    assert "registered" in runner.invoke(cli, ["model", "status"]).output
+    uploads = tmp_path / "uploads"
+    uploads.mkdir()
+    (uploads / "tiny.gguf").write_bytes(model_cache.tiny.read_bytes())
+    acquired = runner.invoke(cli, ["model", "acquire", revision_id, "--from-dir", str(uploads)])
+    assert acquired.exit_code == 0, acquired.output
+    assert f"{revision_id} is available" in acquired.output
+    assert " available " in runner.invoke(cli, ["model", "status", revision_id]).output
+    checked = runner.invoke(cli, ["model", "verify", revision_id])
+    assert checked.exit_code == 0 and "ok    tiny.gguf" in checked.output
+    assert "pause requested" in runner.invoke(cli, ["model", "pause", revision_id]).output
+
+
+def test_register_refuses_an_invalid_manifest_in_one_line(runner: CliRunner, tmp_path: Path) -> None:
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps({"name": "x"}))
+    result = runner.invoke(cli, ["model", "register", "--manifest", str(path)])
+    assert result.exit_code == 1
+    assert result.output.startswith(f"error: The manifest {path} is invalid: revision: Field required;")
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_verify_a_cache_generation_and_an_unknown_id(
+    runner: CliRunner, model_cache: ModelCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from qiip_core.catalog import scan_catalog
+
+    monkeypatch.setenv("QIIP_MODELS__HF_CACHE_DIR", str(model_cache.root))
+    tiny = next(g for g in scan_catalog(model_cache.root).gguf if g.entrypoint == "tiny-F16.gguf")
+    assert runner.invoke(cli, ["model", "verify", tiny.artifact_id]).exit_code == 0
+    unknown = runner.invoke(cli, ["model", "verify", "f" * 64])
+    assert unknown.exit_code == 1 and "No GGUF generation with artifact_id ffff" in unknown.output
