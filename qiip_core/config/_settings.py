@@ -47,6 +47,7 @@ from qiip_core.config._groups import (
     UpstreamSettings,
     default_state_dir,
 )
+from qiip_core.config._provisioning import ProvisioningSettings, RedfishSettings
 
 __all__ = [
     "AdminSettings",
@@ -59,6 +60,8 @@ __all__ = [
     "LocalNodeConfig",
     "LoggingSettings",
     "NodeConfig",
+    "ProvisioningSettings",
+    "RedfishSettings",
     "RegistrySettings",
     "RoutingSettings",
     "ServerSettings",
@@ -99,6 +102,8 @@ class Settings(BaseSettings):
     etcd: EtcdSettings = Field(default_factory=EtcdSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     engines: EngineSettings = Field(default_factory=EngineSettings)
+    provisioning: ProvisioningSettings = Field(default_factory=ProvisioningSettings)
+    redfish: RedfishSettings = Field(default_factory=RedfishSettings)
     nodes: list[NodeConfig] = Field(default_factory=list)
     """Nodes declared in the config file."""
     local_nodes: list[LocalNodeConfig] = Field(default_factory=list)

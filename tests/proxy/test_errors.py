@@ -79,6 +79,7 @@ _ARGUMENTS: dict[str, Any] = {
     "attempts": 2,
     "last": UpstreamTimeout("The node timed out.", node_id="n1"),
     "violations": [],
+    "host": "gpu01",
 }
 
 
