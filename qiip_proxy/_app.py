@@ -20,6 +20,7 @@ from qiip_proxy._client_api import router as client_router
 from qiip_proxy._errors import RequestRefused, error_response
 from qiip_proxy._gateway import Gateway
 from qiip_proxy._inference import ProxyRoutes
+from qiip_proxy._provisioning import router as provisioning_router
 
 __all__ = ["create_app", "serving_app"]
 
@@ -54,6 +55,8 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.gateway = gateway
     app.include_router(client_router)
     if settings.admin.enabled:
+        # The setup route first: `/admin/nodes/setup` is not a node id.
+        app.include_router(provisioning_router)
         app.include_router(admin_router)
 
     # The one exception handler of both APIs: every error carries its status and code (`_errors`).

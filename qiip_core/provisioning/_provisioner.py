@@ -308,6 +308,14 @@ class Provisioner:
             raise NodeNotFound(host)
         return operation
 
+    async def is_provisioned(self, node_id: str) -> bool:
+        """True when `node_id` is a host set up (or torn down) over SSH: it has a task record."""
+        try:
+            task = await self.store.get(node_id)
+        except QiipError:
+            return False
+        return task is not None
+
     def running_setups(self) -> int:
         """Setups running now."""
         return len(self._setups)
