@@ -18,6 +18,7 @@ from typing import Any
 import openai
 import pytest
 
+from tests.support.cli import run_qiip
 from tests.support.daemon import Daemon, free_port, wait_until
 from tests.support.sshd import SshHosts, alive
 
@@ -196,3 +197,26 @@ def test_a_gateway_killed_mid_setup_marks_the_task_failed_at_its_next_start(
 def task_of_file(state_dir: Path, host: str) -> dict[str, Any]:
     tasks = json.loads((state_dir / "provisioning.json").read_text())["tasks"]
     return next(t for t in tasks if t["hostname"] == host)
+
+
+def test_qiip_node_setup_follows_the_log_a_line_per_step(cpu_hosts: SshHosts, tmp_path: Path) -> None:
+    host, engine_port = cpu_hosts[1].address, free_port()
+    with Daemon(tmp_path / "state", env=daemon_env(cpu_hosts, engine_port)) as daemon:
+        env = {"QIIP_URL": daemon.url, "QIIP_ADMIN__USERNAME": "admin", "QIIP_ADMIN__PASSWORD": "test-password"}
+        argv = ["node", "setup", host, "--engine", "llama_cpp", "--model", "tiny.gguf", "--alias", "tiny-cli"]
+        cli_dir = tmp_path / "cli"
+        cli_dir.mkdir()
+        done = run_qiip(cli_dir, *argv, "--sizing", json.dumps(TINY_SIZING), env=env)
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.splitlines()
+        assert lines[0].startswith(f"setting up {host} (llama_cpp, tiny.gguf): operation op_")
+        steps = [line.split("] ", 1)[1] for line in lines[1:-1] if "]   " not in line]
+        for step in ("preflight", "uploading", "system_update", "llamacpp_install", "health_poll", "registering"):
+            assert step in steps, lines
+        assert lines[-1] == f"{host} is a node: http://{host}:{engine_port} serving 'tiny-cli'"
+        teardown = daemon.admin.delete(f"/admin/nodes/{host}")
+        assert wait_operation(daemon, teardown.json()["id"])["state"] == "succeeded"
+
+        refused = run_qiip(cli_dir, "node", "setup", "10.1.2.3", "--engine", "vllm", "--model", "m", env=env)
+        assert refused.returncode == 1
+        assert refused.stderr.startswith("error: Host 10.1.2.3 cannot be provisioned:"), refused.stderr
