@@ -1,8 +1,7 @@
-"""The settings of provisioning over SSH (`[provisioning]`) and of Redfish power control (`[redfish]`).
+"""The settings of provisioning over SSH (`[provisioning]`).
 
-Both are read before any remote work: a setup whose settings cannot work (a pinned driver version without its
-digest, a BMC template without its one `{hostname}` field, half a credential pair) is refused before a BMC or a
-host is contacted.
+They are read before any remote work: a setup whose settings cannot work (a pinned driver version without its
+digest) is refused before a host is contacted.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from pydantic import Field, field_validator, model_validator
 
 from qiip_core.config._groups import PositiveSeconds, _Group
 
-__all__ = ["ProvisioningSettings", "RedfishSettings"]
+__all__ = ["ProvisioningSettings"]
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -132,37 +131,3 @@ class ProvisioningSettings(_Group):
         if "{version}" not in self.nvidia_driver_url_template:
             raise ValueError("provisioning.nvidia_driver_url_template must contain {version}")
         return self
-
-
-class RedfishSettings(_Group):
-    """Power control through the hosts' BMCs (`[redfish]`, DMTF Redfish).
-
-    The BMC of host `h` is `url_template` with `{hostname}` replaced; the system is its
-    `/redfish/v1/Systems/<system_id>` resource.
-    """
-
-    url_template: str | None = None
-    """The BMC base URL, with exactly one `{hostname}` field (`https://mgmt-{hostname}`); None: no power control
-    (setups skip powering on)."""
-    system_id: str = Field(default="1", min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._-]+$")
-    """The ComputerSystem id under `/redfish/v1/Systems/`."""
-    credentials_file: Path | None = None
-    """A private file (mode 0600) of two lines, user name then password; None: no credentials."""
-    verify_tls: bool = True
-    """Check the BMC's TLS certificate; turn it off only for BMCs with self-signed certificates."""
-    ca_file: Path | None = None
-    """A CA bundle for the BMCs' certificates."""
-    timeout_s: PositiveSeconds = 30.0
-    """Deadline of one Redfish request."""
-
-    @field_validator("url_template")
-    @classmethod
-    def _template(cls, value: str | None) -> str | None:
-        if value is None:
-            return value
-        fields = re.findall(r"\{[^}]*\}", value)
-        if fields != ["{hostname}"]:
-            raise ValueError("redfish.url_template must contain exactly one {hostname} field and no other")
-        if not value.startswith(("http://", "https://")):
-            raise ValueError("redfish.url_template must be an http:// or https:// URL")
-        return value.rstrip("/")

@@ -47,7 +47,7 @@ from qiip_core.config._groups import (
     UpstreamSettings,
     default_state_dir,
 )
-from qiip_core.config._provisioning import ProvisioningSettings, RedfishSettings
+from qiip_core.config._provisioning import ProvisioningSettings
 
 __all__ = [
     "AdminSettings",
@@ -61,7 +61,6 @@ __all__ = [
     "LoggingSettings",
     "NodeConfig",
     "ProvisioningSettings",
-    "RedfishSettings",
     "RegistrySettings",
     "RoutingSettings",
     "ServerSettings",
@@ -103,7 +102,6 @@ class Settings(BaseSettings):
     auth: AuthSettings = Field(default_factory=AuthSettings)
     engines: EngineSettings = Field(default_factory=EngineSettings)
     provisioning: ProvisioningSettings = Field(default_factory=ProvisioningSettings)
-    redfish: RedfishSettings = Field(default_factory=RedfishSettings)
     nodes: list[NodeConfig] = Field(default_factory=list)
     """Nodes declared in the config file."""
     local_nodes: list[LocalNodeConfig] = Field(default_factory=list)

@@ -1,7 +1,7 @@
 """The setup of one host: from a bare machine to a verified, registered node, each step recorded.
 
 ```
-powering_on       Redfish On through the host's BMC, when configured (best effort: a failure is a warning)
+powering_on       the host turned on through its BMC, when a power hook is given (best effort: a failure warns)
 waiting_for_ssh   the SSH port answers (provisioning.ssh_wait_timeout_s)
 preflight         install root, OS family, architecture, free disk; the node is registered `provisioning`
 uploading         the node bundle (and llama.cpp's digest-checked source when the host has no build of it)

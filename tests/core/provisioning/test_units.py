@@ -76,15 +76,6 @@ def test_a_pinned_driver_needs_its_digest(tmp_path) -> None:
         bundle_parameters(changed, Engine.LLAMA_CPP, model_alias="m")
 
 
-@pytest.mark.parametrize(
-    "template",
-    ["https://mgmt/redfish", "https://{hostname}-{hostname}", "https://{host}", "ftp://{hostname}"],
-)
-def test_a_bmc_template_needs_exactly_one_hostname_field(tmp_path, template: str) -> None:
-    with pytest.raises(ConfigError, match="url_template"):
-        load_settings(state_dir=tmp_path, redfish={"url_template": template})
-
-
 def test_hosts_outside_the_allowlist_are_refused(tmp_path) -> None:
     settings = load_settings(state_dir=tmp_path, routing={"allowed_endpoint_hosts": ["*.lab.example"]})
     provisioner = Provisioner(settings, fleet=None, table=RoutingTable(), operations=OperationRunner())  # type: ignore[arg-type]
