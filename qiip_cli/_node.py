@@ -1,4 +1,5 @@
-"""`qiip node add/remove/list` and `qiip registry status`: registrations in the configured registry.
+"""`qiip node add/remove/list` and `qiip registry status`: registrations in the configured registry; `qiip node
+setup`: a host set up as a node through the running daemon, its log followed a line per step.
 
 With the embedded registry, a running daemon on the same state directory picks changes up within
 `registry.poll_interval_s`; with etcd, every gateway watching the prefix does.
@@ -6,12 +7,18 @@ With the embedded registry, a running daemon on the same state directory picks c
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+from datetime import UTC, datetime
+from typing import Any
 
 import click
 from pydantic import ValidationError
 
 from qiip_cli._context import CliContext, pass_cli, run_or_exit
+from qiip_core import QiipError
+from qiip_core.client import ConsoleConfig, QiipClient, load_console_config
 from qiip_core.discovery import add_registration, list_all_registrations, registry_status, remove_registration
 from qiip_core.nodes import Engine, Node
 
@@ -106,3 +113,75 @@ def status(ctx: CliContext) -> None:
     click.echo(f"nodes:   {result.nodes}")
     if result.health.value != "ok":
         raise SystemExit(1)
+
+
+@node.command("setup")
+@click.argument("host")
+@click.option("--engine", type=click.Choice(["llama_cpp", "vllm"]), required=True, help="The engine to install.")
+@click.option("--model", required=True, help="vLLM: the model repo id; llama.cpp: the GGUF's path in the model cache.")
+@click.option("--alias", default=None, help="The model name clients send (default: --model).")
+@click.option("--sizing", default=None, help='llama.cpp sizing policy as JSON (default {"sizing": "auto"}).')
+@click.option("--unmanaged", is_flag=True, help="Register the node as externally owned (no lease, no teardown).")
+@click.option("--url", default=None, help="The daemon's URL (default: QIIP_URL, then the console config).")
+@click.option("--verbose", "-v", is_flag=True, help="Print every log line, not only a line per step.")
+def setup(
+    host: str,
+    engine: str,
+    model: str,
+    alias: str | None,
+    sizing: str | None,
+    unmanaged: bool,
+    url: str | None,
+    verbose: bool,
+) -> None:
+    """Set HOST up as a node through the daemon, following its log: a line per step, then the outcome."""
+    body: dict[str, Any] = {"hostname": host, "engine": engine, "model": model, "managed": not unmanaged}
+    if alias:
+        body["alias"] = alias
+    if sizing:
+        try:
+            body["sizing"] = json.loads(sizing)
+        except ValueError as exc:
+            click.echo(f"error: --sizing is not JSON: {exc}.", err=True)
+            raise SystemExit(2) from None
+    config = run_or_exit(lambda: load_console_config(url=url))
+    succeeded = run_or_exit(lambda: asyncio.run(_follow_setup(config, body, verbose=verbose)))
+    raise SystemExit(0 if succeeded else 1)
+
+
+async def _follow_setup(config: ConsoleConfig, body: dict[str, Any], *, verbose: bool) -> bool:
+    host = body["hostname"]
+    started = datetime.now(UTC)
+    async with QiipClient.from_config(config, timeout_s=30.0) as client:
+        operation = await client.setup(body)
+        click.echo(f"setting up {host} ({body['engine']}, {body['model']}): operation {operation.id}")
+        last_step: list[str | None] = [None]
+
+        async def follow() -> None:
+            async for entry in client.host_log(host):
+                ts = datetime.fromisoformat(entry["ts"])
+                if ts < started:
+                    continue  # an earlier operation's lines
+                elapsed = (ts - started).total_seconds()
+                if entry.get("step") != last_step[0]:
+                    last_step[0] = entry.get("step")
+                    click.echo(f"[{elapsed:7.1f}s] {last_step[0]}")
+                if verbose or entry.get("level") in ("warning", "error"):
+                    click.echo(f"[{elapsed:7.1f}s]   {entry.get('level')}: {entry.get('msg')}")
+
+        follower = asyncio.create_task(follow())
+        try:
+            while operation.state == "running":
+                await asyncio.sleep(0.5)
+                operation = await client.operation(operation.id)
+            await asyncio.sleep(0.2)  # the last lines
+        finally:
+            follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError, QiipError):
+                await follower
+    if operation.state == "succeeded":
+        node = operation.result.get("node", {})
+        click.echo(f"{host} is a node: {node.get('endpoint')} serving {node.get('model')!r}")
+        return True
+    click.echo(f"error: the setup of {host} {operation.state}: {operation.error}", err=True)
+    return False

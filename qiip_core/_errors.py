@@ -39,6 +39,14 @@ QiipError                       (500 internal_error: only for a bare QiipError, 
 │   │                           ValueError
 │   ├── VerificationError       502 verification_failed: the running server differs from its plan
 │   └── RelaunchError           503 relaunch_failed (`.rolled_back`)
+├── ProvisioningError           502 provisioning_failed: a setup, teardown or power step failed (`.host`, `.step`)
+│   ├── HostNotAllowed          400 host_not_allowed (param hostname): outside the allowlist; nothing was done
+│   ├── HostBusy                409 host_busy: another operation holds the host's lease
+│   ├── TooManySetups           429 too_many_setups: the concurrent-setup limit is reached
+│   ├── SshError                502 ssh_error: refused, unreachable, authentication, a remote command failed
+│   │   ├── HostKeyMismatch     502 host_key_mismatch: the host's key is not the known one
+│   │   └── RemoteTimeout       504 remote_timeout: a remote command passed its total or inactivity deadline
+│   └── RedfishError            502 redfish_error: the BMC refused, failed or did not answer (`.status`)
 ├── PlanError                   422 invalid_policy: a sizing cannot be planned (`.violations`, if any)
 ├── ModelStoreError             503 model_store_error: the catalog, a download or an acquisition failed
 │   ├── ArtifactNotFound        404 artifact_not_found: no catalog generation has this id (`.artifact_id`)
@@ -94,6 +102,9 @@ __all__ = [
     "EngineError",
     "EngineLaunchError",
     "EngineNotInstalled",
+    "HostBusy",
+    "HostKeyMismatch",
+    "HostNotAllowed",
     "FailoverExhausted",
     "ArtifactNotFound",
     "DownloadFailed",
@@ -110,11 +121,15 @@ __all__ = [
     "NodeConflict",
     "NodeNotFound",
     "PlanError",
+    "ProvisioningError",
     "QiipError",
+    "RedfishError",
     "RegistryError",
     "RegistryUnavailable",
     "RelaunchError",
+    "RemoteTimeout",
     "RoutingError",
+    "SshError",
     "TokenExpired",
     "TokenInvalid",
     "TokenNotFound",
@@ -122,6 +137,7 @@ __all__ = [
     "TokenRevoked",
     "TokenScopeError",
     "TokenStoreUnavailable",
+    "TooManySetups",
     "UpstreamConnectError",
     "UpstreamError",
     "UpstreamStatusError",
@@ -455,6 +471,69 @@ class RelaunchError(EngineError):
     def __init__(self, message: str, *, rolled_back: bool) -> None:
         super().__init__(message)
         self.rolled_back = rolled_back
+
+
+class ProvisioningError(QiipError):
+    """A provisioning operation (setup, teardown, power) failed on `.host`, in `.step` (None: before any)."""
+
+    status = 502
+    code = "provisioning_failed"
+
+    def __init__(self, message: str, *, host: str, step: str | None = None) -> None:
+        super().__init__(message)
+        self.host = host
+        self.step = step
+
+
+class HostNotAllowed(ProvisioningError):
+    """The host name is malformed or outside the allowlist (400); nothing was powered or contacted."""
+
+    status = 400
+    code = "host_not_allowed"
+    param = "hostname"
+
+
+class HostBusy(ProvisioningError):
+    """Another operation, on this gateway or another sharing etcd, holds the host's lease (409)."""
+
+    status = 409
+    code = "host_busy"
+
+
+class TooManySetups(ProvisioningError):
+    """The concurrent-setup limit (`provisioning.max_concurrent_setups`) is reached (429)."""
+
+    status = 429
+    code = "too_many_setups"
+
+
+class SshError(ProvisioningError):
+    """SSH to the host failed: refused, unreachable, authentication, a lost connection, a failing command."""
+
+    code = "ssh_error"
+
+
+class HostKeyMismatch(SshError):
+    """The host's SSH key is not the one in the known-hosts file (or the host is unknown in strict mode)."""
+
+    code = "host_key_mismatch"
+
+
+class RemoteTimeout(SshError):
+    """A remote command passed its total or inactivity deadline; its process group was stopped (504)."""
+
+    status = 504
+    code = "remote_timeout"
+
+
+class RedfishError(ProvisioningError):
+    """A BMC refused, failed or did not answer a Redfish request (`.bmc_status`: its HTTP status, or None)."""
+
+    code = "redfish_error"
+
+    def __init__(self, message: str, *, host: str, bmc_status: int | None = None) -> None:
+        super().__init__(message, host=host, step="powering_on")
+        self.bmc_status = bmc_status
 
 
 class PlanError(QiipError):

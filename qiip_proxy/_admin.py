@@ -41,7 +41,7 @@ from qiip_proxy._errors import RequestRefused
 if TYPE_CHECKING:
     from qiip_proxy._gateway import Gateway
 
-__all__ = ["AdminError", "node_view", "router"]
+__all__ = ["AdminError", "node_view", "require_admin", "router"]
 
 _basic = HTTPBasic(auto_error=False, realm="qiip-admin")
 
@@ -80,6 +80,7 @@ async def require_admin(request: Request, credentials: Annotated[HTTPBasicCreden
 
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(require_admin)])
+"""The admin routes; the provisioning ones are `qiip_proxy._provisioning`'s."""
 
 
 class _Strict(BaseModel):
@@ -205,10 +206,23 @@ async def delete_node(
     request: Request,
     node_id: str,
     force: Annotated[bool, Query(description="Remove at once, without draining.")] = False,
+    recovery_engine: Annotated[
+        Engine | None, Query(description="With force: the engine to stop on a host whose registration was lost.")
+    ] = None,
 ) -> JSONResponse:
-    """Drain the node, then remove it (`?force=true`: at once). A node this daemon launched is stopped too."""
+    """Drain the node, then remove it (`?force=true`: at once). A node this daemon launched is stopped too; a node
+    set up over SSH is torn down (drain, stop its engine, deregister). `?force=true&recovery_engine=vllm|llama_cpp`
+    tears down a host whose registration was lost."""
     gateway = _gateway(request)
-    state = _node_or_404(gateway, node_id)
+    state = gateway.table.get(node_id)
+    provisioned = await gateway.provisioner.is_provisioned(node_id)
+    if state is None and not (force and recovery_engine is not None):
+        raise NodeNotFound(node_id)
+    if state is None or (provisioned and state.source != "config"):
+        if state is not None:
+            check_can_remove(gateway.table, node_id)
+        operation = await gateway.provisioner.start_teardown(node_id, force=force, recovery_engine=recovery_engine)
+        return JSONResponse(operation.view(), status_code=202)
     if state.source == "config":
         raise AdminError(409, f"Node {node_id!r} is declared in the config file; remove it there.", "conflict")
     server = gateway.local_nodes.servers.get(node_id)

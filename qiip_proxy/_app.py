@@ -22,6 +22,7 @@ from qiip_proxy._gateway import Gateway
 from qiip_proxy._http import HeadAsGet, with_cors
 from qiip_proxy._inference import ProxyRoutes
 from qiip_proxy._models import router as models_router
+from qiip_proxy._provisioning import router as provisioning_router
 
 __all__ = ["create_app", "serving_app"]
 
@@ -56,6 +57,8 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.gateway = gateway
     app.include_router(client_router)
     if settings.admin.enabled:
+        # The setup route first: `/admin/nodes/setup` is not a node id.
+        app.include_router(provisioning_router)
         app.include_router(admin_router)
         app.include_router(models_router)
 

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from qiip_core import NodeNotFound
+from qiip_core import NodeNotFound, QiipError
 from qiip_core.auth import TokenStore, create_token_store
 from qiip_core.catalog import DownloadManager, default_cache_dir, model_store_for
 from qiip_core.config import Settings
@@ -27,6 +27,7 @@ from qiip_core.discovery import (
 from qiip_core.health import HealthChecker
 from qiip_core.lifecycle import OperationRunner
 from qiip_core.nodes import Node, NodeStatus
+from qiip_core.provisioning import Provisioner
 from qiip_core.routing import Forwarder, NodeState, RoutingTable
 from qiip_proxy._local_nodes import LocalNodes
 from qiip_proxy._metrics import GatewayMetrics
@@ -75,6 +76,7 @@ class Gateway:
         self.model_store = model_store_for(settings)
         # Manifest acquisitions running in the background, by revision id.
         self.acquisitions: dict[str, asyncio.Task[None]] = {}
+        self.provisioner = Provisioner(settings, self.fleet, self.table, self.operations)
         self.tokens: TokenStore = create_token_store(settings)
         # Streams running on each invoke token, ended at once when the token is revoked or expires.
         self.streams_by_token: dict[str, set[Callable[[], None]]] = {}
@@ -150,14 +152,18 @@ class Gateway:
             end()
 
     async def startup(self) -> None:
-        """Load the registry into the table, start health checks and the token store, launch local nodes
-        (in the background)."""
+        """Load the registry into the table, start health checks and the token store, mark provisioning tasks a
+        crashed gateway left running as failed, launch local nodes (in the background)."""
         await self.tokens.start(self._token_revoked)
         self.health.start()
         for profile in self.settings.attached:
             if profile.attach_on_start:
                 self.attach(profile.name)
         await self.registry.start(self._apply)
+        try:
+            await self.provisioner.recover()
+        except QiipError as exc:
+            logger.error("interrupted provisioning tasks could not be checked: %s", exc.message)
         self.local_nodes.start()
         logger.info("gateway started: %d node(s) registered, registry %s", len(self.table), self.registry.backend)
 
@@ -169,6 +175,7 @@ class Gateway:
             if not task.done():
                 await asyncio.to_thread(self.model_store.pause, revision_id)
         await asyncio.gather(*self.acquisitions.values(), return_exceptions=True)
+        await self.provisioner.aclose()
         await self.local_nodes.aclose()
         await self.health.aclose()
         await self.registry.aclose()

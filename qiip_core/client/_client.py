@@ -146,7 +146,7 @@ class OperationInfo(_View):
     id: str
     kind: str
     node_id: str
-    state: Literal["running", "succeeded", "failed"]
+    state: Literal["running", "succeeded", "failed", "cancelled"]
     result: dict[str, Any] = Field(default_factory=dict)
     error: str | None = None
     log: list[dict[str, Any]] = Field(default_factory=list)
@@ -347,6 +347,47 @@ class QiipClient:
             body["files"] = list(files)
         payload: dict[str, Any] = await self._admin_json("POST", "/admin/models/download", body)
         return payload
+
+    # -- provisioning --------------------------------------------------------------------------------------
+
+    async def setup(self, body: Mapping[str, Any]) -> OperationInfo:
+        """Set a host up as a node (`POST /admin/nodes/setup` with `{hostname, engine, model, managed, alias?,
+        sizing?}`); returns the operation to follow.
+
+        Raises:
+            ApiError: 400 (body, allowlist), 409 (the host is busy), 429 (the concurrent-setup limit).
+        """
+        return OperationInfo.model_validate(await self._admin_json("POST", "/admin/nodes/setup", body))
+
+    async def provisioning_tasks(self) -> list[dict[str, Any]]:
+        """Every host's last provisioning task (`GET /admin/provisioning/tasks`)."""
+        payload = await self._admin_json("GET", "/admin/provisioning/tasks")
+        tasks: list[dict[str, Any]] = payload.get("tasks", []) if isinstance(payload, dict) else []
+        return tasks
+
+    async def cancel_provisioning(self, host: str) -> OperationInfo:
+        """Cancel the operation running on `host` (`POST /admin/provisioning/{host}/cancel`)."""
+        return OperationInfo.model_validate(await self._admin_json("POST", f"/admin/provisioning/{host}/cancel", {}))
+
+    async def host_log(self, host: str, *, follow: bool = True) -> AsyncGenerator[dict[str, Any], None]:
+        """A host's provisioning log (`GET /admin/provisioning/{host}/logs`): the entries kept, then (with `follow`)
+        each new one, as `{ts, level, msg, stream, step}`.
+
+        Raises:
+            DaemonUnreachable, Unauthorized, ApiError: the stream could not be opened or broke.
+        """
+        params = {"follow": "true" if follow else "false"}
+        try:
+            async with httpx_sse.aconnect_sse(
+                self._admin, "GET", f"/admin/provisioning/{host}/logs", params=params, timeout=None
+            ) as source:
+                _raise_for(source.response, self.url)
+                async for event in source.aiter_sse():
+                    if event.event == "log":
+                        entry: dict[str, Any] = json.loads(event.data)
+                        yield entry
+        except httpx.HTTPError as exc:
+            raise DaemonUnreachable(f"The log stream from {self.url} broke: {exc!r}.") from exc
 
     # -- the client API ------------------------------------------------------------------------------------
 

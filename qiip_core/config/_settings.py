@@ -48,6 +48,7 @@ from qiip_core.config._groups import (
     UpstreamSettings,
     default_state_dir,
 )
+from qiip_core.config._provisioning import ProvisioningSettings
 
 __all__ = [
     "AdminSettings",
@@ -61,6 +62,7 @@ __all__ = [
     "LoggingSettings",
     "ModelSettings",
     "NodeConfig",
+    "ProvisioningSettings",
     "RegistrySettings",
     "RoutingSettings",
     "ServerSettings",
@@ -102,6 +104,7 @@ class Settings(BaseSettings):
     auth: AuthSettings = Field(default_factory=AuthSettings)
     engines: EngineSettings = Field(default_factory=EngineSettings)
     models: ModelSettings = Field(default_factory=ModelSettings)
+    provisioning: ProvisioningSettings = Field(default_factory=ProvisioningSettings)
     nodes: list[NodeConfig] = Field(default_factory=list)
     """Nodes declared in the config file."""
     local_nodes: list[LocalNodeConfig] = Field(default_factory=list)

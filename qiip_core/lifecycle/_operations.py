@@ -80,6 +80,8 @@ class OperationState(StrEnum):
     """Finished as asked."""
     FAILED = "failed"
     """Finished without doing what was asked; `error` says why."""
+    CANCELLED = "cancelled"
+    """Stopped by an operator (`OperationRunner.cancel`) before it finished."""
 
 
 @dataclass(slots=True)
@@ -146,9 +148,29 @@ class OperationRunner:
         self._tasks: set[asyncio.Task[None]] = set()
         self._history = history
         self._running_by_node: dict[str, str] = {}
+        self._task_by_id: dict[str, asyncio.Task[None]] = {}
+        self._begun: set[str] = set()
 
-    def start(self, kind: str, node_id: str, work: Callable[[Operation], Awaitable[dict[str, Any]]]) -> Operation:
+    @staticmethod
+    def new_id() -> str:
+        """A fresh operation id: `op_` + 16 hex."""
+        return "op_" + os.urandom(8).hex()
+
+    def start(
+        self,
+        kind: str,
+        node_id: str,
+        work: Callable[[Operation], Awaitable[dict[str, Any]]],
+        *,
+        operation_id: str | None = None,
+    ) -> Operation:
         """Start `work(operation)` in the background; its returned dict becomes the result.
+
+        Args:
+            kind: what the operation does (`drain`, `setup`, …).
+            node_id: the node (or host) it works on; one operation per node at a time.
+            work: the operation's body.
+            operation_id: the id to use (`new_id()`), when the caller needed it before the start.
 
         Raises:
             NodeConflict: another operation on this node is still running.
@@ -156,7 +178,7 @@ class OperationRunner:
         running = self._running_by_node.get(node_id)
         if running is not None:
             raise NodeConflict(f"Node {node_id!r} is busy with operation {running}; wait for it to finish.")
-        operation = Operation(id="op_" + os.urandom(8).hex(), kind=kind, node_id=node_id)
+        operation = Operation(id=operation_id or self.new_id(), kind=kind, node_id=node_id)
         self._operations[operation.id] = operation
         self._running_by_node[node_id] = operation.id
         while len(self._operations) > self._history:
@@ -166,22 +188,43 @@ class OperationRunner:
             self._operations.popitem(last=False)
         task = asyncio.create_task(self._run(operation, work), name=f"qiip-{kind}-{node_id}")
         self._tasks.add(task)
+        self._task_by_id[operation.id] = task
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda _: self._task_by_id.pop(operation.id, None))
         return operation
 
+    def cancel(self, operation_id: str) -> bool:
+        """Cancel a running operation (its work sees `CancelledError` and cleans up). Returns False when it is not
+        running."""
+        task = self._task_by_id.get(operation_id)
+        if task is None or task.done():
+            return False
+        if operation_id not in self._begun:
+            # A task cancelled before its first step never enters its body, whose cleanup (a lease, a remote
+            # command) would then never run: deliver the cancellation once the body has begun.
+            asyncio.get_running_loop().call_soon(self.cancel, operation_id)
+            return True
+        task.cancel()
+        return True
+
     async def _run(self, operation: Operation, work: Callable[[Operation], Awaitable[dict[str, Any]]]) -> None:
+        self._begun.add(operation.id)
         try:
             operation.result = await work(operation)
             operation.state = OperationState.SUCCEEDED
         except QiipError as exc:
             operation.state, operation.error = OperationState.FAILED, exc.message
             operation.log(exc.message, "warning")
+        except asyncio.CancelledError:
+            operation.state, operation.error = OperationState.CANCELLED, "cancelled before it finished"
+            operation.log("cancelled", "warning")
         except Exception as exc:
             operation.state, operation.error = OperationState.FAILED, f"internal error: {exc!r}"
             logger.exception("operation %s on %s failed", operation.kind, operation.node_id)
         finally:
             operation.finished_at = datetime.now(UTC)
             self._running_by_node.pop(operation.node_id, None)
+            self._begun.discard(operation.id)
 
     def get(self, operation_id: str) -> Operation | None:
         """An operation by id."""

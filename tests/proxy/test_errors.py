@@ -81,6 +81,7 @@ _ARGUMENTS: dict[str, Any] = {
     "violations": [],
     "artifact_id": "0" * 64,
     "cache_dir": Path("hub"),
+    "host": "gpu01",
 }
 
 

@@ -12,6 +12,7 @@ LaunchSpec(model=…, …).argv(bin)   every sizing flag spelled out
 launch_spec_for(plan, model_path=…, alias=…, …) -> LaunchSpec: runs a `qiip_core.planner` plan
 LlamaServerProcess(bin, spec, log) start() / wait_ready(timeout_s) / stop(grace_s)
 nvidia_gpu_count()                 (count, reason): whether a CUDA build can run here
+resolve_source(settings) / fetch_archive(spec, dest, …)  the pinned, digest-checked source archive
 ```
 
 Names load on first use (PEP 562), so the daemon does not pay for numpy and gguf unless it writes or
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from qiip_core.engines.llamacpp._managed import ManagedLlamaServer, default_local_policy
     from qiip_core.engines.llamacpp._published import GEMMA3_270M, PublishedModel, fetch_test_model
     from qiip_core.engines.llamacpp._server import LaunchSpec, LlamaServerProcess, free_port
+    from qiip_core.engines.llamacpp._source import SourceSpec, fetch_archive, resolve_source
     from qiip_core.engines.llamacpp._testmodel import TEST_ARCHITECTURES, make_test_gguf
 
 __all__ = [
@@ -44,14 +46,17 @@ __all__ = [
     "ManagedLlamaServer",
     "ProgressCallback",
     "PublishedModel",
+    "SourceSpec",
     "TEST_ARCHITECTURES",
     "default_local_policy",
+    "fetch_archive",
     "fetch_test_model",
     "free_port",
     "launch_spec_for",
     "make_test_gguf",
     "nvidia_gpu_count",
     "read_gguf_metadata",
+    "resolve_source",
 ]
 
 _MODULES = {
@@ -65,14 +70,17 @@ _MODULES = {
     "ManagedLlamaServer": "_managed",
     "ProgressCallback": "_install",
     "PublishedModel": "_published",
+    "SourceSpec": "_source",
     "TEST_ARCHITECTURES": "_testmodel",
     "default_local_policy": "_managed",
+    "fetch_archive": "_source",
     "fetch_test_model": "_published",
     "free_port": "_server",
     "launch_spec_for": "_launch",
     "make_test_gguf": "_testmodel",
     "nvidia_gpu_count": "_build",
     "read_gguf_metadata": "_gguf",
+    "resolve_source": "_source",
 }
 
 

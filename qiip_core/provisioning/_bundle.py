@@ -1,0 +1,96 @@
+"""The node bundle: the shell scripts shipped in `bundle/`, and the parameters they are run with.
+
+```
+bundle/lib.sh            step markers, paths under the install root, OS family, PID files
+bundle/setup.sh          system_update, nvidia_driver, cuda_toolkit, vllm_install | llamacpp_install, nfs_mount,
+                         firewall (RHEL family with dnf, Debian/Ubuntu with apt-get)
+bundle/start-engine.sh   the engine in the background: PID file var/run/<engine>.pid, log var/log/<engine>-serve.log
+bundle/stop-engine.sh    SIGTERM to its process group (SIGKILL after 30 s, or at once with --force)
+```
+
+`bundle_parameters` turns the settings into the scripts' environment and refuses, before any SSH work, a pin that
+cannot be checked: the NVIDIA driver's version without its SHA-256 (the settings refuse it), llama.cpp's version
+without its source digest (`engines.llamacpp`, `resolve_source`).
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from qiip_core._errors import ConfigError
+from qiip_core.config import Settings
+from qiip_core.engines.llamacpp import SourceSpec, resolve_source
+from qiip_core.nodes import Engine
+
+__all__ = ["BUNDLE_FILES", "BundleParameters", "bundle_files", "bundle_parameters", "engine_script_name"]
+
+BUNDLE_FILES: tuple[str, ...] = ("lib.sh", "setup.sh", "start-engine.sh", "stop-engine.sh")
+"""The files uploaded to every host."""
+
+
+def bundle_files() -> list[Path]:
+    """The bundle's files on this machine (package data of `qiip_core.provisioning`)."""
+    root = importlib.resources.files("qiip_core.provisioning") / "bundle"
+    return [Path(str(root / name)) for name in BUNDLE_FILES]
+
+
+def engine_script_name(engine: Engine) -> str:
+    """The bundle's name for an engine: `llamacpp` or `vllm` (its PID file, log and install step)."""
+    return "llamacpp" if engine is Engine.LLAMA_CPP else "vllm"
+
+
+@dataclass(frozen=True, kw_only=True)
+class BundleParameters:
+    """What the bundle's scripts are run with."""
+
+    env: dict[str, str]
+    """The `QIIPNODE_*` environment of every script."""
+    llamacpp_source: SourceSpec | None
+    """llama.cpp's pinned source (llama.cpp setups), uploaded when the host has no build of it."""
+
+    def command(self, script: str, *args: str, extra: Mapping[str, str] | None = None, remote_dir: str) -> str:
+        """The shell command that runs `script` of the uploaded bundle with these parameters."""
+        env = {**self.env, **(extra or {})}
+        assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
+        path = f'"${{QIIPNODE_ROOT:-}}"{shlex.quote(remote_dir + "/" + script)}'
+        return f"env {assignments} bash {path} {' '.join(shlex.quote(a) for a in args)}".rstrip()
+
+
+def bundle_parameters(settings: Settings, engine: Engine, *, model_alias: str) -> BundleParameters:
+    """The scripts' parameters for a setup of `engine`.
+
+    Raises:
+        ConfigError: the `cuda` profile without a pinned NVIDIA driver, or llama.cpp's version without a digest.
+    """
+    p = settings.provisioning
+    env = {
+        "QIIPNODE_ENGINE": engine_script_name(engine),
+        "QIIPNODE_PROFILE": p.profile,
+        "QIIPNODE_ENGINE_PORT": str(p.engine_port),
+        "QIIPNODE_MODEL_DIR": p.node_model_dir,
+        "QIIPNODE_MODEL_ALIAS": model_alias,
+        "QIIPNODE_NFS_EXPORT": p.nfs_export or "",
+        "QIIPNODE_CUDA_PACKAGE": p.cuda_toolkit_package,
+        "QIIPNODE_VLLM_VERSION": p.vllm_version,
+        "QIIPNODE_PIP_INDEX": p.pip_index_url,
+    }
+    if p.profile == "cuda":
+        if p.nvidia_driver_version is None or p.nvidia_driver_sha256 is None:
+            raise ConfigError(
+                "The cuda profile installs a pinned NVIDIA driver: set provisioning.nvidia_driver_version and "
+                "provisioning.nvidia_driver_sha256 (QIIP_PROVISIONING__NVIDIA_DRIVER_VERSION, …_SHA256)."
+            )
+        env.update(
+            QIIPNODE_DRIVER_VERSION=p.nvidia_driver_version,
+            QIIPNODE_DRIVER_SHA256=p.nvidia_driver_sha256,
+            QIIPNODE_DRIVER_URL=p.nvidia_driver_url_template.format(version=p.nvidia_driver_version),
+        )
+    source = None
+    if engine is Engine.LLAMA_CPP:
+        source = resolve_source(settings.engines.llamacpp)
+        env.update(QIIPNODE_LLAMACPP_VERSION=source.version, QIIPNODE_LLAMACPP_SHA256=source.sha256)
+    return BundleParameters(env=env, llamacpp_source=source)

@@ -1,0 +1,497 @@
+"""The setup of one host: from a bare machine to a verified, registered node, each step recorded.
+
+```
+powering_on       the host turned on through its BMC, when a power hook is given (best effort: a failure warns)
+waiting_for_ssh   the SSH port answers (provisioning.ssh_wait_timeout_s)
+preflight         install root, OS family, architecture, free disk; the node is registered `provisioning`
+uploading         the node bundle (and llama.cpp's digest-checked source when the host has no build of it)
+<bundle steps>    setup.sh: system_update, nvidia_driver, cuda_toolkit, <engine>_install, nfs_mount, firewall
+gpu_check         nvidia-smi lists the GPUs (cpu profile: system memory)
+starting_engine   llama.cpp: planned here against the host's devices, launched with every sizing flag
+health_poll       /health answers 200
+verifying         llama.cpp: the running server against its plan (as local nodes are); vLLM: /v1/models
+registering       the node, managed and leased, with its runtime record
+```
+
+Any failure ends the setup with the task `failed` at that step and the node (once registered) `failed`; a
+cancellation stops the remote command first. The engine is stopped again when it started but did not verify.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import tempfile
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from qiip_core._errors import NodeNotFound, ProvisioningError, QiipError, RegistryError
+from qiip_core.config import Settings
+from qiip_core.engines.llamacpp import LlamaCppInstaller, fetch_archive, launch_spec_for, read_gguf_metadata
+from qiip_core.lifecycle import Fleet
+from qiip_core.nodes import Engine, Node, NodeCapabilities, NodeStatus
+from qiip_core.planner import (
+    AutoPolicy,
+    CustomPolicy,
+    DeviceMemory,
+    Estimator,
+    FitParamsEstimator,
+    ModelShape,
+    Plan,
+    PythonEstimator,
+    is_modelled,
+    plan,
+    read_system_memory,
+    verify_runtime,
+)
+from qiip_core.provisioning._bundle import BundleParameters, bundle_files, bundle_parameters, engine_script_name
+from qiip_core.provisioning._markers import MarkerState, parse_marker
+from qiip_core.provisioning._record import TaskRecorder
+from qiip_core.provisioning._ssh import SshConnection, SshTarget, open_ssh, wait_for_ssh
+
+__all__ = ["PREFLIGHT_COMMAND", "HostFacts", "SetupRequest", "os_family", "read_remote_devices", "run_setup"]
+
+logger = logging.getLogger("qiip.provisioning")
+
+PREFLIGHT_COMMAND = r"""
+root="${QIIPNODE_ROOT:-}"; root="${root%/}"
+echo "root=$root"
+echo "bind=${QIIPNODE_BIND:-0.0.0.0}"
+f="$root/etc/os-release"; [ -f "$f" ] || f=/etc/os-release
+(. "$f" && echo "os_ids=${ID:-} ${ID_LIKE:-}")
+echo "arch=$(uname -m)"
+t="$root/opt"; [ -d "$t" ] || t="${root:-/}"
+echo "free_disk_kib=$(df -Pk "$t" | awk 'NR==2 {print $4}')"
+"""
+"""Prints the facts preflight checks, `key=value` per line. `QIIPNODE_ROOT` (the install root, empty on a real
+host) and `QIIPNODE_BIND` (the engine's listen address, 0.0.0.0 by default) come from the host's environment."""
+
+_ARCHITECTURES = frozenset({"x86_64", "aarch64"})
+_NVIDIA_QUERY = "nvidia-smi --query-gpu=index,name,memory.total,memory.free --format=csv,noheader,nounits"
+_CPU_QUERY = "cat /proc/meminfo; echo '-- cpuinfo'; grep -m1 -E '^(flags|Features)' /proc/cpuinfo || true"
+
+PowerOn = Callable[[str], Awaitable[None]]
+"""Turns a host on (Redfish `On`); raises a `QiipError` when it cannot."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SetupRequest:
+    """What to set up.
+
+    Attributes:
+        hostname: the host (its name or address; the node's id and endpoint host).
+        engine: `vllm` or `llama_cpp`.
+        model: vLLM: the model to serve (a Hugging Face repo id); llama.cpp: the GGUF's path in the shared model
+            cache.
+        alias: the model name clients send.
+        managed: register the node as managed (leased; torn down by QIIP).
+        sizing: llama.cpp's sizing policy (default: automatic).
+    """
+
+    hostname: str
+    engine: Engine
+    model: str
+    alias: str
+    managed: bool = True
+    sizing: AutoPolicy | CustomPolicy | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostFacts:
+    """What preflight learned about a host."""
+
+    root: str
+    """The install root every path is under (empty on a real host)."""
+    bind: str
+    """The address the engine listens on."""
+    os_family: str
+    """`rhel` or `debian`."""
+    arch: str
+    """`x86_64` or `aarch64`."""
+    free_disk_kib: int
+    """Free disk under `/opt`, in KiB."""
+
+
+def os_family(ids: str) -> str | None:
+    """`rhel` or `debian` from os-release's `ID` and `ID_LIKE` (space-separated), else None."""
+    words = set(ids.split())
+    if words & {"rhel", "fedora", "centos", "rocky", "almalinux"}:
+        return "rhel"
+    if words & {"debian", "ubuntu"}:
+        return "debian"
+    return None
+
+
+def _facts(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+async def read_remote_devices(ssh: SshConnection, *, cpu: bool) -> list[DeviceMemory]:
+    """The host's devices as the planner sees them: its NVIDIA GPUs (`nvidia-smi`), or system memory (cpu).
+
+    Raises:
+        ProvisioningError: no GPU is listed, or the output cannot be read.
+    """
+    host = ssh.target.host
+    if cpu:
+        text = await ssh.output(_CPU_QUERY, what="reading /proc/meminfo")
+        meminfo, _, cpuinfo = text.partition("-- cpuinfo")
+        with tempfile.TemporaryDirectory(prefix="qiip-devices-") as tmp:
+            (Path(tmp) / "meminfo").write_text(meminfo)
+            (Path(tmp) / "cpuinfo").write_text(cpuinfo)
+            return [read_system_memory(Path(tmp) / "meminfo", Path(tmp) / "cpuinfo")]
+    text = await ssh.output(_NVIDIA_QUERY, what="nvidia-smi")
+    devices = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 4:
+            continue
+        try:
+            total, free = int(float(parts[2])), int(float(parts[3]))
+            devices.append(DeviceMemory(index=int(parts[0]), name=parts[1], total_mib=total, free_mib=min(free, total)))
+        except ValueError:
+            continue
+    if not devices:
+        raise ProvisioningError(f"nvidia-smi on {host} lists no GPU: {text.strip()[:200]!r}.", host=host)
+    return devices
+
+
+class _Setup:
+    """One setup's state while it runs."""
+
+    def __init__(
+        self, settings: Settings, fleet: Fleet, request: SetupRequest, record: TaskRecorder, known_hosts: Path
+    ) -> None:
+        self.settings = settings
+        self.p = settings.provisioning
+        self.fleet = fleet
+        self.request = request
+        self.record = record
+        self.host = request.hostname
+        self.target = SshTarget.for_host(self.host, self.p, known_hosts=known_hosts)
+        self.endpoint = f"http://{self.host}:{self.p.engine_port}"
+        self.node: Node | None = None
+        self.engine_started = False
+        self.params: BundleParameters = bundle_parameters(settings, request.engine, model_alias=request.alias)
+
+    @property
+    def remote_dir(self) -> str:
+        return self.p.remote_dir
+
+    def on_line(self, line: str, stream: str) -> Awaitable[None] | None:
+        marker = parse_marker(line) if stream == "stdout" else None
+        if marker is None:
+            self.record.log(line, "info", "stdout" if stream == "stdout" else "stderr")
+            return None
+        if marker.state is MarkerState.START:
+            return self.record.step(marker.step)
+        if marker.state is MarkerState.FAIL:
+            self.failed_marker = marker
+            self.record.log(f"{marker.step} failed: {marker.detail}", "error")
+        elif marker.state is MarkerState.WARN:
+            self.record.log(f"{marker.step}: {marker.detail}", "warning")
+        else:
+            self.record.log(f"{marker.step} done" + (f": {marker.detail}" if marker.detail else ""))
+        return None
+
+    failed_marker: Any = None
+
+    async def run_script(self, ssh: SshConnection, script: str, *args: str, total_timeout_s: float) -> None:
+        command = self.params.command(script, *args, remote_dir=self.remote_dir)
+        self.failed_marker = None
+        result = await ssh.run(
+            command,
+            on_line=self.on_line,
+            total_timeout_s=total_timeout_s,
+            idle_timeout_s=self.p.command_idle_timeout_s,
+            what=script,
+        )
+        if self.failed_marker is not None:
+            raise ProvisioningError(
+                f"Step {self.failed_marker.step} failed on {self.host}: {self.failed_marker.detail}",
+                host=self.host,
+                step=self.failed_marker.step,
+            )
+        if result.exit_status != 0:
+            raise ProvisioningError(
+                f"{script} exited with {result.exit_status} on {self.host} during step {self.record.step_name}: "
+                + " | ".join(result.last_lines[-3:]),
+                host=self.host,
+                step=self.record.step_name,
+            )
+
+    async def set_status(self, status: NodeStatus) -> None:
+        if self.node is None:
+            return
+        self.node = await self.fleet.register(self.node.model_copy(update={"status": status}))
+        with contextlib.suppress(NodeNotFound):
+            await self.fleet.set_lifecycle(self.host, status)
+
+
+async def _preflight(setup: _Setup, ssh: SshConnection) -> HostFacts:
+    facts = _facts(await ssh.output(PREFLIGHT_COMMAND, what="preflight"))
+    host = setup.host
+    family = os_family(facts.get("os_ids", ""))
+    arch = facts.get("arch", "")
+    free_kib = int(facts["free_disk_kib"]) if facts.get("free_disk_kib", "").isdigit() else -1
+    if family is None:
+        raise ProvisioningError(
+            f"{host} runs {facts.get('os_ids', 'an unknown OS')!r}; only the RHEL and Debian/Ubuntu families are "
+            "provisioned.",
+            host=host,
+            step="preflight",
+        )
+    if arch not in _ARCHITECTURES:
+        raise ProvisioningError(
+            f"{host} is {arch or 'of an unknown architecture'}; x86_64 or aarch64 is needed.",
+            host=host,
+            step="preflight",
+        )
+    need_kib = int(setup.p.min_free_disk_gib * 1024 * 1024)
+    if free_kib < need_kib:
+        raise ProvisioningError(
+            f"{host} has {max(free_kib, 0) / 1024 / 1024:.1f} GiB free under /opt; {setup.p.min_free_disk_gib:g} GiB "
+            "is needed (provisioning.min_free_disk_gib).",
+            host=host,
+            step="preflight",
+        )
+    result = HostFacts(
+        root=facts.get("root", ""),
+        bind=facts.get("bind", "0.0.0.0"),
+        os_family=family,
+        arch=arch,
+        free_disk_kib=free_kib,
+    )
+    setup.record.log(f"{family} on {arch}, {free_kib / 1024 / 1024:.1f} GiB free, install root {result.root or '/'}")
+    return result
+
+
+async def _upload(setup: _Setup, ssh: SshConnection, facts: HostFacts) -> None:
+    remote = facts.root + setup.remote_dir
+    await ssh.upload(bundle_files(), remote)
+    setup.record.log(f"node bundle uploaded to {remote}")
+    source = setup.params.llamacpp_source
+    if source is None:
+        return
+    variant = "cpu" if setup.p.profile == "cpu" else "cuda"
+    marker = f"{facts.root}/opt/llama.cpp/{source.version}-{variant}/.qiip-source-sha256"
+    have = await ssh.output(f"cat {marker} 2>/dev/null || true", what="reading the llama.cpp install")
+    if have.strip() == source.sha256:
+        return
+    with tempfile.TemporaryDirectory(prefix="qiip-llamacpp-") as tmp:
+        archive = Path(tmp) / source.filename
+        await asyncio.to_thread(_fetch, source, archive, setup.record.log)
+        await ssh.upload([archive], remote)
+    setup.params = BundleParameters(
+        env={**setup.params.env, "QIIPNODE_LLAMACPP_ARCHIVE": f"{remote}/{source.filename}"},
+        llamacpp_source=source,
+    )
+
+
+def _fetch(source: Any, dest: Path, log: Callable[[str], None]) -> None:
+    import httpx
+
+    with httpx.Client(trust_env=True, timeout=60.0, follow_redirects=True) as client:
+        fetch_archive(source, dest, client=client, progress=log)
+
+
+def _plan_llamacpp(setup: _Setup, devices: list[DeviceMemory]) -> tuple[Plan, ModelShape]:
+    cache = setup.p.model_cache_dir
+    if cache is None:
+        raise ProvisioningError(
+            "A llama.cpp setup plans its sizing from the model's GGUF header: set provisioning.model_cache_dir to "
+            "this gateway's view of the shared model cache.",
+            host=setup.host,
+            step="starting_engine",
+        )
+    path = cache / setup.request.model
+    shape = ModelShape.from_metadata(read_gguf_metadata(path))
+    estimator: Estimator = PythonEstimator()
+    if not is_modelled(shape):
+        installed = LlamaCppInstaller(setup.settings.engines.llamacpp).find_installed()
+        if installed is None or installed.fit_params is None:
+            raise ProvisioningError(
+                f"The architecture {shape.architecture} is planned by llama-fit-params, which is not installed on "
+                "this gateway; run `qiip engine install llama.cpp`.",
+                host=setup.host,
+                step="starting_engine",
+            )
+        estimator = FitParamsEstimator(installed.fit_params, path)
+    return plan(shape, devices, setup.request.sizing or AutoPolicy(), estimator=estimator), shape
+
+
+async def _health_poll(setup: _Setup) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + setup.p.health_timeout_s
+    last = "no answer yet"
+    timeout = aiohttp.ClientTimeout(total=min(10.0, setup.p.health_interval_s * 5))
+    async with aiohttp.ClientSession(trust_env=False, timeout=timeout) as session:
+        while True:
+            try:
+                async with session.get(setup.endpoint + "/health") as response:
+                    if response.status == 200:
+                        setup.record.log(f"{setup.endpoint}/health answers 200")
+                        return
+                    last = f"HTTP {response.status}"
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                last = str(exc) or type(exc).__name__
+            if loop.time() + setup.p.health_interval_s > deadline:
+                raise ProvisioningError(
+                    f"The engine on {setup.host} did not answer /health within {setup.p.health_timeout_s:g} s "
+                    f"(last: {last}).",
+                    host=setup.host,
+                    step="health_poll",
+                )
+            await asyncio.sleep(setup.p.health_interval_s)
+
+
+async def _verify_vllm(setup: _Setup) -> None:
+    timeout = aiohttp.ClientTimeout(total=10.0)
+    async with aiohttp.ClientSession(trust_env=False, timeout=timeout) as session:
+        async with session.get(setup.endpoint + "/v1/models") as response:
+            data = await response.json(content_type=None)
+    served = [m.get("id") for m in data.get("data", []) if isinstance(m, dict)] if isinstance(data, dict) else []
+    if setup.request.alias not in served:
+        raise ProvisioningError(
+            f"vLLM on {setup.host} serves {served}, not {setup.request.alias!r}.", host=setup.host, step="verifying"
+        )
+
+
+async def _start_and_verify(setup: _Setup, ssh: SshConnection, facts: HostFacts) -> Node:
+    request, record, cpu = setup.request, setup.record, setup.p.profile == "cpu"
+    await record.step("gpu_check")
+    devices = await read_remote_devices(ssh, cpu=cpu)
+    record.log("devices: " + "; ".join(f"{d.index} {d.name} {d.free_mib}/{d.total_mib} MiB free" for d in devices))
+    await record.step("starting_engine")
+    name = engine_script_name(request.engine)
+    planned: Plan | None = None
+    if request.engine is Engine.LLAMA_CPP:
+        planned, _ = await asyncio.to_thread(_plan_llamacpp, setup, devices)
+        assert planned is not None
+        record.log(planned.summary())
+        model_path = Path(facts.root + setup.p.node_model_dir) / request.model
+        spec = launch_spec_for(
+            planned, model_path=model_path, alias=request.alias, host=facts.bind, port=setup.p.engine_port
+        )
+        args = spec.argv(Path("llama-server"))[1:]
+    else:
+        args = ["serve", request.model, "--host", facts.bind, "--port", str(setup.p.engine_port)]
+        args += ["--served-model-name", request.alias]
+    setup.engine_started = True
+    await setup.run_script(ssh, "start-engine.sh", name, "--", *args, total_timeout_s=120.0)
+    await record.step("health_poll")
+    await _health_poll(setup)
+    await record.step("verifying")
+    runtime = None
+    if planned is not None:
+        log_text = await ssh.read_file(f"{facts.root}/var/log/{name}-serve.log")
+        devices_after = await read_remote_devices(ssh, cpu=cpu)
+        with tempfile.TemporaryDirectory(prefix="qiip-verify-") as tmp:
+            log_path = Path(tmp) / "server.log"
+            log_path.write_bytes(log_text)
+            runtime = await verify_runtime(
+                planned, endpoint=setup.endpoint, log_path=log_path, alias=request.alias, devices_after=devices_after
+            )
+        record.log(f"verified: {planned.slots} slot(s) x {planned.context_per_slot} tokens, K/V {planned.cache_type_k}")
+    else:
+        await _verify_vllm(setup)
+    assert setup.node is not None
+    return setup.node.model_copy(update={"llamacpp_runtime": runtime, "managed": request.managed})
+
+
+async def run_setup(
+    settings: Settings,
+    fleet: Fleet,
+    request: SetupRequest,
+    record: TaskRecorder,
+    *,
+    known_hosts: Path,
+    power_on: PowerOn | None = None,
+) -> dict[str, Any]:
+    """Set up `request.hostname` and register it as a node.
+
+    Args:
+        settings: the daemon's settings (`provisioning`, `engines.llamacpp`).
+        fleet: where the node is registered.
+        request: what to set up.
+        record: the task record and log to write through.
+        known_hosts: the known-hosts file.
+        power_on: turns the host on through its BMC, or None when no BMC is configured.
+
+    Returns:
+        `{"node": <the registered node>}`.
+
+    Raises:
+        ProvisioningError: a step failed (`.step` names it); the node, once registered, is `failed`.
+        ConfigError: a pin cannot be checked (before any SSH work).
+        asyncio.CancelledError: cancelled; the remote command was stopped and the node is `failed`.
+    """
+    setup = _Setup(settings, fleet, request, record, known_hosts)
+    try:
+        return await _setup(setup, power_on)
+    except BaseException as exc:
+        if setup.engine_started:
+            await asyncio.shield(_stop_engine_quietly(setup))
+        with contextlib.suppress(QiipError):
+            await asyncio.shield(setup.set_status(NodeStatus.FAILED))
+        if isinstance(exc, QiipError) and not isinstance(exc, ProvisioningError):
+            raise ProvisioningError(exc.message, host=setup.host, step=record.step_name) from exc
+        raise
+
+
+async def _stop_engine_quietly(setup: _Setup) -> None:
+    try:
+        async with open_ssh(setup.target) as ssh:
+            await setup.run_script(
+                ssh, "stop-engine.sh", engine_script_name(setup.request.engine), total_timeout_s=60.0
+            )
+    except (QiipError, OSError) as exc:
+        setup.record.log(f"could not stop the engine after the failure: {exc}", "warning")
+
+
+async def _setup(setup: _Setup, power_on: PowerOn | None) -> dict[str, Any]:
+    record, p, host = setup.record, setup.p, setup.host
+    if power_on is not None:
+        await record.step("powering_on")
+        try:
+            await power_on(host)
+            record.log("power On requested through the BMC")
+        except QiipError as exc:
+            record.log(f"power-on failed, going on (the host may be on already): {exc.message}", "warning")
+    await record.step("waiting_for_ssh")
+    await wait_for_ssh(setup.target, timeout_s=p.ssh_wait_timeout_s, interval_s=min(2.0, p.ssh_wait_timeout_s / 5))
+    await record.step("preflight")
+    async with open_ssh(setup.target) as ssh:
+        facts = await _preflight(setup, ssh)
+        node = Node(
+            id=host,
+            endpoint=setup.endpoint,
+            model=setup.request.alias,
+            engine=setup.request.engine,
+            managed=False,
+            status=NodeStatus.PROVISIONING,
+            capabilities=NodeCapabilities(endpoints=("chat", "completions")),
+        )
+        setup.node = node
+        try:
+            await setup.set_status(NodeStatus.PROVISIONING)
+        except RegistryError:
+            setup.node = None
+            raise
+        await record.step("uploading")
+        await _upload(setup, ssh, facts)
+        timeout_s = p.llamacpp_setup_timeout_s if setup.request.engine is Engine.LLAMA_CPP else p.command_timeout_s
+        await setup.run_script(ssh, "setup.sh", total_timeout_s=timeout_s)
+        registered = await _start_and_verify(setup, ssh, facts)
+    await record.step("registering")
+    stored = await setup.fleet.register(registered.model_copy(update={"status": NodeStatus.UNKNOWN}))
+    setup.node = None  # registered as serving: a failure from here on does not mark it failed
+    with contextlib.suppress(NodeNotFound):
+        await setup.fleet.set_lifecycle(host, None)
+    record.log(f"node {host} registered at {stored.endpoint} serving {stored.model!r}")
+    return {"node": stored.model_dump(mode="json")}

@@ -1,0 +1,351 @@
+"""The provisioner: what the daemon's admin API calls to set hosts up, tear them down and follow them.
+
+It owns the rules of who may start what, so the API and the console agree:
+
+| refusal | when |
+|---|---|
+| 400 `host_not_allowed` | the host name is malformed, or `http://<host>:<engine_port>` is outside the node allowlist |
+| 409 `host_busy` | another operation (this gateway's, or another's sharing etcd) holds the host's lease |
+| 409 `conflict` | the host is a registered node that is not `failed` (tear it down first) |
+| 429 `too_many_setups` | `provisioning.max_concurrent_setups` setups run already (teardowns are never refused so) |
+
+Every check runs before any power or SSH work. The host's lease is taken before the 202 and released exactly once
+when the operation ends, however it ends (success, failure, cancellation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shlex
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import Any
+
+from qiip_core._errors import (
+    EndpointError,
+    HostNotAllowed,
+    NodeConflict,
+    NodeNotFound,
+    ProvisioningError,
+    QiipError,
+    TooManySetups,
+)
+from qiip_core.config import Settings
+from qiip_core.lifecycle import Fleet, Operation, OperationRunner, drain
+from qiip_core.nodes import Engine, NodeStatus
+from qiip_core.provisioning._bundle import bundle_files, bundle_parameters, engine_script_name
+from qiip_core.provisioning._logs import HostLogs
+from qiip_core.provisioning._pipeline import PowerOn, SetupRequest, run_setup
+from qiip_core.provisioning._record import TaskRecorder
+from qiip_core.provisioning._ssh import SshTarget, open_ssh
+from qiip_core.provisioning._tasks import HostLease, ProvisioningTask, TaskState, TaskStore, create_task_store
+from qiip_core.routing import RoutingTable
+
+__all__ = ["Provisioner", "gateway_owner"]
+
+logger = logging.getLogger("qiip.provisioning")
+
+
+def gateway_owner(settings: Settings) -> str:
+    """This gateway's name in task records and host leases: `<host name>:<port>`, the same after a restart."""
+    return f"{socket.gethostname()}:{settings.server.port}"
+
+
+class Provisioner:
+    """Setups, teardowns and their records for one daemon.
+
+    Args:
+        settings: the daemon's settings.
+        fleet: where nodes are registered.
+        table: the routing table (drains wait on it; conflicts are read from it).
+        operations: the daemon's operation runner (ids, 202 answers, `/admin/operations/{id}`).
+        store: task records and host leases; None: the backend of `registry.backend`.
+        power_on: turns a host on through its BMC (None: no BMC configured).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        fleet: Fleet,
+        table: RoutingTable,
+        operations: OperationRunner,
+        *,
+        store: TaskStore | None = None,
+        power_on: PowerOn | None = None,
+    ) -> None:
+        self.settings = settings
+        self.p = settings.provisioning
+        self.fleet = fleet
+        self.table = table
+        self.operations = operations
+        self.store = store or create_task_store(settings, gateway_owner(settings))
+        self.power_on = power_on
+        self.logs = HostLogs(
+            max_entries=self.p.log_entries_per_host, max_bytes=self.p.log_bytes_per_host, max_hosts=self.p.log_hosts
+        )
+        self.known_hosts = self.p.known_hosts_file or settings.state_dir / "known_hosts"
+        self._policy = settings.routing.endpoint_policy()
+        self._setups: set[str] = set()
+        self._running: dict[str, str] = {}  # host -> operation id
+
+    # -- checks --------------------------------------------------------------------------------------------
+
+    def check_host(self, hostname: str) -> str:
+        """The host name, normalised, if a node there would pass the allowlist.
+
+        Raises:
+            HostNotAllowed: malformed, or outside `routing.allowed_endpoint_*` (with `provisioning.engine_port`).
+        """
+        raw = hostname.strip().lower().rstrip(".")
+        if not raw or any(c in raw for c in "/@?#[] \t") or raw.startswith("-"):
+            raise HostNotAllowed(f"{hostname!r} is not a host name or address.", host=hostname)
+        try:
+            endpoint = self._policy.check(f"http://{raw}:{self.p.engine_port}")
+        except EndpointError as exc:
+            raise HostNotAllowed(
+                f"Host {raw} cannot be provisioned: {exc.message} (the node would serve at "
+                f"http://{raw}:{self.p.engine_port})",
+                host=raw,
+            ) from exc
+        return endpoint.host
+
+    def _check_capacity(self, host: str) -> None:
+        if len(self._setups) >= self.p.max_concurrent_setups:
+            raise TooManySetups(
+                f"{len(self._setups)} setups are running, the limit (provisioning.max_concurrent_setups); "
+                f"retry {host} when one finishes.",
+                host=host,
+            )
+
+    async def _lease(self, host: str, operation_id: str) -> HostLease:
+        return await self.store.acquire(host, operation_id)
+
+    # -- setup ---------------------------------------------------------------------------------------------
+
+    async def start_setup(self, request: SetupRequest) -> Operation:
+        """Check the request, take the host's lease and start the setup in the background.
+
+        Raises:
+            HostNotAllowed: the host is outside the allowlist.
+            ConfigError: a pin cannot be checked (the cuda profile without a pinned driver, …).
+            TooManySetups: the concurrent-setup limit is reached.
+            NodeConflict: the host is a registered node that is not failed.
+            HostBusy: another operation holds the host's lease.
+        """
+        host = self.check_host(request.hostname)
+        bundle_parameters(self.settings, request.engine, model_alias=request.alias)
+        self._check_capacity(host)
+        state = self.table.get(host)
+        if state is not None and state.effective_node().status is not NodeStatus.FAILED:
+            raise NodeConflict(
+                f"Host {host} is a registered node ({state.effective_node().status.value}); tear it down first."
+            )
+        operation_id = OperationRunner.new_id()
+        lease = await self._lease(host, operation_id)
+        self._setups.add(host)
+        task = ProvisioningTask(
+            hostname=host,
+            kind="setup",
+            engine=request.engine.value,
+            model=request.model,
+            operation_id=operation_id,
+            owner=self.store.owner,
+        )
+
+        async def work(operation: Operation) -> dict[str, Any]:
+            record = TaskRecorder(self.store, self.logs, task, operation.log)
+            try:
+                await record.save()
+                record.log(f"setup of {request.engine.value} serving {request.alias!r} by {self.store.owner}")
+                result = await run_setup(
+                    self.settings,
+                    self.fleet,
+                    _with_host(request, host),
+                    record,
+                    known_hosts=self.known_hosts,
+                    power_on=self.power_on,
+                )
+                await record.finish(TaskState.SUCCEEDED)
+                return result
+            except asyncio.CancelledError:
+                await asyncio.shield(record.finish(TaskState.CANCELLED, error="cancelled by an operator"))
+                raise
+            except ProvisioningError as exc:
+                await record.finish(TaskState.FAILED, error=exc.message, failed_step=exc.step)
+                raise
+            except QiipError as exc:
+                await record.finish(TaskState.FAILED, error=exc.message)
+                raise
+            except Exception as exc:
+                await record.finish(TaskState.FAILED, error=f"internal error: {exc!r}")
+                raise
+            finally:
+                self._setups.discard(host)
+                self._running.pop(host, None)
+                await asyncio.shield(lease.release())
+
+        return self._start("setup", host, work, operation_id, lease)
+
+    def _start(
+        self,
+        kind: str,
+        host: str,
+        work: Callable[[Operation], Awaitable[dict[str, Any]]],
+        operation_id: str,
+        lease: HostLease,
+    ) -> Operation:
+        try:
+            operation = self.operations.start(kind, host, work, operation_id=operation_id)
+        except NodeConflict:
+            self._setups.discard(host)
+            asyncio.get_running_loop().create_task(lease.release())
+            raise
+        self._running[host] = operation.id
+        return operation
+
+    # -- teardown ------------------------------------------------------------------------------------------
+
+    async def start_teardown(self, node_id: str, *, force: bool, recovery_engine: Engine | None = None) -> Operation:
+        """Tear a provisioned node down in the background: drain, stop the engine, deregister.
+
+        Args:
+            node_id: the node (its host name).
+            force: skip the drain, stop the engine with SIGKILL; with `recovery_engine`, a host whose
+                registration was lost.
+            recovery_engine: the engine to stop when the node is not registered any more.
+
+        Raises:
+            HostNotAllowed: the host is outside the allowlist.
+            NodeNotFound: not registered, and no `recovery_engine` with `force`.
+            HostBusy: another operation holds the host's lease.
+        """
+        host = self.check_host(node_id)
+        state = self.table.get(node_id)
+        if state is None and not (force and recovery_engine is not None):
+            raise NodeNotFound(node_id)
+        engine = state.effective_node().engine if state is not None else recovery_engine
+        assert engine is not None
+        operation_id = OperationRunner.new_id()
+        lease = await self._lease(host, operation_id)
+        task = ProvisioningTask(
+            hostname=host, kind="teardown", engine=engine.value, current_step="draining", operation_id=operation_id,
+            owner=self.store.owner,
+        )  # fmt: skip
+
+        async def work(operation: Operation) -> dict[str, Any]:
+            record = TaskRecorder(self.store, self.logs, task, operation.log)
+            try:
+                await record.save()
+                result = await self._teardown(record, operation, node_id, engine, force=force)
+                await record.finish(TaskState.SUCCEEDED)
+                return result
+            except asyncio.CancelledError:
+                await asyncio.shield(record.finish(TaskState.CANCELLED, error="cancelled by an operator"))
+                raise
+            except QiipError as exc:
+                await record.finish(TaskState.FAILED, error=exc.message)
+                raise
+            finally:
+                self._running.pop(host, None)
+                await asyncio.shield(lease.release())
+
+        return self._start("teardown", host, work, operation_id, lease)
+
+    async def _teardown(
+        self, record: TaskRecorder, operation: Operation, node_id: str, engine: Engine, *, force: bool
+    ) -> dict[str, Any]:
+        remaining = 0
+        if self.table.get(node_id) is not None and not force:
+            timeout_s = self.settings.admin.drain_timeout_s
+            with contextlib.suppress(NodeNotFound):
+                drained = await drain(self.table, self.fleet, node_id, timeout_s=timeout_s, log=operation.log)
+                remaining = drained["remaining_in_flight"]
+            record.log(f"drained ({remaining} request(s) still in flight)")
+        await record.step("stopping_engine")
+        target = SshTarget.for_host(record.host, self.p, known_hosts=self.known_hosts)
+        name = engine_script_name(engine)
+        async with open_ssh(target) as ssh:
+            root = (await ssh.output('printf "%s" "${QIIPNODE_ROOT:-}"', what="reading the install root")).rstrip("/")
+            await ssh.upload(bundle_files(), root + self.p.remote_dir)
+            args = [name, "--force"] if force else [name]
+            command = bundle_parameters_for_stop(self.p.remote_dir, args)
+
+            def on_line(line: str, stream: str) -> None:
+                record.log(line, "info", "stdout" if stream == "stdout" else "stderr")
+
+            result = await ssh.run(
+                command, on_line=on_line, total_timeout_s=120.0, idle_timeout_s=90.0, what="stop-engine.sh"
+            )
+            if result.exit_status != 0:
+                raise ProvisioningError(
+                    f"stop-engine.sh exited with {result.exit_status} on {record.host}.",
+                    host=record.host,
+                    step="stopping_engine",
+                )
+        await record.step("deregistering")
+        try:
+            await self.fleet.deregister(node_id)
+        except NodeNotFound:
+            if not force:
+                raise
+            record.log("no registration was left to remove")
+        return {"remaining_in_flight": remaining, "forced": force}
+
+    # -- operations and records ----------------------------------------------------------------------------
+
+    def cancel(self, host: str) -> Operation:
+        """Cancel the operation running on `host`: its remote command is stopped and its lease released.
+
+        Raises:
+            NodeNotFound: no operation of this gateway runs on the host.
+        """
+        operation_id = self._running.get(host)
+        operation = self.operations.get(operation_id) if operation_id else None
+        if operation is None or not self.operations.cancel(operation.id):
+            raise NodeNotFound(host)
+        return operation
+
+    async def is_provisioned(self, node_id: str) -> bool:
+        """True when `node_id` is a host set up (or torn down) over SSH: it has a task record."""
+        try:
+            task = await self.store.get(node_id)
+        except QiipError:
+            return False
+        return task is not None
+
+    def running_setups(self) -> int:
+        """Setups running now."""
+        return len(self._setups)
+
+    async def tasks(self) -> list[ProvisioningTask]:
+        """Every task record, sorted by host."""
+        return await self.store.list_tasks()
+
+    async def recover(self) -> list[ProvisioningTask]:
+        """Mark the tasks a crashed gateway left running as failed (at start-up), and their nodes failed too."""
+        marked = await self.store.recover()
+        for task in marked:
+            logger.warning("provisioning of %s was interrupted: %s", task.hostname, task.error)
+            self.logs.append(task.hostname, task.error or "interrupted", level="error", step=task.current_step)
+            if task.kind == "setup" and self.table.get(task.hostname) is not None:
+                with contextlib.suppress(QiipError):
+                    await self.fleet.set_lifecycle(task.hostname, NodeStatus.FAILED)
+        return marked
+
+    async def aclose(self) -> None:
+        """End log followers and stop refreshing leases."""
+        self.logs.close()
+        await self.store.aclose()
+
+
+def bundle_parameters_for_stop(remote_dir: str, args: list[str]) -> str:
+    """The command that runs the uploaded `stop-engine.sh` with `args`."""
+    path = f'"${{QIIPNODE_ROOT:-}}"{shlex.quote(remote_dir + "/stop-engine.sh")}'
+    return f"bash {path} {' '.join(shlex.quote(a) for a in args)}"
+
+
+def _with_host(request: SetupRequest, host: str) -> SetupRequest:
+    return replace(request, hostname=host)

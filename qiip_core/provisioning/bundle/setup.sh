@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# Turn a bare host into an inference node: base packages, NVIDIA driver, CUDA toolkit, the engine, the shared
+# model cache, the firewall rule. Idempotent: a step already done with the same pinned versions is skipped.
+#
+# Environment (set by the gateway; see qiip_core.provisioning.BundleParameters):
+#   QIIPNODE_ENGINE          llamacpp | vllm
+#   QIIPNODE_PROFILE         cuda | cpu (cpu: a test profile; refused on a host with an NVIDIA GPU)
+#   QIIPNODE_DRIVER_VERSION, QIIPNODE_DRIVER_SHA256, QIIPNODE_DRIVER_URL   the pinned NVIDIA driver (cuda)
+#   QIIPNODE_CUDA_PACKAGE    the CUDA toolkit package (cuda)
+#   QIIPNODE_VLLM_VERSION, QIIPNODE_PIP_INDEX                                vLLM in /opt/vllm-venv
+#   QIIPNODE_LLAMACPP_VERSION, QIIPNODE_LLAMACPP_SHA256, QIIPNODE_LLAMACPP_ARCHIVE  llama.cpp's source
+#   QIIPNODE_NFS_EXPORT      server:/path of the shared model cache (empty: none)
+#   QIIPNODE_MODEL_DIR       where the shared model cache is mounted
+#   QIIPNODE_ENGINE_PORT     the engine's TCP port
+here="$(cd "$(dirname "$0")" && pwd)"
+. "$here/lib.sh"
+
+ENGINE="${QIIPNODE_ENGINE:?QIIPNODE_ENGINE is required}"
+PROFILE="${QIIPNODE_PROFILE:-cuda}"
+FAMILY="$(os_family)"
+
+step_start system_update
+case "$FAMILY" in
+  rhel) packages="gcc-c++ cmake make git curl tar python3 nfs-utils pciutils" ;;
+  debian) packages="build-essential cmake git curl tar python3-venv nfs-common pciutils" ;;
+  *) step_fail system_update "unsupported OS: only the RHEL and Debian/Ubuntu families are provisioned" ;;
+esac
+if done_as system_update "$FAMILY $packages"; then
+  step_ok system_update "already done"
+else
+  if [[ "$FAMILY" == rhel ]]; then
+    # shellcheck disable=SC2086
+    dnf install -y $packages || step_fail system_update "dnf could not install: $packages"
+  else
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q || step_fail system_update "apt-get update failed"
+    # shellcheck disable=SC2086
+    apt-get install -y -q $packages || step_fail system_update "apt-get could not install: $packages"
+  fi
+  mark_done system_update "$FAMILY $packages"
+  step_ok system_update
+fi
+
+step_start nvidia_driver
+if [[ "$PROFILE" == cpu ]]; then
+  has_gpu && step_fail nvidia_driver "the cpu profile was asked for on a host with an NVIDIA GPU; use the cuda profile"
+  step_warn nvidia_driver "skipped: cpu profile"
+else
+  want="${QIIPNODE_DRIVER_VERSION:?}"
+  have="$(driver_version)"
+  if [[ -n "$have" && "$have" != "$want" ]]; then
+    step_fail nvidia_driver "driver $have is installed, not the pinned $want; remove it or change the pin"
+  elif [[ "$have" == "$want" ]]; then
+    step_ok nvidia_driver "driver $want already installed"
+  else
+    installer="$STATE_DIR/NVIDIA-Linux-$want.run"
+    url="${QIIPNODE_DRIVER_URL:?}"
+    curl -fsSL --retry 3 -o "$installer.part" "$url" || step_fail nvidia_driver "cannot download $url"
+    got="$(sha256sum "$installer.part" | cut -d' ' -f1)"
+    if [[ "$got" != "${QIIPNODE_DRIVER_SHA256:?}" ]]; then
+      rm -f "$installer.part"
+      step_fail nvidia_driver "the driver installer's sha256 is $got, not the pinned $QIIPNODE_DRIVER_SHA256"
+    fi
+    mv "$installer.part" "$installer"
+    sh "$installer" --silent --dkms || step_fail nvidia_driver "the driver installer failed"
+    have="$(driver_version)"
+    [[ "$have" == "$want" ]] || step_fail nvidia_driver "after installing, nvidia-smi reports driver '${have:-none}'"
+    step_ok nvidia_driver "driver $want installed"
+  fi
+fi
+
+step_start cuda_toolkit
+if [[ "$PROFILE" == cpu ]]; then
+  step_warn cuda_toolkit "skipped: cpu profile"
+elif done_as cuda_toolkit "${QIIPNODE_CUDA_PACKAGE:?}"; then
+  step_ok cuda_toolkit "already done"
+else
+  if [[ "$FAMILY" == rhel ]]; then
+    dnf install -y "$QIIPNODE_CUDA_PACKAGE" || step_fail cuda_toolkit "dnf could not install $QIIPNODE_CUDA_PACKAGE"
+  else
+    apt-get install -y -q "$QIIPNODE_CUDA_PACKAGE" || step_fail cuda_toolkit "apt-get could not install $QIIPNODE_CUDA_PACKAGE"
+  fi
+  mark_done cuda_toolkit "$QIIPNODE_CUDA_PACKAGE"
+  step_ok cuda_toolkit
+fi
+
+if [[ "$ENGINE" == vllm ]]; then
+  step_start vllm_install
+  venv="$ROOT/opt/vllm-venv"
+  version="${QIIPNODE_VLLM_VERSION:?}"
+  if [[ -x "$venv/bin/vllm" && "$(cat "$venv/.qiip-vllm-version" 2>/dev/null)" == "$version" ]]; then
+    step_ok vllm_install "vLLM $version already installed"
+  else
+    python3 -m venv "$venv" || step_fail vllm_install "cannot create the virtual environment $venv"
+    "$venv/bin/pip" install -q --index-url "${QIIPNODE_PIP_INDEX:-https://pypi.org/simple}" "vllm==$version" ||
+      step_fail vllm_install "pip could not install vllm==$version"
+    printf '%s' "$version" >"$venv/.qiip-vllm-version"
+    step_ok vllm_install "vLLM $version installed"
+  fi
+else
+  step_start llamacpp_install
+  variant=cuda
+  [[ "$PROFILE" == cpu ]] && variant=cpu
+  version="${QIIPNODE_LLAMACPP_VERSION:?}"
+  sha="${QIIPNODE_LLAMACPP_SHA256:?}"
+  prefix="$ROOT/opt/llama.cpp/$version-$variant"
+  if [[ -x "$prefix/bin/llama-server" && "$(cat "$prefix/.qiip-source-sha256" 2>/dev/null)" == "$sha" ]]; then
+    step_ok llamacpp_install "llama.cpp $version ($variant) already installed"
+  else
+    archive="${QIIPNODE_LLAMACPP_ARCHIVE:-}"
+    [[ -f "$archive" ]] || step_fail llamacpp_install "llama.cpp is not installed and no source archive was uploaded"
+    got="$(sha256sum "$archive" | cut -d' ' -f1)"
+    [[ "$got" == "$sha" ]] || step_fail llamacpp_install "the source archive's sha256 is $got, not the pinned $sha"
+    build="$STATE_DIR/llama.cpp-build"
+    rm -rf "$build" && mkdir -p "$build"
+    tar -xzf "$archive" -C "$build" || step_fail llamacpp_install "cannot extract $archive"
+    src="$(dirname "$(find "$build" -maxdepth 4 -name CMakeLists.txt -path '*llama.cpp/CMakeLists.txt' | head -n1)")"
+    [[ -d "$src" ]] || src="$(find "$build" -mindepth 1 -maxdepth 1 -type d | head -n1)"
+    cuda=ON
+    [[ "$variant" == cpu ]] && cuda=OFF
+    cmake -S "$src" -B "$build/out" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA="$cuda" -DGGML_NATIVE=OFF \
+      -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_TESTS=OFF \
+      -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF || step_fail llamacpp_install "cmake configure failed"
+    cmake --build "$build/out" -j "$(nproc)" --target llama-server llama-fit-params ||
+      step_fail llamacpp_install "the build failed"
+    mkdir -p "$prefix/bin"
+    cp "$build/out/bin/llama-server" "$build/out/bin/llama-fit-params" "$prefix/bin/"
+    printf '%s' "$sha" >"$prefix/.qiip-source-sha256"
+    rm -rf "$build"
+    step_ok llamacpp_install "llama.cpp $version ($variant) built"
+  fi
+  if [[ "$variant" == cuda ]] && ! grep -aq 'ggml_cuda' "$prefix/bin/llama-server"; then
+    step_fail llamacpp_install "the installed llama-server has no CUDA backend; a GPU host never serves on its CPU"
+  fi
+fi
+
+step_start nfs_mount
+mount_point="$ROOT${QIIPNODE_MODEL_DIR:-/srv/hf-cache}"
+if [[ -z "${QIIPNODE_NFS_EXPORT:-}" ]]; then
+  mkdir -p "$mount_point"
+  step_warn nfs_mount "no shared model cache is configured; models are read from $mount_point as it is"
+elif mountpoint -q "$mount_point"; then
+  step_ok nfs_mount "$mount_point already mounted"
+else
+  mkdir -p "$mount_point"
+  mount -t nfs -o vers=3,soft,timeo=100,retrans=2 "$QIIPNODE_NFS_EXPORT" "$mount_point" ||
+    step_fail nfs_mount "cannot mount $QIIPNODE_NFS_EXPORT at $mount_point"
+  step_ok nfs_mount "$QIIPNODE_NFS_EXPORT mounted at $mount_point"
+fi
+
+step_start firewall
+port="${QIIPNODE_ENGINE_PORT:?}"
+if command -v firewall-cmd >/dev/null 2>&1 && firewall-cmd --state >/dev/null 2>&1; then
+  firewall-cmd --query-port="$port/tcp" >/dev/null 2>&1 ||
+    { firewall-cmd --permanent --add-port="$port/tcp" && firewall-cmd --reload; } ||
+    step_fail firewall "firewall-cmd could not open port $port/tcp"
+  step_ok firewall "port $port/tcp open (firewalld)"
+elif command -v iptables >/dev/null 2>&1; then
+  iptables -C INPUT -p tcp --dport "$port" -j ACCEPT 2>/dev/null ||
+    iptables -I INPUT -p tcp --dport "$port" -j ACCEPT || step_fail firewall "iptables could not open port $port"
+  step_ok firewall "port $port/tcp open (iptables)"
+else
+  step_warn firewall "neither firewalld nor iptables is present; port $port is not filtered"
+fi
+exit 0

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Start the engine in the background: `start-engine.sh llamacpp -- <llama-server argv without the program>` or
+# `start-engine.sh vllm -- <vllm serve argv>`. A running engine of that kind is stopped first. The PID file is
+# var/run/<engine>.pid and the log var/log/<engine>-serve.log under the install root.
+here="$(cd "$(dirname "$0")" && pwd)"
+. "$here/lib.sh"
+engine="$1"
+shift
+[[ "${1:-}" == "--" ]] && shift
+pid_file="$RUN_DIR/$engine.pid"
+log="$LOG_DIR/$engine-serve.log"
+case "$engine" in
+  llamacpp)
+    variant="${QIIPNODE_PROFILE:-cuda}"
+    binary="$ROOT/opt/llama.cpp/${QIIPNODE_LLAMACPP_VERSION:?}-$variant/bin/llama-server"
+    ;;
+  vllm) binary="$ROOT/opt/vllm-venv/bin/vllm" ;;
+  *) echo "unknown engine $engine" >&2; exit 2 ;;
+esac
+[[ -x "$binary" ]] || { echo "$binary is not installed; run setup first" >&2; exit 1; }
+stop_pid_file "$pid_file" 0
+: >"$log"
+# llama-server reads LLAMA_ARG_* variables; every sizing flag is on the command line, so none may override it.
+for name in $(compgen -e | grep '^LLAMA_ARG_' || true); do unset "$name"; done
+export GGML_NO_BACKTRACE=1
+setsid nohup "$binary" "$@" >>"$log" 2>&1 </dev/null &
+echo $! >"$pid_file"
+echo "# Model: ${QIIPNODE_MODEL_ALIAS:-unknown}"
+echo "# PID: $(cat "$pid_file") log: $log"

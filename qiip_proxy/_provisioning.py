@@ -1,0 +1,148 @@
+"""The provisioning routes of the admin API: setups, their tasks and live logs, cancellation.
+
+```
+POST /admin/nodes/setup                  {hostname, engine, model, managed, alias?, sizing?} → 202 operation
+GET  /admin/provisioning/tasks           every host's task record (host, kind, state, step, elapsed, error)
+GET  /admin/provisioning/{host}/logs     SSE: the host's log kept so far, then every new entry (`event: log`)
+POST /admin/provisioning/{host}/cancel   stop the host's running operation and its remote command → 202
+```
+
+Teardown is `DELETE /admin/nodes/{id}` (`_admin`), which hands provisioned nodes to the provisioner. Every refusal
+comes before any power or SSH work: 400 for a body that is not a setup or a host outside the allowlist, 409 while
+another operation holds the host's lease, 429 above the concurrent-setup limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Query, Request
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from qiip_core.nodes import Engine
+from qiip_core.planner import parse_policy
+from qiip_core.provisioning import LogEntry, SetupRequest
+from qiip_proxy._admin import AdminError, require_admin
+
+if TYPE_CHECKING:
+    from qiip_proxy._gateway import Gateway
+
+__all__ = ["SetupBody", "router"]
+
+router = APIRouter(prefix="/admin", tags=["provisioning"], dependencies=[Depends(require_admin)])
+
+
+class SetupBody(BaseModel):
+    """`POST /admin/nodes/setup`: what to set up on a host."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    hostname: str = Field(min_length=1, max_length=253)
+    """The host: a name or address inside the node allowlist; it becomes the node's id."""
+    engine: Literal["vllm", "llama_cpp"]
+    """The engine to install and start."""
+    model: str = Field(min_length=1, max_length=512)
+    """vLLM: the model (a Hugging Face repo id); llama.cpp: the GGUF's path in the shared model cache."""
+    managed: bool = True
+    """Register the node as managed (leased, torn down by QIIP)."""
+    alias: str | None = Field(default=None, min_length=1, max_length=512)
+    """The model name clients send (default: `model`)."""
+    sizing: dict[str, Any] | None = None
+    """llama.cpp's sizing policy (`{"sizing": "auto"}` by default, or a custom one)."""
+
+
+def _gateway(request: Request) -> Gateway:
+    gateway: Gateway = request.app.state.gateway
+    return gateway
+
+
+@router.post("/nodes/setup", status_code=202)
+async def setup_node(request: Request) -> JSONResponse:
+    """Set a host up as a node (202: follow the operation, the task and the host's log). 400 for a body that is not
+    a setup or a host outside the allowlist, 409 while the host is busy, 429 above the concurrent-setup limit."""
+    gateway = _gateway(request)
+    try:
+        body = SetupBody.model_validate_json(await request.body())
+        sizing = parse_policy(body.sizing) if body.sizing is not None else None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or None
+        raise AdminError(
+            400, f"Not a setup request: {field or 'body'}: {first['msg']}.", "invalid_setup", field
+        ) from None
+    setup = SetupRequest(
+        hostname=body.hostname,
+        engine=Engine(body.engine),
+        model=body.model,
+        alias=body.alias or body.model,
+        managed=body.managed,
+        sizing=sizing,
+    )
+    operation = await gateway.provisioner.start_setup(setup)
+    return JSONResponse({**operation.view(), "task_id": operation.id}, status_code=202)
+
+
+@router.get("/provisioning/tasks")
+async def list_tasks(request: Request) -> JSONResponse:
+    """Every host's last provisioning task: host, kind, engine, state, current and failed step, elapsed, error."""
+    tasks = await _gateway(request).provisioner.tasks()
+    return JSONResponse({"tasks": [t.view() for t in tasks]})
+
+
+@router.post("/provisioning/{host}/cancel", status_code=202)
+async def cancel(request: Request, host: str) -> JSONResponse:
+    """Cancel the operation running on `host`: its remote command is stopped and the host's lease released (404
+    when none runs here)."""
+    operation = _gateway(request).provisioner.cancel(host)
+    return JSONResponse(operation.view(), status_code=202)
+
+
+@router.get("/provisioning/{host}/logs", response_class=StreamingResponse)
+async def logs(
+    request: Request,
+    host: str,
+    follow: Annotated[bool, Query(description="Keep streaming new entries (false: the kept ones, then end).")] = True,
+    heartbeat_s: Annotated[float, Query(gt=0, le=300, description="Seconds between heartbeat comments.")] = 15.0,
+) -> Response:
+    """Server-sent events of a host's provisioning log: `event: log` with `{ts, level, msg, stream, step}`, first the
+    entries kept, then each new one, and `: heartbeat` when idle. The stream ends when the daemon shuts down."""
+    gateway = _gateway(request)
+    provisioner = gateway.provisioner
+
+    async def stream() -> AsyncIterator[bytes]:
+        with provisioner.logs.follow(host) as (backlog, queue):
+
+            def end() -> None:
+                if queue.full():
+                    queue.get_nowait()
+                queue.put_nowait(None)
+
+            gateway.on_shutdown_begun.add(end)
+            try:
+                for entry in backlog:
+                    yield _event(entry)
+                if not follow or gateway.shutting_down:
+                    return
+                while True:
+                    try:
+                        item = await asyncio.wait_for(queue.get(), heartbeat_s)
+                    except TimeoutError:
+                        yield b": heartbeat\n\n"
+                        continue
+                    if item is None:
+                        return
+                    yield _event(item)
+            finally:
+                gateway.on_shutdown_begun.discard(end)
+
+    return StreamingResponse(
+        stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
+
+
+def _event(entry: LogEntry) -> bytes:
+    return b"event: log\ndata: " + json.dumps(entry.view(), separators=(",", ":")).encode() + b"\n\n"

@@ -1,0 +1,245 @@
+"""The setup pipeline against real OpenSSH on loopback hosts, running the real node bundle.
+
+GPU-only commands (`nvidia-smi`, the package manager, the driver installer) are stubs printing recorded output;
+vLLM, which cannot run without a GPU, is a stub server answering its API. SSH, SFTP, bash, the scripts, PID files,
+process groups and the task records are real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+
+import pytest
+
+from qiip_core import HostBusy, HostKeyMismatch, TooManySetups
+from qiip_core.lifecycle import OperationState
+from qiip_core.nodes import Engine, NodeStatus
+from qiip_core.provisioning import SetupRequest, TaskState
+from tests.core.provisioning.conftest import Harness, provisioning_settings, until
+from tests.support.sshd import DRIVER_VERSION, FakeHost, SshHosts, alive
+
+pytestmark = pytest.mark.integration
+
+
+def vllm_request(host: FakeHost) -> SetupRequest:
+    return SetupRequest(hostname=host.address, engine=Engine.VLLM, model="org/model", alias="served-model")
+
+
+def steps_logged(h: Harness, host: str) -> list[str]:
+    return [e.msg for e in h.provisioner.logs.entries(host)]
+
+
+def kill_engine(host: FakeHost, engine: str = "vllm") -> None:
+    pid = host.engine_pid(engine)
+    if pid is not None and alive(pid):
+        os.killpg(pid, signal.SIGKILL)
+
+
+async def test_setup_installs_starts_registers_and_a_second_setup_skips_what_is_done(
+    harness: Harness, ssh_hosts: SshHosts
+) -> None:
+    host = ssh_hosts[0]  # RHEL family: dnf
+    try:
+        operation = await harness.wait(await harness.provisioner.start_setup(vllm_request(host)))
+        assert operation.state is OperationState.SUCCEEDED, operation.error
+        task = (await harness.provisioner.tasks())[0]
+        assert (task.state, task.current_step, task.failed_step) == (TaskState.SUCCEEDED, "complete", None)
+        calls = host.package_manager_calls()
+        assert calls[0].startswith("dnf install -y gcc-c++ cmake")
+        assert "dnf install -y cuda-toolkit-12-8" in calls
+        # The driver was downloaded over loopback, its digest checked, and installed: nvidia-smi reports it.
+        assert (host.root / "var/lib/fake-nvidia/driver").read_text() == DRIVER_VERSION
+        node = next(r.node for r in harness.registry.nodes() if r.node.id == host.address)
+        assert node.managed and node.engine is Engine.VLLM and node.model == "served-model"
+        assert node.endpoint == f"http://{host.address}:{harness.settings.provisioning.engine_port}"
+        engine_pid = host.engine_pid("vllm")
+        assert engine_pid is not None and alive(engine_pid)
+        log = steps_logged(harness, host.address)
+        assert "step nvidia_driver" in log and "step health_poll" in log and "step registering" in log
+
+        teardown = await harness.wait(await harness.provisioner.start_teardown(host.address, force=False))
+        assert teardown.state is OperationState.SUCCEEDED, teardown.error
+        assert not alive(engine_pid) and host.engine_pid("vllm") is None
+        assert harness.table.get(host.address) is None
+
+        again = await harness.wait(await harness.provisioner.start_setup(vllm_request(host)))
+        assert again.state is OperationState.SUCCEEDED, again.error
+        assert host.package_manager_calls() == calls  # nothing installed twice
+        log = steps_logged(harness, host.address)
+        assert "system_update done: already done" in log
+        assert f"nvidia_driver done: driver {DRIVER_VERSION} already installed" in log
+        assert "vllm_install done: vLLM 0.26.0 already installed" in log
+    finally:
+        kill_engine(host)
+
+
+async def test_a_step_printing_fail_fails_the_task_at_that_step_and_marks_the_node_failed(
+    harness: Harness, ssh_hosts: SshHosts
+) -> None:
+    host = ssh_hosts[1]  # Debian: apt-get; a different driver is installed already
+    host.install_driver("550.54.14")
+    operation = await harness.wait(await harness.provisioner.start_setup(vllm_request(host)))
+    assert operation.state is OperationState.FAILED
+    assert "Step nvidia_driver failed" in (operation.error or "")
+    assert "driver 550.54.14 is installed, not the pinned 580.126.09" in (operation.error or "")
+    task = await harness.provisioner.store.get(host.address)
+    assert task is not None and (task.state, task.failed_step) == (TaskState.FAILED, "nvidia_driver")
+    assert harness.table.get(host.address).effective_node().status is NodeStatus.FAILED
+    assert host.package_manager_calls()[0].startswith("apt-get update")
+    # The lease was released: the next setup of the host is not refused as busy.
+    retry = await harness.wait(await harness.provisioner.start_setup(vllm_request(host)))
+    assert retry.state is OperationState.FAILED
+
+
+async def test_a_refused_ssh_port_fails_while_waiting_for_ssh(harness: Harness) -> None:
+    request = SetupRequest(hostname="127.0.0.90", engine=Engine.VLLM, model="m", alias="m")
+    operation = await harness.wait(await harness.provisioner.start_setup(request))
+    assert operation.state is OperationState.FAILED
+    assert "did not answer within 1 s" in (operation.error or "") and "refused" in (operation.error or "").lower()
+    task = await harness.provisioner.store.get("127.0.0.90")
+    assert task is not None and task.failed_step == "waiting_for_ssh"
+    assert harness.table.get("127.0.0.90") is None  # never registered: nothing to mark
+
+
+async def test_a_changed_host_key_is_refused_before_any_command(
+    harness: Harness, ssh_hosts: SshHosts, tmp_path
+) -> None:
+    other = tmp_path / "other_key"
+    await asyncio.to_thread(
+        subprocess.run, ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True
+    )
+    known = tmp_path / "known_hosts"
+    public = other.with_suffix(".pub").read_text().split()
+    known.write_text(f"[{ssh_hosts[2].address}]:{ssh_hosts.port} {public[0]} {public[1]}\n")
+    harness.provisioner.known_hosts = known
+    operation = await harness.wait(await harness.provisioner.start_setup(vllm_request(ssh_hosts[2])))
+    assert operation.state is OperationState.FAILED
+    assert "its host key is not the one in" in (operation.error or "")
+    task = await harness.provisioner.store.get(ssh_hosts[2].address)
+    assert task is not None and task.failed_step == "preflight"
+    assert ssh_hosts[2].package_manager_calls() == []
+
+
+async def test_first_contact_records_the_host_key_then_holds_to_it(
+    harness: Harness, ssh_hosts: SshHosts, tmp_path
+) -> None:
+    from qiip_core.provisioning import SshTarget, open_ssh
+
+    known = tmp_path / "fresh_known_hosts"
+    settings = harness.settings.provisioning.model_copy(update={"host_key_policy": "accept-new"})
+    target = SshTarget.for_host(ssh_hosts[2].address, settings, known_hosts=known)
+    async with open_ssh(target) as ssh:
+        assert await ssh.output("echo hello") == "hello"
+    assert ssh_hosts.host_key.with_suffix(".pub").read_text().split()[1] in known.read_text()
+    strict = SshTarget.for_host(
+        ssh_hosts[2].address, settings.model_copy(update={"host_key_policy": "strict"}), known_hosts=known
+    )
+    async with open_ssh(strict) as ssh:
+        assert await ssh.output("echo again") == "again"
+    public = ssh_hosts.client_key.with_suffix(".pub").read_text().split()  # another key than the host's
+    known.write_text(f"[{ssh_hosts[2].address}]:{ssh_hosts.port} {public[0]} {public[1]}\n")
+    with pytest.raises(HostKeyMismatch):
+        async with open_ssh(target):
+            pass
+
+
+async def test_a_silent_step_passes_its_inactivity_deadline_and_is_stopped(
+    tmp_path, ssh_hosts: SshHosts, driver_server, engine_port: int
+) -> None:
+    host = ssh_hosts[3]
+    (host.root / "etc" / "package-manager-hangs").touch()
+    settings = provisioning_settings(
+        tmp_path / "state", ssh_hosts, driver_server, engine_port=engine_port, command_idle_timeout_s=1
+    )
+    h = Harness(settings)
+    await h.registry.start(h._apply)
+    try:
+        operation = await h.wait(await h.provisioner.start_setup(vllm_request(host)))
+        assert operation.state is OperationState.FAILED
+        assert "setup.sh on 127.0.0.5 printed nothing for 1 s; it was stopped" in (operation.error or "")
+        task = await h.provisioner.store.get(host.address)
+        assert task is not None and task.failed_step == "system_update"
+        stub_pid = int((host.root / "var/run/package-manager.pid").read_text())
+        await _until_dead(stub_pid)
+    finally:
+        (host.root / "etc" / "package-manager-hangs").unlink()
+        await h.aclose()
+
+
+async def _until_dead(pid: int, timeout_s: float = 20.0) -> None:
+    await until(lambda: not alive(pid), timeout_s)
+
+
+async def test_cancelling_a_setup_mid_step_stops_the_remote_command_and_frees_the_host(
+    harness: Harness, ssh_hosts: SshHosts
+) -> None:
+    host = ssh_hosts[4]
+    hang = host.root / "etc" / "package-manager-hangs"
+    hang.touch()
+    pid_file = host.root / "var/run/package-manager.pid"
+    pid_file.unlink(missing_ok=True)
+    try:
+        operation = await harness.provisioner.start_setup(vllm_request(host))
+        await until(pid_file.exists)
+        stub_pid = int(pid_file.read_text())
+        harness.provisioner.cancel(host.address)
+        await harness.wait(operation)
+        assert operation.state is OperationState.CANCELLED
+        task = await harness.provisioner.store.get(host.address)
+        assert task is not None and (task.state, task.failed_step) == (TaskState.CANCELLED, "system_update")
+        await _until_dead(stub_pid)
+        lease = await harness.provisioner.store.acquire(host.address, "op_probe")
+        await lease.release()
+    finally:
+        hang.unlink()
+
+
+async def test_two_setups_racing_for_one_host_one_is_refused_as_busy(harness: Harness, ssh_hosts: SshHosts) -> None:
+    host = ssh_hosts[5]
+    hang = host.root / "etc" / "package-manager-hangs"
+    hang.touch()
+    try:
+        results = await asyncio.gather(
+            harness.provisioner.start_setup(vllm_request(host)),
+            harness.provisioner.start_setup(vllm_request(host)),
+            return_exceptions=True,
+        )
+        started = [r for r in results if not isinstance(r, BaseException)]
+        refused = [r for r in results if isinstance(r, BaseException)]
+        assert len(started) == 1 and len(refused) == 1 and isinstance(refused[0], HostBusy)
+        assert refused[0].status == 409
+        harness.provisioner.cancel(host.address)
+        await harness.wait(started[0])
+    finally:
+        hang.unlink()
+
+
+async def test_setups_above_the_concurrency_limit_are_refused_and_teardown_is_not_limited(
+    tmp_path, ssh_hosts: SshHosts, driver_server, engine_port: int
+) -> None:
+    settings = provisioning_settings(
+        tmp_path / "state", ssh_hosts, driver_server, engine_port=engine_port, max_concurrent_setups=1
+    )
+    h = Harness(settings)
+    await h.registry.start(h._apply)
+    host = ssh_hosts[6]
+    hang = host.root / "etc" / "package-manager-hangs"
+    hang.touch()
+    try:
+        first = await h.provisioner.start_setup(vllm_request(host))
+        with pytest.raises(TooManySetups) as refused:
+            await h.provisioner.start_setup(vllm_request(ssh_hosts[7]))
+        assert refused.value.status == 429
+        h.provisioner.cancel(host.address)
+        await h.wait(first)
+        # A teardown of a host whose registration was lost is not counted against the limit.
+        teardown = await h.wait(
+            await h.provisioner.start_teardown(ssh_hosts[7].address, force=True, recovery_engine=Engine.VLLM)
+        )
+        assert teardown.state is OperationState.SUCCEEDED, teardown.error
+    finally:
+        hang.unlink()
+        await h.aclose()

@@ -1,0 +1,285 @@
+"""Several SSH hosts on loopback for provisioning tests: one real OpenSSH `sshd` listening on 127.0.0.2 and up.
+
+Each address stands for one host with its own install root (`QIIPNODE_ROOT`, set by sshd's `Match LocalAddress`
+with `SetEnv`), its own engine listen address (`QIIPNODE_BIND`) and its own PATH, whose first directory holds stub
+executables for what only a GPU host has: `nvidia-smi`, the package manager (`dnf` or `apt-get`). They print
+output recorded from real hosts; the NVIDIA driver installer (served over loopback HTTP by `DriverServer`) is a
+shell script that "installs" the driver the `nvidia-smi` stub then reports. Everything else runs for real: bash,
+the bundle's scripts, setsid, sha256sum, curl, SFTP, llama-server.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import http.server
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from qiip_core.engines.llamacpp._source import PINNED_SHA256
+from tests.support.daemon import free_port, stop_process
+
+DRIVER_VERSION = "580.126.09"
+GPU_LINE = "GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-4f1c2b8e-1d7a-6c55-9a0e-2f3b9d8c7e61)"
+NO_DRIVER = (
+    "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest "
+    "NVIDIA driver is installed and running."
+)
+
+_NVIDIA_SMI = f"""#!/bin/bash
+# nvidia-smi as a host with one A100 answers (output recorded from driver 580.126.09).
+state="$QIIPNODE_ROOT/var/lib/fake-nvidia/driver"
+if [[ ! -f "$state" ]]; then echo "{NO_DRIVER}"; exit 9; fi
+case "$*" in
+  -L) echo "{GPU_LINE}" ;;
+  *driver_version*) cat "$state"; echo ;;
+  *memory.free*) echo "0, NVIDIA A100-SXM4-80GB, 81920, 81050" ;;
+  *) echo "NVIDIA-SMI $(cat "$state")" ;;
+esac
+"""
+
+_PACKAGE_MANAGER = """#!/bin/bash
+# {name} as it answers on a host whose repositories hold every package asked for (output recorded).
+echo "{name} $*" >>"$QIIPNODE_ROOT/var/log/package-manager.calls"
+if [[ -f "$QIIPNODE_ROOT/etc/package-manager-hangs" ]]; then
+  echo $$ >"$QIIPNODE_ROOT/var/run/package-manager.pid"
+  sleep 600
+fi
+{output}
+exit 0
+"""
+_DNF_OUTPUT = 'echo "Last metadata expiration check: 0:12:41 ago."; echo "Dependencies resolved."; echo "Complete!"'
+_APT_OUTPUT = (
+    'echo "Reading package lists..."; echo "Building dependency tree..."; echo "Reading state information..."; '
+    'echo "0 upgraded, 0 newly installed, 0 to remove and 0 not upgraded."'
+)
+
+DRIVER_INSTALLER = f"""#!/bin/sh
+# The NVIDIA installer's effect, as nvidia-smi sees it: the pinned driver is loaded.
+mkdir -p "$QIIPNODE_ROOT/var/lib/fake-nvidia"
+printf '%s' "{DRIVER_VERSION}" >"$QIIPNODE_ROOT/var/lib/fake-nvidia/driver"
+echo "Installation of the NVIDIA Accelerated Graphics Driver for Linux-x86_64"
+echo "(version: {DRIVER_VERSION}) is now complete."
+"""
+
+_FAKE_VLLM = """#!{python}
+# vLLM's OpenAI server as the gateway sees it (vLLM cannot run without a GPU): /health and /v1/models.
+import http.server, json, sys
+args = sys.argv[1:]
+opt = lambda name: args[args.index(name) + 1]
+alias = opt("--served-model-name")
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        models = {{"object": "list", "data": [{{"id": alias, "object": "model"}}]}}
+        body = b"" if self.path == "/health" else json.dumps(models).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a): pass
+print("INFO: vLLM API server version 0.26.0", flush=True)
+http.server.ThreadingHTTPServer((opt("--host"), int(opt("--port"))), H).serve_forever()
+"""
+
+
+def _write(path: Path, text: str, mode: int = 0o755) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
+class FakeHost:
+    """One loopback host: its address, install root and stub directory."""
+
+    def __init__(self, address: str, base: Path, *, family: str, gpu: bool) -> None:
+        self.address = address
+        self.root = base / address
+        self.bin = self.root / "stub-bin"
+        self.family = family
+        self.gpu = gpu
+        os_release = (
+            'ID="rhel"\nID_LIKE="fedora"\nVERSION_ID="9.4"\n' if family == "rhel" else 'ID=debian\nVERSION_ID="12"\n'
+        )
+        _write(self.root / "etc" / "os-release", os_release, 0o644)
+        (self.root / "opt").mkdir(parents=True, exist_ok=True)
+        name = "dnf" if family == "rhel" else "apt-get"
+        output = _DNF_OUTPUT if family == "rhel" else _APT_OUTPUT
+        _write(self.bin / name, _PACKAGE_MANAGER.format(name=name, output=output))
+        if gpu:
+            _write(self.bin / "nvidia-smi", _NVIDIA_SMI)
+
+    def path_env(self) -> str:
+        return f"{self.bin}:/usr/local/bin:/usr/bin:/bin"
+
+    def package_manager_calls(self) -> list[str]:
+        path = self.root / "var" / "log" / "package-manager.calls"
+        return path.read_text().splitlines() if path.exists() else []
+
+    def install_driver(self, version: str) -> None:
+        _write(self.root / "var" / "lib" / "fake-nvidia" / "driver", version, 0o644)
+
+    def preinstall_llamacpp(self, server_binary: Path, *, version: str = "0.3.36") -> None:
+        """The project's CPU build of llama-server as the bundle installs it (`/opt/llama.cpp/<version>-cpu`)."""
+        prefix = self.root / "opt" / "llama.cpp" / f"{version}-cpu"
+        (prefix / "bin").mkdir(parents=True, exist_ok=True)
+        link = prefix / "bin" / "llama-server"
+        if not link.exists():
+            link.symlink_to(server_binary)
+        (prefix / ".qiip-source-sha256").write_text(PINNED_SHA256[("pypi-sdist", version)])
+
+    def preinstall_vllm(self, version: str = "0.26.0") -> None:
+        venv = self.root / "opt" / "vllm-venv"
+        _write(venv / "bin" / "vllm", _FAKE_VLLM.format(python=sys.executable))
+        (venv / ".qiip-vllm-version").write_text(version)
+
+    def share_models(self, model_dir: Path, node_model_dir: str = "/srv/hf-cache") -> None:
+        link = self.root / node_model_dir.lstrip("/")
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.exists():
+            link.symlink_to(model_dir)
+
+    def engine_pid(self, engine: str) -> int | None:
+        path = self.root / "var" / "run" / f"{engine}.pid"
+        return int(path.read_text()) if path.exists() else None
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
+
+
+class SshHosts:
+    """One sshd serving `FakeHost`s on 127.0.0.2, 127.0.0.3, …; a client key and a known-hosts file for them.
+
+    Args:
+        base: a directory of its own.
+        count: how many hosts.
+        family: `rhel` or `debian` for every host, or None to alternate (even indexes rhel).
+        gpu: give the hosts the `nvidia-smi` stub.
+        first: the last octet of the first address.
+    """
+
+    def __init__(self, base: Path, count: int, *, family: str | None = None, gpu: bool = True, first: int = 2) -> None:
+        self.base = base
+        self.port = free_port()
+        self.hosts = [
+            FakeHost(
+                f"127.0.0.{first + i}",
+                base / "hosts",
+                family=family or ("rhel" if i % 2 == 0 else "debian"),
+                gpu=gpu,
+            )
+            for i in range(count)
+        ]
+        self.host_key = base / "ssh_host_ed25519_key"
+        self.client_key = base / "client_ed25519"
+        self.known_hosts = base / "known_hosts"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def __getitem__(self, index: int) -> FakeHost:
+        return self.hosts[index]
+
+    def start(self) -> SshHosts:
+        sshd = shutil.which("sshd") or "/usr/sbin/sshd"
+        if not Path(sshd).exists():
+            raise RuntimeError("sshd is not installed; `scripts/setup --test` installs the openssh-server package")
+        for key in (self.host_key, self.client_key):
+            if not key.exists():
+                subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+        authorized = self.base / "authorized_keys"
+        authorized.write_text(self.client_key.with_suffix(".pub").read_text())
+        lines = [
+            f"Port {self.port}",
+            *(f"ListenAddress {h.address}" for h in self.hosts),
+            f"HostKey {self.host_key}",
+            f"AuthorizedKeysFile {authorized}",
+            f"PidFile {self.base / 'sshd.pid'}",
+            "UsePAM no",
+            "StrictModes no",
+            "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no",
+            "PermitRootLogin prohibit-password",
+            "Subsystem sftp internal-sftp",
+            "MaxStartups 500",
+            "MaxSessions 200",
+            "LogLevel ERROR",
+        ]
+        for host in self.hosts:
+            lines += [
+                f"Match LocalAddress {host.address}",
+                f"  SetEnv QIIPNODE_ROOT={host.root} QIIPNODE_BIND={host.address} PATH={host.path_env()}",
+            ]
+        config = self.base / "sshd_config"
+        config.write_text("\n".join(lines) + "\n")
+        Path("/run/sshd").mkdir(exist_ok=True)
+        log = (self.base / "sshd.log").open("ab")
+        self.process = subprocess.Popen([sshd, "-D", "-e", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        self.write_known_hosts()
+        self._wait_ready()
+        return self
+
+    def write_known_hosts(self, key: Path | None = None) -> None:
+        public = (key or self.host_key).with_suffix(".pub").read_text().split()
+        self.known_hosts.write_text("".join(f"[{h.address}]:{self.port} {public[0]} {public[1]}\n" for h in self.hosts))
+
+    def _wait_ready(self) -> None:
+        import socket
+
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise RuntimeError(f"sshd exited: {(self.base / 'sshd.log').read_text()}")
+            try:
+                with socket.create_connection((self.hosts[-1].address, self.port), timeout=1) as sock:
+                    if sock.recv(64).startswith(b"SSH-"):
+                        return
+            except OSError:
+                time.sleep(0.02)
+        raise RuntimeError("sshd did not start")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            stop_process(self.process, timeout_s=10)
+
+    def __enter__(self) -> SshHosts:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class DriverServer:
+    """The NVIDIA driver installer served over loopback HTTP (`provisioning.nvidia_driver_url_template`)."""
+
+    def __init__(self, base: Path) -> None:
+        self.directory = base / "driver-mirror"
+        installer = _write(self.directory / f"NVIDIA-Linux-x86_64-{DRIVER_VERSION}.run", DRIVER_INSTALLER)
+        self.sha256 = hashlib.sha256(installer.read_bytes()).hexdigest()
+        handler = functools.partial(_QuietHandler, directory=str(self.directory))
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.url_template = f"http://127.0.0.1:{self.server.server_address[1]}/NVIDIA-Linux-x86_64-{{version}}.run"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> DriverServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        return None
