@@ -125,6 +125,8 @@ class QiipError(Exception):
     """The OpenAI-style error `code` of that answer."""
     param: str | None = None
     """The request field at fault, when there is one."""
+    retry_after_s: float | None = None
+    """When it is worth retrying, in seconds (the answer's `Retry-After`), when known."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)

@@ -25,7 +25,7 @@ from qiip_core.discovery import (
 from qiip_core.health import HealthChecker
 from qiip_core.lifecycle import OperationRunner
 from qiip_core.nodes import Node, NodeStatus
-from qiip_core.routing import Forwarder, NodeState, RoutingTable
+from qiip_core.routing import BreakerPolicy, Forwarder, NodeState, RoutingTable
 from qiip_proxy._local_nodes import LocalNodes
 from qiip_proxy._metrics import GatewayMetrics
 
@@ -46,7 +46,17 @@ class Gateway:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.table = RoutingTable(breaker_threshold=settings.breaker.failure_threshold)
+        breaker = settings.breaker
+        self.table = RoutingTable(
+            breaker=BreakerPolicy(
+                min_failures=breaker.failure_threshold,
+                failure_rate=breaker.failure_rate,
+                window_s=breaker.window_s,
+                open_s=breaker.open_s,
+                open_max_s=breaker.open_max_s,
+            ),
+            probe_interval_s=settings.health.interval_s,
+        )
         self.registry: Registry = create_registry(settings)
         self.profiles = {profile.name: profile for profile in settings.attached}
         # Bearer tokens of attached servers: sent to them only, never shown.

@@ -6,7 +6,7 @@ to the routing table (`apply_probe`), both pure so the transition matrix is test
 | probe       | breaker | effect                                                                    |
 |-------------|---------|---------------------------------------------------------------------------|
 | ok          | closed  | failures reset; unknown/unhealthy → healthy                               |
-| ok          | open    | failures reset; one half-open recovery probe: a one-token completion      |
+| ok          | open    | as above, and the breaker's trial at once: a one-token completion         |
 | loading     | any     | llama-server's 503 "Loading model": not ready, never a failure → unknown  |
 | failed      | any     | failures + 1; at `failure_threshold`, healthy/unknown → unhealthy         |
 
@@ -85,9 +85,7 @@ def apply_probe(
     if outcome is ProbeOutcome.OK:
         state.health_failures = 0
         table.mark_heartbeat(node_id)
-        if state.breaker.state is BreakerState.CLOSED:
-            table.set_liveness(node_id, NodeStatus.HEALTHY, reason="health probe ok")
-            return False
+        table.set_liveness(node_id, NodeStatus.HEALTHY, reason="health probe ok")
         return state.breaker.state is BreakerState.OPEN
     if outcome is ProbeOutcome.LOADING:
         table.set_liveness(node_id, NodeStatus.UNKNOWN, reason="loading its model")
@@ -241,7 +239,7 @@ class HealthChecker:
         return ProbeOutcome.OK, None
 
     async def _recover(self, state: NodeState) -> None:
-        if not state.breaker.try_half_open():
+        if not state.breaker.try_half_open(force=True):
             return
         node = state.node
         endpoints = node.capabilities.endpoints
@@ -275,11 +273,10 @@ class HealthChecker:
             state.breaker.reopen()
             return
         if ok:
-            state.breaker.record_success()
-            self.table.set_liveness(state.id, NodeStatus.HEALTHY, reason="recovery probe ok; breaker closed")
+            self.table.record_success(state.id)
+            logger.info("node %s: recovery probe ok; breaker closed", state.id)
         else:
-            state.breaker.record_failure()
-            state.last_error = error
+            self.table.record_failure(state.id, error or "the recovery probe failed")
             logger.info("node %s: %s; breaker stays open", state.id, error)
 
 

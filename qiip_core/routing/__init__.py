@@ -8,7 +8,7 @@ request it sends, and its errors translated), `_forward` (`Forwarder.open`: atte
 
 from __future__ import annotations
 
-from qiip_core.routing._breaker import BreakerState, CircuitBreaker
+from qiip_core.routing._breaker import BreakerPolicy, BreakerState, CircuitBreaker
 from qiip_core.routing._forward import Forwarder
 from qiip_core.routing._response import HOP_BY_HOP_HEADERS, UpstreamResponse
 from qiip_core.routing._sse import EventFramer, event_boundary
@@ -23,6 +23,7 @@ from qiip_core.routing._table import (
 from qiip_core.routing._upstream import UpstreamClient, UpstreamRequest, map_transport_error
 
 __all__ = [
+    "BreakerPolicy",
     "HOP_BY_HOP_HEADERS",
     "BreakerState",
     "ChangeKind",

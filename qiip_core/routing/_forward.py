@@ -126,13 +126,18 @@ class Forwarder:
             try:
                 response = await self._attempt(reservation, request, deadline)
             except UpstreamError as exc:
-                reservation.release()
                 failures.append(exc)
                 logger.warning("attempt %d on node %s failed: %s", len(tried), node_id, exc.message)
+                # Counted before the release, so a failed breaker trial reopens the breaker for longer.
                 if isinstance(exc, UpstreamTimeout):
                     if not timeout_counted or reservation.state.health_failures > 0:
-                        self.table.record_failure(node_id, exc.message)
+                        reservation.record_failure(exc.message)
                     timeout_counted = True
+                elif not isinstance(exc, UpstreamStatusError):
+                    # The node could not be reached or broke off: its fault, whatever the request.
+                    reservation.record_failure(exc.message)
+                reservation.release()
+                if isinstance(exc, UpstreamTimeout):
                     if exc.request_sent and not self.retry_after_timeout:
                         exc.message += (
                             " The node had the whole request, so it was not sent to another node"
@@ -143,9 +148,6 @@ class Forwarder:
                     if loop.time() >= deadline:
                         exc.attempts = len(tried)
                         raise exc from None
-                elif not isinstance(exc, UpstreamStatusError):
-                    # The node could not be reached or broke off: its fault, whatever the request.
-                    self.table.record_failure(node_id, exc.message)
                 continue
             except BaseException:
                 reservation.release()
@@ -161,7 +163,9 @@ class Forwarder:
         last = failures[-1]
         if self.max_attempts == 1:
             raise last
-        raise FailoverExhausted(attempts=len(failures), last=last, failures=failures)
+        exhausted = FailoverExhausted(attempts=len(failures), last=last, failures=failures)
+        exhausted.retry_after_s = self.table.retry_after_s(request.model)
+        raise exhausted
 
     def _blame_status_failures(self, failures: list[UpstreamError]) -> None:
         for failure in failures:
@@ -228,15 +232,15 @@ class Forwarder:
     async def _send(
         self, url: str, body: bytes, headers: Sequence[tuple[str, str]], node_id: str, progress: SendProgress
     ) -> aiohttp.ClientResponse:
-        for retry in (True, False):
-            try:
-                return await self.client.post(url, body, headers, progress)
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-                # A pooled keep-alive connection the node closed (or reset) just before we used it fails like
-                # this, before any response byte; one fresh try on the same node is not a node failure. A
-                # failed connect is (ClientConnectorError), and goes to failover at once.
-                if not retry or isinstance(exc, aiohttp.ClientConnectorError):
-                    raise
-                logger.debug("node %s: retrying on a fresh connection after %r", node_id, exc)
-                progress.sent = False
-        raise AssertionError("unreachable")
+        try:
+            return await self.client.post(url, body, headers, progress)
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            # A pooled keep-alive connection the node closed (or reset) just before we used it fails like
+            # this, before any response byte: one more try on the same node, on a new connection (another
+            # pooled one may be dead too), is not a node failure. A failed connect is (ClientConnectorError),
+            # and goes to failover at once.
+            if isinstance(exc, aiohttp.ClientConnectorError):
+                raise
+            logger.debug("node %s: retrying on a new connection after %r", node_id, exc)
+            progress.sent = False
+            return await self.client.post(url, body, headers, progress, fresh=True)
