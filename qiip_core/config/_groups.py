@@ -246,6 +246,9 @@ class HealthSettings(_Group):
     """Timeout of one `GET /health` probe."""
     failure_threshold: int = Field(default=3, ge=1, le=100)
     """Consecutive failed probes that make a node `unhealthy`."""
+    retry_interval_s: PositiveSeconds = 1.0
+    """After a failed probe, the node is probed again this soon rather than at the next `interval_s`, so a
+    node that hangs is found within about `failure_threshold` × (`timeout_s` + `retry_interval_s`)."""
     recovery_timeout_s: PositiveSeconds = 30.0
     """Timeout of the one-token completion probe that closes an open circuit breaker."""
     concurrency: int = Field(default=64, ge=1)

@@ -1,6 +1,7 @@
 """Background health checks.
 
-Every `interval_s` each node gets `GET /health`. The answer is classified (`classify_health`) and applied
+Every `interval_s` each node gets `GET /health`, and a node whose probe failed gets the next one after
+`retry_interval_s`. The answer is classified (`classify_health`) and applied
 to the routing table (`apply_probe`), both pure so the transition matrix is tested without a network:
 
 | probe       | breaker | effect                                                                    |
@@ -132,6 +133,7 @@ class HealthChecker:
         self._semaphore = asyncio.Semaphore(settings.concurrency)
         self._probing: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._retries: set[asyncio.TimerHandle] = set()
         self._loop_task: asyncio.Task[None] | None = None
         self._unsubscribe: Callable[[], None] | None = None
 
@@ -144,6 +146,8 @@ class HealthChecker:
         """Stop probing and close the client."""
         if self._unsubscribe is not None:
             self._unsubscribe()
+        for handle in self._retries:
+            handle.cancel()
         tasks = [t for t in (self._loop_task, *self._tasks) if t is not None]
         for task in tasks:
             task.cancel()
@@ -174,6 +178,13 @@ class HealthChecker:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _retry_soon(self, node_id: str) -> None:
+        handle = asyncio.get_running_loop().call_later(self.settings.retry_interval_s, self.probe_soon, node_id)
+        self._retries.add(handle)
+        # Forget it once it ran (TimerHandle has no done callback: drop the ones whose time has passed).
+        now = asyncio.get_running_loop().time()
+        self._retries = {h for h in self._retries if h.when() > now and not h.cancelled()}
+
     async def _run(self) -> None:
         while True:
             await self.probe_all()
@@ -197,6 +208,9 @@ class HealthChecker:
                 needs_recovery = apply_probe(
                     self.table, state, outcome, error=error, failure_threshold=self.settings.failure_threshold
                 )
+                if outcome is ProbeOutcome.FAILED and state.health_failures < self.settings.failure_threshold:
+                    # Look again soon: a node that hangs must not keep getting requests for whole intervals.
+                    self._retry_soon(node_id)
                 if needs_recovery:
                     await self._recover(state)
                 if outcome is ProbeOutcome.OK and state.status is NodeStatus.HEALTHY and self._on_healthy is not None:

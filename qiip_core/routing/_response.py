@@ -33,6 +33,7 @@ the routing table once committed, so the relay never has to:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import zlib
 from dataclasses import dataclass, field
@@ -45,7 +46,10 @@ from qiip_core.routing._sse import EventFramer, ends_with_done, first_data_event
 from qiip_core.routing._table import Reservation
 from qiip_core.routing._upstream import TRANSPORT_ERRORS, map_transport_error
 
-__all__ = ["HOP_BY_HOP_HEADERS", "UpstreamResponse"]
+__all__ = ["ABORT_GRACE_S", "HOP_BY_HOP_HEADERS", "UpstreamResponse"]
+
+ABORT_GRACE_S = 1.0
+"""How long an answer whose node failed its health probes may still wait for its next bytes (`abort`)."""
 
 HOP_BY_HOP_HEADERS = frozenset(
     {
@@ -77,7 +81,7 @@ _ERROR_BODY_BYTES = 4096
 """How much of a 5xx answer's body is kept for the error message."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class UpstreamResponse:
     """A node's response that the gateway has committed to relaying.
 
@@ -114,6 +118,11 @@ class UpstreamResponse:
     _committed: bool = False
     # The last events read that were not only comments: where a stream's `[DONE]` is looked for at its end.
     _last: bytes = b""
+    # The running read's timer, so `abort()` can end the wait at once.
+    _timer: asyncio.Timeout | None = None
+    _abort_reason: str | None = None
+    # The set of the node's committed responses this one is in (`Forwarder`), left on `aclose()`.
+    _registry: set[UpstreamResponse] | None = None
 
     @classmethod
     async def receive(
@@ -223,13 +232,15 @@ class UpstreamResponse:
                         raise UpstreamTimeout("the request's deadline passed.", node_id=self.node_id, request_sent=True)
                     wait_s = min(wait_s, left)
                 try:
-                    async with asyncio.timeout(wait_s):
+                    async with asyncio.timeout(wait_s) as self._timer:
                         chunk = await response.content.readany()
                     if self._decoder is not None:
                         chunk = self._decoder.decompress(chunk) if chunk else self._decoder.flush()
                 except TimeoutError as exc:
                     if isinstance(exc, aiohttp.ClientError):
                         raise map_transport_error(exc, self.node_id) from exc
+                    if self._abort_reason is not None:
+                        raise UpstreamTransportError(self._abort_reason, node_id=self.node_id) from None
                     if self._deadline is not None and asyncio.get_running_loop().time() >= self._deadline:
                         raise UpstreamTimeout(
                             "the request's deadline passed.", node_id=self.node_id, request_sent=True
@@ -295,6 +306,24 @@ class UpstreamResponse:
         self.complete = True
         return b""
 
+    def abort(self, reason: str, *, grace_s: float = ABORT_GRACE_S) -> None:
+        """End the answer from outside, unless it is still flowing: its node failed its health probes. A read
+        waiting on the node then gives up `grace_s` from now and raises `UpstreamTransportError` with
+        `reason`, which the relay reports in-band; an answer whose bytes keep coming (a node too busy to
+        answer its probes in time, not hung) goes on.
+
+        Args:
+            reason: what happened, for the client and the logs.
+            grace_s: how long the waiting read may still wait, in seconds.
+        """
+        if self.complete:
+            return
+        self._abort_reason = reason
+        if self._timer is not None:
+            # Between two reads the timer has exited and cannot move: the answer is flowing.
+            with contextlib.suppress(RuntimeError):
+                self._timer.reschedule(asyncio.get_running_loop().time() + grace_s)
+
     async def aclose(self) -> None:
         """Finish with the node's response and release the reservation. Idempotent.
 
@@ -302,6 +331,9 @@ class UpstreamResponse:
         as the node's success; one abandoned early (the client left, the relay failed) closes the connection,
         so the node sees the disconnect at once.
         """
+        if self._registry is not None:
+            self._registry.discard(self)
+            self._registry = None
         try:
             response, self._response = self._response, None
             if response is not None:

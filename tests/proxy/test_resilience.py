@@ -4,6 +4,7 @@ come back."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Callable, Iterator
 
@@ -11,8 +12,8 @@ import httpx
 import pytest
 
 from tests.support.daemon import Daemon
-from tests.support.failover import CHAT, body, calls
-from tests.support.fault_backend import FaultBackend, Sse, Status
+from tests.support.failover import CHAT, body, busy, calls
+from tests.support.fault_backend import FaultBackend, Hang, Sse, Status
 
 pytestmark = pytest.mark.integration
 
@@ -129,3 +130,47 @@ def test_an_unavailable_model_says_which_nodes_serve_it_and_when_to_retry(
     assert answer.status_code == 503 and answer.json()["error"]["code"] == "model_unavailable"
     assert "1 node: 1 unhealthy" in answer.json()["error"]["message"]
     assert answer.headers["retry-after"] == "60"  # the next health probe
+
+
+@pytest.fixture(scope="module")
+def probing_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """A daemon whose probes find a hung node within about two seconds, and whose request limits (10 s) are
+    far longer."""
+    env = {
+        "QIIP_HEALTH__INTERVAL_S": "1",
+        "QIIP_HEALTH__TIMEOUT_S": "0.5",
+        "QIIP_HEALTH__FAILURE_THRESHOLD": "2",
+        "QIIP_HEALTH__RETRY_INTERVAL_S": "0.2",
+    }
+    with Daemon(tmp_path_factory.mktemp("probing-daemon"), env=env) as daemon:
+        yield daemon
+
+
+def test_a_request_waiting_on_a_hung_node_fails_over_when_its_probes_fail(
+    probing_daemon: Daemon, backends: Backends, model: str
+) -> None:
+    hung, fine = backends(), backends()
+    probing_daemon.add_node(f"{model}-fine", fine.url, model)
+    with busy(probing_daemon, fine, model):
+        probing_daemon.add_node(f"{model}-hung", hung.url, model)
+        hung.health = Hang()
+        hung.default = Hang()
+        answer = httpx.post(probing_daemon.url + CHAT, json=body(model), timeout=30)
+    # Without the probes it would have waited out the 10 s limit, then got a 504 (a timeout of a node that
+    # had the request is not re-sent).
+    assert answer.status_code == 200 and answer.json()["object"] == "chat.completion"
+    assert calls(hung) == 1
+
+
+def test_a_stream_from_a_node_that_hangs_ends_with_an_error_event(
+    probing_daemon: Daemon, backends: Backends, model: str
+) -> None:
+    hung = backends()
+    probing_daemon.add_node(f"{model}-hung", hung.url, model)
+    hung.default = Sse(n_events=5, delay_between_s=60)
+    hung.health = Hang()
+    answer = httpx.post(probing_daemon.url + CHAT, json=body(model, stream=True), timeout=30)
+    events = [event for event in answer.text.split("\n\n") if event]
+    assert answer.status_code == 200 and len(events) == 3 and events[-1] == "data: [DONE]"
+    error = json.loads(events[1].removeprefix("data: "))["error"]
+    assert error["code"] == "backend_transport_error" and "health probes" in error["message"]
