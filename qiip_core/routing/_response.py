@@ -4,7 +4,8 @@ with.
 `UpstreamResponse.receive()` turns the node's status and headers into a response the gateway can commit to,
 once what the client will see first has arrived:
 
-- a 5xx answer is not committed: it raises `UpstreamStatusError`, for the forwarder to fail over;
+- a 5xx answer is not committed: it raises `UpstreamStatusError`, for the forwarder to fail over; nor is
+  a 3xx redirect (`UpstreamTransportError`): never relayed, never followed;
 - a non-streaming answer: the status, headers and the body (read whole when it fits
   `buffer_response_bytes`, so a node dying while sending it can still be failed over). A 200 body whose
   end HTTP cannot vouch for (chunked, or ended by the connection's close) must also be whole JSON: a cut
@@ -147,8 +148,8 @@ class UpstreamResponse:
 
         Raises:
             UpstreamStatusError: the node answered 5xx (at most 4 KiB of its body kept).
-            UpstreamTransportError: a stream broke, or ended, before its first data event; a 200 body without
-                a declared length is not whole JSON.
+            UpstreamTransportError: the node answered with a redirect; a stream broke, or ended, before its
+                first data event; a 200 body without a declared length is not whole JSON.
             aiohttp.ClientError, zlib.error, TimeoutError, OSError: reading a non-streaming body failed (the
                 forwarder translates these with `map_transport_error`).
         """
@@ -159,6 +160,14 @@ class UpstreamResponse:
             text = body[:200].decode("utf-8", "replace")
             raise UpstreamStatusError(
                 f"HTTP {status}: {text}" if text else f"HTTP {status}", node_id=node_id, status=status, body=body
+            )
+        if 300 <= status < 400:
+            # Relayed, a redirect would send the client's prompt to an address no allowlist checked (the
+            # openai client follows 307 and 308 with the body); followed, the gateway would. Neither: the node
+            # misbehaves, and another one may be tried.
+            raise UpstreamTransportError(
+                f"the node answered with a redirect (HTTP {status}), which is never relayed or followed.",
+                node_id=node_id,
             )
         encoding = response.headers.get("content-encoding", "identity").lower()
         sse = status == 200 and response.content_type == "text/event-stream" and encoding in _DECODABLE

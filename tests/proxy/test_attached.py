@@ -133,11 +133,15 @@ def _quiet(client: httpx.Client, url: str, body: dict[str, Any]) -> None:
         pass
 
 
-def test_redirects_are_relayed_never_followed(attached_daemon: tuple[Daemon, FaultBackend]) -> None:
+@pytest.mark.parametrize("status", [302, 307, 308])
+def test_redirects_are_never_relayed_or_followed(attached_daemon: tuple[Daemon, FaultBackend], status: int) -> None:
     daemon, fault = attached_daemon
-    fault.push(Status(307, b"", headers={"Location": "http://10.0.0.1:8000/v1/chat/completions"}))
+    before = sum(r.path == "/v1/chat/completions" for r in fault.requests)
+    fault.push(Status(status, b"", headers={"Location": "http://10.0.0.1:8000/v1/chat/completions"}))
     answer = httpx.post(daemon.url + "/v1/chat/completions", json={"model": "fault-model", "messages": []}, timeout=30)
-    assert answer.status_code == 307 and answer.headers["location"].startswith("http://10.0.0.1")
+    assert answer.status_code == 502 and "location" not in answer.headers
+    assert "redirect" in answer.json()["error"]["message"] and "10.0.0.1" not in answer.text
+    assert sum(r.path == "/v1/chat/completions" for r in fault.requests) == before + 1  # not followed
 
 
 def test_health_needs_the_model_in_the_server_list(attached_daemon: tuple[Daemon, FaultBackend]) -> None:
