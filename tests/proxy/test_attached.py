@@ -180,3 +180,29 @@ def test_unsafe_profiles_stop_start_up(tmp_path: Path, profile: str, fragment: s
     )
     assert result.returncode == 2 and fragment in result.stderr, result.stderr
     assert SECRET not in result.stderr
+
+
+def test_an_attached_profile_name_is_reserved_and_its_token_follows_no_name(
+    attached_daemon: tuple[Daemon, FaultBackend],
+) -> None:
+    daemon, fault = attached_daemon
+    refused = daemon.admin.post("/admin/nodes", json={"id": "keyed", "endpoint": fault.url, "model": "keyed"})
+    assert refused.status_code == 409 and "reserved for the attached profile" in refused.json()["error"]["message"]
+    # Look-alike ids at another URL are ordinary nodes, without the token.
+    for node_id in ("keyed-2", "Keyed"):
+        answer = daemon.admin.post("/admin/nodes", json={"id": node_id, "endpoint": fault.url, "model": "keyed"})
+        assert answer.status_code == 201, answer.text
+    # The name written straight into the registry (by hand, or another gateway) is ignored.
+    daemon.add_node("keyed", fault.url, "keyed", wait=False)
+    wait_until(lambda: "reserved for the attached profile" in daemon.log(), 10, "the reserved id to be refused")
+    try:
+        for _ in range(6):
+            body = {"model": "keyed", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+            assert httpx.post(daemon.url + "/v1/chat/completions", json=body, timeout=60).status_code == 200
+        assert any(r.path == "/v1/chat/completions" for r in fault.requests)
+        assert not any(SECRET in value for r in fault.requests for value in r.headers.values())
+        node = daemon.admin.get("/admin/nodes/keyed").json()
+        assert node["engine"] == "attached" and node["endpoint"] != fault.url
+    finally:
+        for node_id in ("keyed-2", "Keyed"):
+            daemon.admin.delete(f"/admin/nodes/{node_id}")
