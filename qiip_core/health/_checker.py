@@ -26,6 +26,7 @@ from enum import StrEnum
 
 import aiohttp
 
+from qiip_core._errors import safe_text
 from qiip_core.config import HealthSettings
 from qiip_core.nodes import Engine, NodeStatus
 from qiip_core.routing import BreakerState, ChangeKind, NodeState, RoutingTable, TableChange
@@ -296,4 +297,4 @@ class HealthChecker:
 
 def _describe(what: str, exc: BaseException) -> str:
     detail = str(exc) or ("timed out" if isinstance(exc, TimeoutError) else type(exc).__name__)
-    return f"{what}: {detail}"
+    return f"{what}: {safe_text(detail)}"

@@ -167,15 +167,15 @@ class Forwarder:
                 response = await self._attempt(reservation, request, deadline)
             except UpstreamError as exc:
                 failures.append(exc)
-                logger.warning("attempt %d on node %s failed: %s", len(tried), node_id, exc.message)
+                logger.warning("attempt %d on node %s failed: %s", len(tried), node_id, exc.log_text)
                 # Counted before the release, so a failed breaker trial reopens the breaker for longer.
                 if isinstance(exc, UpstreamTimeout):
                     if not timeout_counted or reservation.state.health_failures > 0:
-                        reservation.record_failure(exc.message)
+                        reservation.record_failure(exc.log_text)
                     timeout_counted = True
                 elif not isinstance(exc, UpstreamStatusError):
                     # The node could not be reached or broke off: its fault, whatever the request.
-                    reservation.record_failure(exc.message)
+                    reservation.record_failure(exc.log_text)
                 reservation.release()
                 if isinstance(exc, UpstreamTimeout):
                     if exc.request_sent and not self.retry_after_timeout:
@@ -218,7 +218,7 @@ class Forwarder:
                 and failure.node_id is not None
                 and failure.status not in _NEUTRAL_STATUSES
             ):
-                self.table.record_failure(failure.node_id, failure.message)
+                self.table.record_failure(failure.node_id, failure.log_text)
 
     async def _attempt(self, reservation: Reservation, request: UpstreamRequest, deadline: float) -> UpstreamResponse:
         """One attempt on one node: send, and wait for the answer's first token (or all of a plain one).

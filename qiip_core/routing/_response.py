@@ -159,7 +159,7 @@ class UpstreamResponse:
             body = await _read_at_most(response, _ERROR_BODY_BYTES)
             text = body[:200].decode("utf-8", "replace")
             raise UpstreamStatusError(
-                f"HTTP {status}: {text}" if text else f"HTTP {status}", node_id=node_id, status=status, body=body
+                f"the node answered HTTP {status}.", node_id=node_id, status=status, body=body, detail=text or None
             )
         if 300 <= status < 400:
             # Relayed, a redirect would send the client's prompt to an address no allowlist checked (the
@@ -284,7 +284,7 @@ class UpstreamResponse:
                 and isinstance(exc, UpstreamTimeout)
                 and self.reservation.state.health_failures == 0
             ):
-                self.reservation.record_failure(exc.message)
+                self.reservation.record_failure(exc.log_text)
             raise
 
     def _end_of_stream(self) -> bytes:

@@ -222,6 +222,7 @@ def map_transport_error(exc: BaseException, node_id: str | None) -> UpstreamErro
     """
     for library_type, ours, text in _TRANSPORT_ERRORS:
         if isinstance(exc, library_type):
-            detail = str(exc) or type(exc).__name__
-            return ours(f"{text} ({detail}).", node_id=node_id)
-    return UpstreamTransportError(f"the connection to the node failed ({exc!r}).", node_id=node_id)
+            # The library's words name addresses and may quote the node: they are the error's `detail`, for
+            # logs and the admin API; the client gets `text`.
+            return ours(f"{text}.", node_id=node_id, detail=str(exc) or type(exc).__name__)
+    return UpstreamTransportError("the connection to the node failed.", node_id=node_id, detail=repr(exc))

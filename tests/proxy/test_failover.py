@@ -55,8 +55,10 @@ def test_exhausted_failover_reports_attempts(fault_daemon: Daemon, backends: Bac
     assert response.headers["x-qiip-attempts"] == "3"
     error = response.json()["error"]
     assert error["code"] == "failover_exhausted" and error["type"] == "upstream_error"
-    assert "overloaded" in error["message"]
+    # The gateway's own words: the node's text stays in the log.
+    assert "HTTP 503" in error["message"] and "overloaded" not in error["message"]
     assert sum(calls(b) for b in nodes) == 3
+    assert "overloaded" in fault_daemon.log()
 
 
 def test_exhausted_with_fewer_nodes_than_attempts(fault_daemon: Daemon, backends: Backends, model: str) -> None:
@@ -274,3 +276,27 @@ def test_requests_go_only_to_nodes_that_serve_their_api(fault_daemon: Daemon, ba
     error = answer.json()["error"]
     assert error["code"] == "endpoint_not_supported" and "chat, completions" in error["message"]
     assert calls(chat_only) == 0
+
+
+def test_what_a_node_says_stays_out_of_answers_and_is_escaped_in_the_log(
+    fault_daemon: Daemon, backends: Backends, model: str
+) -> None:
+    echoing = backends()
+    # A node that echoes the request's credentials and forges a log line.
+    echoing.default = Status(500, b"got Authorization: Bearer sk-node-secret\n2026-01-01 [info] forged line")
+    fault_daemon.add_node(f"{model}-echo", echoing.url, model)
+    refused = backends()
+    refused_url = refused.url
+    refused.close()
+    fault_daemon.add_node(f"{model}-gone", refused_url, model, wait=False)
+    answers = [
+        httpx.post(fault_daemon.url + "/v1/chat/completions", json={"model": model, "messages": []}, timeout=30)
+        for _ in range(3)
+    ]
+    for answer in answers:
+        assert answer.status_code >= 500
+        assert "sk-node-secret" not in answer.text and "forged" not in answer.text
+        assert refused_url.split("//")[1] not in answer.text  # no node address either
+    log = fault_daemon.log()
+    assert "sk-node-secret" not in log and "Bearer [redacted]" in log
+    assert "\n2026-01-01 [info] forged line" not in log and "\\x0a2026-01-01" in log
