@@ -23,8 +23,8 @@ from qiip_core.routing._table import (
 from qiip_core.routing._upstream import UpstreamClient, UpstreamRequest, map_transport_error
 
 __all__ = [
-    "BreakerPolicy",
     "HOP_BY_HOP_HEADERS",
+    "BreakerPolicy",
     "BreakerState",
     "ChangeKind",
     "CircuitBreaker",
