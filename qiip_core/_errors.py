@@ -82,6 +82,7 @@ this module holds the core's.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -160,6 +161,8 @@ class QiipError(Exception):
     """The OpenAI-style error `code` of that answer."""
     param: str | None = None
     """The request field at fault, when there is one."""
+    retry_after_s: float | None = None
+    """When it is worth retrying, in seconds (the answer's `Retry-After`), when known."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -287,6 +290,7 @@ class UpstreamError(QiipError):
         status: the HTTP status to answer with (502, 504, or the node's own 5xx).
         code: the OpenAI error `code`.
         retryable: whether another node may be tried (connect errors, timeouts, 5xx).
+        detail: what the node or the transport said (an error text, an address), never shown to clients.
         attempts: nodes tried for the request, this one included (`X-QIIP-Attempts`; set by the forwarder).
     """
 
@@ -295,9 +299,19 @@ class UpstreamError(QiipError):
     retryable: bool = True
     attempts: int = 1
 
-    def __init__(self, message: str, *, node_id: str | None) -> None:
+    def __init__(self, message: str, *, node_id: str | None, detail: str | None = None) -> None:
         super().__init__(message)
         self.node_id = node_id
+        self.detail = detail
+
+    @property
+    def log_text(self) -> str:
+        """The message with what the node or the transport said (`detail`), for logs and the admin API only:
+        secrets redacted and control characters escaped (`safe_text`). Clients get `message`, the gateway's
+        own words, which never quote a node."""
+        if not self.detail:
+            return self.message
+        return f"{self.message} ({safe_text(self.detail)})"
 
 
 class UpstreamConnectError(UpstreamError):
@@ -319,8 +333,10 @@ class UpstreamTimeout(UpstreamError):
     status = 504
     code = "backend_timeout"
 
-    def __init__(self, message: str, *, node_id: str | None, request_sent: bool = False) -> None:
-        super().__init__(message, node_id=node_id)
+    def __init__(
+        self, message: str, *, node_id: str | None, request_sent: bool = False, detail: str | None = None
+    ) -> None:
+        super().__init__(message, node_id=node_id, detail=detail)
         self.request_sent = request_sent
 
 
@@ -340,8 +356,10 @@ class UpstreamStatusError(UpstreamError):
         body: the node's response body, at most the first 4 KiB.
     """
 
-    def __init__(self, message: str, *, node_id: str | None, status: int, body: bytes) -> None:
-        super().__init__(message, node_id=node_id)
+    def __init__(
+        self, message: str, *, node_id: str | None, status: int, body: bytes, detail: str | None = None
+    ) -> None:
+        super().__init__(message, node_id=node_id, detail=detail)
         self.status = status
         self.code = str(status)
         self.body = body
@@ -363,8 +381,9 @@ class FailoverExhausted(UpstreamError):
     def __init__(self, *, attempts: int, last: UpstreamError, failures: list[UpstreamError] | None = None) -> None:
         noun = "attempt" if attempts == 1 else "attempts"
         super().__init__(
-            f"The request failed on {attempts} {noun}; the last node said: {last.message}",
+            f"The request failed on {attempts} {noun}; the last: {last.message}",
             node_id=last.node_id,
+            detail=last.detail,
         )
         self.attempts = attempts
         self.last = last
@@ -703,3 +722,25 @@ class TokenStoreUnavailable(AuthError):
 
     status = 503
     code = "token_store_unavailable"
+
+
+_SECRETS = re.compile(
+    r"(?i)((?:authorization|api[-_]?key|token|password)[\"']?\s*[:=]\s*[\"']?(?:(?:bearer|basic)\s+)?)[^\s\"',;]+"
+    r"|(\b(?:bearer|basic)\s+)[A-Za-z0-9._~+/=-]+"
+)
+"""Credentials as they appear in echoed headers and error texts: `Bearer <token>`, `authorization: <...>`."""
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def safe_text(text: str, *, limit: int = 500) -> str:
+    """`text` from a node or a transport, fit for a log line or the admin API: credentials redacted, control
+    characters (a newline would forge a log line) escaped as `\\xNN`, at most `limit` characters.
+
+    Args:
+        text: the untrusted text.
+        limit: the longest result, in characters.
+    """
+    redacted = _SECRETS.sub(lambda m: (m.group(1) or m.group(2)) + "[redacted]", text)
+    escaped = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", redacted)
+    return escaped if len(escaped) <= limit else escaped[:limit] + "…"

@@ -14,6 +14,7 @@ in-band, followed by `data: [DONE]`.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, NamedTuple
 
 from starlette.responses import Response
@@ -101,7 +102,8 @@ def describe_error(exc: QiipError) -> ErrorAnswer:
 
     Returns:
         The status, the OpenAI error body, and headers: `WWW-Authenticate` for a refused invoke token,
-        `X-QIIP-Attempts` (and `X-QIIP-Failover: exhausted`) for a failed forward.
+        `X-QIIP-Attempts` (and `X-QIIP-Failover: exhausted`) for a failed forward, `Retry-After` when the
+        error knows when a retry may succeed.
     """
     status = exc.status
     headers: dict[str, str] = {}
@@ -120,6 +122,9 @@ def describe_error(exc: QiipError) -> ErrorAnswer:
             headers = {"WWW-Authenticate": 'Bearer realm="qiip"'}
         elif isinstance(exc, PlanError | ManifestInvalid):
             extra = {"violations": [{"field": v.field, "message": v.message} for v in exc.violations]}
+    if exc.retry_after_s is not None:
+        # Whole seconds (RFC 9110 §10.2.3), rounded up, and never 0: a client must not retry in a busy loop.
+        headers = {**headers, "Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
     return ErrorAnswer(status, error_body(exc.message, type=kind, code=exc.code, param=exc.param, extra=extra), headers)
 
 

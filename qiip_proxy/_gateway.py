@@ -28,7 +28,7 @@ from qiip_core.health import HealthChecker
 from qiip_core.lifecycle import OperationRunner
 from qiip_core.nodes import Node, NodeStatus
 from qiip_core.provisioning import Provisioner
-from qiip_core.routing import Forwarder, NodeState, RoutingTable
+from qiip_core.routing import BreakerPolicy, Forwarder, NodeState, RoutingTable
 from qiip_proxy._local_nodes import LocalNodes
 from qiip_proxy._metrics import GatewayMetrics
 
@@ -49,9 +49,21 @@ class Gateway:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.table = RoutingTable(breaker_threshold=settings.breaker.failure_threshold)
+        breaker = settings.breaker
+        self.table = RoutingTable(
+            breaker=BreakerPolicy(
+                min_failures=breaker.failure_threshold,
+                failure_rate=breaker.failure_rate,
+                window_s=breaker.window_s,
+                open_s=breaker.open_s,
+                open_max_s=breaker.open_max_s,
+            ),
+            probe_interval_s=settings.health.interval_s,
+        )
         self.registry: Registry = create_registry(settings)
         self.profiles = {profile.name: profile for profile in settings.attached}
+        # Where each profile's token may go: its own URL, as its node carries it.
+        self._attached_urls = {profile.name: attached_node(profile).endpoint for profile in settings.attached}
         # Bearer tokens of attached servers: sent to them only, never shown.
         self._attached_tokens = {
             p.name: read_token_file(p.token_file, profile=p.name) for p in settings.attached if p.token_file
@@ -94,8 +106,15 @@ class Gateway:
             end()
 
     def _headers_for(self, node_id: str) -> dict[str, str]:
+        """The bearer token of an attached profile, for requests to that profile's node: only while the node
+        of that id is the attached one at the profile's own URL, so a token never follows a name elsewhere."""
         token = self._attached_tokens.get(node_id)
-        return {"Authorization": f"Bearer {token}"} if token else {}
+        if not token:
+            return {}
+        state = self.table.get(node_id)
+        if state is None or state.source != "attached" or state.node.endpoint != self._attached_urls.get(node_id):
+            return {}
+        return {"Authorization": f"Bearer {token}"}
 
     def attach(self, name: str) -> Node:
         """Attach the approved profile `name` as a node (re-reading its token file).
@@ -118,6 +137,15 @@ class Gateway:
         await self.registry.node_healthy(state.id)
 
     def _apply(self, event: RegistryEvent) -> None:
+        if event.node_id in self.profiles:
+            # An attached profile's name, from a registry (written by another gateway, or by hand): it must
+            # never stand in for the profile's node.
+            logger.warning(
+                "node %s from %s ignored: the id is reserved for the attached profile of that name",
+                event.node_id,
+                event.source,
+            )
+            return
         if event.kind is RegistryEventKind.PUT and event.node is not None:
             node = event.node
             verb = "updated" if event.node_id in self.table else "registered"

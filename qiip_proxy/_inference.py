@@ -106,7 +106,7 @@ async def serve_inference(gateway: Gateway, scope: Scope, receive: Receive, send
 class _InferenceRequest:
     """One inference request on its way, and what ends it early: the client leaving, or its token revoked."""
 
-    __slots__ = ("_disconnected", "_ended", "_task", "gateway", "outcome", "request_id", "token")
+    __slots__ = ("_disconnected", "_ended", "_stopped", "_task", "gateway", "outcome", "request_id", "token")
 
     def __init__(self, gateway: Gateway, request_id: str, outcome: Outcome) -> None:
         self.gateway = gateway
@@ -114,6 +114,8 @@ class _InferenceRequest:
         self.outcome = outcome
         self.token: InvokeToken | None = None
         self._disconnected = False
+        # Ended in-band because the daemon is stopping.
+        self._stopped = False
         self._ended: QiipError | None = None
         self._task: asyncio.Task[Any] | None = None
 
@@ -142,8 +144,10 @@ class _InferenceRequest:
         try:
             await self._forward_and_relay(request, send)
         except asyncio.CancelledError:
-            if not (self._disconnected or self._ended is not None):
+            if not (self._disconnected or self._ended is not None or self._stopped):
                 raise
+            # Ended on purpose (the client left, its token was revoked, the daemon is stopping) and answered
+            # honestly: nothing for the server to report.
             task.uncancel()
         finally:
             watcher.cancel()
@@ -186,6 +190,13 @@ class _InferenceRequest:
                 ended = self._ended
                 outcome.error_code = ended.code if ended is not None else "gateway_shutdown"
                 await end_stream(send, sse_error_event(ended) if ended is not None else SHUTDOWN_EVENT)
+                if ended is None:
+                    self._stopped = True
+                    logger.info(
+                        "stream %s to node %s ended: the daemon stopped after its shutdown grace period",
+                        self.request_id,
+                        upstream.node_id,
+                    )
             raise
         finally:
             await upstream.aclose()

@@ -84,7 +84,7 @@ async def relay(upstream: UpstreamResponse, send: Send, request_id: str, outcome
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
             before, last = last, chunk
     except UpstreamError as exc:
-        logger.warning("node %s failed mid-response: %s", upstream.node_id, exc.message)
+        logger.warning("node %s failed mid-response: %s", upstream.node_id, exc.log_text)
         outcome.relay_error = exc
         if not upstream.sse:
             # Headers are out and the body is incomplete: the only honest signal left is to break the

@@ -247,6 +247,9 @@ class HealthSettings(_Group):
     """Timeout of one `GET /health` probe."""
     failure_threshold: int = Field(default=3, ge=1, le=100)
     """Consecutive failed probes that make a node `unhealthy`."""
+    retry_interval_s: PositiveSeconds = 1.0
+    """After a failed probe, the node is probed again this soon rather than at the next `interval_s`, so a
+    node that hangs is found within about `failure_threshold` × (`timeout_s` + `retry_interval_s`)."""
     recovery_timeout_s: PositiveSeconds = 30.0
     """Timeout of the one-token completion probe that closes an open circuit breaker."""
     concurrency: int = Field(default=64, ge=1)
@@ -254,10 +257,26 @@ class HealthSettings(_Group):
 
 
 class BreakerSettings(_Group):
-    """Per-node circuit breakers (`[breaker]`)."""
+    """Per-node circuit breakers (`[breaker]`; `qiip_core.routing.CircuitBreaker`)."""
 
     failure_threshold: int = Field(default=3, ge=1, le=100)
-    """Consecutive request failures (connect errors, timeouts, 5xx) that open a node's breaker."""
+    """Failure signals (connect errors, timeouts, broken answers, 5xx) within `window_s` that open a node's
+    breaker, together with `failure_rate`. Failures of requests that were in flight together are one signal."""
+    failure_rate: float = Field(default=0.5, gt=0, le=1)
+    """The share of the window's outcomes that must be failure signals to open the breaker."""
+    window_s: PositiveSeconds = 10.0
+    """The sliding window outcomes are counted over."""
+    open_s: PositiveSeconds = 1.0
+    """How long an open breaker waits before it lets one trial request through; doubles after each failed
+    trial."""
+    open_max_s: PositiveSeconds = 30.0
+    """The longest an open breaker waits for its next trial."""
+
+    @model_validator(mode="after")
+    def _open_periods(self) -> BreakerSettings:
+        if self.open_max_s < self.open_s:
+            raise ValueError(f"open_max_s ({self.open_max_s:g}) must be at least open_s ({self.open_s:g})")
+        return self
 
 
 class LoggingSettings(_Group):

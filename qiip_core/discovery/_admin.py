@@ -12,7 +12,13 @@ import logging
 from qiip_core._errors import NodeConflict, NodeNotFound
 from qiip_core.config import Settings
 from qiip_core.discovery._base import RegisteredNode, RegistryHealth, RegistryStatus
-from qiip_core.discovery._embedded import add_to_state_file, config_nodes, list_registrations, remove_from_state_file
+from qiip_core.discovery._embedded import (
+    add_to_state_file,
+    check_free_id,
+    config_nodes,
+    list_registrations,
+    remove_from_state_file,
+)
 from qiip_core.discovery._etcd import decode_node, encode_node
 from qiip_core.discovery._statefile import StateFile
 from qiip_core.nodes import Node, NodeStatus
@@ -31,7 +37,7 @@ def add_registration(settings: Settings, node: Node, *, replace: bool = False) -
 
     Raises:
         EndpointError: the endpoint is malformed or outside the allowlist.
-        NodeConflict: the id is declared in the config file, or exists and `replace` is False.
+        NodeConflict: the id is the configuration's (`check_free_id`), or exists and `replace` is False.
         RegistryUnavailable: the backend cannot be read or written.
     """
     if settings.registry.backend == "embedded":
@@ -40,8 +46,7 @@ def add_registration(settings: Settings, node: Node, *, replace: bool = False) -
     stored = node.model_copy(
         update={"endpoint": policy.check(node.endpoint).url, "status": NodeStatus.UNKNOWN, "last_heartbeat": None}
     )
-    if any(item.id == node.id for item in settings.nodes):
-        raise NodeConflict(f"Node {node.id!r} is declared in the config file; change it there.")
+    check_free_id(settings, node.id)
     client = EtcdClient(settings.etcd)
     key = settings.etcd.prefix.encode() + node.id.encode()
     if not replace and client.range_prefix(key)[1]:

@@ -42,6 +42,22 @@ __all__ = [
 logger = logging.getLogger("qiip.discovery")
 
 
+def check_free_id(settings: Settings, node_id: str) -> None:
+    """Refuse a registration id the configuration owns: a `[[nodes]]` or `[[local_nodes]]` id, or the name of
+    an `[[attached]]` profile (its bearer token follows that name to the profile's URL only, and a node
+    registered under it must never stand in for the profile).
+
+    Raises:
+        NodeConflict: the id is taken by the configuration.
+    """
+    if any(item.id == node_id for item in settings.nodes):
+        raise NodeConflict(f"Node {node_id!r} is declared in the config file; change it there.")
+    if any(item.id == node_id for item in settings.local_nodes):
+        raise NodeConflict(f"Node {node_id!r} is a local node of the config file; choose another id.")
+    if any(profile.name == node_id for profile in settings.attached):
+        raise NodeConflict(f"Node id {node_id!r} is reserved for the attached profile of that name; choose another id.")
+
+
 def config_nodes(settings: Settings, policy: EndpointPolicy) -> dict[str, Node]:
     """The `[[nodes]]` of the settings as registrations, endpoints checked.
 
@@ -82,15 +98,12 @@ def add_to_state_file(settings: Settings, node: Node, *, replace: bool = False) 
 
     Raises:
         EndpointError: the endpoint is malformed or outside the allowlist.
-        NodeConflict: the id is declared in the config file, or exists and `replace` is False.
+        NodeConflict: the id is the configuration's (`check_free_id`), or exists and `replace` is False.
         RegistryUnavailable: the state file cannot be read or written.
     """
     policy = settings.routing.endpoint_policy()
     endpoint = policy.check(node.endpoint).url
-    if any(item.id == node.id for item in settings.nodes):
-        raise NodeConflict(f"Node {node.id!r} is declared in the config file; change it there.")
-    if any(item.id == node.id for item in settings.local_nodes):
-        raise NodeConflict(f"Node {node.id!r} is a local node of the config file; choose another id.")
+    check_free_id(settings, node.id)
     stored = node.model_copy(update={"endpoint": endpoint, "status": NodeStatus.UNKNOWN, "last_heartbeat": None})
 
     def change(nodes: dict[str, Node]) -> dict[str, Node]:

@@ -40,7 +40,7 @@ from qiip_core.discovery._base import (
     RegistryHealth,
     RegistryStatus,
 )
-from qiip_core.discovery._embedded import config_nodes
+from qiip_core.discovery._embedded import check_free_id, config_nodes
 from qiip_core.nodes import EndpointPolicy, Node, NodeStatus
 from qiip_core.storage import EtcdClient, PrefixFollower, load_json_object, unb64
 
@@ -164,6 +164,8 @@ class EtcdRegistry(Registry):
     async def register(self, node: Node, *, ephemeral: bool = False) -> Node:
         if node.id in self._config:
             raise NodeConflict(f"Node {node.id!r} is declared in the config file; change it there.")
+        if not ephemeral:
+            check_free_id(self.settings, node.id)
         stored = node.model_copy(update={"endpoint": self.policy.check(node.endpoint).url})
         ttl = self.etcd.lease_ttl_s if stored.managed else None
         await asyncio.to_thread(self.client.put, self._prefix + node.id.encode(), encode_node(stored), lease_ttl_s=ttl)

@@ -1,12 +1,13 @@
 """Background health checks.
 
-Every `interval_s` each node gets `GET /health`. The answer is classified (`classify_health`) and applied
+Every `interval_s` each node gets `GET /health`, and a node whose probe failed gets the next one after
+`retry_interval_s`. The answer is classified (`classify_health`) and applied
 to the routing table (`apply_probe`), both pure so the transition matrix is tested without a network:
 
 | probe       | breaker | effect                                                                    |
 |-------------|---------|---------------------------------------------------------------------------|
 | ok          | closed  | failures reset; unknown/unhealthy → healthy                               |
-| ok          | open    | failures reset; one half-open recovery probe: a one-token completion      |
+| ok          | open    | as above, and the breaker's trial at once: a one-token completion         |
 | loading     | any     | llama-server's 503 "Loading model": not ready, never a failure → unknown  |
 | failed      | any     | failures + 1; at `failure_threshold`, healthy/unknown → unhealthy         |
 
@@ -25,6 +26,7 @@ from enum import StrEnum
 
 import aiohttp
 
+from qiip_core._errors import safe_text
 from qiip_core.config import HealthSettings
 from qiip_core.nodes import Engine, NodeStatus
 from qiip_core.routing import BreakerState, ChangeKind, NodeState, RoutingTable, TableChange
@@ -85,9 +87,7 @@ def apply_probe(
     if outcome is ProbeOutcome.OK:
         state.health_failures = 0
         table.mark_heartbeat(node_id)
-        if state.breaker.state is BreakerState.CLOSED:
-            table.set_liveness(node_id, NodeStatus.HEALTHY, reason="health probe ok")
-            return False
+        table.set_liveness(node_id, NodeStatus.HEALTHY, reason="health probe ok")
         return state.breaker.state is BreakerState.OPEN
     if outcome is ProbeOutcome.LOADING:
         table.set_liveness(node_id, NodeStatus.UNKNOWN, reason="loading its model")
@@ -134,6 +134,7 @@ class HealthChecker:
         self._semaphore = asyncio.Semaphore(settings.concurrency)
         self._probing: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._retries: set[asyncio.TimerHandle] = set()
         self._loop_task: asyncio.Task[None] | None = None
         self._unsubscribe: Callable[[], None] | None = None
 
@@ -146,6 +147,8 @@ class HealthChecker:
         """Stop probing and close the client."""
         if self._unsubscribe is not None:
             self._unsubscribe()
+        for handle in self._retries:
+            handle.cancel()
         tasks = [t for t in (self._loop_task, *self._tasks) if t is not None]
         for task in tasks:
             task.cancel()
@@ -176,6 +179,13 @@ class HealthChecker:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _retry_soon(self, node_id: str) -> None:
+        handle = asyncio.get_running_loop().call_later(self.settings.retry_interval_s, self.probe_soon, node_id)
+        self._retries.add(handle)
+        # Forget it once it ran (TimerHandle has no done callback: drop the ones whose time has passed).
+        now = asyncio.get_running_loop().time()
+        self._retries = {h for h in self._retries if h.when() > now and not h.cancelled()}
+
     async def _run(self) -> None:
         while True:
             await self.probe_all()
@@ -199,6 +209,9 @@ class HealthChecker:
                 needs_recovery = apply_probe(
                     self.table, state, outcome, error=error, failure_threshold=self.settings.failure_threshold
                 )
+                if outcome is ProbeOutcome.FAILED and state.health_failures < self.settings.failure_threshold:
+                    # Look again soon: a node that hangs must not keep getting requests for whole intervals.
+                    self._retry_soon(node_id)
                 if needs_recovery:
                     await self._recover(state)
                 if outcome is ProbeOutcome.OK and state.status is NodeStatus.HEALTHY and self._on_healthy is not None:
@@ -241,7 +254,7 @@ class HealthChecker:
         return ProbeOutcome.OK, None
 
     async def _recover(self, state: NodeState) -> None:
-        if not state.breaker.try_half_open():
+        if not state.breaker.try_half_open(force=True):
             return
         node = state.node
         endpoints = node.capabilities.endpoints
@@ -275,14 +288,13 @@ class HealthChecker:
             state.breaker.reopen()
             return
         if ok:
-            state.breaker.record_success()
-            self.table.set_liveness(state.id, NodeStatus.HEALTHY, reason="recovery probe ok; breaker closed")
+            self.table.record_success(state.id)
+            logger.info("node %s: recovery probe ok; breaker closed", state.id)
         else:
-            state.breaker.record_failure()
-            state.last_error = error
+            self.table.record_failure(state.id, error or "the recovery probe failed")
             logger.info("node %s: %s; breaker stays open", state.id, error)
 
 
 def _describe(what: str, exc: BaseException) -> str:
     detail = str(exc) or ("timed out" if isinstance(exc, TimeoutError) else type(exc).__name__)
-    return f"{what}: {detail}"
+    return f"{what}: {safe_text(detail)}"

@@ -28,13 +28,13 @@ they are; that is what "llama-fit-params is the authority" means for models we c
 from __future__ import annotations
 
 import logging
-import os
 import re
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from qiip_core._childenv import runtime_environment
 from qiip_core._errors import PlanError
 from qiip_core.planner._compute import is_modelled
 from qiip_core.planner._estimate import (
@@ -177,9 +177,7 @@ class FitParamsEstimator:
         cpu_mode = bool(devices) and devices[0].kind == "cpu"
         argv = self.argv(aggregate_context=aggregate_context, cache_type=cache_type, flash_attn=flash_attn)
         # CUDA numbers GPUs fastest-first unless told otherwise; NVML (our device list) uses the PCI bus order.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")} | {
-            "CUDA_DEVICE_ORDER": "PCI_BUS_ID"
-        }
+        env = runtime_environment() | {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
         try:
             done = subprocess.run(
                 argv, capture_output=True, text=True, timeout=self.timeout_s, env=env, stdin=subprocess.DEVNULL

@@ -8,7 +8,7 @@ request it sends, and its errors translated), `_forward` (`Forwarder.open`: atte
 
 from __future__ import annotations
 
-from qiip_core.routing._breaker import BreakerState, CircuitBreaker
+from qiip_core.routing._breaker import BreakerPolicy, BreakerState, CircuitBreaker
 from qiip_core.routing._forward import Forwarder
 from qiip_core.routing._response import HOP_BY_HOP_HEADERS, UpstreamResponse
 from qiip_core.routing._sse import EventFramer, event_boundary
@@ -24,6 +24,7 @@ from qiip_core.routing._upstream import UpstreamClient, UpstreamRequest, map_tra
 
 __all__ = [
     "HOP_BY_HOP_HEADERS",
+    "BreakerPolicy",
     "BreakerState",
     "ChangeKind",
     "CircuitBreaker",

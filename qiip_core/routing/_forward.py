@@ -34,15 +34,24 @@ ends the request early is raised itself, with `attempts` set.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 
 import aiohttp
 
-from qiip_core._errors import FailoverExhausted, RoutingError, UpstreamError, UpstreamStatusError, UpstreamTimeout
+from qiip_core._errors import (
+    FailoverExhausted,
+    RoutingError,
+    UpstreamError,
+    UpstreamStatusError,
+    UpstreamTimeout,
+    UpstreamTransportError,
+)
 from qiip_core.config import UpstreamSettings
+from qiip_core.nodes import NodeStatus
 from qiip_core.routing._response import UpstreamResponse
-from qiip_core.routing._table import Reservation, RoutingTable
+from qiip_core.routing._table import ChangeKind, Reservation, RoutingTable, TableChange
 from qiip_core.routing._upstream import (
     TRANSPORT_ERRORS,
     SendProgress,
@@ -88,11 +97,42 @@ class Forwarder:
         self._headers_for = headers_for
         self._owns_client = client is None
         self.client = client or UpstreamClient(settings)
+        # Per node: the first-token timers of requests waiting on it, and its committed answers, so a node
+        # its health probes find down lets go of them at once (`_node_down`).
+        self._waiting: dict[str, set[asyncio.Timeout]] = {}
+        self._answering: dict[str, set[UpstreamResponse]] = {}
+        self._unsubscribe = table.add_listener(self._on_change)
 
     async def aclose(self) -> None:
-        """Close the upstream client (when the forwarder created it)."""
+        """Stop following the table and close the upstream client (when the forwarder created it)."""
+        self._unsubscribe()
         if self._owns_client:
             await self.client.aclose()
+
+    def _on_change(self, change: TableChange) -> None:
+        if change.node.status is NodeStatus.UNHEALTHY and change.kind is ChangeKind.UPDATED:
+            self._node_down(change.node.id)
+
+    def _node_down(self, node_id: str) -> None:
+        """The node failed its health probes (it hangs, or is gone): requests still waiting for its first
+        token fail over now instead of waiting out their limit, and its answers in progress end (streams with
+        an error event)."""
+        waiting = self._waiting.get(node_id)
+        answering = self._answering.get(node_id)
+        if not waiting and not answering:
+            return
+        logger.warning(
+            "node %s failed its health probes: %d waiting request(s) fail over, %d answer(s) end",
+            node_id,
+            len(waiting or ()),
+            len(answering or ()),
+        )
+        now = asyncio.get_running_loop().time()
+        for timer in list(waiting or ()):
+            with contextlib.suppress(RuntimeError):
+                timer.reschedule(now)
+        for response in list(answering or ()):
+            response.abort("the node failed its health probes while answering; the answer is incomplete.")
 
     async def open(self, request: UpstreamRequest) -> UpstreamResponse:
         """Send `request` to the best node, failing over while nothing has reached the client.
@@ -126,13 +166,18 @@ class Forwarder:
             try:
                 response = await self._attempt(reservation, request, deadline)
             except UpstreamError as exc:
-                reservation.release()
                 failures.append(exc)
-                logger.warning("attempt %d on node %s failed: %s", len(tried), node_id, exc.message)
+                logger.warning("attempt %d on node %s failed: %s", len(tried), node_id, exc.log_text)
+                # Counted before the release, so a failed breaker trial reopens the breaker for longer.
                 if isinstance(exc, UpstreamTimeout):
                     if not timeout_counted or reservation.state.health_failures > 0:
-                        self.table.record_failure(node_id, exc.message)
+                        reservation.record_failure(exc.log_text)
                     timeout_counted = True
+                elif not isinstance(exc, UpstreamStatusError):
+                    # The node could not be reached or broke off: its fault, whatever the request.
+                    reservation.record_failure(exc.log_text)
+                reservation.release()
+                if isinstance(exc, UpstreamTimeout):
                     if exc.request_sent and not self.retry_after_timeout:
                         exc.message += (
                             " The node had the whole request, so it was not sent to another node"
@@ -143,9 +188,6 @@ class Forwarder:
                     if loop.time() >= deadline:
                         exc.attempts = len(tried)
                         raise exc from None
-                elif not isinstance(exc, UpstreamStatusError):
-                    # The node could not be reached or broke off: its fault, whatever the request.
-                    self.table.record_failure(node_id, exc.message)
                 continue
             except BaseException:
                 reservation.release()
@@ -155,13 +197,19 @@ class Forwarder:
             response.attempts = len(tried)
             response.failures = failures
             response.timeout_counted = timeout_counted
+            if not response.complete:
+                answering = self._answering.setdefault(node_id, set())
+                answering.add(response)
+                response._registry = answering
             return response
         # Every node tried answered 5xx (or failed): when all that came back were answers, the request itself
         # is the likely cause, and no breaker moves.
         last = failures[-1]
         if self.max_attempts == 1:
             raise last
-        raise FailoverExhausted(attempts=len(failures), last=last, failures=failures)
+        exhausted = FailoverExhausted(attempts=len(failures), last=last, failures=failures)
+        exhausted.retry_after_s = self.table.retry_after_s(request.model)
+        raise exhausted
 
     def _blame_status_failures(self, failures: list[UpstreamError]) -> None:
         for failure in failures:
@@ -170,7 +218,7 @@ class Forwarder:
                 and failure.node_id is not None
                 and failure.status not in _NEUTRAL_STATUSES
             ):
-                self.table.record_failure(failure.node_id, failure.message)
+                self.table.record_failure(failure.node_id, failure.log_text)
 
     async def _attempt(self, reservation: Reservation, request: UpstreamRequest, deadline: float) -> UpstreamResponse:
         """One attempt on one node: send, and wait for the answer's first token (or all of a plain one).
@@ -205,8 +253,10 @@ class Forwarder:
         if self._headers_for is not None and (extra := self._headers_for(node_id)):
             headers = [*headers, *extra.items()]
         progress = SendProgress()
+        waiting = self._waiting.setdefault(node_id, set())
         try:
             async with asyncio.timeout(limit_s) as first_byte:
+                waiting.add(first_byte)
                 response = await self._send(url, request.body, headers, node_id, progress)
                 try:
                     return await UpstreamResponse.receive(
@@ -216,6 +266,15 @@ class Forwarder:
                     response.close()
                     raise
         except TRANSPORT_ERRORS as exc:
+            if (
+                isinstance(exc, TimeoutError)
+                and first_byte.expired()
+                and reservation.state.liveness is NodeStatus.UNHEALTHY
+            ):
+                # Ended by `_node_down`: the node's work is lost anyway, so another node may be tried.
+                raise UpstreamTransportError(
+                    "the node failed its health probes while this request waited for it.", node_id=node_id
+                ) from None
             if isinstance(exc, TimeoutError) and first_byte.expired():
                 what = "first token" if request.stream else "answer"
                 raise UpstreamTimeout(
@@ -224,19 +283,23 @@ class Forwarder:
                     request_sent=progress.sent,
                 ) from None
             raise map_transport_error(exc, node_id) from exc
+        finally:
+            waiting.discard(first_byte)
+            if not waiting:
+                self._waiting.pop(node_id, None)
 
     async def _send(
         self, url: str, body: bytes, headers: Sequence[tuple[str, str]], node_id: str, progress: SendProgress
     ) -> aiohttp.ClientResponse:
-        for retry in (True, False):
-            try:
-                return await self.client.post(url, body, headers, progress)
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-                # A pooled keep-alive connection the node closed (or reset) just before we used it fails like
-                # this, before any response byte; one fresh try on the same node is not a node failure. A
-                # failed connect is (ClientConnectorError), and goes to failover at once.
-                if not retry or isinstance(exc, aiohttp.ClientConnectorError):
-                    raise
-                logger.debug("node %s: retrying on a fresh connection after %r", node_id, exc)
-                progress.sent = False
-        raise AssertionError("unreachable")
+        try:
+            return await self.client.post(url, body, headers, progress)
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            # A pooled keep-alive connection the node closed (or reset) just before we used it fails like
+            # this, before any response byte: one more try on the same node, on a new connection (another
+            # pooled one may be dead too), is not a node failure. A failed connect is (ClientConnectorError),
+            # and goes to failover at once.
+            if isinstance(exc, aiohttp.ClientConnectorError):
+                raise
+            logger.debug("node %s: retrying on a new connection after %r", node_id, exc)
+            progress.sent = False
+            return await self.client.post(url, body, headers, progress, fresh=True)

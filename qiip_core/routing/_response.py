@@ -4,7 +4,8 @@ with.
 `UpstreamResponse.receive()` turns the node's status and headers into a response the gateway can commit to,
 once what the client will see first has arrived:
 
-- a 5xx answer is not committed: it raises `UpstreamStatusError`, for the forwarder to fail over;
+- a 5xx answer is not committed: it raises `UpstreamStatusError`, for the forwarder to fail over; nor is
+  a 3xx redirect (`UpstreamTransportError`): never relayed, never followed;
 - a non-streaming answer: the status, headers and the body (read whole when it fits
   `buffer_response_bytes`, so a node dying while sending it can still be failed over). A 200 body whose
   end HTTP cannot vouch for (chunked, or ended by the connection's close) must also be whole JSON: a cut
@@ -33,6 +34,7 @@ the routing table once committed, so the relay never has to:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import zlib
 from dataclasses import dataclass, field
@@ -45,7 +47,10 @@ from qiip_core.routing._sse import EventFramer, ends_with_done, first_data_event
 from qiip_core.routing._table import Reservation
 from qiip_core.routing._upstream import TRANSPORT_ERRORS, map_transport_error
 
-__all__ = ["HOP_BY_HOP_HEADERS", "UpstreamResponse"]
+__all__ = ["ABORT_GRACE_S", "HOP_BY_HOP_HEADERS", "UpstreamResponse"]
+
+ABORT_GRACE_S = 1.0
+"""How long an answer whose node failed its health probes may still wait for its next bytes (`abort`)."""
 
 HOP_BY_HOP_HEADERS = frozenset(
     {
@@ -77,7 +82,7 @@ _ERROR_BODY_BYTES = 4096
 """How much of a 5xx answer's body is kept for the error message."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class UpstreamResponse:
     """A node's response that the gateway has committed to relaying.
 
@@ -114,6 +119,11 @@ class UpstreamResponse:
     _committed: bool = False
     # The last events read that were not only comments: where a stream's `[DONE]` is looked for at its end.
     _last: bytes = b""
+    # The running read's timer, so `abort()` can end the wait at once.
+    _timer: asyncio.Timeout | None = None
+    _abort_reason: str | None = None
+    # The set of the node's committed responses this one is in (`Forwarder`), left on `aclose()`.
+    _registry: set[UpstreamResponse] | None = None
 
     @classmethod
     async def receive(
@@ -138,8 +148,8 @@ class UpstreamResponse:
 
         Raises:
             UpstreamStatusError: the node answered 5xx (at most 4 KiB of its body kept).
-            UpstreamTransportError: a stream broke, or ended, before its first data event; a 200 body without
-                a declared length is not whole JSON.
+            UpstreamTransportError: the node answered with a redirect; a stream broke, or ended, before its
+                first data event; a 200 body without a declared length is not whole JSON.
             aiohttp.ClientError, zlib.error, TimeoutError, OSError: reading a non-streaming body failed (the
                 forwarder translates these with `map_transport_error`).
         """
@@ -149,7 +159,15 @@ class UpstreamResponse:
             body = await _read_at_most(response, _ERROR_BODY_BYTES)
             text = body[:200].decode("utf-8", "replace")
             raise UpstreamStatusError(
-                f"HTTP {status}: {text}" if text else f"HTTP {status}", node_id=node_id, status=status, body=body
+                f"the node answered HTTP {status}.", node_id=node_id, status=status, body=body, detail=text or None
+            )
+        if 300 <= status < 400:
+            # Relayed, a redirect would send the client's prompt to an address no allowlist checked (the
+            # openai client follows 307 and 308 with the body); followed, the gateway would. Neither: the node
+            # misbehaves, and another one may be tried.
+            raise UpstreamTransportError(
+                f"the node answered with a redirect (HTTP {status}), which is never relayed or followed.",
+                node_id=node_id,
             )
         encoding = response.headers.get("content-encoding", "identity").lower()
         sse = status == 200 and response.content_type == "text/event-stream" and encoding in _DECODABLE
@@ -223,13 +241,15 @@ class UpstreamResponse:
                         raise UpstreamTimeout("the request's deadline passed.", node_id=self.node_id, request_sent=True)
                     wait_s = min(wait_s, left)
                 try:
-                    async with asyncio.timeout(wait_s):
+                    async with asyncio.timeout(wait_s) as self._timer:
                         chunk = await response.content.readany()
                     if self._decoder is not None:
                         chunk = self._decoder.decompress(chunk) if chunk else self._decoder.flush()
                 except TimeoutError as exc:
                     if isinstance(exc, aiohttp.ClientError):
                         raise map_transport_error(exc, self.node_id) from exc
+                    if self._abort_reason is not None:
+                        raise UpstreamTransportError(self._abort_reason, node_id=self.node_id) from None
                     if self._deadline is not None and asyncio.get_running_loop().time() >= self._deadline:
                         raise UpstreamTimeout(
                             "the request's deadline passed.", node_id=self.node_id, request_sent=True
@@ -264,7 +284,7 @@ class UpstreamResponse:
                 and isinstance(exc, UpstreamTimeout)
                 and self.reservation.state.health_failures == 0
             ):
-                self.reservation.record_failure(exc.message)
+                self.reservation.record_failure(exc.log_text)
             raise
 
     def _end_of_stream(self) -> bytes:
@@ -295,6 +315,24 @@ class UpstreamResponse:
         self.complete = True
         return b""
 
+    def abort(self, reason: str, *, grace_s: float = ABORT_GRACE_S) -> None:
+        """End the answer from outside, unless it is still flowing: its node failed its health probes. A read
+        waiting on the node then gives up `grace_s` from now and raises `UpstreamTransportError` with
+        `reason`, which the relay reports in-band; an answer whose bytes keep coming (a node too busy to
+        answer its probes in time, not hung) goes on.
+
+        Args:
+            reason: what happened, for the client and the logs.
+            grace_s: how long the waiting read may still wait, in seconds.
+        """
+        if self.complete:
+            return
+        self._abort_reason = reason
+        if self._timer is not None:
+            # Between two reads the timer has exited and cannot move: the answer is flowing.
+            with contextlib.suppress(RuntimeError):
+                self._timer.reschedule(asyncio.get_running_loop().time() + grace_s)
+
     async def aclose(self) -> None:
         """Finish with the node's response and release the reservation. Idempotent.
 
@@ -302,6 +340,9 @@ class UpstreamResponse:
         as the node's success; one abandoned early (the client left, the relay failed) closes the connection,
         so the node sees the disconnect at once.
         """
+        if self._registry is not None:
+            self._registry.discard(self)
+            self._registry = None
         try:
             response, self._response = self._response, None
             if response is not None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -26,7 +27,7 @@ from enum import StrEnum
 
 from qiip_core._errors import EndpointNotSupported, ModelNotFound, ModelUnavailable, NoNodes, RoutingError
 from qiip_core.nodes import LIFECYCLE_STATUSES, ApiName, Engine, Node, NodeStatus
-from qiip_core.routing._breaker import BreakerState, CircuitBreaker
+from qiip_core.routing._breaker import BreakerPolicy, BreakerState, CircuitBreaker
 
 __all__ = [
     "ChangeKind",
@@ -71,12 +72,12 @@ class NodeState:
         "source",
     )
 
-    def __init__(self, node: Node, *, source: str, breaker_threshold: int) -> None:
+    def __init__(self, node: Node, *, source: str, breaker: BreakerPolicy) -> None:
         self.node = node
         self.lifecycle: NodeStatus | None = node.status if node.status in LIFECYCLE_STATUSES else None
         self.liveness = NodeStatus.UNKNOWN if self.lifecycle else node.status
         self.in_flight = 0
-        self.breaker = CircuitBreaker(breaker_threshold)
+        self.breaker = CircuitBreaker(breaker)
         self.health_failures = 0
         self.observed = False
         self.last_error: str | None = None
@@ -98,11 +99,21 @@ class NodeState:
 
     @property
     def eligible(self) -> bool:
-        """True when the node may take a new request: healthy, breaker closed, below its concurrency cap."""
-        if self.status is not NodeStatus.HEALTHY or self.breaker.state is not BreakerState.CLOSED:
+        """True when the node may take a new request: healthy, below its concurrency cap, and its breaker
+        closed or due a trial."""
+        if self.status is not NodeStatus.HEALTHY:
+            return False
+        breaker = self.breaker
+        if breaker.state is not BreakerState.CLOSED and not breaker.trial_due():
             return False
         cap = self.node.capabilities.concurrency
         return cap is None or self.in_flight < cap
+
+    @property
+    def last_chance(self) -> bool:
+        """True when only the breaker keeps the node out: healthy and below its concurrency cap."""
+        cap = self.node.capabilities.concurrency
+        return self.status is NodeStatus.HEALTHY and (cap is None or self.in_flight < cap)
 
     def effective_node(self) -> Node:
         """The registration with the effective status, as the admin API shows it."""
@@ -159,13 +170,22 @@ class Reservation:
     """One request's claim on one node. `release()` is idempotent; the table counts it exactly once.
 
     Use it as a context manager, or call `release()` in a `finally`.
+
+    Attributes:
+        state: the node.
+        started_at: when it was reserved (`time.monotonic()` seconds): failures of requests sent before the
+            node's last counted failure are the same signal (`CircuitBreaker.record_failure`).
+        trial: this request is the node's breaker trial; released without an outcome, the trial is given
+            back.
     """
 
-    __slots__ = ("_released", "_table", "state")
+    __slots__ = ("_released", "_table", "started_at", "state", "trial")
 
-    def __init__(self, table: RoutingTable, state: NodeState) -> None:
+    def __init__(self, table: RoutingTable, state: NodeState, *, trial: bool = False) -> None:
         self._table = table
         self.state = state
+        self.started_at = time.monotonic()
+        self.trial = trial
         self._released = False
 
     @property
@@ -189,12 +209,14 @@ class Reservation:
         Returns:
             True when the failure opened (or kept open) the node's breaker.
         """
-        return self._table.record_failure(self.state.id, error)
+        return self._table.record_failure(self.state.id, error, started_at=self.started_at)
 
     def release(self) -> None:
-        """Give the slot back. Calling it again does nothing."""
+        """Give the slot back (and an unfinished breaker trial). Calling it again does nothing."""
         if not self._released:
             self._released = True
+            if self.trial:
+                self.state.breaker.reopen()
             self._table._release(self.state)
 
     def __enter__(self) -> Reservation:
@@ -208,14 +230,23 @@ class RoutingTable:
     """All nodes known to this gateway, with least-connections selection.
 
     Args:
-        breaker_threshold: consecutive failures that open a node's circuit breaker.
+        breaker: when nodes' circuit breakers open, and for how long.
+        probe_interval_s: the health checker's interval: when a node waiting for a probe may be back, for
+            `Retry-After`.
         rng: random source for tie-breaking (tests pass a seeded one).
     """
 
-    def __init__(self, *, breaker_threshold: int = 3, rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        breaker: BreakerPolicy | None = None,
+        probe_interval_s: float = 10.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._probe_interval_s = probe_interval_s
         self._states: dict[str, NodeState] = {}
         self._by_model: dict[str, dict[str, NodeState]] = {}
-        self._breaker_threshold = breaker_threshold
+        self._breaker = breaker or BreakerPolicy()
         self._rng = rng or random.Random()
         self._listeners: list[Callable[[TableChange], None]] = []
 
@@ -273,18 +304,27 @@ class RoutingTable:
         serving = self._by_model.get(model)
         if not serving:
             raise self.routing_error(model)
-        if api is None:
-            candidates = [s for s in serving.values() if s.eligible and s.id not in exclude]
-        else:
-            capable = [s for s in serving.values() if api in s.node.capabilities.endpoints]
-            if not capable:
+        pool: Collection[NodeState] = serving.values()
+        if api is not None:
+            pool = [s for s in pool if api in s.node.capabilities.endpoints]
+            if not pool:
                 raise self.routing_error(model, api=api)
-            candidates = [s for s in capable if s.eligible and s.id not in exclude]
+        candidates = [s for s in pool if s.eligible and s.id not in exclude]
         if not candidates:
-            raise self.routing_error(model)
-        state = candidates[0] if len(candidates) == 1 else select_least_connections(candidates, self._rng)
+            # Every healthy node of the model has its breaker open: try the least busy, then the one that
+            # failed longest ago, rather than refuse without trying (a blip on every node must not become an
+            # outage).
+            fallback = [s for s in pool if s.id not in exclude]
+            last_chance = [s for s in fallback if s.last_chance]
+            if not last_chance:
+                raise self.routing_error(model)
+            state = min(last_chance, key=lambda s: (s.in_flight, s.breaker.last_failure_at or 0.0))
+            trial = state.breaker.try_half_open(force=True)
+        else:
+            state = candidates[0] if len(candidates) == 1 else select_least_connections(candidates, self._rng)
+            trial = state.breaker.state is not BreakerState.CLOSED and state.breaker.try_half_open()
         state.in_flight += 1
-        return Reservation(self, state)
+        return Reservation(self, state, trial=trial)
 
     def routing_error(self, model: str, *, api: ApiName | None = None) -> RoutingError:
         """The error for a request that finds no eligible node: `NoNodes`, `ModelNotFound`,
@@ -301,10 +341,13 @@ class RoutingTable:
                 f"{', '.join(offered) or 'nothing'}).",
                 model=model,
             )
-        return ModelUnavailable(
-            f"The model {model!r} is registered but no node serving it is available right now; retry later.",
+        error = ModelUnavailable(
+            f"The model {model!r} is registered but no node serving it is available right now "
+            f"({_describe_nodes(serving.values())}); retry later.",
             model=model,
         )
+        error.retry_after_s = self.retry_after_s(model)
+        return error
 
     def _release(self, state: NodeState) -> None:
         state.in_flight -= 1
@@ -322,7 +365,7 @@ class RoutingTable:
         """
         state = self._states.get(node.id)
         if state is None:
-            state = NodeState(node, source=source, breaker_threshold=self._breaker_threshold)
+            state = NodeState(node, source=source, breaker=self._breaker)
             self._states[node.id] = state
             self._by_model.setdefault(node.model, {})[node.id] = state
             self._notify(ChangeKind.ADDED, state)
@@ -333,7 +376,7 @@ class RoutingTable:
             self._by_model.setdefault(node.model, {})[node.id] = state
         if node.endpoint != state.node.endpoint:
             # Another server now: what was observed about the old one says nothing about it.
-            state.breaker = CircuitBreaker(self._breaker_threshold)
+            state.breaker = CircuitBreaker(self._breaker)
             state.health_failures = 0
             state.observed = False
             state.liveness = NodeStatus.UNKNOWN
@@ -418,32 +461,57 @@ class RoutingTable:
         self._notify(ChangeKind.UPDATED, state)
 
     def record_success(self, node_id: str) -> None:
-        """A request to the node succeeded: its breaker closes."""
+        """A request to the node succeeded: its breaker closes (`CircuitBreaker.record_success`)."""
         state = self._states.get(node_id)
-        if state is not None and state.breaker.state is not BreakerState.CLOSED:
-            state.breaker.record_success()
+        if state is None:
+            return
+        was_closed = state.breaker.state is BreakerState.CLOSED
+        state.breaker.record_success()
+        if not was_closed:
+            logger.info("node %s: breaker closed (a request succeeded)", node_id)
             self._notify(ChangeKind.UPDATED, state)
-        elif state is not None:
-            state.breaker.consecutive_failures = 0
 
-    def record_failure(self, node_id: str, error: str) -> bool:
-        """A request to the node failed with a connect error, timeout or 5xx.
+    def record_failure(self, node_id: str, error: str, *, started_at: float | None = None) -> bool:
+        """A request to the node failed with a connect error, timeout, broken answer or 5xx
+        (`CircuitBreaker.record_failure`). The node's liveness is the health checker's: an open breaker only
+        keeps ordinary traffic away until its trial.
+
+        Args:
+            node_id: the node.
+            error: what went wrong, for operators.
+            started_at: when the request was sent (`time.monotonic()` seconds), so concurrent failures are
+                one signal; None counts it.
 
         Returns:
-            True when the failure opened (or kept open) the node's breaker; a healthy node is then demoted
-            to `unhealthy`.
+            True when the breaker is open after this failure.
         """
         state = self._states.get(node_id)
         if state is None:
             return False
         state.last_error = error
         was_closed = state.breaker.state is BreakerState.CLOSED
-        opened = state.breaker.record_failure()
-        if opened and state.liveness is NodeStatus.HEALTHY:
-            self.set_liveness(node_id, NodeStatus.UNHEALTHY, reason=f"circuit breaker open: {error}")
-        elif opened and was_closed:
+        opened = state.breaker.record_failure(started_at)
+        if opened and was_closed:
+            logger.info("node %s: breaker open (%s)", node_id, error)
             self._notify(ChangeKind.UPDATED, state)
         return opened
+
+    def retry_after_s(self, model: str) -> float | None:
+        """Seconds until a node of `model` may take requests again: the earliest breaker trial; else, when a
+        node waits for a health probe (unhealthy or unknown), the probe interval; else None.
+
+        Args:
+            model: the model.
+        """
+        serving = self._by_model.get(model)
+        if not serving:
+            return None
+        times = [s.breaker.retry_at for s in serving.values() if s.breaker.state is BreakerState.OPEN]
+        if times:
+            return max(0.0, min(times) - time.monotonic())
+        if any(s.status in (NodeStatus.UNHEALTHY, NodeStatus.UNKNOWN) for s in serving.values()):
+            return self._probe_interval_s
+        return None
 
     def mark_heartbeat(self, node_id: str) -> None:
         """Record a successful health observation time on the node's registration."""
@@ -471,6 +539,22 @@ class RoutingTable:
                 listener(change)
             except Exception:
                 logger.exception("a routing-table listener failed")
+
+
+def _describe_nodes(states: Collection[NodeState]) -> str:
+    """How many nodes serve a model and in what state, for an error message: `3 nodes: 2 unhealthy, 1 with
+    its circuit breaker open`."""
+    counts: dict[str, int] = {}
+    for state in states:
+        if state.status is NodeStatus.HEALTHY and state.breaker.is_open:
+            what = "with its circuit breaker open"
+        elif state.status is NodeStatus.HEALTHY:
+            what = "busy (at its concurrency limit) or already tried"
+        else:
+            what = state.status.value
+        counts[what] = counts.get(what, 0) + 1
+    noun = "node" if len(states) == 1 else "nodes"
+    return f"{len(states)} {noun}: " + ", ".join(f"{n} {what}" for what, n in sorted(counts.items()))
 
 
 def _shown_model(model: str, limit: int = 200) -> str:

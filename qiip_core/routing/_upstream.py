@@ -99,6 +99,7 @@ class UpstreamClient:
     def __init__(self, settings: UpstreamSettings) -> None:
         self.settings = settings
         self._session: aiohttp.ClientSession | None = None
+        self._fresh_session: aiohttp.ClientSession | None = None
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -122,8 +123,33 @@ class UpstreamClient:
             )
         return self._session
 
+    @property
+    def fresh_session(self) -> aiohttp.ClientSession:
+        """A session that never pools: each request gets a new connection, closed after its answer. For the
+        one retry after a pooled connection turned out dead (a node that closes after each streamed answer
+        while advertising keep-alive, as llama-server does): another pooled connection may be dead too."""
+        if self._fresh_session is None:
+            self._fresh_session = aiohttp.ClientSession(
+                connector=_Connector(force_close=True, limit=0),
+                trust_env=False,
+                auto_decompress=False,
+                timeout=aiohttp.ClientTimeout(
+                    total=None,
+                    connect=self.settings.pool_timeout_s + self.settings.connect_timeout_s,
+                    sock_connect=self.settings.connect_timeout_s,
+                ),
+                skip_auto_headers=("User-Agent", "Accept-Encoding"),
+            )
+        return self._fresh_session
+
     async def post(
-        self, url: str, body: bytes, headers: Sequence[tuple[str, str]], progress: SendProgress | None = None
+        self,
+        url: str,
+        body: bytes,
+        headers: Sequence[tuple[str, str]],
+        progress: SendProgress | None = None,
+        *,
+        fresh: bool = False,
     ) -> aiohttp.ClientResponse:
         """Send a POST and return once the response headers have arrived.
 
@@ -133,20 +159,23 @@ class UpstreamClient:
             headers: the request headers.
             progress: marked once the request has a connection, so a caller that gives up can tell whether
                 the node had the request.
+            fresh: send it on a new connection, never a pooled one (`fresh_session`).
 
         Raises:
             aiohttp.ClientError, TimeoutError, OSError: as aiohttp raises them (see `map_transport_error`).
         """
         token = _progress.set(progress)
         try:
-            return await self.session.post(url, data=body, headers=headers, allow_redirects=False)
+            session = self.fresh_session if fresh else self.session
+            return await session.post(url, data=body, headers=headers, allow_redirects=False)
         finally:
             _progress.reset(token)
 
     async def aclose(self) -> None:
         """Close every pooled connection."""
-        if self._session is not None:
-            await self._session.close()
+        for session in (self._session, self._fresh_session):
+            if session is not None:
+                await session.close()
 
 
 # Most specific first: the first matching class decides. A test asserts that every aiohttp client error
@@ -193,6 +222,7 @@ def map_transport_error(exc: BaseException, node_id: str | None) -> UpstreamErro
     """
     for library_type, ours, text in _TRANSPORT_ERRORS:
         if isinstance(exc, library_type):
-            detail = str(exc) or type(exc).__name__
-            return ours(f"{text} ({detail}).", node_id=node_id)
-    return UpstreamTransportError(f"the connection to the node failed ({exc!r}).", node_id=node_id)
+            # The library's words name addresses and may quote the node: they are the error's `detail`, for
+            # logs and the admin API; the client gets `text`.
+            return ours(f"{text}.", node_id=node_id, detail=str(exc) or type(exc).__name__)
+    return UpstreamTransportError("the connection to the node failed.", node_id=node_id, detail=repr(exc))

@@ -133,11 +133,15 @@ def _quiet(client: httpx.Client, url: str, body: dict[str, Any]) -> None:
         pass
 
 
-def test_redirects_are_relayed_never_followed(attached_daemon: tuple[Daemon, FaultBackend]) -> None:
+@pytest.mark.parametrize("status", [302, 307, 308])
+def test_redirects_are_never_relayed_or_followed(attached_daemon: tuple[Daemon, FaultBackend], status: int) -> None:
     daemon, fault = attached_daemon
-    fault.push(Status(307, b"", headers={"Location": "http://10.0.0.1:8000/v1/chat/completions"}))
+    before = sum(r.path == "/v1/chat/completions" for r in fault.requests)
+    fault.push(Status(status, b"", headers={"Location": "http://10.0.0.1:8000/v1/chat/completions"}))
     answer = httpx.post(daemon.url + "/v1/chat/completions", json={"model": "fault-model", "messages": []}, timeout=30)
-    assert answer.status_code == 307 and answer.headers["location"].startswith("http://10.0.0.1")
+    assert answer.status_code == 502 and "location" not in answer.headers
+    assert "redirect" in answer.json()["error"]["message"] and "10.0.0.1" not in answer.text
+    assert sum(r.path == "/v1/chat/completions" for r in fault.requests) == before + 1  # not followed
 
 
 def test_health_needs_the_model_in_the_server_list(attached_daemon: tuple[Daemon, FaultBackend]) -> None:
@@ -176,3 +180,29 @@ def test_unsafe_profiles_stop_start_up(tmp_path: Path, profile: str, fragment: s
     )
     assert result.returncode == 2 and fragment in result.stderr, result.stderr
     assert SECRET not in result.stderr
+
+
+def test_an_attached_profile_name_is_reserved_and_its_token_follows_no_name(
+    attached_daemon: tuple[Daemon, FaultBackend],
+) -> None:
+    daemon, fault = attached_daemon
+    refused = daemon.admin.post("/admin/nodes", json={"id": "keyed", "endpoint": fault.url, "model": "keyed"})
+    assert refused.status_code == 409 and "reserved for the attached profile" in refused.json()["error"]["message"]
+    # Look-alike ids at another URL are ordinary nodes, without the token.
+    for node_id in ("keyed-2", "Keyed"):
+        answer = daemon.admin.post("/admin/nodes", json={"id": node_id, "endpoint": fault.url, "model": "keyed"})
+        assert answer.status_code == 201, answer.text
+    # The name written straight into the registry (by hand, or another gateway) is ignored.
+    daemon.add_node("keyed", fault.url, "keyed", wait=False)
+    wait_until(lambda: "reserved for the attached profile" in daemon.log(), 10, "the reserved id to be refused")
+    try:
+        for _ in range(6):
+            body = {"model": "keyed", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+            assert httpx.post(daemon.url + "/v1/chat/completions", json=body, timeout=60).status_code == 200
+        assert any(r.path == "/v1/chat/completions" for r in fault.requests)
+        assert not any(SECRET in value for r in fault.requests for value in r.headers.values())
+        node = daemon.admin.get("/admin/nodes/keyed").json()
+        assert node["engine"] == "attached" and node["endpoint"] != fault.url
+    finally:
+        for node_id in ("keyed-2", "Keyed"):
+            daemon.admin.delete(f"/admin/nodes/{node_id}")

@@ -1,11 +1,15 @@
-"""A client that goes away closes the node's request and frees its reservation."""
+"""A client that goes away closes the node's request and frees its reservation; a daemon that stops ends its
+streams honestly and quietly."""
 
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.support.daemon import Daemon, wait_until
@@ -14,6 +18,7 @@ from tests.support.fault_backend import FaultBackend, Hang, Json, Sse
 pytestmark = pytest.mark.integration
 
 Backends = Callable[..., FaultBackend]
+CHAT = "/v1/chat/completions"
 
 
 def send_raw(daemon: Daemon, model: str, *, stream: bool) -> socket.socket:
@@ -59,3 +64,25 @@ def test_client_disconnect_reaches_the_node(
     wait_until(lambda: fault_daemon.in_flight(node_id) == 0, 5, "the reservation to be released")
     assert fault_daemon.node_statuses()[node_id] == "healthy"
     assert fault_daemon.counter("qiip_request_errors_total", model=model, code="client_disconnected") == 1
+
+
+def test_a_stream_ended_by_the_shutdown_grace_period_is_one_quiet_line(
+    tmp_path: Path, backends: Callable[..., FaultBackend], model: str
+) -> None:
+    backend = backends()
+    backend.default = Sse(n_events=3, delay_between_s=60)
+    daemon = Daemon(tmp_path, env={"QIIP_SERVER__SHUTDOWN_TIMEOUT_S": "1", "QIIP_HEALTH__INTERVAL_S": "60"})
+    with daemon:
+        daemon.add_node(f"{model}-n", backend.url, model)
+        body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        with httpx.Client(timeout=30) as client, client.stream("POST", daemon.url + CHAT, json=body) as stream:
+            lines = stream.iter_lines()
+            assert next(lines).startswith("data: {")
+            stopper = threading.Thread(target=daemon.stop)
+            stopper.start()
+            rest = [line for line in lines if line]
+            stopper.join(30)
+    assert '"code": "gateway_shutdown"' in rest[-2] and rest[-1] == "data: [DONE]"
+    log = daemon.log()
+    assert "Exception in ASGI application" not in log and "Traceback" not in log
+    assert log.count("ended: the daemon stopped after its shutdown grace period") == 1

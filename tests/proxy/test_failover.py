@@ -37,10 +37,11 @@ def test_5xx_fails_over_and_trips_the_breaker(fault_daemon: Daemon, backends: Ba
         fault_daemon.add_node(f"{model}-broken", broken.url, model)
         for _ in range(3):
             assert httpx.post(fault_daemon.url + CHAT, json=body(model), timeout=30).status_code == 200
-            if fault_daemon.node_statuses()[f"{model}-broken"] == "unhealthy":
-                break
     assert calls(broken) >= 1
-    fault_daemon.wait_status(f"{model}-broken", "unhealthy")
+    # Three 5xx answers, each followed by another node's 200 on the same request: the breaker opens; the
+    # node's liveness stays its health probes'.
+    assert fault_daemon.counter("qiip_node_breaker_open", node=f"{model}-broken") == 1
+    assert fault_daemon.node_statuses()[f"{model}-broken"] == "healthy"
 
 
 def test_exhausted_failover_reports_attempts(fault_daemon: Daemon, backends: Backends, model: str) -> None:
@@ -54,8 +55,10 @@ def test_exhausted_failover_reports_attempts(fault_daemon: Daemon, backends: Bac
     assert response.headers["x-qiip-attempts"] == "3"
     error = response.json()["error"]
     assert error["code"] == "failover_exhausted" and error["type"] == "upstream_error"
-    assert "overloaded" in error["message"]
+    # The gateway's own words: the node's text stays in the log.
+    assert "HTTP 503" in error["message"] and "overloaded" not in error["message"]
     assert sum(calls(b) for b in nodes) == 3
+    assert "overloaded" in fault_daemon.log()
 
 
 def test_exhausted_with_fewer_nodes_than_attempts(fault_daemon: Daemon, backends: Backends, model: str) -> None:
@@ -273,3 +276,27 @@ def test_requests_go_only_to_nodes_that_serve_their_api(fault_daemon: Daemon, ba
     error = answer.json()["error"]
     assert error["code"] == "endpoint_not_supported" and "chat, completions" in error["message"]
     assert calls(chat_only) == 0
+
+
+def test_what_a_node_says_stays_out_of_answers_and_is_escaped_in_the_log(
+    fault_daemon: Daemon, backends: Backends, model: str
+) -> None:
+    echoing = backends()
+    # A node that echoes the request's credentials and forges a log line.
+    echoing.default = Status(500, b"got Authorization: Bearer sk-node-secret\n2026-01-01 [info] forged line")
+    fault_daemon.add_node(f"{model}-echo", echoing.url, model)
+    refused = backends()
+    refused_url = refused.url
+    refused.close()
+    fault_daemon.add_node(f"{model}-gone", refused_url, model, wait=False)
+    answers = [
+        httpx.post(fault_daemon.url + "/v1/chat/completions", json={"model": model, "messages": []}, timeout=30)
+        for _ in range(3)
+    ]
+    for answer in answers:
+        assert answer.status_code >= 500
+        assert "sk-node-secret" not in answer.text and "forged" not in answer.text
+        assert refused_url.split("//")[1] not in answer.text  # no node address either
+    log = fault_daemon.log()
+    assert "sk-node-secret" not in log and "Bearer [redacted]" in log
+    assert "\n2026-01-01 [info] forged line" not in log and "\\x0a2026-01-01" in log

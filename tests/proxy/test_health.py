@@ -57,19 +57,24 @@ def test_open_breaker_closes_only_after_a_real_completion(
     health_daemon.add_node(node_id, broken.url, model)
     health_daemon.add_node(f"{model}-fine", fine.url, model)
     broken.default = Status(500)
+
+    def breaker_open() -> bool:
+        return health_daemon.counter("qiip_node_breaker_open", node=node_id) == 1
+
     # Each time the broken node is tried first, the fine one answers after it: that 5xx counts.
     for _ in range(60):
         assert chat(health_daemon, model).status_code == 200
-        if health_daemon.node_statuses()[node_id] == "unhealthy":
+        if breaker_open():
             break
-    health_daemon.wait_status(node_id, "unhealthy")
+    wait_until(breaker_open, 10, "the broken node's breaker to open")
     # /health keeps answering 200, but the recovery probe (a one-token completion) still fails.
     wait_until(lambda: any(r.path == "/v1/completions" for r in broken.requests), 5, "a recovery probe")
-    assert health_daemon.node_statuses()[node_id] == "unhealthy"
+    assert breaker_open()
     probe = next(r for r in broken.requests if r.path == "/v1/completions")
     assert probe.json == {"model": model, "prompt": "ping", "max_tokens": 1}
     broken.default = Json(200, {"object": "text_completion", "choices": []})
-    health_daemon.wait_status(node_id, "healthy")
+    wait_until(lambda: not breaker_open(), 10, "the breaker to close")
+    assert health_daemon.node_statuses()[node_id] == "healthy"
 
 
 def test_models_survive_a_dead_node(health_daemon: Daemon, backends: Backends, model: str) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
@@ -109,3 +111,30 @@ def test_metrics_exposes_requests_and_latency(llama_daemon: Daemon, client: open
         "qiip_node_status",
     ):
         assert series in text
+
+
+def test_llama_servers_get_none_of_the_daemons_secrets(llama_daemon: Daemon) -> None:
+    assert llama_daemon.process is not None
+    children = [
+        pid
+        for pid in os.listdir("/proc")
+        if pid.isdigit() and _parent(int(pid)) == llama_daemon.process.pid and b"llama-server" in _read(pid, "cmdline")
+    ]
+    assert len(children) == 3
+    for pid in children:
+        environ = dict(item.split(b"=", 1) for item in _read(pid, "environ").split(b"\0") if b"=" in item)
+        assert not [name for name in environ if name.startswith(b"QIIP_")]
+        assert b"test-password" not in b"".join(environ.values())
+        assert b"PATH" in environ  # what it needs is still there
+
+
+def _read(pid: str, name: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/{name}").read_bytes()
+    except OSError:
+        return b""
+
+
+def _parent(pid: int) -> int:
+    stat = _read(str(pid), "stat").decode(errors="replace")
+    return int(stat.rsplit(")", 1)[1].split()[1]) if ")" in stat else -1

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
+from qiip_core._childenv import build_environment
 from qiip_core._errors import EngineBuildError
 
 __all__ = [
@@ -215,7 +216,7 @@ class CMakeBuild:
                 )
 
     def _env(self) -> dict[str, str]:
-        env = dict(os.environ)
+        env = build_environment()
         if self.ccache:
             env["CCACHE_BASEDIR"] = str(self.ccache_basedir)
         # Colour codes would end up in the log and break the progress pattern.

@@ -35,6 +35,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from qiip_core._childenv import runtime_environment
 from qiip_core._errors import ConfigError, EngineError
 from qiip_core.engines.llamacpp._build import (
     BUILD_TARGETS,
@@ -365,6 +366,7 @@ def _engine_version(server: Path) -> str | None:
     try:
         result = subprocess.run(
             [str(server), "--version"],
+            env=runtime_environment(),
             capture_output=True,
             text=True,
             errors="replace",

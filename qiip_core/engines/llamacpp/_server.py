@@ -33,6 +33,7 @@ from typing import Literal
 
 import aiohttp
 
+from qiip_core._childenv import runtime_environment
 from qiip_core._errors import EngineLaunchError
 
 __all__ = ["CACHE_TYPES", "POOLINGS", "LaunchSpec", "LlamaServerProcess", "free_port"]
@@ -290,7 +291,8 @@ class LlamaServerProcess:
         if self.spec.port == 0:
             self.spec = replace(self.spec, port=free_port(self.spec.host))
         argv = self.spec.argv(self.binary)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
+        # A minimal environment: never the daemon's secrets (`qiip_core._childenv`).
+        env = runtime_environment()
         # On an abort ggml forks a debugger to print a backtrace, which can hang a crashed server (and its forks
         # outlive it); the assertion itself is still logged.
         env["GGML_NO_BACKTRACE"] = "1"

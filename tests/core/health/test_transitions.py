@@ -4,7 +4,7 @@ import pytest
 
 from qiip_core.health import ProbeOutcome, apply_probe, classify_health
 from qiip_core.nodes import Node, NodeStatus
-from qiip_core.routing import BreakerState, RoutingTable
+from qiip_core.routing import BreakerPolicy, BreakerState, RoutingTable
 
 LOADING = b'{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}'
 
@@ -26,7 +26,7 @@ def test_classify(status: int, body: bytes, outcome: ProbeOutcome) -> None:
 
 
 def make(status: NodeStatus = NodeStatus.UNKNOWN) -> tuple[RoutingTable, str]:
-    table = RoutingTable(breaker_threshold=2)
+    table = RoutingTable(breaker=BreakerPolicy(min_failures=2))
     table.apply_put(Node(id="a", endpoint="http://127.0.0.1:1", model="m", status=status), source="test")
     return table, "a"
 
@@ -77,16 +77,16 @@ def test_loading_is_not_a_failure() -> None:
     assert table.get("a").health_failures == 0
 
 
-def test_open_breaker_asks_for_a_recovery_probe_instead_of_promoting() -> None:
+def test_an_open_breaker_asks_for_a_recovery_probe() -> None:
     table, _ = make(NodeStatus.HEALTHY)
     table.record_failure("a", "x")
     table.record_failure("a", "x")
-    assert status(table) is NodeStatus.UNHEALTHY
+    # The breaker is the request path's: liveness stays the probes'.
+    assert status(table) is NodeStatus.HEALTHY
     assert probe(table, ProbeOutcome.OK) is True
-    assert status(table) is NodeStatus.UNHEALTHY
     state = table.get("a")
     assert state is not None
-    state.breaker.try_half_open()
+    state.breaker.try_half_open(force=True)
     assert state.breaker.state is BreakerState.HALF_OPEN
     assert probe(table, ProbeOutcome.OK) is False
 

@@ -12,7 +12,7 @@ import pytest
 from qiip_core import FailoverExhausted, UpstreamTimeout, UpstreamTransportError
 from qiip_core.config import UpstreamSettings
 from qiip_core.nodes import Node, NodeStatus
-from qiip_core.routing import Forwarder, RoutingTable, UpstreamRequest
+from qiip_core.routing import BreakerPolicy, Forwarder, RoutingTable, UpstreamRequest
 from tests.support.fault_backend import FaultBackend, Hang, Json, Sse, Status
 
 pytestmark = pytest.mark.integration
@@ -35,7 +35,7 @@ def backend() -> Iterator[FaultBackend]:
 
 @pytest.fixture
 def table(backend: FaultBackend) -> RoutingTable:
-    table = RoutingTable(breaker_threshold=5)
+    table = RoutingTable(breaker=BreakerPolicy(min_failures=5))
     table.apply_put(Node(id="n1", endpoint=backend.url, model="m"), source="config")
     table.set_liveness("n1", NodeStatus.HEALTHY)
     # One failure already counted, so a success shows as the count going back to 0.
@@ -146,7 +146,7 @@ async def test_every_attempt_answering_5xx_counts_nothing(backend: FaultBackend,
 async def test_a_timeout_says_whether_the_node_had_the_request(backend: FaultBackend) -> None:
     # A node that holds the request: it had it.
     backend.push(Hang())
-    table = RoutingTable(breaker_threshold=5)
+    table = RoutingTable(breaker=BreakerPolicy(min_failures=5))
     table.apply_put(Node(id="n1", endpoint=backend.url, model="m"), source="config")
     table.set_liveness("n1", NodeStatus.HEALTHY)
     forwarder = Forwarder(table, UpstreamSettings(ttfb_timeout_s=0.5), max_attempts=3)

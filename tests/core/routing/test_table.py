@@ -1,12 +1,13 @@
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
 from qiip_core import ModelNotFound, ModelUnavailable, NoNodes
 from qiip_core.nodes import Node, NodeCapabilities, NodeStatus
-from qiip_core.routing import ChangeKind, RoutingTable, TableChange
+from qiip_core.routing import BreakerPolicy, ChangeKind, RoutingTable, TableChange
 
 
 def node(node_id: str, model: str = "m", status: NodeStatus = NodeStatus.HEALTHY, **kw: object) -> Node:
@@ -14,7 +15,7 @@ def node(node_id: str, model: str = "m", status: NodeStatus = NodeStatus.HEALTHY
 
 
 def table_with(*nodes: Node) -> RoutingTable:
-    table = RoutingTable(breaker_threshold=3, rng=random.Random(1))
+    table = RoutingTable(breaker=BreakerPolicy(min_failures=3), rng=random.Random(1))
     for n in nodes:
         table.apply_put(n, source="test")
     return table
@@ -107,21 +108,61 @@ def test_delete_drains_until_the_last_request_ends() -> None:
     assert len(table) == 0
 
 
-def test_breaker_opening_demotes_a_healthy_node() -> None:
-    table = table_with(node("a"))
-    assert table.record_failure("a", "boom") is False
-    assert table.record_failure("a", "boom") is False
-    assert table.record_failure("a", "boom") is True
+def test_an_open_breaker_keeps_ordinary_traffic_away_without_demoting_the_node() -> None:
+    table = table_with(node("a"), node("b"))
+    assert [table.record_failure("a", "boom") for _ in range(3)] == [False, False, True]
     state = table.get("a")
-    assert state is not None and state.status is NodeStatus.UNHEALTHY and state.last_error == "boom"
+    assert state is not None and state.status is NodeStatus.HEALTHY and state.last_error == "boom"
+    assert not state.eligible
+    for _ in range(5):
+        with table.reserve("m") as r:
+            assert r.node.id == "b"
 
 
-def test_success_resets_the_failure_count() -> None:
+def test_a_success_closes_an_open_breaker_at_once() -> None:
     table = table_with(node("a"))
-    table.record_failure("a", "x")
-    table.record_failure("a", "x")
+    for _ in range(3):
+        table.record_failure("a", "x")
     table.record_success("a")
-    assert table.record_failure("a", "x") is False
+    state = table.get("a")
+    assert state is not None and state.eligible
+
+
+def test_when_every_breaker_is_open_the_node_that_failed_longest_ago_is_tried() -> None:
+    table = table_with(node("a"), node("b"))
+    for node_id in ("a", "b"):
+        for _ in range(3):
+            table.record_failure(node_id, "x")
+    with table.reserve("m") as last_chance:
+        assert last_chance.node.id == "a" and last_chance.trial
+        # Its trial is out; the other one is tried next.
+        with table.reserve("m") as second:
+            assert second.node.id == "b"
+    # Abandoned without an outcome: the trial is given back.
+    state = table.get("a")
+    assert state is not None and state.breaker.trial_due()
+    assert table.retry_after_s("m") == 0.0
+
+
+def test_an_open_breaker_lets_one_trial_through_on_its_own_timer() -> None:
+    table = RoutingTable(breaker=BreakerPolicy(min_failures=1, open_s=0.05))
+    table.apply_put(node("a"), source="test")
+    table.apply_put(node("b"), source="test")
+    table.record_failure("a", "x")
+    retry_after_s = table.retry_after_s("m")
+    assert retry_after_s is not None and 0 < retry_after_s <= 0.05
+    busy = table.reserve("m")
+    assert busy.node.id == "b"
+    time.sleep(0.06)
+    trial = table.reserve("m")  # least connections: the idle node, due its trial
+    assert trial.node.id == "a" and trial.trial
+    with table.reserve("m") as ordinary:
+        assert ordinary.node.id == "b"  # one trial at a time
+    busy.release()
+    trial.record_success()
+    trial.release()
+    state = table.get("a")
+    assert state is not None and state.eligible and not state.breaker.is_open
 
 
 def test_lifecycle_from_registry_wins_and_local_liveness_beats_registry_liveness() -> None:

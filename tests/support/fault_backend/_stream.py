@@ -33,6 +33,8 @@ class Sse(Behaviour):
         done: append `data: [DONE]` to the events.
         chunked: chunked transfer encoding (each write one chunk); False ends the body by closing the
             connection.
+        close_after_end: close the connection right after a chunked body's end, whatever its headers said
+            (llama-server does this after each streamed answer while advertising `Keep-Alive: timeout=5`).
         headers: extra response headers.
     """
 
@@ -47,6 +49,7 @@ class Sse(Behaviour):
     close_after_headers: bool = False
     done: bool = True
     chunked: bool = True
+    close_after_end: bool = False
     headers: Mapping[str, str] = field(default_factory=dict)
 
     def body_writes(self, exchange: Exchange) -> list[bytes]:
@@ -102,6 +105,8 @@ class Sse(Behaviour):
             exchange.reset()
             return
         await exchange.end_stream()
+        if self.close_after_end:
+            await exchange.close()
 
 
 def big_line_event(size_bytes: int = 1 << 20, *, model: str = "fault-model") -> bytes:

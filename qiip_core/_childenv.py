@@ -1,0 +1,62 @@
+"""The environment of the programs QIIP starts: what they need, never the daemon's secrets.
+
+The daemon's own environment holds its secrets (`QIIP_ADMIN__PASSWORD`, etcd credentials, hub tokens). A
+`llama-server` or `llama-fit-params` it starts gets a minimal environment instead: the names a process and the
+GPU stack read (locale, paths, CUDA/ROCm/ggml and OpenMP settings) and nothing else. A build (a compiler
+toolchain reads many variables) gets the daemon's environment without QIIP's settings and without anything
+named like a credential.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+
+__all__ = ["build_environment", "runtime_environment"]
+
+_RUNTIME_NAMES = frozenset(
+    {"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "LD_LIBRARY_PATH", "SHELL"}
+)
+"""Names a runtime child keeps."""
+
+_RUNTIME_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "GGML_", "HIP_", "ROCR_", "HSA_", "OMP_", "GOMP_", "KMP_", "MKL_")
+"""Prefixes a runtime child keeps: locale, the GPU stacks, ggml and the OpenMP runtimes."""
+
+_SECRET_NAME = re.compile(r"TOKEN|PASSWORD|PASSWD|SECRET|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE", re.IGNORECASE)
+"""Names that say they hold a credential."""
+
+
+def runtime_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for an inference engine or a tool QIIP runs (llama-server, llama-fit-params).
+
+    Args:
+        base: the environment to take from; `os.environ` by default.
+
+    Returns:
+        Only the allowed names of `base`, and never one that names a credential or a QIIP setting; no
+        `LLAMA_ARG_*` either (llama.cpp reads them as flags, which would override the planned command line).
+    """
+    source = os.environ if base is None else base
+    return {
+        name: value
+        for name, value in source.items()
+        if (name in _RUNTIME_NAMES or name.startswith(_RUNTIME_PREFIXES))
+        and not name.startswith("QIIP_")
+        and not _SECRET_NAME.search(name)
+    }
+
+
+def build_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for a build (cmake and a compiler): `base` without QIIP's settings, `LLAMA_ARG_*` and
+    anything named like a credential.
+
+    Args:
+        base: the environment to take from; `os.environ` by default.
+    """
+    source = os.environ if base is None else base
+    return {
+        name: value
+        for name, value in source.items()
+        if not name.startswith(("QIIP_", "LLAMA_ARG_")) and not _SECRET_NAME.search(name)
+    }

@@ -1,0 +1,176 @@
+"""Resilience: a blip never takes a model down, retries never reuse a dead connection, and errors say when to
+come back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Callable, Iterator
+
+import httpx
+import pytest
+
+from tests.support.daemon import Daemon
+from tests.support.failover import CHAT, body, busy, calls
+from tests.support.fault_backend import FaultBackend, Hang, Sse, Status
+
+pytestmark = pytest.mark.integration
+
+Backends = Callable[..., FaultBackend]
+
+
+@pytest.fixture(scope="module")
+def steady_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """A daemon with the default breaker and a slow health tick: only the breakers' own timers and trials
+    bring nodes back."""
+    env = {"QIIP_HEALTH__INTERVAL_S": "60", "QIIP_BREAKER__OPEN_S": "0.3"}
+    with Daemon(tmp_path_factory.mktemp("steady-daemon"), env=env) as daemon:
+        yield daemon
+
+
+def test_a_thousand_streams_through_a_node_that_closes_after_each_answer_all_succeed(
+    steady_daemon: Daemon, backends: Backends, model: str
+) -> None:
+    node = backends()
+    node.default = Sse(n_events=2, close_after_end=True, headers={"Keep-Alive": "timeout=5"})
+    steady_daemon.add_node(f"{model}-n", node.url, model)
+
+    async def run() -> list[httpx.Response]:
+        limits = httpx.Limits(max_connections=8)
+        async with httpx.AsyncClient(base_url=steady_daemon.url, timeout=30, limits=limits) as client:
+            semaphore = asyncio.Semaphore(8)
+
+            async def one() -> httpx.Response:
+                async with semaphore:
+                    return await client.post(CHAT, json=body(model, stream=True))
+
+            return await asyncio.gather(*(one() for _ in range(1000)))
+
+    answers = asyncio.run(run())
+    assert [a.status_code for a in answers].count(200) == 1000
+    assert all(a.text.endswith("data: [DONE]\n\n") and '"error"' not in a.text for a in answers)
+    assert steady_daemon.counter("qiip_upstream_errors_total", node=f"{model}-n") == 0
+
+
+def test_concurrent_failures_in_one_blip_do_not_open_a_breaker(
+    steady_daemon: Daemon, backends: Backends, model: str
+) -> None:
+    node = backends()
+    steady_daemon.add_node(f"{model}-n", node.url, model)
+    # Eight requests in flight together all get a 500 from the same blip, then the node answers again.
+    gate = threading.Barrier(8)
+    for _ in range(8):
+        node.push(Status(500))
+
+    def one() -> None:
+        gate.wait()
+        httpx.post(steady_daemon.url + CHAT, json=body(model), timeout=30)
+
+    threads = [threading.Thread(target=one) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    # One node answering 5xx alone counts nothing (the request may be the cause); what matters is that the
+    # node still serves.
+    assert httpx.post(steady_daemon.url + CHAT, json=body(model), timeout=30).status_code == 200
+
+
+def test_refusals_open_the_breaker_and_its_own_timer_brings_the_node_back(
+    steady_daemon: Daemon, backends: Backends, model: str
+) -> None:
+    flaky, steady = backends(), backends()
+    steady_daemon.add_node(f"{model}-flaky", flaky.url, model)
+    steady_daemon.add_node(f"{model}-steady", steady.url, model)
+    flaky.stop_listening(drop_connections=True)
+    for _ in range(12):
+        assert httpx.post(steady_daemon.url + CHAT, json=body(model), timeout=30).status_code == 200
+    assert steady_daemon.counter("qiip_node_breaker_open", node=f"{model}-flaky") == 1
+    # The node is back; no health probe comes for a minute, yet its breaker's trial lets it in again.
+    flaky.start_listening()
+    before = calls(flaky)
+    deadline = 200
+    while calls(flaky) == before and deadline:
+        httpx.post(steady_daemon.url + CHAT, json=body(model), timeout=30)
+        deadline -= 1
+    assert calls(flaky) > before
+    assert steady_daemon.counter("qiip_node_breaker_open", node=f"{model}-flaky") == 0
+
+
+def test_when_every_breaker_is_open_requests_are_still_tried(
+    steady_daemon: Daemon, backends: Backends, model: str
+) -> None:
+    only = backends()
+    steady_daemon.add_node(f"{model}-only", only.url, model)
+    for _ in range(3):
+        only.push(Status(502))
+    statuses = [httpx.post(steady_daemon.url + CHAT, json=body(model), timeout=30).status_code for _ in range(4)]
+    # One node, 5xx answers: the request may be at fault, so nothing counts and every request is tried.
+    assert statuses == [502, 502, 502, 200]
+    only.stop_listening(drop_connections=True)
+    failed = [httpx.post(steady_daemon.url + CHAT, json=body(model), timeout=30) for _ in range(4)]
+    assert steady_daemon.counter("qiip_node_breaker_open", node=f"{model}-only") == 1
+    # Refused connections opened its breaker, yet each request still tried it: an honest 502, with when to
+    # come back, and no 503 without a try.
+    assert {answer.status_code for answer in failed} == {502}
+    assert all(int(answer.headers["retry-after"]) >= 1 for answer in failed[3:])
+    only.start_listening()
+    assert httpx.post(steady_daemon.url + CHAT, json=body(model), timeout=30).status_code == 200
+
+
+def test_an_unavailable_model_says_which_nodes_serve_it_and_when_to_retry(
+    steady_daemon: Daemon, backends: Backends, model: str
+) -> None:
+    backend = backends()
+    backend.health = Status(500)
+    steady_daemon.add_node(f"{model}-down", backend.url, model, wait=False)
+    steady_daemon.wait_status(f"{model}-down", "unhealthy")
+    answer = httpx.post(steady_daemon.url + CHAT, json=body(model), timeout=30)
+    assert answer.status_code == 503 and answer.json()["error"]["code"] == "model_unavailable"
+    assert "1 node: 1 unhealthy" in answer.json()["error"]["message"]
+    assert answer.headers["retry-after"] == "60"  # the next health probe
+
+
+@pytest.fixture(scope="module")
+def probing_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """A daemon whose probes find a hung node within about two seconds, and whose request limits (10 s) are
+    far longer."""
+    env = {
+        "QIIP_HEALTH__INTERVAL_S": "1",
+        "QIIP_HEALTH__TIMEOUT_S": "0.5",
+        "QIIP_HEALTH__FAILURE_THRESHOLD": "2",
+        "QIIP_HEALTH__RETRY_INTERVAL_S": "0.2",
+    }
+    with Daemon(tmp_path_factory.mktemp("probing-daemon"), env=env) as daemon:
+        yield daemon
+
+
+def test_a_request_waiting_on_a_hung_node_fails_over_when_its_probes_fail(
+    probing_daemon: Daemon, backends: Backends, model: str
+) -> None:
+    hung, fine = backends(), backends()
+    probing_daemon.add_node(f"{model}-fine", fine.url, model)
+    with busy(probing_daemon, fine, model):
+        probing_daemon.add_node(f"{model}-hung", hung.url, model)
+        hung.health = Hang()
+        hung.default = Hang()
+        answer = httpx.post(probing_daemon.url + CHAT, json=body(model), timeout=30)
+    # Without the probes it would have waited out the 10 s limit, then got a 504 (a timeout of a node that
+    # had the request is not re-sent).
+    assert answer.status_code == 200 and answer.json()["object"] == "chat.completion"
+    assert calls(hung) == 1
+
+
+def test_a_stream_from_a_node_that_hangs_ends_with_an_error_event(
+    probing_daemon: Daemon, backends: Backends, model: str
+) -> None:
+    hung = backends()
+    probing_daemon.add_node(f"{model}-hung", hung.url, model)
+    hung.default = Sse(n_events=5, delay_between_s=60)
+    hung.health = Hang()
+    answer = httpx.post(probing_daemon.url + CHAT, json=body(model, stream=True), timeout=30)
+    events = [event for event in answer.text.split("\n\n") if event]
+    assert answer.status_code == 200 and len(events) == 3 and events[-1] == "data: [DONE]"
+    error = json.loads(events[1].removeprefix("data: "))["error"]
+    assert error["code"] == "backend_transport_error" and "health probes" in error["message"]
