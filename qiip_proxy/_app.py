@@ -16,6 +16,7 @@ import qiip_core
 from qiip_core import QiipError
 from qiip_core.config import Settings
 from qiip_proxy._admin import router as admin_router
+from qiip_proxy._auth_gate import AdminGate
 from qiip_proxy._client_api import router as client_router
 from qiip_proxy._errors import RequestRefused, error_response
 from qiip_proxy._gateway import Gateway
@@ -89,13 +90,25 @@ def create_app(settings: Settings) -> FastAPI:
 
 
 def serving_app(app: FastAPI) -> ASGIApp:
-    """The app as the server runs it: the inference paths served ahead of FastAPI's routing layers, `HEAD`
-    answered on every `GET` route, and, with `server.cors_allow_origins` set, CORS around all of it (`_http`).
+    """The app as the server runs it: the inference paths served ahead of FastAPI's routing layers, the admin
+    API's credentials and body size checked before FastAPI reads a body (`_auth_gate`), `HEAD` answered on
+    every `GET` route, and, with `server.cors_allow_origins` set, CORS around all of it (`_http`).
 
     With CORS off there is no CORS layer at all, so the inference path pays nothing for it; with CORS on,
     every request passes through Starlette's `CORSMiddleware` (one header lookup, and one more call per
     message sent: each event of a stream)."""
     gateway: Gateway = app.state.gateway
-    served: ASGIApp = ProxyRoutes(HeadAsGet(app), gateway)
+    inner: ASGIApp = HeadAsGet(app)
+    admin = gateway.settings.admin
+    if admin.enabled and admin.username and admin.password is not None:
+        inner = AdminGate(
+            inner,
+            username=admin.username,
+            password=admin.password.get_secret_value(),
+            max_body_bytes=admin.max_body_bytes,
+            throttle=gateway.auth_throttle,
+            on_failure=lambda api: gateway.metrics.auth_failures.labels(api).inc(),
+        )
+    served: ASGIApp = ProxyRoutes(inner, gateway)
     origins = gateway.settings.server.cors_allow_origins
     return with_cors(served, origins) if origins else served

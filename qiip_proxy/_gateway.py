@@ -29,6 +29,7 @@ from qiip_core.lifecycle import OperationRunner
 from qiip_core.nodes import Node, NodeStatus
 from qiip_core.provisioning import Provisioner
 from qiip_core.routing import BreakerPolicy, Forwarder, NodeState, RoutingTable
+from qiip_proxy._auth_gate import AuthThrottle
 from qiip_proxy._local_nodes import LocalNodes
 from qiip_proxy._metrics import GatewayMetrics
 
@@ -80,6 +81,10 @@ class Gateway:
         )
         self.fleet = _Fleet(self)
         self.metrics = GatewayMetrics(self.table)
+        # Failed authentications per client address (admin and invoke tokens): 429 past a burst.
+        self.auth_throttle = AuthThrottle(
+            burst=settings.admin.auth_failure_burst, window_s=settings.admin.auth_failure_window_s
+        )
         self.local_nodes = LocalNodes(settings, self.registry)
         self.operations = OperationRunner()
         self.cache_dir = settings.models.hf_cache_dir or default_cache_dir()

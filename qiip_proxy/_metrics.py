@@ -223,6 +223,12 @@ class GatewayMetrics:
             ["model", "node", "code"],
             registry=self.registry,
         )
+        self.auth_failures = Counter(
+            "qiip_auth_failures",
+            "Failed authentications by API: admin credentials, invoke tokens.",
+            ["api"],
+            registry=self.registry,
+        )
         self.retries = Counter(
             "qiip_upstream_retries",
             "Attempts that failed and were retried on another node, by the node that failed.",

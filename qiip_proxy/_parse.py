@@ -10,21 +10,26 @@ is read whole.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from typing import TYPE_CHECKING
 
 from starlette.types import Receive, Scope
 
+from qiip_core import AuthError
 from qiip_core.auth import InvokeToken, parse_bearer
 from qiip_core.nodes import ApiName
 from qiip_core.routing import UpstreamRequest
+from qiip_proxy._auth_gate import peer_of, throttled
 from qiip_proxy._errors import TOO_DEEP, RequestRefused
 
 if TYPE_CHECKING:
     from qiip_proxy._gateway import Gateway
 
 __all__ = ["CLIENT_CLOSED_REQUEST", "PROXY_PATHS", "parse_request", "read_request", "request_id_for"]
+
+logger = logging.getLogger("qiip.auth")
 
 PROXY_PATHS: dict[str, ApiName] = {
     "/v1/chat/completions": "chat",
@@ -70,7 +75,28 @@ async def parse_request(
         RequestRefused: see `read_request`.
         AuthError: the token is missing, unknown, expired, revoked, or bound to another model.
     """
-    secret = parse_bearer(_text_header(scope, b"authorization")) if gateway.tokens_required else None
+    secret: str | None = None
+    if gateway.tokens_required:
+        # The token is checked from the headers, before a byte of the body is read; its model scope after.
+        peer = peer_of(scope)
+        wait_s = gateway.auth_throttle.retry_after_s(peer)
+        if wait_s is not None:
+            status, body, headers = throttled(wait_s)
+            raise RequestRefused(
+                status,
+                json.loads(body)["error"]["message"],
+                "too_many_auth_failures",
+                type="rate_limit_error",
+                headers={k.decode(): v.decode() for k, v in headers},
+            )
+        try:
+            secret = parse_bearer(_text_header(scope, b"authorization"))
+            gateway.tokens.authenticate(secret, model=None)
+        except AuthError as exc:
+            gateway.auth_throttle.failed(peer)
+            gateway.metrics.auth_failures.labels("client").inc()
+            logger.warning("invoke token refused from %s on %s: %s", peer, scope["path"], exc.code)
+            raise
     request = await read_request(
         scope, receive, max_body_bytes=gateway.settings.server.max_body_bytes, request_id=request_id
     )

@@ -224,6 +224,13 @@ class AdminSettings(_Group):
     """Admin password (`QIIP_ADMIN__PASSWORD`); never logged or shown."""
     drain_timeout_s: PositiveSeconds = 30.0
     """Default time a drain waits for in-flight requests before it reports what remained."""
+    max_body_bytes: int = Field(default=64 * 1024, ge=1024)
+    """The largest admin request body; larger ones get 413 before a byte of them is read."""
+    auth_failure_burst: int = Field(default=10, ge=1)
+    """Failed authentications (admin credentials, invoke tokens) a client address may have within
+    `auth_failure_window_s`; beyond, its requests get 429 with `Retry-After`."""
+    auth_failure_window_s: PositiveSeconds = 60.0
+    """The window failed authentications are counted over, per client address."""
 
     def check_credentials(self) -> None:
         """Refuse an enabled admin API without credentials (the daemon calls this at start-up).

@@ -33,6 +33,8 @@ FAST_ENV = {
     "QIIP_LOGGING__LEVEL": "INFO",
     "QIIP_ADMIN__USERNAME": "admin",
     "QIIP_ADMIN__PASSWORD": "test-password",
+    # Tests send many wrong credentials on purpose; the throttle has tests of its own.
+    "QIIP_ADMIN__AUTH_FAILURE_BURST": "1000000",
 }
 """Settings that make a test daemon react in tenths of a second instead of seconds."""
 
