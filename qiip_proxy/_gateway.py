@@ -75,9 +75,14 @@ class Gateway:
             max_attempts=settings.routing.max_attempts,
             retry_after_timeout=settings.routing.retry_after_timeout,
             headers_for=self._headers_for,
+            policy=settings.routing.endpoint_policy(),
         )
         self.health = HealthChecker(
-            self.table, settings.health, on_healthy=self._node_healthy, headers_for=self._headers_for
+            self.table,
+            settings.health,
+            on_healthy=self._node_healthy,
+            headers_for=self._headers_for,
+            policy=settings.routing.endpoint_policy(),
         )
         self.fleet = _Fleet(self)
         self.metrics = GatewayMetrics(self.table)

@@ -28,8 +28,16 @@ import aiohttp
 
 from qiip_core._errors import safe_text
 from qiip_core.config import HealthSettings
-from qiip_core.nodes import Engine, NodeStatus
-from qiip_core.routing import BreakerState, ChangeKind, NodeState, RoutingTable, TableChange
+from qiip_core.nodes import EndpointPolicy, Engine, NodeStatus
+from qiip_core.routing import (
+    AllowlistResolver,
+    BreakerState,
+    ChangeKind,
+    NodeState,
+    RoutingTable,
+    TableChange,
+    describe_client_error,
+)
 
 __all__ = ["HealthChecker", "ProbeOutcome", "apply_probe", "classify_health"]
 
@@ -114,6 +122,7 @@ class HealthChecker:
             probes never wait behind client traffic; closed by `aclose()`).
         on_healthy: awaited after each successful probe of a healthy node (etcd lease refresh).
         headers_for: extra request headers for a node (an attached server's bearer token).
+        policy: the endpoint allowlist the addresses of host names are checked against when connecting.
     """
 
     def __init__(
@@ -124,8 +133,10 @@ class HealthChecker:
         session: aiohttp.ClientSession | None = None,
         on_healthy: Callable[[NodeState], Awaitable[None]] | None = None,
         headers_for: Callable[[str], Mapping[str, str]] | None = None,
+        policy: EndpointPolicy | None = None,
     ) -> None:
         self.table = table
+        self.policy = policy
         self.settings = settings
         self._owns_session = session is None
         self._session = session
@@ -161,7 +172,11 @@ class HealthChecker:
         """The probe session, created on first use inside the event loop."""
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.settings.concurrency, force_close=True),
+                connector=aiohttp.TCPConnector(
+                    limit=self.settings.concurrency,
+                    force_close=True,
+                    resolver=AllowlistResolver(self.policy) if self.policy is not None else None,
+                ),
                 trust_env=False,
                 timeout=aiohttp.ClientTimeout(total=self.settings.timeout_s),
             )
@@ -296,5 +311,5 @@ class HealthChecker:
 
 
 def _describe(what: str, exc: BaseException) -> str:
-    detail = str(exc) or ("timed out" if isinstance(exc, TimeoutError) else type(exc).__name__)
+    detail = describe_client_error(exc) if not isinstance(exc, TimeoutError) or str(exc) else "timed out"
     return f"{what}: {safe_text(detail)}"

@@ -186,6 +186,27 @@ class EndpointPolicy:
             ports=frozenset(ports),
         )
 
+    def allows_resolved(self, address: str) -> bool:
+        """Whether a host name of an allowed node may connect to `address`, one of the addresses it resolved to.
+
+        An address inside `networks` is allowed; outside them, loopback, link-local (the cloud metadata service
+        at 169.254.169.254 included), unspecified, multicast and reserved addresses are refused, so a name that
+        passes the host patterns cannot lead node traffic (and attached tokens) to this machine or its
+        metadata service unless a network allows it.
+
+        Args:
+            address: an IPv4 or IPv6 address, as a resolver gives it.
+        """
+        try:
+            ip = ipaddress.ip_address(address.split("%", 1)[0])
+        except ValueError:
+            return False
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        if any(ip in network for network in self.networks):
+            return True
+        return not (ip.is_loopback or ip.is_link_local or ip.is_unspecified or ip.is_multicast or ip.is_reserved)
+
     def check(self, raw: str) -> Endpoint:
         """Parse an endpoint and check it against the allowlist.
 

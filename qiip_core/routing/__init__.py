@@ -20,10 +20,17 @@ from qiip_core.routing._table import (
     TableChange,
     select_least_connections,
 )
-from qiip_core.routing._upstream import UpstreamClient, UpstreamRequest, map_transport_error
+from qiip_core.routing._upstream import (
+    AllowlistResolver,
+    UpstreamClient,
+    UpstreamRequest,
+    describe_client_error,
+    map_transport_error,
+)
 
 __all__ = [
     "HOP_BY_HOP_HEADERS",
+    "AllowlistResolver",
     "BreakerPolicy",
     "BreakerState",
     "ChangeKind",
@@ -37,6 +44,7 @@ __all__ = [
     "UpstreamClient",
     "UpstreamRequest",
     "UpstreamResponse",
+    "describe_client_error",
     "event_boundary",
     "map_transport_error",
     "select_least_connections",

@@ -49,7 +49,7 @@ from qiip_core._errors import (
     UpstreamTransportError,
 )
 from qiip_core.config import UpstreamSettings
-from qiip_core.nodes import NodeStatus
+from qiip_core.nodes import EndpointPolicy, NodeStatus
 from qiip_core.routing._response import UpstreamResponse
 from qiip_core.routing._table import ChangeKind, Reservation, RoutingTable, TableChange
 from qiip_core.routing._upstream import (
@@ -89,6 +89,7 @@ class Forwarder:
         retry_after_timeout: bool = False,
         client: UpstreamClient | None = None,
         headers_for: Callable[[str], Mapping[str, str]] | None = None,
+        policy: EndpointPolicy | None = None,
     ) -> None:
         self.table = table
         self.settings = settings
@@ -96,7 +97,7 @@ class Forwarder:
         self.retry_after_timeout = retry_after_timeout
         self._headers_for = headers_for
         self._owns_client = client is None
-        self.client = client or UpstreamClient(settings)
+        self.client = client or UpstreamClient(settings, policy=policy)
         # Per node: the first-token timers of requests waiting on it, and its committed answers, so a node
         # its health probes find down lets go of them at once (`_node_down`).
         self._waiting: dict[str, set[asyncio.Timeout]] = {}

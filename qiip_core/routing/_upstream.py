@@ -9,21 +9,30 @@ client error class has a row.
 
 from __future__ import annotations
 
+import socket
 import zlib
 from collections.abc import Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 
 import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.client_reqrep import ClientRequest
 from aiohttp.connector import Connection
 from aiohttp.tracing import Trace
 
 from qiip_core._errors import UpstreamConnectError, UpstreamError, UpstreamTimeout, UpstreamTransportError
 from qiip_core.config import UpstreamSettings
-from qiip_core.nodes import ApiName
+from qiip_core.nodes import ApiName, EndpointPolicy
 
-__all__ = ["TRANSPORT_ERRORS", "SendProgress", "UpstreamClient", "UpstreamRequest", "map_transport_error"]
+__all__ = [
+    "TRANSPORT_ERRORS",
+    "AllowlistResolver",
+    "SendProgress",
+    "UpstreamClient",
+    "UpstreamRequest",
+    "map_transport_error",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +92,36 @@ class _Connector(aiohttp.TCPConnector):
         return connection
 
 
+class AllowlistResolver(AbstractResolver):
+    """aiohttp's threaded resolver, keeping only the addresses the endpoint allowlist lets a host name reach
+    (`EndpointPolicy.allows_resolved`): checked when the connection is made, so a name that resolves
+    somewhere else later is refused then.
+
+    Args:
+        policy: the endpoint allowlist.
+
+    Raises (from `resolve`):
+        OSError: the name resolves only to refused addresses (aiohttp reports a connect error).
+    """
+
+    def __init__(self, policy: EndpointPolicy) -> None:
+        self.policy = policy
+        self._inner = aiohttp.ThreadedResolver()
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        results = await self._inner.resolve(host, port, family)
+        allowed = [result for result in results if self.policy.allows_resolved(result["host"])]
+        if not allowed:
+            refused = ", ".join(sorted({result["host"] for result in results}))
+            raise OSError(f"{host} resolves only to addresses the endpoint allowlist refuses ({refused})")
+        return allowed
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
 class UpstreamClient:
     """The HTTP/1.1 client for node traffic: one keep-alive pool for all nodes.
 
@@ -94,10 +133,13 @@ class UpstreamClient:
     Args:
         settings: pool size, keep-alive expiry (keep it below the nodes' idle timeout; vLLM's is 5 s),
             connect and pool timeouts.
+        policy: the endpoint allowlist the addresses of host names are checked against when connecting
+            (`AllowlistResolver`); None checks nothing.
     """
 
-    def __init__(self, settings: UpstreamSettings) -> None:
+    def __init__(self, settings: UpstreamSettings, *, policy: EndpointPolicy | None = None) -> None:
         self.settings = settings
+        self.policy = policy
         self._session: aiohttp.ClientSession | None = None
         self._fresh_session: aiohttp.ClientSession | None = None
 
@@ -106,6 +148,7 @@ class UpstreamClient:
         """The aiohttp session, created on first use (it must be created inside the event loop)."""
         if self._session is None:
             connector = _Connector(
+                resolver=AllowlistResolver(self.policy) if self.policy is not None else None,
                 limit=self.settings.max_connections,
                 limit_per_host=0,
                 keepalive_timeout=self.settings.keepalive_expiry_s,
@@ -130,7 +173,11 @@ class UpstreamClient:
         while advertising keep-alive, as llama-server does): another pooled connection may be dead too."""
         if self._fresh_session is None:
             self._fresh_session = aiohttp.ClientSession(
-                connector=_Connector(force_close=True, limit=0),
+                connector=_Connector(
+                    force_close=True,
+                    limit=0,
+                    resolver=AllowlistResolver(self.policy) if self.policy is not None else None,
+                ),
                 trust_env=False,
                 auto_decompress=False,
                 timeout=aiohttp.ClientTimeout(
@@ -224,5 +271,15 @@ def map_transport_error(exc: BaseException, node_id: str | None) -> UpstreamErro
         if isinstance(exc, library_type):
             # The library's words name addresses and may quote the node: they are the error's `detail`, for
             # logs and the admin API; the client gets `text`.
-            return ours(f"{text}.", node_id=node_id, detail=str(exc) or type(exc).__name__)
+            return ours(f"{text}.", node_id=node_id, detail=describe_client_error(exc))
     return UpstreamTransportError("the connection to the node failed.", node_id=node_id, detail=repr(exc))
+
+
+def describe_client_error(exc: BaseException) -> str:
+    """What a client library error says, with the OS error behind a failed connect (aiohttp's message alone
+    drops it: `Cannot connect to host h:p ssl:default [None]`)."""
+    text = str(exc) or type(exc).__name__
+    cause = getattr(exc, "os_error", None)
+    if isinstance(exc, aiohttp.ClientConnectorError) and cause is not None and str(cause) not in text:
+        text = f"{text}: {cause}"
+    return text
