@@ -147,22 +147,13 @@ class UpstreamClient:
     def session(self) -> aiohttp.ClientSession:
         """The aiohttp session, created on first use (it must be created inside the event loop)."""
         if self._session is None:
-            connector = _Connector(
-                resolver=AllowlistResolver(self.policy) if self.policy is not None else None,
-                limit=self.settings.max_connections,
-                limit_per_host=0,
-                keepalive_timeout=self.settings.keepalive_expiry_s,
-            )
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                trust_env=False,
-                auto_decompress=False,
-                timeout=aiohttp.ClientTimeout(
-                    total=None,
-                    connect=self.settings.pool_timeout_s + self.settings.connect_timeout_s,
-                    sock_connect=self.settings.connect_timeout_s,
-                ),
-                skip_auto_headers=("User-Agent", "Accept-Encoding"),
+            self._session = self._new_session(
+                _Connector(
+                    resolver=self._resolver(),
+                    limit=self.settings.max_connections,
+                    limit_per_host=0,
+                    keepalive_timeout=self.settings.keepalive_expiry_s,
+                )
             )
         return self._session
 
@@ -172,22 +163,24 @@ class UpstreamClient:
         one retry after a pooled connection turned out dead (a node that closes after each streamed answer
         while advertising keep-alive, as llama-server does): another pooled connection may be dead too."""
         if self._fresh_session is None:
-            self._fresh_session = aiohttp.ClientSession(
-                connector=_Connector(
-                    force_close=True,
-                    limit=0,
-                    resolver=AllowlistResolver(self.policy) if self.policy is not None else None,
-                ),
-                trust_env=False,
-                auto_decompress=False,
-                timeout=aiohttp.ClientTimeout(
-                    total=None,
-                    connect=self.settings.pool_timeout_s + self.settings.connect_timeout_s,
-                    sock_connect=self.settings.connect_timeout_s,
-                ),
-                skip_auto_headers=("User-Agent", "Accept-Encoding"),
-            )
+            self._fresh_session = self._new_session(_Connector(force_close=True, limit=0, resolver=self._resolver()))
         return self._fresh_session
+
+    def _resolver(self) -> AllowlistResolver | None:
+        return AllowlistResolver(self.policy) if self.policy is not None else None
+
+    def _new_session(self, connector: aiohttp.TCPConnector) -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(
+            connector=connector,
+            trust_env=False,
+            auto_decompress=False,
+            timeout=aiohttp.ClientTimeout(
+                total=None,
+                connect=self.settings.pool_timeout_s + self.settings.connect_timeout_s,
+                sock_connect=self.settings.connect_timeout_s,
+            ),
+            skip_auto_headers=("User-Agent", "Accept-Encoding"),
+        )
 
     async def post(
         self,
