@@ -291,6 +291,7 @@ class UpstreamError(QiipError):
         code: the OpenAI error `code`.
         retryable: whether another node may be tried (connect errors, timeouts, 5xx).
         detail: what the node or the transport said (an error text, an address), never shown to clients.
+        local: the gateway's own failure (out of file descriptors), not the node's: counted against no node.
         attempts: nodes tried for the request, this one included (`X-QIIP-Attempts`; set by the forwarder).
     """
 
@@ -298,6 +299,7 @@ class UpstreamError(QiipError):
     code = "backend_transport_error"
     retryable: bool = True
     attempts: int = 1
+    local: bool = False
 
     def __init__(self, message: str, *, node_id: str | None, detail: str | None = None) -> None:
         super().__init__(message)

@@ -11,6 +11,7 @@ SIGINT/SIGTERM stop accepting connections, let in-flight requests finish for up 
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ from qiip_core._logging import configure_logging
 from qiip_core.config import bind_listener, load_settings
 from qiip_proxy._app import create_app, serving_app
 from qiip_proxy._gateway import Gateway
+from qiip_proxy._limits import client_connection_cap, raise_open_file_limit
 
 __all__ = ["main"]
 
@@ -82,6 +84,8 @@ def main(config: Path | None, host: str | None, port: int | None) -> None:
         settings = load_settings(config, **({"server": server_overrides} if server_overrides else {}))
         configure_logging(level=settings.logging.level, format=settings.logging.format)
         sock = _bind(settings.server.host, settings.server.port)
+        open_files = raise_open_file_limit()
+        max_clients = client_connection_cap(settings, open_files)
         app = create_app(settings)
     except ConfigError as exc:
         click.echo(f"qiip-proxy: {exc.message}", err=True)
@@ -95,8 +99,12 @@ def main(config: Path | None, host: str | None, port: int | None) -> None:
             server_header=False,
             timeout_graceful_shutdown=int(settings.server.shutdown_timeout_s),
             timeout_keep_alive=settings.server.keep_alive_s,
+            limit_concurrency=max_clients,
             lifespan="on",
         ),
+    )
+    logging.getLogger("qiip.proxy").info(
+        "serving at most %d client connections (open-file limit %d)", max_clients, open_files
     )
     server.run(sockets=[sock])
     if not server.started:

@@ -117,6 +117,11 @@ class ServerSettings(_Group):
     `timeout_keep_alive`, whose own default is 5 s). Keep it above the idle timeout of the load balancer or
     proxy in front (AWS ALB: 60 s; Google Cloud's load balancers: 600 s, so 620 there): the balancer reuses
     an idle connection for that long, and one the daemon closed first fails its next request."""
+    max_client_connections: int | None = Field(default=None, ge=1)
+    """Client connections (idle keep-alive ones included) served at once; one more is answered 503 and
+    closed (uvicorn's `limit_concurrency`). None: derived at start from the open-file limit (raised to its
+    hard limit where allowed), keeping room for connections to nodes and health probes, so clients can never
+    take the file descriptors node traffic needs."""
     cors_allow_origins: list[str] = Field(default_factory=list)
     """Web origins whose pages may call the daemon from a browser (CORS): each `scheme://host[:port]` as the
     browser sends it in `Origin`, or `*` for any. Empty (the default): CORS is off, and a cross-origin page

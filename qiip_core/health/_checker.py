@@ -37,6 +37,7 @@ from qiip_core.routing import (
     RoutingTable,
     TableChange,
     describe_client_error,
+    is_local_exhaustion,
 )
 
 __all__ = ["HealthChecker", "ProbeOutcome", "apply_probe", "classify_health"]
@@ -53,6 +54,8 @@ class ProbeOutcome(StrEnum):
     """503 "Loading model" (llama-server): alive, not ready yet."""
     FAILED = "failed"
     """Anything else: an error status, a timeout, a refused connection."""
+    LOCAL_FAILURE = "local_failure"
+    """The probe could not be made: the gateway itself is out of file descriptors. Never the node's failure."""
 
 
 def classify_health(status_code: int, body: bytes) -> ProbeOutcome:
@@ -221,6 +224,10 @@ class HealthChecker:
                 outcome, error = await self._health(state)
                 if self.table.get(node_id) is not state:
                     return
+                if outcome is ProbeOutcome.LOCAL_FAILURE:
+                    # The gateway is out of file descriptors: says nothing about the node.
+                    logger.warning("probe of node %s not run: %s", node_id, error)
+                    return
                 needs_recovery = apply_probe(
                     self.table, state, outcome, error=error, failure_threshold=self.settings.failure_threshold
                 )
@@ -243,6 +250,8 @@ class HealthChecker:
             async with self.session.get(state.node.endpoint + "/health", allow_redirects=False) as response:
                 status, body = response.status, await response.read()
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            if is_local_exhaustion(exc):
+                return ProbeOutcome.LOCAL_FAILURE, _describe("GET /health", exc)
             return ProbeOutcome.FAILED, _describe("GET /health", exc)
         outcome = classify_health(status, body)
         return outcome, None if outcome is not ProbeOutcome.FAILED else f"GET /health answered {status}"
@@ -257,6 +266,8 @@ class HealthChecker:
             ) as response:
                 status, body = response.status, await response.read()
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            if is_local_exhaustion(exc):
+                return ProbeOutcome.LOCAL_FAILURE, _describe("GET /v1/models", exc)
             return ProbeOutcome.FAILED, _describe("GET /v1/models", exc)
         if status != 200:
             return ProbeOutcome.FAILED, f"GET /v1/models answered {status}"

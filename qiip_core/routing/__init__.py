@@ -25,6 +25,7 @@ from qiip_core.routing._upstream import (
     UpstreamClient,
     UpstreamRequest,
     describe_client_error,
+    is_local_exhaustion,
     map_transport_error,
 )
 
@@ -46,6 +47,7 @@ __all__ = [
     "UpstreamResponse",
     "describe_client_error",
     "event_boundary",
+    "is_local_exhaustion",
     "map_transport_error",
     "select_least_connections",
 ]

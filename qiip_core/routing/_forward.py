@@ -174,8 +174,9 @@ class Forwarder:
                     if not timeout_counted or reservation.state.health_failures > 0:
                         reservation.record_failure(exc.log_text)
                     timeout_counted = True
-                elif not isinstance(exc, UpstreamStatusError):
-                    # The node could not be reached or broke off: its fault, whatever the request.
+                elif not isinstance(exc, UpstreamStatusError) and not exc.local:
+                    # The node could not be reached or broke off: its fault, whatever the request (unless the
+                    # gateway itself ran out of file descriptors).
                     reservation.record_failure(exc.log_text)
                 reservation.release()
                 if isinstance(exc, UpstreamTimeout):

@@ -9,6 +9,7 @@ client error class has a row.
 
 from __future__ import annotations
 
+import errno
 import socket
 import zlib
 from collections.abc import Sequence
@@ -264,7 +265,9 @@ def map_transport_error(exc: BaseException, node_id: str | None) -> UpstreamErro
         if isinstance(exc, library_type):
             # The library's words name addresses and may quote the node: they are the error's `detail`, for
             # logs and the admin API; the client gets `text`.
-            return ours(f"{text}.", node_id=node_id, detail=describe_client_error(exc))
+            error = ours(f"{text}.", node_id=node_id, detail=describe_client_error(exc))
+            error.local = is_local_exhaustion(exc)
+            return error
     return UpstreamTransportError("the connection to the node failed.", node_id=node_id, detail=repr(exc))
 
 
@@ -276,3 +279,23 @@ def describe_client_error(exc: BaseException) -> str:
     if isinstance(exc, aiohttp.ClientConnectorError) and cause is not None and str(cause) not in text:
         text = f"{text}: {cause}"
     return text
+
+
+_LOCAL_EXHAUSTION = frozenset({errno.EMFILE, errno.ENFILE})
+"""Errors that are this process's (or machine's) lack of file descriptors, never a node's fault."""
+
+
+def is_local_exhaustion(exc: BaseException) -> bool:
+    """Whether `exc` (or what caused it) is the gateway running out of file descriptors (`EMFILE`, `ENFILE`):
+    a failure no node should be blamed for."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _LOCAL_EXHAUSTION:
+            return True
+        cause = getattr(current, "os_error", None)
+        if isinstance(cause, OSError) and cause.errno in _LOCAL_EXHAUSTION:
+            return True
+        current = current.__cause__ or current.__context__
+    return False
