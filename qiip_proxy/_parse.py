@@ -9,6 +9,7 @@ is read whole.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -137,7 +138,12 @@ async def read_request(
             break
     body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
     try:
-        payload = json.loads(body)
+        if len(body) <= LARGE_BODY_BYTES:
+            payload = json.loads(body)
+        else:
+            # A large body is parsed off the event loop (other requests, `/health` included, go on), with its
+            # object keys counted.
+            payload = await asyncio.to_thread(_parse_large, body)
     except ValueError as exc:
         raise RequestRefused(400, f"The request body is not valid JSON: {exc}.", "invalid_json") from None
     except RecursionError:
@@ -170,6 +176,32 @@ async def read_request(
     return UpstreamRequest(
         path=path, body=body, headers=headers, model=model, stream=bool(stream), api=PROXY_PATHS.get(path)
     )
+
+
+LARGE_BODY_BYTES = 256 * 1024
+"""Bodies above this are parsed in a worker thread, their object keys counted."""
+
+MAX_OBJECT_KEYS = 200_000
+"""The most object keys a request body may hold in all (a 256 KiB body cannot hold more than about 50,000)."""
+
+
+def _parse_large(body: bytes) -> object:
+    """`json.loads` for a large body, refusing more than `MAX_OBJECT_KEYS` object keys in all.
+
+    Raises:
+        ValueError: not JSON, or too many keys.
+        RecursionError: nested too deeply.
+    """
+    keys = 0
+
+    def count(pairs: list[tuple[str, object]]) -> dict[str, object]:
+        nonlocal keys
+        keys += len(pairs)
+        if keys > MAX_OBJECT_KEYS:
+            raise ValueError(f"it holds more than {MAX_OBJECT_KEYS} object keys")
+        return dict(pairs)
+
+    return json.loads(body, object_pairs_hook=count)
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:

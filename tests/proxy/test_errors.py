@@ -221,3 +221,18 @@ async def test_both_apis_answer_through_the_one_handler(tmp_path: Path) -> None:
         refused = await client.get("/admin/nodes", auth=("admin", "wrong"))
         assert refused.status_code == 401 and refused.headers["www-authenticate"].startswith("Basic")
         assert refused.json()["error"]["type"] == "authentication_error"
+
+
+async def test_a_large_body_is_parsed_off_the_loop_with_its_keys_counted(tmp_path: Path) -> None:
+    settings = load_settings(state_dir=tmp_path, admin={"username": "admin", "password": "pw"})
+    transport = httpx.ASGITransport(app=serving_app(create_app(settings)))
+    many_keys = b'{"model": "m", "x": {' + b",".join(b'"k%d": 0' % i for i in range(250_000)) + b"}}"
+    deep = b'{"model": "m", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    async with httpx.AsyncClient(transport=transport, base_url="http://qiip") as client:
+        too_many = await client.post("/v1/chat/completions", content=many_keys)
+        assert too_many.status_code == 400 and "object keys" in too_many.json()["error"]["message"]
+        too_deep = await client.post("/v1/chat/completions", content=deep)
+        assert too_deep.status_code == 400 and too_deep.json()["error"]["code"] == "invalid_json"
+        # A large body within the bounds is read as usual (here: no node serves the model).
+        fine = b'{"model": "m", "padding": "' + b"x" * (1 << 20) + b'"}'
+        assert (await client.post("/v1/chat/completions", content=fine)).json()["error"]["code"] == "no_nodes"
