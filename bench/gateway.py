@@ -185,6 +185,8 @@ def main() -> None:
         "QIIP_NODES": json.dumps([{"id": "bench", "endpoint": f"http://127.0.0.1:{backend_port}", "model": "bench"}]),
         "QIIP_LOGGING__LEVEL": "WARNING",
         "QIIP_ADMIN__ENABLED": "false",
+        # Every load-generator connection comes from 127.0.0.1.
+        "QIIP_SERVER__MAX_CONNECTIONS_PER_ADDRESS": "100000",
     }
     gateway = subprocess.Popen(
         pinned([sys.executable, "-m", "qiip_proxy", "--port", str(gateway_port)], 1), env=env, cwd=state

@@ -27,6 +27,7 @@ from qiip_core.config import bind_listener, load_settings
 from qiip_proxy._app import create_app, serving_app
 from qiip_proxy._gateway import Gateway
 from qiip_proxy._limits import client_connection_cap, raise_open_file_limit
+from qiip_proxy._transport import guarded_protocol
 
 __all__ = ["main"]
 
@@ -100,6 +101,12 @@ def main(config: Path | None, host: str | None, port: int | None) -> None:
             timeout_graceful_shutdown=int(settings.server.shutdown_timeout_s),
             timeout_keep_alive=settings.server.keep_alive_s,
             limit_concurrency=max_clients,
+            http=guarded_protocol(
+                max_header_bytes=settings.server.max_header_bytes,
+                header_timeout_s=settings.server.header_timeout_s,
+                body_timeout_s=settings.server.body_timeout_s,
+                max_connections_per_address=settings.server.max_connections_per_address,
+            ),
             lifespan="on",
         ),
     )

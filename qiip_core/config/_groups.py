@@ -122,6 +122,16 @@ class ServerSettings(_Group):
     closed (uvicorn's `limit_concurrency`). None: derived at start from the open-file limit (raised to its
     hard limit where allowed), keeping room for connections to nodes and health probes, so clients can never
     take the file descriptors node traffic needs."""
+    max_header_bytes: int = Field(default=64 * 1024, ge=4096, le=16 * MiB)
+    """The longest request line and headers together; longer ones get 431 and the connection is closed."""
+    header_timeout_s: PositiveSeconds = 30.0
+    """How long a request's headers may take from its first byte (or from the connection's opening); then
+    408 and the connection is closed."""
+    body_timeout_s: PositiveSeconds = 300.0
+    """How long a request's body may take once its headers are in; then 408 and the connection is closed."""
+    max_connections_per_address: int = Field(default=256, ge=1)
+    """Connections one client address may hold at once; its next one gets 503. Behind a load balancer or a
+    proxy every client comes from its few addresses: raise this to its connection pool."""
     cors_allow_origins: list[str] = Field(default_factory=list)
     """Web origins whose pages may call the daemon from a browser (CORS): each `scheme://host[:port]` as the
     browser sends it in `Origin`, or `*` for any. Empty (the default): CORS is off, and a cross-origin page

@@ -1,0 +1,146 @@
+"""Transport limits on client connections, in the HTTP/1.1 server itself (uvicorn's httptools protocol).
+
+uvicorn bounds neither a request's headers (a 64 MiB header is accepted), nor the time they may take (a
+connection that sends half a request line stays open for ever), nor a body's pace, nor how many connections
+one address holds. `guarded_protocol` returns uvicorn's `HttpToolsProtocol` with these limits added:
+
+- headers over `max_header_bytes` (request line included) are answered 431 and the connection closed
+  (RFC 6585 §5);
+- a request whose headers are not complete `header_timeout_s` after its first byte (or after the connection
+  opened) is answered 408 and closed (RFC 9110 §15.5.9); an idle keep-alive connection is uvicorn's
+  `timeout_keep_alive`;
+- a body not complete `body_timeout_s` after its headers ends the same way (408 when nothing was answered
+  yet);
+- an address holding `max_connections_per_address` connections gets 503 on its next one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from http import HTTPStatus
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+__all__ = ["guarded_protocol"]
+
+
+def guarded_protocol(
+    *, max_header_bytes: int, header_timeout_s: float, body_timeout_s: float, max_connections_per_address: int
+) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol with header, deadline and per-address limits (pass it as `http=`).
+
+    Args:
+        max_header_bytes: the longest request line and headers together, in bytes.
+        header_timeout_s: how long a request's headers may take, in seconds.
+        body_timeout_s: how long a request's body may take once its headers are in, in seconds.
+        max_connections_per_address: connections one client address may hold at once.
+
+    Returns:
+        The protocol class.
+    """
+    per_address: Counter[str] = Counter()
+
+    class GuardedProtocol(HttpToolsProtocol):
+        _refused = False
+        _header_bytes = 0
+        _deadline: asyncio.TimerHandle | None = None
+        _address: str | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            address = self.client[0] if self.client else None
+            if address is not None:
+                if per_address[address] >= max_connections_per_address:
+                    self._refuse(HTTPStatus.SERVICE_UNAVAILABLE, "Too many connections from this address.")
+                    return
+                per_address[address] += 1
+                self._address = address
+            self._arm(header_timeout_s)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            if self._address is not None:
+                per_address[self._address] -= 1
+                if per_address[self._address] <= 0:
+                    del per_address[self._address]
+                self._address = None
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if self._refused:
+                return
+            super().data_received(data)
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._header_bytes = 0
+            self._arm(header_timeout_s)
+
+        def on_url(self, url: bytes) -> None:
+            self._count(len(url))
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._count(len(name) + len(value) + 4)
+            if not self._refused:
+                super().on_header(name, value)
+
+        def on_headers_complete(self) -> None:
+            if self._refused:
+                return
+            self._arm(body_timeout_s)
+            super().on_headers_complete()
+
+        def on_body(self, body: bytes) -> None:
+            if not self._refused:
+                super().on_body(body)
+
+        def on_message_complete(self) -> None:
+            self._disarm()
+            if not self._refused:
+                super().on_message_complete()
+
+        def _count(self, size: int) -> None:
+            self._header_bytes += size
+            if self._header_bytes > max_header_bytes and not self._refused:
+                self._refuse(
+                    HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE,
+                    f"The request's headers are larger than {max_header_bytes} bytes.",
+                )
+
+        def _arm(self, timeout_s: float) -> None:
+            self._disarm()
+            self._deadline = self.loop.call_later(timeout_s, self._expired)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _expired(self) -> None:
+            self._deadline = None
+            cycle: Any = self.cycle
+            if cycle is not None and not cycle.response_complete:
+                # The body is late: the request cannot be served whole.
+                cycle.disconnected = True
+                cycle.message_event.set()
+                if cycle.response_started:
+                    self.transport.close()
+                    return
+            self._refuse(HTTPStatus.REQUEST_TIMEOUT, "The request was not received in time.")
+
+        def _refuse(self, status: HTTPStatus, message: str) -> None:
+            self._refused = True
+            self._disarm()
+            if not self.transport.is_closing():
+                body = message.encode()
+                head = (
+                    f"HTTP/1.1 {status.value} {status.phrase}\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                    f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+                ).encode()
+                self.transport.write(head + body)
+                self.transport.close()
+
+    return GuardedProtocol
