@@ -258,7 +258,8 @@ def _write_ref(cache_dir: Path, repo_id: str, ref: str, commit: str) -> None:
 
     path = cache_dir / repo_folder_name(repo_id=repo_id, repo_type="model") / "refs" / ref
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # A name of its own: two downloads of one repository may point the same ref at once.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     tmp.write_text(commit)
     tmp.replace(path)
 

@@ -129,7 +129,8 @@ async def test_the_same_request_joins_the_running_download(tmp_path: Path, hub: 
     assert other is not first
     await manager.wait(first)
     await manager.wait(other)
-    assert first.state is DownloadState.SUCCEEDED and first.view()["eta_s"] == 0.0
+    assert first.state is DownloadState.SUCCEEDED and first.view()["eta_s"] == 0.0, first.error
+    assert other.state is DownloadState.SUCCEEDED, other.error
     again = manager.start(REPO, files=["tiny-F16.gguf"])
     assert again is not first
     await manager.wait(again)
