@@ -16,7 +16,7 @@ import pytest
 from qiip_core.engines.llamacpp import LaunchSpec, LlamaServerProcess, free_port
 from tests.support.cli import clean_environ
 from tests.support.daemon import Daemon, wait_until
-from tests.support.fault_backend import FaultBackend, Hang, Status
+from tests.support.fault_backend import Completion, FaultBackend, Hang, Status
 
 pytestmark = pytest.mark.integration
 
@@ -137,8 +137,14 @@ def _quiet(client: httpx.Client, url: str, body: dict[str, Any]) -> None:
 def test_redirects_are_never_relayed_or_followed(attached_daemon: tuple[Daemon, FaultBackend], status: int) -> None:
     daemon, fault = attached_daemon
     before = sum(r.path == "/v1/chat/completions" for r in fault.requests)
-    fault.push(Status(status, b"", headers={"Location": "http://10.0.0.1:8000/v1/chat/completions"}))
-    answer = httpx.post(daemon.url + "/v1/chat/completions", json={"model": "fault-model", "messages": []}, timeout=30)
+    # The default answer, not a queued one: a breaker's recovery probe may come in between.
+    fault.default = Status(status, b"", headers={"Location": "http://10.0.0.1:8000/v1/chat/completions"})
+    try:
+        answer = httpx.post(
+            daemon.url + "/v1/chat/completions", json={"model": "fault-model", "messages": []}, timeout=30
+        )
+    finally:
+        fault.default = Completion()
     assert answer.status_code == 502 and "location" not in answer.headers
     assert "redirect" in answer.json()["error"]["message"] and "10.0.0.1" not in answer.text
     assert sum(r.path == "/v1/chat/completions" for r in fault.requests) == before + 1  # not followed
