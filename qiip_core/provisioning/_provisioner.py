@@ -35,7 +35,7 @@ from qiip_core._errors import (
 )
 from qiip_core.config import Settings
 from qiip_core.lifecycle import Fleet, Operation, OperationRunner, drain
-from qiip_core.nodes import Engine, NodeStatus
+from qiip_core.nodes import EndpointPolicy, Engine, NodeStatus
 from qiip_core.provisioning._bundle import bundle_files, bundle_parameters, engine_script_name
 from qiip_core.provisioning._logs import HostLogs
 from qiip_core.provisioning._pipeline import PowerOn, SetupRequest, run_setup
@@ -44,7 +44,7 @@ from qiip_core.provisioning._ssh import SshTarget, open_ssh
 from qiip_core.provisioning._tasks import HostLease, ProvisioningTask, TaskState, TaskStore, create_task_store
 from qiip_core.routing import RoutingTable
 
-__all__ = ["Provisioner", "gateway_owner"]
+__all__ = ["Provisioner", "check_host", "gateway_owner"]
 
 logger = logging.getLogger("qiip.provisioning")
 
@@ -94,23 +94,12 @@ class Provisioner:
     # -- checks --------------------------------------------------------------------------------------------
 
     def check_host(self, hostname: str) -> str:
-        """The host name, normalised, if a node there would pass the allowlist.
+        """The host name, normalised, if a node there would pass the allowlist (nothing is resolved).
 
         Raises:
             HostNotAllowed: malformed, or outside `routing.allowed_endpoint_*` (with `provisioning.engine_port`).
         """
-        raw = hostname.strip().lower().rstrip(".")
-        if not raw or any(c in raw for c in "/@?#[] \t") or raw.startswith("-"):
-            raise HostNotAllowed(f"{hostname!r} is not a host name or address.", host=hostname)
-        try:
-            endpoint = self._policy.check(f"http://{raw}:{self.p.engine_port}")
-        except EndpointError as exc:
-            raise HostNotAllowed(
-                f"Host {raw} cannot be provisioned: {exc.message} (the node would serve at "
-                f"http://{raw}:{self.p.engine_port})",
-                host=raw,
-            ) from exc
-        return endpoint.host
+        return check_host(self._policy, self.p.engine_port, hostname)
 
     def _check_capacity(self, host: str) -> None:
         if len(self._setups) >= self.p.max_concurrent_setups:
@@ -339,6 +328,26 @@ class Provisioner:
         """End log followers and stop refreshing leases."""
         self.logs.close()
         await self.store.aclose()
+
+
+def check_host(policy: EndpointPolicy, engine_port: int, hostname: str) -> str:
+    """The host name, normalised, if a node at `http://<hostname>:<engine_port>` would pass `policy` (nothing is
+    resolved: the check reads the name only).
+
+    Raises:
+        HostNotAllowed: malformed, or outside the allowlist.
+    """
+    raw = hostname.strip().lower().rstrip(".")
+    if not raw or any(c in raw for c in "/@?#[] \t{}") or raw.startswith("-"):
+        raise HostNotAllowed(f"{hostname!r} is not a host name or address.", host=hostname)
+    try:
+        endpoint = policy.check(f"http://{raw}:{engine_port}")
+    except EndpointError as exc:
+        raise HostNotAllowed(
+            f"Host {raw} cannot be provisioned: {exc.message} (the node would serve at http://{raw}:{engine_port})",
+            host=raw,
+        ) from exc
+    return endpoint.host
 
 
 def bundle_parameters_for_stop(remote_dir: str, args: list[str]) -> str:
