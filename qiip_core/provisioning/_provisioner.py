@@ -40,6 +40,7 @@ from qiip_core.provisioning._bundle import bundle_files, bundle_parameters, engi
 from qiip_core.provisioning._logs import HostLogs
 from qiip_core.provisioning._pipeline import PowerOn, SetupRequest, run_setup
 from qiip_core.provisioning._record import TaskRecorder
+from qiip_core.provisioning._redfish import PowerStatus, RedfishClient, ResetType
 from qiip_core.provisioning._ssh import SshTarget, open_ssh
 from qiip_core.provisioning._tasks import HostLease, ProvisioningTask, TaskState, TaskStore, create_task_store
 from qiip_core.routing import RoutingTable
@@ -63,7 +64,12 @@ class Provisioner:
         table: the routing table (drains wait on it; conflicts are read from it).
         operations: the daemon's operation runner (ids, 202 answers, `/admin/operations/{id}`).
         store: task records and host leases; None: the backend of `registry.backend`.
-        power_on: turns a host on through its BMC (None: no BMC configured).
+        power_on: turns a host on through its BMC; None: the Redfish client's `On` when `redfish.bmc_url_template`
+            is set (else no power-on step).
+        redfish: the Redfish client; None: one made from `[redfish]`.
+
+    Raises:
+        ConfigError: `redfish.password_file` cannot be used.
     """
 
     def __init__(
@@ -75,6 +81,7 @@ class Provisioner:
         *,
         store: TaskStore | None = None,
         power_on: PowerOn | None = None,
+        redfish: RedfishClient | None = None,
     ) -> None:
         self.settings = settings
         self.p = settings.provisioning
@@ -82,12 +89,15 @@ class Provisioner:
         self.table = table
         self.operations = operations
         self.store = store or create_task_store(settings, gateway_owner(settings))
+        self._policy = settings.routing.endpoint_policy()
+        self.redfish = redfish or RedfishClient.from_settings(settings.redfish, check_host=self.check_host)
+        if power_on is None and self.redfish.configured:
+            power_on = self._power_on
         self.power_on = power_on
         self.logs = HostLogs(
             max_entries=self.p.log_entries_per_host, max_bytes=self.p.log_bytes_per_host, max_hosts=self.p.log_hosts
         )
         self.known_hosts = self.p.known_hosts_file or settings.state_dir / "known_hosts"
-        self._policy = settings.routing.endpoint_policy()
         self._setups: set[str] = set()
         self._running: dict[str, str] = {}  # host -> operation id
 
@@ -283,6 +293,42 @@ class Provisioner:
             record.log("no registration was left to remove")
         return {"remaining_in_flight": remaining, "forced": force}
 
+    # -- power ---------------------------------------------------------------------------------------------
+
+    async def power_state(self, hostname: str) -> PowerStatus:
+        """The host's power state as its BMC reports it (DMTF Redfish `ComputerSystem.PowerState`).
+
+        Raises:
+            HostNotAllowed: outside the allowlist (before any name is resolved).
+            PowerNotConfigured: no `redfish.bmc_url_template`.
+            RedfishError: the BMC cannot be used (its subclasses say why).
+        """
+        return await self.redfish.power_state(self.check_host(hostname))
+
+    async def power(self, hostname: str, reset_type: ResetType) -> PowerStatus:
+        """Reset the host's system (DMTF Redfish `ComputerSystem.Reset`) under its lease, so never during its setup
+        or teardown.
+
+        Returns:
+            The system and its power state just before the action.
+
+        Raises:
+            HostNotAllowed: outside the allowlist (before any name is resolved or lease taken).
+            PowerNotConfigured: no `redfish.bmc_url_template`.
+            HostBusy: another operation holds the host's lease.
+            RedfishError: the BMC cannot be used or refuses the reset type (its subclasses say why).
+        """
+        host = self.check_host(hostname)
+        self.redfish.bmc_url(host)  # refuse an unconfigured BMC before taking the lease
+        lease = await self._lease(host, OperationRunner.new_id())
+        try:
+            return await self.redfish.reset(host, reset_type)
+        finally:
+            await asyncio.shield(lease.release())
+
+    async def _power_on(self, host: str) -> None:
+        await self.redfish.reset(host, ResetType.ON)
+
     # -- operations and records ----------------------------------------------------------------------------
 
     def cancel(self, host: str) -> Operation:
@@ -325,9 +371,10 @@ class Provisioner:
         return marked
 
     async def aclose(self) -> None:
-        """End log followers and stop refreshing leases."""
+        """End log followers, stop refreshing leases, close the BMC connections."""
         self.logs.close()
         await self.store.aclose()
+        await self.redfish.aclose()
 
 
 def check_host(policy: EndpointPolicy, engine_port: int, hostname: str) -> str:
