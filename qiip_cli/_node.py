@@ -1,5 +1,6 @@
 """`qiip node add/remove/list` and `qiip registry status`: registrations in the configured registry; `qiip node
-setup`: a host set up as a node through the running daemon, its log followed a line per step.
+setup`: a host set up as a node through the running daemon, its log followed a line per step; `qiip node power`:
+a host's power through its BMC, via the daemon.
 
 With the embedded registry, a running daemon on the same state directory picks changes up within
 `registry.poll_interval_s`; with etcd, every gateway watching the prefix does.
@@ -185,3 +186,32 @@ async def _follow_setup(config: ConsoleConfig, body: dict[str, Any], *, verbose:
         return True
     click.echo(f"error: the setup of {host} {operation.state}: {operation.error}", err=True)
     return False
+
+
+_POWER_ACTIONS = {"on": "On", "off": "ForceOff", "restart": "GracefulRestart", "force-restart": "ForceRestart"}
+"""`qiip node power` words → DMTF Redfish `ResetType`."""
+
+
+@node.command("power")
+@click.argument("host")
+@click.argument("action", type=click.Choice([*_POWER_ACTIONS, "status"]), default="status")
+@click.option("--url", default=None, help="The daemon's URL (default: QIIP_URL, then the console config).")
+def power(host: str, action: str, url: str | None) -> None:
+    """Show HOST's power state, or turn it on, off (ForceOff), restart it (GracefulRestart) or force a restart,
+    through its BMC (Redfish) via the daemon."""
+    config = run_or_exit(lambda: load_console_config(url=url))
+
+    async def run() -> dict[str, Any]:
+        async with QiipClient.from_config(config, timeout_s=60.0) as client:
+            if action == "status":
+                return await client.power_state(host)
+            return await client.power(host, _POWER_ACTIONS[action])
+
+    result = run_or_exit(lambda: asyncio.run(run()))
+    if action == "status":
+        click.echo(f"{result['host']}: {result['power_state']} (system {result['system_id']})")
+    else:
+        click.echo(
+            f"{result['host']}: {result['action']} requested (was {result['power_state_before']}; the state changes "
+            "in a few seconds)"
+        )

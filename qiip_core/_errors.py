@@ -46,7 +46,13 @@ QiipError                       (500 internal_error: only for a bare QiipError, 
 │   ├── SshError                502 ssh_error: refused, unreachable, authentication, a remote command failed
 │   │   ├── HostKeyMismatch     502 host_key_mismatch: the host's key is not the known one
 │   │   └── RemoteTimeout       504 remote_timeout: a remote command passed its total or inactivity deadline
-│   └── RedfishError            502 redfish_error: the BMC refused, failed or did not answer (`.status`)
+│   └── RedfishError            502 redfish_error: the BMC refused, failed or did not answer (`.bmc_status`)
+│       ├── PowerNotConfigured  409 power_not_configured: no `redfish.bmc_url_template`
+│       ├── BmcUnreachable      502 bmc_unreachable: refused, no route, a name that does not resolve, TLS
+│       ├── BmcUnauthorized     502 bmc_unauthorized: the BMC refused the credentials (401, 403)
+│       ├── BmcTimeout          504 bmc_timeout: no answer within `redfish.timeout_s`
+│       ├── SystemNotFound      404 system_not_found: the BMC has no (single) computer system
+│       └── ResetNotSupported   409 reset_not_supported: the system does not offer this reset type
 ├── PlanError                   422 invalid_policy: a sizing cannot be planned (`.violations`, if any)
 ├── ModelStoreError             503 model_store_error: the catalog, a download or an acquisition failed
 │   ├── ArtifactNotFound        404 artifact_not_found: no catalog generation has this id (`.artifact_id`)
@@ -92,6 +98,12 @@ if TYPE_CHECKING:
     from qiip_core._violation import Violation
 
 __all__ = [
+    "SystemNotFound",
+    "ResetNotSupported",
+    "PowerNotConfigured",
+    "BmcUnreachable",
+    "BmcUnauthorized",
+    "BmcTimeout",
     "AcquisitionPaused",
     "AuthError",
     "ConfigError",
@@ -555,6 +567,46 @@ class RedfishError(ProvisioningError):
     def __init__(self, message: str, *, host: str, bmc_status: int | None = None) -> None:
         super().__init__(message, host=host, step="powering_on")
         self.bmc_status = bmc_status
+
+
+class PowerNotConfigured(RedfishError):
+    """No BMC is configured (`redfish.bmc_url_template` is unset), so no power action is possible (409)."""
+
+    status = 409
+    code = "power_not_configured"
+
+
+class BmcUnreachable(RedfishError):
+    """The BMC cannot be reached: the connection is refused, its name does not resolve, TLS fails (502)."""
+
+    code = "bmc_unreachable"
+
+
+class BmcUnauthorized(RedfishError):
+    """The BMC refused the credentials (401) or the user's rights (403) (502: the gateway's, not the caller's)."""
+
+    code = "bmc_unauthorized"
+
+
+class BmcTimeout(RedfishError):
+    """The BMC did not answer within `redfish.timeout_s` (504)."""
+
+    status = 504
+    code = "bmc_timeout"
+
+
+class SystemNotFound(RedfishError):
+    """The BMC lists no computer system, several, or not the one asked for (404)."""
+
+    status = 404
+    code = "system_not_found"
+
+
+class ResetNotSupported(RedfishError):
+    """The computer system does not offer the reset type (`ResetType@Redfish.AllowableValues`) (409)."""
+
+    status = 409
+    code = "reset_not_supported"
 
 
 class PlanError(QiipError):

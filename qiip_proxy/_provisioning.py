@@ -5,11 +5,16 @@ POST /admin/nodes/setup                  {hostname, engine, model, managed, alia
 GET  /admin/provisioning/tasks           every host's task record (host, kind, state, step, elapsed, error)
 GET  /admin/provisioning/{host}/logs     SSE: the host's log kept so far, then every new entry (`event: log`)
 POST /admin/provisioning/{host}/cancel   stop the host's running operation and its remote command → 202
+GET  /admin/nodes/{host}/power           the host's power state through its BMC (DMTF Redfish)
+POST /admin/nodes/{host}/power           {action: On|ForceOff|GracefulRestart|ForceRestart}: ComputerSystem.Reset
 ```
 
 Teardown is `DELETE /admin/nodes/{id}` (`_admin`), which hands provisioned nodes to the provisioner. Every refusal
 comes before any power or SSH work: 400 for a body that is not a setup or a host outside the allowlist, 409 while
-another operation holds the host's lease, 429 above the concurrent-setup limit.
+another operation holds the host's lease, 429 above the concurrent-setup limit. A power action is refused with 400
+(an action or host outside the allowlist) before any name is resolved, runs under the host's lease (409 during its
+setup), and maps the BMC's failures: 404 no system, 409 no BMC configured or an unsupported reset type, 502 the BMC
+unreachable or refusing the credentials, 504 the BMC silent past `redfish.timeout_s`.
 """
 
 from __future__ import annotations
@@ -25,13 +30,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from qiip_core.nodes import Engine
 from qiip_core.planner import parse_policy
-from qiip_core.provisioning import LogEntry, SetupRequest
+from qiip_core.provisioning import LogEntry, ResetType, SetupRequest
 from qiip_proxy._admin import AdminError, require_admin
 
 if TYPE_CHECKING:
     from qiip_proxy._gateway import Gateway
 
-__all__ = ["SetupBody", "router"]
+__all__ = ["PowerBody", "SetupBody", "router"]
 
 router = APIRouter(prefix="/admin", tags=["provisioning"], dependencies=[Depends(require_admin)])
 
@@ -53,6 +58,15 @@ class SetupBody(BaseModel):
     """The model name clients send (default: `model`)."""
     sizing: dict[str, Any] | None = None
     """llama.cpp's sizing policy (`{"sizing": "auto"}` by default, or a custom one)."""
+
+
+class PowerBody(BaseModel):
+    """`POST /admin/nodes/{host}/power`: the reset to ask the host's BMC for."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    action: Literal["On", "ForceOff", "GracefulRestart", "ForceRestart"]
+    """The DMTF Redfish `ResetType` of `ComputerSystem.Reset`."""
 
 
 def _gateway(request: Request) -> Gateway:
@@ -84,6 +98,38 @@ async def setup_node(request: Request) -> JSONResponse:
     )
     operation = await gateway.provisioner.start_setup(setup)
     return JSONResponse({**operation.view(), "task_id": operation.id}, status_code=202)
+
+
+@router.get("/nodes/{host}/power")
+async def power_state(request: Request, host: str) -> JSONResponse:
+    """The host's power state through its BMC: `{host, system_id, power_state}` (400 outside the allowlist, 409 no
+    BMC configured, 404 no system, 502 the BMC unreachable or refusing the credentials, 504 it did not answer)."""
+    status = await _gateway(request).provisioner.power_state(host)
+    return JSONResponse(status.view())
+
+
+@router.post("/nodes/{host}/power")
+async def power_action(request: Request, host: str) -> JSONResponse:
+    """Ask the host's BMC for a reset (DMTF Redfish `ComputerSystem.Reset`); the power state changes some seconds
+    later. Answers `{host, system_id, action, power_state_before}`; 400 for another action or a host outside the
+    allowlist, 409 while the host is busy (a setup) or for a reset type the system does not offer."""
+    try:
+        body = PowerBody.model_validate_json(await request.body())
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or None
+        raise AdminError(
+            400, f"Not a power action: {field or 'body'}: {first['msg']}.", "invalid_power_action", field
+        ) from None
+    status = await _gateway(request).provisioner.power(host, ResetType(body.action))
+    return JSONResponse(
+        {
+            "host": status.host,
+            "system_id": status.system_id,
+            "action": body.action,
+            "power_state_before": status.power_state,
+        }
+    )
 
 
 @router.get("/provisioning/tasks")

@@ -12,6 +12,7 @@ from qiip_core.config import load_settings
 from qiip_core.engines.llamacpp import LlamaCppInstaller, fetch_test_model, make_test_gguf
 from tests.support.etcd import EtcdServer
 from tests.support.model_cache import ModelCache, build_model_cache
+from tests.support.redfish import RedfishEmulator
 
 # No test may reach huggingface.co: huggingface_hub reads these when it is first imported, so they are set before
 # any test imports it. A test that downloads points `models.hub_endpoint` at a loopback fake hub and turns offline
@@ -63,3 +64,10 @@ def model_cache(tmp_path_factory: pytest.TempPathFactory, gemma_gguf: Path) -> M
     """A real Hugging Face hub cache: generated GGUFs, the real Gemma, split families complete and incomplete,
     safetensors models complete and incomplete (see tests/support/model_cache.py)."""
     return build_model_cache(tmp_path_factory.mktemp("hf") / "hub", tmp_path_factory.mktemp("models"), gemma_gguf)
+
+
+@pytest.fixture(scope="session")
+def redfish_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedfishEmulator]:
+    """The real Redfish emulator (sushy-tools, fake driver) on loopback, one system, for the whole session."""
+    with RedfishEmulator(tmp_path_factory.mktemp("redfish")) as emulator:
+        yield emulator

@@ -359,6 +359,26 @@ class QiipClient:
         """
         return OperationInfo.model_validate(await self._admin_json("POST", "/admin/nodes/setup", body))
 
+    async def power_state(self, host: str) -> dict[str, Any]:
+        """The host's power state through its BMC (`GET /admin/nodes/{host}/power`): `{host, system_id,
+        power_state}`.
+
+        Raises:
+            ApiError: 400 (allowlist), 404 (no system), 409 (no BMC configured), 502/504 (the BMC).
+        """
+        result: dict[str, Any] = await self._admin_json("GET", f"/admin/nodes/{host}/power")
+        return result
+
+    async def power(self, host: str, action: str) -> dict[str, Any]:
+        """Ask the host's BMC for a reset (`POST /admin/nodes/{host}/power` with `{action}`: `On`, `ForceOff`,
+        `GracefulRestart` or `ForceRestart`).
+
+        Raises:
+            ApiError: 400 (action, allowlist), 404, 409 (busy, no BMC, unsupported reset), 502/504 (the BMC).
+        """
+        result: dict[str, Any] = await self._admin_json("POST", f"/admin/nodes/{host}/power", {"action": action})
+        return result
+
     async def provisioning_tasks(self) -> list[dict[str, Any]]:
         """Every host's last provisioning task (`GET /admin/provisioning/tasks`)."""
         payload = await self._admin_json("GET", "/admin/provisioning/tasks")

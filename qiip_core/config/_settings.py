@@ -49,6 +49,7 @@ from qiip_core.config._groups import (
     default_state_dir,
 )
 from qiip_core.config._provisioning import ProvisioningSettings
+from qiip_core.config._redfish import RedfishSettings
 
 __all__ = [
     "AdminSettings",
@@ -63,6 +64,7 @@ __all__ = [
     "ModelSettings",
     "NodeConfig",
     "ProvisioningSettings",
+    "RedfishSettings",
     "RegistrySettings",
     "RoutingSettings",
     "ServerSettings",
@@ -105,6 +107,7 @@ class Settings(BaseSettings):
     engines: EngineSettings = Field(default_factory=EngineSettings)
     models: ModelSettings = Field(default_factory=ModelSettings)
     provisioning: ProvisioningSettings = Field(default_factory=ProvisioningSettings)
+    redfish: RedfishSettings = Field(default_factory=RedfishSettings)
     nodes: list[NodeConfig] = Field(default_factory=list)
     """Nodes declared in the config file."""
     local_nodes: list[LocalNodeConfig] = Field(default_factory=list)

@@ -22,12 +22,15 @@ MAX_TOKEN_FILE_BYTES = 16 * 1024
 """A token file larger than this is refused."""
 
 
-def read_token_file(path: Path, *, profile: str) -> str:
-    """Read an attached server's bearer token from a private regular file.
+def read_token_file(path: Path, *, profile: str = "", setting: str | None = None, what: str = "token file") -> str:
+    """Read an attached server's bearer token (or another secret, such as a BMC password) from a private regular
+    file.
 
     Args:
         path: the file.
-        profile: the profile's name, for messages.
+        profile: the attached profile's name, for messages.
+        setting: the setting naming the file, for messages (default: `attached.<profile>.token_file`).
+        what: what the file is, for messages.
 
     Returns:
         The token, stripped of surrounding whitespace.
@@ -36,25 +39,25 @@ def read_token_file(path: Path, *, profile: str) -> str:
         ConfigError: the file is missing, a symlink or not a regular file, readable or writable by group or
             others, owned by another user, too large, or empty. The message never contains its content.
     """
-    where = f"attached.{profile}.token_file ({path})"
+    where = f"{setting or f'attached.{profile}.token_file'} ({path})"
     try:
         info = os.lstat(path)
     except OSError as exc:
-        raise ConfigError(f"The token file {where} cannot be read: {exc.strerror}.") from exc
+        raise ConfigError(f"The {what} {where} cannot be read: {exc.strerror}.") from exc
     if stat.S_ISLNK(info.st_mode) or not stat.S_ISREG(info.st_mode):
-        raise ConfigError(f"The token file {where} must be a regular file, not a link or a device.")
+        raise ConfigError(f"The {what} {where} must be a regular file, not a link or a device.")
     if info.st_mode & 0o077:
         raise ConfigError(
-            f"The token file {where} is readable or writable by others (mode {stat.S_IMODE(info.st_mode):03o}); "
+            f"The {what} {where} is readable or writable by others (mode {stat.S_IMODE(info.st_mode):03o}); "
             "make it private: chmod 600."
         )
     if info.st_uid != os.geteuid():
-        raise ConfigError(f"The token file {where} belongs to another user; it must be the daemon's own.")
+        raise ConfigError(f"The {what} {where} belongs to another user; it must be the daemon's own.")
     if info.st_size > MAX_TOKEN_FILE_BYTES:
-        raise ConfigError(f"The token file {where} is larger than {MAX_TOKEN_FILE_BYTES} bytes.")
+        raise ConfigError(f"The {what} {where} is larger than {MAX_TOKEN_FILE_BYTES} bytes.")
     token = path.read_text(encoding="utf-8", errors="strict").strip()
     if not token or any(c.isspace() or not c.isprintable() for c in token):
-        raise ConfigError(f"The token file {where} must hold one token: no spaces, no line breaks.")
+        raise ConfigError(f"The {what} {where} must hold one line without spaces (one token or password).")
     return token
 
 

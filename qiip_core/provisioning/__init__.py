@@ -10,6 +10,7 @@ bundle/*.sh                                        the node bundle (package data
 parse_marker(line)                                 `[STEP:<name>:START|OK|WARN|FAIL]` → StepMarker
 TaskStore (embedded, etcd) / ProvisioningTask      task records and host leases in the registry's backend
 HostLogs                                           bounded per-host logs, followed live (SSE)
+RedfishClient.power_state / .reset                 host power through the BMC (DMTF Redfish ComputerSystem.Reset)
 ```
 """
 
@@ -40,8 +41,9 @@ from qiip_core.provisioning._pipeline import (
     read_remote_devices,
     run_setup,
 )
-from qiip_core.provisioning._provisioner import Provisioner, gateway_owner
+from qiip_core.provisioning._provisioner import Provisioner, check_host, gateway_owner
 from qiip_core.provisioning._record import TaskRecorder
+from qiip_core.provisioning._redfish import SYSTEMS_PATH, PowerStatus, RedfishClient, ResetType
 from qiip_core.provisioning._ssh import RemoteResult, SshConnection, SshTarget, open_ssh, wait_for_ssh
 from qiip_core.provisioning._tasks import (
     TASK_FILE_NAME,
@@ -59,6 +61,7 @@ __all__ = [
     "BUNDLE_STEPS",
     "PREFLIGHT_COMMAND",
     "SETUP_STEPS",
+    "SYSTEMS_PATH",
     "TASK_FILE_NAME",
     "TEARDOWN_STEPS",
     "BundleParameters",
@@ -71,9 +74,12 @@ __all__ = [
     "LogStream",
     "MarkerState",
     "PowerOn",
+    "PowerStatus",
     "Provisioner",
     "ProvisioningTask",
+    "RedfishClient",
     "RemoteResult",
+    "ResetType",
     "SetupRequest",
     "SshConnection",
     "SshTarget",
@@ -83,6 +89,7 @@ __all__ = [
     "TaskStore",
     "bundle_files",
     "bundle_parameters",
+    "check_host",
     "create_task_store",
     "engine_script_name",
     "gateway_owner",

@@ -35,16 +35,17 @@ from qiip_core._errors import (
 )
 from qiip_core.config import Settings
 from qiip_core.lifecycle import Fleet, Operation, OperationRunner, drain
-from qiip_core.nodes import Engine, NodeStatus
+from qiip_core.nodes import EndpointPolicy, Engine, NodeStatus
 from qiip_core.provisioning._bundle import bundle_files, bundle_parameters, engine_script_name
 from qiip_core.provisioning._logs import HostLogs
 from qiip_core.provisioning._pipeline import PowerOn, SetupRequest, run_setup
 from qiip_core.provisioning._record import TaskRecorder
+from qiip_core.provisioning._redfish import PowerStatus, RedfishClient, ResetType
 from qiip_core.provisioning._ssh import SshTarget, open_ssh
 from qiip_core.provisioning._tasks import HostLease, ProvisioningTask, TaskState, TaskStore, create_task_store
 from qiip_core.routing import RoutingTable
 
-__all__ = ["Provisioner", "gateway_owner"]
+__all__ = ["Provisioner", "check_host", "gateway_owner"]
 
 logger = logging.getLogger("qiip.provisioning")
 
@@ -63,7 +64,12 @@ class Provisioner:
         table: the routing table (drains wait on it; conflicts are read from it).
         operations: the daemon's operation runner (ids, 202 answers, `/admin/operations/{id}`).
         store: task records and host leases; None: the backend of `registry.backend`.
-        power_on: turns a host on through its BMC (None: no BMC configured).
+        power_on: turns a host on through its BMC; None: the Redfish client's `On` when `redfish.bmc_url_template`
+            is set (else no power-on step).
+        redfish: the Redfish client; None: one made from `[redfish]`.
+
+    Raises:
+        ConfigError: `redfish.password_file` cannot be used.
     """
 
     def __init__(
@@ -75,6 +81,7 @@ class Provisioner:
         *,
         store: TaskStore | None = None,
         power_on: PowerOn | None = None,
+        redfish: RedfishClient | None = None,
     ) -> None:
         self.settings = settings
         self.p = settings.provisioning
@@ -82,35 +89,27 @@ class Provisioner:
         self.table = table
         self.operations = operations
         self.store = store or create_task_store(settings, gateway_owner(settings))
+        self._policy = settings.routing.endpoint_policy()
+        self.redfish = redfish or RedfishClient.from_settings(settings.redfish, check_host=self.check_host)
+        if power_on is None and self.redfish.configured:
+            power_on = self._power_on
         self.power_on = power_on
         self.logs = HostLogs(
             max_entries=self.p.log_entries_per_host, max_bytes=self.p.log_bytes_per_host, max_hosts=self.p.log_hosts
         )
         self.known_hosts = self.p.known_hosts_file or settings.state_dir / "known_hosts"
-        self._policy = settings.routing.endpoint_policy()
         self._setups: set[str] = set()
         self._running: dict[str, str] = {}  # host -> operation id
 
     # -- checks --------------------------------------------------------------------------------------------
 
     def check_host(self, hostname: str) -> str:
-        """The host name, normalised, if a node there would pass the allowlist.
+        """The host name, normalised, if a node there would pass the allowlist (nothing is resolved).
 
         Raises:
             HostNotAllowed: malformed, or outside `routing.allowed_endpoint_*` (with `provisioning.engine_port`).
         """
-        raw = hostname.strip().lower().rstrip(".")
-        if not raw or any(c in raw for c in "/@?#[] \t") or raw.startswith("-"):
-            raise HostNotAllowed(f"{hostname!r} is not a host name or address.", host=hostname)
-        try:
-            endpoint = self._policy.check(f"http://{raw}:{self.p.engine_port}")
-        except EndpointError as exc:
-            raise HostNotAllowed(
-                f"Host {raw} cannot be provisioned: {exc.message} (the node would serve at "
-                f"http://{raw}:{self.p.engine_port})",
-                host=raw,
-            ) from exc
-        return endpoint.host
+        return check_host(self._policy, self.p.engine_port, hostname)
 
     def _check_capacity(self, host: str) -> None:
         if len(self._setups) >= self.p.max_concurrent_setups:
@@ -294,6 +293,42 @@ class Provisioner:
             record.log("no registration was left to remove")
         return {"remaining_in_flight": remaining, "forced": force}
 
+    # -- power ---------------------------------------------------------------------------------------------
+
+    async def power_state(self, hostname: str) -> PowerStatus:
+        """The host's power state as its BMC reports it (DMTF Redfish `ComputerSystem.PowerState`).
+
+        Raises:
+            HostNotAllowed: outside the allowlist (before any name is resolved).
+            PowerNotConfigured: no `redfish.bmc_url_template`.
+            RedfishError: the BMC cannot be used (its subclasses say why).
+        """
+        return await self.redfish.power_state(self.check_host(hostname))
+
+    async def power(self, hostname: str, reset_type: ResetType) -> PowerStatus:
+        """Reset the host's system (DMTF Redfish `ComputerSystem.Reset`) under its lease, so never during its setup
+        or teardown.
+
+        Returns:
+            The system and its power state just before the action.
+
+        Raises:
+            HostNotAllowed: outside the allowlist (before any name is resolved or lease taken).
+            PowerNotConfigured: no `redfish.bmc_url_template`.
+            HostBusy: another operation holds the host's lease.
+            RedfishError: the BMC cannot be used or refuses the reset type (its subclasses say why).
+        """
+        host = self.check_host(hostname)
+        self.redfish.bmc_url(host)  # refuse an unconfigured BMC before taking the lease
+        lease = await self._lease(host, OperationRunner.new_id())
+        try:
+            return await self.redfish.reset(host, reset_type)
+        finally:
+            await asyncio.shield(lease.release())
+
+    async def _power_on(self, host: str) -> None:
+        await self.redfish.reset(host, ResetType.ON)
+
     # -- operations and records ----------------------------------------------------------------------------
 
     def cancel(self, host: str) -> Operation:
@@ -336,9 +371,30 @@ class Provisioner:
         return marked
 
     async def aclose(self) -> None:
-        """End log followers and stop refreshing leases."""
+        """End log followers, stop refreshing leases, close the BMC connections."""
         self.logs.close()
         await self.store.aclose()
+        await self.redfish.aclose()
+
+
+def check_host(policy: EndpointPolicy, engine_port: int, hostname: str) -> str:
+    """The host name, normalised, if a node at `http://<hostname>:<engine_port>` would pass `policy` (nothing is
+    resolved: the check reads the name only).
+
+    Raises:
+        HostNotAllowed: malformed, or outside the allowlist.
+    """
+    raw = hostname.strip().lower().rstrip(".")
+    if not raw or any(c in raw for c in "/@?#[] \t{}") or raw.startswith("-"):
+        raise HostNotAllowed(f"{hostname!r} is not a host name or address.", host=hostname)
+    try:
+        endpoint = policy.check(f"http://{raw}:{engine_port}")
+    except EndpointError as exc:
+        raise HostNotAllowed(
+            f"Host {raw} cannot be provisioned: {exc.message} (the node would serve at http://{raw}:{engine_port})",
+            host=raw,
+        ) from exc
+    return endpoint.host
 
 
 def bundle_parameters_for_stop(remote_dir: str, args: list[str]) -> str:
