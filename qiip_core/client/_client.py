@@ -277,7 +277,8 @@ class QiipClient:
         return OperationInfo.model_validate(await self._admin_json("DELETE", path))
 
     async def relaunch(self, node_id: str, policy: Mapping[str, Any]) -> OperationInfo:
-        """Relaunch a managed llama.cpp node with a sizing policy.
+        """Relaunch a managed llama.cpp node with a sizing policy; an `artifact_id` among its fields moves the node
+        to that GGUF generation (alone, it keeps the current sizing).
 
         Raises:
             ApiError: 409 when the node is not eligible, 422 with `violations` for an invalid policy.
