@@ -1,22 +1,28 @@
 """`qiip model register | acquire | pause | status | verify`: verified manifests and their acquisition.
 
 They work on this host's model store (`models.store_dir`) directly, as the daemon does: a pause asked here stops
-an acquisition the daemon runs (and the reverse), since the request is a file in the store.
+an acquisition the daemon runs (and the reverse), since the request is a file in the store. `qiip model status`
+also asks the daemon (through its admin API) for the hub downloads it runs.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from qiip_cli._context import CliContext, pass_cli, run_or_exit
 from qiip_core import AcquisitionPaused, ManifestInvalid, QiipError
+
+if TYPE_CHECKING:
+    from qiip_core.client import ConsoleConfig
 
 __all__ = ["acquire", "pause", "register", "status", "verify"]
 
@@ -117,9 +123,11 @@ def pause(ctx: CliContext, revision_id: str) -> None:
 
 @click.command("status")
 @click.argument("revision_id", required=False)
+@click.option("--url", default=None, help="The daemon's URL (default: QIIP_URL, then the console config).")
 @pass_cli
-def status(ctx: CliContext, revision_id: str | None) -> None:
-    """Show registered revisions (or one) and how far each acquisition got."""
+def status(ctx: CliContext, revision_id: str | None, url: str | None) -> None:
+    """Show registered revisions (or one) and how far each acquisition got; without REVISION_ID, also the hub
+    downloads of the daemon, when one answers."""
     from qiip_core.catalog import model_store_for
 
     store = model_store_for(ctx.settings)
@@ -134,6 +142,34 @@ def status(ctx: CliContext, revision_id: str | None) -> None:
         progress = f"{s.bytes_done:,}/{total:,} ({share})"
         line = f"{m.id}  {m.source}@{m.revision[:12]}  {m.entrypoint}  {s.state.value}  {progress}"
         click.echo(line + (f"  error: {s.error}" if s.error else ""))
+    if revision_id is None:
+        _print_downloads(ctx, url)
+
+
+def _print_downloads(ctx: CliContext, url: str | None) -> None:
+    """The daemon's hub downloads, a line each; a daemon that cannot be asked is one line, never an exit."""
+    from qiip_core.client import QiipClient, load_console_config
+
+    async def fetch(config: ConsoleConfig) -> list[dict[str, Any]]:
+        async with QiipClient.from_config(config, timeout_s=10.0) as client:
+            return await client.downloads()
+
+    try:
+        config = load_console_config(url=url, state_dir=ctx.settings.state_dir)
+        downloads = asyncio.run(fetch(config))
+    except QiipError as exc:
+        click.echo(f"hub downloads: not listed: {exc.message}")
+        return
+    if not downloads:
+        click.echo(f"no hub downloads in the daemon at {config.url}")
+        return
+    click.echo(f"hub downloads in the daemon at {config.url}:")
+    for d in downloads:
+        done, total = int(d.get("bytes_done") or 0), int(d.get("bytes_total") or 0)
+        share = f" ({100 * done / total:.0f}%)" if total else ""
+        commit = f" -> {str(d['commit'])[:12]}" if d.get("commit") else ""
+        line = f"  {d['id']}  {d['repo_id']}@{d['revision']}{commit}  {d['state']}  {done:,}/{total:,}{share}"
+        click.echo(line + (f"  error: {d['error']}" if d.get("error") else ""))
 
 
 @click.command("verify")

@@ -114,12 +114,11 @@ def _resolve_artifact(settings: Settings, artifact: str) -> Path:
     Raises:
         ArtifactNotFound: neither has it.
     """
-    from qiip_core.catalog import model_store_for, resolve_artifact
+    from qiip_core.catalog import artifact_entrypoint
 
     if not re.fullmatch(r"[0-9a-f]{64}", artifact):
         raise ConfigError(f"--artifact {artifact!r} is not an artifact id (64 hexadecimal characters).")
-    acquired = model_store_for(settings).resolve(artifact)
-    return acquired or resolve_artifact(artifact, settings.models.hf_cache_dir)
+    return artifact_entrypoint(settings, artifact)
 
 
 def _parse_model(value: str) -> tuple[str | None, Path]:

@@ -638,9 +638,10 @@ class ArtifactNotFound(ModelStoreError):
     code = "artifact_not_found"
     param = "artifact_id"
 
-    def __init__(self, artifact_id: str, cache_dir: Path | str) -> None:
+    def __init__(self, artifact_id: str, cache_dir: Path | str, *, message: str | None = None) -> None:
         super().__init__(
-            f"No GGUF generation with artifact_id {artifact_id} is in the Hugging Face cache {cache_dir}; "
+            message
+            or f"No GGUF generation with artifact_id {artifact_id} is in the Hugging Face cache {cache_dir}; "
             "`qiip model list` shows the ones there."
         )
         self.artifact_id = artifact_id

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import secrets
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Annotated, Any
@@ -24,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from qiip_core import NodeNotFound, PlanError
+from qiip_core.catalog import ARTIFACT_ID_RE, artifact_entrypoint
 from qiip_core.lifecycle import (
     check_can_drain,
     check_can_relaunch,
@@ -242,21 +244,41 @@ async def delete_node(
 async def relaunch_node(request: Request, node_id: str) -> JSONResponse:
     """Relaunch a managed llama.cpp node with a sizing policy: `{"sizing": "auto", "fit_target_mib": 512}` or
     `{"sizing": "custom", "fit_target_mib", "context_per_slot", "slots", "cache_type"}` (strict; 422 with
-    every violation). 409 unless the node is healthy, managed, llama.cpp, with a runtime record."""
+    every violation). 409 unless the node is healthy, managed, llama.cpp, with a runtime record.
+
+    `"artifact_id"` moves the node to another GGUF generation (an acquired revision, else the Hugging Face cache),
+    with the given sizing or, without one, the node's current one. Everything is checked before the node is
+    touched: a malformed id or a file that cannot be served here is 422, an unknown or unacquired one 404."""
     gateway = _gateway(request)
     state = _node_or_404(gateway, node_id)
     try:
         payload = json.loads(await request.body())
     except ValueError as exc:
         raise AdminError(400, f"The body is not valid JSON: {exc}.", "invalid_json") from None
-    policy = parse_policy(payload)
+    artifact_id = payload.pop("artifact_id", None) if isinstance(payload, dict) else None
     server = gateway.local_nodes.servers.get(node_id)
+    policy = server.policy if artifact_id is not None and payload == {} and server is not None else None
+    policy = policy or parse_policy(payload)
     check_can_relaunch(gateway.table, node_id, server)
     assert server is not None
+    artifact = None
+    shape = server.shape
+    if artifact_id is not None:
+        if not isinstance(artifact_id, str) or not re.fullmatch(ARTIFACT_ID_RE, artifact_id):
+            raise AdminError(
+                422,
+                f"artifact_id {artifact_id!r} is not an artifact id (64 hexadecimal characters).",
+                "invalid_artifact_id",
+                "artifact_id",
+            )
+        path = await asyncio.to_thread(artifact_entrypoint, gateway.settings, artifact_id)
+        shape = await asyncio.to_thread(server.check_model, path)
+        artifact = (artifact_id, path)
     devices = await asyncio.to_thread(read_devices, allow_cpu=server.cpu_mode)
-    violations = validate_policy(policy, train_context=server.shape.n_ctx_train, devices=devices, shape=server.shape)
+    violations = validate_policy(policy, train_context=shape.n_ctx_train, devices=devices, shape=shape)
     if violations:
-        raise PlanError("The sizing policy is not valid for this node.", violations=violations)
+        target = f"artifact {artifact_id}" if artifact_id else "this node"
+        raise PlanError(f"The sizing policy is not valid for {target}.", violations=violations)
     node = state.effective_node()
     operation = gateway.operations.start(
         "relaunch",
@@ -270,6 +292,7 @@ async def relaunch_node(request: Request, node_id: str) -> JSONResponse:
             drain_timeout_s=gateway.settings.admin.drain_timeout_s,
             startup_timeout_s=gateway.local_nodes.startup_timeout_s(node_id),
             log=op.log,
+            artifact=artifact,
         ),
     )
     return JSONResponse(operation.view(), status_code=202)

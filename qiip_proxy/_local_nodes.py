@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 
 from qiip_core import ConfigError, PlanError, QiipError
-from qiip_core.catalog import model_store_for, resolve_artifact
+from qiip_core.catalog import artifact_entrypoint
 from qiip_core.config import LocalNodeConfig, Settings, StateDirLock
 from qiip_core.discovery import Registry
 from qiip_core.engines.llamacpp import LlamaCppInstaller, ManagedLlamaServer, default_local_policy
@@ -121,8 +121,7 @@ class LocalNodes:
         if config.gguf is not None:
             return config.gguf
         assert config.artifact_id is not None  # the settings require one of the two
-        acquired = model_store_for(self.settings).resolve(config.artifact_id)
-        return acquired or resolve_artifact(config.artifact_id, self.settings.models.hf_cache_dir)
+        return artifact_entrypoint(self.settings, config.artifact_id)
 
     def startup_timeout_s(self, node_id: str) -> float:
         """How long the node's llama-server may take to load (its `startup_timeout_s`)."""

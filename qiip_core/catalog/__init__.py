@@ -15,7 +15,13 @@ from qiip_core.catalog._acquire import ObjectStore, Transfer
 from qiip_core.catalog._download import Download, DownloadManager, DownloadState, download_files
 from qiip_core.catalog._manifest import Manifest, ManifestFile, check_source_url, host_allowed, parse_manifest
 from qiip_core.catalog._scan import default_cache_dir, resolve_artifact, scan_catalog, verify_generation
-from qiip_core.catalog._store import AcquisitionState, ModelStore, RevisionStatus, model_store_for
+from qiip_core.catalog._store import (
+    AcquisitionState,
+    ModelStore,
+    RevisionStatus,
+    artifact_entrypoint,
+    model_store_for,
+)
 from qiip_core.catalog._types import (
     ARTIFACT_ID_RE,
     Catalog,
@@ -43,6 +49,7 @@ __all__ = [
     "ObjectStore",
     "RevisionStatus",
     "Transfer",
+    "artifact_entrypoint",
     "artifact_id",
     "check_source_url",
     "default_cache_dir",

@@ -27,15 +27,23 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qiip_core._errors import AcquisitionPaused, ModelStoreError, QiipError, RevisionInUse, RevisionNotFound
+from qiip_core._errors import (
+    AcquisitionPaused,
+    ArtifactNotFound,
+    ModelStoreError,
+    QiipError,
+    RevisionInUse,
+    RevisionNotFound,
+)
 from qiip_core.catalog._acquire import ObjectStore, Transfer
 from qiip_core.catalog._manifest import Manifest, parse_manifest
+from qiip_core.catalog._scan import resolve_artifact
 from qiip_core.storage import atomic_write
 
 if TYPE_CHECKING:
     from qiip_core.config import Settings
 
-__all__ = ["AcquisitionState", "ModelStore", "RevisionStatus", "model_store_for"]
+__all__ = ["AcquisitionState", "ModelStore", "RevisionStatus", "artifact_entrypoint", "model_store_for"]
 
 logger = logging.getLogger("qiip.catalog")
 
@@ -293,3 +301,38 @@ def model_store_for(settings: Settings) -> ModelStore:
         chunk_bytes=models.chunk_bytes,
         ca_bundle=models.ca_bundle,
     )
+
+
+def artifact_entrypoint(settings: Settings, artifact: str) -> Path:
+    """The GGUF a node serves for `artifact`: an acquired manifest revision, else a generation of the Hugging Face
+    cache (`models.hf_cache_dir`). What `qiip up --artifact`, `[[local_nodes]] artifact_id` and a relaunch to
+    another artifact all resolve. Blocking (a cache scan): run it in a thread from async code.
+
+    Args:
+        settings: the settings naming the model store and the hub cache.
+        artifact: an `artifact_id` (64 lower-case hexadecimal characters).
+
+    Returns:
+        The entrypoint's path (the first shard of a split family).
+
+    Raises:
+        ArtifactNotFound: neither has a complete copy; a revision registered with this id but not acquired yet is
+            named, with its acquisition state.
+    """
+    store = model_store_for(settings)
+    acquired = store.resolve(artifact)
+    if acquired is not None:
+        return acquired
+    try:
+        return resolve_artifact(artifact, settings.models.hf_cache_dir)
+    except ArtifactNotFound as exc:
+        pending = next((m for m in store.manifests() if m.artifact_id == artifact), None)
+        if pending is None:
+            raise
+        state = store.status(pending.id).state.value
+        raise ArtifactNotFound(
+            artifact,
+            settings.models.hf_cache_dir or "",
+            message=f"Artifact {artifact} is revision {pending.id}, which is {state}, not acquired; "
+            f"`qiip model acquire {pending.id}` completes it.",
+        ) from exc

@@ -83,15 +83,25 @@ class ApiError(ClientError):
         code: the OpenAI error code (`node_not_found`, `conflict`, `invalid_policy`, …); None when the
             answer had none.
         violations: for an invalid sizing policy, `[{field, message}]`.
+        param: the request field at fault, when the daemon named one.
     """
 
     code: str | None  # type: ignore[assignment]  # the daemon's, which may be missing
 
-    def __init__(self, message: str, *, status: int, code: str | None, violations: list[dict[str, str]]) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int,
+        code: str | None,
+        violations: list[dict[str, str]],
+        param: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.violations = violations
+        self.param = param
 
 
 class _View(BaseModel):
@@ -277,7 +287,8 @@ class QiipClient:
         return OperationInfo.model_validate(await self._admin_json("DELETE", path))
 
     async def relaunch(self, node_id: str, policy: Mapping[str, Any]) -> OperationInfo:
-        """Relaunch a managed llama.cpp node with a sizing policy.
+        """Relaunch a managed llama.cpp node with a sizing policy; an `artifact_id` among its fields moves the node
+        to that GGUF generation (alone, it keeps the current sizing).
 
         Raises:
             ApiError: 409 when the node is not eligible, 422 with `violations` for an invalid policy.
@@ -479,5 +490,9 @@ def _raise_for(response: httpx.Response, url: str) -> None:
     if response.status_code == 401 and "admin" in str(response.request.url.path):
         raise Unauthorized(f"The daemon at {url} refused the admin credentials: {message}")
     raise ApiError(
-        message, status=response.status_code, code=error.get("code"), violations=list(error.get("violations") or [])
+        message,
+        status=response.status_code,
+        code=error.get("code"),
+        violations=list(error.get("violations") or []),
+        param=str(error["param"]) if error.get("param") else None,
     )

@@ -12,8 +12,9 @@ console agree:
 | remove | anything but relaunching or provisioning (`force` removes at once, without draining) |
 | relaunch | healthy, managed, llama.cpp, with a runtime record, launched by this daemon |
 
-A relaunch drains first; a drain that times out restores the node untouched. If the new sizing cannot
-start, the previous one is restored (automatic sizing recomputed, custom replayed); if that fails too the
+A relaunch drains first; a drain that times out restores the node untouched. It may move the node to another
+GGUF generation (an `artifact_id`), under the same alias and endpoint. If the new sizing cannot
+start, the previous model and sizing are restored (automatic sizing recomputed, custom replayed); if that fails too the
 node is `relaunch_failed`, and only removal is left.
 """
 
@@ -28,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
+from pathlib import Path
 from typing import Any, Protocol
 
 from qiip_core._errors import NodeConflict, NodeNotFound, QiipError, RelaunchError
@@ -362,8 +364,25 @@ async def relaunch(
     drain_timeout_s: float,
     startup_timeout_s: float,
     log: OperationLog,
+    artifact: tuple[str, Path] | None = None,
 ) -> dict[str, Any]:
-    """Drain, stop, plan, launch, verify and restore a managed llama.cpp node with a new sizing policy.
+    """Drain, stop, plan, launch, verify and restore a managed llama.cpp node with a new sizing policy, and on
+    another GGUF generation when `artifact` is given.
+
+    Args:
+        table: the routing table (in-flight counts).
+        registry: where the node's record is replaced.
+        server: the node's llama-server.
+        node: the node's record as it was.
+        policy: the new sizing.
+        drain_timeout_s: how long the drain may wait for requests in flight, in seconds.
+        startup_timeout_s: how long the llama-server may take to become healthy, in seconds.
+        log: the operation's log.
+        artifact: `(artifact_id, entrypoint)` of the generation to serve instead; the record then carries that
+            `artifact_id`. Resolve and check it (`ManagedLlamaServer.check_model`) before calling.
+
+    Returns:
+        `{"llamacpp_runtime": record, "artifact_id": id}`.
 
     Raises:
         NodeConflict: the drain timed out (the node is restored untouched).
@@ -381,8 +400,14 @@ async def relaunch(
             f"node {node_id} was restored untouched."
         )
     log("drained; stopping llama-server and planning the new sizing")
+    update: dict[str, Any] = {}
+    if artifact is not None:
+        update["artifact_id"] = artifact[0]
+        log(f"serving artifact {artifact[0]} ({artifact[1]}) next")
     try:
-        runtime = await server.relaunch(policy, startup_timeout_s=startup_timeout_s)
+        runtime = await server.relaunch(
+            policy, startup_timeout_s=startup_timeout_s, model_path=artifact[1] if artifact else None
+        )
     except RelaunchError as exc:
         if exc.rolled_back:
             await registry.register(node.model_copy(update={"llamacpp_runtime": server.runtime}), ephemeral=True)
@@ -392,9 +417,10 @@ async def relaunch(
             await registry.set_lifecycle(node_id, NodeStatus.RELAUNCH_FAILED)
             log("the rollback failed too: the node is relaunch_failed; only removal is left", "warning")
         raise
-    await registry.register(node.model_copy(update={"llamacpp_runtime": runtime}), ephemeral=True)
+    relaunched = node.model_copy(update={"llamacpp_runtime": runtime, **update})
+    await registry.register(relaunched, ephemeral=True)
     log(
         f"relaunched and verified: {runtime.effective.get('slots')} slot(s) x "
         f"{runtime.effective.get('context_per_slot')} tokens, K/V {runtime.effective.get('cache_type_k')}"
     )
-    return {"llamacpp_runtime": runtime.model_dump(mode="json")}
+    return {"llamacpp_runtime": runtime.model_dump(mode="json"), "artifact_id": relaunched.artifact_id}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from qiip_tui.screens._chat import ChatScreen
 from qiip_tui.screens._confirm import ConfirmModal
 from qiip_tui.screens._connection import ConnectionScreen
+from qiip_tui.screens._download import DownloadModal
 from qiip_tui.screens._fleet import FleetScreen
 from qiip_tui.screens._help import HelpScreen, key_map, screen_name
 from qiip_tui.screens._logs import NOT_AVAILABLE, LogsScreen
@@ -18,6 +19,7 @@ __all__ = [
     "ChatScreen",
     "ConfirmModal",
     "ConnectionScreen",
+    "DownloadModal",
     "FleetScreen",
     "HelpScreen",
     "LogsScreen",

@@ -1,5 +1,6 @@
 """The models screen: the daemon's Hugging Face cache catalog (generations, the nodes serving each) and the hub
-downloads with their progress bars. It polls the daemon while shown."""
+downloads with their progress bars. It polls the daemon while shown, and starts downloads (a dialog, then a
+confirmation)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Footer, Header, Label, ProgressBar, Static
 
-from qiip_core.client import ClientError
+from qiip_core.client import ApiError, ClientError
 from qiip_tui._models import GENERATION_COLUMNS, catalog_rows, catalog_summary, download_line
 from qiip_tui._types import ModelCatalogSource
 from qiip_tui.screens._base import ConsoleScreen
+from qiip_tui.screens._confirm import ConfirmModal
+from qiip_tui.screens._download import DownloadModal, DownloadRequest
 
 __all__ = ["MODELS_NOT_AVAILABLE", "ModelsScreen"]
 
@@ -29,12 +32,14 @@ class ModelsScreen(ConsoleScreen[None]):
     AUTO_FOCUS = "#generations"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("r", "refresh", "Refresh"),
+        Binding("d", "download", "Download"),
         Binding("q", "app.fleet", "Back"),
     ]
     """
     | Key | Action |
     | :- | :- |
     | r | Scan again now. |
+    | d | Download a repository from the hub (a dialog, then a confirmation). |
     | q | Back to the fleet. |
     """
 
@@ -78,6 +83,38 @@ class ModelsScreen(ConsoleScreen[None]):
         """Scan again now."""
         if isinstance(self.console.client, ModelCatalogSource):
             self._load()
+
+    def action_download(self) -> None:
+        """Ask which repository to download, confirm, then have the daemon start it."""
+        if not isinstance(self.console.client, ModelCatalogSource):
+            self.notify(MODELS_NOT_AVAILABLE, severity="error")
+            return
+        self.app.push_screen(DownloadModal(), self._confirm_download)
+
+    def _confirm_download(self, request: DownloadRequest | None) -> None:
+        if request is None:
+            return
+        repo_id, revision = request
+        target = f"{repo_id}@{revision or 'main'}"
+
+        def confirmed(answer: bool | None) -> None:
+            if answer is not None:
+                self._start_download(repo_id, revision)
+
+        body = f"The daemon fetches every file of {target} into its Hugging Face cache; progress shows below."
+        self.app.push_screen(ConfirmModal(f"Download {target}?", body, confirm="Download"), confirmed)
+
+    @work(group="model-downloads", exit_on_error=False)
+    async def _start_download(self, repo_id: str, revision: str | None) -> None:
+        client = self.console.client
+        assert isinstance(client, ModelCatalogSource)
+        try:
+            download = await client.start_download(repo_id, revision=revision)
+        except ClientError as exc:
+            self.notify(_refusal(repo_id, exc), title="Download refused", severity="error", markup=False)
+            return
+        self.notify(f"Downloading {download['repo_id']}@{download['revision']} ({download['id']}).", markup=False)
+        self._load()
 
     @work(exclusive=True, group="models", exit_on_error=False)
     async def _load(self) -> None:
@@ -137,3 +174,12 @@ class ModelsScreen(ConsoleScreen[None]):
         total = download.get("bytes_total")
         bar.update(total=total if total else None, progress=download.get("bytes_done") or 0)
         bar.display = download.get("state") != "failed"  # the label says why; an empty bar would only pulse
+
+
+def _refusal(repo_id: str, exc: ClientError) -> str:
+    """One line: the repository, then the daemon's reason (each violation with its field, when it gave them)."""
+    violations = exc.violations if isinstance(exc, ApiError) else []
+    reason = "; ".join(f"{v.get('field', '?')}: {v.get('message', '')}" for v in violations) or exc.message
+    if not violations and isinstance(exc, ApiError) and exc.param:
+        reason = f"{exc.param}: {reason}"
+    return f"{repo_id}: {' '.join(reason.split())}"

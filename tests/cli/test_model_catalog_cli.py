@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from qiip_cli._main import cli
+from tests.support.daemon import free_port
 from tests.support.fake_hub import FakeHub
 from tests.support.model_cache import GEMMA_REPO, ModelCache
 
@@ -79,7 +80,13 @@ def test_register_acquire_status_and_verify_from_local_files(
     registered = runner.invoke(cli, ["model", "register", "--manifest", str(path)])
     assert registered.exit_code == 0, registered.output
     revision_id = registered.output.split()[0]
-    assert "registered" in runner.invoke(cli, ["model", "status"]).output
+    # No daemon answers at a closed loopback port: the revisions show, and the downloads get one line.
+    listed = runner.invoke(cli, ["model", "status", "--url", f"http://127.0.0.1:{free_port()}"])
+    assert listed.exit_code == 0, listed.output
+    revision_line, daemon_line = listed.output.splitlines()
+    assert revision_id in revision_line and " registered " in revision_line
+    assert daemon_line.startswith("hub downloads: not listed: The daemon at http://127.0.0.1:")
+    assert "does not answer" in daemon_line
     uploads = tmp_path / "uploads"
     uploads.mkdir()
     (uploads / "tiny.gguf").write_bytes(model_cache.tiny.read_bytes())

@@ -13,7 +13,9 @@ from typing import Any
 import httpx
 import pytest
 import trustme
+from click.testing import CliRunner
 
+from qiip_cli._main import cli
 from tests.support.daemon import Daemon, wait_until
 from tests.support.fake_hub import FakeHub, FileServer
 from tests.support.model_cache import GEMMA_REPO, ModelCache
@@ -88,6 +90,33 @@ def test_a_download_is_tracked_and_lands_in_the_catalog(models_daemon: Daemon) -
     assert download["id"] in [d["id"] for d in admin.get("/admin/models/downloads").json()["downloads"]]
     catalog = admin.get("/admin/models/catalog").json()
     assert any(g["revision"] == COMMIT and "v2" in g["refs"] for g in catalog["gguf"])
+
+
+def test_model_status_lists_the_daemons_downloads(
+    models_daemon: Daemon, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    admin = models_daemon.admin
+    download = admin.post("/admin/models/download", json={"repo_id": REPO, "revision": "main"}).json()
+    wait_until(
+        lambda: admin.get(f"/admin/models/downloads/{download['id']}").json()["state"] != "running",
+        timeout_s=60,
+        what="the download to finish",
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("QIIP_CONFIG", raising=False)
+    monkeypatch.setenv("QIIP_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("QIIP_ADMIN__USERNAME", models_daemon.env["QIIP_ADMIN__USERNAME"])
+    monkeypatch.setenv("QIIP_ADMIN__PASSWORD", models_daemon.env["QIIP_ADMIN__PASSWORD"])
+    listed = CliRunner().invoke(cli, ["model", "status", "--url", models_daemon.url])
+    assert listed.exit_code == 0, listed.output
+    lines = listed.output.splitlines()
+    assert lines[0].startswith("no registered revisions")
+    assert lines[1] == f"hub downloads in the daemon at {models_daemon.url}:"
+    (line,) = [entry for entry in lines[2:] if download["id"] in entry]
+    assert f"{REPO}@main -> {COMMIT[:12]}  succeeded  " in line and "(100%)" in line
+    monkeypatch.setenv("QIIP_ADMIN__PASSWORD", "wrong")
+    refused = CliRunner().invoke(cli, ["model", "status", "--url", models_daemon.url])
+    assert refused.exit_code == 0 and refused.output.splitlines()[1].startswith("hub downloads: not listed: ")
 
 
 @pytest.mark.parametrize(

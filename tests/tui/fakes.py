@@ -279,3 +279,9 @@ class FakeModelsClient(FakeClient):
     async def downloads(self) -> list[dict[str, Any]]:
         self._check()
         return SAMPLE_DOWNLOADS
+
+    async def start_download(
+        self, repo_id: str, *, revision: str | None = None, files: Sequence[str] = ()
+    ) -> dict[str, Any]:
+        self._check()
+        return {**SAMPLE_DOWNLOADS[0], "repo_id": repo_id, "revision": revision or "main"}

@@ -20,6 +20,7 @@ from qiip_tui.screens import (
     ChatScreen,
     ConfirmModal,
     ConnectionScreen,
+    DownloadModal,
     FleetScreen,
     HelpScreen,
     LogsScreen,
@@ -134,6 +135,20 @@ def test_models(snap_compare: Snap, size: tuple[int, int]) -> None:
 
     client = FakeModelsClient(sample_fleet(), metrics=SAMPLE_METRICS)
     assert snap_compare(console(client), terminal_size=size, run_before=then(keys("m"), loaded))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_download_dialog(snap_compare: Snap, size: tuple[int, int]) -> None:
+    async def loaded(pilot: Pilot[Any]) -> None:
+        screen = await screen_of(pilot, ModelsScreen)
+        await wait_for(pilot, lambda: len(screen.query(".download")) == 2, what="the downloads")
+
+    async def typed(pilot: Pilot[Any]) -> None:
+        await screen_of(pilot, DownloadModal)
+        await pilot.press(*"Qwen/Qwen3-8B-GGUF", "tab", *"v2")
+
+    client = FakeModelsClient(sample_fleet(), metrics=SAMPLE_METRICS)
+    assert snap_compare(console(client), terminal_size=size, run_before=then(keys("m"), loaded, keys("d"), typed))
 
 
 @pytest.mark.parametrize("size", SIZES)

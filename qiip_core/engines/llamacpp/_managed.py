@@ -2,9 +2,10 @@
 
     launch(policy):   read devices → plan (the planner's estimator, llama-fit-params when installed)
                       → launch with every sizing flag → wait for /health → verify against the plan
-    relaunch(policy): stop → launch(new policy); if that fails, launch(previous policy) again (automatic
-                      sizing is recomputed against the memory free now, custom sizing is replayed exactly);
-                      if that fails too, the server is down and `RelaunchError(rolled_back=False)` says so
+    relaunch(policy): stop → launch(new policy, on another GGUF when given); if that fails, launch(previous
+                      model and policy) again (automatic sizing is recomputed against the memory free now,
+                      custom sizing is replayed exactly); if that fails too, the server is down and
+                      `RelaunchError(rolled_back=False)` says so
 
 Draining the node before a relaunch is the gateway's part (it owns the routing table); this class only
 ever touches the process. The server keeps its port across relaunches, so the node's endpoint does not
@@ -18,7 +19,14 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from qiip_core._errors import EngineError, EngineLaunchError, PlanError, RelaunchError, VerificationError
+from qiip_core._errors import (
+    EngineError,
+    EngineLaunchError,
+    ModelFileError,
+    PlanError,
+    RelaunchError,
+    VerificationError,
+)
 from qiip_core.engines.llamacpp._gguf import read_gguf_metadata
 from qiip_core.engines.llamacpp._install import InstalledEngine
 from qiip_core.engines.llamacpp._launch import launch_spec_for
@@ -99,6 +107,7 @@ class ManagedLlamaServer:
         self.port = port or free_port(host)
         self.threads = threads
         self.shape = ModelShape.from_metadata(read_gguf_metadata(model_path))
+        self._embeddings_asked = embeddings
         self.embeddings = embeddings or self.shape.embedding_model
         self.process: LlamaServerProcess | None = None
         self.runtime: LlamaCppRuntime | None = None
@@ -193,23 +202,64 @@ class ManagedLlamaServer:
             await self.process.stop(grace_s)
         self.runtime = None
 
-    async def relaunch(self, policy: AutoPolicy | CustomPolicy, *, startup_timeout_s: float = 300.0) -> LlamaCppRuntime:
-        """Stop the server and launch it with `policy`; roll back to the previous policy if that fails.
+    def check_model(self, model_path: Path) -> ModelShape:
+        """Read another GGUF this server could be relaunched on, without touching the running server.
+
+        Args:
+            model_path: the GGUF file (the first shard of a split family).
+
+        Returns:
+            Its shape, to validate a sizing policy against.
+
+        Raises:
+            ModelFileError: the file cannot be served (missing, not a GGUF, truncated, a later shard), or it would
+                be served the other way (an embedding model on a generation node, or the reverse).
+        """
+        shape = ModelShape.from_metadata(read_gguf_metadata(model_path))
+        if (self._embeddings_asked or shape.embedding_model) != self.embeddings:
+            served, other = ("embeddings", "generation") if self.embeddings else ("generation", "embeddings")
+            raise ModelFileError(
+                f"{model_path} would be served for {other}, and this server serves {served}; "
+                "launch it as a node of its own.",
+                path=model_path,
+            )
+        return shape
+
+    async def relaunch(
+        self,
+        policy: AutoPolicy | CustomPolicy,
+        *,
+        startup_timeout_s: float = 300.0,
+        model_path: Path | None = None,
+    ) -> LlamaCppRuntime:
+        """Stop the server and launch it with `policy` (on `model_path`, when given); roll back to the previous
+        model and policy if that fails.
+
+        Args:
+            policy: the new sizing.
+            startup_timeout_s: how long each launch may take to become healthy, in seconds.
+            model_path: another GGUF to serve under the same alias and port; None keeps the current one. It is read
+                before the server stops.
 
         Returns:
             The new verified runtime record.
 
         Raises:
-            RelaunchError: the new policy failed. `rolled_back` says whether the previous policy is running
+            ModelFileError: `model_path` cannot be served here (`check_model`); the server was not touched.
+            RelaunchError: the new launch failed. `rolled_back` says whether the previous model and policy run
                 again (the node can serve) or not (the server is down: only teardown is left).
         """
-        previous = self.policy
+        new_shape = self.check_model(model_path) if model_path is not None else None
+        previous, previous_model = self.policy, (self.model_path, self.shape)
         await self.stop()
+        if model_path is not None and new_shape is not None:
+            self.model_path, self.shape = model_path, new_shape
         try:
             return await self.launch(policy, startup_timeout_s=startup_timeout_s)
         except (PlanError, EngineLaunchError, VerificationError, EngineError) as exc:
             failure = exc.message
             logger.warning("relaunch of %r with %s failed: %s", self.alias, policy.sizing, failure)
+        self.model_path, self.shape = previous_model
         if previous is None:
             raise RelaunchError(
                 f"The relaunch failed and there is no previous sizing to return to: {failure}", rolled_back=False
@@ -222,7 +272,8 @@ class ManagedLlamaServer:
                 "the server is stopped.",
                 rolled_back=False,
             ) from exc
+        on = f" on {self.model_path.name}" if model_path is not None else ""
         raise RelaunchError(
-            f"The relaunch failed and the previous sizing ({previous.sizing}) runs again: {failure}",
+            f"The relaunch failed and the previous sizing ({previous.sizing}) runs again{on}: {failure}",
             rolled_back=True,
         )

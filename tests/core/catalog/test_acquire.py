@@ -14,8 +14,16 @@ from typing import Any
 import pytest
 import trustme
 
-from qiip_core import AcquisitionPaused, ManifestInvalid, ObjectMismatch, RevisionInUse, SourceNotAllowed
-from qiip_core.catalog import AcquisitionState, ModelStore
+from qiip_core import (
+    AcquisitionPaused,
+    ArtifactNotFound,
+    ManifestInvalid,
+    ObjectMismatch,
+    RevisionInUse,
+    SourceNotAllowed,
+)
+from qiip_core.catalog import AcquisitionState, ModelStore, artifact_entrypoint
+from qiip_core.config import ModelSettings, Settings
 from tests.support.fake_hub import FileServer
 
 SIZE = 1 << 20
@@ -238,3 +246,20 @@ def test_a_partial_object_past_its_durable_offset_is_cut_back(
     (partial / f"{sha256}.offset").write_text(f'{{"offset": {2 * CHUNK}}}')
     assert store.acquire(registered.id).state is AcquisitionState.AVAILABLE
     assert [s.range for s in server.served] == [f"bytes={2 * CHUNK}-"]
+
+
+def test_an_artifact_resolves_only_once_its_revision_is_acquired(
+    tmp_path: Path, store: ModelStore, server: FileServer, blob: Path
+) -> None:
+    settings = Settings(state_dir=tmp_path, models=ModelSettings(store_dir=store.root, hf_cache_dir=tmp_path / "hub"))
+    registered, _ = store.register(manifest(blob, server.url + "/model.gguf"))
+    with pytest.raises(ArtifactNotFound) as refused:
+        artifact_entrypoint(settings, registered.artifact_id)
+    assert refused.value.message == (
+        f"Artifact {registered.artifact_id} is revision {registered.id}, which is registered, not acquired; "
+        f"`qiip model acquire {registered.id}` completes it."
+    )
+    store.acquire(registered.id)
+    assert artifact_entrypoint(settings, registered.artifact_id).read_bytes() == blob.read_bytes()
+    with pytest.raises(ArtifactNotFound, match="No GGUF generation with artifact_id"):
+        artifact_entrypoint(settings, "d" * 64)
