@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from qiip_core.config._listen import bind_listener
+from qiip_core.config._models import ModelSettings
 from qiip_core.config._settings import (
     AdminSettings,
     AttachedProfile,
@@ -13,7 +14,6 @@ from qiip_core.config._settings import (
     LlamaCppEngineSettings,
     LocalNodeConfig,
     LoggingSettings,
-    ModelSettings,
     NodeConfig,
     ProvisioningSettings,
     RedfishSettings,

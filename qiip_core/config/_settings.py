@@ -40,7 +40,6 @@ from qiip_core.config._groups import (
     LlamaCppEngineSettings,
     LocalNodeConfig,
     LoggingSettings,
-    ModelSettings,
     NodeConfig,
     RegistrySettings,
     RoutingSettings,
@@ -48,6 +47,7 @@ from qiip_core.config._groups import (
     UpstreamSettings,
     default_state_dir,
 )
+from qiip_core.config._models import ModelSettings
 from qiip_core.config._provisioning import ProvisioningSettings
 from qiip_core.config._redfish import RedfishSettings
 
