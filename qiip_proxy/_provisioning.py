@@ -1,7 +1,7 @@
 """The provisioning routes of the admin API: setups, their tasks and live logs, cancellation.
 
 ```
-POST /admin/nodes/setup                  {hostname, engine, model, managed, alias?, sizing?} → 202 operation
+POST /admin/nodes/setup                  {hostname, engine, model | artifact_id, managed, alias?, sizing?} → 202
 GET  /admin/provisioning/tasks           every host's task record (host, kind, state, step, elapsed, error)
 GET  /admin/provisioning/{host}/logs     SSE: the host's log kept so far, then every new entry (`event: log`)
 POST /admin/provisioning/{host}/cancel   stop the host's running operation and its remote command → 202
@@ -21,13 +21,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from qiip_core.catalog import resolve_artifact
 from qiip_core.nodes import Engine
 from qiip_core.planner import parse_policy
 from qiip_core.provisioning import LogEntry, ResetType, SetupRequest
@@ -50,8 +53,12 @@ class SetupBody(BaseModel):
     """The host: a name or address inside the node allowlist; it becomes the node's id."""
     engine: Literal["vllm", "llama_cpp"]
     """The engine to install and start."""
-    model: str = Field(min_length=1, max_length=512)
-    """vLLM: the model (a Hugging Face repo id); llama.cpp: the GGUF's path in the shared model cache."""
+    model: str | None = Field(default=None, min_length=1, max_length=512)
+    """vLLM: the model (a Hugging Face repo id); llama.cpp: the GGUF's path in the shared model cache. Give it
+    or `artifact_id`."""
+    artifact_id: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    """llama.cpp: a GGUF generation of the shared model cache (`provisioning.model_cache_dir`, a Hugging Face
+    cache), by its catalog id, instead of `model`."""
     managed: bool = True
     """Register the node as managed (leased, torn down by QIIP)."""
     alias: str | None = Field(default=None, min_length=1, max_length=512)
@@ -67,6 +74,38 @@ class PowerBody(BaseModel):
 
     action: Literal["On", "ForceOff", "GracefulRestart", "ForceRestart"]
     """The DMTF Redfish `ResetType` of `ComputerSystem.Reset`."""
+
+
+async def _setup_model(gateway: Gateway, body: SetupBody) -> str:
+    """The model a setup serves: `model`, or the path of `artifact_id`'s entrypoint in the shared model cache.
+
+    Raises:
+        AdminError: 400 for neither or both, or an artifact for vLLM; 409 without `provisioning.model_cache_dir`.
+        ArtifactNotFound: no complete generation of the shared cache has this id (404).
+    """
+    if (body.model is None) == (body.artifact_id is None):
+        raise AdminError(400, "A setup names its model: give `model` or `artifact_id`, not both.", "invalid_setup")
+    if body.artifact_id is None:
+        assert body.model is not None
+        return body.model
+    if body.engine != "llama_cpp":
+        raise AdminError(
+            400, "`artifact_id` names a GGUF generation: it serves llama.cpp setups only.", "invalid_setup", "engine"
+        )
+    cache = gateway.settings.provisioning.model_cache_dir
+    if cache is None:
+        raise AdminError(
+            409,
+            "A setup by artifact_id needs provisioning.model_cache_dir: this gateway's view of the shared cache.",
+            "model_cache_not_configured",
+        )
+    return await asyncio.to_thread(_path_in_cache, body.artifact_id, cache)
+
+
+def _path_in_cache(artifact: str, cache: Path) -> str:
+    """The path of `artifact`'s entrypoint inside `cache`: the hosts mount the same cache at
+    `provisioning.node_model_dir`, so the path inside it is the same there."""
+    return os.path.relpath(resolve_artifact(artifact, cache), cache)
 
 
 def _gateway(request: Request) -> Gateway:
@@ -88,13 +127,15 @@ async def setup_node(request: Request) -> JSONResponse:
         raise AdminError(
             400, f"Not a setup request: {field or 'body'}: {first['msg']}.", "invalid_setup", field
         ) from None
+    model = await _setup_model(gateway, body)
     setup = SetupRequest(
         hostname=body.hostname,
         engine=Engine(body.engine),
-        model=body.model,
-        alias=body.alias or body.model,
+        model=model,
+        alias=body.alias or body.model or model,
         managed=body.managed,
         sizing=sizing,
+        artifact_id=body.artifact_id,
     )
     operation = await gateway.provisioner.start_setup(setup)
     return JSONResponse({**operation.view(), "task_id": operation.id}, status_code=202)

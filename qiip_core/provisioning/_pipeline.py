@@ -91,6 +91,7 @@ class SetupRequest:
         alias: the model name clients send.
         managed: register the node as managed (leased; torn down by QIIP).
         sizing: llama.cpp's sizing policy (default: automatic).
+        artifact_id: the catalog generation `model` was resolved from (llama.cpp), carried by the node record.
     """
 
     hostname: str
@@ -99,6 +100,7 @@ class SetupRequest:
     alias: str
     managed: bool = True
     sizing: AutoPolicy | CustomPolicy | None = None
+    artifact_id: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -476,6 +478,7 @@ async def _setup(setup: _Setup, power_on: PowerOn | None) -> dict[str, Any]:
             managed=False,
             status=NodeStatus.PROVISIONING,
             capabilities=NodeCapabilities(endpoints=("chat", "completions")),
+            artifact_id=setup.request.artifact_id,
         )
         setup.node = node
         try:

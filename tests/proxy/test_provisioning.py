@@ -18,8 +18,10 @@ from typing import Any
 import openai
 import pytest
 
+from qiip_core.catalog import scan_catalog
 from tests.support.cli import run_qiip
 from tests.support.daemon import Daemon, free_port, wait_until
+from tests.support.hf_cache import HfCacheBuilder
 from tests.support.sshd import SshHosts, alive
 
 pytestmark = pytest.mark.integration
@@ -34,6 +36,8 @@ def cpu_hosts(
     """Four Debian hosts without GPUs (127.0.0.20–23) with the project's CPU llama-server installed."""
     models = tmp_path_factory.mktemp("shared-models")
     shutil.copy(tiny_gguf, models / "tiny.gguf")
+    # The same model as a generation of a Hugging Face cache, for setups by artifact_id.
+    HfCacheBuilder(models).add_file(TINY_REPO, "a" * 40, "tiny-Q8_0.gguf", source=tiny_gguf)
     with SshHosts(tmp_path_factory.mktemp("cpu-ssh"), 4, family="debian", gpu=False, first=20) as hosts:
         for host in hosts.hosts:
             host.preinstall_llamacpp(llama_server_binary)
@@ -61,6 +65,9 @@ def daemon_env(hosts: SshHosts, engine_port: int, **extra: str) -> dict[str, str
         "QIIP_PROVISIONING__MAX_CONCURRENT_SETUPS": "2",
         **extra,
     }
+
+
+TINY_REPO = "qiip-test/tiny-remote-GGUF"
 
 
 def setup_body(host: str, **extra: Any) -> dict[str, Any]:
@@ -95,12 +102,16 @@ def test_setup_serves_through_the_gateway_then_teardown_removes_it(cpu_hosts: Ss
     host = cpu_hosts[0]
     engine_port = free_port()
     with Daemon(tmp_path / "state", env=daemon_env(cpu_hosts, engine_port)) as daemon:
-        answer = daemon.admin.post("/admin/nodes/setup", json=setup_body(host.address, sizing=TINY_SIZING))
+        # Served by its catalog id: the generation's path in the shared cache, the same on the host.
+        artifact = next(g.artifact_id for g in scan_catalog(cpu_hosts.models).gguf if g.repo_id == TINY_REPO)  # type: ignore[attr-defined]
+        body = setup_body(host.address, sizing=TINY_SIZING, artifact_id=artifact)
+        del body["model"]
+        answer = daemon.admin.post("/admin/nodes/setup", json=body)
         assert answer.status_code == 202, answer.text
         operation = wait_operation(daemon, answer.json()["task_id"])
         assert operation["state"] == "succeeded", (operation["error"], daemon.log()[-3000:])
         node = operation["result"]["node"]
-        assert node["managed"] and node["engine"] == "llama_cpp"
+        assert node["managed"] and node["engine"] == "llama_cpp" and node["artifact_id"] == artifact
         assert node["llamacpp_runtime"]["effective"]["slots"] == 1
         assert node["llamacpp_runtime"]["effective"]["context_per_slot"] == 512
         daemon.wait_status(host.address, "healthy", timeout_s=30)
@@ -144,9 +155,21 @@ def test_refusals_come_before_any_remote_work(cpu_hosts: SshHosts, tmp_path: Pat
     with Daemon(tmp_path / "state", env=daemon_env(cpu_hosts, free_port())) as daemon:
         outside = daemon.admin.post("/admin/nodes/setup", json=setup_body("10.1.2.3"))
         assert outside.status_code == 400 and outside.json()["error"]["code"] == "host_not_allowed"
-        for bad in ({"hostname": "127.0.0.21", "engine": "tgi", "model": "m"}, {"hostname": "127.0.0.21"}, {"x": 1}):
+        artifact = "0" * 64
+        for bad in (
+            {"hostname": "127.0.0.21", "engine": "tgi", "model": "m"},
+            {"hostname": "127.0.0.21"},
+            {"x": 1},
+            {"hostname": "127.0.0.21", "engine": "llama_cpp"},
+            {"hostname": "127.0.0.21", "engine": "llama_cpp", "model": "m", "artifact_id": artifact},
+            {"hostname": "127.0.0.21", "engine": "vllm", "artifact_id": artifact},
+        ):
             refused = daemon.admin.post("/admin/nodes/setup", json=bad)
             assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_setup", refused.text
+        unknown = daemon.admin.post(
+            "/admin/nodes/setup", json={"hostname": "127.0.0.21", "engine": "llama_cpp", "artifact_id": artifact}
+        )
+        assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "artifact_not_found", unknown.text
         assert daemon.admin.get("/admin/provisioning/tasks").json()["tasks"] == []
 
         hang(cpu_hosts, 1, True)
