@@ -37,7 +37,7 @@ class LogsScreen(ConsoleScreen[None]):
 
     AUTO_FOCUS = "#tasks"
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("s", "app.host_action('setup')", "Set up"),
+        Binding("s", "host('setup')", "Set up"),
         Binding("x", "host('cancel')", "Cancel"),
         Binding("t", "host('teardown')", "Tear down"),
         Binding("o", "host('power_on')", "Power on", show=False),
