@@ -62,7 +62,7 @@ async def test_a_setup_from_the_console_shows_its_task_and_live_log(refusing_dae
 
         table = screen.query_one("#tasks", DataTable)
         await wait_for(
-            pilot, lambda: HOST in {r.value for r in table.rows} and str(table.get_cell_at((0, 5))) == "failed"
+            pilot, lambda: HOST in {r.value for r in table.rows} and str(table.get_row_at(0)[5]) == "failed"
         )
         assert [str(cell) for cell in table.get_row_at(0)][:4] == [HOST, "setup", "vllm", "waiting_for_ssh"]
         view = screen.query_one("#log-view", LogView)
