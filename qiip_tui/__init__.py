@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from qiip_tui._app import QiipConsole
 from qiip_tui._themes import ThemeFile, ThemeFileError, load_theme_file, load_themes
-from qiip_tui._types import ConsoleClient, LogRecord, ProvisioningLogSource
+from qiip_tui._types import ConsoleClient, LogRecord, ProvisioningSource
 
 __all__ = [
     "ConsoleClient",
     "LogRecord",
-    "ProvisioningLogSource",
+    "ProvisioningSource",
     "QiipConsole",
     "ThemeFile",
     "ThemeFileError",

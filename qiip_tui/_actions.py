@@ -12,11 +12,11 @@ import logging
 from typing import TYPE_CHECKING
 
 from textual import work
-from textual.app import App
 from textual.signal import Signal
 
 from qiip_core.client import ClientError, DaemonUnreachable, OperationInfo
 from qiip_tui._fleet import Fleet
+from qiip_tui._host_actions import HostActions
 from qiip_tui._messages import OperationUpdated
 from qiip_tui.screens import ConfirmModal, NodeScreen, SizingScreen
 
@@ -37,7 +37,7 @@ _OPERATION_POLL_FAILURES = 20
 """Failed polls in a row after which the console stops following an operation (the daemon is gone)."""
 
 
-class ConsoleActions(App[None]):
+class ConsoleActions(HostActions):
     """The app's node actions. Subclasses set `client`, `fleet`, `operation_signal` and the intervals."""
 
     client: ConsoleClient

@@ -110,7 +110,7 @@ class QiipConsole(ConsoleActions):
     | :- | :- |
     | f | The fleet. |
     | c | Chat. |
-    | l | Provisioning logs. |
+    | l | Provisioning: the hosts' setups and their logs. |
     | m | Models: the cache catalog and downloads. |
     | ? | The keys of this screen. |
     | ctrl+p | The command palette. |
@@ -154,6 +154,8 @@ class QiipConsole(ConsoleActions):
         """Operations started from this console, by id."""
         self.selected_node: str | None = None
         """The node the palette's node commands act on: highlighted in the fleet table or open."""
+        self.selected_host: str | None = None
+        """The host the palette's host commands act on: highlighted in the provisioning table."""
         self.connected = False
         """Whether the daemon answered the last attempt."""
         self.connection_problem: ConnectionProblem | None = None
@@ -346,7 +348,7 @@ class QiipConsole(ConsoleActions):
         self.switch_mode("chat")
 
     def action_logs(self) -> None:
-        """Show the provisioning logs."""
+        """Show the provisioning screen: the hosts' setups and their logs."""
         self.switch_mode("logs")
 
     def action_models(self) -> None:

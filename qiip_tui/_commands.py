@@ -1,4 +1,4 @@
-"""The command palette's console commands (Ctrl+P): screens, the selected node's actions, themes, reconnecting.
+"""The command palette's console commands (Ctrl+P): screens, node and host actions, themes, reconnecting.
 
 Next to Textual's own system commands (quit, screenshot, …). Node actions name the node they act on, the one
 selected in the fleet table or open in the node screen, so a palette search for "drain" says which node.
@@ -27,6 +27,14 @@ _NODE_ACTIONS = (
     ("power", "Power node", "Power control through the node's BMC"),
 )
 
+_HOST_ACTIONS = (
+    ("cancel", "Cancel provisioning", "Stop the setup or teardown running on it (asks first)"),
+    ("teardown", "Tear down", "Remove its node and stop its engine (asks first)"),
+    ("power_on", "Power on", "Through the host's BMC (asks first)"),
+    ("power_off", "Power off", "Through the host's BMC, at once (asks first)"),
+    ("power_restart", "Restart", "A graceful restart through the host's BMC (asks first)"),
+)
+
 
 @dataclass(frozen=True)
 class PaletteCommand:
@@ -45,7 +53,8 @@ def console_commands(app: QiipConsole) -> list[PaletteCommand]:
     commands = [
         PaletteCommand("Fleet", app.action_fleet, "The fleet table (f)"),
         PaletteCommand("Chat", app.action_chat, "Talk to a model through the daemon (c)"),
-        PaletteCommand("Provisioning logs", app.action_logs, "Provisioning output as it happens (l)"),
+        PaletteCommand("Provisioning", app.action_logs, "The hosts' setups and their logs as they happen (l)"),
+        PaletteCommand("Set up a host", partial(app.host_action, "setup", None), "Install an engine over SSH (s)"),
         PaletteCommand("Models", app.action_models, "The model cache catalog and downloads (m)"),
         PaletteCommand("Keys", app.action_help, "The key map of this screen (?)"),
         PaletteCommand("Reconnect", app.action_reconnect, f"Connect to {app.client.url} again now"),
@@ -54,6 +63,10 @@ def console_commands(app: QiipConsole) -> list[PaletteCommand]:
     if node is not None and node in app.fleet.nodes:
         for action, label, help_text in _NODE_ACTIONS:
             commands.append(PaletteCommand(f"{label} {node}", partial(app.node_action, action, node), help_text))
+    host = app.selected_host
+    if host is not None:
+        for action, label, help_text in _HOST_ACTIONS:
+            commands.append(PaletteCommand(f"{label} {host}", partial(app.host_action, action, host), help_text))
     for name in sorted(app.console_themes):
         commands.append(PaletteCommand(f"Theme: {name}", partial(app.set_theme, name), "Switch the console's theme"))
     return commands

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from qiip_core.client import ChatDelta, NodeEvent, NodeInfo, OperationInfo
 
-__all__ = ["Clock", "ConsoleClient", "LogRecord", "ModelCatalogSource", "ProvisioningLogSource"]
+__all__ = ["Clock", "ConsoleClient", "LogRecord", "ModelCatalogSource", "ProvisioningSource"]
 
 Clock = Callable[[], float]
 """A monotonic clock in seconds (`time.monotonic`); tests pass a frozen one."""
@@ -73,10 +73,19 @@ class LogRecord:
 
 
 @runtime_checkable
-class ProvisioningLogSource(Protocol):
-    """A daemon that streams provisioning logs. None does yet; the logs screen lights up when one does."""
+class ProvisioningSource(Protocol):
+    """A daemon that provisions hosts over SSH (`/admin/provisioning/*`, `/admin/nodes/setup`, host power);
+    `QiipClient` is one. The provisioning screen and the host actions need it."""
 
-    def provisioning_logs(self) -> AsyncIterator[LogRecord]: ...
+    async def provisioning_tasks(self) -> list[dict[str, Any]]: ...
+
+    def host_log(self, host: str, *, follow: bool = True) -> AsyncIterator[dict[str, Any]]: ...
+
+    async def setup(self, body: Mapping[str, Any]) -> OperationInfo: ...
+
+    async def cancel_provisioning(self, host: str) -> OperationInfo: ...
+
+    async def power(self, host: str, action: str) -> dict[str, Any]: ...
 
 
 @runtime_checkable

@@ -131,8 +131,15 @@ class LogView(Vertical):
             self.query_one(RichLog).write(self._render_record(record), scroll_end=self.following)
         self._show_status()
 
+    def clear(self) -> None:
+        """Forget every record (before following another source)."""
+        self.records.clear()
+        self.query_one(RichLog).clear()
+        self._show_status()
+
     def _matches(self, record: LogRecord) -> bool:
-        return not self.search_text or self.search_text.casefold() in record.message.casefold()
+        wanted = self.search_text.casefold()
+        return not wanted or wanted in record.message.casefold() or wanted in record.source.casefold()
 
     def _render_record(self, record: LogRecord) -> Text:
         level = record.level if record.level in _LEVELS else "info"

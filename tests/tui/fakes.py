@@ -285,3 +285,86 @@ class FakeModelsClient(FakeClient):
     ) -> dict[str, Any]:
         self._check()
         return {**SAMPLE_DOWNLOADS[0], "repo_id": repo_id, "revision": revision or "main"}
+
+
+SAMPLE_TASKS: list[dict[str, Any]] = [
+    {
+        "hostname": "gpu03",
+        "kind": "setup",
+        "state": "running",
+        "current_step": "vllm_install",
+        "engine": "vllm",
+        "model": "Qwen/Qwen3-8B",
+        "failed_step": None,
+        "error": None,
+        "elapsed_s": 312.4,
+    },
+    {
+        "hostname": "gpu04",
+        "kind": "setup",
+        "state": "failed",
+        "current_step": "waiting_for_ssh",
+        "engine": "llama_cpp",
+        "model": "tiny.gguf",
+        "failed_step": "waiting_for_ssh",
+        "error": "SSH on gpu04:22 did not answer within 300 s.",
+        "elapsed_s": 300.2,
+    },
+    {
+        "hostname": "gpu05",
+        "kind": "teardown",
+        "state": "succeeded",
+        "current_step": "complete",
+        "engine": "vllm",
+        "model": None,
+        "failed_step": None,
+        "error": None,
+        "elapsed_s": 41.0,
+    },
+]
+"""Every host's last task, as `GET /admin/provisioning/tasks` answers."""
+
+
+def sample_host_log(host: str) -> list[dict[str, Any]]:
+    """A host's log entries, as `GET /admin/provisioning/{host}/logs` streams them."""
+    lines = [
+        ("info", "gateway", "pending", f"setup of vllm serving 'Qwen/Qwen3-8B' by gw1:8080 on {host}"),
+        ("info", "gateway", "waiting_for_ssh", "step waiting_for_ssh"),
+        ("info", "gateway", "preflight", "step preflight"),
+        ("info", "stdout", "preflight", "free disk under /opt: 412 GiB"),
+        ("warning", "stderr", "preflight", "swap is enabled; vLLM prefers it off"),
+        ("info", "gateway", "vllm_install", "step vllm_install"),
+        ("info", "stdout", "vllm_install", "Collecting vllm==0.11.0"),
+        ("debug", "stdout", "vllm_install", "Downloading torch-2.8.0-cp311-cp311-manylinux_2_28_x86_64.whl"),
+    ]
+    return [
+        {
+            "ts": f"2026-11-29T12:0{i // 6}:{(i * 7) % 60:02d}+00:00",
+            "level": level,
+            "msg": msg,
+            "stream": stream,
+            "step": step,
+        }
+        for i, (level, stream, step, msg) in enumerate(lines)
+    ]
+
+
+class FakeProvisioningClient(FakeClient):
+    """A `FakeClient` whose daemon provisions: `SAMPLE_TASKS`, and `sample_host_log` for each host's log."""
+
+    async def provisioning_tasks(self) -> list[dict[str, Any]]:
+        self._check()
+        return SAMPLE_TASKS
+
+    async def host_log(self, host: str, *, follow: bool = True) -> AsyncIterator[dict[str, Any]]:
+        for entry in sample_host_log(host):
+            yield entry
+
+    async def setup(self, body: Mapping[str, Any]) -> OperationInfo:
+        return self._operation("setup", str(body["hostname"]))
+
+    async def cancel_provisioning(self, host: str) -> OperationInfo:
+        return self._operation("cancel", host)
+
+    async def power(self, host: str, action: str) -> dict[str, Any]:
+        return {"host": host, "power_state": "On"}

@@ -8,13 +8,12 @@ from collections.abc import AsyncIterator
 from textual.app import App, ComposeResult
 from textual.widgets import RichLog
 
-from qiip_core.client import ConsoleConfig, QiipClient
 from qiip_tui import LogRecord, QiipConsole
 from qiip_tui._themes import console_variable_defaults
 from qiip_tui.screens import NOT_AVAILABLE, LogsScreen
 from qiip_tui.widgets import LogView
-from tests.support.daemon import free_port
 from tests.tui.conftest import screen_of, wait_for
+from tests.tui.fakes import FakeClient, sample_fleet
 
 
 class Host(App[None]):
@@ -68,8 +67,8 @@ async def test_levels_have_their_theme_colour() -> None:
         assert error_style is not None and info_style is not None and error_style.color != info_style.color
 
 
-async def test_the_logs_screen_says_provisioning_is_not_available_yet() -> None:
-    app = QiipConsole(ConsoleConfig(url=f"http://127.0.0.1:{free_port()}"), retry_delays_s=(30.0,))
+async def test_the_provisioning_screen_says_when_the_daemon_does_not_provision() -> None:
+    app = QiipConsole(client=FakeClient(sample_fleet()), retry_delays_s=(30.0,))
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("l")
         screen = await screen_of(pilot, LogsScreen)
@@ -77,21 +76,14 @@ async def test_the_logs_screen_says_provisioning_is_not_available_yet() -> None:
         assert not screen.query_one(LogView).records
 
 
-class ProvisioningClient(QiipClient):
-    """A client of a daemon that streams provisioning logs, as a later daemon will."""
-
-    async def provisioning_logs(self) -> AsyncIterator[LogRecord]:
-        async for record in records(3):
-            yield record
-
-
-async def test_the_logs_screen_follows_a_daemon_that_streams_provisioning_logs() -> None:
-    client = ProvisioningClient(f"http://127.0.0.1:{free_port()}")
-    app = QiipConsole(client=client, retry_delays_s=(30.0,))
+async def test_a_search_matches_the_step_too() -> None:
+    app = Host()
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.press("l")
-        screen = await screen_of(pilot, LogsScreen)
-        view = screen.query_one(LogView)
-        await wait_for(pilot, lambda: len(view.records) == 3, what="the records")
-        assert not screen.query_one("#logs-banner").display
-    await client.aclose()
+        view = app.query_one(LogView)
+        view.write(LogRecord(level="info", message="step nvidia_driver", source="nvidia_driver"))
+        view.write(LogRecord(level="info", message="installing", source="nvidia_driver"))
+        view.write(LogRecord(level="info", message="installing", source="vllm_install"))
+        view.query_one(RichLog).focus()
+        await pilot.press("slash", *"nvidia")
+        await wait_for(pilot, lambda: view.search_text == "nvidia")
+        assert len(view.query_one(RichLog).lines) == 2

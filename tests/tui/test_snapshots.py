@@ -28,8 +28,10 @@ from qiip_tui.screens import (
     NodeScreen,
     SizingScreen,
 )
+from qiip_tui.screens._setup import SetupModal
+from qiip_tui.widgets import LogView
 from tests.tui.conftest import screen_of, wait_for
-from tests.tui.fakes import SAMPLE_METRICS, FakeClient, FakeModelsClient, sample_fleet
+from tests.tui.fakes import SAMPLE_METRICS, FakeClient, FakeModelsClient, FakeProvisioningClient, sample_fleet
 
 SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((160, 48), id="160x48")]
 
@@ -124,6 +126,43 @@ def test_chat(snap_compare: Snap, size: tuple[int, int]) -> None:
 @pytest.mark.parametrize("size", SIZES)
 def test_logs(snap_compare: Snap, size: tuple[int, int]) -> None:
     assert snap_compare(console(), terminal_size=size, run_before=then(keys("l"), shows(LogsScreen)))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_provisioning(snap_compare: Snap, size: tuple[int, int]) -> None:
+    async def loaded(pilot: Pilot[Any]) -> None:
+        screen = await screen_of(pilot, LogsScreen)
+        view = screen.query_one("#log-view", LogView)
+        await wait_for(pilot, lambda: len(view.records) == 8, what="the log")
+        await pilot.pause()
+
+    client = FakeProvisioningClient(sample_fleet(), metrics=SAMPLE_METRICS)
+    assert snap_compare(console(client), terminal_size=size, run_before=then(keys("l"), loaded))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_provisioning_log_search(snap_compare: Snap, size: tuple[int, int]) -> None:
+    async def searched(pilot: Pilot[Any]) -> None:
+        screen = await screen_of(pilot, LogsScreen)
+        view = screen.query_one("#log-view", LogView)
+        await wait_for(pilot, lambda: len(view.records) == 8, what="the log")
+        view.query_one("#log-lines").focus()
+        await pilot.press("slash", *"install")
+        await wait_for(pilot, lambda: view.search_text == "install")
+
+    client = FakeProvisioningClient(sample_fleet(), metrics=SAMPLE_METRICS)
+    assert snap_compare(console(client), terminal_size=size, run_before=then(keys("l"), searched))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_setup_form(snap_compare: Snap, size: tuple[int, int]) -> None:
+    async def form(pilot: Pilot[Any]) -> None:
+        await screen_of(pilot, LogsScreen)
+        await pilot.press("s")
+        await screen_of(pilot, SetupModal)
+
+    client = FakeProvisioningClient(sample_fleet(), metrics=SAMPLE_METRICS)
+    assert snap_compare(console(client), terminal_size=size, run_before=then(keys("l"), form))
 
 
 @pytest.mark.parametrize("size", SIZES)

@@ -1,0 +1,87 @@
+"""What the provisioning screen shows of the daemon's task records and host logs, without a terminal.
+
+The daemon's task record (`GET /admin/provisioning/tasks`) and log entry (`{ts, level, msg, stream, step}`) are
+plain JSON here; these functions turn them into table cells and `LogRecord`s, and name the engines and power
+actions the console offers, so the screen and the dialogs share one spelling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from datetime import datetime
+from typing import Any
+
+from qiip_tui._types import LogRecord
+
+__all__ = [
+    "ENGINES",
+    "POWER_ACTIONS",
+    "TASK_COLUMNS",
+    "format_elapsed",
+    "log_record",
+    "log_records",
+    "task_cells",
+]
+
+ENGINES: dict[str, str] = {"vllm": "vllm", "llama.cpp": "llama_cpp"}
+"""The engines a setup offers: what the operator reads → what the daemon takes."""
+
+POWER_ACTIONS: dict[str, tuple[str, str]] = {
+    "on": ("On", "Power on"),
+    "off": ("ForceOff", "Power off"),
+    "restart": ("GracefulRestart", "Restart"),
+}
+"""The power actions: console name → (the BMC's reset type, the label)."""
+
+TASK_COLUMNS = ("Host", "Kind", "Engine", "Step", "Elapsed", "State")
+"""The task table's columns."""
+
+_ENGINE_NAMES = {daemon: shown for shown, daemon in ENGINES.items()}
+
+
+def format_elapsed(seconds: float) -> str:
+    """`42s`, `3m05s`, `2h01m`: a task's elapsed time in seconds, short."""
+    whole = max(0, int(seconds))
+    if whole < 60:
+        return f"{whole}s"
+    minutes, secs = divmod(whole, 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+def task_cells(task: Mapping[str, Any]) -> tuple[str, ...]:
+    """A task record's cells, in `TASK_COLUMNS` order; a failed task's step is the one that failed."""
+    state = str(task.get("state", "unknown"))
+    step = task.get("failed_step") if state == "failed" and task.get("failed_step") else task.get("current_step")
+    engine = task.get("engine") or ""
+    return (
+        str(task.get("hostname", "")),
+        str(task.get("kind", "setup")),
+        _ENGINE_NAMES.get(engine, engine),
+        str(step or ""),
+        format_elapsed(float(task.get("elapsed_s") or 0.0)),
+        state,
+    )
+
+
+def log_record(entry: Mapping[str, Any]) -> LogRecord:
+    """A host log entry as the log view's record: its level, message, time, and step as the source."""
+    at: datetime | None
+    try:
+        at = datetime.fromisoformat(str(entry["ts"])) if entry.get("ts") else None
+    except ValueError:
+        at = None
+    return LogRecord(
+        level=str(entry.get("level", "info")),
+        message=str(entry.get("msg", "")),
+        at=at,
+        source=str(entry.get("step") or ""),
+    )
+
+
+async def log_records(entries: AsyncIterator[Mapping[str, Any]]) -> AsyncIterator[LogRecord]:
+    """The records of a host log stream (`QiipClient.host_log`), as they come."""
+    async for entry in entries:
+        yield log_record(entry)

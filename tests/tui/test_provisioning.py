@@ -1,0 +1,120 @@
+"""The provisioning screen against a real daemon: a setup started from the console, its task and its live log.
+
+The host is 127.0.0.1 with nothing listening on the daemon's SSH port, so the daemon's real setup fails at once
+at `waiting_for_ssh`: a real task record and a real log, without installing anything. Cancel and power are
+refused by the same daemon (nothing runs on the host; no BMC is configured), which shows how a refusal reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.widgets import DataTable, Input, RichLog
+
+from qiip_tui import QiipConsole
+from qiip_tui._commands import console_commands
+from qiip_tui.screens import ConfirmModal, LogsScreen
+from qiip_tui.screens._setup import SetupModal
+from qiip_tui.widgets import LogView
+from tests.support.daemon import Daemon, free_port
+from tests.tui.conftest import config_for, screen_of, wait_for
+
+pytestmark = pytest.mark.integration
+
+HOST = "127.0.0.1"
+
+
+@pytest.fixture(scope="module")
+def refusing_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """A daemon whose hosts' SSH port is closed: every setup fails at `waiting_for_ssh` within half a second."""
+    env = {
+        "QIIP_PROVISIONING__SSH_PORT": str(free_port()),
+        "QIIP_PROVISIONING__SSH_WAIT_TIMEOUT_S": "0.5",
+        "QIIP_PROVISIONING__CONNECT_TIMEOUT_S": "0.5",
+        "QIIP_PROVISIONING__PROFILE": "cpu",
+    }
+    with Daemon(tmp_path_factory.mktemp("provisioning") / "state", env=env) as daemon:
+        yield daemon
+
+
+def notes(app: QiipConsole, title: str) -> list[Any]:
+    return [n for n in app._notifications if n.title == title]
+
+
+async def test_a_setup_from_the_console_shows_its_task_and_live_log(refusing_daemon: Daemon) -> None:
+    app = QiipConsole(config_for(refusing_daemon), node_poll_s=0.2, operation_poll_s=0.1)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await pilot.press("l")
+        screen = await screen_of(pilot, LogsScreen)
+        await pilot.press("s")
+        form = await screen_of(pilot, SetupModal)
+        form.query_one("#setup-host", Input).value = HOST
+        form.query_one("#setup-model", Input).value = "tiny.gguf"
+        form.query_one("#setup-model", Input).focus()
+        await pilot.press("enter")
+        confirm = await screen_of(pilot, ConfirmModal)
+        assert confirm.question == f"Set {HOST} up?"
+        await pilot.press("y")
+        screen = await screen_of(pilot, LogsScreen)
+
+        table = screen.query_one("#tasks", DataTable)
+        await wait_for(pilot, lambda: HOST in {r.value for r in table.rows} and str(table.get_row_at(0)[5]) == "failed")
+        assert [str(cell) for cell in table.get_row_at(0)][:4] == [HOST, "setup", "vllm", "waiting_for_ssh"]
+        view = screen.query_one("#log-view", LogView)
+        await wait_for(pilot, lambda: any("setup failed" in r.message for r in view.records), what="the log")
+        failed = next(r for r in view.records if "setup failed" in r.message)
+        assert failed.level == "error" and failed.source == "waiting_for_ssh"
+        assert "connection refused" in failed.message
+
+        view.query_one(RichLog).focus()
+        await pilot.press("slash", *"refused")
+        await wait_for(pilot, lambda: view.search_text == "refused")
+        assert len(view.query_one(RichLog).lines) == 1
+        await pilot.press("escape")
+
+        # The operation the console started ends as failed, and says so.
+        await wait_for(pilot, lambda: notes(app, f"Setup {HOST} failed"), what="the failure notice")
+
+
+async def test_refused_host_actions_name_the_host_and_the_reason(refusing_daemon: Daemon) -> None:
+    app = QiipConsole(config_for(refusing_daemon), node_poll_s=0.2)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await pilot.press("l")
+        screen = await screen_of(pilot, LogsScreen)
+        app.selected_host = HOST
+        names = {command.name for command in console_commands(app)}
+        assert {f"Cancel provisioning {HOST}", f"Tear down {HOST}", f"Power off {HOST}", "Set up a host"} <= names
+
+        screen.query_one("#tasks", DataTable).focus()
+        app.selected_host = HOST
+        await pilot.press("o")
+        assert (await screen_of(pilot, ConfirmModal)).question == f"Power on {HOST}?"
+        await pilot.press("y")
+        await wait_for(pilot, lambda: notes(app, f"Power on {HOST}"), what="the power refusal")
+        (note,) = notes(app, f"Power on {HOST}")
+        assert note.message.startswith(f"Power on {HOST} refused: No BMC is configured for {HOST}")
+        assert "\n" not in note.message
+
+        await screen_of(pilot, LogsScreen)
+        await pilot.press("n")  # a stray answer does nothing on the screen itself
+        app.host_action("teardown", "not-a-node")
+        await screen_of(pilot, ConfirmModal)
+        await pilot.press("n")
+        await screen_of(pilot, LogsScreen)
+        assert not notes(app, "Tear down not-a-node")
+        app.host_action("teardown", "not-a-node")
+        await screen_of(pilot, ConfirmModal)
+        await pilot.press("y")
+        await wait_for(pilot, lambda: notes(app, "Tear down not-a-node"), what="the teardown refusal")
+        (note,) = notes(app, "Tear down not-a-node")
+        assert note.message.startswith("Tear down not-a-node refused: No node is registered")
+
+
+def test_no_console_module_is_over_600_lines() -> None:
+    package = Path(__file__).resolve().parents[2] / "qiip_tui"
+    assert package.is_dir()
+    for path in package.rglob("*.py"):
+        assert len(path.read_text().splitlines()) <= 600, path
