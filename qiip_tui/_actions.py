@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from textual import work
 from textual.signal import Signal
@@ -18,6 +19,7 @@ from qiip_core.client import ClientError, DaemonUnreachable, OperationInfo
 from qiip_tui._fleet import Fleet
 from qiip_tui._host_actions import HostActions
 from qiip_tui._messages import OperationUpdated
+from qiip_tui._types import ProvisioningSource
 from qiip_tui.screens import ConfirmModal, NodeScreen, SizingScreen
 
 if TYPE_CHECKING:
@@ -30,7 +32,7 @@ logger = logging.getLogger("qiip.console")
 NODE_ACTIONS = ("open", "drain", "undrain", "remove", "relaunch", "power")
 """What `ConsoleActions.node_action` does."""
 
-POWER_NOT_AVAILABLE = "Power control is not available on this daemon: it has no BMC (Redfish) integration yet."
+POWER_NOT_AVAILABLE = "Power control is not available on this daemon: it does not provision hosts."
 """What the power action says."""
 
 _OPERATION_POLL_FAILURES = 20
@@ -110,7 +112,27 @@ class ConsoleActions(HostActions):
                 return
             self.push_screen(SizingScreen(node), callback=self._relaunched)
         else:
-            self.notify(POWER_NOT_AVAILABLE, title=f"Power {node_id}", severity="warning")
+            host = urlsplit(node.endpoint).hostname or node_id
+            if not isinstance(self.client, ProvisioningSource):
+                self.notify(POWER_NOT_AVAILABLE, title=f"Power {node_id}", severity="warning")
+                return
+            self._show_power(node_id, host)
+
+    @work(group="host-actions", exit_on_error=False)
+    async def _show_power(self, node_id: str, host: str) -> None:
+        """Say the power state of `node_id`'s host, as its BMC reports it."""
+        assert isinstance(self.client, ProvisioningSource)
+        try:
+            answer = await self.client.power_state(host)
+        except ClientError as exc:
+            message = getattr(exc, "message", None) or str(exc)
+            self.notify(f"Power of {host} unknown: {message}", title=f"Power {node_id}", severity="warning")
+            return
+        self.notify(
+            f"{host} is powered {answer.get('power_state', '?')}; the provisioning screen (l) powers it on, off or "
+            "restarts it.",
+            title=f"Power {node_id}",
+        )
 
     def open_node(self, node_id: str) -> None:
         """Show the node screen of `node_id` (in the fleet mode)."""

@@ -87,6 +87,8 @@ class ProvisioningSource(Protocol):
 
     async def power(self, host: str, action: str) -> dict[str, Any]: ...
 
+    async def power_state(self, host: str) -> dict[str, Any]: ...
+
 
 @runtime_checkable
 class ModelCatalogSource(Protocol):

@@ -368,3 +368,6 @@ class FakeProvisioningClient(FakeClient):
 
     async def power(self, host: str, action: str) -> dict[str, Any]:
         return {"host": host, "power_state": "On"}
+
+    async def power_state(self, host: str) -> dict[str, Any]:
+        return {"host": host, "system_id": "1", "power_state": "On"}

@@ -118,3 +118,16 @@ def test_no_console_module_is_over_600_lines() -> None:
     assert package.is_dir()
     for path in package.rglob("*.py"):
         assert len(path.read_text().splitlines()) <= 600, path
+
+
+async def test_the_power_key_says_what_the_bmc_says(refusing_daemon: Daemon) -> None:
+    backend_port = free_port()
+    refusing_daemon.add_node("powered", f"http://127.0.0.1:{backend_port}", "m", wait=False)
+    app = QiipConsole(config_for(refusing_daemon), node_poll_s=0.2)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_for(pilot, lambda: "powered" in app.fleet.nodes, what="the node")
+        app.node_action("power", "powered")
+        await wait_for(pilot, lambda: notes(app, "Power powered"), what="the power state")
+        (note,) = notes(app, "Power powered")
+        # No BMC here: the daemon's one-line reason, naming the host.
+        assert note.message.startswith("Power of 127.0.0.1 unknown: No BMC is configured for 127.0.0.1")
