@@ -1,4 +1,5 @@
-"""A bounded log: coloured by level, following the end unless paused, searchable, fed by an async iterator.
+"""A bounded log: coloured by level (and each step's label by whether the step failed), following the end
+unless paused, searchable, fed by an async iterator.
 
 Only the last `max_lines` records are kept, so a chatty source cannot grow the console without bound. A search
 shows the matching records only, with the matches highlighted; clearing it shows everything again.
@@ -10,6 +11,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from typing import ClassVar
 
+from rich.style import Style
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
@@ -92,6 +94,8 @@ class LogView(Vertical):
         self.search_text = ""
         """The search; empty shows every record."""
         self._palette = Palette()
+        # Steps (record sources) that logged an error: their label is in the error colour.
+        self._failed_sources: set[str] = set()
 
     def compose(self) -> ComposeResult:
         yield Input(placeholder="search", id="log-search", compact=True)
@@ -134,6 +138,7 @@ class LogView(Vertical):
     def clear(self) -> None:
         """Forget every record (before following another source)."""
         self.records.clear()
+        self._failed_sources.clear()
         self.query_one(RichLog).clear()
         self._show_status()
 
@@ -148,7 +153,13 @@ class LogView(Vertical):
             text.append(record.at.strftime("%H:%M:%S "), style=self._palette.style("log-debug"))
         text.append(f"{level.upper():<7} ", style=self._palette.style(f"log-{level}"))
         if record.source:
-            text.append(f"{record.source}: ", style="bold")
+            # Each step in the colour of how it is going: an error marks its step failed from then on.
+            if level == "error":
+                self._failed_sources.add(record.source)
+            failed = record.source in self._failed_sources
+            text.append(
+                f"{record.source}: ", style=self._palette.style("log-error") + Style(bold=True) if failed else "bold"
+            )
         text.append(record.message, style=self._palette.style(f"log-{level}") if level == "error" else "")
         if self.search_text:
             text.highlight_words([self.search_text], style="reverse", case_sensitive=False)

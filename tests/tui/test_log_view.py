@@ -87,3 +87,26 @@ async def test_a_search_matches_the_step_too() -> None:
         await pilot.press("slash", *"nvidia")
         await wait_for(pilot, lambda: view.search_text == "nvidia")
         assert len(view.query_one(RichLog).lines) == 2
+
+
+async def test_a_failed_steps_label_takes_the_error_colour() -> None:
+    app = Host()
+    async with app.run_test() as pilot:
+        await pilot.pause()
+        view = app.query_one(LogView)
+        view.write(LogRecord(level="info", message="installing", at=None, source="nvidia_driver"))
+        view.write(
+            LogRecord(level="error", message="driver 550 installed, 580 pinned", at=None, source="nvidia_driver")
+        )
+        # Later lines of the failed step keep its label in the error colour; other steps' labels do not.
+        later = view._render_record(LogRecord(level="info", message="cleanup", at=None, source="nvidia_driver"))
+        other = view._render_record(LogRecord(level="info", message="ok", at=None, source="cuda_toolkit"))
+        label = len("INFO    ")
+
+        def label_style(text: object) -> object:
+            return next(span.style for span in text.spans if span.start == label)  # type: ignore[attr-defined]
+
+        assert label_style(later) != label_style(other)
+        view.clear()
+        again = view._render_record(LogRecord(level="info", message="retry", at=None, source="nvidia_driver"))
+        assert label_style(again) == label_style(other)
