@@ -7,8 +7,9 @@ health, registration) while a client times `GET /health` one request after anoth
 `/health` on the idle daemon: the baseline of the same run.
 
 Printed: setups succeeded and the time they took, and `/health` p50/p99 during the run against idle, as ratios.
+One OpenSSH `sshd` listens on at most 16 addresses (its MAX_LISTEN_SOCKS), so one run drives up to 16 hosts.
 
-    uv run python bench/provisioning.py [--hosts 32]
+    uv run python bench/provisioning.py [--hosts 16]
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def quantile(samples: list[float], q: float) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--hosts", type=int, default=32)
+    parser.add_argument("--hosts", type=int, default=16, help="loopback hosts, at most 16 (one sshd)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds the setups may take in all")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:
