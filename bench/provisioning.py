@@ -7,14 +7,17 @@ health, registration) while a client times `GET /health` one request after anoth
 `/health` on the idle daemon: the baseline of the same run.
 
 Printed: setups succeeded and the time they took, and `/health` p50/p99 during the run against idle, as ratios.
-One OpenSSH `sshd` listens on at most 16 addresses (its MAX_LISTEN_SOCKS), so one run drives up to 16 hosts.
+One OpenSSH `sshd` listens on at most 16 addresses (its MAX_LISTEN_SOCKS): past 16 hosts, several sshd share the
+port, the client key and one known-hosts file.
 
-    uv run python bench/provisioning.py [--hosts 16]
+    uv run python bench/provisioning.py [--hosts 32]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import shutil
 import statistics
 import sys
 import tempfile
@@ -40,6 +43,23 @@ def health_latencies_s(client: httpx.Client, *, until: float | None = None, coun
     return samples
 
 
+def start_hosts(base: Path, count: int, stack: contextlib.ExitStack) -> list[SshHosts]:
+    """`count` loopback hosts, 16 per sshd (its limit), all on the first group's port, with its client key and
+    one known-hosts file (the first group's) naming every host."""
+    groups: list[SshHosts] = []
+    for index, first in enumerate(range(0, count, 16)):
+        group = SshHosts(base / f"ssh{index}", min(16, count - first), first=2 + first)
+        if groups:
+            group.port = groups[0].port
+            group.base.mkdir(parents=True, exist_ok=True)
+            for suffix in ("", ".pub"):
+                shutil.copy(str(groups[0].client_key) + suffix, str(group.client_key) + suffix)
+        stack.enter_context(group)
+        groups.append(group)
+    groups[0].known_hosts.write_text("".join(group.known_hosts.read_text() for group in groups))
+    return groups
+
+
 def quantile(samples: list[float], q: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -47,13 +67,15 @@ def quantile(samples: list[float], q: float) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--hosts", type=int, default=16, help="loopback hosts, at most 16 (one sshd)")
+    parser.add_argument("--hosts", type=int, default=32, help="loopback hosts (127.0.0.2 and up)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds the setups may take in all")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:
         base = Path(directory)
-        with DriverServer(base / "driver") as driver, SshHosts(base / "ssh", args.hosts) as hosts:
-            for host in hosts.hosts:
+        with DriverServer(base / "driver") as driver, contextlib.ExitStack() as stack:
+            groups = start_hosts(base, args.hosts, stack)
+            hosts, all_hosts = groups[0], [host for group in groups for host in group.hosts]
+            for host in all_hosts:
                 host.preinstall_vllm()
             env = {
                 "QIIP_PROVISIONING__SSH_PORT": str(hosts.port),
@@ -72,7 +94,7 @@ def main() -> None:
                 idle = health_latencies_s(client)
                 started = time.monotonic()
                 operations = []
-                for host in hosts.hosts:
+                for host in all_hosts:
                     body = {"hostname": host.address, "engine": "vllm", "model": "org/model"}
                     answer = daemon.admin.post("/admin/nodes/setup", json=body)
                     answer.raise_for_status()

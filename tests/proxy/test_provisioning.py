@@ -86,8 +86,9 @@ def wait_operation(daemon: Daemon, operation_id: str, timeout_s: float = 120.0) 
 
 
 def task_of(daemon: Daemon, host: str) -> dict[str, Any]:
+    """The host's task record; empty until the daemon has written it (a 202 may come first)."""
     tasks = daemon.admin.get("/admin/provisioning/tasks").json()["tasks"]
-    return next(t for t in tasks if t["hostname"] == host)
+    return next((t for t in tasks if t["hostname"] == host), {})
 
 
 def hang(hosts: SshHosts, index: int, on: bool) -> None:
@@ -185,7 +186,7 @@ def test_refusals_come_before_any_remote_work(cpu_hosts: SshHosts, tmp_path: Pat
             assert over.status_code == 429 and over.json()["error"]["code"] == "too_many_setups"
             for answer in (first, second):
                 host: str = answer.json()["node_id"]
-                wait_until(lambda: task_of(daemon, host)["current_step"] == "system_update", 30, "the hang")  # noqa: B023
+                wait_until(lambda: task_of(daemon, host).get("current_step") == "system_update", 30, "the hang")  # noqa: B023
                 daemon.admin.post(f"/admin/provisioning/{host}/cancel", json={})
                 assert wait_operation(daemon, answer.json()["id"])["state"] == "cancelled"
         finally:
@@ -202,7 +203,7 @@ def test_a_gateway_killed_mid_setup_marks_the_task_failed_at_its_next_start(
         daemon = Daemon(tmp_path / "state", env=daemon_env(cpu_hosts, free_port())).start()
         try:
             assert daemon.admin.post("/admin/nodes/setup", json=setup_body(host)).status_code == 202
-            wait_until(lambda: task_of(daemon, host)["current_step"] == "system_update", 30, "the hang")
+            wait_until(lambda: task_of(daemon, host).get("current_step") == "system_update", 30, "the hang")
             daemon.stop(signal.SIGKILL)
             assert task_of_file(tmp_path / "state", host)["state"] == "running"
             daemon.start()
