@@ -26,9 +26,9 @@ from collections.abc import Callable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from qiip_proxy._errors import error_body
+from qiip_proxy._errors import RequestRefused, describe_error
 
-__all__ = ["AdminGate", "AuthThrottle", "peer_of"]
+__all__ = ["AdminGate", "AuthThrottle", "peer_of", "too_many_failures"]
 
 logger = logging.getLogger("qiip.auth")
 
@@ -80,15 +80,16 @@ class AuthThrottle:
             self._failures.popitem(last=False)
 
 
-def throttled(retry_after_s: float) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
-    """The 429 answer for a throttled peer: status, OpenAI error body, headers."""
+def too_many_failures(retry_after_s: float) -> RequestRefused:
+    """The 429 refusal of a throttled peer, with `Retry-After` in whole seconds."""
     seconds = max(1, math.ceil(retry_after_s))
-    body = error_body(
+    return RequestRefused(
+        429,
         f"Too many failed authentications from this address; retry in {seconds} s.",
+        "too_many_auth_failures",
         type="rate_limit_error",
-        code="too_many_auth_failures",
+        headers={"Retry-After": str(seconds)},
     )
-    return 429, body, [(b"retry-after", str(seconds).encode())]
 
 
 class AdminGate:
@@ -126,30 +127,29 @@ class AdminGate:
         peer = peer_of(scope)
         wait_s = self.throttle.retry_after_s(peer)
         if wait_s is not None:
-            await _answer(send, *throttled(wait_s))
+            await _refuse(send, too_many_failures(wait_s))
             return
         if not self._authenticated(scope):
             self.throttle.failed(peer)
             if self._on_failure is not None:
                 self._on_failure("admin")
             logger.warning("admin authentication failed from %s on %s %s", peer, scope["method"], scope["path"])
-            body = error_body(
-                "Admin credentials are required (HTTP Basic).", type="authentication_error", code="unauthorized"
-            )
-            await _answer(send, 401, body, [(b"www-authenticate", b'Basic realm="qiip-admin", charset="UTF-8"')])
+            await _refuse(send, _UNAUTHORIZED)
             return
         declared = _header(scope, b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_body_bytes):
-            await _answer(send, 413, self._too_large(), [])
+            await _refuse(
+                send,
+                RequestRefused(
+                    413,
+                    f"Admin request bodies are limited to {self.max_body_bytes} bytes (admin.max_body_bytes).",
+                    "request_too_large",
+                ),
+            )
             return
         if declared is None and _header(scope, b"transfer-encoding") is not None:
             # A body of unknown size: refused before it is read (RFC 9110 §15.5.12).
-            body = error_body(
-                "Admin requests with a body must declare its Content-Length.",
-                type="invalid_request_error",
-                code="length_required",
-            )
-            await _answer(send, 411, body, [])
+            await _refuse(send, _LENGTH_REQUIRED)
             return
         await self.app(scope, receive, send)
 
@@ -168,26 +168,23 @@ class AdminGate:
         password_ok = secrets.compare_digest(given_password, expected_password)
         return user_ok and password_ok and bool(expected_user)
 
-    def _too_large(self) -> bytes:
-        return error_body(
-            f"Admin request bodies are limited to {self.max_body_bytes} bytes (admin.max_body_bytes).",
-            type="invalid_request_error",
-            code="request_too_large",
-        )
+
+_UNAUTHORIZED = RequestRefused(
+    401,
+    "Admin credentials are required (HTTP Basic).",
+    "unauthorized",
+    type="authentication_error",
+    headers={"WWW-Authenticate": 'Basic realm="qiip-admin", charset="UTF-8"'},
+)
+_LENGTH_REQUIRED = RequestRefused(411, "Admin requests with a body must declare its Content-Length.", "length_required")
 
 
-async def _answer(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                *headers,
-            ],
-        }
-    )
+async def _refuse(send: Send, refusal: RequestRefused) -> None:
+    """Answer a request the gate refuses, through the daemon's one error mapping (`describe_error`)."""
+    status, body, headers = describe_error(refusal)
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(name.lower().encode(), value.encode()) for name, value in headers.items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
 
 

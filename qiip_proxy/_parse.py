@@ -22,7 +22,7 @@ from qiip_core import AuthError
 from qiip_core.auth import InvokeToken, parse_bearer
 from qiip_core.nodes import ApiName
 from qiip_core.routing import UpstreamRequest
-from qiip_proxy._auth_gate import peer_of, throttled
+from qiip_proxy._auth_gate import peer_of, too_many_failures
 from qiip_proxy._errors import TOO_DEEP, RequestRefused
 
 if TYPE_CHECKING:
@@ -82,14 +82,7 @@ async def parse_request(
         peer = peer_of(scope)
         wait_s = gateway.auth_throttle.retry_after_s(peer)
         if wait_s is not None:
-            status, body, headers = throttled(wait_s)
-            raise RequestRefused(
-                status,
-                json.loads(body)["error"]["message"],
-                "too_many_auth_failures",
-                type="rate_limit_error",
-                headers={k.decode(): v.decode() for k, v in headers},
-            )
+            raise too_many_failures(wait_s)
         try:
             secret = parse_bearer(_text_header(scope, b"authorization"))
             gateway.tokens.authenticate(secret, model=None)
