@@ -28,7 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from qiip_proxy._errors import RequestRefused, describe_error
 
-__all__ = ["AdminGate", "AuthThrottle", "peer_of", "too_many_failures"]
+__all__ = ["AdminGate", "AuthThrottle", "header", "peer_of", "too_many_failures"]
 
 logger = logging.getLogger("qiip.auth")
 
@@ -136,7 +136,7 @@ class AdminGate:
             logger.warning("admin authentication failed from %s on %s %s", peer, scope["method"], scope["path"])
             await _refuse(send, _UNAUTHORIZED)
             return
-        declared = _header(scope, b"content-length")
+        declared = header(scope, b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_body_bytes):
             await _refuse(
                 send,
@@ -147,7 +147,7 @@ class AdminGate:
                 ),
             )
             return
-        if declared is None and _header(scope, b"transfer-encoding") is not None:
+        if declared is None and header(scope, b"transfer-encoding") is not None:
             # A body of unknown size: refused before it is read (RFC 9110 §15.5.12).
             await _refuse(send, _LENGTH_REQUIRED)
             return
@@ -155,7 +155,7 @@ class AdminGate:
 
     def _authenticated(self, scope: Scope) -> bool:
         given_user, given_password = b"", b""
-        value = _header(scope, b"authorization")
+        value = header(scope, b"authorization")
         if value is not None and value[:6].lower() == b"basic ":
             try:
                 decoded = base64.b64decode(value[6:].strip(), validate=True)
@@ -188,7 +188,8 @@ async def _refuse(send: Send, refusal: RequestRefused) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def _header(scope: Scope, name: bytes) -> bytes | None:
+def header(scope: Scope, name: bytes) -> bytes | None:
+    """The value of request header `name` (lower-case bytes, as ASGI gives names), or None."""
     for key, value in scope["headers"]:
         if key == name:
             return bytes(value)

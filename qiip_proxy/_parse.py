@@ -22,7 +22,7 @@ from qiip_core import AuthError
 from qiip_core.auth import InvokeToken, parse_bearer
 from qiip_core.nodes import ApiName
 from qiip_core.routing import UpstreamRequest
-from qiip_proxy._auth_gate import peer_of, too_many_failures
+from qiip_proxy._auth_gate import header, peer_of, too_many_failures
 from qiip_proxy._errors import TOO_DEEP, RequestRefused
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ _REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:/+=-]{1,128}$")
 def request_id_for(scope: Scope) -> str:
     """The client's `X-Request-Id` when it is a sane token (up to 128 characters of `[A-Za-z0-9._:/+=-]`),
     else a new random one. Every answer carries it, and the node gets it too."""
-    given = _header(scope, b"x-request-id")
+    given = header(scope, b"x-request-id")
     if given is not None and _REQUEST_ID.match(given):
         return given.decode("ascii")
     return os.urandom(12).hex()
@@ -111,7 +111,7 @@ async def read_request(
     too_large = RequestRefused(
         413, f"The request body is larger than the limit of {max_body_bytes} bytes.", "request_too_large"
     )
-    declared = _header(scope, b"content-length")
+    declared = header(scope, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
         raise too_large
     chunks: list[bytes] = []
@@ -197,13 +197,6 @@ def _parse_large(body: bytes) -> object:
     return json.loads(body, object_pairs_hook=count)
 
 
-def _header(scope: Scope, name: bytes) -> bytes | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return bytes(value)
-    return None
-
-
 def _text_header(scope: Scope, name: bytes) -> str | None:
-    value = _header(scope, name)
+    value = header(scope, name)
     return value.decode("latin-1") if value is not None else None
