@@ -125,7 +125,9 @@ def status(ctx: CliContext) -> None:
 @click.option("--unmanaged", is_flag=True, help="Register the node as externally owned (no lease, no teardown).")
 @click.option("--url", default=None, help="The daemon's URL (default: QIIP_URL, then the console config).")
 @click.option("--verbose", "-v", is_flag=True, help="Print every log line, not only a line per step.")
+@pass_cli
 def setup(
+    ctx: CliContext,
     host: str,
     engine: str,
     model: str,
@@ -145,7 +147,8 @@ def setup(
         except ValueError as exc:
             click.echo(f"error: --sizing is not JSON: {exc}.", err=True)
             raise SystemExit(2) from None
-    config = run_or_exit(lambda: load_console_config(url=url))
+    # The daemon and the admin login `qiip up` saved in the state directory, as `qiip console` finds them.
+    config = run_or_exit(lambda: load_console_config(url=url, state_dir=ctx.settings.state_dir))
     succeeded = run_or_exit(lambda: asyncio.run(_follow_setup(config, body, verbose=verbose)))
     raise SystemExit(0 if succeeded else 1)
 
@@ -196,10 +199,11 @@ _POWER_ACTIONS = {"on": "On", "off": "ForceOff", "restart": "GracefulRestart", "
 @click.argument("host")
 @click.argument("action", type=click.Choice([*_POWER_ACTIONS, "status"]), default="status")
 @click.option("--url", default=None, help="The daemon's URL (default: QIIP_URL, then the console config).")
-def power(host: str, action: str, url: str | None) -> None:
+@pass_cli
+def power(ctx: CliContext, host: str, action: str, url: str | None) -> None:
     """Show HOST's power state, or turn it on, off (ForceOff), restart it (GracefulRestart) or force a restart,
     through its BMC (Redfish) via the daemon."""
-    config = run_or_exit(lambda: load_console_config(url=url))
+    config = run_or_exit(lambda: load_console_config(url=url, state_dir=ctx.settings.state_dir))
 
     async def run() -> dict[str, Any]:
         async with QiipClient.from_config(config, timeout_s=60.0) as client:
