@@ -131,6 +131,8 @@ def node_view(state: NodeState) -> dict[str, Any]:
             "in_flight": state.in_flight,
             "breaker": {"state": state.breaker.state.value, "consecutive_failures": state.breaker.consecutive_failures},
             "last_error": state.last_error,
+            "last_error_at": state.last_error_at.isoformat() if state.last_error_at else None,
+            "slots": {"busy": state.slots[0], "total": state.slots[1]} if state.slots is not None else None,
             "health": {
                 "consecutive_failures": state.health_failures,
                 "last_probe_at": state.last_probe_at.isoformat() if state.last_probe_at else None,

@@ -18,6 +18,7 @@ https://platform.openai.com/docs/api-reference/chat/object#chat/object-usage), w
 from __future__ import annotations
 
 import json
+import math
 import re
 import statistics
 from collections import deque
@@ -202,6 +203,14 @@ class _TableCollector(Collector):
         yield breaker
 
 
+def _totals(metric: Counter) -> Iterator[tuple[dict[str, str], float]]:
+    """The `_total` samples of a counter: labels and value."""
+    for family in metric.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                yield sample.labels, sample.value
+
+
 class GatewayMetrics:
     """The daemon's metrics, in a registry of its own (one per app, so tests can run several).
 
@@ -278,26 +287,53 @@ class GatewayMetrics:
         self._recent_ttft_s: dict[str, deque[float]] = {}
 
     def snapshot(self) -> dict[str, Any]:
-        """Request counters as JSON: `{"by_model": {model: counts}, "by_node": {node: counts}}`, where counts
-        are `requests`, `errors` and `retries`; a node's counts also carry `ttft_p50_s`, the median time to
-        first token in seconds of its last `TTFT_WINDOW` streaming requests, once it has served one."""
+        """Counters as JSON, for the console and scripts: `{"by_model": {model: counts}, "by_node": {node:
+        counts}}`. Every count is a total since the daemon started; rates are the growth between two reads.
+
+        A model's and a node's counts: `requests` (client requests answered, by the node that answered),
+        `errors` (those that failed, mid-stream cuts included), `retries` (attempts that failed on the node and
+        went to another), `prompt_tokens` and `completion_tokens` (the nodes' `usage`). A node's also carry
+        `failures` (its failed attempts, every kind of `qiip_upstream_errors_total`), `attempts` (requests it
+        answered plus attempts that failed before an answer: `failures / attempts` is its error ratio) and,
+        once it has served a stream, `ttft_p50_s` and `ttft_p95_s`: time to first token in seconds over its last
+        `TTFT_WINDOW` streaming requests.
+        """
         by_model: dict[str, dict[str, float]] = {}
         by_node: dict[str, dict[str, float]] = {}
+        zero = {"requests": 0.0, "errors": 0.0, "retries": 0.0, "prompt_tokens": 0.0, "completion_tokens": 0.0}
 
         def add(labels: dict[str, str], key: str, value: float) -> None:
             for group, name in ((by_model, labels.get("model", "")), (by_node, labels.get("node", ""))):
                 if name:
-                    counts = group.setdefault(name, {"requests": 0, "errors": 0, "retries": 0})
-                    counts[key] += value
+                    counts = group.setdefault(name, dict(zero))
+                    counts[key] = counts.get(key, 0.0) + value
 
-        for metric, key in ((self.requests, "requests"), (self.errors, "errors"), (self.retries, "retries")):
-            for family in metric.collect():
-                for sample in family.samples:
-                    if sample.name.endswith("_total"):
-                        add(sample.labels, key, sample.value)
+        counters = (
+            (self.requests, "requests"),
+            (self.errors, "errors"),
+            (self.retries, "retries"),
+            (self.prompt_tokens, "prompt_tokens"),
+            (self.completion_tokens, "completion_tokens"),
+        )
+        for metric, key in counters:
+            for labels, value in _totals(metric):
+                add(labels, key, value)
+        for labels, value in _totals(self.upstream_errors):
+            node = labels.get("node", "")
+            if node:
+                counts = by_node.setdefault(node, dict(zero))
+                counts["failures"] = counts.get("failures", 0.0) + value
+                if labels.get("kind") != "truncated":
+                    # A truncated answer was answered, so it is already among the requests.
+                    counts["unanswered"] = counts.get("unanswered", 0.0) + value
+        for counts in by_node.values():
+            counts.setdefault("failures", 0.0)
+            counts["attempts"] = counts["requests"] + counts.pop("unanswered", 0.0)
         for node, recent in self._recent_ttft_s.items():
             if recent and node in by_node:
-                by_node[node]["ttft_p50_s"] = statistics.median(recent)
+                ordered = sorted(recent)
+                by_node[node]["ttft_p50_s"] = statistics.median(ordered)
+                by_node[node]["ttft_p95_s"] = ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
         return {"by_model": by_model, "by_node": by_node}
 
     def account(self, outcome: Outcome) -> None:

@@ -14,6 +14,7 @@ from qiip_core.client._client import (
     NotADaemon,
     OperationInfo,
     QiipClient,
+    SlotsView,
     Unauthorized,
 )
 from qiip_core.client._config import (
@@ -39,6 +40,7 @@ __all__ = [
     "NotADaemon",
     "OperationInfo",
     "QiipClient",
+    "SlotsView",
     "Unauthorized",
     "check_daemon_url",
     "console_config_paths",

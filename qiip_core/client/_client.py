@@ -123,6 +123,15 @@ class HealthObservation(_View):
     observed: bool = False
 
 
+class SlotsView(_View):
+    """A llama.cpp node's slots as the daemon's last probe read them (llama-server `GET /slots`)."""
+
+    busy: int
+    """Slots processing a request (`is_processing`)."""
+    total: int
+    """Slots of the server (`--parallel`)."""
+
+
 class NodeInfo(_View):
     """A node as `GET /admin/nodes` shows it."""
 
@@ -140,6 +149,8 @@ class NodeInfo(_View):
     in_flight: int = 0
     breaker: BreakerView = Field(default_factory=BreakerView)
     last_error: str | None = None
+    last_error_at: datetime | None = None
+    slots: SlotsView | None = None
     health: HealthObservation = Field(default_factory=HealthObservation)
 
 

@@ -104,7 +104,7 @@ def apply_probe(
         table.set_liveness(node_id, NodeStatus.UNKNOWN, reason="loading its model")
         return False
     state.health_failures += 1
-    state.last_error = error
+    state.note_error(error)
     if state.health_failures >= failure_threshold and state.liveness is not NodeStatus.UNHEALTHY:
         table.set_liveness(
             node_id, NodeStatus.UNHEALTHY, reason=f"{state.health_failures} failed health probes: {error}"
@@ -234,6 +234,8 @@ class HealthChecker:
                 if outcome is ProbeOutcome.FAILED and state.health_failures < self.settings.failure_threshold:
                     # Look again soon: a node that hangs must not keep getting requests for whole intervals.
                     self._retry_soon(node_id)
+                if outcome is ProbeOutcome.OK and state.node.engine is Engine.LLAMA_CPP:
+                    state.slots = await self._slots(state)
                 if needs_recovery:
                     await self._recover(state)
                 if outcome is ProbeOutcome.OK and state.status is NodeStatus.HEALTHY and self._on_healthy is not None:
@@ -255,6 +257,21 @@ class HealthChecker:
             return ProbeOutcome.FAILED, _describe("GET /health", exc)
         outcome = classify_health(status, body)
         return outcome, None if outcome is not ProbeOutcome.FAILED else f"GET /health answered {status}"
+
+    async def _slots(self, state: NodeState) -> tuple[int, int] | None:
+        """llama-server's slots, busy and total (`GET /slots`, on by default; `--no-slots` answers 501): a
+        slot is busy while `is_processing`. None when the node does not answer with a slot list; that says
+        nothing of its health."""
+        try:
+            async with self.session.get(state.node.endpoint + "/slots", allow_redirects=False) as response:
+                if response.status != 200:
+                    return None
+                slots = json.loads(await response.read())
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+            return None
+        if not isinstance(slots, list) or not all(isinstance(slot, dict) for slot in slots):
+            return None
+        return sum(1 for slot in slots if slot.get("is_processing") is True), len(slots)
 
     async def _models_listed(self, state: NodeState) -> tuple[ProbeOutcome, str | None]:
         """An attached server is healthy when its `/v1/models` lists the configured model (it may have no

@@ -53,7 +53,10 @@ class NodeState:
         health_failures: consecutive failed health probes.
         observed: True once this gateway has probed the node itself.
         last_error: the last failure seen (probe or request), for operators.
+        last_error_at: when `last_error` was seen (UTC).
         last_probe_at: when the last health probe finished (UTC).
+        slots: llama-server's slots as its last probe read them (`GET /slots`): busy and total; None when the
+            node is not a llama.cpp node or does not expose them.
         removed: deleted from the registry; leaves the table when `in_flight` reaches 0.
         source: where the registration came from (`config`, `state`, `local`, `etcd`).
     """
@@ -63,12 +66,14 @@ class NodeState:
         "health_failures",
         "in_flight",
         "last_error",
+        "last_error_at",
         "last_probe_at",
         "lifecycle",
         "liveness",
         "node",
         "observed",
         "removed",
+        "slots",
         "source",
     )
 
@@ -81,7 +86,9 @@ class NodeState:
         self.health_failures = 0
         self.observed = False
         self.last_error: str | None = None
+        self.last_error_at: datetime | None = None
         self.last_probe_at: datetime | None = None
+        self.slots: tuple[int, int] | None = None
         self.removed = False
         self.source = source
 
@@ -89,6 +96,11 @@ class NodeState:
     def id(self) -> str:
         """The node id."""
         return self.node.id
+
+    def note_error(self, error: str | None) -> None:
+        """Record the node's latest failure, and when it was seen (now)."""
+        self.last_error = error
+        self.last_error_at = datetime.now(UTC) if error is not None else None
 
     @property
     def status(self) -> NodeStatus:
@@ -488,7 +500,7 @@ class RoutingTable:
         state = self._states.get(node_id)
         if state is None:
             return False
-        state.last_error = error
+        state.note_error(error)
         was_closed = state.breaker.state is BreakerState.CLOSED
         opened = state.breaker.record_failure(started_at)
         if opened and was_closed:

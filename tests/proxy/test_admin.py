@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.support.daemon import Daemon, wait_until
-from tests.support.fault_backend import FaultBackend, Sse
+from tests.support.fault_backend import FaultBackend, Sse, Status
 
 pytestmark = pytest.mark.integration
 
@@ -180,8 +180,33 @@ def test_metrics_as_json(fault_daemon: Daemon, backends: Backends, model: str) -
     body = {"model": model, "messages": [], "stream": True}
     streamed = httpx.post(fault_daemon.url + "/v1/chat/completions", json=body, timeout=30)
     assert streamed.status_code == 200 and "[DONE]" in streamed.text
-    ttft_s = fault_daemon.admin.get("/admin/metrics").json()["by_node"][f"{model}-n"]["ttft_p50_s"]
-    assert 0.2 <= ttft_s < 30
+    counts = fault_daemon.admin.get("/admin/metrics").json()["by_node"][f"{model}-n"]
+    assert 0.2 <= counts["ttft_p50_s"] <= counts["ttft_p95_s"] < 30
+    # The plain answer reported usage (5 completion tokens); the scripted stream did not.
+    assert counts["completion_tokens"] == 5 and counts["prompt_tokens"] >= 0
+    assert counts["failures"] == 0 and counts["attempts"] == counts["requests"]
+
+
+def test_metrics_count_a_nodes_failed_attempts_and_when_its_last_error_was_seen(
+    fault_daemon: Daemon, backends: Backends, model: str
+) -> None:
+    failing, good = backends(), backends()
+    fault_daemon.add_node(f"{model}-bad", failing.url, model)
+    fault_daemon.add_node(f"{model}-good", good.url, model)
+    failing.push(Status(500))
+    bad: dict[str, float] = {}
+    for _ in range(40):  # least-connections breaks ties at random: until the failing node was picked
+        answer = httpx.post(fault_daemon.url + "/v1/chat/completions", json={"model": model, "messages": []}, timeout=30)
+        assert answer.status_code == 200
+        bad = fault_daemon.admin.get("/admin/metrics").json()["by_node"].get(f"{model}-bad", {})
+        if bad.get("failures"):
+            break
+    assert bad["failures"] == bad["retries"] == 1  # the failed attempt went to the other node
+    assert bad["attempts"] == bad["requests"] + 1
+    view = fault_daemon.admin.get(f"/admin/nodes/{model}-bad").json()
+    assert "500" in view["last_error"] and view["last_error_at"] is not None
+    assert fault_daemon.admin.get(f"/admin/nodes/{model}-good").json()["last_error_at"] is None
+    assert view["slots"] is None  # not a llama.cpp node
 
 
 def test_openapi_describes_client_and_admin_apis(fault_daemon: Daemon) -> None:

@@ -69,6 +69,14 @@ def test_local_nodes_carry_a_verified_runtime_record(relaunch_daemon: Daemon) ->
     assert node["managed"] is True and node["engine"] == "llama_cpp"
 
 
+def test_probes_read_the_slots_of_llama_server(relaunch_daemon: Daemon) -> None:
+    def slots() -> object:
+        return relaunch_daemon.admin.get("/admin/nodes/small").json()["slots"]
+
+    wait_until(lambda: slots() is not None, 30, "a probe of GET /slots")
+    assert slots() == {"busy": 0, "total": 2}
+
+
 def test_relaunch_custom_then_auto(relaunch_daemon: Daemon) -> None:
     done = relaunch(
         relaunch_daemon,
