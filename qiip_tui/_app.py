@@ -19,6 +19,7 @@ import gc
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -80,6 +81,7 @@ class QiipConsole(ConsoleActions):
         theme_dirs: where theme files are read, later directories winning (default: the shipped themes,
             then `$XDG_CONFIG_HOME/qiip/themes`).
         clock: a monotonic clock in seconds, for rates and histories.
+        wall_clock: the time of day (UTC), for the age of errors and of the data shown (default: now).
         retry_delays_s: seconds between connection attempts, growing; the last one repeats.
         metrics_interval_s: seconds between polls of the metrics and the nodes' live values.
         operation_poll_s: seconds between polls of an operation the console follows.
@@ -125,6 +127,7 @@ class QiipConsole(ConsoleActions):
         state_path: Path | None = None,
         theme_dirs: Sequence[Path] | None = None,
         clock: Clock = time.monotonic,
+        wall_clock: Callable[[], datetime] | None = None,
         retry_delays_s: Sequence[float] = RETRY_DELAYS_S,
         metrics_interval_s: float = 5.0,
         operation_poll_s: float = 0.5,
@@ -137,6 +140,10 @@ class QiipConsole(ConsoleActions):
         self._owns_client = client is None
         self.client: ConsoleClient = client or QiipClient.from_config(self.config)
         self.clock = clock
+        self.wall_clock: Callable[[], datetime] = wall_clock or (lambda: datetime.now(UTC))
+        """The time of day (UTC) ages are measured against."""
+        self.last_update: datetime | None = None
+        """When the daemon last told the console something (a snapshot, an event, a poll), UTC."""
         self.retry_delays_s = tuple(retry_delays_s)
         self.metrics_interval_s = metrics_interval_s
         self.operation_poll_s = operation_poll_s
@@ -261,6 +268,7 @@ class QiipConsole(ConsoleActions):
         self._follow_events()
 
     def on_fleet_loaded(self, message: FleetLoaded) -> None:
+        self.last_update = self.wall_clock()
         self._publish(self.fleet.load(message.nodes))
         if not self._frozen:
             # After the screens have built their rows from this first fleet.
@@ -275,6 +283,7 @@ class QiipConsole(ConsoleActions):
             self._poll_metrics()
 
     def on_node_changed(self, message: NodeChanged) -> None:
+        self.last_update = self.wall_clock()
         self._publish(self.fleet.apply(message.event))
 
     def on_connection_lost(self, message: ConnectionLost) -> None:
@@ -304,6 +313,7 @@ class QiipConsole(ConsoleActions):
         self.post_message(MetricsPolled(payload, nodes, at_s=self.clock()))
 
     def on_metrics_polled(self, message: MetricsPolled) -> None:
+        self.last_update = self.wall_clock()
         delta = self.fleet.apply_metrics(message.payload, at_s=message.at_s)
         for node in message.nodes:
             delta = delta.merge(self.fleet.update(node))

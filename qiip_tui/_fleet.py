@@ -1,4 +1,4 @@
-"""The fleet as the console sees it: nodes by id, request rate and time to first token, and the table's columns.
+"""The fleet as the console sees it: nodes by id, their rates, each model's health, and the table's columns.
 
 Pure: no Textual and no I/O. The app feeds it a snapshot (`load`), then events (`apply`) and polls
 (`update`, `apply_metrics`); each call answers a `FleetDelta` naming the nodes that changed, so the fleet table
@@ -9,12 +9,12 @@ fleet = Fleet()
 delta = fleet.load(await client.nodes())          # every node changed; unknown ones removed
 delta = fleet.apply(event)                        # one NodeEvent from client.events()
 delta = fleet.apply_metrics(await client.metrics(), at_s=clock())
+fleet.rates.nodes["gpu01"].requests_per_s         # qiip_tui._rates.RateTracker
 ```
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -23,6 +23,7 @@ from typing import Any
 from qiip_core.client import NodeEvent, NodeInfo
 from qiip_core.nodes import NodeStatus
 from qiip_core.planner import DeviceMemory
+from qiip_tui._rates import NodeRates, RateTracker
 
 __all__ = [
     "FLEET_COLUMNS",
@@ -30,9 +31,12 @@ __all__ = [
     "Fleet",
     "FleetColumn",
     "FleetDelta",
+    "ModelSummary",
+    "PROBLEM_ORDER",
     "devices_of",
     "gpu_totals",
     "matches",
+    "slots_of",
     "training_context",
 ]
 
@@ -47,6 +51,20 @@ STATUS_ORDER: tuple[str, ...] = (
     NodeStatus.FAILED,
 )
 """Statuses from serving to broken: the order of the summary line and of sorting by status."""
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    """One model across the fleet: `m2 0/1 healthy · 15% errors`."""
+
+    model: str
+    """The model name nodes serve."""
+    healthy: int
+    """Its nodes that are healthy."""
+    nodes: int
+    """Its nodes."""
+    error_ratio: float | None
+    """The share of its client requests that failed in the last interval; None without requests."""
 
 
 @dataclass(frozen=True)
@@ -68,16 +86,23 @@ class FleetDelta:
 
 
 class Fleet:
-    """Every node the daemon reported, and what the console computed from its metrics."""
+    """Every node the daemon reported, and the rates the console computed from its metrics."""
 
     def __init__(self) -> None:
         self.nodes: dict[str, NodeInfo] = {}
         """The nodes by id, as last reported."""
-        self.ttft_p50_s: dict[str, float] = {}
-        """Median time to first token by node, in seconds, when the daemon's metrics carry it."""
-        self.requests_per_s: float | None = None
-        """Requests per second between the last two metrics polls; None until two polls were seen."""
-        self._last_total: tuple[float, float] | None = None
+        self.rates = RateTracker()
+        """Per-node and per-model rates from the daemon's counters, and each node's history."""
+
+    @property
+    def requests_per_s(self) -> float | None:
+        """Every client request, per second, between the last two metrics polls; None until two were seen."""
+        return self.rates.requests_per_s
+
+    @property
+    def ttft_p50_s(self) -> dict[str, float]:
+        """Median time to first token by node, in seconds, for the nodes whose streams the daemon timed."""
+        return {node_id: r.ttft_p50_s for node_id, r in self.rates.nodes.items() if r.ttft_p50_s is not None}
 
     def load(self, nodes: Iterable[NodeInfo]) -> FleetDelta:
         """Replace the fleet with a snapshot (`client.nodes()`).
@@ -90,7 +115,7 @@ class Fleet:
         changed = frozenset(i for i, node in fresh.items() if self.nodes.get(i) != node)
         self.nodes = fresh
         for node_id in removed:
-            self.ttft_p50_s.pop(node_id, None)
+            self.rates.forget(node_id)
         return FleetDelta(changed, removed)
 
     def apply(self, event: NodeEvent) -> FleetDelta:
@@ -103,7 +128,7 @@ class Fleet:
         if event.change == "removed":
             if self.nodes.pop(node.id, None) is None:
                 return FleetDelta()
-            self.ttft_p50_s.pop(node.id, None)
+            self.rates.forget(node.id)
             return FleetDelta(removed=frozenset({node.id}))
         return self.update(node)
 
@@ -119,38 +144,43 @@ class Fleet:
         return FleetDelta(changed=frozenset({node.id}))
 
     def apply_metrics(self, payload: Mapping[str, Any], *, at_s: float) -> FleetDelta:
-        """Take a `client.metrics()` answer: the request rate, and the TTFT median of each node when present.
-
-        The rate is the growth of the request counters since the previous call; a counter that went down (the
-        daemon restarted) starts the measurement again.
+        """Take a `client.metrics()` answer: the rates of each node and model since the previous call
+        (`RateTracker.read`), and each node's TTFT percentiles.
 
         Args:
-            payload: `{"by_model": {...}, "by_node": {node: {"requests", ..., "ttft_p50_s"?}}}`.
+            payload: `{"by_model": {...}, "by_node": {node: {"requests", "failures", "attempts", ...}}}`.
             at_s: when it was read, on the console's clock, in seconds.
 
         Returns:
-            The nodes whose TTFT changed.
+            The nodes of the fleet whose rates changed.
         """
-        by_node = payload.get("by_node") or {}
-        by_model = payload.get("by_model") or {}
-        counts = by_model or by_node
-        total = float(sum(float(c.get("requests", 0)) for c in counts.values()))
-        previous, self._last_total = self._last_total, (at_s, total)
-        if previous is not None and at_s > previous[0] and total >= previous[1]:
-            self.requests_per_s = (total - previous[1]) / (at_s - previous[0])
-        elif previous is not None:
-            self.requests_per_s = None
-        changed = set()
-        for node_id in self.nodes:
-            value = (by_node.get(node_id) or {}).get("ttft_p50_s")
-            ttft = float(value) if isinstance(value, int | float) and math.isfinite(value) else None
-            if ttft != self.ttft_p50_s.get(node_id):
-                changed.add(node_id)
-                if ttft is None:
-                    del self.ttft_p50_s[node_id]
-                else:
-                    self.ttft_p50_s[node_id] = ttft
-        return FleetDelta(changed=frozenset(changed))
+        changed = self.rates.read(payload, at_s=at_s)
+        return FleetDelta(changed=frozenset(changed & self.nodes.keys()))
+
+    def is_problem(self, node: NodeInfo) -> bool:
+        """Whether the node needs an operator's eye: not healthy, its breaker not closed, or failing requests in
+        the last interval."""
+        if node.status != NodeStatus.HEALTHY or node.breaker.state != "closed":
+            return True
+        rates = self.rates.nodes.get(node.id)
+        return rates is not None and bool(rates.error_ratio)
+
+    def model_summaries(self) -> list[ModelSummary]:
+        """Each model's healthy nodes and error ratio, models without a healthy node first, then by error ratio
+        (highest first), then by name."""
+        healthy: Counter[str] = Counter()
+        total: Counter[str] = Counter()
+        for node in self.nodes.values():
+            total[node.model] += 1
+            if node.status == NodeStatus.HEALTHY:
+                healthy[node.model] += 1
+        summaries = []
+        for model, count in total.items():
+            rates = self.rates.models.get(model)
+            summaries.append(
+                ModelSummary(model, healthy[model], count, rates.error_ratio if rates is not None else None)
+            )
+        return sorted(summaries, key=lambda m: (m.healthy > 0, -(m.error_ratio or 0.0), m.model))
 
     def status_counts(self) -> list[tuple[str, int]]:
         """Nodes by status, in `STATUS_ORDER` (statuses no node has are left out, unknown names last)."""
@@ -215,9 +245,46 @@ def devices_of(node: NodeInfo) -> list[DeviceMemory]:
     return devices
 
 
-def _ttft_key(node: NodeInfo, fleet: Fleet) -> tuple[bool, float]:
-    ttft = fleet.ttft_p50_s.get(node.id)
-    return (ttft is None, ttft or 0.0)
+def slots_of(node: NodeInfo) -> tuple[int, int | None]:
+    """The node's busy slots and its slots: llama-server's `/slots` as the daemon's probe read it; otherwise
+    the requests in flight and the node's concurrency cap (None when it has none)."""
+    if node.slots is not None:
+        return node.slots.busy, node.slots.total
+    return node.in_flight, node.capabilities.concurrency
+
+
+PROBLEM_ORDER: tuple[str, ...] = (
+    NodeStatus.FAILED,
+    NodeStatus.RELAUNCH_FAILED,
+    NodeStatus.UNHEALTHY,
+    NodeStatus.UNKNOWN,
+    NodeStatus.PROVISIONING,
+    NodeStatus.RELAUNCHING,
+    NodeStatus.DRAINING,
+    NodeStatus.HEALTHY,
+)
+"""Statuses from broken to serving: sorting by status puts the nodes that need an operator on top."""
+
+
+def _status_key(node: NodeInfo, fleet: Fleet) -> tuple[int, bool, float, str]:
+    order = PROBLEM_ORDER.index(node.status) if node.status in PROBLEM_ORDER else 0
+    rates = fleet.rates.nodes.get(node.id)
+    # Among the healthy: an open breaker, then the most failing, first.
+    return (order, node.breaker.state == "closed", -((rates.error_ratio or 0.0) if rates else 0.0), node.status)
+
+
+def _rate_key(read: Callable[[NodeRates], float | None]) -> Callable[[NodeInfo, Fleet], tuple[bool, float]]:
+    def key(node: NodeInfo, fleet: Fleet) -> tuple[bool, float]:
+        rates = fleet.rates.nodes.get(node.id)
+        value = read(rates) if rates is not None else None
+        return (value is None, value or 0.0)
+
+    return key
+
+
+def _slots_key(node: NodeInfo, fleet: Fleet) -> tuple[float, int]:
+    busy, total = slots_of(node)
+    return (busy / total if total else 0.0, busy)
 
 
 def _gpu_key(node: NodeInfo, fleet: Fleet) -> tuple[bool, float]:
@@ -225,36 +292,34 @@ def _gpu_key(node: NodeInfo, fleet: Fleet) -> tuple[bool, float]:
     return (totals is None, totals[0] / totals[1] if totals and totals[1] else 0.0)
 
 
-def _status_key(node: NodeInfo, fleet: Fleet) -> tuple[int, str]:
-    order = STATUS_ORDER.index(node.status) if node.status in STATUS_ORDER else len(STATUS_ORDER)
-    return (order, node.status)
-
-
 @dataclass(frozen=True)
 class FleetColumn:
-    """One column of the fleet table."""
+    """One column of the fleet table: sized to its content between `min_width` and `max_width`."""
 
     key: str
     """The column's key in the table."""
     label: str
-    """Its header."""
-    width: int
-    """Its width in cells at 120 columns and more."""
-    compact_width: int
-    """Its width in cells on a narrower terminal."""
+    """Its header (the sort marker is added after it)."""
     sort_key: Callable[[NodeInfo, Fleet], Any]
     """What sorting by this column compares (ties are broken by node id)."""
+    min_width: int = 3
+    """Its narrowest width in cells."""
+    max_width: int = 24
+    """Its widest width in cells; longer cells are cut."""
 
 
 FLEET_COLUMNS: tuple[FleetColumn, ...] = (
-    FleetColumn("id", "Node", 16, 11, lambda n, f: n.id),
-    FleetColumn("status", "Status", 15, 11, _status_key),
-    FleetColumn("engine", "Engine", 9, 5, lambda n, f: n.engine),
-    FleetColumn("model", "Model", 20, 13, lambda n, f: n.model),
-    FleetColumn("in_flight", "In-fl", 5, 5, lambda n, f: n.in_flight),
-    FleetColumn("breaker", "Breaker", 9, 6, lambda n, f: n.breaker.state),
-    FleetColumn("gpu", "GPU memory", 20, 13, _gpu_key),
-    FleetColumn("ttft", "TTFT p50", 8, 8, _ttft_key),
-    FleetColumn("error", "Last error", 30, 20, lambda n, f: n.last_error or ""),
+    FleetColumn("id", "Node", lambda n, f: n.id, max_width=28),
+    FleetColumn("status", "Status", _status_key),
+    FleetColumn("model", "Model", lambda n, f: n.model, max_width=28),
+    FleetColumn("rps", "Req/s", _rate_key(lambda r: r.requests_per_s)),
+    FleetColumn("errors", "Err%", _rate_key(lambda r: r.error_ratio)),
+    FleetColumn("retries", "Retry/s", _rate_key(lambda r: r.retries_per_s)),
+    FleetColumn("slots", "Slots", _slots_key),
+    FleetColumn("ttft", "TTFT p50", _rate_key(lambda r: r.ttft_p50_s)),
+    FleetColumn("breaker", "Breaker", lambda n, f: n.breaker.state),
+    FleetColumn("gpu", "GPU memory", _gpu_key, min_width=18, max_width=18),
+    FleetColumn("engine", "Engine", lambda n, f: n.engine, max_width=9),
+    FleetColumn("error", "Last error", lambda n, f: n.last_error or "", min_width=24, max_width=10_000),
 )
-"""The fleet table's columns, left to right; the last one takes the width that is left."""
+"""The fleet table's columns, left to right: what needs attention first; the last takes the width that is left."""

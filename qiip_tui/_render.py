@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from rich.style import Style
 from rich.text import Text
@@ -24,7 +25,12 @@ __all__ = [
     "engine_text",
     "format_mib",
     "gpu_text",
+    "age_text",
+    "error_text",
     "meter_text",
+    "percent_text",
+    "rate_text",
+    "slots_text",
     "status_text",
     "ttft_text",
 ]
@@ -125,3 +131,55 @@ def ttft_text(ttft_s: float | None) -> Text:
     if ttft_s is None:
         return Text(DASH)
     return Text(f"{ttft_s * 1000:.0f}ms" if ttft_s < 1 else f"{ttft_s:.1f}s")
+
+
+def rate_text(per_s: float | None) -> Text:
+    """A rate per second, right-aligned: `0`, `0.4`, `12.3`, `1.2k`; a dash when unknown."""
+    if per_s is None:
+        return Text(DASH, justify="right")
+    if per_s == 0:
+        label = "0"
+    elif per_s < 100:
+        label = f"{per_s:.1f}"
+    elif per_s < 1000:
+        label = f"{per_s:.0f}"
+    else:
+        label = f"{per_s / 1000:.1f}k"
+    return Text(label, justify="right")
+
+
+def percent_text(ratio: float | None, palette: Palette) -> Text:
+    """A share (0..1) as a percentage, in the error colour when above zero; a dash when unknown."""
+    if ratio is None:
+        return Text(DASH, justify="right")
+    if ratio == 0:
+        return Text("0%", justify="right")
+    label = f"{ratio * 100:.1f}%" if ratio < 0.1 else f"{ratio * 100:.0f}%"
+    return Text(label, style=palette.status("unhealthy"), justify="right")
+
+
+def slots_text(busy: int, total: int | None) -> Text:
+    """Busy slots of the node's slots (`3/4`), or the requests in flight when it has no slot count."""
+    return Text(f"{busy}/{total}" if total else str(busy), justify="right")
+
+
+def age_text(at: datetime, now: datetime) -> str:
+    """How long ago `at` was, in its largest unit: `now`, `42s ago`, `3m ago`, `5h ago`, `2d ago`."""
+    seconds = max((now - at).total_seconds(), 0.0)
+    if seconds < 1:
+        return "now"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size:.0f}{unit} ago"
+    return f"{seconds:.0f}s ago"
+
+
+def error_text(error: str | None, at: datetime | None, now: datetime, *, current: bool, palette: Palette) -> Text:
+    """A node's last error: its age, then its first line; dimmed when the node has recovered since
+    (`current` False), in the error colour while it is current; a dash when there is none."""
+    if not error:
+        return Text(DASH)
+    first = error.splitlines()[0]
+    text = Text(f"{age_text(at, now)} · {first}" if at is not None else first)
+    text.stylize(palette.status("unhealthy") if current else "dim")
+    return text

@@ -7,11 +7,11 @@ from typing import ClassVar
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.widgets import Footer, Header, Input
+from textual.widgets import Footer, Header, Input, Static
 
 from qiip_tui._fleet import FleetDelta
 from qiip_tui.screens._base import ConsoleScreen
-from qiip_tui.widgets import FleetSummary, FleetTable
+from qiip_tui.widgets import FleetSummary, FleetTable, SummaryView
 
 __all__ = ["FleetScreen"]
 
@@ -23,6 +23,7 @@ class FleetScreen(ConsoleScreen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("slash", "filter", "Filter"),
         Binding("escape", "clear_filter", "Clear filter", show=False),
+        Binding("e", "problems", "Problems"),
         Binding("d", "node('drain')", "Drain"),
         Binding("u", "node('undrain')", "Undrain"),
         Binding("x", "node('remove')", "Remove"),
@@ -36,7 +37,9 @@ class FleetScreen(ConsoleScreen[None]):
     | enter | Open the highlighted node. |
     | / | Filter by id, model, status or engine. |
     | escape | Clear the filter. |
-    | s / S | Sort by the next column / reverse the sort. |
+    | e | Show only the nodes that need attention, or every node again. |
+    | s / S | Sort by the next column / reverse the sort (the default: status, problems first). |
+    | ← → | Scroll the columns sideways, one at a time (the node column stays). |
     | d u x r p | Drain, undrain, remove, relaunch, power the highlighted node. |
     | q | Quit. |
     """
@@ -44,12 +47,15 @@ class FleetScreen(ConsoleScreen[None]):
     def compose(self) -> ComposeResult:
         yield Header()
         yield FleetSummary(id="summary")
-        yield FleetTable(self.console.fleet, id="fleet")
+        yield FleetTable(self.console.fleet, now=self.console.wall_clock, id="fleet")
+        yield Static("", id="fleet-empty", markup=False)
         yield Input(placeholder="filter: id, model, status or engine", id="filter", compact=True)
         yield Footer()
 
     def on_mount(self) -> None:
         self.query_one("#filter", Input).display = False
+        self.query_one("#fleet-empty", Static).display = False
+        self.table.set_stale(not self.console.connected)
         self.console.fleet_signal.subscribe(self, self._fleet_changed)
         self.console.connection_signal.subscribe(self, self._connection_changed)
         self._show_summary()
@@ -60,16 +66,50 @@ class FleetScreen(ConsoleScreen[None]):
         return self.query_one("#fleet", FleetTable)
 
     def _fleet_changed(self, delta: FleetDelta) -> None:
-        self.table.sync(delta)
+        table = self.table
+        table.sync(delta)
+        if not delta:
+            # A metrics poll: the errors' ages moved on.
+            table.refresh_ages()
         self._show_summary()
 
     def _connection_changed(self, _: object) -> None:
+        self.table.set_stale(not self.console.connected)
         self._show_summary()
 
     def _show_summary(self) -> None:
-        self.query_one("#summary", FleetSummary).show(
-            self.console.fleet, self.console.connection_text, self.table.filter_text
+        console, table = self.console, self.table
+        view = SummaryView(
+            connected=console.connected,
+            connection=console.connection_text,
+            updated_at=console.last_update,
+            now=console.wall_clock(),
+            shown=table.shown_count,
+            filter_text=table.filter_text,
+            problems_only=table.problems_only,
         )
+        self.query_one("#summary", FleetSummary).show(console.fleet, view)
+        empty = self.query_one("#fleet-empty", Static)
+        nodes = len(console.fleet.nodes)
+        if table.shown_count or not nodes:
+            empty.display = False
+            return
+        what = []
+        if table.problems_only:
+            what.append("needs attention")
+        if table.filter_text:
+            what.append(f"matches {table.filter_text!r}")
+        empty.update(
+            f"No node {' and '.join(what)} ({nodes} node{'s' if nodes != 1 else ''} in the fleet). "
+            + ("Esc clears the filter; " if table.filter_text else "")
+            + ("e shows every node." if table.problems_only else "")
+        )
+        empty.display = True
+
+    def action_problems(self) -> None:
+        """Show only the nodes that need attention (not healthy, breaker not closed, failing), or all again."""
+        self.table.set_problems_only(not self.table.problems_only)
+        self._show_summary()
 
     # -- filter ------------------------------------------------------------------------------------------
 

@@ -1,16 +1,19 @@
-"""The node screen: one node's devices and their history, its llama.cpp runtime record, its errors, and the
-actions an operator takes on it.
+"""The node screen: one node's traffic and its history, its devices, its llama.cpp runtime record, its errors
+with their times, and the actions an operator takes on it.
 
 While the screen is open it polls the node every `poll_interval_s` (the daemon's events do not report memory
-or in-flight changes), and keeps the readings as the sparklines' history; closing the screen forgets them.
+or in-flight changes), and keeps the readings as the device sparklines' history; closing the screen forgets
+them. The traffic history is the fleet's (`Fleet.rates`), kept for every node from the console's start.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
+from datetime import datetime
 from typing import ClassVar
 
+from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -19,10 +22,11 @@ from textual.widgets import Button, Footer, Header, Label, Sparkline, Static
 
 from qiip_core.client import ClientError, NodeInfo, OperationInfo
 from qiip_core.planner import DeviceMemory
-from qiip_tui._fleet import FleetDelta, devices_of
+from qiip_tui._fleet import FleetDelta, devices_of, slots_of
 from qiip_tui._messages import NodePolled
+from qiip_tui._render import Palette, age_text
 from qiip_tui.screens._base import ConsoleScreen
-from qiip_tui.widgets import GpuMeter, NodeHeader, OperationPanel, RuntimeView
+from qiip_tui.widgets import GpuMeter, NodeHeader, OperationPanel, RuntimeView, TrafficPanel
 
 __all__ = ["NodeScreen"]
 
@@ -35,6 +39,16 @@ RECENT_ERRORS = 5
 
 def _device_label(device: DeviceMemory) -> str:
     return "CPU" if device.kind == "cpu" else f"GPU {device.index}"
+
+
+def _utilization(node: NodeInfo, index: int) -> int | None:
+    """The device's compute utilisation in percent, where the node reports it (`gpus[].utilization_pct`)."""
+    runtime = node.llamacpp_runtime
+    for gpu in runtime.gpus if runtime is not None else ():
+        value = gpu.get("utilization_pct")
+        if gpu.get("index") == index and isinstance(value, int | float):
+            return round(value)
+    return None
 
 
 class NodeScreen(ConsoleScreen[None]):
@@ -66,13 +80,15 @@ class NodeScreen(ConsoleScreen[None]):
         self.poll_interval_s = poll_interval_s
         self._memory: dict[int, deque[float]] = {}
         self._in_flight: deque[float] = deque(maxlen=HISTORY_SAMPLES)
-        self._errors: deque[str] = deque(maxlen=RECENT_ERRORS)
+        self._errors: deque[tuple[datetime, str]] = deque(maxlen=RECENT_ERRORS)
         self._gpu_indexes: tuple[int, ...] | None = None
 
     def compose(self) -> ComposeResult:
         yield Header()
         yield NodeHeader(self.node_id, id="node-header")
         with VerticalScroll(id="node-body"):
+            yield Label("Traffic", classes="section")
+            yield TrafficPanel(id="traffic")
             with Horizontal(id="node-panels"):
                 with Vertical(id="devices"):
                     yield Label("Devices", classes="section")
@@ -131,25 +147,40 @@ class NodeScreen(ConsoleScreen[None]):
         for device in devices_of(node):
             self._memory.setdefault(device.index, deque(maxlen=HISTORY_SAMPLES)).append(device.used_mib)
         self._in_flight.append(node.in_flight)
-        if node.last_error and (not self._errors or self._errors[-1] != node.last_error):
-            self._errors.append(node.last_error)
+        self._note_error(node)
+
+    def _note_error(self, node: NodeInfo) -> None:
+        if not node.last_error:
+            return
+        at = node.last_error_at or self.console.wall_clock()
+        if (
+            not self._errors
+            or self._errors[-1][1] != node.last_error
+            or (node.last_error_at is not None and self._errors[-1][0] != node.last_error_at)
+        ):
+            self._errors.append((at, node.last_error))
 
     def _fleet_changed(self, delta: FleetDelta) -> None:
         if self.node_id in delta.removed:
             self._show(None)
         elif self.node_id in delta.changed:
             node = self.console.fleet.nodes[self.node_id]
-            if node.last_error and (not self._errors or self._errors[-1] != node.last_error):
-                self._errors.append(node.last_error)
+            self._note_error(node)
             self._show(node)
+        elif not delta:
+            # A metrics poll: new rates, and the errors' ages moved on.
+            polled = self.console.fleet.nodes.get(self.node_id)
+            if polled is not None:
+                self._show_traffic(polled)
+                self._show_errors(polled)
 
     def _operation_changed(self, operation: OperationInfo) -> None:
         if operation.node_id != self.node_id:
             return
         self.query_one("#operation", OperationPanel).show(operation)
         if operation.state == "failed" and operation.error:
-            self._errors.append(f"{operation.kind} failed: {operation.error}")
-            self._show_errors()
+            self._errors.append((self.console.wall_clock(), f"{operation.kind} failed: {operation.error}"))
+            self._show_errors(self.console.fleet.nodes.get(self.node_id))
 
     # -- view --------------------------------------------------------------------------------------------
 
@@ -158,16 +189,27 @@ class NodeScreen(ConsoleScreen[None]):
         if node is None:
             return
         self._show_devices(node)
+        self._show_traffic(node)
         history = list(self._in_flight)
         self.query_one("#in-flight", Sparkline).data = history if len(history) > 1 else []
-        peak = max(history, default=0)
+        # The reading shown now counts too, whether or not a poll sampled it yet.
+        peak = max([*history, node.in_flight])
         self.query_one("#in-flight-label", Label).update(f"In flight: {node.in_flight} now, peak {peak:g}")
         self.query_one("#runtime-view", RuntimeView).show(node.llamacpp_runtime)
         unverified = node.llamacpp_runtime.unverified if node.llamacpp_runtime is not None else []
         notes = self.query_one("#unverified", Static)
         notes.update("\n".join(f"Not verified — {item}" for item in unverified))
         notes.display = bool(unverified)
-        self._show_errors()
+        self._show_errors(node)
+
+    def _show_traffic(self, node: NodeInfo) -> None:
+        rates = self.console.fleet.rates
+        self.query_one("#traffic", TrafficPanel).show(
+            rates.nodes.get(node.id),
+            rates.history.get(node.id, ()),
+            slots=slots_of(node),
+            palette=Palette.from_variables(self.app.theme_variables),
+        )
 
     def _show_devices(self, node: NodeInfo) -> None:
         meters = self.query_one("#meters", Vertical)
@@ -182,13 +224,28 @@ class NodeScreen(ConsoleScreen[None]):
             history = self._memory.get(device.index, deque())
             found = meters.query(f"#gpu-{device.index}")
             meter = found.first(GpuMeter) if found else GpuMeter(_device_label(device), id=f"gpu-{device.index}")
-            meter.show(device.used_mib, device.total_mib, history)
+            meter.show(device.used_mib, device.total_mib, history, utilization_pct=_utilization(node, device.index))
             if not found:
                 meters.mount(meter)
 
-    def _show_errors(self) -> None:
+    def _show_errors(self, node: NodeInfo | None) -> None:
+        """The recent errors, newest first, each with its time and age; dimmed once the node is healthy again."""
         errors = self.query_one("#errors", Static)
-        errors.update("\n".join(reversed(self._errors)) if self._errors else "none")
+        if not self._errors:
+            errors.update("none")
+            return
+        now = self.console.wall_clock()
+        recovered = node is not None and node.status == "healthy" and node.breaker.state == "closed"
+        text = Text()
+        for at, message in reversed(self._errors):
+            if text:
+                text.append("\n")
+            text.append(f"{at:%H:%M:%S} ({age_text(at, now)}) ", style="bold")
+            text.append(message)
+        if recovered:
+            text.stylize("dim")
+            text.append("\nThe node is healthy again: these errors are past.", style="italic")
+        errors.update(text)
 
     # -- actions -----------------------------------------------------------------------------------------
 

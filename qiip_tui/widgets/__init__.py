@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from qiip_tui.widgets._fleet_summary import FleetSummary
+from qiip_tui.widgets._fleet_summary import FleetSummary, SummaryView
 from qiip_tui.widgets._fleet_table import FleetTable
 from qiip_tui.widgets._gpu_meter import GpuMeter
 from qiip_tui.widgets._log_view import LogView
 from qiip_tui.widgets._node_header import NodeHeader
 from qiip_tui.widgets._operation_panel import OperationPanel
 from qiip_tui.widgets._runtime_view import RuntimeView
+from qiip_tui.widgets._traffic_panel import TrafficPanel
 from qiip_tui.widgets._transcript import Transcript
 from qiip_tui.widgets._versioned_table import VersionedTable
 
@@ -20,6 +21,8 @@ __all__ = [
     "NodeHeader",
     "OperationPanel",
     "RuntimeView",
+    "SummaryView",
+    "TrafficPanel",
     "Transcript",
     "VersionedTable",
 ]

@@ -1,37 +1,68 @@
-"""The line above the fleet table: nodes by status, the request rate, the daemon and the filter."""
+"""The two lines above the fleet table: the fleet and the connection, then each model's health."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
 
 from rich.text import Text
 from textual.theme import Theme
 from textual.widgets import Static
 
 from qiip_tui._fleet import Fleet
-from qiip_tui._render import DASH, Palette
+from qiip_tui._render import DASH, Palette, age_text
 
-__all__ = ["FleetSummary"]
+__all__ = ["FleetSummary", "SummaryView"]
+
+
+@dataclass(frozen=True)
+class SummaryView:
+    """What the summary shows besides the fleet."""
+
+    connected: bool
+    """Whether the daemon answered the last attempt."""
+    connection: str = ""
+    """The connection's state in a few words, shown when not connected."""
+    updated_at: datetime | None = None
+    """When the console last heard from the daemon (UTC)."""
+    now: datetime | None = None
+    """The time the summary is drawn at, for the age of `updated_at`."""
+    shown: int = 0
+    """Rows the table shows."""
+    filter_text: str = ""
+    """The table's filter."""
+    problems_only: bool = False
+    """Whether the table shows only the nodes that need attention."""
 
 
 class FleetSummary(Static):
-    """One line: `12 nodes · 3.4 req/s │ 9 healthy 1 draining 2 unhealthy │ filter: gpu`.
+    """Two lines:
 
-    The owner calls `show()` when the fleet, the connection or the filter changes.
+    ```
+    ● live 12:03:04 │ 12 nodes · 3.4 req/s │ 9 healthy 1 draining 2 unhealthy │ 3/12 shown · filter: gpu
+    m2 0/1 healthy · 15% errors │ qwen3-8b 9/10 healthy · 0.2% errors │ …
+    ```
+
+    A model with no healthy node is in the error colour, and models are listed worst first. The owner calls
+    `show()` when the fleet, the connection or the filter changes.
     """
 
     DEFAULT_CSS = """
     FleetSummary {
-        height: 1;
+        height: 2;
         width: 1fr;
         padding: 0 1;
         background: $panel;
         color: $foreground;
+        text-wrap: nowrap;
+        text-overflow: ellipsis;
     }
     """
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__("", id=id, markup=False)
         self._palette = Palette()
-        self._last: tuple[Fleet, str, str] | None = None
+        self._last: tuple[Fleet, SummaryView] | None = None
         self._shown = Text()
 
     def on_mount(self) -> None:
@@ -41,31 +72,60 @@ class FleetSummary(Static):
     def _theme_changed(self, theme: Theme) -> None:
         self._palette = Palette.from_variables(self.app.theme_variables)
         if self._last is not None:
+            self._shown = Text()
             self.show(*self._last)
 
-    def show(self, fleet: Fleet, connection: str, filter_text: str) -> None:
-        """Render the summary.
-
-        Args:
-            fleet: the fleet.
-            connection: the connection's state, shown when not connected (`connecting to …`).
-            filter_text: the table's filter, shown when set.
-        """
-        self._last = (fleet, connection, filter_text)
-        text = Text()
-        if connection:
-            text.append(connection)
+    def show(self, fleet: Fleet, view: SummaryView) -> None:
+        """Render the summary of `fleet` and the table's state `view`."""
+        self._last = (fleet, view)
+        palette = self._palette
+        text = Text(no_wrap=True, overflow="ellipsis")
+        if view.connected:
+            text.append("● live", style=palette.status("healthy"))
+            if view.updated_at is not None:
+                text.append(f" {view.updated_at:%H:%M:%S}")
         else:
-            rate = fleet.requests_per_s
-            text.append(f"{len(fleet.nodes)} node{'s' if len(fleet.nodes) != 1 else ''}", style="bold")
-            text.append(f" · {rate:.1f} req/s │" if rate is not None else f" · {DASH} req/s │")
-            for status, count in fleet.status_counts():
-                text.append(" ")
-                text.append(f"{count} {status}", style=self._palette.status(status))
-        if filter_text:
+            text.append("○ " + (view.connection or "not connected"), style=palette.status("unhealthy"))
+            if view.updated_at is not None and view.now is not None:
+                text.append(f" · data from {view.updated_at:%H:%M:%S} ({age_text(view.updated_at, view.now)})")
+        text.append(" │ ")
+        rate = fleet.requests_per_s
+        count = len(fleet.nodes)
+        text.append(f"{count} node{'s' if count != 1 else ''}", style="bold")
+        text.append(f" · {rate:.1f} req/s │" if rate is not None else f" · {DASH} req/s │")
+        for status, number in fleet.status_counts():
+            text.append(" ")
+            text.append(f"{number} {status}", style=palette.status(status))
+        if view.filter_text or view.problems_only:
             text.append(" │ ")
-            text.append(f"filter: {filter_text}", style="italic")
-        if text != self._shown:
+            text.append(f"{view.shown}/{count} shown", style="bold")
+            if view.problems_only:
+                text.append(" · problems only", style="italic")
+            if view.filter_text:
+                text.append(f" · filter: {view.filter_text}", style="italic")
+        text.append("\n")
+        text.append_text(self._models(fleet))
+        if not view.connected:
+            text.stylize("dim", 0, len(text))
+        if text != self._shown or text.spans != self._shown.spans:
             self._shown = text
-            # One line of fixed size: no layout pass, which would repaint the whole screen.
+            # Two lines of fixed size: no layout pass, which would repaint the whole screen.
             self.update(text, layout=False)
+
+    def _models(self, fleet: Fleet) -> Text:
+        text = Text(no_wrap=True, overflow="ellipsis")
+        for index, model in enumerate(fleet.model_summaries()):
+            if index:
+                text.append(" │ ")
+            style = self._palette.status("unhealthy") if model.healthy == 0 else None
+            text.append(model.model, style=style or "bold")
+            text.append(f" {model.healthy}/{model.nodes} healthy", style=style or "")
+            if model.error_ratio:
+                percent = model.error_ratio * 100
+                text.append(
+                    f" · {percent:.1f}% errors" if percent < 10 else f" · {percent:.0f}% errors",
+                    style=self._palette.status("unhealthy"),
+                )
+        if not text:
+            text.append("no models served", style="dim")
+        return text

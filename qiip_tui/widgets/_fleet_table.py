@@ -6,10 +6,15 @@ changed, then re-sorts once if a changed cell belongs to the sort column. Rebuil
 operator does (a new filter, a resize that changes the column widths).
 
 Rendering follows the same idea: `VersionedTable` re-renders only the rows whose version `sync` bumped.
+
+Columns are as wide as their content (between each column's minimum and maximum), the last error taking what is
+left. The node column stays fixed while the others scroll sideways, a column per ← or →, on a narrow terminal.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from rich.text import Text
@@ -21,16 +26,33 @@ from textual.widgets import DataTable
 from textual.widgets.data_table import ColumnKey, RowDoesNotExist, RowKey
 
 from qiip_core.client import NodeInfo
-from qiip_tui._fleet import FLEET_COLUMNS, Fleet, FleetDelta, gpu_totals, matches
-from qiip_tui._render import DASH, Palette, breaker_text, engine_text, gpu_text, status_text, ttft_text
+from qiip_tui._fleet import FLEET_COLUMNS, Fleet, FleetDelta, gpu_totals, matches, slots_of
+from qiip_tui._render import (
+    Palette,
+    breaker_text,
+    engine_text,
+    error_text,
+    gpu_text,
+    percent_text,
+    rate_text,
+    slots_text,
+    status_text,
+    ttft_text,
+)
 from qiip_tui.widgets._versioned_table import VersionedTable
 
 __all__ = ["FleetTable"]
 
-_COMPACT_BELOW = 120
-"""Terminal widths below this use the columns' compact widths."""
-
 _KEYS = [column.key for column in FLEET_COLUMNS]
+
+_SORT_MARKER_CELLS = 2
+"""Room every header keeps for ` ▲`, so the marker is never cut."""
+
+
+def _same(before: Text, after: Text) -> bool:
+    # Text's own == compares the characters and spans, not the style of the whole Text, which is how the
+    # status and breaker colours are given: a theme change must count as a change.
+    return before == after and before.style == after.style
 
 
 class FleetTable(VersionedTable):
@@ -43,6 +65,9 @@ class FleetTable(VersionedTable):
     DEFAULT_CSS = """
     FleetTable {
         height: 1fr;
+    }
+    FleetTable.-stale {
+        tint: $background 45%;
     }
     """
 
@@ -81,13 +106,18 @@ class FleetTable(VersionedTable):
             self.node_id = node_id
             """The node chosen."""
 
-    def __init__(self, fleet: Fleet, *, id: str | None = None) -> None:
+    def __init__(self, fleet: Fleet, *, now: Callable[[], datetime] | None = None, id: str | None = None) -> None:
         super().__init__(id=id)
+        self.fixed_columns = 1
         self.fleet = fleet
+        self.now = now or (lambda: datetime.now(UTC))
+        """The wall clock the errors' ages are measured against."""
         self.filter_text = ""
         """The filter (a substring of id, model, status or engine); empty shows every node."""
-        self.sort_column = "id"
-        """The key of the column the rows are sorted by."""
+        self.problems_only = False
+        """Whether only the nodes that need attention are shown (`Fleet.is_problem`)."""
+        self.sort_column = "status"
+        """The key of the column the rows are sorted by: by default the status, problems first."""
         self.sort_reverse = False
         """Whether the sort is descending."""
         self._palette = Palette()
@@ -107,15 +137,39 @@ class FleetTable(VersionedTable):
 
     def on_resize(self, event: Resize) -> None:
         if self._layout(event.size.width) != self._widths:
-            self._rebuild()
+            self._apply_widths()
 
     def _layout(self, width: int) -> tuple[int, ...]:
-        compact = width < _COMPACT_BELOW
-        widths = [c.compact_width if compact else c.width for c in FLEET_COLUMNS]
+        """Each column as wide as its widest cell or its header with the sort marker, within its bounds; the
+        last one takes what is left of `width`."""
+        widths = []
+        for index, column in enumerate(FLEET_COLUMNS[:-1]):
+            content = max((cells[index].cell_len for cells in self._cells.values()), default=0)
+            widths.append(min(max(content, len(column.label) + _SORT_MARKER_CELLS, column.min_width), column.max_width))
+        last = FLEET_COLUMNS[-1]
         # Each column has one cell of padding on each side; the scrollbar takes two more.
-        spare = width - sum(widths[:-1]) - 2 * len(widths) - 2
-        widths[-1] = max(widths[-1], spare)
+        spare = width - sum(widths) - 2 * len(FLEET_COLUMNS) - 2
+        widths.append(max(last.min_width, spare))
         return tuple(widths)
+
+    def _apply_widths(self) -> None:
+        """Give the columns the widths their content needs now (no rebuild: DataTable re-lays out)."""
+        widths = self._layout(self.size.width or self.app.size.width)
+        if widths == self._widths:
+            return
+        self._widths = widths
+        for key, width in zip(_KEYS, widths, strict=True):
+            column = self.columns[ColumnKey(key)]
+            column.width, column.auto_width = width, False
+        self.forget_rendered()
+        for node_id in self._cells:
+            self.bump_row(node_id)
+        self._require_update_dimensions = True
+        self.refresh()
+
+    def set_stale(self, stale: bool) -> None:
+        """Dim the table while its data may be out of date (the daemon cannot be reached)."""
+        self.set_class(stale, "-stale")
 
     # -- contents ----------------------------------------------------------------------------------------
 
@@ -129,19 +183,32 @@ class FleetTable(VersionedTable):
         except RowDoesNotExist:
             return None
 
-    def _render_row(self, node: NodeInfo) -> list[Text]:
-        widths = self._widths or tuple(column.width for column in FLEET_COLUMNS)
+    def _render_row(self, node: NodeInfo, now: datetime) -> list[Text]:
+        rates = self.fleet.rates.nodes.get(node.id)
+        palette = self._palette
+        recovered = node.status == "healthy" and node.breaker.state == "closed"
         return [
             Text(node.id),
-            status_text(node.status, self._palette),
-            engine_text(node.engine, widths[_KEYS.index("engine")]),
+            status_text(node.status, palette),
             Text(node.model),
-            Text(str(node.in_flight), justify="right"),
-            breaker_text(node.breaker.state, self._palette),
-            gpu_text(widths[_KEYS.index("gpu")], self._palette, gpu_totals(node)),
-            ttft_text(self.fleet.ttft_p50_s.get(node.id)),
-            Text(node.last_error.splitlines()[0] if node.last_error else DASH),
+            rate_text(rates.requests_per_s if rates else None),
+            percent_text(rates.error_ratio if rates else None, palette),
+            rate_text(rates.retries_per_s if rates else None),
+            slots_text(*slots_of(node)),
+            ttft_text(rates.ttft_p50_s if rates else None),
+            breaker_text(node.breaker.state, palette),
+            gpu_text(FLEET_COLUMNS[_KEYS.index("gpu")].max_width, palette, gpu_totals(node)),
+            engine_text(node.engine, FLEET_COLUMNS[_KEYS.index("engine")].max_width),
+            error_text(node.last_error, node.last_error_at, now, current=not recovered, palette=palette),
         ]
+
+    def _shown(self, node: NodeInfo) -> bool:
+        return matches(node, self.filter_text) and (not self.problems_only or self.fleet.is_problem(node))
+
+    @property
+    def shown_count(self) -> int:
+        """Rows shown after the filter and the problems-only switch."""
+        return len(self._cells)
 
     def _header(self, index: int) -> Text:
         column = FLEET_COLUMNS[index]
@@ -150,21 +217,25 @@ class FleetTable(VersionedTable):
         return Text(f"{column.label} {'▼' if self.sort_reverse else '▲'}", style="bold")
 
     def _rebuild(self) -> None:
-        """Build the columns and rows from scratch (after a filter or layout change)."""
+        """Build the columns and rows from scratch (after a filter change)."""
         highlighted = self.highlighted_node
-        self._widths = self._layout(self.size.width or self.app.size.width)
         self.clear(columns=True)
         self._cells.clear()
         self.forget_rendered()
+        now = self.now()
+        shown = [node for node in self.fleet.nodes.values() if self._shown(node)]
+        for node in shown:
+            self._cells[node.id] = self._render_row(node, now)
+        self._widths = self._layout(self.size.width or self.app.size.width)
         for index, (column, width) in enumerate(zip(FLEET_COLUMNS, self._widths, strict=True)):
             self.add_column(self._header(index), width=width, key=column.key)
-        for node in self.fleet.nodes.values():
-            if matches(node, self.filter_text):
-                self._add(node)
+        for node in shown:
+            self.bump_row(node.id)
+            self.add_row(*self._cells[node.id], key=node.id)
         self._sort(highlighted)
 
-    def _add(self, node: NodeInfo) -> None:
-        cells = self._render_row(node)
+    def _add(self, node: NodeInfo, now: datetime) -> None:
+        cells = self._render_row(node, now)
         self._cells[node.id] = cells
         self.bump_row(node.id)
         self.add_row(*cells, key=node.id)
@@ -185,28 +256,54 @@ class FleetTable(VersionedTable):
         highlighted = self.highlighted_node
         resort = False
         sort_index = _KEYS.index(self.sort_column)
+        now = self.now()
         for node_id in delta.removed:
             self._remove(node_id)
+        grown = False
         for node_id in delta.changed:
             node = self.fleet.nodes.get(node_id)
-            if node is None or not matches(node, self.filter_text):
+            if node is None or not self._shown(node):
                 self._remove(node_id)
                 continue
             old = self._cells.get(node_id)
             if old is None:
-                self._add(node)
+                self._add(node, now)
                 resort = True
+                grown = True
                 continue
-            new = self._render_row(node)
-            if new != old:
-                self.bump_row(node_id)
-            for key, before, after in zip(_KEYS, old, new, strict=True):
-                if before != after:
-                    self.update_cell(node_id, key, after)
-            resort = resort or old[sort_index] != new[sort_index]
-            self._cells[node_id] = new
+            resort = self._rewrite(node, old, self._render_row(node, now), sort_index) or resort
+            grown = grown or any(c.cell_len > w for c, w in zip(self._cells[node_id][:-1], self._widths, strict=False))
+        if grown:
+            self._apply_widths()
         if resort:
             self._sort(highlighted)
+
+    def _rewrite(self, node: NodeInfo, old: list[Text], new: list[Text], sort_index: int) -> bool:
+        """Update the cells of a row that changed; True when its sort cell did (the rows must be re-sorted)."""
+        changed = False
+        for key, before, after in zip(_KEYS, old, new, strict=True):
+            if not _same(before, after):
+                changed = True
+                self.update_cell(node.id, key, after)
+        if changed:
+            self.bump_row(node.id)
+        self._cells[node.id] = new
+        # The status column sorts on rates too: any change may move the row.
+        return changed and (sort_index == 1 or not _same(old[sort_index], new[sort_index]))
+
+    def refresh_ages(self) -> None:
+        """Re-render the last-error cells, whose age grows with time (the owner calls it on each metrics poll)."""
+        now = self.now()
+        index = len(_KEYS) - 1
+        for node_id, cells in self._cells.items():
+            node = self.fleet.nodes.get(node_id)
+            if node is None or not node.last_error or node.last_error_at is None:
+                continue
+            after = self._render_row(node, now)[index]
+            if not _same(cells[index], after):
+                cells[index] = after
+                self.update_cell(node_id, _KEYS[-1], after)
+                self.bump_row(node_id)
 
     def _sort(self, keep: str | None) -> None:
         fleet, column = self.fleet, FLEET_COLUMNS[_KEYS.index(self.sort_column)]
@@ -225,6 +322,12 @@ class FleetTable(VersionedTable):
         """Show only the nodes whose id, model, status or engine contains `text` (case-insensitive)."""
         if text != self.filter_text:
             self.filter_text = text
+            self._rebuild()
+
+    def set_problems_only(self, on: bool) -> None:
+        """Show only the nodes that need attention (`Fleet.is_problem`), or every node again."""
+        if on != self.problems_only:
+            self.problems_only = on
             self._rebuild()
 
     def sort_by(self, column: str, *, reverse: bool | None = None) -> None:
@@ -251,6 +354,28 @@ class FleetTable(VersionedTable):
     def action_reverse_sort(self) -> None:
         """Flip the sort direction."""
         self.sort_by(self.sort_column, reverse=not self.sort_reverse)
+
+    def action_cursor_right(self) -> None:
+        """Scroll sideways to the next column (the node column stays)."""
+        self._scroll_columns(1)
+
+    def action_cursor_left(self) -> None:
+        """Scroll sideways to the previous column."""
+        self._scroll_columns(-1)
+
+    def _scroll_columns(self, step: int) -> None:
+        # The left edges of the scrolling columns, as scroll offsets.
+        edges, x = [0], 0
+        columns = self.ordered_columns
+        for column in columns[self.fixed_columns : -1]:
+            x += column.get_render_width(self)
+            edges.append(x)
+        current = round(self.scroll_x)
+        if step > 0:
+            target = next((edge for edge in edges if edge > current), edges[-1])
+        else:
+            target = next((edge for edge in reversed(edges) if edge < current), 0)
+        self.scroll_to(x=min(target, self.max_scroll_x), animate=False)
 
     def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
         event.stop()

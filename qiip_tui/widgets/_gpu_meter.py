@@ -1,4 +1,5 @@
-"""One device's memory: a bar of used over total, a sparkline of its recent history, and the figures."""
+"""One device's memory: a bar of used over total, a sparkline of its recent history, the figures, and the
+device's utilisation where the node reports it."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ class GpuMeter(Vertical):
         & ProgressBar > Horizontal { width: 1fr; }
         & Bar { width: 1fr; }
         & Bar > .bar--bar, & Bar > .bar--complete { color: $meter-used; background: $meter-free; }
-        & .gpu-figures { width: 15; content-align-horizontal: right; }
+        & .gpu-figures { width: auto; min-width: 15; content-align-horizontal: right; }
         & Sparkline { width: 1fr; margin-left: 6; }
         & Sparkline > .sparkline--max-color { color: $meter-used; }
         & Sparkline > .sparkline--min-color { color: $meter-used 30%; }
@@ -39,7 +40,7 @@ class GpuMeter(Vertical):
     def __init__(self, label: str, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.label = label
-        self._reading: tuple[int, int, list[float]] | None = None
+        self._reading: tuple[int, int, list[float], int | None] | None = None
 
     def compose(self) -> ComposeResult:
         with Horizontal():
@@ -52,23 +53,27 @@ class GpuMeter(Vertical):
     def on_mount(self) -> None:
         self._apply()
 
-    def show(self, used_mib: int, total_mib: int, history_mib: Sequence[float]) -> None:
+    def show(
+        self, used_mib: int, total_mib: int, history_mib: Sequence[float], *, utilization_pct: int | None = None
+    ) -> None:
         """Show a reading.
 
         Args:
             used_mib: memory in use now, in MiB.
             total_mib: the device's memory, in MiB.
             history_mib: the readings taken while the screen was open, oldest first, in MiB.
+            utilization_pct: the device's compute utilisation, in percent, when the node reports it.
         """
-        self._reading = (used_mib, total_mib, list(history_mib))
+        self._reading = (used_mib, total_mib, list(history_mib), utilization_pct)
         if self.is_mounted:
             self._apply()
 
     def _apply(self) -> None:
         if self._reading is None:
             return
-        used_mib, total_mib, history = self._reading
+        used_mib, total_mib, history, utilization = self._reading
         self.query_one(ProgressBar).update(total=max(total_mib, 1), progress=used_mib)
-        self.query_one(".gpu-figures", Label).update(f"{format_mib(used_mib)} / {format_mib(total_mib)}")
+        figures = f"{format_mib(used_mib)} / {format_mib(total_mib)}"
+        self.query_one(".gpu-figures", Label).update(figures if utilization is None else f"{figures} · {utilization}%")
         # One reading has no trend; Sparkline would draw it as a full bar.
         self.query_one(Sparkline).data = history if len(history) > 1 else []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from rich.text import Text
 from textual.theme import Theme
 from textual.widgets import Static
@@ -31,6 +33,7 @@ class NodeHeader(Static):
         self.node_id = node_id
         self._palette = Palette()
         self._node: NodeInfo | None = None
+        self._seen: datetime | None = None
 
     def on_mount(self) -> None:
         self._palette = Palette.from_variables(self.app.theme_variables)
@@ -56,6 +59,11 @@ class NodeHeader(Static):
         text.append_text(breaker_text(node.breaker.state, self._palette))
         if node.breaker.consecutive_failures:
             text.append(f" ({node.breaker.consecutive_failures} failures)")
-        heartbeat = node.last_heartbeat.strftime("%H:%M:%S UTC") if node.last_heartbeat else DASH
-        text.append(f" · seen {heartbeat}")
+        # A registry update (a drain, an undrain) carries no heartbeat: the last one known still holds, and so
+        # does the gateway's own last probe when it succeeded.
+        probed = node.health.last_probe_at if node.health.consecutive_failures == 0 else None
+        for seen in (node.last_heartbeat, probed):
+            if seen is not None and (self._seen is None or seen > self._seen):
+                self._seen = seen
+        text.append(f" · seen {self._seen:%H:%M:%S} UTC" if self._seen is not None else f" · seen {DASH}")
         self.update(text)

@@ -1,0 +1,163 @@
+"""Rates from the daemon's counters: what each node and model did between two reads of `/admin/metrics`.
+
+Pure: no Textual and no I/O. `/admin/metrics` gives totals since the daemon started; a rate is the growth of a
+total between two reads divided by the time between them (as Prometheus' `rate()` does, without the
+extrapolation). A total that went down means the daemon restarted: that read starts the measurement again.
+
+```
+tracker = RateTracker()
+tracker.read(payload, at_s=clock())       # the first read gives no rates
+tracker.read(payload, at_s=clock())       # -> tracker.nodes["gpu01"].requests_per_s, …
+tracker.history["gpu01"]                  # the last HISTORY_SAMPLES readings, oldest first
+```
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["HISTORY_SAMPLES", "ModelRates", "NodeRates", "RateTracker"]
+
+HISTORY_SAMPLES = 60
+"""Readings kept per node for the sparklines: five minutes at the console's default poll interval (5 s)."""
+
+
+@dataclass(frozen=True)
+class NodeRates:
+    """What one node did between two reads."""
+
+    requests_per_s: float
+    """Client requests it answered, per second."""
+    error_ratio: float | None
+    """Its failed attempts over its attempts (0..1); None when it had none."""
+    retries_per_s: float
+    """Attempts that failed on it and were sent to another node, per second."""
+    tokens_per_s: float
+    """Completion tokens it generated, per second (as its answers' `usage` reported them)."""
+    ttft_p50_s: float | None = None
+    """Median time to first token of its recent streams, seconds (the daemon's `ttft_p50_s`)."""
+    ttft_p95_s: float | None = None
+    """95th percentile of the same, seconds (`ttft_p95_s`)."""
+
+
+@dataclass(frozen=True)
+class ModelRates:
+    """What the clients of one model saw between two reads."""
+
+    requests_per_s: float
+    """Client requests for the model, per second."""
+    error_ratio: float | None
+    """Of those, the share that failed (0..1); None when there were none."""
+
+
+def _number(counts: Mapping[str, Any], key: str) -> float | None:
+    value = counts.get(key)
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+def _ratio(part: float, whole: float) -> float | None:
+    return min(max(part / whole, 0.0), 1.0) if whole > 0 else None
+
+
+class RateTracker:
+    """The latest rates of every node and model, and each node's recent history."""
+
+    def __init__(self, *, history_samples: int = HISTORY_SAMPLES) -> None:
+        self.history_samples = history_samples
+        self.nodes: dict[str, NodeRates] = {}
+        """The rates of the last interval, by node."""
+        self.models: dict[str, ModelRates] = {}
+        """The rates of the last interval, by model."""
+        self.history: dict[str, deque[NodeRates]] = {}
+        """Each node's readings, oldest first, at most `history_samples`."""
+        self.requests_per_s: float | None = None
+        """Every client request, per second; None until two reads were seen."""
+        self._previous: tuple[float, Mapping[str, Any]] | None = None
+
+    def read(self, payload: Mapping[str, Any], *, at_s: float) -> set[str]:
+        """Take one `/admin/metrics` answer.
+
+        Args:
+            payload: `{"by_model": {model: counts}, "by_node": {node: counts}}` (see the daemon's
+                `GatewayMetrics.snapshot`).
+            at_s: when it was read, on a monotonic clock, in seconds.
+
+        Returns:
+            The nodes whose rates changed.
+        """
+        previous, self._previous = self._previous, (at_s, payload)
+        by_node: Mapping[str, Any] = payload.get("by_node") or {}
+        by_model: Mapping[str, Any] = payload.get("by_model") or {}
+        changed: set[str] = set()
+        if previous is None or at_s <= previous[0]:
+            # No interval yet: only the TTFT percentiles, which are not rates.
+            for node_id, counts in by_node.items():
+                changed |= self._set(node_id, NodeRates(0.0, None, 0.0, 0.0, *_ttft(counts)), record=False)
+            return changed
+        elapsed = at_s - previous[0]
+        before_nodes: Mapping[str, Any] = previous[1].get("by_node") or {}
+        before_models: Mapping[str, Any] = previous[1].get("by_model") or {}
+        total = sum(_number(c, "requests") or 0.0 for c in (by_model or by_node).values())
+        total_before = sum(_number(c, "requests") or 0.0 for c in (before_models or before_nodes).values())
+        self.requests_per_s = (total - total_before) / elapsed if total >= total_before else None
+        for node_id, counts in by_node.items():
+            growth = _growth(counts, before_nodes.get(node_id) or {})
+            if growth is None:
+                continue
+            rates = NodeRates(
+                requests_per_s=growth["requests"] / elapsed,
+                error_ratio=_ratio(growth["failures"], growth["attempts"]),
+                retries_per_s=growth["retries"] / elapsed,
+                tokens_per_s=growth["completion_tokens"] / elapsed,
+                ttft_p50_s=_ttft(counts)[0],
+                ttft_p95_s=_ttft(counts)[1],
+            )
+            changed |= self._set(node_id, rates, record=True)
+        models = {}
+        for model, counts in by_model.items():
+            growth = _growth(counts, before_models.get(model) or {})
+            if growth is not None:
+                models[model] = ModelRates(growth["requests"] / elapsed, _ratio(growth["errors"], growth["requests"]))
+        self.models = models
+        return changed
+
+    def _set(self, node_id: str, rates: NodeRates, *, record: bool) -> set[str]:
+        if record:
+            history = self.history.get(node_id)
+            if history is None:
+                history = self.history[node_id] = deque(maxlen=self.history_samples)
+            history.append(rates)
+        if self.nodes.get(node_id) == rates:
+            return set()
+        self.nodes[node_id] = rates
+        return {node_id}
+
+    def forget(self, node_id: str) -> None:
+        """Drop a node that left the fleet."""
+        self.nodes.pop(node_id, None)
+        self.history.pop(node_id, None)
+
+
+_KEYS = ("requests", "errors", "retries", "failures", "attempts", "completion_tokens")
+
+
+def _growth(now: Mapping[str, Any], before: Mapping[str, Any]) -> dict[str, float] | None:
+    """Each counter's growth; None when one went down (the daemon restarted between the reads)."""
+    growth = {}
+    for key in _KEYS:
+        value, old = _number(now, key) or 0.0, _number(before, key) or 0.0
+        if value < old:
+            return None
+        growth[key] = value - old
+    if not _number(now, "attempts"):
+        # A daemon without the `attempts` series: its answered requests are its attempts.
+        growth["attempts"] = growth["requests"] + growth["failures"]
+    return growth
+
+
+def _ttft(counts: Mapping[str, Any]) -> tuple[float | None, float | None]:
+    return _number(counts, "ttft_p50_s"), _number(counts, "ttft_p95_s")
