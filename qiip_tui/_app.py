@@ -14,7 +14,6 @@ the connection state and publish them, so no screen polls and no I/O runs on the
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import os
 import time
@@ -30,12 +29,18 @@ from textual.screen import Screen
 from textual.signal import Signal
 from textual.theme import Theme
 
-from qiip_core.client import DEFAULT_URL, ClientError, ConsoleConfig, DaemonUnreachable, OperationInfo, QiipClient
-from qiip_tui._actions import ConsoleActions
+from qiip_core.client import (
+    DEFAULT_URL,
+    ClientError,
+    ConsoleConfig,
+    OperationInfo,
+    QiipClient,
+)
+from qiip_tui._app_connection import ConnectionWatch
 from qiip_tui._commands import ConsoleCommands
-from qiip_tui._connection import RETRY_DELAYS_S, ConnectionProblem, describe_problem, retry_delay_s
+from qiip_tui._connection import RETRY_DELAYS_S, ConnectionProblem
 from qiip_tui._fleet import Fleet, FleetDelta
-from qiip_tui._messages import ConnectionLost, FleetLoaded, MetricsPolled, NodeChanged, NodePolled
+from qiip_tui._messages import FleetLoaded, MetricsPolled, NodeChanged, NodePolled
 from qiip_tui._state import ConsoleState, default_state_path, load_state, save_state
 from qiip_tui._themes import THEME_DIRS, ThemeFileError, console_variable_defaults, load_themes
 from qiip_tui._types import Clock, ConsoleClient
@@ -70,7 +75,7 @@ def _user_theme_dir() -> Path:
     return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "qiip" / "themes"
 
 
-class QiipConsole(ConsoleActions):
+class QiipConsole(ConnectionWatch):
     """The operator console.
 
     Args:
@@ -167,8 +172,8 @@ class QiipConsole(ConsoleActions):
         """Whether the daemon answered the last attempt."""
         self.connection_problem: ConnectionProblem | None = None
         """Why the last attempt failed."""
-        self.connection_attempt: tuple[int, float] = (0, 0.0)
-        """Failed attempts in a row, and seconds until the next."""
+        self.connection_attempt: tuple[int, float | None] = (0, 0.0)
+        """Failed attempts in a row, and seconds until the next (None: the console waits for the operator)."""
         self._mode_before_problem = "fleet"
         self._pending = FleetDelta()
         self._flush_scheduled = False
@@ -235,38 +240,6 @@ class QiipConsole(ConsoleActions):
             self.call_from_thread(self.notify, f"Cannot remember the theme in {self.state_path}: {exc}.")
 
     # -- the connection ----------------------------------------------------------------------------------
-
-    @property
-    def connection_text(self) -> str:
-        """The connection's state in a few words; empty while connected."""
-        if self.connected:
-            return ""
-        if self.connection_problem is None:
-            return f"Connecting to {self.client.url}…"
-        return f"Not connected to {self.client.url}: {self.connection_problem.title} Retrying."
-
-    @work(exclusive=True, group="events", exit_on_error=False)
-    async def _follow_events(self) -> None:
-        attempt = 0
-        while True:
-            try:
-                nodes = await self.client.nodes()
-                self.post_message(FleetLoaded(nodes))
-                attempt = 0
-                async for event in self.client.events():
-                    self.post_message(NodeChanged(event))
-                error: ClientError = DaemonUnreachable(f"The daemon at {self.client.url} ended the event stream.")
-            except ClientError as exc:
-                error = exc
-            attempt += 1
-            delay = retry_delay_s(attempt, self.retry_delays_s)
-            self.post_message(ConnectionLost(error, attempt=attempt, retry_in_s=delay))
-            await asyncio.sleep(delay)
-
-    def action_reconnect(self) -> None:
-        """Try the daemon again now."""
-        self._follow_events()
-
     def on_fleet_loaded(self, message: FleetLoaded) -> None:
         self.last_update = self.wall_clock()
         self._publish(self.fleet.load(message.nodes))
@@ -285,19 +258,6 @@ class QiipConsole(ConsoleActions):
     def on_node_changed(self, message: NodeChanged) -> None:
         self.last_update = self.wall_clock()
         self._publish(self.fleet.apply(message.event))
-
-    def on_connection_lost(self, message: ConnectionLost) -> None:
-        config = self.config
-        self.connected = False
-        self.connection_problem = describe_problem(
-            message.error, url=self.client.url, source=config.source, username=config.username
-        )
-        self.connection_attempt = (message.attempt, message.retry_in_s)
-        self.connection_signal.publish(None)
-        # Only a new outage takes over the screen; an operator who left it is not pulled back each retry.
-        if message.attempt == 1 and self.current_mode != "connection":
-            self._mode_before_problem = self.current_mode
-            self.switch_mode("connection")
 
     @work(exclusive=True, group="metrics", exit_on_error=False)
     async def _poll_metrics(self) -> None:

@@ -44,20 +44,21 @@ class NodeChanged(Message):
 
 
 class ConnectionLost(Message):
-    """The daemon could not be reached or refused the credentials; the worker retries after `retry_in_s`.
+    """The daemon could not be reached or refused the credentials; the worker retries after `retry_in_s`, or
+    waits for new credentials when they were refused (`retry_in_s` None).
 
     Posted by `QiipConsole._follow_events` after each failed attempt.
     Handled by `QiipConsole.on_connection_lost`.
     """
 
-    def __init__(self, error: ClientError, *, attempt: int, retry_in_s: float) -> None:
+    def __init__(self, error: ClientError, *, attempt: int, retry_in_s: float | None) -> None:
         super().__init__()
         self.error = error
         """Why: `DaemonUnreachable`, `Unauthorized` or `ApiError`."""
         self.attempt = attempt
         """Failed attempts in a row, from 1."""
         self.retry_in_s = retry_in_s
-        """Seconds until the next attempt."""
+        """Seconds until the next attempt; None when the console waits for the operator."""
 
 
 class MetricsPolled(Message):

@@ -92,7 +92,10 @@ class RateTracker:
         previous, self._previous = self._previous, (at_s, payload)
         by_node: Mapping[str, Any] = payload.get("by_node") or {}
         by_model: Mapping[str, Any] = payload.get("by_model") or {}
-        changed: set[str] = set()
+        # Nodes the daemon no longer counts (it restarted, or they left): their rates are unknown now.
+        changed: set[str] = {node_id for node_id in self.nodes if node_id not in by_node}
+        for node_id in changed:
+            del self.nodes[node_id]
         if previous is None or at_s <= previous[0]:
             # No interval yet: only the TTFT percentiles, which are not rates.
             for node_id, counts in by_node.items():
@@ -107,6 +110,8 @@ class RateTracker:
         for node_id, counts in by_node.items():
             growth = _growth(counts, before_nodes.get(node_id) or {})
             if growth is None:
+                if self.nodes.pop(node_id, None) is not None:
+                    changed.add(node_id)
                 continue
             rates = NodeRates(
                 requests_per_s=growth["requests"] / elapsed,

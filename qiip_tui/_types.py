@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from qiip_core.client import ChatDelta, NodeEvent, NodeInfo, OperationInfo
 
-__all__ = ["Clock", "ConsoleClient", "LogRecord", "ModelCatalogSource", "ProvisioningSource"]
+__all__ = ["Clock", "ConsoleClient", "CredentialsHolder", "LogRecord", "ModelCatalogSource", "ProvisioningSource"]
 
 Clock = Callable[[], float]
 """A monotonic clock in seconds (`time.monotonic`); tests pass a frozen one."""
@@ -101,3 +101,11 @@ class ModelCatalogSource(Protocol):
     async def start_download(
         self, repo_id: str, *, revision: str | None = None, files: Sequence[str] = ()
     ) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class CredentialsHolder(Protocol):
+    """A client whose admin credentials can be replaced (`QiipClient.set_credentials`): the console asks for a
+    password when the daemon refuses the one it was given."""
+
+    def set_credentials(self, username: str, password: str) -> None: ...

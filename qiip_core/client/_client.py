@@ -220,6 +220,11 @@ class QiipClient:
             base_url=self.url, headers=headers, timeout=timeout_s, trust_env=False, transport=transport
         )
 
+    def set_credentials(self, username: str, password: str) -> None:
+        """Use other admin credentials (HTTP Basic) from the next request on, after the daemon refused the
+        ones given (the console asks the operator)."""
+        self._admin.auth = httpx.BasicAuth(username, password)
+
     @classmethod
     def from_config(cls, config: ConsoleConfig, **kwargs: Any) -> QiipClient:
         """A client for a console configuration (URL, credentials, token)."""

@@ -1,6 +1,8 @@
 """The connection screen: shown while the daemon cannot be used, saying which URL, why, and what to check.
 
-The app keeps retrying behind it with a growing delay and leaves it by itself once the daemon answers.
+The app keeps retrying behind it with a growing delay and leaves it by itself once the daemon answers. When the
+daemon refuses the credentials the app stops (the same ones would be refused again, and each refusal counts
+against the daemon's throttle), and this screen asks for the admin user and password.
 """
 
 from __future__ import annotations
@@ -8,10 +10,11 @@ from __future__ import annotations
 from typing import ClassVar
 
 from rich.text import Text
+from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Vertical
-from textual.widgets import Footer, Header, Static
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Footer, Header, Input, Label, Static
 
 from qiip_tui.screens._base import ConsoleScreen
 
@@ -21,6 +24,7 @@ __all__ = ["ConnectionScreen"]
 class ConnectionScreen(ConsoleScreen[None]):
     """Why the console cannot use its daemon. Shows `QiipConsole.connection_problem`."""
 
+    AUTO_FOCUS = ""
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("r", "app.reconnect", "Retry now"),
         Binding("q", "app.quit", "Quit"),
@@ -30,6 +34,7 @@ class ConnectionScreen(ConsoleScreen[None]):
     | :- | :- |
     | r | Retry now. |
     | q | Quit. |
+    | enter | In the password field: connect with the user and password typed. |
     """
 
     def compose(self) -> ComposeResult:
@@ -39,6 +44,13 @@ class ConnectionScreen(ConsoleScreen[None]):
             yield Static("", id="problem-detail", markup=False)
             yield Static("", id="problem-checks", markup=False)
             yield Static("", id="problem-retry", markup=False)
+            with Vertical(id="login"):
+                with Horizontal(classes="login-row"):
+                    yield Label("User     ", classes="login-label")
+                    yield Input(id="login-username", compact=True)
+                with Horizontal(classes="login-row"):
+                    yield Label("Password ", classes="login-label")
+                    yield Input(id="login-password", password=True, compact=True)
         yield Footer()
 
     def on_mount(self) -> None:
@@ -47,8 +59,11 @@ class ConnectionScreen(ConsoleScreen[None]):
 
     def _changed(self, _: object) -> None:
         problem = self.console.connection_problem
+        login = self.query_one("#login")
         if problem is None:
+            self._hide_login()
             self.query_one("#problem-title", Static).update(f"Connecting to {self.console.client.url}…")
+            self.query_one("#problem-retry", Static).update("")
             return
         self.query_one("#problem-title", Static).update(problem.title)
         detail = Text()
@@ -62,7 +77,40 @@ class ConnectionScreen(ConsoleScreen[None]):
             checks.append(f"\n • {check}")
         self.query_one("#problem-checks", Static).update(checks)
         attempt, delay = self.console.connection_attempt
-        self.query_one("#problem-retry", Static).update(
+        retry = self.query_one("#problem-retry", Static)
+        if delay is None:
+            retry.update(
+                "The console does not try these credentials again. Type the admin user and password, then Enter."
+            )
+            if not login.display:
+                login.display = True
+                self.query_one("#login-username", Input).value = self.console.config.username or "admin"
+                password = self.query_one("#login-password", Input)
+                password.value = ""
+                password.focus()
+            return
+        self._hide_login()
+        retry.update(
             f"Attempt {attempt} failed; the next one is in {delay:g} s. The console reconnects by itself "
             "(r retries now)."
         )
+
+    def _hide_login(self) -> None:
+        login = self.query_one("#login")
+        if login.display:
+            login.display = False
+            self.set_focus(None)
+
+    @on(Input.Submitted, "#login-username")
+    def _username_given(self) -> None:
+        self.query_one("#login-password", Input).focus()
+
+    @on(Input.Submitted, "#login-password")
+    def _login(self) -> None:
+        username = self.query_one("#login-username", Input).value.strip()
+        password = self.query_one("#login-password", Input).value
+        if not username or not password:
+            self.notify("Type both the admin user and the password.", severity="warning")
+            return
+        if not self.console.retry_with(username, password):
+            self.notify("This console's client cannot change its credentials; restart it with others.")

@@ -99,10 +99,11 @@ class FleetScreen(ConsoleScreen[None]):
             what.append("needs attention")
         if table.filter_text:
             what.append(f"matches {table.filter_text!r}")
+        hints = (["Esc clears the filter"] if table.filter_text else []) + (
+            ["e shows every node"] if table.problems_only else []
+        )
         empty.update(
-            f"No node {' and '.join(what)} ({nodes} node{'s' if nodes != 1 else ''} in the fleet). "
-            + ("Esc clears the filter; " if table.filter_text else "")
-            + ("e shows every node." if table.problems_only else "")
+            f"No node {' and '.join(what)} ({nodes} node{'s' if nodes != 1 else ''} in the fleet): {' · '.join(hints)}."
         )
         empty.display = True
 

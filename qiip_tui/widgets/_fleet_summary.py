@@ -22,7 +22,7 @@ class SummaryView:
     connected: bool
     """Whether the daemon answered the last attempt."""
     connection: str = ""
-    """The connection's state in a few words, shown when not connected."""
+    """The connection's state in a few words, shown when not connected and nothing was received yet."""
     updated_at: datetime | None = None
     """When the console last heard from the daemon (UTC)."""
     now: datetime | None = None
@@ -85,9 +85,11 @@ class FleetSummary(Static):
             if view.updated_at is not None:
                 text.append(f" {view.updated_at:%H:%M:%S}")
         else:
-            text.append("○ " + (view.connection or "not connected"), style=palette.status("unhealthy"))
+            text.append("○ not connected", style=palette.status("unhealthy"))
             if view.updated_at is not None and view.now is not None:
                 text.append(f" · data from {view.updated_at:%H:%M:%S} ({age_text(view.updated_at, view.now)})")
+            elif view.updated_at is None:
+                text.append(f" · {view.connection}" if view.connection else "")
         text.append(" │ ")
         rate = fleet.requests_per_s
         count = len(fleet.nodes)

@@ -82,6 +82,7 @@ def sample_fleet() -> list[NodeInfo]:
             status="unhealthy",
             breaker={"state": "open", "consecutive_failures": 5},
             last_error="connect failed: connection refused",
+            last_error_at="2026-11-29T12:02:00+00:00",
             llamacpp_runtime=runtime(gpus=((12000, 24576),)),
         ),
         node("gpu05", status="relaunching", model="meta/Llama-3.1-70B", llamacpp_runtime=None),
@@ -97,13 +98,44 @@ def sample_fleet() -> list[NodeInfo]:
     ]
 
 
-SAMPLE_METRICS = {
-    "by_model": {"Qwen/Qwen3-8B": {"requests": 1200, "errors": 3, "retries": 1}},
-    "by_node": {
-        "gpu01": {"requests": 700, "errors": 0, "retries": 0, "ttft_p50_s": 0.182},
-        "gpu02": {"requests": 500, "errors": 3, "retries": 1, "ttft_p50_s": 1.25},
+def _counts(requests: int, failures: int, retries: int, tokens: int, **extra: float) -> dict[str, float]:
+    return {
+        "requests": requests,
+        "errors": failures,
+        "retries": retries,
+        "failures": failures,
+        "attempts": requests + failures,
+        "prompt_tokens": 40 * requests,
+        "completion_tokens": tokens,
+        **extra,
+    }
+
+
+SAMPLE_METRICS: tuple[dict[str, Any], ...] = (
+    {
+        "by_model": {"Qwen/Qwen3-8B": {"requests": 1200, "errors": 3}, "meta/Llama-3.1-70B": {"requests": 300}},
+        "by_node": {
+            "gpu01": _counts(700, 0, 0, 90_000, ttft_p50_s=0.182, ttft_p95_s=0.41),
+            "gpu02": _counts(500, 3, 1, 60_000, ttft_p50_s=1.25, ttft_p95_s=2.9),
+            "gpu04": _counts(40, 20, 20, 1_000),
+            "vllm01": _counts(300, 0, 0, 50_000, ttft_p50_s=0.35, ttft_p95_s=0.8),
+        },
     },
-}
+    {
+        "by_model": {
+            "Qwen/Qwen3-8B": {"requests": 1260, "errors": 4},
+            "meta/Llama-3.1-70B": {"requests": 300, "errors": 2},
+        },
+        "by_node": {
+            "gpu01": _counts(740, 0, 0, 95_200, ttft_p50_s=0.182, ttft_p95_s=0.41),
+            "gpu02": _counts(520, 4, 2, 62_400, ttft_p50_s=1.25, ttft_p95_s=2.9),
+            "gpu04": _counts(40, 25, 25, 1_000),
+            "vllm01": _counts(300, 0, 0, 50_000, ttft_p50_s=0.35, ttft_p95_s=0.8),
+        },
+    },
+)
+"""Two polls of `/admin/metrics`, five seconds apart on the snapshot console's clock: gpu01 serves 8 req/s,
+gpu02 4 req/s with one failure in 21, gpu04 only fails, vllm01 is idle."""
 
 
 class FakeClient:
@@ -114,18 +146,19 @@ class FakeClient:
         nodes: Sequence[NodeInfo] = (),
         *,
         url: str = "http://127.0.0.1:8080",
-        metrics: Mapping[str, Any] | None = None,
+        metrics: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
         models: Sequence[str] = ("Qwen/Qwen3-8B", "tiny-chat"),
         answer: Sequence[str] = ("Hello", ", operator", ". All", " nodes", " are", " fine."),
         fail: ClientError | None = None,
     ) -> None:
         self.url = url
         self.nodes_by_id = {n.id: n for n in nodes}
-        self.metrics_payload = dict(metrics or {})
+        # One payload, or successive polls' payloads (the last one repeats).
+        self.metrics_payloads = [dict(metrics)] if isinstance(metrics, Mapping) else [dict(m) for m in metrics or [{}]]
         self.model_ids = list(models)
         self.answer = list(answer)
         self.fail = fail
-        self.events_queue: asyncio.Queue[NodeEvent] = asyncio.Queue()
+        self.events_queue: asyncio.Queue[NodeEvent | None] = asyncio.Queue()
         self.relaunched: list[tuple[str, dict[str, Any]]] = []
 
     def push(self, change: str, info: NodeInfo) -> None:
@@ -170,14 +203,19 @@ class FakeClient:
 
     async def metrics(self) -> dict[str, Any]:
         self._check()
-        return dict(self.metrics_payload)
+        payload = self.metrics_payloads[0] if len(self.metrics_payloads) == 1 else self.metrics_payloads.pop(0)
+        return dict(payload)
 
     async def events(self, *, heartbeat_s: float = 15.0) -> AsyncIterator[NodeEvent]:
         self._check()
         for info in list(self.nodes_by_id.values()):
             yield NodeEvent(change="added", node=info)
-        while True:
-            yield await self.events_queue.get()
+        while (event := await self.events_queue.get()) is not None:
+            yield event
+
+    def end_events(self) -> None:
+        """End the event stream, as a daemon that went away does."""
+        self.events_queue.put_nowait(None)
 
     async def models(self) -> list[str]:
         self._check()

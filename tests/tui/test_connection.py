@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from textual.widgets import Static
+from textual.widgets import Input, Static
 
 from qiip_core.client import ConsoleConfig
 from qiip_tui import QiipConsole
@@ -39,14 +39,28 @@ async def test_a_closed_port_shows_which_url_does_not_answer_and_what_to_check()
     assert app.return_code == 0
 
 
-async def test_wrong_credentials_say_so_and_where_they_came_from(tmp_path: Path) -> None:
+async def test_wrong_credentials_say_so_stop_retrying_and_ask_for_the_password(tmp_path: Path) -> None:
     with Daemon(tmp_path / "state") as daemon:
-        app = QiipConsole(config_for(daemon, password="not-the-password"), retry_delays_s=(30.0,))
+        app = QiipConsole(config_for(daemon, password="not-the-password"), retry_delays_s=(0.05,))
         async with app.run_test(size=(80, 24)) as pilot:
             await wait_for(pilot, lambda: _problem(app), what="the connection screen")
             assert "refused the admin credentials" in _text(app, "#problem-title")
             assert "user 'admin', from the test" in _text(app, "#problem-title")
             assert "QIIP_ADMIN__PASSWORD" in _text(app, "#problem-checks")
+            assert "does not try these credentials again" in _text(app, "#problem-retry")
+            # With a retry delay of 50 ms, a console that kept retrying would have tried many times by now.
+            await pilot.pause(0.5)
+            assert app.connection_attempt == (1, None)
+            password = app.screen.query_one("#login-password", Input)
+            assert password.has_focus and app.screen.query_one("#login-username", Input).value == "admin"
+
+            await pilot.press(*"still-wrong", "enter")
+            await wait_for(pilot, lambda: app.connection_attempt == (1, None) and _problem(app), what="a refusal")
+            assert "the password typed here" in _text(app, "#problem-title")
+
+            await pilot.press(*"test-password", "enter")
+            await wait_for(pilot, lambda: isinstance(app.screen, FleetScreen), what="the fleet screen")
+            assert app.connected and app.connection_problem is None
 
 
 async def test_the_console_recovers_by_itself_when_the_daemon_comes_up(tmp_path: Path) -> None:

@@ -38,14 +38,14 @@ async def test_filter_and_sort(console_daemon: Daemon) -> None:
 
         # A click on the Model header sorts by model; a second click reverses.
         table = app.screen.query_one(FleetTable)
-        model_x = sum(width + 2 for width in table._widths[:3]) + 1
+        model_x = sum(width + 2 for width in table._widths[:2]) + 1
         await pilot.click(FleetTable, offset=(model_x, 0))
         assert table.sort_column == "model" and rows(app) == ["slow", "chat-a", "chat-b"]
         await pilot.click(FleetTable, offset=(model_x, 0))
         assert table.sort_reverse and rows(app) == ["chat-b", "chat-a", "slow"]
-        # `s` moves the sort to the next column (in-flight), `S` reverses it.
+        # `s` moves the sort to the next column (the request rate), `S` reverses it.
         await pilot.press("s")
-        assert table.sort_column == "in_flight" and not table.sort_reverse
+        assert table.sort_column == "rps" and not table.sort_reverse
         await pilot.press("S")
         assert table.sort_reverse
 

@@ -47,6 +47,42 @@ def test_the_request_rate_comes_from_two_polls_and_restarts_after_a_counter_rese
     assert fleet.requests_per_s is None and fleet.ttft_p50_s == {}, "a restarted daemon starts over"
 
 
+def test_node_and_model_rates_between_two_polls() -> None:
+    fleet = Fleet()
+    fleet.load(sample_fleet())
+    before = {
+        "by_model": {"m": {"requests": 100, "errors": 0}},
+        "by_node": {"gpu01": {"requests": 100, "failures": 0, "attempts": 100, "retries": 0, "completion_tokens": 0}},
+    }
+    after = {
+        "by_model": {"m": {"requests": 150, "errors": 5}},
+        "by_node": {
+            "gpu01": {
+                "requests": 145,
+                "failures": 5,
+                "attempts": 150,
+                "retries": 5,
+                "completion_tokens": 1000,
+                "ttft_p50_s": 0.2,
+                "ttft_p95_s": 0.9,
+            }
+        },
+    }
+    fleet.apply_metrics(before, at_s=0.0)
+    assert fleet.apply_metrics(after, at_s=10.0) == FleetDelta(changed=frozenset({"gpu01"}))
+    rates = fleet.rates.nodes["gpu01"]
+    assert rates.requests_per_s == pytest.approx(4.5) and rates.error_ratio == pytest.approx(0.1)
+    assert rates.retries_per_s == pytest.approx(0.5) and rates.tokens_per_s == pytest.approx(100.0)
+    assert (rates.ttft_p50_s, rates.ttft_p95_s) == (0.2, 0.9)
+    assert fleet.rates.models["m"].error_ratio == pytest.approx(0.1)
+    assert list(fleet.rates.history["gpu01"]) == [rates]
+    assert fleet.is_problem(fleet.nodes["gpu01"]), "a healthy node failing requests needs attention"
+    # A model whose last healthy node fails comes first, however it is named.
+    fleet.update(fleet.nodes["vllm01"].model_copy(update={"status": "unhealthy"}))
+    first = fleet.model_summaries()[0]
+    assert (first.model, first.healthy, first.nodes) == ("meta/Llama-3.1-70B", 0, 3)
+
+
 def test_status_counts_follow_the_status_order() -> None:
     fleet = Fleet()
     fleet.load(sample_fleet())

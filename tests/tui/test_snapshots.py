@@ -6,7 +6,9 @@ is the same on every run. Update them with `uv run pytest tests/tui --snapshot-u
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -39,10 +41,22 @@ Snap = Callable[..., bool]
 Steps = Callable[[Pilot[Any]], Awaitable[None]]
 
 
+NOW = datetime(2026, 11, 29, 12, 5, tzinfo=UTC)
+"""The snapshots' time of day: gpu04's error was seen three minutes before."""
+
+
 def console(client: FakeClient | None = None) -> QiipConsole:
     client = client or FakeClient(sample_fleet(), metrics=SAMPLE_METRICS)
-    # Polls that would add readings after the picture is due never come (an hour apart).
-    return QiipConsole(client=client, clock=lambda: 1000.0, metrics_interval_s=3600, node_poll_s=3600)
+    ticks = itertools.count(1000.0, 5.0)
+    # Polls that would add readings after the picture is due never come (an hour apart); each reading of the
+    # clock is five seconds after the last, so two polls give the sample's rates.
+    return QiipConsole(
+        client=client,
+        clock=lambda: next(ticks),
+        wall_clock=lambda: NOW,
+        metrics_interval_s=3600,
+        node_poll_s=3600,
+    )
 
 
 async def fleet_ready(pilot: Pilot[Any]) -> None:
@@ -50,6 +64,9 @@ async def fleet_ready(pilot: Pilot[Any]) -> None:
     assert isinstance(app, QiipConsole)
     await screen_of(pilot, FleetScreen)
     await wait_for(pilot, lambda: len(app.fleet.nodes) == 8 and bool(app.fleet.ttft_p50_s), what="the fleet")
+    # The second poll, which gives the rates.
+    app._poll_metrics()
+    await wait_for(pilot, lambda: app.fleet.requests_per_s is not None, what="the rates")
     await pilot.pause()
 
 
@@ -89,14 +106,47 @@ def test_fleet_filtered_and_sorted(snap_compare: Snap, size: tuple[int, int]) ->
 
 
 @pytest.mark.parametrize("size", SIZES)
+def test_fleet_problems_only(snap_compare: Snap, size: tuple[int, int]) -> None:
+    assert snap_compare(console(), terminal_size=size, run_before=then(keys("e")))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_fleet_filter_matching_nothing(snap_compare: Snap, size: tuple[int, int]) -> None:
+    steps = then(keys("slash", *"nothing-like-this", "enter"))
+    assert snap_compare(console(), terminal_size=size, run_before=steps)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_fleet_scrolled_sideways(snap_compare: Snap, size: tuple[int, int]) -> None:
+    assert snap_compare(console(), terminal_size=size, run_before=then(keys("right", "right", "right")))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_fleet_stale_after_a_disconnect(snap_compare: Snap, size: tuple[int, int]) -> None:
+    async def disconnect(pilot: Pilot[Any]) -> None:
+        app = pilot.app
+        assert isinstance(app, QiipConsole)
+        app.retry_delays_s = (60.0,)
+        client = app.client
+        assert isinstance(client, FakeClient)
+        client.fail = DaemonUnreachable("The daemon at http://127.0.0.1:8080 does not answer.")
+        client.end_events()
+        await screen_of(pilot, ConnectionScreen)
+        app.switch_mode("fleet")
+        await screen_of(pilot, FleetScreen)
+
+    assert snap_compare(console(), terminal_size=size, run_before=then(disconnect))
+
+
+@pytest.mark.parametrize("size", SIZES)
 def test_node(snap_compare: Snap, size: tuple[int, int]) -> None:
-    steps = then(keys("down", "enter"), shows(NodeScreen))
+    steps = then(keys("slash", *"gpu02", "enter", "enter"), shows(NodeScreen))
     assert snap_compare(console(), terminal_size=size, run_before=steps)
 
 
 @pytest.mark.parametrize("size", SIZES)
 def test_confirm_drain(snap_compare: Snap, size: tuple[int, int]) -> None:
-    steps = then(keys("down", "enter"), shows(NodeScreen), keys("d"), shows(ConfirmModal))
+    steps = then(keys("slash", *"gpu02", "enter", "enter"), shows(NodeScreen), keys("d"), shows(ConfirmModal))
     assert snap_compare(console(), terminal_size=size, run_before=steps)
 
 
@@ -107,7 +157,7 @@ def test_sizing_editor_with_a_violation(snap_compare: Snap, size: tuple[int, int
         await pilot.click("#context_per_slot")
         await pilot.press("end", *["backspace"] * len(field.value), *"3000")
 
-    steps = then(keys("down", "down", "r"), shows(SizingScreen), type_context)
+    steps = then(keys("slash", *"gpu02", "enter", "r"), shows(SizingScreen), type_context)
     assert snap_compare(console(), terminal_size=size, run_before=steps)
 
 
@@ -208,7 +258,7 @@ def test_connection(snap_compare: Snap, size: tuple[int, int], error: ClientErro
 
     async def problem(pilot: Pilot[Any]) -> None:
         screen = await screen_of(pilot, ConnectionScreen)
-        await wait_for(pilot, lambda: "Attempt" in str(screen.query_one("#problem-retry").render()))
+        await wait_for(pilot, lambda: bool(str(screen.query_one("#problem-retry").render())))
 
     app.retry_delays_s = (60.0,)
     assert snap_compare(app, terminal_size=size, run_before=problem)
