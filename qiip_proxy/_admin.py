@@ -201,6 +201,7 @@ async def undrain_node(request: Request, node_id: str, body: Empty) -> JSONRespo
     gateway = _gateway(request)
     state = _node_or_404(gateway, node_id)
     check_can_undrain(gateway.table, node_id)
+    gateway.journal.record(node_id, "note", "undrain asked", "an operator took the node back into rotation")
     await gateway.fleet.set_lifecycle(node_id, None)
     return JSONResponse(node_view(state))
 

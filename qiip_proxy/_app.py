@@ -22,6 +22,7 @@ from qiip_proxy._errors import RequestRefused, error_response
 from qiip_proxy._gateway import Gateway
 from qiip_proxy._http import HeadAsGet, with_cors
 from qiip_proxy._inference import ProxyRoutes
+from qiip_proxy._journal import router as journal_router
 from qiip_proxy._models import router as models_router
 from qiip_proxy._provisioning import router as provisioning_router
 
@@ -61,6 +62,7 @@ def create_app(settings: Settings) -> FastAPI:
         # The setup route first: `/admin/nodes/setup` is not a node id.
         app.include_router(provisioning_router)
         app.include_router(admin_router)
+        app.include_router(journal_router)
         app.include_router(models_router)
 
     # The one exception handler of both APIs: every error carries its status and code (`_errors`).

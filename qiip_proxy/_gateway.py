@@ -25,6 +25,7 @@ from qiip_core.discovery import (
     read_token_file,
 )
 from qiip_core.health import HealthChecker
+from qiip_core.journal import Journal
 from qiip_core.lifecycle import OperationRunner
 from qiip_core.nodes import Node, NodeStatus
 from qiip_core.provisioning import Provisioner
@@ -92,6 +93,8 @@ class Gateway:
         )
         self.local_nodes = LocalNodes(settings, self.registry)
         self.operations = OperationRunner()
+        self.journal = Journal(self.table, self.operations)
+        """The fleet's timeline: node changes with their reasons, and operations (the last 2,000 entries)."""
         self.cache_dir = settings.models.hf_cache_dir or default_cache_dir()
         """The Hugging Face cache the catalog reads and downloads fill."""
         self.downloads = DownloadManager(settings.models, self.cache_dir)
@@ -112,6 +115,7 @@ class Gateway:
         if self.shutting_down:
             return
         self.shutting_down = True
+        self.journal.close()
         for end in list(self.on_shutdown_begun):
             end()
 

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from qiip_tui._app import QiipConsole
 from qiip_tui._themes import ThemeFile, ThemeFileError, load_theme_file, load_themes
-from qiip_tui._types import ConsoleClient, LogRecord, ProvisioningSource
+from qiip_tui._types import ConsoleClient, JournalSource, LogRecord, ProvisioningSource
 
 __all__ = [
     "ConsoleClient",
+    "JournalSource",
     "LogRecord",
     "ProvisioningSource",
     "QiipConsole",

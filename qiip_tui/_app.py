@@ -51,6 +51,7 @@ from qiip_tui.screens import (
     HelpScreen,
     LogsScreen,
     ModelsScreen,
+    NodeScreen,
     key_map,
     screen_name,
 )
@@ -117,7 +118,7 @@ class QiipConsole(ConnectionWatch):
     | :- | :- |
     | f | The fleet. |
     | c | Chat. |
-    | l | Provisioning: the hosts' setups and their logs. |
+    | l | Logs: the fleet's timeline, engine logs (of the open node, on a node's screen), provisioning. |
     | m | Models: the cache catalog and downloads. |
     | ? | The keys of this screen. |
     | ctrl+p | The command palette. |
@@ -168,6 +169,8 @@ class QiipConsole(ConnectionWatch):
         """The node the palette's node commands act on: highlighted in the fleet table or open."""
         self.selected_host: str | None = None
         """The host the palette's host commands act on: highlighted in the provisioning table."""
+        self.engine_log_node: str | None = None
+        """A node whose engine log the logs screen opens next (`l` on a node's screen)."""
         self.connected = False
         """Whether the daemon answered the last attempt."""
         self.connection_problem: ConnectionProblem | None = None
@@ -318,8 +321,11 @@ class QiipConsole(ConnectionWatch):
         self.switch_mode("chat")
 
     def action_logs(self) -> None:
-        """Show the provisioning screen: the hosts' setups and their logs."""
-        self.switch_mode("logs")
+        """Show the logs screen: the fleet's timeline, engine logs and provisioning; from a node's screen, that
+        node's engine log."""
+        if isinstance(self.screen, NodeScreen):
+            self.engine_log_node = self.screen.node_id
+        self.switch_mode("logs")  # the screen opens the requested node when it mounts or resumes
 
     def action_models(self) -> None:
         """Show the models: the cache catalog and downloads."""

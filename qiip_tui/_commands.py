@@ -53,7 +53,9 @@ def console_commands(app: QiipConsole) -> list[PaletteCommand]:
     commands = [
         PaletteCommand("Fleet", app.action_fleet, "The fleet table (f)"),
         PaletteCommand("Chat", app.action_chat, "Talk to a model through the daemon (c)"),
-        PaletteCommand("Provisioning", app.action_logs, "The hosts' setups and their logs as they happen (l)"),
+        PaletteCommand(
+            "Logs", app.action_logs, "The fleet's timeline, engine logs, and provisioning as they happen (l)"
+        ),
         PaletteCommand("Set up a host", partial(app.host_action, "setup", None), "Install an engine over SSH (s)"),
         PaletteCommand("Models", app.action_models, "The model cache catalog and downloads (m)"),
         PaletteCommand("Keys", app.action_help, "The key map of this screen (?)"),

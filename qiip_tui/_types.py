@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from qiip_core.client import ChatDelta, NodeEvent, NodeInfo, OperationInfo
 
-__all__ = ["Clock", "ConsoleClient", "CredentialsHolder", "LogRecord", "ModelCatalogSource", "ProvisioningSource"]
+__all__ = [
+    "Clock",
+    "ConsoleClient",
+    "CredentialsHolder",
+    "JournalSource",
+    "LogRecord",
+    "ModelCatalogSource",
+    "ProvisioningSource",
+]
 
 Clock = Callable[[], float]
 """A monotonic clock in seconds (`time.monotonic`); tests pass a frozen one."""
@@ -70,6 +78,11 @@ class LogRecord:
     """When it was written, if the source says."""
     source: str = ""
     """Who wrote it: a node id, a host, an operation."""
+    tag: str | None = None
+    """A short label shown in place of the level (a journal event: `status`, `breaker open`); None shows the level,
+    empty shows nothing (an engine's own line)."""
+    tag_style: str = ""
+    """The palette style of `tag` (`status-unhealthy`, `log-error`); empty uses the level's."""
 
 
 @runtime_checkable
@@ -88,6 +101,16 @@ class ProvisioningSource(Protocol):
     async def power(self, host: str, action: str) -> dict[str, Any]: ...
 
     async def power_state(self, host: str) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class JournalSource(Protocol):
+    """A daemon with the fleet journal and engine logs (`/admin/journal`, `/admin/nodes/{id}/log`); `QiipClient` is
+    one. The logs screen's timeline and engine-log panes need it."""
+
+    def journal(self, *, follow: bool = True) -> AsyncIterator[dict[str, Any]]: ...
+
+    def engine_log(self, node_id: str, *, lines: int = 200, follow: bool = True) -> AsyncIterator[dict[str, Any]]: ...
 
 
 @runtime_checkable

@@ -16,6 +16,7 @@ PACKAGES = [
     "qiip_core.discovery",
     "qiip_core.engines.llamacpp",
     "qiip_core.health",
+    "qiip_core.journal",
     "qiip_core.lifecycle",
     "qiip_core.nodes",
     "qiip_core.planner",

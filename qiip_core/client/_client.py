@@ -436,6 +436,59 @@ class QiipClient:
         except httpx.HTTPError as exc:
             raise DaemonUnreachable(f"The log stream from {self.url} broke: {exc!r}.") from exc
 
+    # -- the journal and engine logs ----------------------------------------------------------------------
+
+    async def _sse_stream(
+        self, path: str, params: Mapping[str, str], wanted: frozenset[str]
+    ) -> AsyncGenerator[tuple[str, dict[str, Any]], None]:
+        """The `(event, data)` pairs of an admin SSE stream whose event name is in `wanted`."""
+        try:
+            async with httpx_sse.aconnect_sse(self._admin, "GET", path, params=dict(params), timeout=None) as source:
+                if source.response.status_code >= 400:
+                    await source.response.aread()  # the error body names the reason
+                _raise_for(source.response, self.url)
+                async for event in source.aiter_sse():
+                    if event.event in wanted:
+                        try:
+                            data = json.loads(event.data)
+                        except ValueError as exc:
+                            raise self._shape_error(path, exc) from None
+                        if not isinstance(data, dict):
+                            raise self._shape_error(path, TypeError("an event is not an object"))
+                        yield event.event, data
+        except httpx.HTTPError as exc:
+            raise DaemonUnreachable(f"The stream {path} from {self.url} broke: {exc!r}.") from exc
+
+    async def journal(self, *, follow: bool = True) -> AsyncGenerator[dict[str, Any], None]:
+        """The fleet journal (`GET /admin/journal`): the entries kept (the last 2,000), then (with `follow`) each new
+        one, as `{seq, at, node, event, summary, reason, …}`.
+
+        Raises:
+            DaemonUnreachable, Unauthorized: the stream could not be opened or broke.
+            ApiError: the daemon refused it (404 from a daemon without a journal).
+            NotADaemon: an entry is not JSON.
+        """
+        params = {"follow": "true" if follow else "false"}
+        async for _event, data in self._sse_stream("/admin/journal", params, frozenset({"entry"})):
+            yield data
+
+    async def engine_log(
+        self, node_id: str, *, lines: int = 200, follow: bool = True
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        """A local node's engine log (`GET /admin/nodes/{id}/log`): its last `lines` lines (at most 10,000), then (with
+        `follow`) each new one, as `{"event": "line", "line": …}`, and `{"event": "reset", "reason": …}` when the log
+        starts again (a relaunch).
+
+        Raises:
+            DaemonUnreachable, Unauthorized: the stream could not be opened or broke.
+            ApiError: 404 for an unknown node, 409 for a node whose engine log the daemon does not keep.
+            NotADaemon: a line is not JSON.
+        """
+        params = {"lines": str(lines), "follow": "true" if follow else "false"}
+        path = f"/admin/nodes/{node_id}/log"
+        async for event, data in self._sse_stream(path, params, frozenset({"line", "reset"})):
+            yield {"event": event, **data}
+
     # -- the client API ------------------------------------------------------------------------------------
 
     async def models(self) -> list[str]:

@@ -152,6 +152,21 @@ class OperationRunner:
         self._running_by_node: dict[str, str] = {}
         self._task_by_id: dict[str, asyncio.Task[None]] = {}
         self._begun: set[str] = set()
+        self._listeners: list[Callable[[Operation], None]] = []
+
+    def add_listener(self, listener: Callable[[Operation], None]) -> None:
+        """Call `listener(operation)` when an operation starts and again when it finishes (its `state` says which).
+
+        A listener runs on the event loop and must not raise; one that does is logged and skipped.
+        """
+        self._listeners.append(listener)
+
+    def _tell(self, operation: Operation) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(operation)
+            except Exception:
+                logger.exception("an operation listener failed")
 
     @staticmethod
     def new_id() -> str:
@@ -193,6 +208,7 @@ class OperationRunner:
         self._task_by_id[operation.id] = task
         task.add_done_callback(self._tasks.discard)
         task.add_done_callback(lambda _: self._task_by_id.pop(operation.id, None))
+        self._tell(operation)
         return operation
 
     def cancel(self, operation_id: str) -> bool:
@@ -227,6 +243,7 @@ class OperationRunner:
             operation.finished_at = datetime.now(UTC)
             self._running_by_node.pop(operation.node_id, None)
             self._begun.discard(operation.id)
+            self._tell(operation)
 
     def get(self, operation_id: str) -> Operation | None:
         """An operation by id."""

@@ -172,10 +172,12 @@ class TableChange:
     Attributes:
         kind: added, updated or removed.
         node: the node's registration with its effective status at the time of the change.
+        reason: why, when the change's cause says (a health probe's outcome, the error that opened a breaker).
     """
 
     kind: ChangeKind
     node: Node
+    reason: str | None = None
 
 
 class Reservation:
@@ -456,7 +458,7 @@ class RoutingTable:
                 state.status.value,
                 f" ({reason})" if reason else "",
             )
-        self._notify(ChangeKind.UPDATED, state)
+        self._notify(ChangeKind.UPDATED, state, reason)
 
     def set_lifecycle(self, node_id: str, lifecycle: NodeStatus | None) -> None:
         """Set or clear (None) a lifecycle status decided on this gateway, such as a drain.
@@ -481,7 +483,7 @@ class RoutingTable:
         state.breaker.record_success()
         if not was_closed:
             logger.info("node %s: breaker closed (a request succeeded)", node_id)
-            self._notify(ChangeKind.UPDATED, state)
+            self._notify(ChangeKind.UPDATED, state, "a request succeeded")
 
     def record_failure(self, node_id: str, error: str, *, started_at: float | None = None) -> bool:
         """A request to the node failed with a connect error, timeout, broken answer or 5xx
@@ -505,7 +507,7 @@ class RoutingTable:
         opened = state.breaker.record_failure(started_at)
         if opened and was_closed:
             logger.info("node %s: breaker open (%s)", node_id, error)
-            self._notify(ChangeKind.UPDATED, state)
+            self._notify(ChangeKind.UPDATED, state, error)
         return opened
 
     def retry_after_s(self, model: str) -> float | None:
@@ -542,10 +544,10 @@ class RoutingTable:
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener) if listener in self._listeners else None
 
-    def _notify(self, kind: ChangeKind, state: NodeState) -> None:
+    def _notify(self, kind: ChangeKind, state: NodeState, reason: str | None = None) -> None:
         if not self._listeners:
             return
-        change = TableChange(kind, state.effective_node())
+        change = TableChange(kind, state.effective_node(), reason)
         for listener in list(self._listeners):
             try:
                 listener(change)

@@ -1,8 +1,16 @@
-"""The provisioning screen: every host's last setup or teardown, and the live log of the host picked.
+"""The logs screen: the fleet's timeline, the engine log of a node, and the provisioning tasks with their logs.
 
-The task table polls `provisioning_tasks()` while the screen is shown; Enter on a host follows its log
-(`host_log`) in the log view below, which searches with `/`. The host actions (set up, cancel, tear down, power)
-are the app's (`HostActions`): the keys here only name the highlighted host.
+Three panes (keys 1, 2, 3):
+
+- **Timeline**: the daemon's journal (`journal`), its kept history first (events from before the console
+  connected), then each new event as it happens: time (UTC), node, event, what changed and why.
+- **Engine log**: the nodes of the fleet; Enter follows the highlighted node's engine log (`engine_log`), the
+  llama-server output of a node the daemon launched itself. `l` on a node's screen opens this pane on that node.
+- **Provisioning**: the task table polls `provisioning_tasks()` while the screen is shown; Enter on a host follows
+  its log (`host_log`). The host actions (set up, cancel, tear down, power) are the app's (`HostActions`).
+
+Every log searches with `/` and pauses with space (`LogView`). A daemon without the journal or provisioning gets a
+banner in that pane, and the rest works.
 """
 
 from __future__ import annotations
@@ -15,31 +23,43 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.timer import Timer
-from textual.widgets import DataTable, Footer, Header, Static
+from textual.widgets import DataTable, Footer, Header, Static, TabbedContent, TabPane
 
 from qiip_core.client import ClientError
+from qiip_tui._journal import engine_records, journal_records
 from qiip_tui._provisioning import TASK_COLUMNS, log_records, task_cells
-from qiip_tui._render import Palette
-from qiip_tui._types import ProvisioningSource
+from qiip_tui._render import Palette, status_text
+from qiip_tui._types import JournalSource, ProvisioningSource
 from qiip_tui.screens._base import ConsoleScreen
 from qiip_tui.widgets import LogView
 
-__all__ = ["NOT_AVAILABLE", "LogsScreen"]
+__all__ = ["NOT_AVAILABLE", "NO_JOURNAL", "LogsScreen"]
 
 NOT_AVAILABLE = "This daemon does not provision hosts (/admin/provisioning); upgrade it to set hosts up from here."
-"""What the screen says when the client cannot ask for provisioning tasks."""
+"""What the provisioning pane says when the client cannot ask for provisioning tasks."""
+
+NO_JOURNAL = (
+    "This daemon keeps no journal or engine logs (/admin/journal, /admin/nodes/{id}/log); upgrade it to see the "
+    "fleet's timeline here."
+)
+"""What the timeline and engine-log panes say when the client cannot ask for them."""
 
 _STATE_STYLES = {"running": "provisioning", "succeeded": "healthy", "failed": "failed", "cancelled": "unknown"}
+_PANES = ("timeline", "engine", "provisioning")
+_NODE_COLUMNS = ("Node", "Status", "Engine", "Source")
 
 
 class LogsScreen(ConsoleScreen[None]):
-    """Provisioning tasks, and the log of one host as it happens."""
+    """The fleet's timeline, a node's engine log, and provisioning tasks with the log of one host."""
 
-    AUTO_FOCUS = "#tasks"
+    AUTO_FOCUS = "#timeline RichLog"
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("s", "host('setup')", "Set up"),
-        Binding("x", "host('cancel')", "Cancel"),
-        Binding("t", "host('teardown')", "Tear down"),
+        Binding("1", "pane('timeline')", "Timeline"),
+        Binding("2", "pane('engine')", "Engine log"),
+        Binding("3", "pane('provisioning')", "Provisioning"),
+        Binding("s", "host('setup')", "Set up", show=False),
+        Binding("x", "host('cancel')", "Cancel", show=False),
+        Binding("t", "host('teardown')", "Tear down", show=False),
         Binding("o", "host('power_on')", "Power on", show=False),
         Binding("k", "host('power_off')", "Power off", show=False),
         Binding("r", "host('power_restart')", "Restart", show=False),
@@ -48,7 +68,8 @@ class LogsScreen(ConsoleScreen[None]):
     """
     | Key | Action |
     | :- | :- |
-    | enter | Follow the highlighted host's log. |
+    | 1, 2, 3 | Show the timeline, the engine log, or the provisioning pane. |
+    | enter | Follow the highlighted node's engine log, or host's provisioning log. |
     | s | Set up a host (a form, then a confirmation). |
     | x | Cancel the highlighted host's running setup or teardown (asks first). |
     | t | Tear the highlighted host's node down (asks first). |
@@ -74,34 +95,119 @@ class LogsScreen(ConsoleScreen[None]):
     def __init__(self) -> None:
         super().__init__()
         self.host: str | None = None
-        """The host whose log is shown."""
+        """The host whose provisioning log is shown."""
+        self.engine_node: str | None = None
+        """The node whose engine log is shown."""
         self._timer: Timer | None = None
+        self._timeline_ended = False
 
     def compose(self) -> ComposeResult:
         yield Header()
-        yield Static("Reading the provisioning tasks…", id="logs-banner", markup=False)
-        table: DataTable[str | Text] = DataTable(id="tasks", cursor_type="row", zebra_stripes=True)
-        yield table
-        yield Static("Pick a host and press Enter to follow its log.", id="log-title", markup=False)
-        yield LogView(id="log-view")
+        initial = "engine" if self.console.engine_log_node is not None else "timeline"
+        with TabbedContent(id="logs-panes", initial=initial):
+            with TabPane("Timeline", id="timeline"):
+                yield Static("Reading the fleet's journal…", id="timeline-banner", markup=False)
+                yield LogView(id="timeline-view")
+            with TabPane("Engine log", id="engine"):
+                yield Static(NO_JOURNAL, id="engine-banner", markup=False)
+                nodes: DataTable[str | Text] = DataTable(id="engine-nodes", cursor_type="row", zebra_stripes=True)
+                yield nodes
+                yield Static("Pick a node and press Enter to follow its engine log.", id="engine-title", markup=False)
+                yield LogView(id="engine-log")
+            with TabPane("Provisioning", id="provisioning"):
+                yield Static("Reading the provisioning tasks…", id="logs-banner", markup=False)
+                table: DataTable[str | Text] = DataTable(id="tasks", cursor_type="row", zebra_stripes=True)
+                yield table
+                yield Static("Pick a host and press Enter to follow its log.", id="log-title", markup=False)
+                yield LogView(id="log-view")
         yield Footer()
 
     def on_mount(self) -> None:
         self.query_one("#tasks", DataTable).add_columns(*TASK_COLUMNS)
+        self.query_one("#engine-nodes", DataTable).add_columns(*_NODE_COLUMNS)
+        journal = isinstance(self.console.client, JournalSource)
+        self.query_one("#engine-banner", Static).display = not journal
+        if journal:
+            self._follow_timeline()
+        else:
+            self.query_one("#timeline-banner", Static).update(NO_JOURNAL)
+        self._show_nodes()
+        self._open_requested_node()
         if not isinstance(self.console.client, ProvisioningSource):
             self.query_one("#logs-banner", Static).update(NOT_AVAILABLE)
+            self._timer = self.set_interval(self.console.node_poll_s, self._show_nodes)
             return
         self._load()
-        self._timer = self.set_interval(self.console.node_poll_s, self._load)
+        self._timer = self.set_interval(self.console.node_poll_s, self._poll)
+
+    def _poll(self) -> None:
+        self._load()
+        self._show_nodes()
 
     def on_screen_suspend(self) -> None:
         if self._timer is not None:
             self._timer.pause()
 
     def on_screen_resume(self) -> None:
+        self._open_requested_node()
+        if self._timeline_ended and isinstance(self.console.client, JournalSource):
+            self._follow_timeline()
         if self._timer is not None:
-            self._load()
+            self._poll() if isinstance(self.console.client, ProvisioningSource) else self._show_nodes()
             self._timer.resume()
+
+    def action_pane(self, pane: str) -> None:
+        """Show one pane: `timeline`, `engine` or `provisioning`."""
+        if pane in _PANES:
+            self.query_one("#logs-panes", TabbedContent).active = pane
+
+    # -- the timeline ------------------------------------------------------------------------------------
+
+    def _follow_timeline(self) -> None:
+        client = self.console.client
+        assert isinstance(client, JournalSource)
+        self._timeline_ended = False
+        banner = self.query_one("#timeline-banner", Static)
+        banner.display = False
+        view = self.query_one("#timeline-view", LogView)
+        view.clear()
+        view.follow_source(journal_records(client.journal()))
+
+    # -- engine logs -------------------------------------------------------------------------------------
+
+    def _show_nodes(self) -> None:
+        table = self.query_one("#engine-nodes", DataTable)
+        palette = Palette.from_variables(self.app.theme_variables)
+        nodes = sorted(self.console.fleet.nodes.values(), key=lambda node: node.id)
+        rows = [(n.id, [n.id, status_text(n.status, palette), n.engine, n.source]) for n in nodes]
+        if [key for key, _ in rows] != [row.value for row in table.rows]:
+            table.clear()
+            for key, cells in rows:
+                table.add_row(*cells, key=key)
+        else:
+            for key, cells in rows:
+                for column, cell in zip(table.columns, cells, strict=True):
+                    table.update_cell(key, column, cell)
+
+    def _open_requested_node(self) -> None:
+        node_id = self.console.engine_log_node
+        if node_id is not None:
+            self.console.engine_log_node = None
+            self.call_after_refresh(self.action_pane, "engine")
+            self.follow_engine_log(node_id)
+
+    def follow_engine_log(self, node_id: str) -> None:
+        """Show `node_id`'s engine log: its last 200 lines, then each new one."""
+        client = self.console.client
+        if not isinstance(client, JournalSource):
+            return
+        self.engine_node = node_id
+        self.query_one("#engine-title", Static).update(f"Engine log of {node_id}")
+        view = self.query_one("#engine-log", LogView)
+        view.clear()
+        view.follow_source(engine_records(client.engine_log(node_id)))
+
+    # -- provisioning ------------------------------------------------------------------------------------
 
     def refresh_tasks(self) -> None:
         """Ask for the tasks again now (after an action)."""
@@ -150,15 +256,19 @@ class LogsScreen(ConsoleScreen[None]):
         return cells
 
     def on_data_table_row_highlighted(self, message: DataTable.RowHighlighted) -> None:
-        if message.row_key.value is not None:
+        if message.row_key.value is not None and message.data_table.id == "tasks":
             self.console.selected_host = message.row_key.value
 
     def on_data_table_row_selected(self, message: DataTable.RowSelected) -> None:
-        if message.row_key.value is not None:
+        if message.row_key.value is None:
+            return
+        if message.data_table.id == "engine-nodes":
+            self.follow_engine_log(message.row_key.value)
+        else:
             self.follow(message.row_key.value)
 
     def follow(self, host: str) -> None:
-        """Show `host`'s log: what the daemon kept, then each new entry."""
+        """Show `host`'s provisioning log: what the daemon kept, then each new entry."""
         client = self.console.client
         if not isinstance(client, ProvisioningSource):
             return
@@ -170,9 +280,20 @@ class LogsScreen(ConsoleScreen[None]):
         view.follow_source(log_records(client.host_log(host)))
 
     def action_host(self, action: str) -> None:
-        """Run a host action on the highlighted host."""
+        """Run a host action on the highlighted host, with the provisioning pane shown."""
+        self.action_pane("provisioning")
         self.console.host_action(action, self.console.selected_host)
 
     def on_log_view_source_ended(self, message: LogView.SourceEnded) -> None:
-        if message.error:
+        origin = message.control.id if message.control is not None else None
+        if origin == "timeline-view":
+            self._timeline_ended = True
+            if message.error:
+                banner = self.query_one("#timeline-banner", Static)
+                banner.update(f"The journal could not be read: {message.error}")
+                banner.display = True
+        elif origin == "engine-log":
+            if message.error:
+                self.query_one("#engine-title", Static).update(f"Engine log of {self.engine_node}: {message.error}")
+        elif message.error:
             self.notify(f"{self.host}: {message.error}", title="Provisioning log", severity="error")

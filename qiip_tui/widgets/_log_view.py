@@ -81,10 +81,17 @@ class LogView(Vertical):
         Posted by `LogView.follow_source`. Handled by `on_log_view_source_ended` (bubbles to the screen).
         """
 
-        def __init__(self, error: str | None) -> None:
+        def __init__(self, error: str | None, view: LogView | None = None) -> None:
             super().__init__()
             self.error = error
             """Why it failed; None when it ended cleanly."""
+            self.view = view
+            """The log view whose source ended."""
+
+        @property
+        def control(self) -> LogView | None:
+            """The log view whose source ended (for `@on(LogView.SourceEnded, "#id")`)."""
+            return self.view
 
     def __init__(self, *, max_lines: int = 5000, id: str | None = None) -> None:
         super().__init__(id=id)
@@ -120,9 +127,9 @@ class LogView(Vertical):
             async for record in source:
                 self.post_message(self.Received(record))
         except QiipError as exc:
-            self.post_message(self.SourceEnded(exc.message))
+            self.post_message(self.SourceEnded(exc.message, self))
             return
-        self.post_message(self.SourceEnded(None))
+        self.post_message(self.SourceEnded(None, self))
 
     def on_log_view_received(self, message: LogView.Received) -> None:
         message.stop()
@@ -144,14 +151,22 @@ class LogView(Vertical):
 
     def _matches(self, record: LogRecord) -> bool:
         wanted = self.search_text.casefold()
-        return not wanted or wanted in record.message.casefold() or wanted in record.source.casefold()
+        return (
+            not wanted
+            or wanted in record.message.casefold()
+            or wanted in record.source.casefold()
+            or wanted in (record.tag or "").casefold()
+        )
 
     def _render_record(self, record: LogRecord) -> Text:
         level = record.level if record.level in _LEVELS else "info"
         text = Text()
         if record.at is not None:
             text.append(record.at.strftime("%H:%M:%S "), style=self._palette.style("log-debug"))
-        text.append(f"{level.upper():<7} ", style=self._palette.style(f"log-{level}"))
+        if record.tag is None:
+            text.append(f"{level.upper():<7} ", style=self._palette.style(f"log-{level}"))
+        elif record.tag:
+            text.append(f"{record.tag:<14} ", style=self._palette.style(record.tag_style or f"log-{level}"))
         if record.source:
             # Each step in the colour of how it is going: an error marks its step failed from then on.
             if level == "error":

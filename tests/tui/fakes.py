@@ -409,3 +409,63 @@ class FakeProvisioningClient(FakeClient):
 
     async def power_state(self, host: str) -> dict[str, Any]:
         return {"host": host, "system_id": "1", "power_state": "On"}
+
+
+def sample_journal() -> list[dict[str, Any]]:
+    """A fleet journal: nodes joining, a drain, a node turning unhealthy and its breaker, at fixed times."""
+    rows: list[tuple[str, str, str, str | None, dict[str, Any]]] = [
+        ("gpu01", "added", "added as unknown", "registered from etcd", {"to": "unknown"}),
+        ("gpu01", "status", "unknown → healthy", "health probe ok", {"from": "unknown", "to": "healthy"}),
+        ("gpu02", "added", "added as unknown", "registered from etcd", {"to": "unknown"}),
+        ("gpu02", "status", "unknown → healthy", "health probe ok", {"from": "unknown", "to": "healthy"}),
+        ("gpu03", "operation_started", "drain started", None, {"operation": "op_1", "kind": "drain"}),
+        ("gpu03", "status", "healthy → draining", "drain operation op_1", {"from": "healthy", "to": "draining"}),
+        ("gpu03", "operation_succeeded", "drain succeeded", "remaining_in_flight=0, timed_out=False", {}),
+        ("gpu02", "breaker_open", "circuit breaker opened", "connect error: connection refused", {}),
+        (
+            "gpu02",
+            "status",
+            "healthy → unhealthy",
+            "1 failed health probes: GET /health: connection refused",
+            {"from": "healthy", "to": "unhealthy"},
+        ),
+        ("gpu04", "operation_failed", "relaunch failed", "llama-server exited with code 1 while loading", {}),
+    ]
+    return [
+        {
+            "seq": i + 1,
+            "at": f"2026-11-29T12:{i:02d}:{(i * 13) % 60:02d}+00:00",
+            "node": node,
+            "event": event,
+            "summary": summary,
+            "reason": reason,
+            **data,
+        }
+        for i, (node, event, summary, reason, data) in enumerate(rows)
+    ]
+
+
+def sample_engine_log(node_id: str) -> list[dict[str, Any]]:
+    """The start of a llama-server's output, as `engine_log` gives it."""
+    lines = [
+        "build: 6700 (a1b2c3d4) with cc (Debian 12.2.0-14) 12.2.0 for x86_64-linux-gnu",
+        "system info: n_threads = 1, n_threads_batch = 1, total_threads = 2",
+        f"main: loading model {node_id}",
+        "llama_model_loader: loaded meta data with 24 key-value pairs and 12 tensors",
+        "llama_context: n_ctx = 2048, n_ctx_per_seq = 1024, n_seq_max = 2",
+        "main: server is listening on http://127.0.0.1:18080 - starting the main loop",
+        "srv  update_slots: all slots are idle",
+    ]
+    return [{"event": "line", "line": line} for line in lines]
+
+
+class FakeLogsClient(FakeProvisioningClient):
+    """A `FakeProvisioningClient` with the journal (`sample_journal`) and engine logs (`sample_engine_log`)."""
+
+    async def journal(self, *, follow: bool = True) -> AsyncIterator[dict[str, Any]]:
+        for entry in sample_journal():
+            yield entry
+
+    async def engine_log(self, node_id: str, *, lines: int = 200, follow: bool = True) -> AsyncIterator[dict[str, Any]]:
+        for item in sample_engine_log(node_id)[-lines:]:
+            yield item

@@ -33,7 +33,14 @@ from qiip_tui.screens import (
 from qiip_tui.screens._setup import SetupModal
 from qiip_tui.widgets import LogView
 from tests.tui.conftest import screen_of, wait_for
-from tests.tui.fakes import SAMPLE_METRICS, FakeClient, FakeModelsClient, FakeProvisioningClient, sample_fleet
+from tests.tui.fakes import (
+    SAMPLE_METRICS,
+    FakeClient,
+    FakeLogsClient,
+    FakeModelsClient,
+    FakeProvisioningClient,
+    sample_fleet,
+)
 
 SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((160, 48), id="160x48")]
 
@@ -179,6 +186,47 @@ def test_logs(snap_compare: Snap, size: tuple[int, int]) -> None:
 
 
 @pytest.mark.parametrize("size", SIZES)
+def test_logs_timeline(snap_compare: Snap, size: tuple[int, int]) -> None:
+    async def loaded(pilot: Pilot[Any]) -> None:
+        screen = await screen_of(pilot, LogsScreen)
+        view = screen.query_one("#timeline-view", LogView)
+        await wait_for(pilot, lambda: len(view.records) == 10, what="the timeline")
+        await pilot.pause()
+
+    client = FakeLogsClient(sample_fleet(), metrics=SAMPLE_METRICS)
+    assert snap_compare(console(client), terminal_size=size, run_before=then(keys("l"), loaded))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_logs_timeline_search(snap_compare: Snap, size: tuple[int, int]) -> None:
+    async def searched(pilot: Pilot[Any]) -> None:
+        screen = await screen_of(pilot, LogsScreen)
+        view = screen.query_one("#timeline-view", LogView)
+        await wait_for(pilot, lambda: len(view.records) == 10, what="the timeline")
+        view.query_one("#log-lines").focus()
+        await pilot.press("slash", *"gpu02")
+        await wait_for(pilot, lambda: view.search_text == "gpu02")
+
+    client = FakeLogsClient(sample_fleet(), metrics=SAMPLE_METRICS)
+    assert snap_compare(console(client), terminal_size=size, run_before=then(keys("l"), searched))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_logs_engine_log(snap_compare: Snap, size: tuple[int, int]) -> None:
+    async def followed(pilot: Pilot[Any]) -> None:
+        screen = await screen_of(pilot, LogsScreen)
+        await pilot.press("2")
+        screen.query_one("#engine-nodes").focus()
+        await pilot.press("enter")
+        view = screen.query_one("#engine-log", LogView)
+        await wait_for(pilot, lambda: len(view.records) == 7, what="the engine log")
+        await pilot.pause()
+
+    client = FakeLogsClient(sample_fleet(), metrics=SAMPLE_METRICS)
+    assert snap_compare(console(client), terminal_size=size, run_before=then(keys("l"), followed))
+
+
+@pytest.mark.parametrize("size", SIZES)
 def test_provisioning(snap_compare: Snap, size: tuple[int, int]) -> None:
     async def loaded(pilot: Pilot[Any]) -> None:
         screen = await screen_of(pilot, LogsScreen)
@@ -187,7 +235,7 @@ def test_provisioning(snap_compare: Snap, size: tuple[int, int]) -> None:
         await pilot.pause()
 
     client = FakeProvisioningClient(sample_fleet(), metrics=SAMPLE_METRICS)
-    assert snap_compare(console(client), terminal_size=size, run_before=then(keys("l"), loaded))
+    assert snap_compare(console(client), terminal_size=size, run_before=then(keys("l", "3"), loaded))
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -201,7 +249,7 @@ def test_provisioning_log_search(snap_compare: Snap, size: tuple[int, int]) -> N
         await wait_for(pilot, lambda: view.search_text == "install")
 
     client = FakeProvisioningClient(sample_fleet(), metrics=SAMPLE_METRICS)
-    assert snap_compare(console(client), terminal_size=size, run_before=then(keys("l"), searched))
+    assert snap_compare(console(client), terminal_size=size, run_before=then(keys("l", "3"), searched))
 
 
 @pytest.mark.parametrize("size", SIZES)
