@@ -196,7 +196,9 @@ def test_metrics_count_a_nodes_failed_attempts_and_when_its_last_error_was_seen(
     failing.push(Status(500))
     bad: dict[str, float] = {}
     for _ in range(40):  # least-connections breaks ties at random: until the failing node was picked
-        answer = httpx.post(fault_daemon.url + "/v1/chat/completions", json={"model": model, "messages": []}, timeout=30)
+        answer = httpx.post(
+            fault_daemon.url + "/v1/chat/completions", json={"model": model, "messages": []}, timeout=30
+        )
         assert answer.status_code == 200
         bad = fault_daemon.admin.get("/admin/metrics").json()["by_node"].get(f"{model}-bad", {})
         if bad.get("failures"):
