@@ -124,6 +124,8 @@ class FakeClient:
         self.metrics_payload = dict(metrics or {})
         self.model_ids = list(models)
         self.answer = list(answer)
+        self.answered_by = "gpu01"
+        """The node the chat's answers name (`ChatDelta.node`)."""
         self.fail = fail
         self.events_queue: asyncio.Queue[NodeEvent] = asyncio.Queue()
         self.relaunched: list[tuple[str, dict[str, Any]]] = []
@@ -187,8 +189,8 @@ class FakeClient:
         self, model: str, messages: Sequence[Mapping[str, str]], *, max_tokens: int | None = None
     ) -> AsyncIterator[ChatDelta]:
         self._check()
-        for piece in self.answer:
-            yield ChatDelta(content=piece)
+        for index, piece in enumerate(self.answer):
+            yield ChatDelta(content=piece, node=self.answered_by if index == 0 else None)
         yield ChatDelta(finish_reason="stop", completion_tokens=len(self.answer))
 
     async def aclose(self) -> None:
