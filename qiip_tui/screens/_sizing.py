@@ -20,6 +20,7 @@ from textual.widgets import Button, Footer, Header, Input, Label, RadioButton, R
 from qiip_core.client import ApiError, ClientError, NodeInfo, OperationInfo
 from qiip_core.planner import Violation
 from qiip_tui._fleet import FleetDelta
+from qiip_tui._serving import last_healthy_warning
 from qiip_tui._sizing import SizingValues, check_sizing, sizing_preview
 from qiip_tui.screens._base import ConsoleScreen
 from qiip_tui.screens._confirm import ConfirmModal
@@ -199,11 +200,13 @@ class SizingScreen(ConsoleScreen[OperationInfo | None]):
                 self._relaunch(policy)
 
         summary = ", ".join(f"{key} {value}" for key, value in policy.items())
+        node = self.console.fleet.nodes.get(self.node.id, self.node)
+        warning = last_healthy_warning(node, self.console.fleet.nodes.values())
         self.app.push_screen(
             ConfirmModal(
                 f"Relaunch {self.node.id}?",
                 f"New sizing: {summary}.\nThe node drains first and restarts; if the new sizing cannot start, "
-                "the previous one runs again.",
+                "the previous one runs again." + (f"\n\n{warning}" if warning else ""),
                 confirm="Relaunch",
             ),
             callback=relaunch,

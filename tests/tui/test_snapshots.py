@@ -212,3 +212,14 @@ def test_connection(snap_compare: Snap, size: tuple[int, int], error: ClientErro
 
     app.retry_delays_s = (60.0,)
     assert snap_compare(app, terminal_size=size, run_before=problem)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_confirm_drain_of_the_last_healthy_node(snap_compare: Snap, size: tuple[int, int]) -> None:
+    async def drain(pilot: Pilot[Any]) -> None:
+        app = pilot.app
+        assert isinstance(app, QiipConsole)
+        app.node_action("drain", "cpu01")  # the only node of tiny-chat
+        await screen_of(pilot, ConfirmModal)
+
+    assert snap_compare(console(), terminal_size=size, run_before=then(drain))
