@@ -27,6 +27,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from qiip_core import NodeNotFound, PlanError
 from qiip_core.catalog import ARTIFACT_ID_RE, artifact_entrypoint
 from qiip_core.lifecycle import (
+    Operation,
     check_can_drain,
     check_can_relaunch,
     check_can_remove,
@@ -283,10 +284,9 @@ async def relaunch_node(request: Request, node_id: str) -> JSONResponse:
         target = f"artifact {artifact_id}" if artifact_id else "this node"
         raise PlanError(f"The sizing policy is not valid for {target}.", violations=violations)
     node = state.effective_node()
-    operation = gateway.operations.start(
-        "relaunch",
-        node_id,
-        lambda op: relaunch(
+
+    async def relaunch_and_record(op: Operation) -> dict[str, Any]:
+        result = await relaunch(
             gateway.table,
             gateway.fleet,
             server,
@@ -296,8 +296,14 @@ async def relaunch_node(request: Request, node_id: str) -> JSONResponse:
             startup_timeout_s=gateway.local_nodes.startup_timeout_s(node_id),
             log=op.log,
             artifact=artifact,
-        ),
-    )
+        )
+        if artifact is None:
+            # The next start of the daemon launches this sizing again (docs/operator-guide.md); a move to
+            # another generation is not kept, as the configuration names the model.
+            await asyncio.to_thread(gateway.local_nodes.remember_relaunch, node_id, policy)
+        return result
+
+    operation = gateway.operations.start("relaunch", node_id, relaunch_and_record)
     return JSONResponse(operation.view(), status_code=202)
 
 

@@ -51,7 +51,7 @@ CORS_ALLOW_HEADERS = (
 (`Authorization` for invoke tokens and the admin API, `Content-Type: application/json`, the request id and
 trace context), and the ones the openai JavaScript library sends."""
 
-CORS_EXPOSE_HEADERS = ("X-Request-Id", "X-QIIP-Attempts", "X-QIIP-Failover", "Retry-After")
+CORS_EXPOSE_HEADERS = ("X-Request-Id", "X-QIIP-Node", "X-QIIP-Attempts", "X-QIIP-Failover", "Retry-After")
 """Response headers a page's script may read, beyond the CORS-safelisted ones (Fetch standard, "CORS-safelisted
 response-header name")."""
 

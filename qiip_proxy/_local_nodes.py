@@ -4,6 +4,10 @@ Each is a managed llama-server (`ManagedLlamaServer`): planned by the sizing pla
 sizing flag explicit, verified against its plan, then registered as a managed, ephemeral node carrying its
 `llamacpp_runtime` record (not persisted: the next start launches it again). The children die with the
 daemon: they are stopped on shutdown, and a parent-death signal covers a daemon that is killed outright.
+
+A node relaunched with another sizing keeps it across restarts: the relaunch is recorded in the state
+directory and the next start launches that sizing, unless the node's configuration changed since
+(`_local_sizing`).
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ from qiip_core.catalog import artifact_entrypoint
 from qiip_core.config import LocalNodeConfig, Settings, StateDirLock
 from qiip_core.discovery import Registry
 from qiip_core.engines.llamacpp import LlamaCppInstaller, ManagedLlamaServer, default_local_policy
-from qiip_core.nodes import Engine, Node, NodeCapabilities, NodeStatus
+from qiip_core.nodes import Engine, LlamaCppRuntime, Node, NodeCapabilities, NodeStatus
 from qiip_core.planner import AutoPolicy, CustomPolicy, parse_policy
+from qiip_proxy._local_sizing import RelaunchedSizings
 
 __all__ = ["LocalNodes"]
 
@@ -46,6 +51,8 @@ class LocalNodes:
         self.removed: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._policies: dict[str, AutoPolicy | CustomPolicy | None] = {}
+        self.relaunched = RelaunchedSizings(settings.state_dir)
+        """The sizings local nodes were relaunched with, launched again on the next start."""
         for index, config in enumerate(settings.local_nodes):
             try:
                 self._policies[config.id] = parse_policy(config.sizing) if config.sizing is not None else None
@@ -93,7 +100,7 @@ class LocalNodes:
             self.servers[config.id] = server
             policy = self._policies.get(config.id) or default_local_policy(server.shape.n_ctx_train, slots=config.slots)
             logger.info("launching local node %s: %s (log %s)", config.id, model_path, log_path)
-            runtime = await server.launch(policy, startup_timeout_s=config.startup_timeout_s)
+            runtime = await self._launch_server(config, server, policy)
         except (QiipError, OSError, ValueError) as exc:
             message = exc.message if isinstance(exc, QiipError) else str(exc)
             self.errors[config.id] = message
@@ -114,6 +121,50 @@ class LocalNodes:
         await self.registry.register(node, ephemeral=True)
         self.ready.add(config.id)
         logger.info("local node %s is serving %r at %s", config.id, config.model, server.endpoint)
+
+    async def _launch_server(
+        self, config: LocalNodeConfig, server: ManagedLlamaServer, configured: AutoPolicy | CustomPolicy
+    ) -> LlamaCppRuntime:
+        """Launch with the sizing of the node's last relaunch when one is recorded, else with `configured`."""
+        recalled = await asyncio.to_thread(self.relaunched.recall, config)
+        if recalled is not None:
+            logger.info(
+                "local node %s: launching with the sizing of its relaunch, %s, instead of the configured sizing "
+                "(%s); relaunch it, or change its configuration, to replace it",
+                config.id,
+                recalled.describe(),
+                configured.model_dump(mode="json"),
+            )
+            try:
+                return await server.launch(recalled.policy, startup_timeout_s=config.startup_timeout_s)
+            except PlanError as exc:
+                await asyncio.to_thread(
+                    self.relaunched.forget,
+                    config.id,
+                    f"the sizing of its relaunch ({recalled.describe()}) does not plan here any more: {exc.message} "
+                    "Launching the configured sizing instead",
+                )
+        return await server.launch(configured, startup_timeout_s=config.startup_timeout_s)
+
+    def remember_relaunch(self, node_id: str, policy: AutoPolicy | CustomPolicy) -> None:
+        """Record that the local node `node_id` was relaunched with `policy`, for the next start (no-op for a node
+        that is not a configured local node)."""
+        config = next((c for c in self.settings.local_nodes if c.id == node_id), None)
+        if config is None:
+            return
+        try:
+            self.relaunched.remember(config, policy)
+        except OSError as exc:
+            logger.warning(
+                "local node %s: could not record its relaunch in %s (%s); the next start uses the configured sizing",
+                node_id,
+                self.relaunched.path,
+                exc,
+            )
+            return
+        logger.info(
+            "local node %s: relaunch sizing recorded in %s; the next start uses it", node_id, self.relaunched.path
+        )
 
     def _model_path(self, config: LocalNodeConfig) -> Path:
         """The GGUF to serve: the configured file, or the entrypoint of `artifact_id` (an acquired manifest revision,

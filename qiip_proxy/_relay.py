@@ -1,10 +1,10 @@
 """Step 4 of an inference request: relay. Write the node's committed answer to the client as it comes.
 
-The status and headers go first (the request id, and for a stream `X-Accel-Buffering: no` and
-`Cache-Control: no-cache`), then the body: the whole of it when the forwarder could buffer it, else the
-first bytes and the rest as `UpstreamResponse.read()` hands it over, whole SSE events at a time for a
-stream. The response reports the node's success or failure to the routing table itself; the relay only
-writes.
+The status and headers go first (the request id, `X-QIIP-Node` naming the node that answered, and for a
+stream `X-Accel-Buffering: no` and `Cache-Control: no-cache`), then the body: the whole of it when the
+forwarder could buffer it, else the first bytes and the rest as `UpstreamResponse.read()` hands it over, whole
+SSE events at a time for a stream. The response reports the node's success or failure to the routing table
+itself; the relay only writes.
 
 A failure after the first byte is never retried (the client has part of an answer). A stream ends with one
 in-band error event and `data: [DONE]`; a plain body cannot say it was cut, so the connection is broken
@@ -63,7 +63,8 @@ async def relay(upstream: UpstreamResponse, send: Send, request_id: str, outcome
         UpstreamError: a plain body broke off after its headers were sent: the connection must break.
     """
     headers = upstream.headers
-    headers.append((b"x-request-id", request_id.encode()))
+    # Node ids are ASCII by the registry's rule (`Node.id`): no escaping, one encode per answer.
+    headers += [(b"x-request-id", request_id.encode()), (b"x-qiip-node", upstream.node_id.encode())]
     if upstream.sse:
         headers += [(b"x-accel-buffering", b"no"), (b"cache-control", b"no-cache")]
     if upstream.complete:

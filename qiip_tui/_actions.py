@@ -19,6 +19,7 @@ from qiip_core.client import ClientError, DaemonUnreachable, OperationInfo
 from qiip_tui._fleet import Fleet
 from qiip_tui._host_actions import HostActions
 from qiip_tui._messages import OperationUpdated
+from qiip_tui._serving import last_healthy_warning
 from qiip_tui._types import ProvisioningSource
 from qiip_tui.screens import ConfirmModal, NodeScreen, SizingScreen
 
@@ -53,7 +54,8 @@ class ConsoleActions(HostActions):
     def node_action(self, action: str, node_id: str | None) -> None:
         """Act on a node: `open`, `drain`, `undrain`, `remove`, `relaunch` or `power`.
 
-        Drain and remove ask first; relaunch opens the sizing editor, which asks before it applies.
+        Drain and remove ask first; relaunch opens the sizing editor, which asks before it applies. Each
+        confirmation warns when the node is the last healthy one of its model (`last_healthy_warning`).
 
         Raises:
             ValueError: an unknown action.
@@ -67,6 +69,9 @@ class ConsoleActions(HostActions):
         if node is None:
             self.notify(f"Node {node_id} is not in the fleet any more.", severity="warning")
             return
+        # Draining, removing and relaunching all take the node out of service for a while.
+        warning = last_healthy_warning(node, self.fleet.nodes.values())
+        last = f"\n\n{warning}" if warning else ""
         if action == "open":
             self.open_node(node_id)
         elif action == "drain":
@@ -79,7 +84,7 @@ class ConsoleActions(HostActions):
                 ConfirmModal(
                     f"Drain {node_id}?",
                     f"{node_id} gets no new requests; the {node.in_flight} in flight finish, up to the daemon's "
-                    "drain timeout. Undrain (u) takes it back.",
+                    f"drain timeout. Undrain (u) takes it back.{last}",
                     confirm="Drain",
                 ),
                 callback=drain,
@@ -96,7 +101,7 @@ class ConsoleActions(HostActions):
                 ConfirmModal(
                     f"Remove {node_id}?",
                     f"{node_id} is drained, then removed from the fleet; a llama-server this daemon launched is "
-                    "stopped. It does not come back by itself.",
+                    f"stopped. It does not come back by itself.{last}",
                     confirm="Remove",
                     option="Force: remove at once, without draining",
                 ),

@@ -1,4 +1,5 @@
-"""A chat conversation: turns, their states, and which of them the next request sends as history.
+"""A chat conversation: turns, their states, and which of them the next request sends as history; and the
+models the chat offers, as the fleet serves them.
 
 Pure. A turn that failed or was cancelled stays in the transcript with its partial answer, but neither its
 prompt nor its answer goes into the next request: the model would otherwise continue from a half-answer the
@@ -7,10 +8,14 @@ operator abandoned.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-__all__ = ["Conversation", "Turn", "TurnState"]
+from qiip_core.client import NodeInfo
+from qiip_core.nodes import NodeStatus
+
+__all__ = ["Conversation", "ModelChoice", "Turn", "TurnState", "model_choices"]
 
 
 class TurnState(Enum):
@@ -50,6 +55,13 @@ class Turn:
     """When it ended, however it ended."""
     finish_reason: str | None = None
     """`stop`, `length`, … as the stream said."""
+    node: str | None = None
+    """The node that answered, as the daemon named it (`X-QIIP-Node`); None until it says."""
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Time to first token in seconds: from sending the request to the first piece of text; None before."""
+        return None if self.first_token_s is None else max(0.0, self.first_token_s - self.started_s)
 
     def add(self, content: str, *, at_s: float) -> None:
         """Append a streamed piece."""
@@ -109,3 +121,40 @@ class Conversation:
         turn = Turn(prompt=prompt, model=model, started_s=at_s)
         self.turns.append(turn)
         return turn, messages
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """A model the chat offers."""
+
+    model: str
+    """The model id."""
+    healthy: bool = True
+    """Some healthy node serves it; when False its nodes are all unhealthy, draining or restarting."""
+
+    @property
+    def label(self) -> str:
+        """What the model list shows."""
+        return self.model if self.healthy else f"{self.model} (no healthy node)"
+
+
+def model_choices(listed: Sequence[str], nodes: Iterable[NodeInfo]) -> list[ModelChoice]:
+    """The models to offer: the daemon's list, kept true to the fleet as it changes.
+
+    Args:
+        listed: the daemon's model list (`client.models()`), in its order.
+        nodes: every node of the fleet; none while the fleet is not known yet.
+
+    Returns:
+        With no nodes, `listed` as it is. Else the listed models some node still serves, then models a
+        healthy node serves that the list lacks (sorted); a model whose nodes are all out of service is kept
+        and marked, one that no node serves any more is dropped.
+    """
+    healthy: dict[str, bool] = {}
+    for node in nodes:
+        healthy[node.model] = healthy.get(node.model, False) or node.status == NodeStatus.HEALTHY
+    if not healthy:
+        return [ModelChoice(model) for model in listed]
+    kept = [ModelChoice(model, healthy[model]) for model in listed if model in healthy]
+    added = [ModelChoice(model) for model in sorted(healthy) if healthy[model] and model not in listed]
+    return kept + added

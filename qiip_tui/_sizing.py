@@ -2,7 +2,9 @@
 
 Pure. The rules are the core's (`qiip_core.planner.validate_policy`, which the daemon runs on a relaunch too);
 this module only turns what the operator typed into a policy, hands it over, and previews what the policy
-implies (`ceil256(context × slots)` and how the K/V cache compares with the running server's).
+implies (`ceil256(context × slots)` and how the K/V cache compares with the running server's), with the core's
+forecast from the runtime record (`qiip_core.planner.RecordedServer`): the K/V cache in MiB, the memory left
+free on each device, and what the automatic policy would pick now.
 """
 
 from __future__ import annotations
@@ -13,10 +15,19 @@ from typing import Any, Literal
 
 from qiip_core.client import NodeInfo
 from qiip_core.nodes import LlamaCppRuntime
-from qiip_core.planner import CONTEXT_FLOOR, CONTEXT_STEP, MAX_AGGREGATE_CONTEXT, Violation, validate_policy
+from qiip_core.planner import (
+    CONTEXT_FLOOR,
+    CONTEXT_STEP,
+    MAX_AGGREGATE_CONTEXT,
+    DeviceMemory,
+    RecordedServer,
+    SizingForecast,
+    Violation,
+    validate_policy,
+)
 from qiip_tui._fleet import devices_of, training_context
 
-__all__ = ["CACHE_BYTES_PER_ELEMENT", "SizingValues", "check_sizing", "sizing_preview"]
+__all__ = ["CACHE_BYTES_PER_ELEMENT", "SizingValues", "check_sizing", "forecast_lines", "sizing_preview"]
 
 CACHE_BYTES_PER_ELEMENT: dict[str, float] = {"f16": 2.0, "q8_0": 34 / 32}
 """ggml's element sizes: F16 is 2 bytes; a Q8_0 block stores 32 elements in 34 bytes. For the preview only."""
@@ -135,4 +146,55 @@ def sizing_preview(values: SizingValues, runtime: LlamaCppRuntime | None) -> lis
                 f"K/V cache ≈ {ratio:.2f}× the running server's ({aggregate:,} {values.cache_type} cells "
                 f"vs {current:,} {current_type})"
             )
+    return lines
+
+
+def _free_text(devices: list[DeviceMemory], forecast: SizingForecast) -> str:
+    return ", ".join(
+        f"{'CPU' if device.kind == 'cpu' else f'GPU {device.index}'} {free:,.0f} MiB"
+        for device, free in zip(devices, forecast.free_after_mib, strict=True)
+    )
+
+
+def forecast_lines(values: SizingValues, node: NodeInfo) -> list[str]:
+    """Lines forecasting the form's sizing on the node, from its runtime record (`RecordedServer`).
+
+    Returns:
+        For a custom sizing with whole numbers: its K/V cache in MiB against the running server's, and the
+        memory left free on each device; then what the automatic policy would pick now, with the same two
+        figures. One line saying why when the record cannot support a forecast.
+    """
+    runtime, devices = node.llamacpp_runtime, devices_of(node)
+    server = RecordedServer.from_record(runtime.effective, runtime.memory, devices) if runtime is not None else None
+    if server is None:
+        return ["K/V size and free memory: unknown (this node's record lists no caches to scale)."]
+    target = _number(values.fit_target_mib)
+    if not isinstance(target, int) or target < 0:
+        return ["K/V size and free memory: enter a free VRAM target first."]
+    lines = []
+    context, slots = _number(values.context_per_slot), _number(values.slots)
+    if (
+        values.sizing == "custom"
+        and isinstance(context, int)
+        and isinstance(slots, int)
+        and context > 0
+        and slots > 0
+        and values.cache_type in ("f16", "q8_0")
+    ):
+        cache_type: Any = values.cache_type
+        custom = server.forecast(context, slots, cache_type, fit_target_mib=target)
+        lines.append(f"K/V cache: {custom.kv_mib:,.1f} MiB (running now: {server.kv_mib_now:,.1f} MiB)")
+        lines.append(
+            f"Free after: {_free_text(devices, custom)}"
+            + ("" if custom.fits else f", under the {target:,} MiB target: the relaunch would be refused")
+        )
+    auto = server.automatic(fit_target_mib=target)
+    if auto is None:
+        lines.append(f"Automatic would find no sizing that leaves {target:,} MiB free.")
+    else:
+        lines.append(
+            f"Automatic would pick: {auto.slots} slot{'s' if auto.slots != 1 else ''} × "
+            f"{auto.context_per_slot:,} tokens, {auto.cache_type} (K/V {auto.kv_mib:,.1f} MiB; free after: "
+            f"{_free_text(devices, auto)})"
+        )
     return lines

@@ -182,11 +182,16 @@ class HealthView(_View):
 
 
 class ChatDelta(_View):
-    """A piece of a streamed chat answer: text, and the usage when the stream reports it."""
+    """A piece of a streamed chat answer: text, and the usage when the stream reports it.
+
+    The first piece of a stream also names the node that answered (the daemon's `X-QIIP-Node` header,
+    docs/api.md); later pieces, and answers from a daemon without the header, have `node` None.
+    """
 
     content: str = ""
     finish_reason: str | None = None
     completion_tokens: int | None = None
+    node: str | None = None
 
 
 class QiipClient:
@@ -500,7 +505,8 @@ class QiipClient:
         self, model: str, messages: Sequence[Mapping[str, str]], *, max_tokens: int | None = None
     ) -> AsyncGenerator[ChatDelta, None]:
         """Stream a chat completion (`POST /v1/chat/completions` with `"stream": true`). Closing the iterator
-        (or cancelling the task reading it) closes the request, and the daemon closes the node's.
+        (or cancelling the task reading it) closes the request, and the daemon closes the node's. The first
+        piece names the node that answered (`ChatDelta.node`, from `X-QIIP-Node`).
 
         Raises:
             ApiError: the daemon refused the request, or the stream ended with an in-band error.
@@ -521,6 +527,7 @@ class QiipClient:
                 if source.response.status_code != 200:
                     await source.response.aread()
                     _raise_for(source.response, self.url)
+                node = source.response.headers.get("x-qiip-node")
                 async for event in source.aiter_sse():
                     if event.data == "[DONE]":
                         return
@@ -533,7 +540,10 @@ class QiipClient:
                             code=error.get("code"),
                             violations=[],
                         )
-                    yield _delta(chunk)
+                    delta = _delta(chunk)
+                    if node is not None:
+                        delta, node = delta.model_copy(update={"node": node}), None
+                    yield delta
         except httpx.HTTPError as exc:
             raise DaemonUnreachable(f"The stream from {self.url} broke: {exc!r}.") from exc
 

@@ -7,6 +7,7 @@ estimate(shape, aggregate_context=…, slots=…, cache_type=…, flash_attn=…
 is_modelled(shape)                        whether the Python estimator rebuilds this architecture's graph
 PythonEstimator() / FitParamsEstimator(binary, model)      the Estimator protocol the planner asks
 validate_policy(policy or JSON, train_context=…, devices=…) -> [Violation]   (validate_custom for custom)
+RecordedServer.from_record(effective, memory, devices).forecast(…) / .automatic(…)   from a runtime record
 plan(shape, devices, AutoPolicy() | CustomPolicy(…), estimator=…) -> Plan
 await verify_runtime(plan, endpoint=…, log_path=…, alias=…, devices_after=…) -> LlamaCppRuntime
 ```
@@ -34,7 +35,8 @@ from qiip_core.planner._estimate import (
     resolves_flash_attn,
 )
 from qiip_core.planner._fitparams import FitParamsEstimator, FitRow, parse_fit_print
-from qiip_core.planner._plan import Plan, fits, plan
+from qiip_core.planner._forecast import RecordedServer, SizingForecast
+from qiip_core.planner._plan import Plan, auto_search, fits, plan
 from qiip_core.planner._policy import (
     AutoPolicy,
     CustomPolicy,
@@ -80,10 +82,13 @@ __all__ = [
     "ModelShape",
     "Plan",
     "PythonEstimator",
+    "RecordedServer",
     "ServerLogFacts",
+    "SizingForecast",
     "SizingPolicy",
     "TensorMetadata",
     "Violation",
+    "auto_search",
     "estimate",
     "fits",
     "is_modelled",

@@ -41,7 +41,7 @@ from qiip_core.planner._types import (
     ceil_step,
 )
 
-__all__ = ["Plan", "fits", "plan"]
+__all__ = ["Fits", "Plan", "auto_search", "fits", "plan"]
 
 logger = logging.getLogger("qiip.planner")
 
@@ -204,27 +204,39 @@ def _largest(low: int, high: int, ok: Callable[[int], bool]) -> int:
     return low
 
 
-def _auto(search: _Search, cache_type: CacheType) -> tuple[int, int] | None:
-    """The automatic search for one cache type: (context per slot, slots), or None if the floor does not fit."""
-    train = search.shape.n_ctx_train
+Fits = Callable[[int, int, CacheType], bool]
+"""Whether a candidate fits: `(context per slot, slots, cache type) -> bool`."""
+
+
+def auto_search(train: int, fits: Fits, cache_type: CacheType) -> tuple[int, int] | None:
+    """The automatic search for one cache type (steps 2 and 3 of the module docstring).
+
+    Args:
+        train: the model's training context in tokens.
+        fits: the fit rule for a candidate.
+        cache_type: the K/V cache type to search with.
+
+    Returns:
+        (context per slot, slots), or None when one slot at the floor `min(4096, train)` does not fit.
+    """
     floor = min(CONTEXT_FLOOR, train)
-    if search.fits(train, 1, cache_type):
+    if fits(train, 1, cache_type):
         context = train
-    elif floor == train or not search.fits(floor, 1, cache_type):
+    elif floor == train or not fits(floor, 1, cache_type):
         return None
     else:
         # Multiples of 256 between the floor and the training context, in steps of 256.
         steps = _largest(
             floor // CONTEXT_STEP,
             -(-train // CONTEXT_STEP),
-            lambda k: search.fits(k * CONTEXT_STEP, 1, cache_type),
+            lambda k: fits(k * CONTEXT_STEP, 1, cache_type),
         )
         context = steps * CONTEXT_STEP
     slots = 1
-    while slots * 2 <= MAX_SLOTS and search.fits(context, slots * 2, cache_type):
+    while slots * 2 <= MAX_SLOTS and fits(context, slots * 2, cache_type):
         slots *= 2
     if slots < MAX_SLOTS:
-        slots = _largest(slots, min(slots * 2, MAX_SLOTS + 1), lambda s: search.fits(context, s, cache_type))
+        slots = _largest(slots, min(slots * 2, MAX_SLOTS + 1), lambda s: fits(context, s, cache_type))
     return context, slots
 
 
@@ -279,7 +291,7 @@ def plan(
             cache: CacheType = "f16" if candidate == "f16" else "q8_0"
             if not shape.supports_cache_type(cache):
                 continue
-            result = _auto(search, cache)
+            result = auto_search(shape.n_ctx_train, search.fits, cache)
             if result is not None:
                 found = (*result, cache)
                 break

@@ -14,6 +14,7 @@ be turned into precise sentences by `validate_policy`, the rules the daemon (a r
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
@@ -225,12 +226,51 @@ def validate_policy(
     try:
         parsed = parse_policy(policy)
     except PlanError as exc:
-        return list(exc.violations)
+        typed = list(exc.violations)
+        stand_in = _stand_in(policy, typed)
+        if stand_in is None:
+            return typed
+        # The well-typed fields are still checked, so a form shows every field's error at once.
+        broken = {v.field for v in typed}
+        rules = validate_policy(stand_in, train_context=train_context, devices=devices, shape=shape)
+        return _in_field_order(typed + [v for v in rules if v.field not in broken])
     found = _target_violations(parsed.fit_target_mib, devices)
     if isinstance(parsed, CustomPolicy):
         found += _custom_violations(parsed, train_context, shape)
+    return _in_field_order(found)
+
+
+def _in_field_order(found: list[Violation]) -> list[Violation]:
     order = list(CustomPolicy.model_fields)
     return sorted(found, key=lambda v: order.index(v.field) if v.field in order else len(order))
+
+
+_STAND_INS: dict[str, object] = {
+    "fit_target_mib": 0,
+    "context_per_slot": CONTEXT_STEP,
+    "slots": 1,
+    "cache_type": "f16",
+    "allow_estimator_overrun": False,
+}
+"""Values that break no rule, put in place of ill-typed fields to check the others."""
+
+
+def _stand_in(policy: object, typed: list[Violation]) -> CustomPolicy | AutoPolicy | None:
+    """The policy with each ill-typed field replaced by a harmless value; None when the kind itself is broken."""
+    if isinstance(policy, str | bytes):
+        try:
+            policy = json.loads(policy)
+        except ValueError:
+            return None
+    if not isinstance(policy, Mapping) or any(v.field == "sizing" for v in typed):
+        return None
+    # Unknown fields are dropped; each is reported already.
+    data = {key: value for key, value in policy.items() if key in _STAND_INS or key == "sizing"}
+    data |= {v.field: _STAND_INS[v.field] for v in typed if v.field in _STAND_INS}
+    try:
+        return parse_policy(data)
+    except PlanError:
+        return None
 
 
 _NOT_CUSTOM = "sizing must be 'custom' here; an automatic policy has no sizes to check."

@@ -69,7 +69,7 @@ HOP_BY_HOP_HEADERS = frozenset(
 )
 """Headers that describe one connection, never relayed in either direction."""
 
-_GATEWAY_HEADERS = frozenset({b"server", b"date", b"x-request-id", b"x-accel-buffering"})
+_GATEWAY_HEADERS = frozenset({b"server", b"date", b"x-request-id", b"x-qiip-node", b"x-accel-buffering"})
 """Response headers the gateway sets itself; the node's are dropped so the client never sees two."""
 
 _STREAM_HEADERS = frozenset({b"content-encoding", b"cache-control"})

@@ -1,8 +1,11 @@
 """The chat screen: talk to a model through the daemon, as a client would, to check a deployment end to end.
 
-Tokens appear as they stream, with the rate. Escape stops a running answer: cancelling the worker closes the
-stream, and the daemon then closes the node's request. A turn that failed or was stopped stays on screen but
-is not sent as history (see `qiip_tui._chat`).
+Tokens appear as they stream, with the rate, the node that answered and the time to first token. The model
+list follows the fleet: a model no node serves any more leaves it, one whose nodes are all out of service is
+marked. The message box has the focus whenever the screen shows, so every key typed goes into it.
+
+Escape stops a running answer: cancelling the worker closes the stream, and the daemon then closes the node's
+request. A turn that failed or was stopped stays on screen but is not sent as history (see `qiip_tui._chat`).
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from textual.message import Message
 from textual.widgets import Footer, Header, Input, Label, Select
 
 from qiip_core.client import ChatDelta, ClientError
-from qiip_tui._chat import Conversation, Turn, TurnState
+from qiip_tui._chat import Conversation, ModelChoice, Turn, TurnState, model_choices
+from qiip_tui._fleet import FleetDelta
 from qiip_tui.screens._base import ConsoleScreen
 from qiip_tui.widgets import Transcript
 
@@ -27,6 +31,8 @@ __all__ = ["ChatScreen"]
 
 class ChatScreen(ConsoleScreen[None]):
     """A conversation with one model at a time."""
+
+    AUTO_FOCUS = "#prompt"
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "stop_or_back", "Stop/back"),
@@ -87,6 +93,10 @@ class ChatScreen(ConsoleScreen[None]):
         super().__init__()
         self.conversation = Conversation()
         """The turns so far."""
+        self.listed: list[str] = []
+        """The daemon's model list, as last read."""
+        self.choices: list[ModelChoice] = []
+        """What the model list offers now (`model_choices`)."""
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -102,6 +112,19 @@ class ChatScreen(ConsoleScreen[None]):
         self._load_models()
         self.query_one("#prompt", Input).focus()
         self.console.connection_signal.subscribe(self, self._connection_changed)
+        self.console.fleet_signal.subscribe(self, self._fleet_changed)
+        self.watch(self.query_one("#model", Select), "expanded", self._model_list_toggled, init=False)
+
+    def on_screen_resume(self) -> None:
+        # Back from another mode (the app's `c`) or a dialog: typing goes to the message, never to the
+        # app's keys (`l` would open the logs).
+        self.query_one("#prompt", Input).focus()
+
+    def _model_list_toggled(self, expanded: bool) -> None:
+        if not expanded:
+            # The list closed (a model chosen, the same one again, or the list dismissed): the next keys are
+            # the message's. After the refresh, as the Select focuses itself when its list closes.
+            self.call_after_refresh(self.query_one("#prompt", Input).focus)
 
     def _connection_changed(self, _: object) -> None:
         if self.console.connected:
@@ -119,25 +142,46 @@ class ChatScreen(ConsoleScreen[None]):
         self.post_message(self.ModelsLoaded(models))
 
     def on_chat_screen_models_loaded(self, message: ModelsLoaded) -> None:
-        select = self.query_one("#model", Select)
-        current = select.value
-        select.set_options((model, model) for model in message.models)
-        gone = isinstance(current, str) and current not in message.models
-        if gone:
-            select.clear()
-        elif isinstance(current, str):
-            select.value = current
-        elif message.models:
-            select.value = message.models[0]
-        if gone and not message.error:
+        if not message.error:
+            self.listed = message.models
+        gone = self._show_choices(force=True)
+        if gone is not None and not message.error:
             # Never move the next message to another model behind the operator's back.
-            self._status(f"{current} is no longer served; choose a model.")
+            self._status(f"{gone} is no longer served; choose a model.")
         elif message.error:
             self._status(f"Could not list the models: {message.error}")
-        elif not message.models:
+        elif not self.choices:
             self._status("No model is served by a healthy node now (ctrl+r reloads the list).")
         else:
-            self._status(f"{len(message.models)} model{'s' if len(message.models) != 1 else ''} available")
+            count = len(self.choices)
+            self._status(f"{count} model{'s' if count != 1 else ''} available")
+
+    def _fleet_changed(self, _: FleetDelta) -> None:
+        gone = self._show_choices()
+        if gone is not None:
+            self._status(f"{gone} is no longer served; choose a model.")
+
+    def _show_choices(self, *, force: bool = False) -> str | None:
+        """Offer the models the fleet serves now, keeping the operator's choice while it is served.
+
+        Returns:
+            The chosen model when it just left the list, else None.
+        """
+        choices = model_choices(self.listed, self.console.fleet.nodes.values())
+        if choices == self.choices and not force:
+            return None  # an open list is not rebuilt under the operator's cursor for nothing
+        self.choices = choices
+        select = self.query_one("#model", Select)
+        current = select.value
+        models = [choice.model for choice in choices]
+        gone = isinstance(current, str) and current not in models
+        with self.prevent(Select.Changed):
+            select.set_options((choice.label, choice.model) for choice in choices)
+            if isinstance(current, str) and not gone:
+                select.value = current
+            elif not gone and models:
+                select.value = models[0]
+        return current if gone and isinstance(current, str) else None
 
     def action_reload_models(self) -> None:
         """Ask the daemon for its models again."""
@@ -184,6 +228,8 @@ class ChatScreen(ConsoleScreen[None]):
         if turn.state is not TurnState.STREAMING or turn not in self.conversation.turns:
             return
         turn.add(delta.content, at_s=now)
+        if delta.node is not None:
+            turn.node = delta.node
         if delta.finish_reason:
             turn.finish_reason = delta.finish_reason
         if delta.completion_tokens is not None:

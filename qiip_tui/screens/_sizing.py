@@ -1,9 +1,13 @@
 """The llama.cpp sizing editor: automatic or custom sizing for one node, checked by the core as it is typed,
 applied by a relaunch after a confirmation.
 
-The rules are `qiip_core.planner.validate_policy`'s; each violation shows beside its field, and Apply stays
-disabled while there is one. If the node's runtime record changes while the form has edits (another operator
-relaunched it, or it rolled back), the edits are stale: Apply stays disabled until Reset loads the new record.
+The rules are `qiip_core.planner.validate_policy`'s; every field's violations show beside it at once, and Apply
+stays disabled while there is one (ctrl+s then says, in one line, what is wrong instead of sending). Under the
+form, the core's forecast from the runtime record: the K/V cache in MiB, the memory left free on each device,
+and what the automatic policy would pick now.
+
+If the node's runtime record changes while the form has edits (another operator relaunched it, or it rolled
+back), the edits are stale: Apply stays disabled until Reset loads the new record.
 Dismisses with the relaunch's `OperationInfo`, or None.
 """
 
@@ -20,7 +24,8 @@ from textual.widgets import Button, Footer, Header, Input, Label, RadioButton, R
 from qiip_core.client import ApiError, ClientError, NodeInfo, OperationInfo
 from qiip_core.planner import Violation
 from qiip_tui._fleet import FleetDelta
-from qiip_tui._sizing import SizingValues, check_sizing, sizing_preview
+from qiip_tui._serving import last_healthy_warning
+from qiip_tui._sizing import SizingValues, check_sizing, forecast_lines, sizing_preview
 from qiip_tui.screens._base import ConsoleScreen
 from qiip_tui.screens._confirm import ConfirmModal
 
@@ -122,7 +127,8 @@ class SizingScreen(ConsoleScreen[OperationInfo | None]):
             f"K/V {got.get('cache_type_k', '?')}/{got.get('cache_type_v', '?')}, "
             f"aggregate {got.get('aggregate_context', '?')}, training context {got.get('train_context', '?')}"
         )
-        self.query_one("#preview", Static).update("\n".join(sizing_preview(self.values, self.base)))
+        preview = [*sizing_preview(self.values, self.base), *forecast_lines(self.values, self.node)]
+        self.query_one("#preview", Static).update("\n".join(preview))
         stale = self.query_one("#stale", Static)
         stale.display = self.stale
         if self.stale:
@@ -189,8 +195,11 @@ class SizingScreen(ConsoleScreen[OperationInfo | None]):
         self.dismiss(None)
 
     def action_apply(self) -> None:
-        """Ask, then relaunch the node with the form's policy."""
-        if self.query_one("#apply", Button).disabled:
+        """Ask, then relaunch the node with the form's policy; say why not when the form cannot be sent."""
+        refusal = self._refusal()
+        if refusal is not None:
+            self.query_one("#sizing-message", Label).update(refusal)
+            self.notify(refusal, title="Not applied", severity="error")
             return
         policy = self.values.policy()
 
@@ -199,15 +208,27 @@ class SizingScreen(ConsoleScreen[OperationInfo | None]):
                 self._relaunch(policy)
 
         summary = ", ".join(f"{key} {value}" for key, value in policy.items())
+        node = self.console.fleet.nodes.get(self.node.id, self.node)
+        warning = last_healthy_warning(node, self.console.fleet.nodes.values())
         self.app.push_screen(
             ConfirmModal(
                 f"Relaunch {self.node.id}?",
                 f"New sizing: {summary}.\nThe node drains first and restarts; if the new sizing cannot start, "
-                "the previous one runs again.",
+                "the previous one runs again." + (f"\n\n{warning}" if warning else ""),
                 confirm="Relaunch",
             ),
             callback=relaunch,
         )
+
+    def _refusal(self) -> str | None:
+        """One line saying why the form cannot be sent (the first problem, naming its field), or None."""
+        if self.stale:
+            return "Not applied: the node's runtime changed while you edited; Reset (ctrl+r) loads it first."
+        if not self.violations:
+            return None
+        first, more = self.violations[0], len(self.violations) - 1
+        label = dict(_FIELDS).get(first.field, first.field)
+        return f"Not applied: {label}: {first.message}" + (f" ({more} more beside their fields)" if more else "")
 
     @work(exclusive=True, group="relaunch", exit_on_error=False)
     async def _relaunch(self, policy: dict[str, object]) -> None:

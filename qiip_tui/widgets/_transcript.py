@@ -1,4 +1,5 @@
-"""The chat transcript: every turn with its prompt, its answer as it streams, and how it ended."""
+"""The chat transcript: every turn with its prompt, its answer as it streams, how it ended, which node
+answered and the time to its first token."""
 
 from __future__ import annotations
 
@@ -64,5 +65,14 @@ class Transcript(VerticalScroll):
             TurnState.CANCELLED: f"cancelled after {turn.tokens} tokens (not sent as history)",
             TurnState.FAILED: f"failed after {turn.tokens} tokens: {turn.error} (not sent as history)",
         }[turn.state]
-        text.append(f"\n[{ending}]", style="italic dim")
+        text.append(f"\n[{ending}{_answered_by(turn)}]", style="italic dim")
         return text
+
+
+def _answered_by(turn: Turn) -> str:
+    """` · answered by chat-a · TTFT 120ms`, as far as it is known."""
+    parts = [f"answered by {turn.node}"] if turn.node else []
+    ttft = turn.ttft_s
+    if ttft is not None:
+        parts.append(f"TTFT {ttft * 1000:.0f}ms" if ttft < 10 else f"TTFT {ttft:.1f}s")
+    return "".join(f" · {part}" for part in parts)

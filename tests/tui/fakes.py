@@ -157,6 +157,8 @@ class FakeClient:
         self.metrics_payloads = [dict(metrics)] if isinstance(metrics, Mapping) else [dict(m) for m in metrics or [{}]]
         self.model_ids = list(models)
         self.answer = list(answer)
+        self.answered_by = "gpu01"
+        """The node the chat's answers name (`ChatDelta.node`)."""
         self.fail = fail
         self.events_queue: asyncio.Queue[NodeEvent | None] = asyncio.Queue()
         self.relaunched: list[tuple[str, dict[str, Any]]] = []
@@ -225,8 +227,8 @@ class FakeClient:
         self, model: str, messages: Sequence[Mapping[str, str]], *, max_tokens: int | None = None
     ) -> AsyncIterator[ChatDelta]:
         self._check()
-        for piece in self.answer:
-            yield ChatDelta(content=piece)
+        for index, piece in enumerate(self.answer):
+            yield ChatDelta(content=piece, node=self.answered_by if index == 0 else None)
         yield ChatDelta(finish_reason="stop", completion_tokens=len(self.answer))
 
     async def aclose(self) -> None:

@@ -108,3 +108,51 @@ async def test_edits_go_stale_when_the_node_is_relaunched_elsewhere_and_apply_re
         )
         assert runtime is not None
     await in_thread(lambda: console_daemon.wait_status("chat-b", "healthy", timeout_s=60))
+
+
+async def test_every_field_shows_its_error_and_ctrl_s_says_why_it_does_not_send(console_daemon: Daemon) -> None:
+    app = QiipConsole(config_for(console_daemon))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_for(pilot, lambda: "chat-a" in app.fleet.nodes, what="chat-a")
+        app.node_action("relaunch", "chat-a")
+        screen = await screen_of(pilot, SizingScreen)
+        await pilot.click("#custom")
+        preview = screen.query_one("#preview")
+        runtime = app.fleet.nodes["chat-a"].llamacpp_runtime
+        assert runtime is not None and runtime.memory, "the tiny model's caches are modelled"
+        kv_now = sum(float(cache["mib"]) for cache in runtime.memory)
+        shown = str(preview.render())
+        assert f"K/V cache: {kv_now:,.1f} MiB (running now: {kv_now:,.1f} MiB)" in shown
+        assert "Free after: CPU " in shown and "Automatic would pick: " in shown
+
+        async def retype(field_id: str, value: str) -> None:
+            field = screen.query_one(f"#{field_id}", Input)
+            await pilot.click(f"#{field_id}")
+            await pilot.press("end", *["backspace"] * len(field.value), *value)
+
+        # One field not a number, another breaking a rule: both say so at once.
+        await retype("slots", "two")
+        await retype("context_per_slot", "1000")
+        assert str(screen.query_one("#slots-message", Label).render()) == (
+            "slots must be a whole number of slots, got 'two'."
+        )
+        context_message = "context_per_slot must be a positive multiple of 256 tokens, got 1000; try 768 or 1024."
+        assert str(screen.query_one("#context_per_slot-message", Label).render()) == context_message
+
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmModal)
+        assert str(screen.query_one("#sizing-message", Label).render()) == (
+            f"Not applied: Context per slot: {context_message} (1 more beside their fields)"
+        )
+
+        # A valid custom sizing: twice the cells, twice the cache.
+        await retype("slots", "4")
+        await retype("context_per_slot", "1024")
+        shown = str(preview.render())
+        assert f"K/V cache: {kv_now:,.1f} MiB" in shown, "1024 × 4 is the cells of 2048 × 2"
+        await retype("context_per_slot", "2048")
+        assert f"K/V cache: {2 * kv_now:,.1f} MiB" in str(preview.render())
+        await pilot.press("ctrl+s")
+        await screen_of(pilot, ConfirmModal)
+        await pilot.press("n")

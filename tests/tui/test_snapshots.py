@@ -310,3 +310,36 @@ def test_connection(snap_compare: Snap, size: tuple[int, int], error: ClientErro
 
     app.retry_delays_s = (60.0,)
     assert snap_compare(app, terminal_size=size, run_before=problem)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_confirm_drain_of_the_last_healthy_node(snap_compare: Snap, size: tuple[int, int]) -> None:
+    async def drain(pilot: Pilot[Any]) -> None:
+        app = pilot.app
+        assert isinstance(app, QiipConsole)
+        app.node_action("drain", "cpu01")  # the only node of tiny-chat
+        await screen_of(pilot, ConfirmModal)
+
+    assert snap_compare(console(), terminal_size=size, run_before=then(drain))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_sizing_editor_forecast(snap_compare: Snap, size: tuple[int, int]) -> None:
+    fleet = sample_fleet()
+    cpu01 = next(n for n in fleet if n.id == "cpu01")
+    assert cpu01.llamacpp_runtime is not None
+    memory = [{"kind": "kv", "cells": 4096, "layers": 8, "type_k": "f16", "type_v": "f16", "mib": 64.0}]
+    fleet[fleet.index(cpu01)] = cpu01.model_copy(
+        update={"llamacpp_runtime": cpu01.llamacpp_runtime.model_copy(update={"memory": memory})}
+    )
+
+    async def relaunch(pilot: Pilot[Any]) -> None:
+        app = pilot.app
+        assert isinstance(app, QiipConsole)
+        app.node_action("relaunch", "cpu01")
+        await screen_of(pilot, SizingScreen)
+        await pilot.click("#slots")
+        await pilot.press("end", "backspace", "4")
+
+    client = FakeClient(fleet, metrics=SAMPLE_METRICS)
+    assert snap_compare(console(client), terminal_size=size, run_before=then(relaunch))

@@ -66,8 +66,10 @@ async def test_chat_streams_and_cancelling_closes_the_node_request(daemon: tuple
     running.wait_status("n1", "healthy")
     async with client_for(running) as qiip:
         assert await qiip.models() == ["m"]
-        pieces = [d.content async for d in qiip.chat_stream("m", [{"role": "user", "content": "hi"}])]
-        assert "".join(pieces) == "tok0 tok1 tok2 tok3 tok4 "
+        deltas = [d async for d in qiip.chat_stream("m", [{"role": "user", "content": "hi"}])]
+        assert "".join(d.content for d in deltas) == "tok0 tok1 tok2 tok3 tok4 "
+        # The first piece names the node that answered (X-QIIP-Node); the others do not repeat it.
+        assert [d.node for d in deltas] == ["n1"] + [None] * (len(deltas) - 1)
         backend.push(Sse(n_events=100, delay_between_s=0.1))
         stream = qiip.chat_stream("m", [{"role": "user", "content": "hi"}])
         assert (await anext(stream)).content

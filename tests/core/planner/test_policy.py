@@ -211,3 +211,21 @@ def test_custom_validation_refuses_an_automatic_policy():
     expected = [("sizing", "sizing must be 'custom' here; an automatic policy has no sizes to check.")]
     assert messages(validate_custom(AutoPolicy(), train_context=8192, devices=DEVICES)) == expected  # type: ignore[arg-type]
     assert messages(validate_custom({"sizing": "auto"}, train_context=8192, devices=DEVICES)) == expected
+
+
+def test_an_ill_typed_field_does_not_hide_the_others_rules():
+    # A form with one field not yet a number still shows the rules the other fields break.
+    body = custom(context_per_slot=1000, slots="abc", fit_target_mib=-5, extra=1)
+    assert [v.field for v in validate_custom(body, train_context=8192, devices=DEVICES)] == [
+        "fit_target_mib",
+        "context_per_slot",
+        "slots",
+        "extra",
+    ]
+    assert messages(
+        validate_custom(json.dumps(custom(context_per_slot=9000, cache_type="q4")), train_context=8192, devices=DEVICES)
+    ) == [
+        ("context_per_slot", "context_per_slot must be a positive multiple of 256 tokens, got 9000; try 8192."),
+        ("context_per_slot", "context_per_slot (9000 tokens) exceeds the model's training context of 8192 tokens."),
+        ("cache_type", "cache_type must be 'f16' or 'q8_0' (the planner never goes below Q8_0), got 'q4'."),
+    ]

@@ -1,0 +1,37 @@
+"""Which nodes serve a model, for the confirmations of actions that take a node out of service.
+
+Pure. A node serves its model's clients only while it is `healthy` (`qiip_core.nodes.NodeStatus`): draining,
+removing or relaunching the last healthy node of a model leaves that model's clients with 503 answers until
+another node serves it, and the confirmation says so before the operator agrees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from qiip_core.client import NodeInfo
+from qiip_core.nodes import NodeStatus
+
+__all__ = ["last_healthy_warning"]
+
+
+def last_healthy_warning(node: NodeInfo, nodes: Iterable[NodeInfo]) -> str | None:
+    """The warning for taking `node` out of service, when it is the last healthy node of its model.
+
+    Args:
+        node: the node the action takes out of service.
+        nodes: every node of the fleet (`node` among them or not).
+
+    Returns:
+        One sentence naming the node and the model, or None when the node is not healthy or another healthy
+        node serves the same model.
+    """
+    if node.status != NodeStatus.HEALTHY:
+        return None
+    others = (n for n in nodes if n.id != node.id and n.model == node.model and n.status == NodeStatus.HEALTHY)
+    if any(True for _ in others):
+        return None
+    return (
+        f"{node.id} is the last healthy node of {node.model}: clients of that model will get 503 until another "
+        "node serves it."
+    )
