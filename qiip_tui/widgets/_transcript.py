@@ -8,6 +8,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from qiip_tui._chat import Turn, TurnState
+from qiip_tui._render import ttft_text
 
 __all__ = ["Transcript"]
 
@@ -74,5 +75,5 @@ def _answered_by(turn: Turn) -> str:
     parts = [f"answered by {turn.node}"] if turn.node else []
     ttft = turn.ttft_s
     if ttft is not None:
-        parts.append(f"TTFT {ttft * 1000:.0f}ms" if ttft < 10 else f"TTFT {ttft:.1f}s")
+        parts.append(f"TTFT {ttft_text(ttft)}")
     return "".join(f" · {part}" for part in parts)

@@ -10,6 +10,7 @@ from textual.widgets import Input, Label, Select
 
 from qiip_tui import QiipConsole
 from qiip_tui._chat import TurnState
+from qiip_tui._render import ttft_text
 from qiip_tui.screens import ChatScreen
 from qiip_tui.widgets import Transcript
 from tests.support.daemon import Daemon
@@ -171,4 +172,4 @@ async def test_the_message_box_keeps_the_focus(console_daemon: Daemon) -> None:
         await wait_for(pilot, lambda: turn.state is not TurnState.STREAMING, timeout_s=30, what="the answer")
         assert turn.node in {"chat-a", "chat-b"} and turn.ttft_s is not None
         shown = str(screen.query_one(Transcript).children[0].render())
-        assert f"answered by {turn.node} · TTFT {turn.ttft_s * 1000:.0f}ms" in shown
+        assert f"answered by {turn.node} · TTFT {ttft_text(turn.ttft_s)}" in shown
