@@ -277,14 +277,14 @@ class QiipConsole(ConnectionWatch):
 
     def on_metrics_polled(self, message: MetricsPolled) -> None:
         self.last_update = self.wall_clock()
-        delta = self.fleet.apply_metrics(message.payload, at_s=message.at_s)
+        changed = set(self.fleet.apply_metrics(message.payload, at_s=message.at_s).changed)
+        update = self.fleet.update
         for node in message.nodes:
-            delta = delta.merge(self.fleet.update(node))
-        if delta:
-            self._publish(delta)
-        else:
-            # The request rate changed even when no node did: the summary shows it.
-            self.fleet_signal.publish(FleetDelta())
+            changed.update(update(node).changed)
+        if changed:
+            self._publish(FleetDelta(changed=frozenset(changed)))
+        # An empty change says a poll happened: the summary's rate and the errors' ages move on.
+        self.fleet_signal.publish(FleetDelta())
 
     def on_node_polled(self, message: NodePolled) -> None:
         if message.node.id in self.fleet.nodes:

@@ -151,10 +151,15 @@ _KEYS = ("requests", "errors", "retries", "failures", "attempts", "completion_to
 
 
 def _growth(now: Mapping[str, Any], before: Mapping[str, Any]) -> dict[str, float] | None:
-    """Each counter's growth; None when one went down (the daemon restarted between the reads)."""
+    """Each counter's growth; None when one went down (the daemon restarted between the reads). A counter that
+    is missing or not a number counts as 0."""
     growth = {}
     for key in _KEYS:
-        value, old = _number(now, key) or 0.0, _number(before, key) or 0.0
+        value, old = now.get(key, 0.0), before.get(key, 0.0)
+        if not isinstance(value, int | float) or not math.isfinite(value):
+            value = 0.0
+        if not isinstance(old, int | float) or not math.isfinite(old):
+            old = 0.0
         if value < old:
             return None
         growth[key] = value - old

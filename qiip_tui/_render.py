@@ -1,5 +1,8 @@
 """Rich text for cells and lines whose colour depends on a value (a node's status, a log level, a meter).
 
+The short cells (rates, percentages, TTFT, slots) are shared `Text` objects, one per label: copy one
+(`Text.copy()`) before changing it.
+
 Textual resolves `$variables` in CSS, but a DataTable cell or a log line is a Rich `Text` built in Python. The
 `Palette` turns the current theme's variables (`App.theme_variables`) into Rich styles, so these colours come
 from the theme too; widgets rebuild it when `App.theme_changed_signal` fires.
@@ -10,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import lru_cache
 
+from rich.console import JustifyMethod
 from rich.style import Style
 from rich.text import Text
 from textual.color import Color, ColorParseError
@@ -66,6 +71,13 @@ class Palette:
     def status(self, status: str) -> Style:
         """The style of a node status: `$status-<status>` with `_` as `-`."""
         return self.style("status-" + status.replace("_", "-"))
+
+
+@lru_cache(maxsize=4096)
+def _cell(label: str, justify: JustifyMethod | None = None, style: Style | None = None) -> Text:
+    # A metrics poll renders four cells of every row, mostly the same few labels (`0`, `—`, `0%`, `1.2`): one
+    # shared Text per label and style. Shared, so never modified: callers copy before changing one.
+    return Text(label, style=style or "", justify=justify)
 
 
 def _parse(value: str) -> Color | None:
@@ -129,14 +141,14 @@ def engine_text(engine: str, width: int) -> Text:
 def ttft_text(ttft_s: float | None) -> Text:
     """A time to first token, `123ms` or `1.2s`; a dash when unknown."""
     if ttft_s is None:
-        return Text(DASH)
-    return Text(f"{ttft_s * 1000:.0f}ms" if ttft_s < 1 else f"{ttft_s:.1f}s")
+        return _cell(DASH)
+    return _cell(f"{ttft_s * 1000:.0f}ms" if ttft_s < 1 else f"{ttft_s:.1f}s")
 
 
 def rate_text(per_s: float | None) -> Text:
     """A rate per second, right-aligned: `0`, `0.4`, `12.3`, `1.2k`; a dash when unknown."""
     if per_s is None:
-        return Text(DASH, justify="right")
+        return _cell(DASH, "right")
     if per_s == 0:
         label = "0"
     elif per_s < 100:
@@ -145,22 +157,22 @@ def rate_text(per_s: float | None) -> Text:
         label = f"{per_s:.0f}"
     else:
         label = f"{per_s / 1000:.1f}k"
-    return Text(label, justify="right")
+    return _cell(label, "right")
 
 
 def percent_text(ratio: float | None, palette: Palette) -> Text:
     """A share (0..1) as a percentage, in the error colour when above zero; a dash when unknown."""
     if ratio is None:
-        return Text(DASH, justify="right")
+        return _cell(DASH, "right")
     if ratio == 0:
-        return Text("0%", justify="right")
+        return _cell("0%", "right")
     label = f"{ratio * 100:.1f}%" if ratio < 0.1 else f"{ratio * 100:.0f}%"
-    return Text(label, style=palette.status("unhealthy"), justify="right")
+    return _cell(label, "right", palette.status("unhealthy"))
 
 
 def slots_text(busy: int, total: int | None) -> Text:
     """Busy slots of the node's slots (`3/4`), or the requests in flight when it has no slot count."""
-    return Text(f"{busy}/{total}" if total else str(busy), justify="right")
+    return _cell(f"{busy}/{total}" if total else str(busy), "right")
 
 
 def age_text(at: datetime, now: datetime) -> str:

@@ -26,33 +26,17 @@ from textual.widgets import DataTable
 from textual.widgets.data_table import ColumnKey, RowDoesNotExist, RowKey
 
 from qiip_core.client import NodeInfo
-from qiip_tui._fleet import FLEET_COLUMNS, Fleet, FleetDelta, gpu_totals, matches, slots_of
-from qiip_tui._render import (
-    Palette,
-    breaker_text,
-    engine_text,
-    error_text,
-    gpu_text,
-    percent_text,
-    rate_text,
-    slots_text,
-    status_text,
-    ttft_text,
-)
+from qiip_tui._fleet import FLEET_COLUMNS, Fleet, FleetDelta, matches
+from qiip_tui._fleet_cells import COLUMN_KEYS, ERROR_CELL, RowCells, same_cell
+from qiip_tui._render import Palette
 from qiip_tui.widgets._versioned_table import VersionedTable
 
 __all__ = ["FleetTable"]
 
-_KEYS = [column.key for column in FLEET_COLUMNS]
+_KEYS = COLUMN_KEYS
 
 _SORT_MARKER_CELLS = 2
 """Room every header keeps for ` ▲`, so the marker is never cut."""
-
-
-def _same(before: Text, after: Text) -> bool:
-    # Text's own == compares the characters and spans, not the style of the whole Text, which is how the
-    # status and breaker colours are given: a theme change must count as a change.
-    return before == after and before.style == after.style
 
 
 class FleetTable(VersionedTable):
@@ -120,19 +104,20 @@ class FleetTable(VersionedTable):
         """The key of the column the rows are sorted by: by default the status, problems first."""
         self.sort_reverse = False
         """Whether the sort is descending."""
-        self._palette = Palette()
         self._widths: tuple[int, ...] = ()
         self._cells: dict[str, list[Text]] = {}
+        self._row_cells = RowCells()
 
     # -- life --------------------------------------------------------------------------------------------
 
     def on_mount(self) -> None:
-        self._palette = Palette.from_variables(self.app.theme_variables)
+        self._row_cells.palette = Palette.from_variables(self.app.theme_variables)
         self.app.theme_changed_signal.subscribe(self, self._theme_changed)
         self._rebuild()
 
     def _theme_changed(self, theme: Theme) -> None:
-        self._palette = Palette.from_variables(self.app.theme_variables)
+        self._row_cells.palette = Palette.from_variables(self.app.theme_variables)
+        self._row_cells.forget()
         self.sync(FleetDelta(changed=frozenset(self._cells)))
 
     def on_resize(self, event: Resize) -> None:
@@ -183,24 +168,8 @@ class FleetTable(VersionedTable):
         except RowDoesNotExist:
             return None
 
-    def _render_row(self, node: NodeInfo, now: datetime) -> list[Text]:
-        rates = self.fleet.rates.nodes.get(node.id)
-        palette = self._palette
-        recovered = node.status == "healthy" and node.breaker.state == "closed"
-        return [
-            Text(node.id),
-            status_text(node.status, palette),
-            Text(node.model),
-            rate_text(rates.requests_per_s if rates else None),
-            percent_text(rates.error_ratio if rates else None, palette),
-            rate_text(rates.retries_per_s if rates else None),
-            slots_text(*slots_of(node)),
-            ttft_text(rates.ttft_p50_s if rates else None),
-            breaker_text(node.breaker.state, palette),
-            gpu_text(FLEET_COLUMNS[_KEYS.index("gpu")].max_width, palette, gpu_totals(node)),
-            engine_text(node.engine, FLEET_COLUMNS[_KEYS.index("engine")].max_width),
-            error_text(node.last_error, node.last_error_at, now, current=not recovered, palette=palette),
-        ]
+    def _render_row(self, node: NodeInfo, now: datetime, old: list[Text] | None = None) -> list[Text]:
+        return self._row_cells.render(node, self.fleet.rates.nodes.get(node.id), now, old)
 
     def _shown(self, node: NodeInfo) -> bool:
         return matches(node, self.filter_text) and (not self.problems_only or self.fleet.is_problem(node))
@@ -221,6 +190,7 @@ class FleetTable(VersionedTable):
         highlighted = self.highlighted_node
         self.clear(columns=True)
         self._cells.clear()
+        self._row_cells.forget()
         self.forget_rendered()
         now = self.now()
         shown = [node for node in self.fleet.nodes.values() if self._shown(node)]
@@ -241,6 +211,7 @@ class FleetTable(VersionedTable):
         self.add_row(*cells, key=node.id)
 
     def _remove(self, node_id: str) -> None:
+        self._row_cells.forget(node_id)
         if self._cells.pop(node_id, None) is not None:
             self.remove_row(node_id)
 
@@ -253,14 +224,18 @@ class FleetTable(VersionedTable):
         if delta is None:
             self._rebuild()
             return
+        for node_id in delta.removed:
+            self._remove(node_id)
+        self._apply(delta.changed)
+
+    def _apply(self, changed: frozenset[str]) -> None:
+        """Rewrite the rows of `changed`, then re-size the columns and re-sort when their cells say so."""
         highlighted = self.highlighted_node
         resort = False
         sort_index = _KEYS.index(self.sort_column)
         now = self.now()
-        for node_id in delta.removed:
-            self._remove(node_id)
         grown = False
-        for node_id in delta.changed:
+        for node_id in changed:
             node = self.fleet.nodes.get(node_id)
             if node is None or not self._shown(node):
                 self._remove(node_id)
@@ -271,45 +246,62 @@ class FleetTable(VersionedTable):
                 resort = True
                 grown = True
                 continue
-            resort = self._rewrite(node, old, self._render_row(node, now), sort_index) or resort
-            grown = grown or any(c.cell_len > w for c, w in zip(self._cells[node_id][:-1], self._widths, strict=False))
+            moved, wider = self._rewrite(node, old, self._render_row(node, now, old), sort_index)
+            resort, grown = resort or moved, grown or wider
         if grown:
             self._apply_widths()
         if resort:
             self._sort(highlighted)
+        self.refresh()
 
-    def _rewrite(self, node: NodeInfo, old: list[Text], new: list[Text], sort_index: int) -> bool:
-        """Update the cells of a row that changed; True when its sort cell did (the rows must be re-sorted)."""
-        changed = False
-        for key, before, after in zip(_KEYS, old, new, strict=True):
-            if not _same(before, after):
-                changed = True
-                self.update_cell(node.id, key, after)
+    def _rewrite(self, node: NodeInfo, old: list[Text], new: list[Text], sort_index: int) -> tuple[bool, bool]:
+        """Update the cells of a row that changed.
+
+        Returns:
+            Whether the rows must be re-sorted (its sort cell changed), and whether a cell outgrew its column.
+        """
+        changed: list[int] = []
+        wider = False
+        widths = self._widths
+        last = len(_KEYS) - 1
+        for index, (key, before, after) in enumerate(zip(_KEYS, old, new, strict=True)):
+            if before is after:
+                continue
+            if same_cell(before, after):
+                # Keep the cell the table holds, so `_cells` are the table's own objects (`_sort` relies on it).
+                new[index] = before
+                continue
+            changed.append(index)
+            self.write_cell(node.id, key, after)
+            wider = wider or (index < last and after.cell_len > widths[index])
         if changed:
-            self.bump_row(node.id)
+            self.bump_row(node.id, changed)
         self._cells[node.id] = new
         # The status column sorts on rates too: any change may move the row.
-        return changed and (sort_index == 1 or not _same(old[sort_index], new[sort_index]))
+        return bool(changed) and (sort_index == 1 or sort_index in changed), wider
 
     def refresh_ages(self) -> None:
         """Re-render the last-error cells, whose age grows with time (the owner calls it on each metrics poll)."""
         now = self.now()
-        index = len(_KEYS) - 1
+        index = ERROR_CELL
         for node_id, cells in self._cells.items():
             node = self.fleet.nodes.get(node_id)
             if node is None or not node.last_error or node.last_error_at is None:
                 continue
-            after = self._render_row(node, now)[index]
-            if not _same(cells[index], after):
+            after = self._row_cells.error(node, now)
+            if not same_cell(cells[index], after):
                 cells[index] = after
-                self.update_cell(node_id, _KEYS[-1], after)
-                self.bump_row(node_id)
+                self.write_cell(node_id, _KEYS[-1], after)
+                self.bump_row(node_id, (index,))
+        self.refresh()
 
     def _sort(self, keep: str | None) -> None:
         fleet, column = self.fleet, FLEET_COLUMNS[_KEYS.index(self.sort_column)]
+        # DataTable hands the key the id cells; finding their node by the cell object is cheaper than by its text.
+        by_cell = {id(cells[0]): node_id for node_id, cells in self._cells.items()}
 
         def key(cell: Any) -> Any:
-            node = fleet.nodes[str(cell)]
+            node = fleet.nodes[by_cell[id(cell)]]
             return (column.sort_key(node, fleet), node.id)
 
         self.sort("id", key=key, reverse=self.sort_reverse)

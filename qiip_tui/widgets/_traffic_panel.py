@@ -81,8 +81,7 @@ class TrafficPanel(Vertical):
             if text and not label.startswith(" "):
                 text.append("   ")
             text.append(label, style="bold")
-            value.justify = "left"
-            text.append_text(value)
+            text.append(value.plain, style=value.style)
         self.query_one("#traffic-now", Static).update(text)
         for key, _, read in _SERIES:
             data = [read(sample) for sample in history]

@@ -2,17 +2,19 @@
 
 DataTable keys its rendered cells and lines on a counter that every update bumps, so one changed cell re-renders
 every visible line: at 160×48 some 45 lines and 400 cells, over 20 ms, ten times a second for a busy fleet. This
-table keeps its own caches keyed on each row's version, which its owner bumps (`bump_row`) when it changes a
-row, and moves a cached line to its new position after a sort by rewriting the row index DataTable keeps in the
-segments' metadata (its mouse handling reads it).
+table keeps its own caches keyed on each row's and each cell's version, which its owner bumps (`bump_row`) when
+it changes a row or some of its cells, and moves a cached line to its new position after a sort by rewriting the
+row index DataTable keeps in the segments' metadata (its mouse handling reads it).
 
 It leans on DataTable internals of the Textual series pyproject.toml allows (`_render_cell`, `_render_line`,
-`_get_offsets`, `_row_locations`); the console's snapshot and behaviour tests exercise them. Rows must be one line
-high and the cursor a row cursor; anything else renders as DataTable does.
+`_get_offsets`, `_row_locations`, `_data` and `_update_count` for `write_cell`); the console's snapshot and
+behaviour tests exercise them. Rows must be one line high and the cursor a row cursor; anything else renders as
+DataTable does.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from functools import lru_cache
 from typing import Any
 
@@ -23,6 +25,7 @@ from textual.cache import LRUCache
 from textual.geometry import Region
 from textual.strip import Strip
 from textual.widgets import DataTable
+from textual.widgets.data_table import ColumnKey, RowKey
 
 __all__ = ["VersionedTable"]
 
@@ -33,19 +36,43 @@ class VersionedTable(DataTable[Text]):
     def __init__(self, *, id: str | None = None, cell_padding: int = 1) -> None:
         super().__init__(id=id, cursor_type="row", cell_padding=cell_padding)
         self._row_versions: dict[str, int] = {}
+        self._row_base: dict[str, int] = {}
+        self._cell_versions: dict[tuple[str, int], int] = {}
         self._version = 0
         self._rendered: LRUCache[tuple[Any, ...], tuple[int, list[list[Segment]]]] = LRUCache(4096)
         self._lines: LRUCache[tuple[Any, ...], tuple[int, Strip]] = LRUCache(1024)
         self._frame_style: Style | None = None
 
-    def bump_row(self, key: str) -> None:
-        """Say that row `key` changed (or is new): its cached rendering is stale."""
+    def bump_row(self, key: str, columns: Iterable[int] | None = None) -> None:
+        """Say that row `key` changed (or is new): its cached rendering is stale.
+
+        Args:
+            key: the row.
+            columns: the indexes of the cells that changed; None for all of them. The row's other cells are
+                reused from the cache (a metrics poll changes four cells of every row, not the GPU meter).
+        """
         self._version += 1
         self._row_versions[key] = self._version
+        if columns is None:
+            self._row_base[key] = self._version
+        else:
+            for column in columns:
+                self._cell_versions[(key, column)] = self._version
+
+    def write_cell(self, row_key: str, column_key: str, value: Text) -> None:
+        """Replace a cell's value without a repaint; the owner calls `refresh()` once after a batch of writes.
+
+        `DataTable.update_cell` repaints the widget for each cell, which a poll that rewrites a thousand rows
+        cannot afford. The row and column must exist.
+        """
+        self._data[RowKey(row_key)][ColumnKey(column_key)] = value
+        self._update_count += 1
 
     def forget_rendered(self) -> None:
         """Drop every cached rendering (after the columns or the whole table changed)."""
         self._row_versions.clear()
+        self._row_base.clear()
+        self._cell_versions.clear()
         self._rendered.clear()
         self._lines.clear()
 
@@ -76,10 +103,11 @@ class VersionedTable(DataTable[Text]):
         node_id = row_key.value if row_key is not None else None
         if node_id is None or node_id not in self._row_versions:
             return super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
+        version = max(self._row_base.get(node_id, 0), self._cell_versions.get((node_id, column_index), 0))
         key = (
             node_id,
             column_index,
-            self._row_versions[node_id],
+            version,
             base_style,
             width,
             cursor,
