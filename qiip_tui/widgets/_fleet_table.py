@@ -39,6 +39,7 @@ from qiip_tui._render import (
     status_text,
     ttft_text,
 )
+from qiip_tui.widgets._console_table import ConsoleTable
 from qiip_tui.widgets._versioned_table import VersionedTable
 
 __all__ = ["FleetTable"]
@@ -55,7 +56,7 @@ def _same(before: Text, after: Text) -> bool:
     return before == after and before.style == after.style
 
 
-class FleetTable(VersionedTable):
+class FleetTable(ConsoleTable[Text], VersionedTable):
     """The nodes of a `Fleet`, filtered and sorted.
 
     Args:
