@@ -126,7 +126,7 @@ class HelpScreen(ModalScreen[None]):
         with Vertical(id="help"):
             yield Label(f"Keys: {self.title_text}", id="help-title")
             yield ConsoleTable[str](id="help-keys", cursor_type="none", zebra_stripes=True)
-            yield Label("Ctrl+P: every action, by name. Mouse works too.", id="help-hint")
+            yield Label(": a command by name (Tab completes). Ctrl+P: every action. Mouse works too.", id="help-hint")
 
     def on_mount(self) -> None:
         table = self.query_one("#help-keys", DataTable)

@@ -243,3 +243,15 @@ async def test_every_table_has_the_same_keys_and_power_off_moved_to_capital_o() 
         assert table.cursor_row == table.row_count - 1
         await pilot.press("home")
         assert table.cursor_row == 0
+
+
+async def test_the_palette_opens_the_command_line() -> None:
+    app = canned(FakeModelsClient(sample_fleet(), metrics=SAMPLE_METRICS))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await screen_of(pilot, FleetScreen)
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        await pilot.press(*"Command line")
+        await pilot.pause(0.5)
+        await pilot.press("enter")
+        await screen_of(pilot, CommandLine)
