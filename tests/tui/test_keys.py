@@ -255,3 +255,16 @@ async def test_the_palette_opens_the_command_line() -> None:
         await pilot.pause(0.5)
         await pilot.press("enter")
         await screen_of(pilot, CommandLine)
+
+
+async def test_home_and_end_move_the_cursor_and_do_not_scroll_a_wide_table_sideways() -> None:
+    app = canned(FakeModelsClient(sample_fleet(), metrics=SAMPLE_METRICS))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await screen_of(pilot, FleetScreen)
+        table = app.screen.query_one(FleetTable)
+        await wait_for(pilot, lambda: table.row_count == 8, what="the fleet")
+        assert table.max_scroll_x > 0, "at 80 columns the fleet table is wider than the screen"
+        await pilot.press("end")
+        assert (table.cursor_row, table.scroll_x) == (7, 0)
+        await pilot.press("home")
+        assert (table.cursor_row, table.scroll_x) == (0, 0)
