@@ -31,7 +31,7 @@ COMMANDS: dict[str, tuple[ArgumentKind | None, str]] = {
     "model": ("model", "the fleet, filtered to a model's nodes"),
     "fleet": (None, "the fleet"),
     "chat": (None, "chat"),
-    "logs": (None, "provisioning: the hosts' setups and logs"),
+    "logs": (None, "logs: the fleet's timeline, engine logs, provisioning"),
     "models": (None, "the model catalog and downloads"),
     "help": (None, "the key map of this screen"),
     "quit": (None, "quit the console"),

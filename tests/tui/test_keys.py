@@ -213,9 +213,12 @@ async def test_every_table_has_the_same_keys_and_power_off_moved_to_capital_o() 
         await screen_of(pilot, FleetScreen)
         await pilot.press("l")
         logs = await screen_of(pilot, LogsScreen)
+        await pilot.press("3")
         tasks = logs.query_one("#tasks", DataTable)
         await wait_for(pilot, lambda: tasks.row_count >= 2, what="the tasks")
-        assert isinstance(tasks, ConsoleTable) and tasks.has_focus
+        assert isinstance(tasks, ConsoleTable) and isinstance(logs.query_one("#engine-nodes"), ConsoleTable)
+        tasks.focus()
+        await pilot.pause()
         await pilot.press("j")
         assert tasks.cursor_row == 1
         await pilot.press("k")
