@@ -19,6 +19,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -46,15 +47,19 @@ from qiip_tui._themes import THEME_DIRS, ThemeFileError, console_variable_defaul
 from qiip_tui._types import Clock, ConsoleClient
 from qiip_tui.screens import (
     ChatScreen,
+    CommandLine,
     ConnectionScreen,
     FleetScreen,
     HelpScreen,
     LogsScreen,
     ModelsScreen,
     NodeScreen,
+    SizingScreen,
     key_map,
+    run_command,
     screen_name,
 )
+from qiip_tui.screens._base import ConsoleScreen
 from qiip_tui.widgets import FleetTable
 
 __all__ = ["QiipConsole"]
@@ -112,6 +117,7 @@ class QiipConsole(ConnectionWatch):
         Binding("l", "logs", "Logs"),
         Binding("m", "models", "Models"),
         Binding("question_mark", "help", "Keys"),
+        Binding("colon", "command_line", "Command"),
     ]
     """
     | Key | Action |
@@ -121,6 +127,7 @@ class QiipConsole(ConnectionWatch):
     | l | Logs: the fleet's timeline, engine logs (of the open node, on a node's screen), provisioning. |
     | m | Models: the cache catalog and downloads. |
     | ? | The keys of this screen. |
+    | : | The command line (`:drain NODE`, `:node NODE`, `:model M`, …). |
     | ctrl+p | The command palette. |
     """
 
@@ -344,3 +351,8 @@ class QiipConsole(ConnectionWatch):
             key_display={b.binding.key: self.get_key_display(b.binding) for b in self.screen.active_bindings.values()},
         )
         self.push_screen(HelpScreen(rows, title=screen_name(self.screen)))
+
+    def action_command_line(self) -> None:
+        """Open the `:` command line over a main screen (not over the sizing editor, a dialog or the key map)."""
+        if isinstance(self.screen, ConsoleScreen) and not isinstance(self.screen, SizingScreen):
+            self.push_screen(CommandLine(self.fleet), partial(run_command, self))

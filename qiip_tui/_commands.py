@@ -59,6 +59,7 @@ def console_commands(app: QiipConsole) -> list[PaletteCommand]:
         PaletteCommand("Set up a host", partial(app.host_action, "setup", None), "Install an engine over SSH (s)"),
         PaletteCommand("Models", app.action_models, "The model cache catalog and downloads (m)"),
         PaletteCommand("Keys", app.action_help, "The key map of this screen (?)"),
+        PaletteCommand("Command line", app.action_command_line, "drain NODE, node NODE, model M, … (:)"),
         PaletteCommand("Reconnect", app.action_reconnect, f"Connect to {app.client.url} again now"),
     ]
     node = app.selected_node

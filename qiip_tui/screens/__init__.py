@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from qiip_tui.screens._chat import ChatScreen
+from qiip_tui.screens._command import CommandLine, run_command
 from qiip_tui.screens._confirm import ConfirmModal
 from qiip_tui.screens._connection import ConnectionScreen
 from qiip_tui.screens._download import DownloadModal
@@ -17,6 +18,7 @@ __all__ = [
     "MODELS_NOT_AVAILABLE",
     "NOT_AVAILABLE",
     "ChatScreen",
+    "CommandLine",
     "ConfirmModal",
     "ConnectionScreen",
     "DownloadModal",
@@ -27,5 +29,6 @@ __all__ = [
     "NodeScreen",
     "SizingScreen",
     "key_map",
+    "run_command",
     "screen_name",
 ]

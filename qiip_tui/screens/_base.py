@@ -7,11 +7,16 @@ from typing import TYPE_CHECKING, TypeVar, cast
 from textual.screen import Screen
 
 if TYPE_CHECKING:
+    from textual.binding import ActiveBinding
+
     from qiip_tui._app import QiipConsole
 
-__all__ = ["ConsoleScreen"]
+__all__ = ["FOOTER_FIRST", "ConsoleScreen"]
 
 ResultT = TypeVar("ResultT")
+
+FOOTER_FIRST = ("q", "question_mark", "colon")
+"""Keys the footer shows first, so that no terminal width cuts them: quit or back, the key map, the command line."""
 
 
 class ConsoleScreen(Screen[ResultT]):
@@ -21,3 +26,14 @@ class ConsoleScreen(Screen[ResultT]):
     def console(self) -> QiipConsole:
         """The app, typed."""
         return cast("QiipConsole", self.app)
+
+    @property
+    def active_bindings(self) -> dict[str, ActiveBinding]:
+        """Textual's active bindings, with the keys of `FOOTER_FIRST` moved to the front.
+
+        The footer shows bindings in this order and cuts what does not fit; the focused widget's come first,
+        the app's last, so at 80 columns `?` (an app key) and `q` would be cut.
+        """
+        bindings = super().active_bindings
+        first = {key: bindings[key] for key in FOOTER_FIRST if key in bindings}
+        return first | {key: active for key, active in bindings.items() if key not in first}

@@ -31,7 +31,7 @@ from qiip_tui._provisioning import TASK_COLUMNS, log_records, task_cells
 from qiip_tui._render import Palette, status_text
 from qiip_tui._types import JournalSource, ProvisioningSource
 from qiip_tui.screens._base import ConsoleScreen
-from qiip_tui.widgets import LogView
+from qiip_tui.widgets import ConsoleTable, LogView
 
 __all__ = ["NOT_AVAILABLE", "NO_JOURNAL", "LogsScreen"]
 
@@ -61,7 +61,7 @@ class LogsScreen(ConsoleScreen[None]):
         Binding("x", "host('cancel')", "Cancel", show=False),
         Binding("t", "host('teardown')", "Tear down", show=False),
         Binding("o", "host('power_on')", "Power on", show=False),
-        Binding("k", "host('power_off')", "Power off", show=False),
+        Binding("O", "host('power_off')", "Power off", show=False),
         Binding("r", "host('power_restart')", "Restart", show=False),
         Binding("q", "app.fleet", "Back"),
     ]
@@ -73,7 +73,7 @@ class LogsScreen(ConsoleScreen[None]):
     | s | Set up a host (a form, then a confirmation). |
     | x | Cancel the highlighted host's running setup or teardown (asks first). |
     | t | Tear the highlighted host's node down (asks first). |
-    | o, k, r | Power the highlighted host on, off, or restart it (asks first). |
+    | o, O, r | Power the highlighted host on, off, or restart it (asks first). |
     | space | Pause or resume following the log. |
     | / | Search the log. |
     | q | Back to the fleet. |
@@ -110,13 +110,17 @@ class LogsScreen(ConsoleScreen[None]):
                 yield LogView(id="timeline-view")
             with TabPane("Engine log", id="engine"):
                 yield Static(NO_JOURNAL, id="engine-banner", markup=False)
-                nodes: DataTable[str | Text] = DataTable(id="engine-nodes", cursor_type="row", zebra_stripes=True)
+                nodes: ConsoleTable[str | Text] = ConsoleTable(
+                    id="engine-nodes", cursor_type="row", zebra_stripes=True, enter="Follow its engine log"
+                )
                 yield nodes
                 yield Static("Pick a node and press Enter to follow its engine log.", id="engine-title", markup=False)
                 yield LogView(id="engine-log")
             with TabPane("Provisioning", id="provisioning"):
                 yield Static("Reading the provisioning tasks…", id="logs-banner", markup=False)
-                table: DataTable[str | Text] = DataTable(id="tasks", cursor_type="row", zebra_stripes=True)
+                table: ConsoleTable[str | Text] = ConsoleTable(
+                    id="tasks", cursor_type="row", zebra_stripes=True, enter="Follow its log"
+                )
                 yield table
                 yield Static("Pick a host and press Enter to follow its log.", id="log-title", markup=False)
                 yield LogView(id="log-view")

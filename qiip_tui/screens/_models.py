@@ -19,6 +19,7 @@ from qiip_tui._types import ModelCatalogSource
 from qiip_tui.screens._base import ConsoleScreen
 from qiip_tui.screens._confirm import ConfirmModal
 from qiip_tui.screens._download import DownloadModal, DownloadRequest
+from qiip_tui.widgets import ConsoleTable
 
 __all__ = ["MODELS_NOT_AVAILABLE", "ModelsScreen"]
 
@@ -64,7 +65,7 @@ class ModelsScreen(ConsoleScreen[None]):
     def compose(self) -> ComposeResult:
         yield Header()
         yield Static("Scanning the model cache…", id="models-summary", markup=False)
-        table: DataTable[str] = DataTable(id="generations", cursor_type="row", zebra_stripes=True)
+        table: ConsoleTable[str] = ConsoleTable(id="generations", cursor_type="row", zebra_stripes=True)
         yield table
         yield Label("Downloads", id="downloads-title")
         yield Vertical(id="downloads")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from qiip_tui.widgets._console_table import ConsoleTable
 from qiip_tui.widgets._fleet_summary import FleetSummary, SummaryView
 from qiip_tui.widgets._fleet_table import FleetTable
 from qiip_tui.widgets._gpu_meter import GpuMeter
@@ -14,6 +15,7 @@ from qiip_tui.widgets._transcript import Transcript
 from qiip_tui.widgets._versioned_table import VersionedTable
 
 __all__ = [
+    "ConsoleTable",
     "FleetSummary",
     "FleetTable",
     "GpuMeter",

@@ -29,6 +29,7 @@ from qiip_core.client import NodeInfo
 from qiip_tui._fleet import FLEET_COLUMNS, Fleet, FleetDelta, matches
 from qiip_tui._fleet_cells import COLUMN_KEYS, ERROR_CELL, RowCells, same_cell
 from qiip_tui._render import Palette
+from qiip_tui.widgets._console_table import ConsoleTable
 from qiip_tui.widgets._versioned_table import VersionedTable
 
 __all__ = ["FleetTable"]
@@ -39,7 +40,7 @@ _SORT_MARKER_CELLS = 2
 """Room every header keeps for ` ▲`, so the marker is never cut."""
 
 
-class FleetTable(VersionedTable):
+class FleetTable(ConsoleTable[Text], VersionedTable):
     """The nodes of a `Fleet`, filtered and sorted.
 
     Args:

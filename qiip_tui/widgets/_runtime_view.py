@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from textual.widgets import DataTable
-
 from qiip_core.nodes import LlamaCppRuntime
 from qiip_tui._render import DASH
+from qiip_tui.widgets._console_table import ConsoleTable
 
 __all__ = ["RuntimeView"]
 
@@ -42,7 +41,7 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-class RuntimeView(DataTable[str]):
+class RuntimeView(ConsoleTable[str]):
     """`llamacpp_runtime`: what was asked (`requested`) and what the server runs (`effective`)."""
 
     DEFAULT_CSS = """

@@ -115,10 +115,17 @@ async def test_keyboard_first_palette_key_map_and_screen_keys(console_daemon: Da
         for row in [
             ("/", "Filter", "this screen"),
             ("d", "Drain", "this screen"),
-            ("s", "Sort", "FleetTable"),
-            ("⏎", "Open", "FleetTable"),
+            ("s", "Sort", "this table"),
+            ("⏎", "Open", "this table"),
+            ("↓ / j", "Down", "this table"),
+            ("home / ^home / g", "First row", "this table"),
+            ("end / ^end / G", "Last row", "this table"),
+            ("pgdn", "Page down", "this table"),
+            (":", "Command", "everywhere"),
+            ("tab", "Next field or table", "this screen"),
         ]:
-            assert row in keys.rows
+            assert row in keys.rows, keys.rows
+        assert not any("Table" in where or "Screen" in where for _, _, where in keys.rows), keys.rows
         assert ("c", "Chat", "everywhere") in keys.rows and ("?", "Keys", "everywhere") in keys.rows
         await pilot.press("escape")
 

@@ -20,6 +20,7 @@ from qiip_tui import QiipConsole
 from qiip_tui._chat import TurnState
 from qiip_tui.screens import (
     ChatScreen,
+    CommandLine,
     ConfirmModal,
     ConnectionScreen,
     DownloadModal,
@@ -286,6 +287,19 @@ def test_download_dialog(snap_compare: Snap, size: tuple[int, int]) -> None:
 
     client = FakeModelsClient(sample_fleet(), metrics=SAMPLE_METRICS)
     assert snap_compare(console(client), terminal_size=size, run_before=then(keys("m"), loaded, keys("d"), typed))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_command_line(snap_compare: Snap, size: tuple[int, int]) -> None:
+    # Tab lists the nodes that fit; the line and the fleet under it stay.
+    steps = then(keys("colon"), shows(CommandLine), keys(*"drain gpu", "tab"))
+    assert snap_compare(console(), terminal_size=size, run_before=steps)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_command_line_error(snap_compare: Snap, size: tuple[int, int]) -> None:
+    steps = then(keys("colon"), shows(CommandLine), keys(*"drain gpu-9", "enter"))
+    assert snap_compare(console(), terminal_size=size, run_before=steps)
 
 
 @pytest.mark.parametrize("size", SIZES)
