@@ -25,6 +25,10 @@ __all__ = ["HISTORY_SAMPLES", "ModelRates", "NodeRates", "RateTracker"]
 HISTORY_SAMPLES = 60
 """Readings kept per node for the sparklines: five minutes at the console's default poll interval (5 s)."""
 
+ERROR_WINDOW_S = 60.0
+"""The error ratios are over the last minute of reads, not one interval: a few failures stay in sight for a
+minute instead of flickering for one poll."""
+
 
 @dataclass(frozen=True)
 class NodeRates:
@@ -33,7 +37,7 @@ class NodeRates:
     requests_per_s: float
     """Client requests it answered, per second."""
     error_ratio: float | None
-    """Its failed attempts over its attempts (0..1); None when it had none."""
+    """Its failed attempts over its attempts (0..1) in the last `ERROR_WINDOW_S`; None when it had none."""
     retries_per_s: float
     """Attempts that failed on it and were sent to another node, per second."""
     tokens_per_s: float
@@ -51,7 +55,7 @@ class ModelRates:
     requests_per_s: float
     """Client requests for the model, per second."""
     error_ratio: float | None
-    """Of those, the share that failed (0..1); None when there were none."""
+    """The share of its requests that failed (0..1) in the last `ERROR_WINDOW_S`; None when there were none."""
 
 
 def _number(counts: Mapping[str, Any], key: str) -> float | None:
@@ -77,6 +81,7 @@ class RateTracker:
         self.requests_per_s: float | None = None
         """Every client request, per second; None until two reads were seen."""
         self._previous: tuple[float, Mapping[str, Any]] | None = None
+        self._window: deque[tuple[float, Mapping[str, Any]]] = deque()
 
     def read(self, payload: Mapping[str, Any], *, at_s: float) -> set[str]:
         """Take one `/admin/metrics` answer.
@@ -90,6 +95,11 @@ class RateTracker:
             The nodes whose rates changed.
         """
         previous, self._previous = self._previous, (at_s, payload)
+        window = self._window
+        while len(window) > 1 and window[1][0] <= at_s - ERROR_WINDOW_S:
+            window.popleft()
+        oldest = window[0] if window else None
+        window.append((at_s, payload))
         by_node: Mapping[str, Any] = payload.get("by_node") or {}
         by_model: Mapping[str, Any] = payload.get("by_model") or {}
         # Nodes the daemon no longer counts (it restarted, or they left): their rates are unknown now.
@@ -104,6 +114,9 @@ class RateTracker:
         elapsed = at_s - previous[0]
         before_nodes: Mapping[str, Any] = previous[1].get("by_node") or {}
         before_models: Mapping[str, Any] = previous[1].get("by_model") or {}
+        assert oldest is not None  # the previous read is in the window
+        oldest_nodes: Mapping[str, Any] = oldest[1].get("by_node") or {}
+        oldest_models: Mapping[str, Any] = oldest[1].get("by_model") or {}
         total = sum(_number(c, "requests") or 0.0 for c in (by_model or by_node).values())
         total_before = sum(_number(c, "requests") or 0.0 for c in (before_models or before_nodes).values())
         self.requests_per_s = (total - total_before) / elapsed if total >= total_before else None
@@ -113,9 +126,11 @@ class RateTracker:
                 if self.nodes.pop(node_id, None) is not None:
                     changed.add(node_id)
                 continue
+            # Over the window; over the interval when a counter went down within it (the daemon restarted).
+            windowed = _growth(counts, oldest_nodes.get(node_id) or {}) or growth
             rates = NodeRates(
                 requests_per_s=growth["requests"] / elapsed,
-                error_ratio=_ratio(growth["failures"], growth["attempts"]),
+                error_ratio=_ratio(windowed["failures"], windowed["attempts"]),
                 retries_per_s=growth["retries"] / elapsed,
                 tokens_per_s=growth["completion_tokens"] / elapsed,
                 ttft_p50_s=_ttft(counts)[0],
@@ -126,7 +141,10 @@ class RateTracker:
         for model, counts in by_model.items():
             growth = _growth(counts, before_models.get(model) or {})
             if growth is not None:
-                models[model] = ModelRates(growth["requests"] / elapsed, _ratio(growth["errors"], growth["requests"]))
+                windowed = _growth(counts, oldest_models.get(model) or {}) or growth
+                models[model] = ModelRates(
+                    growth["requests"] / elapsed, _ratio(windowed["errors"], windowed["requests"])
+                )
         self.models = models
         return changed
 
