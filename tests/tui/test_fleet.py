@@ -78,8 +78,18 @@ async def test_drain_from_the_node_screen_after_confirming(console_daemon: Daemo
         )
         assert console_daemon.node_statuses()["chat-b"] == "draining"
 
+        # A drain's registry update carries no heartbeat: the header keeps the last contact, and the peak counts
+        # the requests in flight now.
+        text = str(header.render())
+        assert "seen —" not in text and " UTC" in text.split("seen ")[1]
+        in_flight = str(app.screen.query_one("#in-flight-label").render())
+        now, peak = (int(part.split()[0]) for part in in_flight.removeprefix("In flight: ").split(" now, peak "))
+        assert peak >= now
+
         await pilot.press("u")
         await wait_for(pilot, lambda: app.fleet.nodes["chat-b"].status == "healthy", what="chat-b to undrain")
+        await wait_for(pilot, lambda: "healthy" in str(header.render()), what="the header to say healthy")
+        assert "seen —" not in str(header.render())
         await pilot.press("escape")
         assert isinstance(app.screen, FleetScreen)
         assert str(app.screen.query_one(FleetTable).get_cell("chat-b", "status")) == "healthy"

@@ -14,13 +14,15 @@ import httpx
 import pytest
 from rich.text import Text
 from textual.coordinate import Coordinate
+from textual.widgets import Static
 
 from qiip_tui import QiipConsole
 from qiip_tui._render import Palette
+from qiip_tui.screens import NodeScreen
 from qiip_tui.widgets import FleetSummary, FleetTable
 from tests.support.daemon import Daemon, free_port
 from tests.support.fault_backend import FaultBackend, Status
-from tests.tui.conftest import config_for, in_thread, wait_for
+from tests.tui.conftest import config_for, in_thread, screen_of, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -151,3 +153,25 @@ async def test_stale_data_is_dimmed_and_dated_and_refreshed_after_reconnecting(
         table = app.screen.query_one(FleetTable)
         await wait_for(pilot, lambda: "dead" not in _rows(table), what="the refreshed fleet")
         assert not table.has_class("-stale") and "● live" in _summary(app)
+
+
+async def test_the_node_screen_shows_traffic_and_dated_errors_that_fade_once_it_recovers(
+    watched: tuple[Daemon, FaultBackend],
+) -> None:
+    daemon, flaky = watched
+    flaky.push(Status(500))
+    app = QiipConsole(config_for(daemon), metrics_interval_s=0.3, node_poll_s=0.3)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_for(pilot, lambda: "flaky" in app.fleet.nodes, what="the fleet")
+        await in_thread(lambda: _traffic(daemon))
+        await wait_for(pilot, lambda: bool(app.fleet.nodes["flaky"].last_error), what="flaky's error")
+        app.open_node("flaky")
+        screen = await screen_of(pilot, NodeScreen)
+        traffic = screen.query_one("#traffic-now", Static)
+        await wait_for(pilot, lambda: "Errors " in str(traffic.render()) and "%" in str(traffic.render()))
+        errors = screen.query_one("#errors", Static)
+        await wait_for(pilot, lambda: "500" in str(errors.render()), what="the error")
+        text = str(errors.render())
+        # `12:03:04 (now) …500…`, dimmed: flaky answered the next requests, healthy with its breaker closed.
+        assert text[2] == ":" and text[5] == ":" and " (" in text[:12]
+        assert "The node is healthy again: these errors are past." in text
