@@ -27,6 +27,7 @@ from starlette.responses import Response, StreamingResponse
 from qiip_core import NodeNotFound
 from qiip_core.journal import JournalEntry
 from qiip_proxy._admin import AdminError, require_admin
+from qiip_proxy._sse import SSE_HEADERS, kept_then_live
 
 if TYPE_CHECKING:
     from qiip_proxy._gateway import Gateway
@@ -40,7 +41,6 @@ MAX_LOG_LINES = 10_000
 
 _MAX_LINE_CHARS = 4_096
 _POLL_S = 0.25
-_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def _gateway(request: Request) -> Gateway:
@@ -62,33 +62,7 @@ async def journal(
     (`qiip_core.journal.JournalEntry`), first the last 2,000 kept, then each new one, and `: heartbeat` when idle."""
     gateway = _gateway(request)
 
-    async def stream() -> AsyncIterator[bytes]:
-        with gateway.journal.follow() as (backlog, queue):
-
-            def end() -> None:
-                if queue.full():
-                    queue.get_nowait()
-                queue.put_nowait(None)
-
-            gateway.on_shutdown_begun.add(end)
-            try:
-                for entry in backlog:
-                    yield _entry(entry)
-                if not follow or gateway.shutting_down:
-                    return
-                while True:
-                    try:
-                        item = await asyncio.wait_for(queue.get(), heartbeat_s)
-                    except TimeoutError:
-                        yield b": heartbeat\n\n"
-                        continue
-                    if item is None:
-                        return
-                    yield _entry(item)
-            finally:
-                gateway.on_shutdown_begun.discard(end)
-
-    return StreamingResponse(stream(), media_type="text/event-stream", headers=_SSE_HEADERS)
+    return kept_then_live(gateway, gateway.journal.follow(), _entry, follow=follow, heartbeat_s=heartbeat_s)
 
 
 def _entry(entry: JournalEntry) -> bytes:
@@ -221,4 +195,4 @@ async def engine_log(
         finally:
             gateway.on_shutdown_begun.discard(ended.set)
 
-    return StreamingResponse(stream(), media_type="text/event-stream", headers=_SSE_HEADERS)
+    return StreamingResponse(stream(), media_type="text/event-stream", headers=SSE_HEADERS)

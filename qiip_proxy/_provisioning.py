@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -35,6 +34,7 @@ from qiip_core.nodes import Engine
 from qiip_core.planner import parse_policy
 from qiip_core.provisioning import LogEntry, ResetType, SetupRequest
 from qiip_proxy._admin import AdminError, require_admin
+from qiip_proxy._sse import kept_then_live
 
 if TYPE_CHECKING:
     from qiip_proxy._gateway import Gateway
@@ -200,35 +200,7 @@ async def logs(
     gateway = _gateway(request)
     provisioner = gateway.provisioner
 
-    async def stream() -> AsyncIterator[bytes]:
-        with provisioner.logs.follow(host) as (backlog, queue):
-
-            def end() -> None:
-                if queue.full():
-                    queue.get_nowait()
-                queue.put_nowait(None)
-
-            gateway.on_shutdown_begun.add(end)
-            try:
-                for entry in backlog:
-                    yield _event(entry)
-                if not follow or gateway.shutting_down:
-                    return
-                while True:
-                    try:
-                        item = await asyncio.wait_for(queue.get(), heartbeat_s)
-                    except TimeoutError:
-                        yield b": heartbeat\n\n"
-                        continue
-                    if item is None:
-                        return
-                    yield _event(item)
-            finally:
-                gateway.on_shutdown_begun.discard(end)
-
-    return StreamingResponse(
-        stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    )
+    return kept_then_live(gateway, provisioner.logs.follow(host), _event, follow=follow, heartbeat_s=heartbeat_s)
 
 
 def _event(entry: LogEntry) -> bytes:

@@ -180,18 +180,11 @@ class LogsScreen(ConsoleScreen[None]):
     # -- engine logs -------------------------------------------------------------------------------------
 
     def _show_nodes(self) -> None:
-        table = self.query_one("#engine-nodes", DataTable)
+        table = self.query_one("#engine-nodes", ConsoleTable)
         palette = Palette.from_variables(self.app.theme_variables)
         nodes = sorted(self.console.fleet.nodes.values(), key=lambda node: node.id)
         rows = [(n.id, [n.id, status_text(n.status, palette), n.engine, n.source]) for n in nodes]
-        if [key for key, _ in rows] != [row.value for row in table.rows]:
-            table.clear()
-            for key, cells in rows:
-                table.add_row(*cells, key=key)
-        else:
-            for key, cells in rows:
-                for column, cell in zip(table.columns, cells, strict=True):
-                    table.update_cell(key, column, cell)
+        table.show_rows(rows)
 
     def _open_requested_node(self) -> None:
         node_id = self.console.engine_log_node
@@ -238,17 +231,10 @@ class LogsScreen(ConsoleScreen[None]):
         tasks = sorted(message.tasks, key=lambda task: str(task.get("hostname", "")))
         banner.display = not tasks
         banner.update("No host has been set up from this daemon yet: press s to set one up.")
-        table = self.query_one("#tasks", DataTable)
+        table = self.query_one("#tasks", ConsoleTable)
         palette = Palette.from_variables(self.app.theme_variables)
         rows = [(str(task.get("hostname", "")), self._cells(task, palette)) for task in tasks]
-        if [key for key, _ in rows] != [row.value for row in table.rows]:
-            table.clear()
-            for key, cells in rows:
-                table.add_row(*cells, key=key)
-        else:
-            for key, cells in rows:
-                for column, cell in zip(table.columns, cells, strict=True):
-                    table.update_cell(key, column, cell)
+        table.show_rows(rows)
         if self.host is None and rows:
             self.follow(rows[0][0])
 

@@ -138,16 +138,9 @@ class ModelsScreen(ConsoleScreen[None]):
         text, degraded = catalog_summary(message.catalog)
         summary.update(text)
         summary.set_class(degraded, "-degraded")
-        table = self.query_one("#generations", DataTable)
+        table = self.query_one("#generations", ConsoleTable)
         rows = catalog_rows(message.catalog)
-        if [key for key, _ in rows] != [row.value for row in table.rows]:
-            table.clear()
-            for key, cells in rows:
-                table.add_row(*cells, key=key)
-        else:
-            for key, cells in rows:
-                for column, cell in zip(table.columns, cells, strict=True):
-                    table.update_cell(key, column, cell)
+        table.show_rows(rows)
         self._show_downloads(message.downloads)
 
     def _show_downloads(self, downloads: list[dict[str, Any]]) -> None:

@@ -7,6 +7,7 @@ Home and End, like vi's g and G, to put the cursor on the first and last row: he
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar, Generic, TypeVar
 
 from textual.binding import Binding, BindingType
@@ -57,3 +58,15 @@ class ConsoleTable(DataTable[CellType], Generic[CellType]):
         if enter is not None:
             # Per instance: the same class serves tables whose Enter means different things.
             self._bindings.key_to_bindings["enter"] = [Binding("enter", "select_cursor", enter, show=False)]
+
+    def show_rows(self, rows: Sequence[tuple[str, Sequence[CellType]]]) -> None:
+        """Show `rows` (key and cells, in order): rebuilt when the keys or their order changed, otherwise updated
+        cell by cell, so the cursor and the scroll position stay where the operator left them."""
+        if [key for key, _ in rows] != [row.value for row in self.rows]:
+            self.clear()
+            for key, cells in rows:
+                self.add_row(*cells, key=key)
+            return
+        for key, cells in rows:
+            for column, cell in zip(self.columns, cells, strict=True):
+                self.update_cell(key, column, cell)
