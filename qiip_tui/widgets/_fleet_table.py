@@ -3,7 +3,7 @@
 A fleet of a thousand nodes changing ten times a second must not rebuild the table: `sync(delta)` adds,
 removes and rewrites only the rows the `FleetDelta` names, and within a row only the cells whose text
 changed, then re-sorts once if a changed cell belongs to the sort column. Rebuilding is kept for what the
-operator does (a new filter, a resize that changes the column widths).
+operator does (a new filter, problems only); a resize or a cell that outgrows its column only re-lays out.
 
 Rendering follows the same idea: `VersionedTable` re-renders only the rows whose version `sync` bumped.
 
@@ -33,8 +33,6 @@ from qiip_tui.widgets._console_table import ConsoleTable
 from qiip_tui.widgets._versioned_table import VersionedTable
 
 __all__ = ["FleetTable"]
-
-_KEYS = COLUMN_KEYS
 
 _SORT_MARKER_CELLS = 2
 """Room every header keeps for ` ▲`, so the marker is never cut."""
@@ -144,7 +142,7 @@ class FleetTable(ConsoleTable[Text], VersionedTable):
         if widths == self._widths:
             return
         self._widths = widths
-        for key, width in zip(_KEYS, widths, strict=True):
+        for key, width in zip(COLUMN_KEYS, widths, strict=True):
             column = self.columns[ColumnKey(key)]
             column.width, column.auto_width = width, False
         self.forget_rendered()
@@ -233,7 +231,7 @@ class FleetTable(ConsoleTable[Text], VersionedTable):
         """Rewrite the rows of `changed`, then re-size the columns and re-sort when their cells say so."""
         highlighted = self.highlighted_node
         resort = False
-        sort_index = _KEYS.index(self.sort_column)
+        sort_index = COLUMN_KEYS.index(self.sort_column)
         now = self.now()
         grown = False
         for node_id in changed:
@@ -264,8 +262,8 @@ class FleetTable(ConsoleTable[Text], VersionedTable):
         changed: list[int] = []
         wider = False
         widths = self._widths
-        last = len(_KEYS) - 1
-        for index, (key, before, after) in enumerate(zip(_KEYS, old, new, strict=True)):
+        last = len(COLUMN_KEYS) - 1
+        for index, (key, before, after) in enumerate(zip(COLUMN_KEYS, old, new, strict=True)):
             if before is after:
                 continue
             if same_cell(before, after):
@@ -292,12 +290,12 @@ class FleetTable(ConsoleTable[Text], VersionedTable):
             after = self._row_cells.error(node, now)
             if not same_cell(cells[index], after):
                 cells[index] = after
-                self.write_cell(node_id, _KEYS[-1], after)
+                self.write_cell(node_id, COLUMN_KEYS[-1], after)
                 self.bump_row(node_id, (index,))
         self.refresh()
 
     def _sort(self, keep: str | None) -> None:
-        fleet, column = self.fleet, FLEET_COLUMNS[_KEYS.index(self.sort_column)]
+        fleet, column = self.fleet, FLEET_COLUMNS[COLUMN_KEYS.index(self.sort_column)]
         # DataTable hands the key the id cells; finding their node by the cell object is cheaper than by its text.
         by_cell = {id(cells[0]): node_id for node_id, cells in self._cells.items()}
 
@@ -329,12 +327,12 @@ class FleetTable(ConsoleTable[Text], VersionedTable):
         Raises:
             ValueError: no such column.
         """
-        if column not in _KEYS:
-            raise ValueError(f"There is no fleet column {column!r}; the columns are {', '.join(_KEYS)}.")
+        if column not in COLUMN_KEYS:
+            raise ValueError(f"There is no fleet column {column!r}; the columns are {', '.join(COLUMN_KEYS)}.")
         if reverse is None:
             reverse = not self.sort_reverse if column == self.sort_column else False
         self.sort_column, self.sort_reverse = column, reverse
-        for index, key in enumerate(_KEYS):
+        for index, key in enumerate(COLUMN_KEYS):
             self.columns[ColumnKey(key)].label = self._header(index)
         self._sort(self.highlighted_node)
 
@@ -342,7 +340,7 @@ class FleetTable(ConsoleTable[Text], VersionedTable):
 
     def action_next_sort(self) -> None:
         """Sort by the column right of the current one (wrapping), ascending."""
-        self.sort_by(_KEYS[(_KEYS.index(self.sort_column) + 1) % len(_KEYS)], reverse=False)
+        self.sort_by(COLUMN_KEYS[(COLUMN_KEYS.index(self.sort_column) + 1) % len(COLUMN_KEYS)], reverse=False)
 
     def action_reverse_sort(self) -> None:
         """Flip the sort direction."""
