@@ -155,6 +155,7 @@ class Fleet:
             The nodes of the fleet whose rates changed.
         """
         changed = self.rates.read(payload, at_s=at_s)
+        changed |= self.rates.mark_idle(self.nodes.keys() - self.rates.nodes.keys())
         return FleetDelta(changed=frozenset(changed & self.nodes.keys()))
 
     def is_problem(self, node: NodeInfo) -> bool:

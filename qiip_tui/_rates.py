@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,6 +158,21 @@ class RateTracker:
             return set()
         self.nodes[node_id] = rates
         return {node_id}
+
+    def mark_idle(self, node_ids: Iterable[str]) -> set[str]:
+        """Give zero rates to nodes the daemon has no counts of yet (no request ever reached them), once an
+        interval was measured: they are idle, not unknown.
+
+        Returns:
+            The nodes whose rates changed.
+        """
+        if self.requests_per_s is None:
+            return set()
+        changed: set[str] = set()
+        for node_id in node_ids:
+            if node_id not in self.nodes:
+                changed |= self._set(node_id, NodeRates(0.0, None, 0.0, 0.0), record=True)
+        return changed
 
     def forget(self, node_id: str) -> None:
         """Drop a node that left the fleet."""

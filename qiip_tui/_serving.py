@@ -1,8 +1,9 @@
 """Which nodes serve a model, for the confirmations of actions that take a node out of service.
 
-Pure. A node serves its model's clients only while it is `healthy` (`qiip_core.nodes.NodeStatus`): draining,
-removing or relaunching the last healthy node of a model leaves that model's clients with 503 answers until
-another node serves it, and the confirmation says so before the operator agrees.
+Pure. A node serves its model's clients only while it is `healthy` (`qiip_core.nodes.NodeStatus`) and its
+circuit breaker is not open (an open breaker keeps requests away until its trial): draining, removing or
+relaunching the last such node of a model leaves that model's clients with errors until another node serves
+it, and the confirmation says so before the operator agrees.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from qiip_core.nodes import NodeStatus
 __all__ = ["last_healthy_warning"]
 
 
+def _serving(node: NodeInfo) -> bool:
+    return node.status == NodeStatus.HEALTHY and node.breaker.state != "open"
+
+
 def last_healthy_warning(node: NodeInfo, nodes: Iterable[NodeInfo]) -> str | None:
     """The warning for taking `node` out of service, when it is the last healthy node of its model.
 
@@ -23,12 +28,12 @@ def last_healthy_warning(node: NodeInfo, nodes: Iterable[NodeInfo]) -> str | Non
         nodes: every node of the fleet (`node` among them or not).
 
     Returns:
-        One sentence naming the node and the model, or None when the node is not healthy or another healthy
-        node serves the same model.
+        One sentence naming the node and the model, or None when the node is not healthy or another node
+        serves the same model (healthy, its breaker not open).
     """
     if node.status != NodeStatus.HEALTHY:
         return None
-    others = (n for n in nodes if n.id != node.id and n.model == node.model and n.status == NodeStatus.HEALTHY)
+    others = (n for n in nodes if n.id != node.id and n.model == node.model and _serving(n))
     if any(True for _ in others):
         return None
     return (

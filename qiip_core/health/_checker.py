@@ -105,6 +105,8 @@ def apply_probe(
         return False
     state.health_failures += 1
     state.note_error(error)
+    # The last slot reading is from a server that no longer answers.
+    state.slots = None
     if state.health_failures >= failure_threshold and state.liveness is not NodeStatus.UNHEALTHY:
         table.set_liveness(
             node_id, NodeStatus.UNHEALTHY, reason=f"{state.health_failures} failed health probes: {error}"

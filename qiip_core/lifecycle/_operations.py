@@ -292,12 +292,13 @@ def check_can_remove(table: RoutingTable, node_id: str) -> None:
 
 
 def check_can_relaunch(table: RoutingTable, node_id: str, server: ManagedLlamaServer | None) -> None:
-    """Raises NodeNotFound, or NodeConflict unless the node is a healthy managed llama.cpp node with a runtime
-    record that this daemon launched."""
+    """Raises NodeNotFound, or NodeConflict unless the node is a managed llama.cpp node with a runtime record that
+    this daemon launched, and healthy or unhealthy: relaunching is how an operator brings back a llama-server
+    that crashed or hangs (its drain is immediate); a node draining, relaunching or failed is refused."""
     node = _state(table, node_id)
     reasons = []
-    if node.status is not NodeStatus.HEALTHY:
-        reasons.append(f"it is {node.status.value}, not healthy")
+    if node.status not in (NodeStatus.HEALTHY, NodeStatus.UNHEALTHY):
+        reasons.append(f"it is {node.status.value}, not healthy or unhealthy")
     if not node.managed or server is None:
         reasons.append("it is not a node this daemon launched")
     if node.engine is not Engine.LLAMA_CPP:

@@ -42,8 +42,8 @@ class ConnectionScreen(ConsoleScreen[None]):
         with Vertical(id="problem"):
             yield Static("", id="problem-title", markup=False)
             yield Static("", id="problem-detail", markup=False)
-            yield Static("", id="problem-checks", markup=False)
             yield Static("", id="problem-retry", markup=False)
+            # Above the checks, so the fields are on screen at 80×24.
             with Vertical(id="login"):
                 with Horizontal(classes="login-row"):
                     yield Label("User     ", classes="login-label")
@@ -51,6 +51,7 @@ class ConnectionScreen(ConsoleScreen[None]):
                 with Horizontal(classes="login-row"):
                     yield Label("Password ", classes="login-label")
                     yield Input(id="login-password", password=True, compact=True)
+            yield Static("", id="problem-checks", markup=False)
         yield Footer()
 
     def on_mount(self) -> None:

@@ -164,6 +164,12 @@ class LogsScreen(ConsoleScreen[None]):
         """Show one pane: `timeline`, `engine` or `provisioning`."""
         if pane in _PANES:
             self.query_one("#logs-panes", TabbedContent).active = pane
+            # The pane's own keys (the cursor, Enter, `/`) work at once, without tabbing into it.
+            self.call_after_refresh(self._focus_pane, pane)
+
+    def _focus_pane(self, pane: str) -> None:
+        selector = {"timeline": "#timeline-view #log-lines", "engine": "#engine-nodes", "provisioning": "#tasks"}
+        self.query_one(selector[pane]).focus()
 
     # -- the timeline ------------------------------------------------------------------------------------
 

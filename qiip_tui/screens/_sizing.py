@@ -226,7 +226,10 @@ class SizingScreen(ConsoleScreen[OperationInfo | None]):
             return "Not applied: the node's runtime changed while you edited; Reset (ctrl+r) loads it first."
         if not self.violations:
             return None
-        first, more = self.violations[0], len(self.violations) - 1
+        # The first in the form's order, top to bottom, as the operator reads them.
+        order = {field: index for index, (field, _) in enumerate(_FIELDS)}
+        first = min(self.violations, key=lambda violation: order.get(violation.field, len(order)))
+        more = len(self.violations) - 1
         label = dict(_FIELDS).get(first.field, first.field)
         return f"Not applied: {label}: {first.message}" + (f" ({more} more beside their fields)" if more else "")
 

@@ -39,7 +39,7 @@ class FleetSummary(Static):
     """Two lines:
 
     ```
-    ● live 12:03:04 │ 12 nodes · 3.4 req/s │ 9 healthy 1 draining 2 unhealthy │ 3/12 shown · filter: gpu
+    ● live 12:03:04 │ 12 nodes · 3.4 req/s │ 3/12 shown · filter: gpu │ 9 healthy 1 draining 2 unhealthy
     m2 0/1 healthy · 15% errors │ qwen3-8b 9/10 healthy · 0.2% errors │ …
     ```
 
@@ -95,16 +95,17 @@ class FleetSummary(Static):
         count = len(fleet.nodes)
         text.append(f"{count} node{'s' if count != 1 else ''}", style="bold")
         text.append(f" · {rate:.1f} req/s │" if rate is not None else f" · {DASH} req/s │")
-        for status, number in fleet.status_counts():
-            text.append(" ")
-            text.append(f"{number} {status}", style=palette.status(status))
         if view.filter_text or view.problems_only:
-            text.append(" │ ")
-            text.append(f"{view.shown}/{count} shown", style="bold")
+            # Before the status counts: on a narrow terminal the end of the line is cut.
+            text.append(f" {view.shown}/{count} shown", style="bold")
             if view.problems_only:
                 text.append(" · problems only", style="italic")
             if view.filter_text:
                 text.append(f" · filter: {view.filter_text}", style="italic")
+            text.append(" │")
+        for status, number in fleet.status_counts():
+            text.append(" ")
+            text.append(f"{number} {status}", style=palette.status(status))
         text.append("\n")
         text.append_text(self._models(fleet))
         if not view.connected:

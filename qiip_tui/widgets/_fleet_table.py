@@ -23,7 +23,7 @@ from textual.events import Resize
 from textual.message import Message
 from textual.theme import Theme
 from textual.widgets import DataTable
-from textual.widgets.data_table import ColumnKey, RowDoesNotExist, RowKey
+from textual.widgets.data_table import ColumnKey, RowDoesNotExist
 
 from qiip_core.client import NodeInfo
 from qiip_tui._fleet import FLEET_COLUMNS, Fleet, FleetDelta, matches
@@ -335,6 +335,19 @@ class FleetTable(ConsoleTable[Text], VersionedTable):
         for index, key in enumerate(COLUMN_KEYS):
             self.columns[ColumnKey(key)].label = self._header(index)
         self._sort(self.highlighted_node)
+        self._show_column(COLUMN_KEYS.index(column))
+
+    def _show_column(self, index: int) -> None:
+        """Scroll sideways so column `index` (and its sort marker) is on screen."""
+        if index < self.fixed_columns:
+            return
+        columns = self.ordered_columns
+        left = sum(column.get_render_width(self) for column in columns[self.fixed_columns : index])
+        fixed = sum(column.get_render_width(self) for column in columns[: self.fixed_columns])
+        width = columns[index].get_render_width(self)
+        visible = self.scrollable_content_region.width - fixed
+        if left < self.scroll_x or left + width > self.scroll_x + visible:
+            self.scroll_to(x=min(left, self.max_scroll_x), animate=False)
 
     # -- input -------------------------------------------------------------------------------------------
 
@@ -375,14 +388,10 @@ class FleetTable(ConsoleTable[Text], VersionedTable):
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         event.stop()
-        self.post_message(self.NodeHighlighted(_value(event.row_key)))
+        self.post_message(self.NodeHighlighted(event.row_key.value))
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         event.stop()
-        node_id = _value(event.row_key)
+        node_id = event.row_key.value
         if node_id is not None:
             self.post_message(self.NodeChosen(node_id))
-
-
-def _value(key: RowKey) -> str | None:
-    return key.value

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import openai
@@ -153,3 +156,27 @@ def test_relaunch_refusals(relaunch_daemon: Daemon) -> None:
     unknown = admin.post("/admin/nodes/small/llamacpp/relaunch", json={"sizing": "auto", "bogus": 1})
     assert unknown.status_code == 422
     assert admin.post("/admin/nodes/ghost/llamacpp/relaunch", json={"sizing": "auto"}).status_code == 404
+
+
+def _llama_server_pid(port: int) -> int:
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"llama-server") and str(port).encode() in argv:
+            return int(proc.name)
+    raise AssertionError(f"no llama-server listens on port {port}")
+
+
+def test_a_crashed_local_node_comes_back_with_a_relaunch(relaunch_daemon: Daemon) -> None:
+    endpoint = relaunch_daemon.admin.get("/admin/nodes/small").json()["endpoint"]
+    os.kill(_llama_server_pid(urlsplit(endpoint).port or 0), signal.SIGKILL)
+    relaunch_daemon.wait_status("small", "unhealthy", timeout_s=30)
+    done = relaunch(relaunch_daemon, "small", {"sizing": "auto", "fit_target_mib": 512})
+    assert done["state"] == "succeeded", done
+    relaunch_daemon.wait_status("small", "healthy", timeout_s=30)
+    client = openai.OpenAI(base_url=relaunch_daemon.url + "/v1", api_key="x", max_retries=0)
+    assert client.completions.create(model="small", prompt="hi", max_tokens=2).choices

@@ -69,7 +69,9 @@ def test_node_and_model_rates_between_two_polls() -> None:
         },
     }
     fleet.apply_metrics(before, at_s=0.0)
-    assert fleet.apply_metrics(after, at_s=10.0) == FleetDelta(changed=frozenset({"gpu01"}))
+    # Every node changed: gpu01 has rates, and the nodes the daemon has no counts of are idle, not unknown.
+    assert fleet.apply_metrics(after, at_s=10.0) == FleetDelta(changed=frozenset(fleet.nodes))
+    assert fleet.rates.nodes["gpu02"].requests_per_s == 0 and fleet.rates.nodes["gpu02"].error_ratio is None
     rates = fleet.rates.nodes["gpu01"]
     assert rates.requests_per_s == pytest.approx(4.5) and rates.error_ratio == pytest.approx(0.1)
     assert rates.retries_per_s == pytest.approx(0.5) and rates.tokens_per_s == pytest.approx(100.0)
