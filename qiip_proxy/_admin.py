@@ -71,7 +71,9 @@ async def require_admin(request: Request, credentials: Annotated[HTTPBasicCreden
     if credentials is None or not (user_ok and password_ok) or not expected_user:
         raise AdminError(
             401,
-            "Admin credentials are required (HTTP Basic).",
+            "Admin credentials are required (HTTP Basic)."
+            if credentials is None
+            else "The admin credentials were refused: wrong username or password (HTTP Basic).",
             "unauthorized",
             type="authentication_error",
             headers={"WWW-Authenticate": 'Basic realm="qiip-admin", charset="UTF-8"'},

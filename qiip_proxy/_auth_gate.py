@@ -134,7 +134,8 @@ class AdminGate:
             if self._on_failure is not None:
                 self._on_failure("admin")
             logger.warning("admin authentication failed from %s on %s %s", peer, scope["method"], scope["path"])
-            await _refuse(send, _UNAUTHORIZED)
+            given = header(scope, b"authorization") is not None
+            await _refuse(send, _REFUSED if given else _UNAUTHORIZED)
             return
         declared = header(scope, b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_body_bytes):
@@ -172,6 +173,13 @@ class AdminGate:
 _UNAUTHORIZED = RequestRefused(
     401,
     "Admin credentials are required (HTTP Basic).",
+    "unauthorized",
+    type="authentication_error",
+    headers={"WWW-Authenticate": 'Basic realm="qiip-admin", charset="UTF-8"'},
+)
+_REFUSED = RequestRefused(
+    401,
+    "The admin credentials were refused: wrong username or password (HTTP Basic).",
     "unauthorized",
     type="authentication_error",
     headers={"WWW-Authenticate": 'Basic realm="qiip-admin", charset="UTF-8"'},

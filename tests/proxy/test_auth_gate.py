@@ -50,10 +50,12 @@ def test_admin_bodies_are_capped_before_they_are_read(gated: Daemon) -> None:
 
 def test_failed_authentications_are_throttled_logged_and_counted(gated: Daemon) -> None:
     time.sleep(2.1)  # a fresh window for this address
-    statuses = [
-        httpx.get(gated.url + "/admin/nodes", auth=("admin", f"guess-{i}"), timeout=10).status_code for i in range(8)
-    ]
+    answers = [httpx.get(gated.url + "/admin/nodes", auth=("admin", f"guess-{i}"), timeout=10) for i in range(7)]
+    answers.append(httpx.get(gated.url + "/admin/nodes", timeout=10))
+    statuses = [answer.status_code for answer in answers]
     assert statuses[:5] == [401] * 5 and set(statuses[5:]) == {429}
+    # Credentials that were sent are called wrong, not missing.
+    assert "refused: wrong username or password" in answers[0].json()["error"]["message"]
     throttled = httpx.get(gated.url + "/admin/nodes", auth=("admin", "test-password"), timeout=10)
     assert throttled.status_code == 429 and 1 <= int(throttled.headers["retry-after"]) <= 2
     log = gated.log()
@@ -61,6 +63,8 @@ def test_failed_authentications_are_throttled_logged_and_counted(gated: Daemon) 
     assert gated.counter("qiip_auth_failures_total", api="admin") >= 5
     time.sleep(2.1)  # the window passes
     assert gated.admin.get("/admin/nodes").status_code == 200
+    missing = httpx.get(gated.url + "/admin/nodes", timeout=10)
+    assert missing.status_code == 401 and "credentials are required" in missing.json()["error"]["message"]
 
 
 def test_an_unknown_invoke_token_is_refused_before_the_body_and_counted(gated: Daemon) -> None:
