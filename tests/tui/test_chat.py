@@ -40,10 +40,10 @@ async def test_a_turn_streams_from_a_llama_cpp_node(console_daemon: Daemon) -> N
         turn = screen.conversation.turns[0]
         await wait_for(pilot, lambda: turn.state is not TurnState.STREAMING, timeout_s=30, what="the answer")
         assert turn.state is TurnState.DONE, turn.error
-        # Sampled from random weights: usually all 12 tokens, now and then an early end-of-sequence.
+        # Sampled from random weights: usually all 12 tokens, now and then an end-of-sequence, which may be the 12th.
         assert turn.answer and (
             (turn.tokens == 12 and turn.finish_reason == "length")
-            or (turn.tokens < 12 and turn.finish_reason == "stop")
+            or (turn.tokens <= 12 and turn.finish_reason == "stop")
         )
         shown = str(screen.query_one(Transcript).children[0].render())
         assert "Say hello" in shown and turn.answer[:10] in shown and f"{turn.tokens} tokens" in shown
