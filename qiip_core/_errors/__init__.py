@@ -53,6 +53,9 @@ QiipError                       (500 internal_error: only for a bare QiipError, 
 │       ├── BmcTimeout          504 bmc_timeout: no answer within `redfish.timeout_s`
 │       ├── SystemNotFound      404 system_not_found: the BMC has no (single) computer system
 │       └── ResetNotSupported   409 reset_not_supported: the system does not offer this reset type
+├── LlmfitError                 502 llmfit_failed: installing or running llmfit on a host failed, or its output
+│   │                           is not `recommend --json`'s (`.host`)
+│   └── LlmfitNotInstalled      503 llmfit_not_installed: the gateway's environment lacks the pinned binary
 ├── PlanError                   422 invalid_policy: a sizing cannot be planned (`.violations`, if any)
 ├── ModelStoreError             503 model_store_error: the catalog, a download or an acquisition failed
 │   ├── ArtifactNotFound        404 artifact_not_found: no catalog generation has this id (`.artifact_id`)
@@ -131,6 +134,8 @@ from qiip_core._errors._operations import (
     HostBusy,
     HostKeyMismatch,
     HostNotAllowed,
+    LlmfitError,
+    LlmfitNotInstalled,
     ManifestInvalid,
     ModelFileError,
     ModelStoreError,
@@ -172,6 +177,8 @@ __all__ = [
     "HostBusy",
     "HostKeyMismatch",
     "HostNotAllowed",
+    "LlmfitError",
+    "LlmfitNotInstalled",
     "ManifestInvalid",
     "ModelFileError",
     "ModelNotFound",
