@@ -18,6 +18,7 @@ import base64
 import hashlib
 import importlib.metadata
 import logging
+import re
 import secrets
 import shlex
 from dataclasses import dataclass
@@ -32,7 +33,9 @@ __all__ = ["LlmfitBinary", "install_llmfit", "remote_llmfit_dir"]
 logger = logging.getLogger("qiip.recommendations")
 
 _CHECK_TIMEOUT_S = 120.0
-_DIR_COMMAND = 'root="${QIIPNODE_ROOT:-}"; root="${root%/}"; printf "%s\\n" "$root$HOME/.cache/qiip/llmfit/{version}"'
+_DIR_COMMAND = 'root="${QIIPNODE_ROOT:-}"; root="${root%/}"; printf "%s\\n" "$root$HOME/.cache/qiip/llmfit/"'
+"""Prints llmfit's directory on the host, without the version; `QIIPNODE_ROOT` is the install root, as in
+provisioning's preflight (empty on a real host)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,10 +105,10 @@ async def remote_llmfit_dir(ssh: SshConnection, version: str) -> str:
     Raises:
         SshError: the command failed; RemoteTimeout: it did not answer in time.
     """
-    out = await ssh.output(
-        _DIR_COMMAND.format(version=version), timeout_s=_CHECK_TIMEOUT_S, what="finding llmfit's directory"
-    )
-    directory = out.strip().splitlines()[-1] if out.strip() else ""
+    if not re.match(r"^[0-9][0-9A-Za-z.+-]{0,63}$", version):
+        raise ValueError(f"{version!r} is not a version")
+    out = await ssh.output(_DIR_COMMAND, timeout_s=_CHECK_TIMEOUT_S, what="finding llmfit's directory")
+    directory = (out.strip().splitlines()[-1] + version) if out.strip() else ""
     if not directory.startswith("/"):
         raise LlmfitError(
             f"{ssh.target.host} gave no absolute home directory for llmfit ({out!r}).", host=ssh.target.host
