@@ -111,7 +111,9 @@ def test_this_host_and_the_cli(daemon: Daemon, hosts: SshHosts, tmp_path: Path) 
         ("127.0.0.50", {"profile": "--ram=1T"}, 422, "invalid_request"),
     ],
 )
-def test_refusals_before_any_ssh(daemon: Daemon, host: str, params: dict[str, object], status: int, code: str) -> None:
+def test_refusals_before_any_ssh(
+    daemon: Daemon, host: str, params: dict[str, str | int], status: int, code: str
+) -> None:
     answer = daemon.admin.get(f"/admin/nodes/{host}/recommendations", params=params)
     assert answer.status_code == status, answer.text
     assert answer.json()["error"]["code"] == code
