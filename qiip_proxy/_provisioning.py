@@ -16,8 +16,9 @@ another operation holds the host's lease, 429 above the concurrent-setup limit. 
 (an action or host outside the allowlist) before any name is resolved, runs under the host's lease (409 during its
 setup), and maps the BMC's failures: 404 no system, 409 no BMC configured or an unsupported reset type, 502 the BMC
 unreachable or refusing the credentials, 504 the BMC silent past `redfish.timeout_s`. Recommendations are refused
-with 400 for a host outside the allowlist, answer 502 when SSH or llmfit fails (with the reason), 503 when the
-gateway's environment lacks llmfit, and 504 past `provisioning.llmfit_timeout_s`.
+with 400 for a host outside the allowlist and 404 for a name that does not resolve, and answer 502 when SSH or
+llmfit fails (with the reason), 503 when the gateway's environment lacks llmfit, and 504 past
+`provisioning.llmfit_timeout_s`.
 """
 
 from __future__ import annotations
@@ -195,8 +196,8 @@ async def recommendations(
     """What the host can run well, as llmfit scores its model database against the host's hardware (or `profile`):
     `{host, profile, llmfit_version, system, recommendations: [...]}`, best first, each marked `in_catalog` when its
     repository is exactly a model of the catalog. llmfit is installed on the host first when missing or altered.
-    400 outside the allowlist, 502 SSH or llmfit failing, 503 no llmfit in the gateway's environment, 504 past
-    `provisioning.llmfit_timeout_s`."""
+    400 outside the allowlist, 404 a name that does not resolve, 502 SSH or llmfit failing, 503 no llmfit in the
+    gateway's environment, 504 past `provisioning.llmfit_timeout_s`."""
     gateway = _gateway(request)
     gateway.provisioner.check_host(host)  # refuse before scanning the cache
     try:

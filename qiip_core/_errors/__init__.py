@@ -41,6 +41,7 @@ QiipError                       (500 internal_error: only for a bare QiipError, 
 │   └── RelaunchError           503 relaunch_failed (`.rolled_back`)
 ├── ProvisioningError           502 provisioning_failed: a setup, teardown or power step failed (`.host`, `.step`)
 │   ├── HostNotAllowed          400 host_not_allowed (param hostname): outside the allowlist; nothing was done
+│   ├── HostNotFound            404 host_not_found (param hostname): the name does not resolve
 │   ├── HostBusy                409 host_busy: another operation holds the host's lease
 │   ├── TooManySetups           429 too_many_setups: the concurrent-setup limit is reached
 │   ├── SshError                502 ssh_error: refused, unreachable, authentication, a remote command failed
@@ -134,6 +135,7 @@ from qiip_core._errors._operations import (
     HostBusy,
     HostKeyMismatch,
     HostNotAllowed,
+    HostNotFound,
     LlmfitError,
     LlmfitNotInstalled,
     ManifestInvalid,
@@ -177,6 +179,7 @@ __all__ = [
     "HostBusy",
     "HostKeyMismatch",
     "HostNotAllowed",
+    "HostNotFound",
     "LlmfitError",
     "LlmfitNotInstalled",
     "ManifestInvalid",

@@ -28,6 +28,7 @@ __all__ = [
     "HostBusy",
     "HostKeyMismatch",
     "HostNotAllowed",
+    "HostNotFound",
     "LlmfitError",
     "LlmfitNotInstalled",
     "ManifestInvalid",
@@ -169,6 +170,14 @@ class HostNotAllowed(ProvisioningError):
 
     status = 400
     code = "host_not_allowed"
+    param = "hostname"
+
+
+class HostNotFound(ProvisioningError):
+    """The host name does not resolve to an address (404); nothing was contacted."""
+
+    status = 404
+    code = "host_not_found"
     param = "hostname"
 
 

@@ -20,10 +20,11 @@ import asyncio
 import logging
 import re
 import shlex
+import socket
 from collections.abc import Callable, Collection
 from pathlib import Path
 
-from qiip_core._errors import LlmfitError, RemoteTimeout
+from qiip_core._errors import HostNotFound, LlmfitError, RemoteTimeout, SshError
 from qiip_core.catalog import Catalog
 from qiip_core.config import Settings
 from qiip_core.provisioning import SshConnection, SshTarget, open_ssh
@@ -106,6 +107,7 @@ class Recommender:
         Raises:
             ValueError: `profile` or `limit` is out of bounds (`PROFILE_PATTERN`, 1–`MAX_LIMIT`).
             HostNotAllowed: the host is malformed or outside the allowlist (400; nothing was contacted).
+            HostNotFound: the host name does not resolve (404).
             LlmfitNotInstalled: the gateway's environment lacks llmfit (503).
             SshError, HostKeyMismatch: SSH failed (502).
             LlmfitError: llmfit could not be placed on the host, exited non-zero, or printed something else (502).
@@ -124,6 +126,12 @@ class Recommender:
                 async with open_ssh(target) as ssh:
                     path = await install_llmfit(ssh, binary)
                     stdout = await _run(ssh, path, profile=profile, limit=limit, timeout_s=timeout_s)
+        except SshError as exc:
+            if isinstance(exc.__cause__, socket.gaierror):
+                raise HostNotFound(
+                    f"{host} does not resolve to an address ({exc.__cause__.strerror}); check the name.", host=host
+                ) from exc
+            raise
         except TimeoutError:
             raise RemoteTimeout(
                 f"llmfit on {host} did not answer within {timeout_s:g} s (provisioning.llmfit_timeout_s); it was "

@@ -6,14 +6,16 @@ profile once, standing in for a GPU host. Its install directory lies under each 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from qiip_core import HostNotAllowed, LlmfitError, LlmfitNotInstalled, RemoteTimeout, SshError
+from qiip_core import HostNotAllowed, HostNotFound, LlmfitError, LlmfitNotInstalled, RemoteTimeout, SshError
 from qiip_core.config import Settings, load_settings
 from qiip_core.provisioning import SshTarget, open_ssh
 from qiip_core.recommendations import LLMFIT_VERSION, LlmfitBinary, Recommender, install_llmfit
@@ -169,3 +171,22 @@ async def test_ssh_failing_is_an_ssh_error(hosts: SshHosts, tmp_path: Path, bina
     with pytest.raises(SshError, match="refused") as caught:
         await recommender(hosts, tmp_path, binary).recommend("127.0.0.99")
     assert caught.value.status == 502
+
+
+async def test_a_name_that_does_not_resolve_is_a_404(
+    hosts: SshHosts, tmp_path: Path, binary: LlmfitBinary, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Resolving a name would ask this machine's DNS server, which is not on loopback: the resolver answers as
+    # glibc does for an unknown name (EAI_NONAME), and nothing leaves the machine.
+    loop = asyncio.get_running_loop()
+    real = loop.getaddrinfo
+
+    async def getaddrinfo(host: object, *args: object, **kwargs: object) -> object:
+        if host == "127.gone.example":
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return await real(host, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(loop, "getaddrinfo", getaddrinfo)
+    with pytest.raises(HostNotFound, match="127.gone.example does not resolve") as caught:
+        await recommender(hosts, tmp_path, binary).recommend("127.gone.example")
+    assert caught.value.status == 404 and caught.value.code == "host_not_found"
