@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from qiip_core.client import ApiError, QiipClient
 from qiip_core.engines.llamacpp import make_test_gguf
 from qiip_core.recommendations import HostRecommendations
 from tests.support.cli import run_qiip
@@ -148,3 +149,12 @@ def test_a_silent_llmfit_is_a_504(hosts: SshHosts, tmp_path: Path) -> None:
     assert answer.status_code == 504, answer.text
     error = answer.json()["error"]
     assert error["code"] == "remote_timeout" and "provisioning.llmfit_timeout_s" in error["message"]
+
+
+async def test_the_client_method(daemon: Daemon, hosts: SshHosts) -> None:
+    async with QiipClient(daemon.url, username="admin", password="test-password") as client:
+        found = await client.recommendations(hosts[0].address, profile=GPU_PROFILE, limit=2)
+        assert found.profile == GPU_PROFILE and [r.rank for r in found.recommendations] == [1, 2]
+        with pytest.raises(ApiError) as caught:
+            await client.recommendations("10.1.2.3")
+    assert caught.value.status == 400 and caught.value.code == "host_not_allowed"
