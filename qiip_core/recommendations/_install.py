@@ -103,6 +103,8 @@ async def remote_llmfit_dir(ssh: SshConnection, version: str) -> str:
     """Where llmfit `version` lives on the host: `<install root>$HOME/.cache/qiip/llmfit/<version>`.
 
     Raises:
+        ValueError: `version` is not a release number.
+        LlmfitError: the host gave no absolute home directory.
         SshError: the command failed; RemoteTimeout: it did not answer in time.
     """
     if not re.match(r"^[0-9][0-9A-Za-z.+-]{0,63}$", version):
