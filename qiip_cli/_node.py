@@ -1,6 +1,7 @@
 """`qiip node add/remove/list` and `qiip registry status`: registrations in the configured registry; `qiip node
 setup`: a host set up as a node through the running daemon, its log followed a line per step; `qiip node power`:
-a host's power through its BMC, via the daemon.
+a host's power through its BMC, via the daemon; `qiip node recommendations`: the models a host can run well, as
+llmfit ranks them, via the daemon.
 
 With the embedded registry, a running daemon on the same state directory picks changes up within
 `registry.poll_interval_s`; with etcd, every gateway watching the prefix does.
@@ -12,7 +13,7 @@ import asyncio
 import contextlib
 import json
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from pydantic import ValidationError
@@ -22,6 +23,9 @@ from qiip_core import QiipError
 from qiip_core.client import ConsoleConfig, QiipClient, load_console_config
 from qiip_core.discovery import add_registration, list_all_registrations, registry_status, remove_registration
 from qiip_core.nodes import Engine, Node
+
+if TYPE_CHECKING:
+    from qiip_core.recommendations import HostRecommendations
 
 __all__ = ["node", "registry"]
 
@@ -219,3 +223,52 @@ def power(ctx: CliContext, host: str, action: str, url: str | None) -> None:
             f"{result['host']}: {result['action']} requested (was {result['power_state_before']}; the state changes "
             "in a few seconds)"
         )
+
+
+@node.command("recommendations")
+@click.argument("host")
+@click.option("--profile", default=None, help="Score an llmfit hardware profile (`llmfit hardware list`) instead.")
+@click.option("--limit", "-n", type=click.IntRange(1, 100), default=None, help="How many (default 10).")
+@click.option("--json", "as_json", is_flag=True, help="Print the daemon's JSON instead of a table.")
+@click.option("--url", default=None, help="The daemon's URL (default: QIIP_URL, then the console config).")
+@pass_cli
+def recommendations(
+    ctx: CliContext, host: str, profile: str | None, limit: int | None, as_json: bool, url: str | None
+) -> None:
+    """Rank the models HOST can run well, as llmfit scores them against its hardware, via the daemon (which
+    installs llmfit on HOST over SSH first when needed)."""
+    config = run_or_exit(lambda: load_console_config(url=url, state_dir=ctx.settings.state_dir))
+
+    async def run() -> HostRecommendations:
+        async with QiipClient.from_config(config) as client:
+            return await client.recommendations(host, profile=profile, limit=limit)
+
+    found = run_or_exit(lambda: asyncio.run(run()))
+    if as_json:
+        click.echo(json.dumps(found.model_dump(mode="json"), indent=2))
+        return
+    system = found.system
+    scored = f"profile {found.profile}" if found.profile else "its own hardware"
+    gpus = f"{system.gpu_count} GPU ({system.gpu_name}, {system.gpu_vram_gib} GiB)" if system.gpu_count else "no GPU"
+    click.echo(f"{found.host}: llmfit {found.llmfit_version} on {scored}: {system.total_ram_gib} GiB RAM, {gpus}")
+    if not found.recommendations:
+        click.echo("no model fits")
+        return
+    rows = [("#", "MODEL", "RUNTIME", "FIT", "TOK/S", "MEM GIB", "QUANT", "CATALOG")]
+    for r in found.recommendations:
+        cached = "yes" if r.in_catalog else ("gguf" if any(s.in_catalog for s in r.gguf_sources) else "")
+        rows.append(
+            (
+                str(r.rank),
+                r.repo,
+                r.runtime,
+                r.fit_level,
+                f"{r.estimated_tokens_per_s:.1f}",
+                f"{r.memory_required_gib:.1f}",
+                r.quantization or "-",
+                cached,
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())

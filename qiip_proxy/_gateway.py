@@ -29,6 +29,7 @@ from qiip_core.journal import Journal
 from qiip_core.lifecycle import OperationRunner
 from qiip_core.nodes import Node, NodeStatus
 from qiip_core.provisioning import Provisioner
+from qiip_core.recommendations import Recommender
 from qiip_core.routing import BreakerPolicy, Forwarder, NodeState, RoutingTable
 from qiip_proxy._auth_gate import AuthThrottle
 from qiip_proxy._local_nodes import LocalNodes
@@ -102,6 +103,10 @@ class Gateway:
         # Manifest acquisitions running in the background, by revision id.
         self.acquisitions: dict[str, asyncio.Task[None]] = {}
         self.provisioner = Provisioner(settings, self.fleet, self.table, self.operations)
+        self.recommender = Recommender(
+            settings, check_host=self.provisioner.check_host, known_hosts=self.provisioner.known_hosts
+        )
+        """llmfit's recommendations of hosts, over the provisioning SSH settings."""
         self.tokens: TokenStore = create_token_store(settings)
         # Streams running on each invoke token, ended at once when the token is revoked or expires.
         self.streams_by_token: dict[str, set[Callable[[], None]]] = {}

@@ -7,6 +7,7 @@ GET  /admin/provisioning/{host}/logs     SSE: the host's log kept so far, then e
 POST /admin/provisioning/{host}/cancel   stop the host's running operation and its remote command → 202
 GET  /admin/nodes/{host}/power           the host's power state through its BMC (DMTF Redfish)
 POST /admin/nodes/{host}/power           {action: On|ForceOff|GracefulRestart|ForceRestart}: ComputerSystem.Reset
+GET  /admin/nodes/{host}/recommendations ?profile=&limit=: what llmfit recommends for the host, best first
 ```
 
 Teardown is `DELETE /admin/nodes/{id}` (`_admin`), which hands provisioned nodes to the provisioner. Every refusal
@@ -14,7 +15,10 @@ comes before any power or SSH work: 400 for a body that is not a setup or a host
 another operation holds the host's lease, 429 above the concurrent-setup limit. A power action is refused with 400
 (an action or host outside the allowlist) before any name is resolved, runs under the host's lease (409 during its
 setup), and maps the BMC's failures: 404 no system, 409 no BMC configured or an unsupported reset type, 502 the BMC
-unreachable or refusing the credentials, 504 the BMC silent past `redfish.timeout_s`.
+unreachable or refusing the credentials, 504 the BMC silent past `redfish.timeout_s`. Recommendations are refused
+with 400 for a host outside the allowlist and 404 for a name that does not resolve, and answer 502 when SSH or
+llmfit fails (with the reason), 503 when the gateway's environment lacks llmfit, and 504 past
+`provisioning.llmfit_timeout_s`.
 """
 
 from __future__ import annotations
@@ -29,10 +33,12 @@ from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from qiip_core.catalog import resolve_artifact
+from qiip_core import ModelStoreError
+from qiip_core.catalog import resolve_artifact, scan_catalog
 from qiip_core.nodes import Engine
 from qiip_core.planner import parse_policy
 from qiip_core.provisioning import LogEntry, ResetType, SetupRequest
+from qiip_core.recommendations import DEFAULT_LIMIT, MAX_LIMIT, PROFILE_PATTERN, catalog_repos
 from qiip_proxy._admin import AdminError, require_admin
 from qiip_proxy._sse import kept_then_live
 
@@ -171,6 +177,36 @@ async def power_action(request: Request, host: str) -> JSONResponse:
             "power_state_before": status.power_state,
         }
     )
+
+
+@router.get("/nodes/{host}/recommendations")
+async def recommendations(
+    request: Request,
+    host: str,
+    profile: Annotated[
+        str | None,
+        Query(
+            pattern=PROFILE_PATTERN,
+            description="An llmfit hardware profile (`llmfit hardware list`) or a profile file's path on the host, "
+            "scored against instead of the host's own hardware.",
+        ),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="How many recommendations.")] = DEFAULT_LIMIT,
+) -> JSONResponse:
+    """What the host can run well, as llmfit scores its model database against the host's hardware (or `profile`):
+    `{host, profile, llmfit_version, system, recommendations: [...]}`, best first, each marked `in_catalog` when its
+    repository is exactly a model of the catalog. llmfit is installed on the host first when missing or altered.
+    400 outside the allowlist, 404 a name that does not resolve, 502 SSH or llmfit failing, 503 no llmfit in the
+    gateway's environment, 504 past `provisioning.llmfit_timeout_s`."""
+    gateway = _gateway(request)
+    gateway.provisioner.check_host(host)  # refuse before scanning the cache
+    try:
+        catalog = await asyncio.to_thread(scan_catalog, gateway.cache_dir)
+        repos: frozenset[str] = catalog_repos(catalog)
+    except OSError as exc:
+        raise ModelStoreError(f"The Hugging Face cache {gateway.cache_dir} cannot be read: {exc}.") from exc
+    found = await gateway.recommender.recommend(host, profile=profile, limit=limit, catalog_repos=repos)
+    return JSONResponse(found.model_dump(mode="json"))
 
 
 @router.get("/provisioning/tasks")

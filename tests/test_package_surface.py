@@ -20,6 +20,7 @@ PACKAGES = [
     "qiip_core.lifecycle",
     "qiip_core.nodes",
     "qiip_core.planner",
+    "qiip_core.recommendations",
     "qiip_core.routing",
     "qiip_core.storage",
 ]

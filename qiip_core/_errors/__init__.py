@@ -41,6 +41,7 @@ QiipError                       (500 internal_error: only for a bare QiipError, 
 │   └── RelaunchError           503 relaunch_failed (`.rolled_back`)
 ├── ProvisioningError           502 provisioning_failed: a setup, teardown or power step failed (`.host`, `.step`)
 │   ├── HostNotAllowed          400 host_not_allowed (param hostname): outside the allowlist; nothing was done
+│   ├── HostNotFound            404 host_not_found (param hostname): the name does not resolve
 │   ├── HostBusy                409 host_busy: another operation holds the host's lease
 │   ├── TooManySetups           429 too_many_setups: the concurrent-setup limit is reached
 │   ├── SshError                502 ssh_error: refused, unreachable, authentication, a remote command failed
@@ -53,6 +54,9 @@ QiipError                       (500 internal_error: only for a bare QiipError, 
 │       ├── BmcTimeout          504 bmc_timeout: no answer within `redfish.timeout_s`
 │       ├── SystemNotFound      404 system_not_found: the BMC has no (single) computer system
 │       └── ResetNotSupported   409 reset_not_supported: the system does not offer this reset type
+├── LlmfitError                 502 llmfit_failed: installing or running llmfit on a host failed, or its output
+│   │                           is not `recommend --json`'s (`.host`)
+│   └── LlmfitNotInstalled      503 llmfit_not_installed: the gateway's environment lacks the pinned binary
 ├── PlanError                   422 invalid_policy: a sizing cannot be planned (`.violations`, if any)
 ├── ModelStoreError             503 model_store_error: the catalog, a download or an acquisition failed
 │   ├── ArtifactNotFound        404 artifact_not_found: no catalog generation has this id (`.artifact_id`)
@@ -131,6 +135,9 @@ from qiip_core._errors._operations import (
     HostBusy,
     HostKeyMismatch,
     HostNotAllowed,
+    HostNotFound,
+    LlmfitError,
+    LlmfitNotInstalled,
     ManifestInvalid,
     ModelFileError,
     ModelStoreError,
@@ -172,6 +179,9 @@ __all__ = [
     "HostBusy",
     "HostKeyMismatch",
     "HostNotAllowed",
+    "HostNotFound",
+    "LlmfitError",
+    "LlmfitNotInstalled",
     "ManifestInvalid",
     "ModelFileError",
     "ModelNotFound",

@@ -28,6 +28,9 @@ __all__ = [
     "HostBusy",
     "HostKeyMismatch",
     "HostNotAllowed",
+    "HostNotFound",
+    "LlmfitError",
+    "LlmfitNotInstalled",
     "ManifestInvalid",
     "ModelFileError",
     "ModelStoreError",
@@ -170,6 +173,14 @@ class HostNotAllowed(ProvisioningError):
     param = "hostname"
 
 
+class HostNotFound(ProvisioningError):
+    """The host name does not resolve to an address (404); nothing was contacted."""
+
+    status = 404
+    code = "host_not_found"
+    param = "hostname"
+
+
 class HostBusy(ProvisioningError):
     """Another operation, on this gateway or another sharing etcd, holds the host's lease (409)."""
 
@@ -201,6 +212,24 @@ class RemoteTimeout(SshError):
 
     status = 504
     code = "remote_timeout"
+
+
+class LlmfitError(QiipError):
+    """llmfit could not be installed or run on `.host`, or printed what `llmfit recommend --json` does not (502)."""
+
+    status = 502
+    code = "llmfit_failed"
+
+    def __init__(self, message: str, *, host: str | None = None) -> None:
+        super().__init__(message)
+        self.host = host
+
+
+class LlmfitNotInstalled(LlmfitError):
+    """The gateway's environment holds no llmfit binary of the pinned version, as its wheel installed it (503)."""
+
+    status = 503
+    code = "llmfit_not_installed"
 
 
 class RedfishError(ProvisioningError):

@@ -22,7 +22,7 @@ import json
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 import httpx_sse
@@ -31,6 +31,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from qiip_core._errors import QiipError
 from qiip_core.client._config import ConsoleConfig
 from qiip_core.nodes import LlamaCppRuntime, NodeCapabilities
+
+if TYPE_CHECKING:
+    from qiip_core.recommendations import HostRecommendations
 
 __all__ = [
     "ApiError",
@@ -410,6 +413,26 @@ class QiipClient:
         """
         result: dict[str, Any] = await self._admin_json("POST", f"/admin/nodes/{host}/power", {"action": action})
         return result
+
+    async def recommendations(  # the first call uploads llmfit to the host: a long `timeout_s`
+        self, host: str, *, profile: str | None = None, limit: int | None = None, timeout_s: float = 330.0
+    ) -> HostRecommendations:
+        """What llmfit recommends for `host`, best first (`GET /admin/nodes/{host}/recommendations`); `profile`: a
+        hardware profile to score instead (`--profile`); `limit`: how many (default 10); `timeout_s`: in seconds.
+
+        Raises:
+            ApiError: 400 (allowlist), 422 (profile, limit), 502 (SSH, llmfit), 503 (no llmfit), 504 (deadline).
+        """
+        from qiip_core.recommendations import HostRecommendations  # SSH and llmfit stay out of the console's start
+
+        path, params = f"/admin/nodes/{host}/recommendations", {"profile": profile, "limit": limit}
+        payload = await self._request(
+            self._admin, "GET", path, params={k: v for k, v in params.items() if v is not None}, timeout=timeout_s
+        )
+        try:
+            return HostRecommendations.model_validate(payload)
+        except ValueError as exc:
+            raise self._shape_error(path, exc) from None
 
     async def provisioning_tasks(self) -> list[dict[str, Any]]:
         """Every host's last provisioning task (`GET /admin/provisioning/tasks`)."""

@@ -51,6 +51,9 @@ class ProvisioningSettings(_Group):
     """Inactivity deadline of one remote command: this long without a line of output ends it."""
     llamacpp_setup_timeout_s: LongSeconds = 7200.0
     """Total deadline of the setup script for llama.cpp, which builds the engine from source."""
+    llmfit_timeout_s: PositiveSeconds = 300.0
+    """Deadline of one `GET /admin/nodes/{host}/recommendations`: installing llmfit on the host (a 37 MB upload
+    the first time) and running `llmfit recommend --json` there."""
     max_concurrent_setups: int = Field(default=32, ge=1, le=4096)
     """Setups running at once on this gateway; one more is refused with 429 (teardowns are always allowed)."""
     host_lease_ttl_s: int = Field(default=30, ge=5, le=3600)
