@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from qiip_core.client import ChatDelta, NodeEvent, NodeInfo, OperationInfo
+    from qiip_core.recommendations import HostRecommendations
 
 __all__ = [
     "Clock",
@@ -23,6 +24,7 @@ __all__ = [
     "LogRecord",
     "ModelCatalogSource",
     "ProvisioningSource",
+    "RecommendationSource",
 ]
 
 Clock = Callable[[], float]
@@ -124,6 +126,16 @@ class ModelCatalogSource(Protocol):
     async def start_download(
         self, repo_id: str, *, revision: str | None = None, files: Sequence[str] = ()
     ) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class RecommendationSource(Protocol):
+    """A daemon that runs llmfit on hosts (`/admin/nodes/{host}/recommendations`); `QiipClient` is one. The
+    recommendations screen needs it."""
+
+    async def recommendations(
+        self, host: str, *, profile: str | None = None, limit: int | None = None, timeout_s: float = ...
+    ) -> HostRecommendations: ...
 
 
 @runtime_checkable

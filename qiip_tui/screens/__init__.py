@@ -12,11 +12,13 @@ from qiip_tui.screens._help import HelpScreen, key_map, screen_name
 from qiip_tui.screens._logs import NOT_AVAILABLE, LogsScreen
 from qiip_tui.screens._models import MODELS_NOT_AVAILABLE, ModelsScreen
 from qiip_tui.screens._node import NodeScreen
+from qiip_tui.screens._recommendations import RECOMMENDATIONS_NOT_AVAILABLE, RecommendationsScreen
 from qiip_tui.screens._sizing import SizingScreen
 
 __all__ = [
     "MODELS_NOT_AVAILABLE",
     "NOT_AVAILABLE",
+    "RECOMMENDATIONS_NOT_AVAILABLE",
     "ChatScreen",
     "CommandLine",
     "ConfirmModal",
@@ -27,6 +29,7 @@ __all__ = [
     "LogsScreen",
     "ModelsScreen",
     "NodeScreen",
+    "RecommendationsScreen",
     "SizingScreen",
     "key_map",
     "run_command",

@@ -24,8 +24,10 @@ from qiip_core.client import ClientError, NodeInfo, OperationInfo
 from qiip_core.planner import DeviceMemory
 from qiip_tui._fleet import FleetDelta, devices_of, slots_of
 from qiip_tui._messages import NodePolled
+from qiip_tui._recommendations import host_of
 from qiip_tui._render import Palette, age_text
 from qiip_tui.screens._base import ConsoleScreen
+from qiip_tui.screens._recommendations import RecommendationsScreen
 from qiip_tui.widgets import GpuMeter, NodeHeader, OperationPanel, RuntimeView, TrafficPanel
 
 __all__ = ["NodeScreen"]
@@ -65,12 +67,14 @@ class NodeScreen(ConsoleScreen[None]):
         Binding("x", "node('remove')", "Remove"),
         Binding("r", "node('relaunch')", "Relaunch"),
         Binding("p", "node('power')", "Power"),
+        Binding("w", "what_fits", "What fits"),
         Binding("escape,q", "back", "Back"),
     ]
     """
     | Key | Action |
     | :- | :- |
     | d u x r p | Drain, undrain, remove, relaunch (sizing editor), power. |
+    | w | What fits the node's host: llmfit's recommendations, marked when the catalog holds them. |
     | escape, q | Back to the fleet. |
     """
 
@@ -257,6 +261,15 @@ class NodeScreen(ConsoleScreen[None]):
     def _button(self, event: Button.Pressed) -> None:
         if event.button.id is not None:
             self.action_node(event.button.id)
+
+    def action_what_fits(self) -> None:
+        """Open llmfit's recommendations for the host this node runs on."""
+        node = self.console.fleet.nodes.get(self.node_id)
+        host = host_of(node) if node is not None else None
+        if host is None:
+            self.notify(f"Node {self.node_id} has no host to ask: its endpoint names none.", severity="warning")
+            return
+        self.app.push_screen(RecommendationsScreen(host))
 
     def action_back(self) -> None:
         """Back to the fleet."""

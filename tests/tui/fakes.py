@@ -9,9 +9,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from qiip_core.client import ChatDelta, ClientError, NodeEvent, NodeInfo, OperationInfo
+from qiip_core.recommendations import HostRecommendations, parse_recommendations
 
 OBSERVED = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 
@@ -471,3 +473,24 @@ class FakeLogsClient(FakeProvisioningClient):
     async def engine_log(self, node_id: str, *, lines: int = 200, follow: bool = True) -> AsyncIterator[dict[str, Any]]:
         for item in sample_engine_log(node_id)[-lines:]:
             yield item
+
+
+LLMFIT_OUTPUT = Path(__file__).parents[1] / "core" / "recommendations" / "llmfit-recommend-apple-m3-max-128gb.json"
+"""llmfit 1.1.17's real `recommend --json` for a GPU profile (the core tests' fixture)."""
+
+
+class FakeRecommendationsClient(FakeClient):
+    """A `FakeClient` whose daemon runs llmfit: every host gets llmfit's real answer for a GPU profile, with the
+    first recommendation's repository, and a GGUF repository of the first that names some, in the catalog."""
+
+    async def recommendations(
+        self, host: str, *, profile: str | None = None, limit: int | None = None, timeout_s: float = 330.0
+    ) -> HostRecommendations:
+        self._check()
+        found = parse_recommendations(LLMFIT_OUTPUT.read_text(), host=host, profile=profile)
+        picked = list(found.recommendations)
+        picked[0] = picked[0].model_copy(update={"in_catalog": True})
+        i = next(i for i, r in enumerate(picked) if r.gguf_sources)
+        held = picked[i].gguf_sources[0].model_copy(update={"in_catalog": True})
+        picked[i] = picked[i].model_copy(update={"gguf_sources": (held, *picked[i].gguf_sources[1:])})
+        return found.model_copy(update={"recommendations": tuple(picked[: limit or len(picked)])})

@@ -29,6 +29,7 @@ from qiip_tui.screens import (
     LogsScreen,
     ModelsScreen,
     NodeScreen,
+    RecommendationsScreen,
     SizingScreen,
 )
 from qiip_tui.screens._setup import SetupModal
@@ -40,6 +41,7 @@ from tests.tui.fakes import (
     FakeLogsClient,
     FakeModelsClient,
     FakeProvisioningClient,
+    FakeRecommendationsClient,
     sample_fleet,
 )
 
@@ -363,3 +365,14 @@ def test_sizing_editor_forecast(snap_compare: Snap, size: tuple[int, int]) -> No
 
     client = FakeClient(fleet, metrics=SAMPLE_METRICS)
     assert snap_compare(console(client), terminal_size=size, run_before=then(relaunch))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_what_fits_a_host(snap_compare: Snap, size: tuple[int, int]) -> None:
+    async def answered(pilot: Pilot[Any]) -> None:
+        screen = await screen_of(pilot, RecommendationsScreen)
+        await wait_for(pilot, lambda: screen.found is not None, what="the recommendations")
+
+    steps = then(keys("slash", *"gpu02", "enter", "enter"), shows(NodeScreen), keys("w"), answered)
+    client = FakeRecommendationsClient(sample_fleet(), metrics=SAMPLE_METRICS)
+    assert snap_compare(console(client), terminal_size=size, run_before=steps)
