@@ -41,6 +41,7 @@ QiipError                       (500 internal_error: only for a bare QiipError, 
 │   └── RelaunchError           503 relaunch_failed (`.rolled_back`)
 ├── ProvisioningError           502 provisioning_failed: a setup, teardown or power step failed (`.host`, `.step`)
 │   ├── HostNotAllowed          400 host_not_allowed (param hostname): outside the allowlist; nothing was done
+│   ├── HostReserved            400 host_reserved (param hostname): QUADS reserves the host within the lookahead
 │   ├── HostBusy                409 host_busy: another operation holds the host's lease
 │   ├── TooManySetups           429 too_many_setups: the concurrent-setup limit is reached
 │   ├── SshError                502 ssh_error: refused, unreachable, authentication, a remote command failed
@@ -53,6 +54,7 @@ QiipError                       (500 internal_error: only for a bare QiipError, 
 │       ├── BmcTimeout          504 bmc_timeout: no answer within `redfish.timeout_s`
 │       ├── SystemNotFound      404 system_not_found: the BMC has no (single) computer system
 │       └── ResetNotSupported   409 reset_not_supported: the system does not offer this reset type
+├── QuadsUnavailable            503 quads_unavailable: QUADS is configured but cannot be read
 ├── PlanError                   422 invalid_policy: a sizing cannot be planned (`.violations`, if any)
 ├── ModelStoreError             503 model_store_error: the catalog, a download or an acquisition failed
 │   ├── ArtifactNotFound        404 artifact_not_found: no catalog generation has this id (`.artifact_id`)
@@ -131,6 +133,7 @@ from qiip_core._errors._operations import (
     HostBusy,
     HostKeyMismatch,
     HostNotAllowed,
+    HostReserved,
     ManifestInvalid,
     ModelFileError,
     ModelStoreError,
@@ -138,6 +141,7 @@ from qiip_core._errors._operations import (
     PlanError,
     PowerNotConfigured,
     ProvisioningError,
+    QuadsUnavailable,
     RedfishError,
     RelaunchError,
     RemoteTimeout,
@@ -172,6 +176,7 @@ __all__ = [
     "HostBusy",
     "HostKeyMismatch",
     "HostNotAllowed",
+    "HostReserved",
     "ManifestInvalid",
     "ModelFileError",
     "ModelNotFound",
@@ -184,6 +189,7 @@ __all__ = [
     "PlanError",
     "PowerNotConfigured",
     "ProvisioningError",
+    "QuadsUnavailable",
     "QiipError",
     "RedfishError",
     "RegistryError",

@@ -28,6 +28,7 @@ __all__ = [
     "HostBusy",
     "HostKeyMismatch",
     "HostNotAllowed",
+    "HostReserved",
     "ManifestInvalid",
     "ModelFileError",
     "ModelStoreError",
@@ -35,6 +36,7 @@ __all__ = [
     "PlanError",
     "PowerNotConfigured",
     "ProvisioningError",
+    "QuadsUnavailable",
     "RedfishError",
     "RelaunchError",
     "RemoteTimeout",
@@ -168,6 +170,23 @@ class HostNotAllowed(ProvisioningError):
     status = 400
     code = "host_not_allowed"
     param = "hostname"
+
+
+class HostReserved(ProvisioningError):
+    """QUADS has the host reserved for someone else within the lookahead (400); nothing was powered or contacted."""
+
+    status = 400
+    code = "host_reserved"
+    param = "hostname"
+
+
+class QuadsUnavailable(QiipError):
+    """QUADS is configured but could not be read (unreachable, an error answer, or a body of another shape), so
+    whether a host is free is unknown (503)."""
+
+    status = 503
+    code = "quads_unavailable"
+    retry_after_s = 30.0
 
 
 class HostBusy(ProvisioningError):
