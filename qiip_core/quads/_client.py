@@ -127,16 +127,25 @@ class QuadsClient:
             raise self._shape("/available", exc) from None
         return {normalise_host(n) for n in names}
 
-    async def reservations(self, host: str, *, now: datetime | None = None) -> list[Reservation]:
+    async def reservations(
+        self, host: str, *, now: datetime | None = None, quads_name: str | None = None
+    ) -> list[Reservation]:
         """The host's current and future schedules (`GET /schedules/current?host=` and `/schedules/future?host=`),
-        in UTC, sorted by start. A host QUADS does not know has none."""
+        in UTC, sorted by start. A host QUADS does not know has none.
+
+        Args:
+            host: the host's name (normalised here).
+            now: the moment "current" means (default: QUADS' now).
+            quads_name: the name as QUADS spells it, when it differs (`QuadsHost.quads_name`).
+        """
         host = normalise_host(host)
-        current_params = {"host": host}
+        asked = quads_name or host
+        current_params = {"host": asked}
         if now is not None:
             current_params["date"] = server_time(now, self.tz)
         current, future = await asyncio.gather(
             self._schedules("/schedules/current", current_params, host),
-            self._schedules("/schedules/future", {"host": host}, host),
+            self._schedules("/schedules/future", {"host": asked}, host),
         )
         by_id = {r.id: r for r in current + future}
         return sorted(by_id.values(), key=lambda r: (r.start, r.id))

@@ -142,6 +142,8 @@ class QuadsHost:
     """The host's hardware model, when QUADS knows it."""
     cloud: str | None = None
     """The cloud the host sits in now (QUADS' spare pool or a tenant's)."""
+    quads_name: str = ""
+    """The name as QUADS spells it, for QUADS' own lookups (`?host=`); empty: `name`."""
 
     @classmethod
     def from_wire(cls, host: WireHost) -> QuadsHost | None:
@@ -158,6 +160,7 @@ class QuadsHost:
             gpu_count=len(gpus),
             model=host.model,
             cloud=host.cloud.name if host.cloud else None,
+            quads_name=host.name,
         )
 
     def gpus_view(self) -> dict[str, Any]:

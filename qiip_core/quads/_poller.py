@@ -12,7 +12,7 @@ from typing import Any
 
 from qiip_core._errors import QuadsUnavailable
 from qiip_core.quads._client import QuadsClient
-from qiip_core.quads._models import Reservation
+from qiip_core.quads._models import QuadsHost, Reservation
 from qiip_core.quads._policy import QuadsSnapshot
 
 __all__ = ["Clock", "QuadsPoller", "utc_now"]
@@ -95,7 +95,7 @@ class QuadsPoller:
         try:
             hosts = await self.client.hosts()
             available = await self.client.available(start=now, end=now + timedelta(seconds=self.lookahead_s))
-            reservations = await asyncio.gather(*(self._reservations(h.name, now) for h in hosts))
+            reservations = await asyncio.gather(*(self._reservations(h, now) for h in hosts))
         except QuadsUnavailable as exc:
             if self.last_error != exc.message:
                 logger.warning("QUADS poll failed, keeping the last good data: %s", exc.message)
@@ -115,9 +115,9 @@ class QuadsPoller:
         self.polled.set()
         return self.snapshot
 
-    async def _reservations(self, host: str, now: datetime) -> list[Reservation]:
+    async def _reservations(self, host: QuadsHost, now: datetime) -> list[Reservation]:
         async with self._limit:
-            return await self.client.reservations(host, now=now)
+            return await self.client.reservations(host.name, now=now, quads_name=host.quads_name or None)
 
     async def run(self) -> None:
         """Poll every `interval_s` until cancelled; failures are logged and kept in `last_error`."""

@@ -81,8 +81,12 @@ class QuadsService:
         """
         host = normalise_host(host)
         now = self.clock()
+        snapshot = self.poller.snapshot
+        known = snapshot.hosts.get(host) if snapshot is not None else None
         try:
-            reservations = await self.client.reservations(host, now=now)
+            reservations = await self.client.reservations(
+                host, now=now, quads_name=known.quads_name if known is not None else None
+            )
         except QuadsUnavailable as exc:
             raise QuadsUnavailable(
                 f"QUADS cannot say whether {host} is free, so it is not set up: {exc.message} Retry when QUADS answers."

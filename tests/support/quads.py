@@ -314,11 +314,11 @@ class QuadsServer:
             return JSONResponse({name: str(self._is_available(self.hosts.get(name), start, end))})
         if path in ("/schedules", "/schedules/current", "/schedules/future"):
             chosen = list(self.schedules)
-            name = params.get("host")
-            if name:
-                host = self.hosts.get(name)
+            wanted = params.get("host")
+            if wanted:
+                host = self.hosts.get(wanted)
                 if host is None:
-                    return _error(400, f"Host not found: {name}")
+                    return _error(400, f"Host not found: {wanted}")
                 chosen = [s for s in chosen if s.host is host]
             if path == "/schedules/current":
                 date = self._date(params, "date") or now

@@ -45,9 +45,7 @@ async def test_hosts_keeps_gpu_hosts_neither_broken_nor_retired_with_their_first
         (datetime(2026, 7, 1, 16, 0, tzinfo=UTC), "2026-07-01T12:00"),
     ],
 )
-async def test_available_sends_the_deadline_in_the_servers_local_time_across_dst(
-    deadline: datetime, sent: str
-) -> None:
+async def test_available_sends_the_deadline_in_the_servers_local_time_across_dst(deadline: datetime, sent: str) -> None:
     with QuadsServer(timezone="America/New_York", now=deadline - timedelta(hours=1)) as quads:
         quads.add_host("gpu01")
         client = QuadsClient(quads.url, "America/New_York")

@@ -93,7 +93,7 @@ def test_next_reservation_is_the_one_in_force_or_the_next() -> None:
 
 
 def test_backoff_doubles_up_to_its_cap() -> None:
-    delays = [backoff_delay(n, initial_s=60, cap_s=3600) for n in range(0, 10)]
+    delays = [backoff_delay(n, initial_s=60, cap_s=3600) for n in range(10)]
     assert delays == [0, 60, 120, 240, 480, 960, 1920, 3600, 3600, 3600]
     assert backoff_delay(10_000, initial_s=60, cap_s=3600) == 3600
 
