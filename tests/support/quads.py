@@ -232,13 +232,21 @@ class QuadsServer:
         ticket: str = "4242",
         description: str = "perf lab run",
     ) -> int:
-        """Schedule `host` (known) from `start` to `end` (aware); returns the schedule's id."""
+        """Schedule `host` (known) from `start` to `end` (aware, kept to the minute as QUADS takes them); returns
+        the schedule's id."""
         with self._lock:
             self._clouds.setdefault(cloud, len(self._clouds) + 1)
             schedule_id = len(self.schedules) + 1
             self.schedules.append(
                 _Schedule(
-                    schedule_id, self.hosts[host], self.local(start), self.local(end), cloud, owner, ticket, description
+                    schedule_id,
+                    self.hosts[host],
+                    self.local(start).replace(second=0, microsecond=0),
+                    self.local(end).replace(second=0, microsecond=0),
+                    cloud,
+                    owner,
+                    ticket,
+                    description,
                 )
             )
             return schedule_id
