@@ -11,7 +11,7 @@ from datetime import datetime
 
 from qiip_core._errors import QiipError
 from qiip_core.config import QuadsSettings
-from qiip_core.lifecycle import Operation, OperationState
+from qiip_core.lifecycle import Operation, OperationState, check_can_remove
 from qiip_core.provisioning import Provisioner
 from qiip_core.quads._models import normalise_host
 from qiip_core.quads._policy import Backoff, Teardown, plan_teardowns
@@ -104,6 +104,7 @@ class QuadsEnforcer:
             node_id = managed[plan.host]
             logger.warning("QUADS enforcement: %s", plan.reason)
             try:
+                check_can_remove(self.table, node_id)  # not while it is being set up: retried after a backoff
                 operation = await self.provisioner.start_teardown(node_id, force=False, reason=plan.reason)
             except QiipError as exc:
                 self.provisioner.logs.append(plan.host, plan.reason, level="warning", step="quads")
