@@ -60,6 +60,7 @@ class QuadsClient:
             transport=transport,
             headers={"Accept": "application/json"},
             follow_redirects=False,
+            trust_env=False,  # as for the nodes and the BMCs: proxy variables never apply
         )
 
     @classmethod
