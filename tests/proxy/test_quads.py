@@ -149,7 +149,7 @@ def test_the_fleet_view_setup_refusals_and_quads_down_then_back(
             for host in (RESERVED, UNKNOWN):
                 down = setup(daemon, host)
                 assert down.status_code == 503, down.text
-                assert down.json()["error"]["code"] == "quads_unavailable"
+                assert down.json()["error"]["code"] == "quads_unavailable" and down.headers["retry-after"] == "30"
                 assert f"QUADS cannot say whether {host} is free" in down.json()["error"]["message"]
             wait_until(lambda: entries(daemon)[RESERVED]["quads"]["stale"], 10, "the data to be stale")
             stale = entries(daemon)[RESERVED]["quads"]
