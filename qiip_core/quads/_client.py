@@ -113,12 +113,14 @@ class QuadsClient:
         found = (QuadsHost.from_wire(h) for h in wire)
         return sorted((h for h in found if h is not None), key=lambda h: h.name)
 
-    async def available(self, *, end: datetime, start: datetime | None = None) -> set[str]:
-        """The hosts free of every schedule from `start` (default: QUADS' now) to `end` (`GET /available`), names
-        normalised. Both are aware datetimes, sent in the server's local time."""
-        params = {"end": server_time(end, self.tz)}
-        if start is not None:
-            params["start"] = server_time(start, self.tz)
+    async def available(self, *, start: datetime, end: datetime) -> set[str]:
+        """The hosts free of every schedule from `start` to `end` (`GET /available`), names normalised. Both are
+        aware datetimes, sent in the server's local time.
+
+        All three of `start`, `end` and `cloud` (empty: any) are always sent: some QUADS releases read them without
+        a default and answer 500 when one is missing.
+        """
+        params = {"start": server_time(start, self.tz), "end": server_time(end, self.tz), "cloud": ""}
         status, body = await self._get("/available", params)
         if status != 200:
             raise self._refused("/available", status, body)

@@ -8,8 +8,9 @@ It follows QUADS (redhat-performance/quads, `server/blueprints`, `server/dao/sch
   makes `end = start + 1 min`; a host is free iff it exists, is neither broken nor retired, and no schedule
   overlaps (`s.start <= start < s.end`, `s.start < end <= s.end`, or `start < s.start and end > s.end`).
 - `GET /available/<host>`: `{"<host>": "True"|"False"}` (QUADS adds a minute to a given start there).
-- `GET /schedules?host=`, `/schedules/current?host&date` (`start <= date <= end`), `/schedules/future?host`
-  (`start >= now`), each schedule with its assignment (and cloud) and host.
+- `GET /schedules?host=` (400 for an unknown host), `/schedules/current?host&date` (`start <= date <= end`),
+  `/schedules/future?host` (`end >= now`, as QUADS' DAO has it), each schedule with its assignment (and cloud) and
+  host. The last two, given a host they do not know, list every host's schedules, as QUADS does.
 - Datetimes in JSON as RFC 1123 labelled GMT but in the server's local time (Flask's encoding of QUADS' naive
   local datetimes); query datetimes naive `%Y-%m-%dT%H:%M` in the server's local time, the zone `timezone`.
 - Errors as `{status_code, error, message}`; not found is 400.
@@ -305,11 +306,11 @@ class QuadsServer:
             end = self._date(params, "end") or now
             if start > end:
                 end = start + timedelta(minutes=1)
-            cloud = params.get("cloud")
+            cloud = params.get("cloud")  # empty: any
             names = [
                 h.name
                 for h in self.hosts.values()
-                if self._is_available(h, start, end) and (cloud is None or h.cloud == cloud)
+                if self._is_available(h, start, end) and (not cloud or h.cloud == cloud)
             ]
             return JSONResponse(names)
         if path.startswith("/available/"):
@@ -325,14 +326,16 @@ class QuadsServer:
             wanted = params.get("host")
             if wanted:
                 host = self.hosts.get(wanted)
-                if host is None:
+                if host is not None:
+                    chosen = [s for s in chosen if s.host is host]
+                elif path == "/schedules":
                     return _error(400, f"Host not found: {wanted}")
-                chosen = [s for s in chosen if s.host is host]
+                # /current and /future look the host up and, finding none, filter by nothing: every host's.
             if path == "/schedules/current":
                 date = self._date(params, "date") or now
                 chosen = [s for s in chosen if s.start <= date <= s.end]
             elif path == "/schedules/future":
-                chosen = [s for s in chosen if s.start >= now]
+                chosen = [s for s in chosen if s.end >= now]  # QUADS' "future": not over yet
             return JSONResponse([s.as_dict(clouds) for s in chosen])
         return _error(404, f"The requested URL /api/v3{path} was not found on the server.")
 

@@ -50,10 +50,11 @@ async def test_available_sends_the_deadline_in_the_servers_local_time_across_dst
         quads.add_host("gpu01")
         client = QuadsClient(quads.url, "America/New_York")
         try:
-            assert await client.available(end=deadline) == {"gpu01"}
+            assert await client.available(start=deadline - timedelta(days=1), end=deadline) == {"gpu01"}
         finally:
             await client.aclose()
-        assert quads.queries("/available") == [{"end": sent}]
+        [query] = quads.queries("/available")
+        assert query["end"] == sent and query["cloud"] == ""
 
 
 async def test_availability_and_schedules_agree_across_the_spring_forward() -> None:
@@ -135,7 +136,7 @@ async def test_failures_are_quads_unavailable_with_the_servers_message(quads: Qu
     down = QuadsClient(f"http://127.0.0.1:{free_port()}", "UTC", timeout_s=2)
     try:
         with pytest.raises(QuadsUnavailable, match="cannot be reached") as info:
-            await down.available(end=NOW)
+            await down.available(start=NOW, end=NOW)
         assert info.value.status == 503 and info.value.code == "quads_unavailable"
     finally:
         await down.aclose()

@@ -67,4 +67,4 @@ async def test_the_poll_asks_for_the_lookahead_window_in_server_time() -> None:
         finally:
             await client.aclose()
         # 24 h later is 23:00 EST the same day: one local hour was lived twice.
-        assert quads.queries("/available") == [{"start": "2026-11-01T00:00", "end": "2026-11-01T23:00"}]
+        assert quads.queries("/available") == [{"start": "2026-11-01T00:00", "end": "2026-11-01T23:00", "cloud": ""}]
