@@ -159,12 +159,15 @@ def _node_or_404(gateway: Gateway, node_id: str) -> NodeState:
 async def list_nodes(request: Request) -> JSONResponse:
     """Every node with its status, engine, model, artifact, llama.cpp runtime, in-flight requests, circuit
     breaker, last error and last health observation, and what QUADS says of its host (`quads`). With QUADS
-    configured, the GPU hosts it lends that are not nodes follow, with the status `not_provisioned`."""
+    configured, the GPU hosts it lends that are not nodes follow, with the status `not_provisioned`, and `quads`
+    says how fresh QIIP's read of QUADS is (null without QUADS)."""
     gateway = _gateway(request)
     nodes = [node_view(s, gateway.quads_view(s.id)) for s in sorted(gateway.table, key=lambda s: s.id)]
+    quads = None
     if gateway.quads is not None:
         nodes += gateway.quads.unprovisioned(s.id for s in gateway.table)
-    return JSONResponse({"nodes": nodes})
+        quads = gateway.quads.poller.view()
+    return JSONResponse({"nodes": nodes, "quads": quads})
 
 
 @router.get("/nodes/{node_id}")

@@ -124,4 +124,6 @@ class QuadsEnforcer:
                 await self.tick()
             except QiipError as exc:
                 logger.error("QUADS enforcement round failed: %s", exc.message)
+            except Exception:  # a bug must not end the enforcement
+                logger.exception("QUADS enforcement round failed unexpectedly")
             await asyncio.sleep(self.settings.enforce_interval_s)

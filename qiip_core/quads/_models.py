@@ -90,6 +90,14 @@ class WireCloud(_Wire):
     name: str
 
 
+def _cloud(value: Any) -> Any:
+    """A cloud given by its name alone is the same cloud."""
+    return {"name": value} if isinstance(value, str) else value
+
+
+Cloud = Annotated[WireCloud | None, BeforeValidator(_cloud)]
+
+
 class WireHost(_Wire):
     """A host of `GET /hosts` (only the fields QIIP reads)."""
 
@@ -97,7 +105,7 @@ class WireHost(_Wire):
     model: str | None = None
     broken: bool = False
     retired: bool = False
-    cloud: WireCloud | None = None
+    cloud: Cloud = None
     processors: list[WireProcessor] = Field(default_factory=list)
 
 
@@ -108,7 +116,7 @@ class WireAssignment(_Wire):
     description: str | None = None
     owner: str | None = None
     ticket: str | None = None
-    cloud: WireCloud | None = None
+    cloud: Cloud = None
 
 
 class WireHostRef(_Wire):

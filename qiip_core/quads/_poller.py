@@ -4,7 +4,6 @@ through outages, saying how old it is."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -122,6 +121,12 @@ class QuadsPoller:
     async def run(self) -> None:
         """Poll every `interval_s` until cancelled; failures are logged and kept in `last_error`."""
         while True:
-            with contextlib.suppress(QuadsUnavailable):
+            try:
                 await self.poll()
+            except QuadsUnavailable:
+                pass  # kept in last_error, logged when it changes
+            except Exception as exc:  # a bug must not end the polling: the enforcement depends on it
+                logger.exception("QUADS poll failed unexpectedly")
+                self.last_error = f"internal error: {exc!r}"
+                self.polled.set()
             await asyncio.sleep(self.interval_s)

@@ -152,6 +152,9 @@ def test_the_fleet_view_setup_refusals_and_quads_down_then_back(
                 assert down.json()["error"]["code"] == "quads_unavailable" and down.headers["retry-after"] == "30"
                 assert f"QUADS cannot say whether {host} is free" in down.json()["error"]["message"]
             wait_until(lambda: entries(daemon)[RESERVED]["quads"]["stale"], 10, "the data to be stale")
+            freshness = daemon.admin.get("/admin/nodes").json()["quads"]
+            assert freshness["stale"] and freshness["age_s"] > 0 and freshness["hosts"] == 2
+            assert "cannot be reached" in freshness["last_error"]
             stale = entries(daemon)[RESERVED]["quads"]
             assert "cannot be reached" in stale["last_error"] and stale["next_reservation"]["owner"] == "erin"
             assert daemon.admin.get("/admin/provisioning/tasks").json()["tasks"] == []

@@ -76,6 +76,18 @@ async def test_availability_and_schedules_agree_across_the_spring_forward() -> N
     assert (reservation.cloud, reservation.owner, reservation.ticket) == ("cloud02", "alice", "4242")
 
 
+def test_a_cloud_given_by_name_alone_is_read_too() -> None:
+    from qiip_core.quads._models import WireHost, WireSchedule
+
+    host = WireHost.model_validate({"name": "h", "cloud": "cloud03", "processors": [{"processor_type": "GPU"}]})
+    assert host.cloud is not None and host.cloud.name == "cloud03"
+    schedule = WireSchedule.model_validate(
+        {"id": 1, "start": "Mon, 01 Jun 2026 12:30:00 GMT", "end": "2026-06-02T12:30:00", "assignment": {"cloud": "c"}}
+    )
+    assert schedule.assignment is not None and schedule.assignment.cloud is not None
+    assert schedule.end == datetime(2026, 6, 2, 12, 30)
+
+
 def test_rfc1123_dates_are_the_servers_wall_clock_and_the_ambiguous_hour_reads_as_its_first() -> None:
     from zoneinfo import ZoneInfo
 
