@@ -124,8 +124,9 @@ class CreateToken(_Strict):
     """Who or what the token is for."""
 
 
-def node_view(state: NodeState) -> dict[str, Any]:
-    """A node as the admin API shows it: the registration, effective status and what this gateway sees."""
+def node_view(state: NodeState, quads: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A node as the admin API shows it: the registration, effective status and what this gateway sees, and
+    `quads`: what the QUADS scheduler says of its host (None without QUADS or for a host it does not lend)."""
     node = state.effective_node()
     view = node.model_dump(mode="json")
     view.update(
@@ -141,6 +142,7 @@ def node_view(state: NodeState) -> dict[str, Any]:
                 "last_probe_at": state.last_probe_at.isoformat() if state.last_probe_at else None,
                 "observed": state.observed,
             },
+            "quads": quads,
         }
     )
     return view
@@ -156,15 +158,23 @@ def _node_or_404(gateway: Gateway, node_id: str) -> NodeState:
 @router.get("/nodes")
 async def list_nodes(request: Request) -> JSONResponse:
     """Every node with its status, engine, model, artifact, llama.cpp runtime, in-flight requests, circuit
-    breaker, last error and last health observation."""
+    breaker, last error and last health observation, and what QUADS says of its host (`quads`). With QUADS
+    configured, the GPU hosts it lends that are not nodes follow, with the status `not_provisioned`, and `quads`
+    says how fresh QIIP's read of QUADS is (null without QUADS)."""
     gateway = _gateway(request)
-    return JSONResponse({"nodes": [node_view(s) for s in sorted(gateway.table, key=lambda s: s.id)]})
+    nodes = [node_view(s, gateway.quads_view(s.id)) for s in sorted(gateway.table, key=lambda s: s.id)]
+    quads = None
+    if gateway.quads is not None:
+        nodes += gateway.quads.unprovisioned(s.id for s in gateway.table)
+        quads = gateway.quads.poller.view()
+    return JSONResponse({"nodes": nodes, "quads": quads})
 
 
 @router.get("/nodes/{node_id}")
 async def get_node(request: Request, node_id: str) -> JSONResponse:
     """One node (404 when unknown)."""
-    return JSONResponse(node_view(_node_or_404(_gateway(request), node_id)))
+    gateway = _gateway(request)
+    return JSONResponse(node_view(_node_or_404(gateway, node_id), gateway.quads_view(node_id)))
 
 
 @router.post("/nodes", status_code=201)
@@ -206,7 +216,7 @@ async def undrain_node(request: Request, node_id: str, body: Empty) -> JSONRespo
     check_can_undrain(gateway.table, node_id)
     gateway.journal.record(node_id, "note", "undrain asked", "an operator took the node back into rotation")
     await gateway.fleet.set_lifecycle(node_id, None)
-    return JSONResponse(node_view(state))
+    return JSONResponse(node_view(state, gateway.quads_view(node_id)))
 
 
 @router.delete("/nodes/{node_id}", status_code=202)
@@ -413,7 +423,7 @@ async def events(
     async def stream() -> AsyncIterator[bytes]:
         try:
             for state in sorted(gateway.table, key=lambda s: s.id):
-                yield _event({"change": "added", "node": node_view(state)})
+                yield _event({"change": "added", "node": node_view(state, gateway.quads_view(state.id))})
             while True:
                 try:
                     change = await asyncio.wait_for(queue.get(), heartbeat_s)
@@ -424,7 +434,7 @@ async def events(
                     return
                 current = gateway.table.get(change.node.id)
                 view = (
-                    node_view(current)
+                    node_view(current, gateway.quads_view(current.id))
                     if current is not None and change.kind is not ChangeKind.REMOVED
                     else change.node.model_dump(mode="json")
                 )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from qiip_core import NodeNotFound, QiipError
 from qiip_core.auth import TokenStore, create_token_store
@@ -29,6 +30,7 @@ from qiip_core.journal import Journal
 from qiip_core.lifecycle import OperationRunner
 from qiip_core.nodes import Node, NodeStatus
 from qiip_core.provisioning import Provisioner
+from qiip_core.quads import QuadsService
 from qiip_core.recommendations import Recommender
 from qiip_core.routing import BreakerPolicy, Forwarder, NodeState, RoutingTable
 from qiip_proxy._auth_gate import AuthThrottle
@@ -107,6 +109,10 @@ class Gateway:
             settings, check_host=self.provisioner.check_host, known_hosts=self.provisioner.known_hosts
         )
         """llmfit's recommendations of hosts, over the provisioning SSH settings."""
+        self.quads: QuadsService | None = (
+            QuadsService(settings.quads, self.provisioner, self.table) if settings.quads.enabled else None
+        )
+        """The QUADS scheduler's hosts, reservations and schedule enforcement (`[quads]`); None without it."""
         self.tokens: TokenStore = create_token_store(settings)
         # Streams running on each invoke token, ended at once when the token is revoked or expires.
         self.streams_by_token: dict[str, set[Callable[[], None]]] = {}
@@ -123,6 +129,11 @@ class Gateway:
         self.journal.close()
         for end in list(self.on_shutdown_begun):
             end()
+
+    def quads_view(self, node_id: str) -> dict[str, Any] | None:
+        """The `quads` key of a node's view: what QUADS says of its host (None without QUADS, or for a host QUADS
+        does not lend)."""
+        return self.quads.host_view(node_id) if self.quads is not None else None
 
     def _headers_for(self, node_id: str) -> dict[str, str]:
         """The bearer token of an attached profile, for requests to that profile's node: only while the node
@@ -212,6 +223,8 @@ class Gateway:
         except QiipError as exc:
             logger.error("interrupted provisioning tasks could not be checked: %s", exc.message)
         self.local_nodes.start()
+        if self.quads is not None:
+            self.quads.start()
         logger.info("gateway started: %d node(s) registered, registry %s", len(self.table), self.registry.backend)
 
     async def shutdown(self) -> None:
@@ -222,6 +235,8 @@ class Gateway:
             if not task.done():
                 await asyncio.to_thread(self.model_store.pause, revision_id)
         await asyncio.gather(*self.acquisitions.values(), return_exceptions=True)
+        if self.quads is not None:
+            await self.quads.aclose()
         await self.provisioner.aclose()
         await self.local_nodes.aclose()
         await self.health.aclose()

@@ -11,8 +11,10 @@ GET  /admin/nodes/{host}/recommendations ?profile=&limit=: what llmfit recommend
 ```
 
 Teardown is `DELETE /admin/nodes/{id}` (`_admin`), which hands provisioned nodes to the provisioner. Every refusal
-comes before any power or SSH work: 400 for a body that is not a setup or a host outside the allowlist, 409 while
-another operation holds the host's lease, 429 above the concurrent-setup limit. A power action is refused with 400
+comes before any power or SSH work: 400 for a body that is not a setup or a host outside the allowlist, 400
+`host_reserved` for a host QUADS reserves within `quads.lookahead_s`, 503 `quads_unavailable` when QUADS is
+configured but cannot be read, 409 while another operation holds the host's lease, 429 above the
+concurrent-setup limit. A power action is refused with 400
 (an action or host outside the allowlist) before any name is resolved, runs under the host's lease (409 during its
 setup), and maps the BMC's failures: 404 no system, 409 no BMC configured or an unsupported reset type, 502 the BMC
 unreachable or refusing the credentials, 504 the BMC silent past `redfish.timeout_s`. Recommendations are refused
@@ -122,7 +124,8 @@ def _gateway(request: Request) -> Gateway:
 @router.post("/nodes/setup", status_code=202)
 async def setup_node(request: Request) -> JSONResponse:
     """Set a host up as a node (202: follow the operation, the task and the host's log). 400 for a body that is not
-    a setup or a host outside the allowlist, 409 while the host is busy, 429 above the concurrent-setup limit."""
+    a setup, a host outside the allowlist or one QUADS reserves within the lookahead, 503 when QUADS cannot be
+    read, 409 while the host is busy, 429 above the concurrent-setup limit."""
     gateway = _gateway(request)
     try:
         body = SetupBody.model_validate_json(await request.body())
@@ -134,6 +137,10 @@ async def setup_node(request: Request) -> JSONResponse:
             400, f"Not a setup request: {field or 'body'}: {first['msg']}.", "invalid_setup", field
         ) from None
     model = await _setup_model(gateway, body)
+    if gateway.quads is not None:
+        # QUADS lends the host: refuse it while reserved within the lookahead (400), or when QUADS cannot say
+        # (503), before any power or SSH work. The allowlist check comes first, so no name outside it is sent.
+        await gateway.quads.check_setup(gateway.provisioner.check_host(body.hostname))
     setup = SetupRequest(
         hostname=body.hostname,
         engine=Engine(body.engine),

@@ -42,6 +42,7 @@ QiipError                       (500 internal_error: only for a bare QiipError, 
 ├── ProvisioningError           502 provisioning_failed: a setup, teardown or power step failed (`.host`, `.step`)
 │   ├── HostNotAllowed          400 host_not_allowed (param hostname): outside the allowlist; nothing was done
 │   ├── HostNotFound            404 host_not_found (param hostname): the name does not resolve
+│   ├── HostReserved            400 host_reserved (param hostname): QUADS reserves the host within the lookahead
 │   ├── HostBusy                409 host_busy: another operation holds the host's lease
 │   ├── TooManySetups           429 too_many_setups: the concurrent-setup limit is reached
 │   ├── SshError                502 ssh_error: refused, unreachable, authentication, a remote command failed
@@ -57,6 +58,7 @@ QiipError                       (500 internal_error: only for a bare QiipError, 
 ├── LlmfitError                 502 llmfit_failed: installing or running llmfit on a host failed, or its output
 │   │                           is not `recommend --json`'s (`.host`)
 │   └── LlmfitNotInstalled      503 llmfit_not_installed: the gateway's environment lacks the pinned binary
+├── QuadsUnavailable            503 quads_unavailable: QUADS is configured but cannot be read
 ├── PlanError                   422 invalid_policy: a sizing cannot be planned (`.violations`, if any)
 ├── ModelStoreError             503 model_store_error: the catalog, a download or an acquisition failed
 │   ├── ArtifactNotFound        404 artifact_not_found: no catalog generation has this id (`.artifact_id`)
@@ -136,6 +138,7 @@ from qiip_core._errors._operations import (
     HostKeyMismatch,
     HostNotAllowed,
     HostNotFound,
+    HostReserved,
     LlmfitError,
     LlmfitNotInstalled,
     ManifestInvalid,
@@ -145,6 +148,7 @@ from qiip_core._errors._operations import (
     PlanError,
     PowerNotConfigured,
     ProvisioningError,
+    QuadsUnavailable,
     RedfishError,
     RelaunchError,
     RemoteTimeout,
@@ -182,6 +186,7 @@ __all__ = [
     "HostNotFound",
     "LlmfitError",
     "LlmfitNotInstalled",
+    "HostReserved",
     "ManifestInvalid",
     "ModelFileError",
     "ModelNotFound",
@@ -195,6 +200,7 @@ __all__ = [
     "PowerNotConfigured",
     "ProvisioningError",
     "QiipError",
+    "QuadsUnavailable",
     "RedfishError",
     "RegistryError",
     "RegistryUnavailable",

@@ -31,6 +31,7 @@ __all__ = [
     "HostNotFound",
     "LlmfitError",
     "LlmfitNotInstalled",
+    "HostReserved",
     "ManifestInvalid",
     "ModelFileError",
     "ModelStoreError",
@@ -38,6 +39,7 @@ __all__ = [
     "PlanError",
     "PowerNotConfigured",
     "ProvisioningError",
+    "QuadsUnavailable",
     "RedfishError",
     "RelaunchError",
     "RemoteTimeout",
@@ -179,6 +181,23 @@ class HostNotFound(ProvisioningError):
     status = 404
     code = "host_not_found"
     param = "hostname"
+
+
+class HostReserved(ProvisioningError):
+    """QUADS has the host reserved for someone else within the lookahead (400); nothing was powered or contacted."""
+
+    status = 400
+    code = "host_reserved"
+    param = "hostname"
+
+
+class QuadsUnavailable(QiipError):
+    """QUADS is configured but could not be read (unreachable, an error answer, or a body of another shape), so
+    whether a host is free is unknown (503)."""
+
+    status = 503
+    code = "quads_unavailable"
+    retry_after_s = 30.0
 
 
 class HostBusy(ProvisioningError):

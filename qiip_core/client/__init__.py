@@ -14,6 +14,7 @@ from qiip_core.client._client import (
     NotADaemon,
     OperationInfo,
     QiipClient,
+    QuadsView,
     SlotsView,
     Unauthorized,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "HealthView",
     "NodeEvent",
     "NodeInfo",
+    "QuadsView",
     "NotADaemon",
     "OperationInfo",
     "QiipClient",

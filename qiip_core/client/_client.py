@@ -135,6 +135,29 @@ class SlotsView(_View):
     """Slots of the server (`--parallel`)."""
 
 
+class QuadsReservationView(_View):
+    """A QUADS reservation of a node's host."""
+
+    start: datetime
+    end: datetime
+    assignment: str | None = None
+    cloud: str | None = None
+    owner: str | None = None
+
+
+class QuadsView(_View):
+    """What the QUADS scheduler says of a node's host (`quads` in the node view)."""
+
+    host: str
+    gpus: dict[str, Any] = Field(default_factory=dict)
+    available: bool = True
+    next_reservation: QuadsReservationView | None = None
+    next_conflict_at: datetime | None = None
+    conflict_within_lookahead: bool = False
+    data_age_s: float | None = None
+    stale: bool = False
+
+
 class NodeInfo(_View):
     """A node as `GET /admin/nodes` shows it."""
 
@@ -155,6 +178,8 @@ class NodeInfo(_View):
     last_error_at: datetime | None = None
     slots: SlotsView | None = None
     health: HealthObservation = Field(default_factory=HealthObservation)
+    quads: QuadsView | None = None
+    """What QUADS says of the node's host; None without QUADS or for a host it does not lend."""
 
 
 class NodeEvent(_View):
@@ -285,10 +310,15 @@ class QiipClient:
         return HealthView.model_validate(await self._request(self._api, "GET", "/health"))
 
     async def nodes(self) -> list[NodeInfo]:
-        """Every node (`GET /admin/nodes`)."""
+        """Every node (`GET /admin/nodes`). The GPU hosts QUADS lends that are not nodes (no engine, status
+        `not_provisioned`) are left out: they have no endpoint or model to show as a node."""
         payload = await self._admin_json("GET", "/admin/nodes")
         try:
-            return [NodeInfo.model_validate(item) for item in payload["nodes"]]
+            return [
+                NodeInfo.model_validate(item)
+                for item in payload["nodes"]
+                if not (isinstance(item, dict) and item.get("engine") is None and item.get("source") == "quads")
+            ]
         except (ValueError, KeyError, TypeError) as exc:
             raise self._shape_error("/admin/nodes", exc) from None
 

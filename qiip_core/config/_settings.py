@@ -49,6 +49,7 @@ from qiip_core.config._groups import (
 )
 from qiip_core.config._models import ModelSettings
 from qiip_core.config._provisioning import ProvisioningSettings
+from qiip_core.config._quads import QuadsSettings
 from qiip_core.config._redfish import RedfishSettings
 
 __all__ = [
@@ -64,6 +65,7 @@ __all__ = [
     "ModelSettings",
     "NodeConfig",
     "ProvisioningSettings",
+    "QuadsSettings",
     "RedfishSettings",
     "RegistrySettings",
     "RoutingSettings",
@@ -108,6 +110,7 @@ class Settings(BaseSettings):
     models: ModelSettings = Field(default_factory=ModelSettings)
     provisioning: ProvisioningSettings = Field(default_factory=ProvisioningSettings)
     redfish: RedfishSettings = Field(default_factory=RedfishSettings)
+    quads: QuadsSettings = Field(default_factory=QuadsSettings)
     nodes: list[NodeConfig] = Field(default_factory=list)
     """Nodes declared in the config file."""
     local_nodes: list[LocalNodeConfig] = Field(default_factory=list)

@@ -207,7 +207,9 @@ class Provisioner:
 
     # -- teardown ------------------------------------------------------------------------------------------
 
-    async def start_teardown(self, node_id: str, *, force: bool, recovery_engine: Engine | None = None) -> Operation:
+    async def start_teardown(
+        self, node_id: str, *, force: bool, recovery_engine: Engine | None = None, reason: str | None = None
+    ) -> Operation:
         """Tear a provisioned node down in the background: drain, stop the engine, deregister.
 
         Args:
@@ -215,6 +217,8 @@ class Provisioner:
             force: skip the drain, stop the engine with SIGKILL; with `recovery_engine`, a host whose
                 registration was lost.
             recovery_engine: the engine to stop when the node is not registered any more.
+            reason: why the teardown runs, written first to the host's log (an operator's teardown has none; the
+                QUADS enforcement names the reservation).
 
         Raises:
             HostNotAllowed: the host is outside the allowlist.
@@ -238,6 +242,8 @@ class Provisioner:
             record = TaskRecorder(self.store, self.logs, task, operation.log)
             try:
                 await record.save()
+                if reason is not None:
+                    record.log(reason, "warning")
                 result = await self._teardown(record, operation, node_id, engine, force=force)
                 await record.finish(TaskState.SUCCEEDED)
                 return result

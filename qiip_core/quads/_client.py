@@ -1,0 +1,174 @@
+"""The QUADS REST client (`/api/v3`, reads only): GPU hosts, availability, and each host's schedules.
+
+Every failure (no connection, a timeout, an error answer `{status_code, error, message}`, a body of another
+shape) is a `QuadsUnavailable`: callers never see an httpx exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import httpx
+from pydantic import TypeAdapter, ValidationError
+
+from qiip_core._errors import QuadsUnavailable, safe_text
+from qiip_core.config import QuadsSettings
+from qiip_core.quads._models import (
+    QuadsHost,
+    Reservation,
+    WireHost,
+    WireSchedule,
+    normalise_host,
+    server_time,
+)
+
+__all__ = ["QuadsClient"]
+
+_HOSTS = TypeAdapter(list[WireHost])
+_NAMES = TypeAdapter(list[str])
+_SCHEDULES = TypeAdapter(list[WireSchedule])
+_AVAILABLE_ONE = TypeAdapter(dict[str, str | bool])
+
+
+class QuadsClient:
+    """Reads one QUADS server.
+
+    Args:
+        base_url: the server's base URL; the API is under `<base_url>/api/v3`.
+        timezone: the server's IANA timezone (QUADS' naive times are its local times).
+        timeout_s: deadline of one request (connect, send, each read).
+        transport: an httpx transport (tests); None: the network.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        timezone: str,
+        *,
+        timeout_s: float = 10.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.tz = ZoneInfo(timezone)
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url + "/api/v3",
+            timeout=httpx.Timeout(timeout_s),
+            transport=transport,
+            headers={"Accept": "application/json"},
+            follow_redirects=False,
+            trust_env=False,  # as for the nodes and the BMCs: proxy variables never apply
+        )
+
+    @classmethod
+    def from_settings(cls, settings: QuadsSettings) -> QuadsClient:
+        """A client for `[quads]` (which must be enabled)."""
+        assert settings.url is not None and settings.timezone is not None
+        return cls(settings.url, settings.timezone, timeout_s=settings.timeout_s)
+
+    async def _get(self, path: str, params: Mapping[str, str] | None = None) -> tuple[int, Any]:
+        try:
+            response = await self._http.get(path, params=dict(params or {}))
+        except httpx.TimeoutException:
+            raise QuadsUnavailable(f"QUADS at {self.base_url} did not answer {path} in time.") from None
+        except httpx.HTTPError as exc:
+            raise QuadsUnavailable(
+                f"QUADS at {self.base_url} cannot be reached ({type(exc).__name__}: {safe_text(str(exc) or '-')})."
+            ) from None
+        try:
+            body = response.json()
+        except ValueError:
+            raise QuadsUnavailable(
+                f"QUADS at {self.base_url} answered {path} with {response.status_code} and a body that is not JSON."
+            ) from None
+        return response.status_code, body
+
+    def _refused(self, path: str, status: int, body: Any) -> QuadsUnavailable:
+        message = body.get("message") if isinstance(body, dict) else None
+        return QuadsUnavailable(
+            f"QUADS at {self.base_url} refused {path} ({status}"
+            + (f": {safe_text(str(message))}" if message else "")
+            + ")."
+        )
+
+    def _shape(self, path: str, exc: ValidationError) -> QuadsUnavailable:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        return QuadsUnavailable(
+            f"QUADS at {self.base_url} answered {path} with another shape ({where}: {first['msg']})."
+        )
+
+    async def hosts(self) -> list[QuadsHost]:
+        """The GPU hosts (`GET /hosts`): neither broken nor retired, with at least one GPU processor."""
+        status, body = await self._get("/hosts")
+        if status != 200:
+            raise self._refused("/hosts", status, body)
+        try:
+            wire = _HOSTS.validate_python(body)
+        except ValidationError as exc:
+            raise self._shape("/hosts", exc) from None
+        found = (QuadsHost.from_wire(h) for h in wire)
+        return sorted((h for h in found if h is not None), key=lambda h: h.name)
+
+    async def available(self, *, start: datetime, end: datetime) -> set[str]:
+        """The hosts free of every schedule from `start` to `end` (`GET /available`), names normalised. Both are
+        aware datetimes, sent in the server's local time.
+
+        All three of `start`, `end` and `cloud` (empty: any) are always sent: some QUADS releases read them without
+        a default and answer 500 when one is missing.
+        """
+        params = {"start": server_time(start, self.tz), "end": server_time(end, self.tz), "cloud": ""}
+        status, body = await self._get("/available", params)
+        if status != 200:
+            raise self._refused("/available", status, body)
+        try:
+            names = _NAMES.validate_python(body)
+        except ValidationError as exc:
+            raise self._shape("/available", exc) from None
+        return {normalise_host(n) for n in names}
+
+    async def reservations(
+        self, host: str, *, now: datetime | None = None, quads_name: str | None = None
+    ) -> list[Reservation]:
+        """The host's current and future schedules (`GET /schedules/current?host=` and `/schedules/future?host=`),
+        in UTC, sorted by start. A host QUADS does not know has none.
+
+        Args:
+            host: the host's name (normalised here).
+            now: the moment "current" means (default: QUADS' now).
+            quads_name: the name as QUADS spells it, when it differs (`QuadsHost.quads_name`).
+        """
+        host = normalise_host(host)
+        asked = quads_name or host
+        current_params = {"host": asked}
+        if now is not None:
+            current_params["date"] = server_time(now, self.tz)
+        current, future = await asyncio.gather(
+            self._schedules("/schedules/current", current_params, host),
+            self._schedules("/schedules/future", {"host": asked}, host),
+        )
+        by_id = {r.id: r for r in current + future}
+        return sorted(by_id.values(), key=lambda r: (r.start, r.id))
+
+    async def _schedules(self, path: str, params: dict[str, str], host: str) -> list[Reservation]:
+        status, body = await self._get(path, params)
+        if status == 400 and isinstance(body, dict) and "not found" in str(body.get("message", "")).lower():
+            return []  # QUADS answers an unknown host with 400 "Host not found"
+        if status != 200:
+            raise self._refused(path, status, body)
+        try:
+            wire = _SCHEDULES.validate_python(body)
+        except ValidationError as exc:
+            raise self._shape(path, exc) from None
+        # QUADS ignores a host it does not know and lists every host's schedules: keep this host's only.
+        return [
+            Reservation.from_wire(s, host, self.tz)
+            for s in wire
+            if s.host is None or normalise_host(s.host.name) == host
+        ]
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
