@@ -4,18 +4,10 @@ from __future__ import annotations
 
 from qiip_core.client._client import (
     ApiError,
-    BreakerView,
-    ChatDelta,
     ClientError,
     DaemonUnreachable,
-    HealthView,
-    NodeEvent,
-    NodeInfo,
     NotADaemon,
-    OperationInfo,
     QiipClient,
-    QuadsView,
-    SlotsView,
     Unauthorized,
 )
 from qiip_core.client._config import (
@@ -25,6 +17,16 @@ from qiip_core.client._config import (
     console_config_paths,
     load_console_config,
     read_console_file,
+)
+from qiip_core.client._views import (
+    BreakerView,
+    ChatDelta,
+    HealthView,
+    NodeEvent,
+    NodeInfo,
+    OperationInfo,
+    QuadsView,
+    SlotsView,
 )
 
 __all__ = [

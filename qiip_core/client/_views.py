@@ -1,0 +1,141 @@
+"""The shapes of the daemon's admin API answers as the client reads them: nodes, events, operations, chat pieces.
+
+Unknown keys are ignored, so a newer daemon's answers still parse.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from qiip_core.nodes import LlamaCppRuntime, NodeCapabilities
+
+__all__ = [
+    "BreakerView",
+    "ChatDelta",
+    "HealthObservation",
+    "HealthView",
+    "NodeEvent",
+    "NodeInfo",
+    "OperationInfo",
+    "QuadsReservationView",
+    "QuadsView",
+    "SlotsView",
+]
+
+
+class _View(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class BreakerView(_View):
+    """A node's circuit breaker as the daemon sees it."""
+
+    state: Literal["closed", "open", "half_open"] = "closed"
+    consecutive_failures: int = 0
+
+
+class HealthObservation(_View):
+    """The daemon's last health observation of a node."""
+
+    consecutive_failures: int = 0
+    last_probe_at: datetime | None = None
+    observed: bool = False
+
+
+class SlotsView(_View):
+    """A llama.cpp node's slots as the daemon's last probe read them (llama-server `GET /slots`)."""
+
+    busy: int
+    """Slots processing a request (`is_processing`)."""
+    total: int
+    """Slots of the server (`--parallel`)."""
+
+
+class QuadsReservationView(_View):
+    """A QUADS reservation of a node's host."""
+
+    start: datetime
+    end: datetime
+    assignment: str | None = None
+    cloud: str | None = None
+    owner: str | None = None
+
+
+class QuadsView(_View):
+    """What the QUADS scheduler says of a node's host (`quads` in the node view)."""
+
+    host: str
+    gpus: dict[str, Any] = Field(default_factory=dict)
+    available: bool = True
+    next_reservation: QuadsReservationView | None = None
+    next_conflict_at: datetime | None = None
+    conflict_within_lookahead: bool = False
+    data_age_s: float | None = None
+    stale: bool = False
+
+
+class NodeInfo(_View):
+    """A node as `GET /admin/nodes` shows it."""
+
+    id: str
+    endpoint: str
+    status: str
+    model: str
+    engine: str
+    artifact_id: str | None = None
+    llamacpp_runtime: LlamaCppRuntime | None = None
+    capabilities: NodeCapabilities = Field(default_factory=NodeCapabilities)
+    managed: bool = False
+    last_heartbeat: datetime | None = None
+    source: str = ""
+    in_flight: int = 0
+    breaker: BreakerView = Field(default_factory=BreakerView)
+    last_error: str | None = None
+    last_error_at: datetime | None = None
+    slots: SlotsView | None = None
+    health: HealthObservation = Field(default_factory=HealthObservation)
+    quads: QuadsView | None = None
+    """What QUADS says of the node's host; None without QUADS or for a host it does not lend."""
+
+
+class NodeEvent(_View):
+    """One change from `GET /admin/events`: `added`, `updated` or `removed`, with the node."""
+
+    change: Literal["added", "updated", "removed"]
+    node: NodeInfo
+
+
+class OperationInfo(_View):
+    """A background operation (drain, remove, relaunch)."""
+
+    id: str
+    kind: str
+    node_id: str
+    state: Literal["running", "succeeded", "failed", "cancelled"]
+    result: dict[str, Any] = Field(default_factory=dict)
+    error: str | None = None
+    log: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class HealthView(_View):
+    """`GET /health`."""
+
+    status: str
+    nodes_registered: int = 0
+    nodes_healthy: int = 0
+
+
+class ChatDelta(_View):
+    """A piece of a streamed chat answer: text, and the usage when the stream reports it.
+
+    The first piece of a stream also names the node that answered (the daemon's `X-QIIP-Node` header,
+    docs/api.md); later pieces, and answers from a daemon without the header, have `node` None.
+    """
+
+    content: str = ""
+    finish_reason: str | None = None
+    completion_tokens: int | None = None
+    node: str | None = None
