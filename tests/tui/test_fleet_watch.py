@@ -60,6 +60,13 @@ def _traffic(daemon: Daemon) -> None:
         assert answer.status_code == 503
 
 
+def _keep_busy(daemon: Daemon, stop: threading.Event) -> None:
+    with httpx.Client(timeout=30) as client:
+        while not stop.is_set():
+            client.post(daemon.url + "/v1/chat/completions", json={"model": "m1", "messages": []})
+            stop.wait(0.05)
+
+
 async def test_rates_problems_first_model_health_and_errors_with_their_age(
     watched: tuple[Daemon, FaultBackend],
 ) -> None:
@@ -75,11 +82,19 @@ async def test_rates_problems_first_model_health_and_errors_with_their_age(
         assert _cell(table, "dead", "error").plain.split(" · ")[1].startswith("GET /health")
 
         await in_thread(lambda: _traffic(daemon))
-        await wait_for(
-            pilot,
-            lambda: _cell(table, "good", "rps").plain not in ("—", "0") and "m2 0/1 healthy · " in _summary(app),
-            what="the rates",
-        )
+        # A rate is of the last poll's interval: keep m1 busy until the table shows one.
+        busy = threading.Event()
+        feeder = threading.Thread(target=_keep_busy, args=(daemon, busy))
+        feeder.start()
+        try:
+            await wait_for(
+                pilot,
+                lambda: _cell(table, "good", "rps").plain not in ("—", "0") and "m2 0/1 healthy · " in _summary(app),
+                what="the rates",
+            )
+        finally:
+            busy.set()
+            await in_thread(feeder.join)
         # m2 has no healthy node and every request failed: it leads the models line, in the error colour.
         models_line = _summary(app).splitlines()[1]
         assert models_line.startswith("m2 0/1 healthy · 100% errors"), models_line
