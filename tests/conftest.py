@@ -12,6 +12,7 @@ from qiip_core.config import load_settings
 from qiip_core.engines.llamacpp import LlamaCppInstaller, fetch_test_model, make_test_gguf
 from tests.support.etcd import EtcdServer
 from tests.support.model_cache import ModelCache, build_model_cache
+from tests.support.openai_client import close_all
 from tests.support.redfish import RedfishEmulator
 
 # No test may reach huggingface.co: huggingface_hub reads these when it is first imported, so they are set before
@@ -22,6 +23,13 @@ os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
 os.environ["HF_HUB_CACHE"] = "/nonexistent/qiip-tests/hf-cache"
+
+
+@pytest.fixture(autouse=True)
+def close_openai_clients() -> Iterator[None]:
+    """Close the `openai` clients a test made with `tests.support.openai_client.openai_client`."""
+    yield
+    close_all()
 
 
 @pytest.fixture(scope="session")

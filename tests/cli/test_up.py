@@ -13,13 +13,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
 
 from qiip_cli._up import _previous_credentials, _write_console_config
 from qiip_core.config import load_settings
 from tests.support.cli import QIIP, clean_environ
 from tests.support.daemon import free_port
+from tests.support.openai_client import openai_client
 
 pytestmark = pytest.mark.integration
 
@@ -101,7 +101,7 @@ def _run_up(
 def test_up_serves_until_ctrl_c_and_leaves_nothing_behind(tmp_path: Path, llama_server_binary: Path) -> None:
     port = free_port()
     with _up(port, env=_up_env(tmp_path, llama_server_binary), cwd=tmp_path) as up:
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+        client = openai_client(f"http://127.0.0.1:{port}/v1")
         assert [m.id for m in client.models.list()] == ["qiip-test-tiny"]
         reply = client.chat.completions.create(
             model="qiip-test-tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3
@@ -203,7 +203,7 @@ def test_up_serves_the_real_gemma_planned_automatically_and_relaunches_it_custom
     args = ["--model", str(gemma_gguf), "--sizing", "auto", "--fit-target-mib", str(target)]
     with _up(port, *args, env=_up_env(tmp_path, llama_server_binary), cwd=tmp_path) as up:
         base = f"http://127.0.0.1:{port}"
-        client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
+        client = openai_client(f"{base}/v1")
         model = "gemma-3-270m-q4_k_m"
         assert [m.id for m in client.models.list()] == [model]
         completion = client.completions.create(
@@ -254,7 +254,7 @@ def test_up_serves_the_real_gemma_planned_automatically_and_relaunches_it_custom
         runtime = httpx.get(f"{base}/admin/nodes/local", auth=auth).json()["llamacpp_runtime"]
         assert (runtime["effective"]["slots"], runtime["effective"]["cache_type_k"]) == (3, "q8_0")
         assert runtime["memory"][1]["cells"] == 2048 and runtime["unverified"] == []  # pad256(512 × 3 + 512)
-        again = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
+        again = openai_client(f"{base}/v1")
         completion = again.completions.create(model=model, prompt="The capital of France is", max_tokens=4)
         assert completion.choices[0].text
         again.close()
@@ -274,7 +274,7 @@ def test_up_serves_several_models_behind_one_gateway(tmp_path: Path, llama_serve
     args = ["--model", str(first), "--model", f"windowed={second}", "--ctx-size", "512"]
     args += ["--model", f"embedder={encoder}"]
     with _up(port, *args, env=_up_env(tmp_path, llama_server_binary)) as up:
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+        client = openai_client(f"http://127.0.0.1:{port}/v1")
         assert sorted(m.id for m in client.models.list()) == ["embedder", "first", "windowed"]
         for model in ("first", "windowed"):
             reply = client.completions.create(model=model, prompt="hello", max_tokens=2)

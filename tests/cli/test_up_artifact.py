@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
 
 from qiip_core.catalog import Download, download_files, scan_catalog
@@ -16,6 +15,7 @@ from tests.cli.test_up import _run_up, _up, _up_env
 from tests.support.daemon import free_port, wait_until
 from tests.support.fake_hub import FakeHub
 from tests.support.model_cache import ModelCache
+from tests.support.openai_client import openai_client
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +39,7 @@ def test_a_downloaded_generation_is_served_by_its_artifact_id(
     env = _up_env(tmp_path, llama_server_binary) | {"QIIP_MODELS__HF_CACHE_DIR": str(cache)}
     port = free_port()
     with _up(port, "--artifact", f"tiny={generation.artifact_id}", env=env, cwd=tmp_path):
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+        client = openai_client(f"http://127.0.0.1:{port}/v1")
         reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
         assert reply.usage is not None and 1 <= reply.usage.completion_tokens <= 3
         client.close()

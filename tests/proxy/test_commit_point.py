@@ -15,6 +15,7 @@ from tests.support.daemon import Daemon
 from tests.support.failover import CHAT, body, busy, calls
 from tests.support.fault_backend import FaultBackend, Sse, UnframedJson
 from tests.support.fault_backend._payloads import chat_chunk, sse_event
+from tests.support.openai_client import openai_client
 
 pytestmark = pytest.mark.integration
 
@@ -98,7 +99,7 @@ def test_the_openai_client_raises_on_a_stream_that_just_stops(
     backend = backends()
     backend.default = CUTS["fin"]
     fault_daemon.add_node(f"{model}-n", backend.url, model)
-    client = openai.OpenAI(base_url=fault_daemon.url + "/v1", api_key="x", max_retries=0)
+    client = openai_client(fault_daemon.url + "/v1")
     received = []
     with pytest.raises(openai.APIError, match="incomplete"):
         for chunk in client.chat.completions.create(

@@ -11,6 +11,7 @@ import pytest
 from tests.support.daemon import Daemon, wait_until
 from tests.support.failover import body, busy, calls
 from tests.support.fault_backend import Exchange, FaultBackend, Json, Sse, Status
+from tests.support.openai_client import openai_client
 
 pytestmark = pytest.mark.integration
 
@@ -66,7 +67,7 @@ def test_exhausted_with_fewer_nodes_than_attempts(fault_daemon: Daemon, backends
     fault_daemon.add_node(f"{model}-dead", dead.url, model)
     dead.stop_listening()
     with pytest.raises(openai.APIStatusError) as info:
-        openai.OpenAI(base_url=fault_daemon.url + "/v1", api_key="x", max_retries=0).chat.completions.create(
+        openai_client(fault_daemon.url + "/v1").chat.completions.create(
             model=model, messages=[{"role": "user", "content": "hi"}]
         )
     assert info.value.status_code == 502

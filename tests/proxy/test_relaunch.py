@@ -12,10 +12,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-import openai
 import pytest
 
 from tests.support.daemon import Daemon, llama_daemon_with, wait_until
+from tests.support.openai_client import openai_client
 
 pytestmark = pytest.mark.integration
 
@@ -92,7 +92,7 @@ def test_relaunch_custom_then_auto(relaunch_daemon: Daemon) -> None:
     endpoint = relaunch_daemon.admin.get("/admin/nodes/small").json()["endpoint"]
     assert httpx.get(endpoint + "/props", timeout=10).json()["total_slots"] == 4
     relaunch_daemon.wait_status("small", "healthy", timeout_s=30)
-    client = openai.OpenAI(base_url=relaunch_daemon.url + "/v1", api_key="x", max_retries=0)
+    client = openai_client(relaunch_daemon.url + "/v1")
     assert client.completions.create(model="small", prompt="hi", max_tokens=2).choices
 
     done = relaunch(relaunch_daemon, "small", {"sizing": "auto", "fit_target_mib": 512})
@@ -178,5 +178,5 @@ def test_a_crashed_local_node_comes_back_with_a_relaunch(relaunch_daemon: Daemon
     done = relaunch(relaunch_daemon, "small", {"sizing": "auto", "fit_target_mib": 512})
     assert done["state"] == "succeeded", done
     relaunch_daemon.wait_status("small", "healthy", timeout_s=30)
-    client = openai.OpenAI(base_url=relaunch_daemon.url + "/v1", api_key="x", max_retries=0)
+    client = openai_client(relaunch_daemon.url + "/v1")
     assert client.completions.create(model="small", prompt="hi", max_tokens=2).choices

@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import openai
 import pytest
 
 from qiip_core.catalog import GgufGeneration, scan_catalog
 from tests.support.daemon import Daemon, llama_daemon_with, wait_until
 from tests.support.model_cache import COMMIT_A, TINY_REPO, ModelCache
+from tests.support.openai_client import openai_client
 
 pytestmark = pytest.mark.integration
 
@@ -62,7 +62,7 @@ def _relaunch(daemon: Daemon, body: dict[str, Any]) -> dict[str, Any]:
 
 def _serves(daemon: Daemon) -> None:
     daemon.wait_status("moving", "healthy", timeout_s=60)
-    client = openai.OpenAI(base_url=daemon.url + "/v1", api_key="x", max_retries=0)
+    client = openai_client(daemon.url + "/v1")
     assert client.completions.create(model="moving", prompt="hi", max_tokens=2).choices
     client.close()
 

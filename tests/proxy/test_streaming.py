@@ -11,6 +11,7 @@ import pytest
 
 from tests.support.daemon import Daemon
 from tests.support.fault_backend import FaultBackend, Sse, big_line_event
+from tests.support.openai_client import openai_client
 
 pytestmark = pytest.mark.integration
 
@@ -65,7 +66,7 @@ def test_one_mebibyte_line(fault_daemon: Daemon, backends: Backends, model: str)
 def test_openai_client_reads_a_streamed_answer(fault_daemon: Daemon, backends: Backends, model: str) -> None:
     backend = backends()
     fault_daemon.add_node(f"{model}-n", backend.url, model)
-    client = openai.OpenAI(base_url=fault_daemon.url + "/v1", api_key="x", max_retries=0)
+    client = openai_client(fault_daemon.url + "/v1")
     stream = client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": "hi"}], stream=True, stream_options={"include_usage": True}
     )
@@ -107,7 +108,7 @@ def test_openai_client_raises_on_the_in_band_error(fault_daemon: Daemon, backend
     backend = backends()
     backend.default = Sse(n_events=5, reset_after_events=2)
     fault_daemon.add_node(f"{model}-n", backend.url, model)
-    client = openai.OpenAI(base_url=fault_daemon.url + "/v1", api_key="x", max_retries=0)
+    client = openai_client(fault_daemon.url + "/v1")
     received = []
     with pytest.raises(openai.APIError):
         for c in client.chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}], stream=True):

@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import openai
 import pytest
 
 from qiip_core.engines.llamacpp import make_test_gguf
 from tests.support.daemon import Daemon, llama_daemon_with
 from tests.support.fault_backend import FaultBackend
+from tests.support.openai_client import openai_client
 
 pytestmark = pytest.mark.integration
 
@@ -71,7 +71,7 @@ def test_scoped_and_unscoped_tokens(token_daemon: Daemon) -> None:
     assert chat(token_daemon, "llama", scoped["secret"]).status_code == 200
     wrong = chat(token_daemon, "other", scoped["secret"])
     assert wrong.status_code == 403 and wrong.json()["error"]["code"] == "model_not_allowed"
-    client = openai.OpenAI(base_url=token_daemon.url + "/v1", api_key=scoped["secret"], max_retries=0)
+    client = openai_client(token_daemon.url + "/v1", api_key=scoped["secret"])
     assert [m.id for m in client.models.list()] == ["llama"]
     everything = new_token(token_daemon)
     assert chat(token_daemon, "other", everything["secret"]).status_code == 200

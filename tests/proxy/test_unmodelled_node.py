@@ -6,13 +6,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import openai
 import pytest
 
 from qiip_core import PlanError
 from qiip_core.engines.llamacpp import make_test_gguf, read_gguf_metadata
 from qiip_core.planner import ModelShape, PythonEstimator, is_modelled, read_devices
 from tests.support.daemon import Daemon, llama_daemon_with
+from tests.support.openai_client import openai_client
 
 pytestmark = pytest.mark.integration
 
@@ -57,7 +57,7 @@ def test_it_serves_with_its_unverified_checks_on_the_record(granite_daemon: Daem
     assert "kv 4096 cells × 2 layers" in unverified  # what the server logged, for the operator to read
     # Everything else was verified as for any model.
     assert (record["effective"]["slots"], record["effective"]["context_per_slot"]) == (2, 2048)
-    client = openai.OpenAI(base_url=f"{granite_daemon.url}/v1", api_key="x", max_retries=0)
+    client = openai_client(f"{granite_daemon.url}/v1")
     reply = client.chat.completions.create(
         model="granite", messages=[{"role": "user", "content": "hello"}], max_tokens=3
     )

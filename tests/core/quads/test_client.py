@@ -160,21 +160,23 @@ def test_the_test_server_answers_available_for_one_host_and_errors_as_quads_does
     quads.add_host("gpu01")
     quads.reserve("gpu01", NOW + timedelta(minutes=30), NOW + timedelta(hours=1))
     api = quads.url + "/api/v3"
-    http = httpx.Client(trust_env=False)
-    assert http.get(api + "/available/gpu01").json() == {"gpu01": "True"}  # now: before the reservation
-    later = {"start": "2026-06-01T12:29", "end": "2026-06-01T12:45"}  # QUADS adds a minute to the start here
-    assert http.get(api + "/available/gpu01", params=later).json() == {"gpu01": "False"}
-    assert http.get(api + "/available/nowhere").json() == {"nowhere": "False"}
-    bad = http.get(api + "/available", params={"end": "tomorrow"})
-    assert bad.status_code == 400 and bad.json() == {
-        "status_code": 400,
-        "error": "Bad Request",
-        "message": "Invalid date format for end, correct format: 'YYYY-MM-DDTHH:MM'",
-    }
-    missing = http.get(api + "/hosts/nowhere")
-    assert missing.status_code == 400 and missing.json()["message"] == "Host not found: nowhere"
-    [schedule] = http.get(api + "/schedules", params={"host": "gpu01"}).json()
-    assert schedule["start"] == "Mon, 01 Jun 2026 12:30:00 GMT" and schedule["assignment"]["cloud"]["name"] == "cloud02"
-    [host] = http.get(api + "/hosts").json()
-    assert [p["processor_type"] for p in host["processors"]] == ["CPU", "GPU", "GPU", "GPU", "GPU"]
-    http.close()
+    with httpx.Client(trust_env=False) as http:
+        assert http.get(api + "/available/gpu01").json() == {"gpu01": "True"}  # now: before the reservation
+        later = {"start": "2026-06-01T12:29", "end": "2026-06-01T12:45"}  # QUADS adds a minute to the start here
+        assert http.get(api + "/available/gpu01", params=later).json() == {"gpu01": "False"}
+        assert http.get(api + "/available/nowhere").json() == {"nowhere": "False"}
+        bad = http.get(api + "/available", params={"end": "tomorrow"})
+        assert bad.status_code == 400 and bad.json() == {
+            "status_code": 400,
+            "error": "Bad Request",
+            "message": "Invalid date format for end, correct format: 'YYYY-MM-DDTHH:MM'",
+        }
+        missing = http.get(api + "/hosts/nowhere")
+        assert missing.status_code == 400 and missing.json()["message"] == "Host not found: nowhere"
+        [schedule] = http.get(api + "/schedules", params={"host": "gpu01"}).json()
+        assert (
+            schedule["start"] == "Mon, 01 Jun 2026 12:30:00 GMT"
+            and schedule["assignment"]["cloud"]["name"] == "cloud02"
+        )
+        [host] = http.get(api + "/hosts").json()
+        assert [p["processor_type"] for p in host["processors"]] == ["CPU", "GPU", "GPU", "GPU", "GPU"]
