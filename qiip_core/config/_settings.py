@@ -50,6 +50,7 @@ from qiip_core.config._groups import (
 from qiip_core.config._models import ModelSettings
 from qiip_core.config._provisioning import ProvisioningSettings
 from qiip_core.config._redfish import RedfishSettings
+from qiip_core.config._telemetry import TelemetryAgentConfig, TelemetrySettings
 
 __all__ = [
     "AdminSettings",
@@ -69,6 +70,8 @@ __all__ = [
     "RoutingSettings",
     "ServerSettings",
     "Settings",
+    "TelemetryAgentConfig",
+    "TelemetrySettings",
     "UpstreamSettings",
     "default_state_dir",
     "format_validation_error",
@@ -108,6 +111,7 @@ class Settings(BaseSettings):
     models: ModelSettings = Field(default_factory=ModelSettings)
     provisioning: ProvisioningSettings = Field(default_factory=ProvisioningSettings)
     redfish: RedfishSettings = Field(default_factory=RedfishSettings)
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     nodes: list[NodeConfig] = Field(default_factory=list)
     """Nodes declared in the config file."""
     local_nodes: list[LocalNodeConfig] = Field(default_factory=list)
