@@ -42,6 +42,7 @@ from qiip_core.routing import ChangeKind, NodeState, TableChange
 from qiip_proxy._errors import RequestRefused
 
 if TYPE_CHECKING:
+    from qiip_core.telemetry import TelemetryStore
     from qiip_proxy._gateway import Gateway
 
 __all__ = ["AdminError", "node_view", "require_admin", "router"]
@@ -124,8 +125,14 @@ class CreateToken(_Strict):
     """Who or what the token is for."""
 
 
-def node_view(state: NodeState) -> dict[str, Any]:
-    """A node as the admin API shows it: the registration, effective status and what this gateway sees."""
+def node_view(state: NodeState, telemetry: TelemetryStore | None = None) -> dict[str, Any]:
+    """A node as the admin API shows it: the registration, effective status and what this gateway sees.
+
+    Args:
+        state: the node's routing state.
+        telemetry: the live GPU readings; with it, `gpus_live` holds the node's (`TelemetryStore.view`, null
+            without a reading).
+    """
     node = state.effective_node()
     view = node.model_dump(mode="json")
     view.update(
@@ -141,6 +148,7 @@ def node_view(state: NodeState) -> dict[str, Any]:
                 "last_probe_at": state.last_probe_at.isoformat() if state.last_probe_at else None,
                 "observed": state.observed,
             },
+            "gpus_live": telemetry.view(state.id) if telemetry is not None else None,
         }
     )
     return view
@@ -156,15 +164,16 @@ def _node_or_404(gateway: Gateway, node_id: str) -> NodeState:
 @router.get("/nodes")
 async def list_nodes(request: Request) -> JSONResponse:
     """Every node with its status, engine, model, artifact, llama.cpp runtime, in-flight requests, circuit
-    breaker, last error and last health observation."""
+    breaker, last error, last health observation and live GPUs (`gpus_live`, from `qiip agent`)."""
     gateway = _gateway(request)
-    return JSONResponse({"nodes": [node_view(s) for s in sorted(gateway.table, key=lambda s: s.id)]})
+    return JSONResponse({"nodes": [node_view(s, gateway.telemetry) for s in sorted(gateway.table, key=lambda s: s.id)]})
 
 
 @router.get("/nodes/{node_id}")
 async def get_node(request: Request, node_id: str) -> JSONResponse:
     """One node (404 when unknown)."""
-    return JSONResponse(node_view(_node_or_404(_gateway(request), node_id)))
+    gateway = _gateway(request)
+    return JSONResponse(node_view(_node_or_404(gateway, node_id), gateway.telemetry))
 
 
 @router.post("/nodes", status_code=201)
@@ -206,7 +215,7 @@ async def undrain_node(request: Request, node_id: str, body: Empty) -> JSONRespo
     check_can_undrain(gateway.table, node_id)
     gateway.journal.record(node_id, "note", "undrain asked", "an operator took the node back into rotation")
     await gateway.fleet.set_lifecycle(node_id, None)
-    return JSONResponse(node_view(state))
+    return JSONResponse(node_view(state, gateway.telemetry))
 
 
 @router.delete("/nodes/{node_id}", status_code=202)
@@ -413,7 +422,7 @@ async def events(
     async def stream() -> AsyncIterator[bytes]:
         try:
             for state in sorted(gateway.table, key=lambda s: s.id):
-                yield _event({"change": "added", "node": node_view(state)})
+                yield _event({"change": "added", "node": node_view(state, gateway.telemetry)})
             while True:
                 try:
                     change = await asyncio.wait_for(queue.get(), heartbeat_s)
@@ -424,7 +433,7 @@ async def events(
                     return
                 current = gateway.table.get(change.node.id)
                 view = (
-                    node_view(current)
+                    node_view(current, gateway.telemetry)
                     if current is not None and change.kind is not ChangeKind.REMOVED
                     else change.node.model_dump(mode="json")
                 )

@@ -113,13 +113,14 @@ class TelemetryStore:
         """Seconds since the daemon received `live`."""
         return max(0.0, self._clock() - live.received_at)
 
-    def fresh(self) -> Iterator[tuple[str, NodeTelemetry]]:
-        """(node id, reading) of every reading younger than `expiry_s`, by node id."""
+    def fresh_with_age(self) -> Iterator[tuple[str, NodeTelemetry, float]]:
+        """(node id, reading, age in seconds) of every reading at most `expiry_s` old, by node id."""
         now = self._clock()
         for node_id in sorted(self._latest):
             live = self._latest[node_id]
-            if now - live.received_at <= self.expiry_s:
-                yield node_id, live.reading
+            age_s = max(0.0, now - live.received_at)
+            if age_s <= self.expiry_s:
+                yield node_id, live.reading, age_s
 
     def view(self, node_id: str) -> dict[str, Any] | None:
         """A node's live GPUs as the admin API shows them (`gpus_live`), or None without a reading.

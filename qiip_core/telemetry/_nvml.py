@@ -85,7 +85,7 @@ class NvmlReader:
                 f"NVML failed to start ({exc}); the NVIDIA driver may be broken or not match its library."
             ) from exc
         self._open = True
-        self.driver_version = self._optional(nvml.nvmlSystemGetDriverVersion, "") or ""
+        self.driver_version = _text(self._optional(nvml.nvmlSystemGetDriverVersion) or "")
 
     def close(self) -> None:
         """Stop NVML (`nvmlShutdown`); reading again needs `open`. Never raises."""
