@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from qiip_core import ConfigError
@@ -23,7 +25,7 @@ from qiip_core.config import load_settings
         ({"etcd": {"telemetry_prefix": "telemetry"}}, "a key prefix starts and ends with '/'"),
     ],
 )
-def test_invalid_telemetry_settings_are_refused(overrides: dict[str, object], fragment: str) -> None:
+def test_invalid_telemetry_settings_are_refused(overrides: dict[str, Any], fragment: str) -> None:
     with pytest.raises(ConfigError) as info:
         load_settings(**overrides)
     assert fragment in info.value.message
