@@ -6,6 +6,7 @@ waiting_for_ssh   the SSH port answers (provisioning.ssh_wait_timeout_s)
 preflight         install root, OS family, architecture, free disk; the node is registered `provisioning`
 uploading         the node bundle (and llama.cpp's digest-checked source when the host has no build of it)
 <bundle steps>    setup.sh: system_update, nvidia_driver, cuda_toolkit, <engine>_install, nfs_mount, firewall
+telemetry_agent   start-agent.sh, with provisioning.telemetry_agent on a cuda host: `qiip agent` (never fails)
 gpu_check         nvidia-smi lists the GPUs (cpu profile: system memory)
 starting_engine   llama.cpp: planned here against the host's devices, launched with every sizing flag
 health_poll       /health answers 200
@@ -203,8 +204,15 @@ class _Setup:
 
     failed_marker: Any = None
 
-    async def run_script(self, ssh: SshConnection, script: str, *args: str, total_timeout_s: float) -> None:
-        command = self.params.command(script, *args, remote_dir=self.remote_dir)
+    async def run_script(
+        self,
+        ssh: SshConnection,
+        script: str,
+        *args: str,
+        total_timeout_s: float,
+        extra: dict[str, str] | None = None,
+    ) -> None:
+        command = self.params.command(script, *args, extra=extra, remote_dir=self.remote_dir)
         self.failed_marker = None
         result = await ssh.run(
             command,
@@ -490,6 +498,11 @@ async def _setup(setup: _Setup, power_on: PowerOn | None) -> dict[str, Any]:
         await _upload(setup, ssh, facts)
         timeout_s = p.llamacpp_setup_timeout_s if setup.request.engine is Engine.LLAMA_CPP else p.command_timeout_s
         await setup.run_script(ssh, "setup.sh", total_timeout_s=timeout_s)
+        if p.telemetry_agent and p.profile == "cuda":
+            # The driver is installed now: the agent reads NVML from its first interval (start-agent.sh never fails).
+            await setup.run_script(
+                ssh, "start-agent.sh", extra={"QIIPNODE_AGENT_NODE_ID": host}, total_timeout_s=p.command_timeout_s
+            )
         registered = await _start_and_verify(setup, ssh, facts)
     await record.step("registering")
     stored = await setup.fleet.register(registered.model_copy(update={"status": NodeStatus.UNKNOWN}))

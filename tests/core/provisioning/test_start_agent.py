@@ -1,0 +1,80 @@
+"""`bundle/start-agent.sh` on a host root in a temporary directory: it writes the agent's settings and starts
+`qiip agent` (no systemd under an install root), which publishes the stub GPUs into a real etcd as the host."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qiip_core.config import EtcdSettings, load_settings
+from qiip_core.nodes import Engine
+from qiip_core.provisioning import bundle_files, bundle_parameters
+from qiip_core.storage import EtcdClient, unb64
+from tests.support.cli import clean_environ
+from tests.support.daemon import wait_until
+from tests.support.etcd import EtcdServer
+
+pytestmark = pytest.mark.integration
+
+
+def test_the_bundle_starts_the_agent_which_publishes_as_the_host(
+    etcd: EtcdServer, nvml_stub: Path, tmp_path: Path
+) -> None:
+    settings = load_settings(
+        registry={"backend": "etcd"},
+        etcd={"endpoints": ["http://127.0.0.1:1"]},
+        telemetry={"interval_s": 0.2},
+        provisioning={
+            "profile": "cpu",
+            "telemetry_agent": True,
+            "agent_package": "qiip==0.1.0",
+            "agent_etcd_endpoints": [etcd.url],
+        },
+    )
+    env = bundle_parameters(settings, Engine.VLLM, model_alias="m").env
+    assert env["QIIPNODE_AGENT_PACKAGE"] == "qiip==0.1.0"
+    root = tmp_path / "host"
+    # QIIP already installed at that requirement (the venv a previous run made): this checkout's `qiip`.
+    venv = root / "opt" / "qiip-agent"
+    (venv / "bin").mkdir(parents=True)
+    (venv / ".qiip-agent-package").write_text("qiip==0.1.0")
+    qiip = venv / "bin" / "qiip"
+    qiip.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -c "from qiip_cli import main; main()" "$@"\n')
+    qiip.chmod(0o755)
+    script = next(path for path in bundle_files() if path.name == "start-agent.sh")
+    run_env = (
+        clean_environ()
+        | env
+        | {
+            "QIIPNODE_ROOT": str(root),
+            "QIIPNODE_AGENT_NODE_ID": "gpu-host-7",
+            "LD_LIBRARY_PATH": str(nvml_stub),
+            "PYTHONPATH": str(Path(__file__).parents[3]),
+        }
+    )
+    done = subprocess.run(["bash", str(script)], env=run_env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert lines[0] == "[STEP:telemetry_agent:START]"
+    assert lines[-1].startswith("[STEP:telemetry_agent:OK] qiip agent running as node gpu-host-7 (PID ")
+    env_file = root / "etc" / "qiip" / "agent.env"
+    assert env_file.stat().st_mode & 0o077 == 0
+    assert f"QIIP_ETCD__ENDPOINTS='{json.dumps([etcd.url])}'" in env_file.read_text().splitlines()
+    pid = int((root / "var" / "run" / "qiip-agent.pid").read_text())
+    client = EtcdClient(EtcdSettings(endpoints=[etcd.url]))
+    try:
+        wait_until(lambda: len(client.range_prefix(b"/telemetry/")[1]) == 1, 30, "the agent's first reading")
+        [kv] = client.range_prefix(b"/telemetry/")[1]
+        assert json.loads(unb64(kv["value"]))["node_id"] == "gpu-host-7"
+    finally:
+        os.killpg(pid, signal.SIGTERM)
+    wait_until(lambda: client.range_prefix(b"/telemetry/")[1] == [], 30, "the agent to withdraw its reading")
+    log = (root / "var" / "log" / "qiip-agent.log").read_text()
+    assert "publishing 2 GPU(s) of node gpu-host-7" in log
