@@ -6,10 +6,14 @@ import ctypes.util
 
 import httpx
 import pytest
+from etcd3gw.lease import Lease
 
 from qiip_core import ConfigError
-from qiip_core.telemetry import HttpPublisher, TelemetryAgent
+from qiip_core.config import EtcdSettings
+from qiip_core.storage import EtcdClient
+from qiip_core.telemetry import EtcdPublisher, HttpPublisher, TelemetryAgent
 from tests.core.telemetry.test_store import reading
+from tests.support.etcd import EtcdServer
 
 NO_NVIDIA_DRIVER = pytest.mark.skipif(
     ctypes.util.find_library("nvidia-ml") is not None, reason="this host has an NVIDIA driver library"
@@ -50,3 +54,23 @@ async def test_an_agent_without_nvml_publishes_nothing() -> None:
 def test_the_endpoint_needs_a_token() -> None:
     with pytest.raises(ConfigError, match="needs a bearer token"):
         HttpPublisher(host="127.0.0.1", port=0, token="")
+
+
+@pytest.mark.integration
+async def test_a_lost_lease_is_replaced_and_a_clean_stop_revokes_it(etcd: EtcdServer) -> None:
+    client = EtcdClient(EtcdSettings(endpoints=[etcd.url]))
+    publisher = EtcdPublisher(client, b"/telemetry/gpu01", lease_ttl_s=30)
+    await publisher.publish(reading())
+    first = publisher.lease_id
+    [kv] = client.range_prefix(b"/telemetry/")[1]
+    assert int(kv["lease"]) == first
+    # The lease is lost (etcd was down longer than its TTL, say): the key goes with it, and the next reading
+    # comes back under a new lease.
+    client.call(lambda c: Lease(first, c).revoke())
+    assert client.range_prefix(b"/telemetry/")[1] == []
+    await publisher.publish(reading())
+    [kv] = client.range_prefix(b"/telemetry/")[1]
+    assert int(kv["lease"]) == publisher.lease_id != first
+    await publisher.aclose()
+    assert client.range_prefix(b"/telemetry/")[1] == []
+    assert publisher.lease_id == 0
