@@ -22,6 +22,7 @@ PACKAGES = [
     "qiip_core.planner",
     "qiip_core.routing",
     "qiip_core.storage",
+    "qiip_core.telemetry",
 ]
 
 

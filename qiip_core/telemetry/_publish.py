@@ -121,6 +121,7 @@ class HttpPublisher(Publisher):
         self._body: bytes | None = None
         self._reason = "no reading yet"
         self._runner: web.AppRunner | None = None
+        self._sock: socket.socket | None = None
 
     def _error(self, status: int, message: str, code: str, **headers: str) -> web.Response:
         body = {"error": {"message": message, "type": "telemetry_error", "code": code, "param": None}}
@@ -156,7 +157,7 @@ class HttpPublisher(Publisher):
             sock.close()
             raise
         self._runner = runner
-        self._sock: socket.socket = sock
+        self._sock = sock
         logger.info("telemetry: serving GPU readings at http://%s:%d%s", self.host, self.port, TELEMETRY_PATH)
 
     async def publish(self, reading: NodeTelemetry) -> None:
@@ -170,4 +171,6 @@ class HttpPublisher(Publisher):
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._sock is not None:
             self._sock.close()
+            self._sock = None
