@@ -8,8 +8,10 @@ SIGHUP, then withdraws what it published (revokes its lease, closes its endpoint
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import socket
+import sys
 
 import click
 
@@ -18,7 +20,7 @@ from qiip_core._logging import configure_logging
 from qiip_core.config import Settings
 from qiip_core.discovery import read_token_file
 from qiip_core.storage import EtcdClient
-from qiip_core.telemetry import EtcdPublisher, HttpPublisher, Publisher, TelemetryAgent
+from qiip_core.telemetry import NODE_ID_PATTERN, EtcdPublisher, HttpPublisher, Publisher, TelemetryAgent
 
 __all__ = ["agent"]
 
@@ -67,6 +69,13 @@ def agent(ctx: CliContext, node_id: str | None) -> None:
     configure_logging(level=settings.logging.level, format=settings.logging.format)
     hostname = socket.gethostname()
     node = node_id or settings.telemetry.node_id or hostname
+    if len(node) > 128 or not re.match(NODE_ID_PATTERN, node):
+        click.echo(
+            f"error: the node id {node!r} is not one a node can have: up to 128 letters, digits, '.', '_', ':' and "
+            "'-', starting with a letter or digit; give --node-id.",
+            err=True,
+        )
+        sys.exit(1)
     publisher = run_or_exit(lambda: _publisher(settings, node))
     telemetry_agent = TelemetryAgent(
         publisher, node_id=node, hostname=hostname, interval_s=settings.telemetry.interval_s

@@ -12,7 +12,18 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["MAX_GPUS", "MAX_PROCESSES", "TELEMETRY_PATH", "GpuProcess", "GpuReading", "NodeTelemetry"]
+__all__ = [
+    "MAX_GPUS",
+    "MAX_PROCESSES",
+    "NODE_ID_PATTERN",
+    "TELEMETRY_PATH",
+    "GpuProcess",
+    "GpuReading",
+    "NodeTelemetry",
+]
+
+NODE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
+"""What a node id may be (as a registered node's): it is also the last part of the reading's etcd key."""
 
 TELEMETRY_PATH = "/v1/telemetry"
 """The path of the agent's HTTP endpoint (`GET`, bearer token): the latest `NodeTelemetry` as JSON."""
@@ -70,7 +81,7 @@ class NodeTelemetry(_Shape):
     JSON: `{"node_id", "hostname", "read_at" (ISO 8601, UTC), "interval_s", "driver_version", "gpus": [...]}`.
     """
 
-    node_id: str = Field(min_length=1, max_length=128)
+    node_id: str = Field(min_length=1, max_length=128, pattern=NODE_ID_PATTERN)
     """The node the host serves as (the id it is registered under)."""
     hostname: str = Field(default="", max_length=256)
     """The host's name, as the agent's host calls itself."""

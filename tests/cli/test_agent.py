@@ -162,3 +162,12 @@ def test_the_http_agent_needs_a_token_and_a_free_port(tmp_path: Path):
         )
     assert busy.returncode == 1
     assert busy.stderr.strip().splitlines()[-1].startswith(f"error: The agent cannot listen on 127.0.0.1:{taken} (")
+
+
+def test_a_node_id_that_no_node_can_have_is_refused(tmp_path: Path):
+    refused = run_qiip(tmp_path, "agent", "--node-id", "gpu/01")
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == (
+        "error: the node id 'gpu/01' is not one a node can have: up to 128 letters, digits, '.', '_', ':' and '-', "
+        "starting with a letter or digit; give --node-id."
+    )
