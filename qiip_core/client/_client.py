@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from qiip_core._errors import QiipError
 from qiip_core.client._config import ConsoleConfig
 from qiip_core.nodes import LlamaCppRuntime, NodeCapabilities
+from qiip_core.telemetry import LiveGpus
 
 __all__ = [
     "ApiError",
@@ -152,6 +153,8 @@ class NodeInfo(_View):
     last_error_at: datetime | None = None
     slots: SlotsView | None = None
     health: HealthObservation = Field(default_factory=HealthObservation)
+    gpus_live: LiveGpus | None = None
+    """The node's live GPUs from `qiip agent` (None without a reading)."""
 
 
 class NodeEvent(_View):

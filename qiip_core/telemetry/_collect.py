@@ -32,7 +32,7 @@ from qiip_core._errors import ConfigError
 from qiip_core.config import Settings, TelemetryAgentConfig
 from qiip_core.discovery import read_token_file
 from qiip_core.storage import EtcdClient, PrefixFollower, load_json_object, unb64
-from qiip_core.telemetry._types import TELEMETRY_PATH, NodeTelemetry
+from qiip_core.telemetry._types import TELEMETRY_PATH, LiveGpus, NodeTelemetry
 
 __all__ = [
     "MAX_READING_BYTES",
@@ -126,24 +126,25 @@ class TelemetryStore:
         """A node's live GPUs as the admin API shows them (`gpus_live`), or None without a reading.
 
         Returns:
-            `{"read_at": ISO 8601 (the agent's clock), "age_s": seconds since received, "stale": bool,
-            "interval_s", "driver_version", "gpus": [{index, name, uuid, memory_used_mib, memory_total_mib,
-            utilization_percent, temperature_c, power_w, processes: [{pid, name, used_memory_mib}],
-            process_count}]}`.
+            A `LiveGpus` as JSON: `{"read_at": ISO 8601 (the agent's clock), "age_s": seconds since received,
+            "stale": bool, "interval_s", "driver_version", "gpus": [{index, name, uuid, memory_used_mib,
+            memory_total_mib, utilization_percent, temperature_c, power_w, processes: [{pid, name,
+            used_memory_mib}], process_count}]}`.
         """
         live = self._latest.get(node_id)
         if live is None:
             return None
         age_s = self.age_s(live)
         reading = live.reading
-        return {
-            "read_at": reading.read_at.isoformat(),
-            "age_s": round(age_s, 3),
-            "stale": age_s > self.expiry_s,
-            "interval_s": reading.interval_s,
-            "driver_version": reading.driver_version,
-            "gpus": [gpu.model_dump(mode="json") for gpu in reading.gpus],
-        }
+        view = LiveGpus(
+            read_at=reading.read_at,
+            age_s=round(age_s, 3),
+            stale=age_s > self.expiry_s,
+            interval_s=reading.interval_s,
+            driver_version=reading.driver_version,
+            gpus=reading.gpus,
+        )
+        return view.model_dump(mode="json")
 
 
 class TelemetrySource:

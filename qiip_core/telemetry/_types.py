@@ -93,3 +93,21 @@ class NodeTelemetry(_Shape):
     """The NVIDIA driver version (`nvmlSystemGetDriverVersion`)."""
     gpus: list[GpuReading] = Field(default_factory=list, max_length=MAX_GPUS)
     """Every GPU, in NVML index order."""
+
+
+class LiveGpus(_Shape):
+    """A node's latest reading as a gateway shows it: `gpus_live` of the admin API's node view (and the console's
+    client reads it back with this model)."""
+
+    read_at: datetime
+    """When the agent read NVML (the node's clock)."""
+    age_s: float = Field(ge=0)
+    """Seconds since the gateway received the reading (the gateway's clock)."""
+    stale: bool
+    """True once the reading is older than `telemetry.expire_after_intervals` intervals (no longer in `/metrics`)."""
+    interval_s: float = Field(gt=0)
+    """The agent's reading interval, in seconds."""
+    driver_version: str = ""
+    """The NVIDIA driver version."""
+    gpus: list[GpuReading] = Field(default_factory=list)
+    """Every GPU, in NVML index order."""

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from qiip_core.client import NodeInfo
 from qiip_core.telemetry import (
     MAX_READING_BYTES,
     NodeTelemetry,
@@ -74,7 +75,7 @@ def test_readings_age_by_the_daemon_s_clock_and_go_stale() -> None:
     assert store.put(reading()) is False
     view = store.view("gpu01")
     assert view is not None and view["age_s"] == 2.0 and view["stale"] is False
-    assert view["read_at"] == "2026-12-01T12:00:00+00:00"
+    assert view["read_at"] == "2026-12-01T12:00:00Z"
     assert [(node, age) for node, _, age in store.fresh_with_age()] == [("gpu01", 2.0)]
     clock.now += 1.5
     view = store.view("gpu01")
@@ -84,3 +85,14 @@ def test_readings_age_by_the_daemon_s_clock_and_go_stale() -> None:
     assert [node for node, _, _ in store.fresh_with_age()] == ["gpu01"]
     store.delete("gpu01")
     assert store.view("gpu01") is None and len(store) == 0
+
+
+def test_the_console_s_client_reads_the_view_back() -> None:
+    store = TelemetryStore(expiry_s=3.0, clock=Clock())
+    store.put(reading())
+    node = NodeInfo.model_validate(
+        {"id": "gpu01", "endpoint": "http://127.0.0.1:1", "status": "healthy", "model": "m", "engine": "vllm"}
+        | {"gpus_live": store.view("gpu01")}
+    )
+    assert node.gpus_live is not None and node.gpus_live.read_at == T0 and not node.gpus_live.stale
+    assert [(g.memory_used_mib, g.memory_total_mib) for g in node.gpus_live.gpus] == [(20480, 81920), (0, 23034)]
