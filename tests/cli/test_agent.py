@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
 import socket
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -73,6 +75,12 @@ def test_the_agent_publishes_into_etcd_and_the_daemon_shows_it(etcd: EtcdServer,
             assert gauge(daemon, "qiip_gpu_temperature_celsius", "gpu-node-1", "1") == 31
             assert gauge(daemon, "qiip_gpu_power_watts", "gpu-node-1", "0") == 250.5
             assert gauge(daemon, "qiip_gpu_power_watts", "gpu-node-1", "1") is None  # not supported by that GPU
+            promtool = shutil.which("promtool")
+            if promtool is not None:  # the Debian package `prometheus` (scripts/setup --test)
+                checked = subprocess.run(
+                    [promtool, "check", "metrics"], input=daemon.metrics().encode(), capture_output=True, timeout=60
+                )
+                assert checked.returncode == 0, (checked.stdout + checked.stderr).decode()
             # A clean stop revokes the lease: the reading goes at once, not a TTL later.
             assert agent.stop() == 0
         assert telemetry_keys(etcd) == []
