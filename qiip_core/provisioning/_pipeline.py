@@ -33,6 +33,7 @@ import aiohttp
 
 from qiip_core._errors import NodeNotFound, ProvisioningError, QiipError, RegistryError
 from qiip_core.config import Settings
+from qiip_core.discovery import read_token_file
 from qiip_core.engines.llamacpp import LlamaCppInstaller, fetch_archive, launch_spec_for, read_gguf_metadata
 from qiip_core.lifecycle import Fleet
 from qiip_core.nodes import Engine, Node, NodeCapabilities, NodeStatus
@@ -285,6 +286,15 @@ async def _upload(setup: _Setup, ssh: SshConnection, facts: HostFacts) -> None:
     remote = facts.root + setup.remote_dir
     await ssh.upload(bundle_files(), remote)
     setup.record.log(f"node bundle uploaded to {remote}")
+    token = _agent_token(setup)
+    if token is not None:
+        # Over SFTP with its private mode kept, never on a command line; start-agent.sh moves it to /etc/qiip.
+        with tempfile.TemporaryDirectory(prefix="qiip-agent-") as tmp:
+            path = Path(tmp) / "agent.token"
+            path.touch(mode=0o600)
+            path.write_text(token + "\n")
+            await ssh.upload([path], remote)
+        setup.record.log("the telemetry agent's token uploaded")
     source = setup.params.llamacpp_source
     if source is None:
         return
@@ -301,6 +311,18 @@ async def _upload(setup: _Setup, ssh: SshConnection, facts: HostFacts) -> None:
         env={**setup.params.env, "QIIPNODE_LLAMACPP_ARCHIVE": f"{remote}/{source.filename}"},
         llamacpp_source=source,
     )
+
+
+def _agent_token(setup: _Setup) -> str | None:
+    """The bearer token of the host's `qiip agent` endpoint (embedded registry): `telemetry.token_file` or
+    `telemetry.token`; None when no agent is installed, with etcd, or without a token."""
+    settings, p = setup.settings, setup.p
+    if not (p.telemetry_agent and p.profile == "cuda") or settings.registry.backend != "embedded":
+        return None
+    telemetry = settings.telemetry
+    if telemetry.token_file is not None:
+        return read_token_file(telemetry.token_file, setting="telemetry.token_file", what="token file")
+    return telemetry.token.get_secret_value() if telemetry.token is not None else None
 
 
 def _fetch(source: Any, dest: Path, log: Callable[[str], None]) -> None:

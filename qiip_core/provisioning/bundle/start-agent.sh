@@ -7,6 +7,7 @@
 #   QIIPNODE_PIP_INDEX           the package index
 #   QIIPNODE_AGENT_NODE_ID       the node id the readings are published under (the host's name at the gateway)
 #   QIIPNODE_AGENT_SETTINGS      the agent's settings, one QIIP_NAME=value per line (registry, etcd, telemetry)
+#   agent.token (next to this script, uploaded by the gateway with the embedded registry): the endpoint's token
 #
 # Result: /etc/qiip/agent.env (mode 600) holds the settings; under systemd the unit qiip-agent.service runs
 # `/opt/qiip-agent/bin/qiip agent` (Restart=always); elsewhere it runs in the background like the engine, with
@@ -40,6 +41,11 @@ umask 077
   printf 'QIIP_TELEMETRY__NODE_ID=%s\n' "$node_id"
   printf '%s\n' "${QIIPNODE_AGENT_SETTINGS:-}"
 } >"$env_file.part" && mv "$env_file.part" "$env_file" || warn "cannot write $env_file"
+if [[ -f "$here/agent.token" ]]; then
+  # The gateway uploaded the endpoint's token (embedded registry) next to this script, mode 600.
+  install -m 600 "$here/agent.token" "$conf_dir/agent.token" && rm -f "$here/agent.token" ||
+    warn "cannot install the agent's token in $conf_dir"
+fi
 if grep -q '^QIIP_REGISTRY__BACKEND=embedded' "$env_file" && [[ ! -f "$conf_dir/agent.token" ]]; then
   warn "the embedded registry needs the agent's bearer token in $conf_dir/agent.token (chmod 600)"
 fi
