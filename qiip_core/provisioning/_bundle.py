@@ -75,7 +75,8 @@ def agent_settings(settings: Settings) -> str:
 
     The agent publishes to this gateway's registry backend: etcd (`provisioning.agent_etcd_endpoints`, else
     `etcd.endpoints`, and `etcd.telemetry_prefix`), or, with the embedded registry, its HTTP endpoint on every
-    address at `telemetry.listen_port`, with the token file `/etc/qiip/agent.token` the operator puts there.
+    address at `telemetry.listen_port`, with the token file `/etc/qiip/agent.token` the gateway uploads
+    (`_pipeline`).
     """
     t = settings.telemetry
     lines = {
