@@ -100,7 +100,9 @@ class EtcdPublisher(Publisher):
         try:
             await asyncio.to_thread(self._revoke)
         except RegistryUnavailable as exc:
-            logger.warning("telemetry: could not revoke the lease of %s (it expires by itself): %s", self.key, exc)
+            logger.warning(
+                "telemetry: could not revoke the lease of %s (it expires by itself): %s", self.key.decode(), exc.message
+            )
 
 
 class HttpPublisher(Publisher):
@@ -114,7 +116,9 @@ class HttpPublisher(Publisher):
 
     def __init__(self, *, host: str, port: int, token: str) -> None:
         if not token:
-            raise ConfigError("The agent's HTTP endpoint needs a bearer token: set telemetry.token_file.")
+            raise ConfigError(
+                "The agent's HTTP endpoint needs a bearer token: set telemetry.token_file (or telemetry.token)."
+            )
         self.host = host
         self.port = port
         self._token = token.encode()

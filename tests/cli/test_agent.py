@@ -159,7 +159,7 @@ def test_the_http_agent_needs_a_token_and_a_free_port(tmp_path: Path):
     refused = run_qiip(tmp_path, "agent")
     assert refused.returncode == 1
     assert refused.stderr.strip().splitlines()[-1] == (
-        "error: The agent's HTTP endpoint needs a bearer token: set telemetry.token_file."
+        "error: The agent's HTTP endpoint needs a bearer token: set telemetry.token_file (or telemetry.token)."
     )
     taken = free_port()
     with socket.socket() as holder:
