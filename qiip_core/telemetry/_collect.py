@@ -193,6 +193,7 @@ class EtcdTelemetryWatch(TelemetrySource):
 
     async def aclose(self) -> None:
         await self._follower.aclose()
+        self.client.close()
 
 
 @dataclass(slots=True)

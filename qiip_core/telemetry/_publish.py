@@ -93,8 +93,11 @@ class EtcdPublisher(Publisher):
 
     def _revoke(self) -> None:
         lease_id, self.lease_id = self.lease_id, 0
-        if lease_id:
-            self.client.call(lambda c: Lease(lease_id, c).revoke())
+        try:
+            if lease_id:
+                self.client.call(lambda c: Lease(lease_id, c).revoke())
+        finally:
+            self.client.close()
 
     async def aclose(self) -> None:
         try:

@@ -16,8 +16,6 @@ from typing import Any
 import httpx
 import pytest
 
-from qiip_core.config import EtcdSettings
-from qiip_core.storage import EtcdClient
 from tests.support.agent import Agent
 from tests.support.cli import run_qiip
 from tests.support.daemon import Daemon, free_port, wait_until
@@ -52,7 +50,7 @@ def gauge(daemon: Daemon, name: str, node: str, gpu: str) -> float | None:
 
 
 def telemetry_keys(etcd: EtcdServer) -> list[dict[str, Any]]:
-    return EtcdClient(EtcdSettings(endpoints=[etcd.url])).range_prefix(b"/telemetry/")[1]
+    return etcd.range_prefix(b"/telemetry/")
 
 
 def test_the_agent_publishes_into_etcd_and_the_daemon_shows_it(etcd: EtcdServer, nvml_stub: Path, tmp_path: Path):

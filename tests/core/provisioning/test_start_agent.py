@@ -15,10 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from qiip_core.config import EtcdSettings, load_settings
+from qiip_core.config import load_settings
 from qiip_core.nodes import Engine
 from qiip_core.provisioning import bundle_files, bundle_parameters
-from qiip_core.storage import EtcdClient, unb64
+from qiip_core.storage import unb64
 from tests.support.cli import clean_environ
 from tests.support.daemon import free_port, wait_until
 from tests.support.etcd import EtcdServer
@@ -70,14 +70,13 @@ def test_the_bundle_starts_the_agent_which_publishes_as_the_host(
     assert env_file.stat().st_mode & 0o077 == 0
     assert f"QIIP_ETCD__ENDPOINTS='{json.dumps([etcd.url])}'" in env_file.read_text().splitlines()
     pid = int((root / "var" / "run" / "qiip-agent.pid").read_text())
-    client = EtcdClient(EtcdSettings(endpoints=[etcd.url]))
     try:
-        wait_until(lambda: len(client.range_prefix(b"/telemetry/")[1]) == 1, 30, "the agent's first reading")
-        [kv] = client.range_prefix(b"/telemetry/")[1]
+        wait_until(lambda: len(etcd.range_prefix(b"/telemetry/")) == 1, 30, "the agent's first reading")
+        [kv] = etcd.range_prefix(b"/telemetry/")
         assert json.loads(unb64(kv["value"]))["node_id"] == "gpu-host-7"
     finally:
         os.killpg(pid, signal.SIGTERM)
-    wait_until(lambda: client.range_prefix(b"/telemetry/")[1] == [], 30, "the agent to withdraw its reading")
+    wait_until(lambda: etcd.range_prefix(b"/telemetry/") == [], 30, "the agent to withdraw its reading")
     log = (root / "var" / "log" / "qiip-agent.log").read_text()
     assert "publishing 2 GPU(s) of node gpu-host-7" in log
 

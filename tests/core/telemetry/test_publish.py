@@ -62,15 +62,15 @@ async def test_a_lost_lease_is_replaced_and_a_clean_stop_revokes_it(etcd: EtcdSe
     publisher = EtcdPublisher(client, b"/telemetry/gpu01", lease_ttl_s=30)
     await publisher.publish(reading())
     first = publisher.lease_id
-    [kv] = client.range_prefix(b"/telemetry/")[1]
+    [kv] = etcd.range_prefix(b"/telemetry/")
     assert int(kv["lease"]) == first
     # The lease is lost (etcd was down longer than its TTL, say): the key goes with it, and the next reading
     # comes back under a new lease.
     client.call(lambda c: Lease(first, c).revoke())
-    assert client.range_prefix(b"/telemetry/")[1] == []
+    assert etcd.range_prefix(b"/telemetry/") == []
     await publisher.publish(reading())
-    [kv] = client.range_prefix(b"/telemetry/")[1]
+    [kv] = etcd.range_prefix(b"/telemetry/")
     assert int(kv["lease"]) == publisher.lease_id != first
-    await publisher.aclose()
-    assert client.range_prefix(b"/telemetry/")[1] == []
+    await publisher.aclose()  # revokes the lease, and closes the client's connections
+    assert etcd.range_prefix(b"/telemetry/") == []
     assert publisher.lease_id == 0
