@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from qiip_cli._agent import agent
 from qiip_cli._catalog import download, list_models
 from qiip_cli._console import console
 from qiip_cli._context import CliContext
@@ -46,6 +47,7 @@ def cli(ctx: click.Context, config: Path | None) -> None:
             click.echo(ctx.get_help())
 
 
+cli.add_command(agent)
 cli.add_command(console)
 cli.add_command(engine)
 cli.add_command(model)

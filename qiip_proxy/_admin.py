@@ -42,6 +42,7 @@ from qiip_core.routing import ChangeKind, NodeState, TableChange
 from qiip_proxy._errors import RequestRefused
 
 if TYPE_CHECKING:
+    from qiip_core.telemetry import TelemetryStore
     from qiip_proxy._gateway import Gateway
 
 __all__ = ["AdminError", "node_view", "require_admin", "router"]
@@ -124,9 +125,17 @@ class CreateToken(_Strict):
     """Who or what the token is for."""
 
 
-def node_view(state: NodeState, quads: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A node as the admin API shows it: the registration, effective status and what this gateway sees, and
-    `quads`: what the QUADS scheduler says of its host (None without QUADS or for a host it does not lend)."""
+def node_view(
+    state: NodeState, quads: dict[str, Any] | None = None, telemetry: TelemetryStore | None = None
+) -> dict[str, Any]:
+    """A node as the admin API shows it: the registration, effective status and what this gateway sees.
+
+    Args:
+        state: the node's routing state.
+        quads: what the QUADS scheduler says of its host (None without QUADS or for a host it does not lend).
+        telemetry: the live GPU readings; with it, `gpus_live` holds the node's (`TelemetryStore.view`, null
+            without a reading).
+    """
     node = state.effective_node()
     view = node.model_dump(mode="json")
     view.update(
@@ -143,6 +152,7 @@ def node_view(state: NodeState, quads: dict[str, Any] | None = None) -> dict[str
                 "observed": state.observed,
             },
             "quads": quads,
+            "gpus_live": telemetry.view(state.id) if telemetry is not None else None,
         }
     )
     return view
@@ -158,11 +168,13 @@ def _node_or_404(gateway: Gateway, node_id: str) -> NodeState:
 @router.get("/nodes")
 async def list_nodes(request: Request) -> JSONResponse:
     """Every node with its status, engine, model, artifact, llama.cpp runtime, in-flight requests, circuit
-    breaker, last error and last health observation, and what QUADS says of its host (`quads`). With QUADS
-    configured, the GPU hosts it lends that are not nodes follow, with the status `not_provisioned`, and `quads`
-    says how fresh QIIP's read of QUADS is (null without QUADS)."""
+    breaker, last error, last health observation, live GPUs (`gpus_live`, from `qiip agent`), and what QUADS says
+    of its host (`quads`). With QUADS configured, the GPU hosts it lends that are not nodes follow, with the status
+    `not_provisioned`, and `quads` says how fresh QIIP's read of QUADS is (null without QUADS)."""
     gateway = _gateway(request)
-    nodes = [node_view(s, gateway.quads_view(s.id)) for s in sorted(gateway.table, key=lambda s: s.id)]
+    nodes = [
+        node_view(s, gateway.quads_view(s.id), gateway.telemetry) for s in sorted(gateway.table, key=lambda s: s.id)
+    ]
     quads = None
     if gateway.quads is not None:
         nodes += gateway.quads.unprovisioned(s.id for s in gateway.table)
@@ -174,7 +186,7 @@ async def list_nodes(request: Request) -> JSONResponse:
 async def get_node(request: Request, node_id: str) -> JSONResponse:
     """One node (404 when unknown)."""
     gateway = _gateway(request)
-    return JSONResponse(node_view(_node_or_404(gateway, node_id), gateway.quads_view(node_id)))
+    return JSONResponse(node_view(_node_or_404(gateway, node_id), gateway.quads_view(node_id), gateway.telemetry))
 
 
 @router.post("/nodes", status_code=201)
@@ -216,7 +228,7 @@ async def undrain_node(request: Request, node_id: str, body: Empty) -> JSONRespo
     check_can_undrain(gateway.table, node_id)
     gateway.journal.record(node_id, "note", "undrain asked", "an operator took the node back into rotation")
     await gateway.fleet.set_lifecycle(node_id, None)
-    return JSONResponse(node_view(state, gateway.quads_view(node_id)))
+    return JSONResponse(node_view(state, gateway.quads_view(node_id), gateway.telemetry))
 
 
 @router.delete("/nodes/{node_id}", status_code=202)
@@ -423,7 +435,9 @@ async def events(
     async def stream() -> AsyncIterator[bytes]:
         try:
             for state in sorted(gateway.table, key=lambda s: s.id):
-                yield _event({"change": "added", "node": node_view(state, gateway.quads_view(state.id))})
+                yield _event(
+                    {"change": "added", "node": node_view(state, gateway.quads_view(state.id), gateway.telemetry)}
+                )
             while True:
                 try:
                     change = await asyncio.wait_for(queue.get(), heartbeat_s)
@@ -434,7 +448,7 @@ async def events(
                     return
                 current = gateway.table.get(change.node.id)
                 view = (
-                    node_view(current, gateway.quads_view(current.id))
+                    node_view(current, gateway.quads_view(current.id), gateway.telemetry)
                     if current is not None and change.kind is not ChangeKind.REMOVED
                     else change.node.model_dump(mode="json")
                 )

@@ -33,7 +33,9 @@ from qiip_core.provisioning import Provisioner
 from qiip_core.quads import QuadsService
 from qiip_core.recommendations import Recommender
 from qiip_core.routing import BreakerPolicy, Forwarder, NodeState, RoutingTable
+from qiip_core.telemetry import TelemetrySource, TelemetryStore, create_telemetry_source
 from qiip_proxy._auth_gate import AuthThrottle
+from qiip_proxy._gpu_metrics import GpuCollector
 from qiip_proxy._local_nodes import LocalNodes
 from qiip_proxy._metrics import GatewayMetrics
 
@@ -49,7 +51,8 @@ class Gateway:
         settings: the validated settings.
 
     Raises:
-        ConfigError: a configured node is invalid, or an attached profile's token file is not private.
+        ConfigError: a configured node is invalid, or an attached profile's (or a telemetry agent's) token file is
+            not private.
     """
 
     def __init__(self, settings: Settings) -> None:
@@ -90,6 +93,10 @@ class Gateway:
         )
         self.fleet = _Fleet(self)
         self.metrics = GatewayMetrics(self.table)
+        self.telemetry = TelemetryStore(expiry_s=settings.telemetry.expiry_s)
+        """The latest live GPU reading of each node (`qiip agent`), for the admin API and `/metrics`."""
+        self.telemetry_source: TelemetrySource = create_telemetry_source(settings, self.telemetry)
+        self.metrics.registry.register(GpuCollector(self.telemetry))
         # Failed authentications per client address (admin and invoke tokens): 429 past a burst.
         self.auth_throttle = AuthThrottle(
             burst=settings.admin.auth_failure_burst, window_s=settings.admin.auth_failure_window_s
@@ -218,6 +225,7 @@ class Gateway:
             if profile.attach_on_start:
                 self.attach(profile.name)
         await self.registry.start(self._apply)
+        await self.telemetry_source.start()
         try:
             await self.provisioner.recover()
         except QiipError as exc:
@@ -240,6 +248,7 @@ class Gateway:
         await self.provisioner.aclose()
         await self.local_nodes.aclose()
         await self.health.aclose()
+        await self.telemetry_source.aclose()
         await self.registry.aclose()
         await self.tokens.aclose()
         await self.forwarder.aclose()

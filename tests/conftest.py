@@ -12,6 +12,7 @@ from qiip_core.config import load_settings
 from qiip_core.engines.llamacpp import LlamaCppInstaller, fetch_test_model, make_test_gguf
 from tests.support.etcd import EtcdServer
 from tests.support.model_cache import ModelCache, build_model_cache
+from tests.support.nvml_stub import build_nvml_stub
 from tests.support.openai_client import close_all
 from tests.support.redfish import RedfishEmulator
 
@@ -79,3 +80,10 @@ def redfish_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Redfi
     """The real Redfish emulator (sushy-tools, fake driver) on loopback, one system, for the whole session."""
     with RedfishEmulator(tmp_path_factory.mktemp("redfish")) as emulator:
         yield emulator
+
+
+@pytest.fixture(scope="session")
+def nvml_stub(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory holding a stub `libnvidia-ml.so.1` with two fake GPUs (built once per session): put it on
+    `LD_LIBRARY_PATH` of a subprocess and the real pynvml reads it (see tests/support/nvml_stub.py)."""
+    return build_nvml_stub(tmp_path_factory.mktemp("nvml"))

@@ -23,6 +23,7 @@ PACKAGES = [
     "qiip_core.recommendations",
     "qiip_core.routing",
     "qiip_core.storage",
+    "qiip_core.telemetry",
 ]
 
 

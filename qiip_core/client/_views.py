@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from qiip_core.nodes import LlamaCppRuntime, NodeCapabilities
+from qiip_core.telemetry import LiveGpus
 
 __all__ = [
     "BreakerView",
@@ -99,6 +100,8 @@ class NodeInfo(_View):
     health: HealthObservation = Field(default_factory=HealthObservation)
     quads: QuadsView | None = None
     """What QUADS says of the node's host; None without QUADS or for a host it does not lend."""
+    gpus_live: LiveGpus | None = None
+    """The node's live GPUs from `qiip agent` (None without a reading)."""
 
 
 class NodeEvent(_View):

@@ -335,6 +335,8 @@ class EtcdSettings(_Group):
     """Key prefix of provisioning task records: `<provisioning_prefix><host>`."""
     tokens_prefix: str = "/tokens/"
     """Key prefix of invoke tokens (`registry.backend = "etcd"`): `<tokens_prefix><token_id>`."""
+    telemetry_prefix: str = "/telemetry/"
+    """Key prefix of live GPU readings `qiip agent` publishes: `<telemetry_prefix><node_id>`, under a lease."""
     lease_ttl_s: int = Field(default=600, gt=300, le=86_400)
     """Lease of a managed node's key; refreshed after each successful health probe of the node, so a node
     nobody can reach expires by itself. Must exceed 300 s and three health intervals."""
@@ -355,7 +357,7 @@ class EtcdSettings(_Group):
     password: SecretStr | None = None
     """Password of `username`; never logged."""
 
-    @field_validator("prefix", "provisioning_prefix", "tokens_prefix")
+    @field_validator("prefix", "provisioning_prefix", "tokens_prefix", "telemetry_prefix")
     @classmethod
     def _prefix(cls, value: str) -> str:
         if not value.startswith("/") or not value.endswith("/"):
@@ -380,6 +382,18 @@ class EtcdSettings(_Group):
                 raise ValueError(
                     f"etcd.tokens_prefix ({self.tokens_prefix}) and etcd.{name} ({other}) overlap; "
                     "give invoke tokens a key prefix of their own, such as /tokens/"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _telemetry_apart(self) -> EtcdSettings:
+        # A reading under another prefix would be read as a (malformed) registration, token or task.
+        for name in ("prefix", "provisioning_prefix", "tokens_prefix"):
+            other: str = getattr(self, name)
+            if self.telemetry_prefix.startswith(other) or other.startswith(self.telemetry_prefix):
+                raise ValueError(
+                    f"etcd.telemetry_prefix ({self.telemetry_prefix}) and etcd.{name} ({other}) overlap; "
+                    "give GPU readings a key prefix of their own, such as /telemetry/"
                 )
         return self
 

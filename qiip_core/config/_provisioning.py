@@ -95,6 +95,16 @@ class ProvisioningSettings(_Group):
     """How long a started engine may take to answer `/health`."""
     health_interval_s: PositiveSeconds = 10.0
     """Seconds between `/health` polls of a starting engine."""
+    telemetry_agent: bool = False
+    """Install and start `qiip agent` (live GPU telemetry) on each host set up with the `cuda` profile:
+    `bundle/start-agent.sh` installs `agent_package` in `/opt/qiip-agent` and runs it as the systemd unit
+    `qiip-agent.service`. It publishes as the host's name, to this gateway's registry backend."""
+    agent_package: str = Field(default="qiip", min_length=1, max_length=512)
+    """The pip requirement of QIIP the hosts install for the agent (`qiip==0.1.0`, or a wheel's URL), from
+    `pip_index_url`."""
+    agent_etcd_endpoints: list[str] = Field(default_factory=list)
+    """etcd's client URLs as the hosts reach them (the agent writes its readings there); empty: `etcd.endpoints`.
+    etcd authentication and TLS files are not passed to the hosts."""
     log_entries_per_host: int = Field(default=5000, ge=10)
     """Log entries kept per host (oldest dropped first)."""
     log_bytes_per_host: int = Field(default=2 * 1024 * 1024, ge=1024)

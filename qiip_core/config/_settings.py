@@ -51,6 +51,7 @@ from qiip_core.config._models import ModelSettings
 from qiip_core.config._provisioning import ProvisioningSettings
 from qiip_core.config._quads import QuadsSettings
 from qiip_core.config._redfish import RedfishSettings
+from qiip_core.config._telemetry import TelemetryAgentConfig, TelemetrySettings
 
 __all__ = [
     "AdminSettings",
@@ -71,6 +72,8 @@ __all__ = [
     "RoutingSettings",
     "ServerSettings",
     "Settings",
+    "TelemetryAgentConfig",
+    "TelemetrySettings",
     "UpstreamSettings",
     "default_state_dir",
     "format_validation_error",
@@ -111,6 +114,7 @@ class Settings(BaseSettings):
     provisioning: ProvisioningSettings = Field(default_factory=ProvisioningSettings)
     redfish: RedfishSettings = Field(default_factory=RedfishSettings)
     quads: QuadsSettings = Field(default_factory=QuadsSettings)
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     nodes: list[NodeConfig] = Field(default_factory=list)
     """Nodes declared in the config file."""
     local_nodes: list[LocalNodeConfig] = Field(default_factory=list)

@@ -6,6 +6,7 @@ bundle/setup.sh          system_update, nvidia_driver, cuda_toolkit, vllm_instal
                          firewall (RHEL family with dnf, Debian/Ubuntu with apt-get)
 bundle/start-engine.sh   the engine in the background: PID file var/run/<engine>.pid, log var/log/<engine>-serve.log
 bundle/stop-engine.sh    SIGTERM to its process group (SIGKILL after 30 s, or at once with --force)
+bundle/start-agent.sh    `qiip agent` (live GPU telemetry) in /opt/qiip-agent, run by systemd (qiip-agent.service)
 ```
 
 `bundle_parameters` turns the settings into the scripts' environment and refuses, before any SSH work, a pin that
@@ -16,6 +17,7 @@ without its source digest (`engines.llamacpp`, `resolve_source`).
 from __future__ import annotations
 
 import importlib.resources
+import json
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,9 +28,16 @@ from qiip_core.config import Settings
 from qiip_core.engines.llamacpp import SourceSpec, resolve_source
 from qiip_core.nodes import Engine
 
-__all__ = ["BUNDLE_FILES", "BundleParameters", "bundle_files", "bundle_parameters", "engine_script_name"]
+__all__ = [
+    "BUNDLE_FILES",
+    "BundleParameters",
+    "agent_settings",
+    "bundle_files",
+    "bundle_parameters",
+    "engine_script_name",
+]
 
-BUNDLE_FILES: tuple[str, ...] = ("lib.sh", "setup.sh", "start-engine.sh", "stop-engine.sh")
+BUNDLE_FILES: tuple[str, ...] = ("lib.sh", "setup.sh", "start-engine.sh", "stop-engine.sh", "start-agent.sh")
 """The files uploaded to every host."""
 
 
@@ -60,6 +69,32 @@ class BundleParameters:
         return f"env {assignments} bash {path} {' '.join(shlex.quote(a) for a in args)}".rstrip()
 
 
+def agent_settings(settings: Settings) -> str:
+    """The settings of a provisioned host's `qiip agent`: `QIIP_NAME=value` lines for `/etc/qiip/agent.env`
+    (`QIIPNODE_AGENT_SETTINGS`), values quoted as both the shell and systemd's `EnvironmentFile` read them.
+
+    The agent publishes to this gateway's registry backend: etcd (`provisioning.agent_etcd_endpoints`, else
+    `etcd.endpoints`, and `etcd.telemetry_prefix`), or, with the embedded registry, its HTTP endpoint on every
+    address at `telemetry.listen_port`, with the token file `/etc/qiip/agent.token` the gateway uploads
+    (`_pipeline`).
+    """
+    t = settings.telemetry
+    lines = {
+        "QIIP_REGISTRY__BACKEND": settings.registry.backend,
+        "QIIP_TELEMETRY__INTERVAL_S": f"{t.interval_s:g}",
+        "QIIP_TELEMETRY__EXPIRE_AFTER_INTERVALS": str(t.expire_after_intervals),
+    }
+    if settings.registry.backend == "etcd":
+        endpoints = settings.provisioning.agent_etcd_endpoints or settings.etcd.endpoints
+        lines["QIIP_ETCD__ENDPOINTS"] = json.dumps(endpoints)
+        lines["QIIP_ETCD__TELEMETRY_PREFIX"] = settings.etcd.telemetry_prefix
+    else:
+        lines["QIIP_TELEMETRY__LISTEN_HOST"] = "0.0.0.0"
+        lines["QIIP_TELEMETRY__LISTEN_PORT"] = str(t.listen_port)
+        lines["QIIP_TELEMETRY__TOKEN_FILE"] = "/etc/qiip/agent.token"
+    return "\n".join(f"{name}={shlex.quote(value)}" for name, value in lines.items())
+
+
 def bundle_parameters(settings: Settings, engine: Engine, *, model_alias: str) -> BundleParameters:
     """The scripts' parameters for a setup of `engine`.
 
@@ -89,6 +124,8 @@ def bundle_parameters(settings: Settings, engine: Engine, *, model_alias: str) -
             QIIPNODE_DRIVER_SHA256=p.nvidia_driver_sha256,
             QIIPNODE_DRIVER_URL=p.nvidia_driver_url_template.format(version=p.nvidia_driver_version),
         )
+    if p.telemetry_agent:
+        env.update(QIIPNODE_AGENT_PACKAGE=p.agent_package, QIIPNODE_AGENT_SETTINGS=agent_settings(settings))
     source = None
     if engine is Engine.LLAMA_CPP:
         source = resolve_source(settings.engines.llamacpp)

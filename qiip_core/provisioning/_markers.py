@@ -74,6 +74,7 @@ SETUP_STEPS: tuple[str, ...] = (
     "preflight",
     "uploading",
     *BUNDLE_STEPS,
+    "telemetry_agent",
     "gpu_check",
     "starting_engine",
     "health_poll",

@@ -6,6 +6,7 @@ waiting_for_ssh   the SSH port answers (provisioning.ssh_wait_timeout_s)
 preflight         install root, OS family, architecture, free disk; the node is registered `provisioning`
 uploading         the node bundle (and llama.cpp's digest-checked source when the host has no build of it)
 <bundle steps>    setup.sh: system_update, nvidia_driver, cuda_toolkit, <engine>_install, nfs_mount, firewall
+telemetry_agent   start-agent.sh, with provisioning.telemetry_agent on a cuda host: `qiip agent` (never fails)
 gpu_check         nvidia-smi lists the GPUs (cpu profile: system memory)
 starting_engine   llama.cpp: planned here against the host's devices, launched with every sizing flag
 health_poll       /health answers 200
@@ -32,6 +33,7 @@ import aiohttp
 
 from qiip_core._errors import NodeNotFound, ProvisioningError, QiipError, RegistryError
 from qiip_core.config import Settings
+from qiip_core.discovery import read_token_file
 from qiip_core.engines.llamacpp import LlamaCppInstaller, fetch_archive, launch_spec_for, read_gguf_metadata
 from qiip_core.lifecycle import Fleet
 from qiip_core.nodes import Engine, Node, NodeCapabilities, NodeStatus
@@ -203,8 +205,15 @@ class _Setup:
 
     failed_marker: Any = None
 
-    async def run_script(self, ssh: SshConnection, script: str, *args: str, total_timeout_s: float) -> None:
-        command = self.params.command(script, *args, remote_dir=self.remote_dir)
+    async def run_script(
+        self,
+        ssh: SshConnection,
+        script: str,
+        *args: str,
+        total_timeout_s: float,
+        extra: dict[str, str] | None = None,
+    ) -> None:
+        command = self.params.command(script, *args, extra=extra, remote_dir=self.remote_dir)
         self.failed_marker = None
         result = await ssh.run(
             command,
@@ -277,6 +286,15 @@ async def _upload(setup: _Setup, ssh: SshConnection, facts: HostFacts) -> None:
     remote = facts.root + setup.remote_dir
     await ssh.upload(bundle_files(), remote)
     setup.record.log(f"node bundle uploaded to {remote}")
+    token = _agent_token(setup)
+    if token is not None:
+        # Over SFTP with its private mode kept, never on a command line; start-agent.sh moves it to /etc/qiip.
+        with tempfile.TemporaryDirectory(prefix="qiip-agent-") as tmp:
+            path = Path(tmp) / "agent.token"
+            path.touch(mode=0o600)
+            path.write_text(token + "\n")
+            await ssh.upload([path], remote)
+        setup.record.log("the telemetry agent's token uploaded")
     source = setup.params.llamacpp_source
     if source is None:
         return
@@ -293,6 +311,18 @@ async def _upload(setup: _Setup, ssh: SshConnection, facts: HostFacts) -> None:
         env={**setup.params.env, "QIIPNODE_LLAMACPP_ARCHIVE": f"{remote}/{source.filename}"},
         llamacpp_source=source,
     )
+
+
+def _agent_token(setup: _Setup) -> str | None:
+    """The bearer token of the host's `qiip agent` endpoint (embedded registry): `telemetry.token_file` or
+    `telemetry.token`; None when no agent is installed, with etcd, or without a token."""
+    settings, p = setup.settings, setup.p
+    if not (p.telemetry_agent and p.profile == "cuda") or settings.registry.backend != "embedded":
+        return None
+    telemetry = settings.telemetry
+    if telemetry.token_file is not None:
+        return read_token_file(telemetry.token_file, setting="telemetry.token_file", what="token file")
+    return telemetry.token.get_secret_value() if telemetry.token is not None else None
 
 
 def _fetch(source: Any, dest: Path, log: Callable[[str], None]) -> None:
@@ -490,6 +520,11 @@ async def _setup(setup: _Setup, power_on: PowerOn | None) -> dict[str, Any]:
         await _upload(setup, ssh, facts)
         timeout_s = p.llamacpp_setup_timeout_s if setup.request.engine is Engine.LLAMA_CPP else p.command_timeout_s
         await setup.run_script(ssh, "setup.sh", total_timeout_s=timeout_s)
+        if p.telemetry_agent and p.profile == "cuda":
+            # The driver is installed now: the agent reads NVML from its first interval (start-agent.sh never fails).
+            await setup.run_script(
+                ssh, "start-agent.sh", extra={"QIIPNODE_AGENT_NODE_ID": host}, total_timeout_s=p.command_timeout_s
+            )
         registered = await _start_and_verify(setup, ssh, facts)
     await record.step("registering")
     stored = await setup.fleet.register(registered.model_copy(update={"status": NodeStatus.UNKNOWN}))

@@ -175,6 +175,13 @@ class EtcdClient:
         self._token = response.json()["token"]
         client.session.headers["Authorization"] = self._token
 
+    def close(self) -> None:
+        """Close the HTTP session of every endpoint used (and its connections); a later call opens new ones."""
+        for client in self._clients.values():
+            client.session.close()
+        self._clients.clear()
+        self._token = None
+
     @property
     def auth_headers(self) -> dict[str, str]:
         """Headers the watch stream needs (the auth token, when etcd authentication is on)."""

@@ -5,10 +5,13 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
+from base64 import b64encode
 from pathlib import Path
+from typing import Any
 
 import httpx
 
+from qiip_core.storage import prefix_range_end
 from tests.support.daemon import free_port, stop_process
 
 
@@ -57,6 +60,15 @@ class EtcdServer:
                 raise RuntimeError(f"etcd exited with {self.process.returncode}")
             time.sleep(0.05)
         raise RuntimeError("etcd did not become ready")
+
+    def range_prefix(self, prefix: bytes) -> list[dict[str, Any]]:
+        """Every key under `prefix` as etcd's JSON gateway gives it (base64 `key` and `value`, `lease`, …), read
+        with a client closed at once."""
+        body = {"key": b64encode(prefix).decode(), "range_end": b64encode(prefix_range_end(prefix)).decode()}
+        answer = httpx.post(self.url + "/v3/kv/range", json=body, timeout=10)
+        answer.raise_for_status()
+        kvs: list[dict[str, Any]] = answer.json().get("kvs", [])
+        return kvs
 
     def stop(self) -> None:
         if self.process is not None:

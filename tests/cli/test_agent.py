@@ -1,0 +1,179 @@
+"""`qiip agent` end to end: the real pynvml over a stub NVML library, publishing into a real etcd or serving its
+HTTP endpoint, and the real daemon showing the readings in `/admin/nodes` and `/metrics`."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.agent import Agent
+from tests.support.cli import run_qiip
+from tests.support.daemon import Daemon, free_port, wait_until
+from tests.support.etcd import EtcdServer
+from tests.support.nvml_stub import STUB_GPUS
+
+pytestmark = pytest.mark.integration
+
+INTERVAL = {"QIIP_TELEMETRY__INTERVAL_S": "0.2", "QIIP_LOGGING__LEVEL": "INFO"}
+"""A reading every 0.2 s, expiring after three (the etcd lease: 2 s, etcd's shortest)."""
+
+
+def etcd_env(etcd: EtcdServer) -> dict[str, str]:
+    return {"QIIP_REGISTRY__BACKEND": "etcd", "QIIP_ETCD__ENDPOINTS": json.dumps([etcd.url])}
+
+
+def gpus_live(daemon: Daemon, node_id: str) -> Any:
+    response = daemon.admin.get(f"/admin/nodes/{node_id}")
+    assert response.status_code == 200, response.text
+    return response.json()["gpus_live"]
+
+
+def register(daemon: Daemon, node_id: str) -> None:
+    body = {"id": node_id, "endpoint": f"http://127.0.0.1:{free_port()}", "model": "m"}
+    assert daemon.admin.post("/admin/nodes", json=body).status_code == 201
+    wait_until(lambda: daemon.admin.get(f"/admin/nodes/{node_id}").status_code == 200, 10, f"node {node_id}")
+
+
+def gauge(daemon: Daemon, name: str, node: str, gpu: str) -> float | None:
+    match = re.search(rf'^{name}\{{gpu="{gpu}",node="{node}"\}} (\S+)$', daemon.metrics(), re.M)
+    return float(match.group(1)) if match else None
+
+
+def telemetry_keys(etcd: EtcdServer) -> list[dict[str, Any]]:
+    return etcd.range_prefix(b"/telemetry/")
+
+
+def test_the_agent_publishes_into_etcd_and_the_daemon_shows_it(etcd: EtcdServer, nvml_stub: Path, tmp_path: Path):
+    with Daemon(tmp_path / "gateway", env=etcd_env(etcd) | INTERVAL) as daemon:
+        register(daemon, "gpu-node-1")
+        assert gpus_live(daemon, "gpu-node-1") is None
+        env = etcd_env(etcd) | INTERVAL | {"LD_LIBRARY_PATH": str(nvml_stub)}
+        with Agent(tmp_path / "agent", env=env, args=("--node-id", "gpu-node-1")) as agent:
+            wait_until(lambda: gpus_live(daemon, "gpu-node-1") is not None, 20, "the first reading")
+            live = gpus_live(daemon, "gpu-node-1")
+            assert live["gpus"] == list(STUB_GPUS)
+            assert live["driver_version"] == "580.126.09" and live["stale"] is False
+            assert live["read_at"].endswith("Z") and live["age_s"] >= 0
+            # The key lives under a lease, so a dead agent's reading expires by itself.
+            [kv] = telemetry_keys(etcd)
+            assert int(kv["lease"]) != 0
+            assert gauge(daemon, "qiip_gpu_memory_total_bytes", "gpu-node-1", "0") == 81920 * 1024 * 1024
+            assert gauge(daemon, "qiip_gpu_memory_used_bytes", "gpu-node-1", "0") == 20480 * 1024 * 1024
+            assert gauge(daemon, "qiip_gpu_utilization_ratio", "gpu-node-1", "0") == 0.37
+            assert gauge(daemon, "qiip_gpu_temperature_celsius", "gpu-node-1", "1") == 31
+            assert gauge(daemon, "qiip_gpu_power_watts", "gpu-node-1", "0") == 250.5
+            assert gauge(daemon, "qiip_gpu_power_watts", "gpu-node-1", "1") is None  # not supported by that GPU
+            promtool = shutil.which("promtool")
+            if promtool is not None:  # the Debian package `prometheus` (scripts/setup --test)
+                checked = subprocess.run(
+                    [promtool, "check", "metrics"], input=daemon.metrics().encode(), capture_output=True, timeout=60
+                )
+                assert checked.returncode == 0, (checked.stdout + checked.stderr).decode()
+            # A clean stop revokes the lease: the reading goes at once, not a TTL later.
+            assert agent.stop() == 0
+        assert telemetry_keys(etcd) == []
+        wait_until(lambda: gpus_live(daemon, "gpu-node-1") is None, 10, "the reading to go")
+        assert gauge(daemon, "qiip_gpu_memory_total_bytes", "gpu-node-1", "0") is None
+        assert agent.log().count("publishing 2 GPU(s) of node gpu-node-1") == 1
+
+
+def test_a_killed_agent_s_reading_expires_with_its_lease(etcd: EtcdServer, nvml_stub: Path, tmp_path: Path):
+    env = etcd_env(etcd) | INTERVAL | {"LD_LIBRARY_PATH": str(nvml_stub)}
+    with Agent(tmp_path / "agent", env=env, args=("--node-id", "gpu-node-9")) as agent:
+        wait_until(lambda: len(telemetry_keys(etcd)) == 1, 20, "the first reading")
+        agent.stop(signal.SIGKILL)
+    wait_until(lambda: telemetry_keys(etcd) == [], 15, "the lease to expire")
+
+
+def test_the_agent_serves_http_and_the_embedded_daemon_polls_it(nvml_stub: Path, tmp_path: Path):
+    token_file = tmp_path / "agent.token"
+    token_file.write_text("s3cret-telemetry-token\n")
+    token_file.chmod(0o600)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    agent_env = INTERVAL | {
+        "QIIP_TELEMETRY__LISTEN_PORT": str(port),
+        "QIIP_TELEMETRY__TOKEN_FILE": str(token_file),
+        "QIIP_TELEMETRY__NODE_ID": "gpu-node-2",
+        "LD_LIBRARY_PATH": str(nvml_stub),
+    }
+    with Agent(tmp_path / "agent", env=agent_env) as agent, httpx.Client(base_url=url, trust_env=False) as client:
+
+        def answers() -> bool:
+            try:
+                return client.get(
+                    "/v1/telemetry", headers={"Authorization": "Bearer s3cret-telemetry-token"}
+                ).is_success
+            except httpx.TransportError:
+                return False
+
+        wait_until(answers, 20, "the agent's endpoint")
+        refused = client.get("/v1/telemetry")
+        assert refused.status_code == 401 and refused.headers["www-authenticate"].startswith("Bearer")
+        assert refused.json()["error"]["code"] == "unauthorized"
+        wrong = client.get("/v1/telemetry", headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401 and "refused" in wrong.json()["error"]["message"]
+        assert "s3cret" not in agent.log()
+
+        daemon_env = INTERVAL | {
+            "QIIP_TELEMETRY__AGENTS": json.dumps([{"node": "gpu-node-2", "url": url}]),
+            "QIIP_TELEMETRY__TOKEN_FILE": str(token_file),
+        }
+        with Daemon(tmp_path / "gateway", env=daemon_env) as daemon:
+            register(daemon, "gpu-node-2")
+            wait_until(lambda: gpus_live(daemon, "gpu-node-2") is not None, 20, "the first poll")
+            assert gpus_live(daemon, "gpu-node-2")["gpus"] == list(STUB_GPUS)
+            listed = daemon.admin.get("/admin/nodes").json()["nodes"]
+            assert [n["gpus_live"]["gpus"][1]["name"] for n in listed] == ["NVIDIA Stub L4"]
+            assert gauge(daemon, "qiip_gpu_memory_total_bytes", "gpu-node-2", "1") == 23034 * 1024 * 1024
+            assert agent.stop() == 0
+            # The daemon keeps the last reading with its age; once stale, Prometheus no longer gets it.
+            wait_until(lambda: gpus_live(daemon, "gpu-node-2")["stale"], 20, "the reading to go stale")
+            assert gauge(daemon, "qiip_gpu_memory_total_bytes", "gpu-node-2", "1") is None
+            assert "no reading from the agent of gpu-node-2" in daemon.log()
+
+
+def test_without_nvml_the_agent_says_so_once_and_publishes_nothing(etcd: EtcdServer, tmp_path: Path):
+    with Agent(tmp_path / "agent", env=etcd_env(etcd) | INTERVAL, args=("--node-id", "cpu-node")) as agent:
+        wait_until(lambda: "NVML cannot be used" in agent.log(), 20, "the agent to report no NVML")
+        time.sleep(1.0)  # several more intervals, each trying NVML again
+        assert agent.process is not None and agent.process.poll() is None  # it keeps running
+        assert telemetry_keys(etcd) == []
+        assert agent.stop() == 0
+    assert agent.log().count("NVML cannot be used") == 1, agent.log()
+
+
+def test_the_http_agent_needs_a_token_and_a_free_port(tmp_path: Path):
+    refused = run_qiip(tmp_path, "agent")
+    assert refused.returncode == 1
+    assert refused.stderr.strip().splitlines()[-1] == (
+        "error: The agent's HTTP endpoint needs a bearer token: set telemetry.token_file (or telemetry.token)."
+    )
+    taken = free_port()
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", taken))
+        holder.listen()
+        busy = run_qiip(
+            tmp_path, "agent", env={"QIIP_TELEMETRY__TOKEN": "t", "QIIP_TELEMETRY__LISTEN_PORT": str(taken)}
+        )
+    assert busy.returncode == 1
+    assert busy.stderr.strip().splitlines()[-1].startswith(f"error: The agent cannot listen on 127.0.0.1:{taken} (")
+
+
+def test_a_node_id_that_no_node_can_have_is_refused(tmp_path: Path):
+    refused = run_qiip(tmp_path, "agent", "--node-id", "gpu/01")
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == (
+        "error: the node id 'gpu/01' is not one a node can have: up to 128 letters, digits, '.', '_', ':' and '-', "
+        "starting with a letter or digit; give --node-id."
+    )
