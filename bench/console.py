@@ -13,8 +13,13 @@ the console's own event loop:
   TTFT) and moves their rows; and the error cells' ages, re-rendered on each poll. Polls happen during the
   event batches, so their cost shows in the end-to-end figures too.
 
+With `--telemetry`, every node also reports live GPUs (`gpus_live`, as `qiip agent` publishes them at 1 Hz): each
+poll's node list carries a new reading for every node (memory, utilisation, temperature, power of each GPU), so
+every row's GPU cell may change on every poll.
+
     uv run python bench/console.py                 # p50/p99 in ms; the target is p99 <= 50 ms end to end
     uv run python bench/console.py --batch 10 --rate 10
+    uv run python bench/console.py --telemetry     # 1,000 nodes' live GPUs, new at every poll
 """
 
 from __future__ import annotations
@@ -27,10 +32,12 @@ import statistics
 import sys
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from qiip_core.client import NodeInfo
+from qiip_core.telemetry import GpuReading, LiveGpus
 from qiip_tui import QiipConsole
 from qiip_tui._fleet import FleetDelta
 from qiip_tui.widgets import FleetTable
@@ -66,13 +73,40 @@ def changed(info: NodeInfo, rng: random.Random) -> NodeInfo:
     return info.model_copy(update=update)
 
 
-class BusyFleetClient(FakeClient):
-    """A fake daemon whose request counters grow at random between two polls, for every node."""
+def live_gpus(info: NodeInfo, rng: random.Random) -> LiveGpus:
+    """A new live reading of the node's GPUs, as `qiip agent` publishes it."""
+    runtime = info.llamacpp_runtime
+    gpus = [
+        GpuReading(
+            index=i,
+            name="NVIDIA H100 80GB HBM3",
+            uuid=f"GPU-{info.id}-{i}",
+            memory_used_mib=rng.randint(1000, 80000),
+            memory_total_mib=81920,
+            utilization_percent=rng.randint(0, 100),
+            temperature_c=rng.randint(30, 80),
+            power_w=rng.uniform(60, 700),
+        )
+        for i in range(len(runtime.gpus) if runtime is not None else 1)
+    ]
+    return LiveGpus(read_at=datetime.now(UTC), age_s=0.5, stale=False, interval_s=1.0, gpus=gpus)
 
-    def __init__(self, nodes: list[NodeInfo], rng: random.Random) -> None:
+
+class BusyFleetClient(FakeClient):
+    """A fake daemon whose request counters grow at random between two polls, for every node; with `telemetry`,
+    every node list it answers carries a new live GPU reading of each node."""
+
+    def __init__(self, nodes: list[NodeInfo], rng: random.Random, *, telemetry: bool = False) -> None:
         super().__init__(nodes)
         self.rng = rng
+        self.telemetry = telemetry
         self.totals: dict[str, dict[str, float]] = {}
+
+    async def nodes(self) -> list[NodeInfo]:
+        nodes = await super().nodes()
+        if not self.telemetry:
+            return nodes
+        return [info.model_copy(update={"gpus_live": live_gpus(info, self.rng)}) for info in nodes]
 
     async def metrics(self) -> dict[str, Any]:
         by_node = {}
@@ -98,7 +132,7 @@ def percentile(samples: list[float], q: float) -> float:
 async def run(args: argparse.Namespace) -> int:
     rng = random.Random(args.seed)
     fleet = make_fleet(args.nodes, rng)
-    client = BusyFleetClient(fleet, rng)
+    client = BusyFleetClient(fleet, rng, telemetry=args.telemetry)
     app = QiipConsole(
         client=client,
         metrics_interval_s=args.metrics_interval_s,
@@ -148,6 +182,7 @@ async def run(args: argparse.Namespace) -> int:
     print(
         f"fleet screen: {args.nodes} nodes ({rows} rows), {args.rate:g} changes/s in batches of {args.batch}, "
         f"{len(end_to_end_ms)} batches over {args.duration_s:g} s, sorted by {args.sort}, {args.width}x{args.height}"
+        + (", live GPUs of every node new at every poll" if args.telemetry else "")
     )
     measured = [("apply (table sync)", apply_ms), ("end to end (event to rendered)", end_to_end_ms)]
     if poll_ms:
@@ -175,6 +210,7 @@ def main() -> int:
     parser.add_argument("--sort", default="status", help="the column the table is sorted by (id, status, …)")
     parser.add_argument("--target-ms", type=float, default=50.0)
     parser.add_argument("--metrics-interval-s", type=float, default=5.0, help="seconds between metrics polls")
+    parser.add_argument("--telemetry", action="store_true", help="every node reports live GPUs, new at every poll")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as home:
         # The console remembers its theme under XDG_CONFIG_HOME; keep the benchmark's away from the user's.

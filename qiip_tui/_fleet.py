@@ -18,12 +18,15 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qiip_core.client import NodeEvent, NodeInfo
 from qiip_core.nodes import NodeStatus
 from qiip_core.planner import DeviceMemory
 from qiip_tui._rates import NodeRates, RateTracker
+
+if TYPE_CHECKING:
+    from qiip_core.telemetry import GpuReading
 
 __all__ = [
     "FLEET_COLUMNS",
@@ -35,7 +38,9 @@ __all__ = [
     "PROBLEM_ORDER",
     "devices_of",
     "gpu_totals",
+    "live_readings",
     "matches",
+    "shown_devices",
     "slots_of",
     "training_context",
 ]
@@ -198,8 +203,37 @@ def matches(node: NodeInfo, query: str) -> bool:
     return any(needle in field.casefold() for field in (node.id, node.model, node.status, node.engine))
 
 
+def live_readings(node: NodeInfo) -> list[GpuReading]:
+    """The node's live GPU readings from `qiip agent` (`gpus_live` in the node view), or none when it has no reading
+    or the reading is stale (the agent stopped publishing)."""
+    live = node.gpus_live
+    return list(live.gpus) if live is not None and not live.stale else []
+
+
+def shown_devices(node: NodeInfo) -> list[DeviceMemory]:
+    """The devices the console shows for a node: its live GPUs where `qiip agent` reports them, else the devices of
+    its llama.cpp runtime record (`devices_of`)."""
+    live = live_readings(node)
+    if not live:
+        return devices_of(node)
+    return [
+        DeviceMemory(
+            index=gpu.index,
+            name=gpu.name,
+            total_mib=gpu.memory_total_mib,
+            free_mib=max(gpu.memory_total_mib - gpu.memory_used_mib, 0),
+            kind="nvidia",
+        )
+        for gpu in live
+    ]
+
+
 def gpu_totals(node: NodeInfo) -> tuple[int, int] | None:
-    """GPU memory used and total over the node's devices, in MiB; None when the node reports none."""
+    """GPU memory used and total over the node's devices, in MiB: the live readings where `qiip agent` reports
+    them, else the llama.cpp runtime record's; None when the node reports neither."""
+    live = live_readings(node)
+    if live:
+        return sum(gpu.memory_used_mib for gpu in live), sum(gpu.memory_total_mib for gpu in live)
     runtime = node.llamacpp_runtime
     if runtime is None or not runtime.gpus:
         return None

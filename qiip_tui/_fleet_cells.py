@@ -1,7 +1,8 @@
 """The cells of the fleet table's rows, as Rich `Text`: what each column shows for a node.
 
 Pure: no Textual. `RowCells` remembers what each row was rendered from, so a row whose node did not change (a
-metrics poll: new rates for every busy node, the same nodes) renders its four rate cells only.
+metrics poll: new rates for every busy node, the same nodes) renders its four rate cells only, and a node whose
+live GPU reading alone is new (`qiip agent`, every second) its GPU cell.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ COLUMN_KEYS = [column.key for column in FLEET_COLUMNS]
 ERROR_CELL = len(COLUMN_KEYS) - 1
 """The index of the last-error cell, whose age moves on with time."""
 
-_RPS, _ERRORS, _RETRIES, _TTFT = (COLUMN_KEYS.index(key) for key in ("rps", "errors", "retries", "ttft"))
+_RPS, _ERRORS, _RETRIES, _TTFT, _GPU = (COLUMN_KEYS.index(key) for key in ("rps", "errors", "retries", "ttft", "gpu"))
 _GPU_WIDTH = FLEET_COLUMNS[COLUMN_KEYS.index("gpu")].max_width
 _ENGINE_WIDTH = FLEET_COLUMNS[COLUMN_KEYS.index("engine")].max_width
 
@@ -43,6 +44,13 @@ def same_cell(before: Text, after: Text) -> bool:
     """Whether two cells look the same. Text's own == compares the characters and spans, not the style of the
     whole Text, which is how the status and breaker colours are given: a theme change must count as a change."""
     return before == after and before.style == after.style
+
+
+def _same_but_live(before: NodeInfo, after: NodeInfo) -> bool:
+    """Whether two readings of a node differ at most in their live GPUs (`gpus_live`, new at every reading of
+    `qiip agent`): field by field, without copying either."""
+    old, new = before.__dict__, after.__dict__
+    return old.keys() == new.keys() and all(value == new[key] for key, value in old.items() if key != "gpus_live")
 
 
 def _recovered(node: NodeInfo) -> bool:
@@ -74,19 +82,23 @@ class RowCells:
             rates: its rates (`Fleet.rates.nodes`), None before two metrics polls.
             now: the time of day, for the last error's age.
             old: the cells the row shows; when `node` is the one they were rendered from, only the rate cells are
-                rendered again (and `old` itself comes back when the rates are the same too).
+                rendered again (and `old` itself comes back when the rates are the same too); when it differs from
+                that one in its live GPUs only, the GPU cell too.
         """
         palette = self.palette
         source = self._sources.get(node.id)
         self._sources[node.id] = (node, rates)
-        if old is not None and source is not None and source[0] is node:
-            if source[1] is rates:
+        if old is not None and source is not None and (source[0] is node or _same_but_live(source[0], node)):
+            if source[0] is node and source[1] is rates:
                 return old
             cells = list(old)
-            cells[_RPS] = rate_text(rates.requests_per_s if rates else None)
-            cells[_ERRORS] = percent_text(rates.error_ratio if rates else None, palette)
-            cells[_RETRIES] = rate_text(rates.retries_per_s if rates else None)
-            cells[_TTFT] = ttft_text(rates.ttft_p50_s if rates else None)
+            if source[1] is not rates:
+                cells[_RPS] = rate_text(rates.requests_per_s if rates else None)
+                cells[_ERRORS] = percent_text(rates.error_ratio if rates else None, palette)
+                cells[_RETRIES] = rate_text(rates.retries_per_s if rates else None)
+                cells[_TTFT] = ttft_text(rates.ttft_p50_s if rates else None)
+            if source[0] is not node:
+                cells[_GPU] = gpu_text(_GPU_WIDTH, palette, gpu_totals(node))
             return cells
         return [
             Text(node.id),

@@ -22,7 +22,7 @@ from textual.widgets import Button, Footer, Header, Label, Sparkline, Static
 
 from qiip_core.client import ClientError, NodeInfo, OperationInfo
 from qiip_core.planner import DeviceMemory
-from qiip_tui._fleet import FleetDelta, devices_of, slots_of
+from qiip_tui._fleet import FleetDelta, live_readings, shown_devices, slots_of
 from qiip_tui._messages import NodePolled
 from qiip_tui._recommendations import host_of
 from qiip_tui._render import Palette, age_text
@@ -43,8 +43,19 @@ def _device_label(device: DeviceMemory) -> str:
     return "CPU" if device.kind == "cpu" else f"GPU {device.index}"
 
 
+def _live_detail(node: NodeInfo, index: int) -> tuple[int | None, str]:
+    """The device's utilisation in percent and its temperature and power (`71°C · 612W`), from `qiip agent`'s live
+    reading; else the utilisation of the runtime record."""
+    for gpu in live_readings(node):
+        if gpu.index == index:
+            extra = [f"{gpu.temperature_c}°C"] if gpu.temperature_c is not None else []
+            extra += [f"{gpu.power_w:.0f}W"] if gpu.power_w is not None else []
+            return gpu.utilization_percent, " · ".join(extra)
+    return _utilization(node, index), ""
+
+
 def _utilization(node: NodeInfo, index: int) -> int | None:
-    """The device's compute utilisation in percent, where the node reports it (`gpus[].utilization_pct`)."""
+    """The device's compute utilisation in percent, where the runtime record reports it (`gpus[].utilization_pct`)."""
     runtime = node.llamacpp_runtime
     for gpu in runtime.gpus if runtime is not None else ():
         value = gpu.get("utilization_pct")
@@ -95,7 +106,7 @@ class NodeScreen(ConsoleScreen[None]):
             yield TrafficPanel(id="traffic")
             with Horizontal(id="node-panels"):
                 with Vertical(id="devices"):
-                    yield Label("Devices", classes="section")
+                    yield Label("Devices", classes="section", id="devices-label")
                     yield Vertical(id="meters")
                     yield Label("In flight", classes="section", id="in-flight-label")
                     yield Sparkline([], id="in-flight")
@@ -148,7 +159,7 @@ class NodeScreen(ConsoleScreen[None]):
             self._sample(message.node)
 
     def _sample(self, node: NodeInfo) -> None:
-        for device in devices_of(node):
+        for device in shown_devices(node):
             self._memory.setdefault(device.index, deque(maxlen=HISTORY_SAMPLES)).append(device.used_mib)
         self._in_flight.append(node.in_flight)
         self._note_error(node)
@@ -217,7 +228,11 @@ class NodeScreen(ConsoleScreen[None]):
 
     def _show_devices(self, node: NodeInfo) -> None:
         meters = self.query_one("#meters", Vertical)
-        devices = devices_of(node)
+        devices = shown_devices(node)
+        live = node.gpus_live if live_readings(node) else None
+        self.query_one("#devices-label", Label).update(
+            "Devices" if live is None else f"Devices · live {age_text(live.read_at, self.console.wall_clock())}"
+        )
         indexes = tuple(device.index for device in devices)
         if indexes != self._gpu_indexes:
             self._gpu_indexes = indexes
@@ -228,7 +243,8 @@ class NodeScreen(ConsoleScreen[None]):
             history = self._memory.get(device.index, deque())
             found = meters.query(f"#gpu-{device.index}")
             meter = found.first(GpuMeter) if found else GpuMeter(_device_label(device), id=f"gpu-{device.index}")
-            meter.show(device.used_mib, device.total_mib, history, utilization_pct=_utilization(node, device.index))
+            utilization, detail = _live_detail(node, device.index)
+            meter.show(device.used_mib, device.total_mib, history, utilization_pct=utilization, detail=detail)
             if not found:
                 meters.mount(meter)
 

@@ -1,5 +1,5 @@
-"""One device's memory: a bar of used over total, a sparkline of its recent history, the figures, and the
-device's utilisation where the node reports it."""
+"""One device's memory: a bar of used over total, a sparkline of its recent history, the figures, and under them
+the device's utilisation, temperature and power where the node reports them."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ class GpuMeter(Vertical):
         & Bar { width: 1fr; }
         & Bar > .bar--bar, & Bar > .bar--complete { color: $meter-used; background: $meter-free; }
         & .gpu-figures { width: auto; min-width: 15; content-align-horizontal: right; }
+        & .gpu-detail { margin-left: 6; color: $foreground-muted; }
         & Sparkline { width: 1fr; margin-left: 6; }
         & Sparkline > .sparkline--max-color { color: $meter-used; }
         & Sparkline > .sparkline--min-color { color: $meter-used 30%; }
@@ -40,7 +41,7 @@ class GpuMeter(Vertical):
     def __init__(self, label: str, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.label = label
-        self._reading: tuple[int, int, list[float], int | None] | None = None
+        self._reading: tuple[int, int, list[float], int | None, str] | None = None
 
     def compose(self) -> ComposeResult:
         with Horizontal():
@@ -49,12 +50,19 @@ class GpuMeter(Vertical):
         with Horizontal():
             yield Sparkline([])
             yield Label("", classes="gpu-figures")
+        yield Label("", classes="gpu-detail")
 
     def on_mount(self) -> None:
         self._apply()
 
     def show(
-        self, used_mib: int, total_mib: int, history_mib: Sequence[float], *, utilization_pct: int | None = None
+        self,
+        used_mib: int,
+        total_mib: int,
+        history_mib: Sequence[float],
+        *,
+        utilization_pct: int | None = None,
+        detail: str = "",
     ) -> None:
         """Show a reading.
 
@@ -63,17 +71,22 @@ class GpuMeter(Vertical):
             total_mib: the device's memory, in MiB.
             history_mib: the readings taken while the screen was open, oldest first, in MiB.
             utilization_pct: the device's compute utilisation, in percent, when the node reports it.
+            detail: more of the live reading, after the figures (`61°C · 250 W`).
         """
-        self._reading = (used_mib, total_mib, list(history_mib), utilization_pct)
+        self._reading = (used_mib, total_mib, list(history_mib), utilization_pct, detail)
         if self.is_mounted:
             self._apply()
 
     def _apply(self) -> None:
         if self._reading is None:
             return
-        used_mib, total_mib, history, utilization = self._reading
+        used_mib, total_mib, history, utilization, detail = self._reading
         self.query_one(ProgressBar).update(total=max(total_mib, 1), progress=used_mib)
-        figures = f"{format_mib(used_mib)} / {format_mib(total_mib)}"
-        self.query_one(".gpu-figures", Label).update(figures if utilization is None else f"{figures} · {utilization}%")
+        self.query_one(".gpu-figures", Label).update(f"{format_mib(used_mib)} / {format_mib(total_mib)}")
+        # Utilisation, temperature and power on a line of their own, so a narrow panel does not cut them.
+        more = ([f"{utilization}%"] if utilization is not None else []) + ([detail] if detail else [])
+        line = self.query_one(".gpu-detail", Label)
+        line.update(" · ".join(more))
+        line.display = bool(more)
         # One reading has no trend; Sparkline would draw it as a full bar.
         self.query_one(Sparkline).data = history if len(history) > 1 else []

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from textual.pilot import Pilot
 from textual.widgets import Input
 
-from qiip_core.client import ClientError, DaemonUnreachable, Unauthorized
+from qiip_core.client import ClientError, DaemonUnreachable, NodeInfo, Unauthorized
 from qiip_tui import QiipConsole
 from qiip_tui._chat import TurnState
 from qiip_tui.screens import (
@@ -375,4 +375,39 @@ def test_what_fits_a_host(snap_compare: Snap, size: tuple[int, int]) -> None:
 
     steps = then(keys("slash", *"gpu02", "enter", "enter"), shows(NodeScreen), keys("w"), answered)
     client = FakeRecommendationsClient(sample_fleet(), metrics=SAMPLE_METRICS)
+    assert snap_compare(console(client), terminal_size=size, run_before=steps)
+
+
+def live_fleet() -> list[NodeInfo]:
+    """The sample fleet, gpu01 with a live reading of its two GPUs from `qiip agent`, taken a second ago."""
+    gpus = [
+        {
+            "index": i,
+            "name": "NVIDIA H100 80GB HBM3",
+            "uuid": f"GPU-{i}",
+            "memory_used_mib": used,
+            "memory_total_mib": 81920,
+            "utilization_percent": util,
+            "temperature_c": temp,
+            "power_w": power,
+        }
+        for i, (used, util, temp, power) in enumerate(((64000, 93, 71, 612.4), (30500, 41, 58, None)))
+    ]
+    live = {
+        "read_at": (NOW - timedelta(seconds=1)).isoformat(),
+        "age_s": 1.0,
+        "stale": False,
+        "interval_s": 1.0,
+        "gpus": gpus,
+    }
+    return [
+        NodeInfo.model_validate({**info.model_dump(), "gpus_live": live}) if info.id == "gpu01" else info
+        for info in sample_fleet()
+    ]
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_node_with_live_gpus(snap_compare: Snap, size: tuple[int, int]) -> None:
+    steps = then(keys("slash", *"gpu01", "enter", "enter"), shows(NodeScreen))
+    client = FakeClient(live_fleet(), metrics=SAMPLE_METRICS)
     assert snap_compare(console(client), terminal_size=size, run_before=steps)
