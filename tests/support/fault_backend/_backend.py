@@ -265,6 +265,9 @@ class FaultBackend:
                 for task in pending:
                     task.cancel()
                 self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                # Connections accepted after `_shutdown()` ran, whose `connection_made` came only now.
+                for transport in list(self._transports):
+                    transport.abort()
                 self._loop.run_until_complete(self._loop.shutdown_asyncgens())
             finally:
                 self._loop.close()

@@ -47,6 +47,11 @@ class TrackingProtocol(asyncio.StreamReaderProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
+        if self._backend._closed:
+            # Accepted while the backend shuts down (a health probe of the daemon, say): after `_shutdown()` has
+            # aborted the transports it knew of. Closed here, or its socket is left to the garbage collector.
+            transport.abort()
+            return
         self._transport_seen = transport
         self._backend._transports.add(transport)
         super().connection_made(transport)
