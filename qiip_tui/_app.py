@@ -5,6 +5,7 @@ QiipConsole(config)                        the app; talks to the daemon only (Co
 ├── modes: fleet (FleetScreen → NodeScreen → SizingScreen), chat, logs, models, connection
 ├── _follow_events   worker: nodes(), then events(); retries with backoff   → FleetLoaded, NodeChanged, ConnectionLost
 ├── _poll_metrics    worker, every metrics_interval_s: metrics() + nodes()   → MetricsPolled
+│                    (+ lent_hosts(), the QUADS hosts that are not nodes, when the client has it)
 └── fleet_signal     the fleet's changes, batched, for the screens          (FleetDelta)
 ```
 
@@ -44,7 +45,7 @@ from qiip_tui._fleet import Fleet, FleetDelta
 from qiip_tui._messages import FleetLoaded, MetricsPolled, NodeChanged, NodePolled
 from qiip_tui._state import ConsoleState, default_state_path, load_state, save_state
 from qiip_tui._themes import THEME_DIRS, ThemeFileError, console_variable_defaults, load_themes
-from qiip_tui._types import Clock, ConsoleClient
+from qiip_tui._types import Clock, ConsoleClient, LentHostSource
 from qiip_tui.screens import (
     ChatScreen,
     CommandLine,
@@ -276,15 +277,18 @@ class QiipConsole(ConnectionWatch):
         try:
             payload = await self.client.metrics()
             nodes = await self.client.nodes()
+            lent = await self.client.lent_hosts() if isinstance(self.client, LentHostSource) else None
         except ClientError:
             # The event stream may be stuck on a dead connection: start over, which reports the outage.
             self._follow_events()
             return
-        self.post_message(MetricsPolled(payload, nodes, at_s=self.clock()))
+        self.post_message(MetricsPolled(payload, nodes, at_s=self.clock(), lent=lent))
 
     def on_metrics_polled(self, message: MetricsPolled) -> None:
         self.last_update = self.wall_clock()
         changed = set(self.fleet.apply_metrics(message.payload, at_s=message.at_s).changed)
+        if message.lent is not None:
+            self.fleet.lent = message.lent
         update = self.fleet.update
         for node in message.nodes:
             changed.update(update(node).changed)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from textual.message import Message
 
 if TYPE_CHECKING:
-    from qiip_core.client import ClientError, NodeEvent, NodeInfo, OperationInfo
+    from qiip_core.client import ClientError, LentHosts, NodeEvent, NodeInfo, OperationInfo
 
 __all__ = ["ConnectionLost", "FleetLoaded", "MetricsPolled", "NodeChanged", "NodePolled", "OperationUpdated"]
 
@@ -68,7 +68,9 @@ class MetricsPolled(Message):
     Handled by `QiipConsole.on_metrics_polled`.
     """
 
-    def __init__(self, payload: dict[str, Any], nodes: list[NodeInfo], *, at_s: float) -> None:
+    def __init__(
+        self, payload: dict[str, Any], nodes: list[NodeInfo], *, at_s: float, lent: LentHosts | None = None
+    ) -> None:
         super().__init__()
         self.payload = payload
         """`GET /admin/metrics`: `{"by_model": …, "by_node": …}`."""
@@ -76,6 +78,9 @@ class MetricsPolled(Message):
         """`GET /admin/nodes`: the daemon's events do not report in-flight changes, the poll does."""
         self.at_s = at_s
         """When it was read, on the console's clock, in seconds."""
+        self.lent = lent
+        """The QUADS hosts that are not nodes and the freshness of the daemon's read of QUADS; None from a client
+        that cannot say (`LentHostSource`)."""
 
 
 class OperationUpdated(Message):
