@@ -135,11 +135,19 @@ def quads_summary(lent: LentHosts | None, nodes: Iterable[NodeInfo], now: dateti
 
 
 def quads_line(view: QuadsView, now: datetime, palette: Palette) -> Text:
-    """A node's QUADS line: its host's GPUs, the next reservation (its start in UTC, cloud and owner) and the
-    countdown to the node being taken back (`returned in 2h 14m`, in the warning colour within the lookahead, the
-    error colour once due; `free` when no reservation is known), then the data's age when stale."""
+    """A node's QUADS line: the countdown to the node being taken back (`returned in 2h 14m`, in the warning colour
+    within the lookahead, the error colour once due; `free` when no reservation is known), the next reservation (its
+    start in UTC, cloud and owner), its host's GPUs, then the data's age when stale. The countdown comes first: on a
+    narrow terminal the line wraps."""
     text = Text("QUADS ", style="bold")
-    text.append(gpus_label(view.gpus, full=True) or "no GPU listed")
+    at = view.next_conflict_at
+    if at is None:
+        text.append("free", style=palette.status("healthy"))
+    elif at <= now:
+        text.append("returned now", style=palette.style("log-error"))
+    else:
+        style = palette.style("log-warning") if view.conflict_within_lookahead else ""
+        text.append(f"returned in {countdown(at, now)}", style=style)
     reservation = view.next_reservation
     if reservation is not None:
         who = ", ".join(
@@ -149,15 +157,7 @@ def quads_line(view: QuadsView, now: datetime, palette: Palette) -> Text:
         text.append(f" for {who}" if who else "")
     else:
         text.append(" · no reservation")
-    text.append(" · ")
-    at = view.next_conflict_at
-    if at is None:
-        text.append("free", style=palette.status("healthy"))
-    elif at <= now:
-        text.append("returned now", style=palette.style("log-error"))
-    else:
-        style = palette.style("log-warning") if view.conflict_within_lookahead else ""
-        text.append(f"returned in {countdown(at, now)}", style=style)
+    text.append(f" · {gpus_label(view.gpus, full=True) or 'no GPU listed'}")
     if view.stale:
         text.append(f" · QUADS data {_age(view.data_age_s or 0.0)} old", style=palette.style("log-warning"))
     return text

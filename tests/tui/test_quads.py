@@ -125,13 +125,14 @@ def test_a_nodes_quads_line_counts_down_to_its_host_being_taken_back() -> None:
     )
     line = quads_line(reserved, NOW, PALETTE)
     assert line.plain == (
-        "QUADS 8× NVIDIA H100 80GB HBM3 · reserved from 2026-12-01 14:14 UTC for cloud02, owner alice"
-        " · returned in 2h 14m"
+        "QUADS returned in 2h 14m · reserved from 2026-12-01 14:14 UTC for cloud02, owner alice"
+        " · 8× NVIDIA H100 80GB HBM3"
     )
     assert styles_of(line, "returned in") == {"yellow"}
-    assert quads_line(reserved, start, PALETTE).plain.endswith("· returned now")
+    assert quads_line(reserved, start, PALETTE).plain.startswith("QUADS returned now ·")
+    assert styles_of(quads_line(reserved, start, PALETTE), "returned now") == {"red"}
     free = quads_line(view("gpu03.lab", stale=True, data_age_s=700), NOW, PALETTE)
-    assert free.plain == "QUADS 8× NVIDIA H100 80GB HBM3 · no reservation · free · QUADS data 11m old"
+    assert free.plain == "QUADS free · no reservation · 8× NVIDIA H100 80GB HBM3 · QUADS data 11m old"
 
 
 # -- against a daemon ------------------------------------------------------------------------------------------
@@ -182,6 +183,6 @@ async def test_the_summary_shows_the_lent_hosts_and_a_node_counts_down_to_its_re
         header = str(screen.query_one(NodeHeader).render()).splitlines()
         start = START + timedelta(hours=2, minutes=14)
         assert header[2] == (
-            f"QUADS 8× NVIDIA H100 80GB HBM3 · reserved from {start:%Y-%m-%d %H:%M} UTC for cloud02, owner erin"
-            " · returned in 2h 14m"
+            f"QUADS returned in 2h 14m · reserved from {start:%Y-%m-%d %H:%M} UTC for cloud02, owner erin"
+            " · 8× NVIDIA H100 80GB HBM3"
         )
