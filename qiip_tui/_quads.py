@@ -66,9 +66,8 @@ def gpus_label(gpus: Mapping[str, Any], *, full: bool = False) -> str:
     if not count:
         return ""
     if full:
-        name = " ".join(
-            part for part in (vendor, product) if part and not (part == vendor and product.startswith(vendor))
-        )
+        # A product named after its vendor (`NVIDIA A100 80GB`) is not prefixed twice.
+        name = product if product.casefold().startswith(vendor.casefold()) else f"{vendor} {product}".strip()
     else:
         words = [word for word in product.split() if word.casefold() != vendor.casefold()]
         name = words[0] if words else vendor
