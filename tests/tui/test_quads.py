@@ -142,7 +142,7 @@ START = datetime.now(UTC).replace(second=0, microsecond=0)
 
 
 @pytest.fixture
-def lab(tmp_path: Path) -> Iterator[Daemon]:
+def lab(tmp_path: Path) -> Iterator[tuple[Daemon, QuadsServer]]:
     """A daemon reading QUADS, with the node `gpu03.lab` on a host QUADS lends and reserves from START + 2h 14m."""
     with QuadsServer(timezone="America/New_York") as quads, FaultBackend(model="m1") as backend:
         quads.add_host("gpu03.lab", gpus=8, product="H100 80GB HBM3")
@@ -157,7 +157,7 @@ def lab(tmp_path: Path) -> Iterator[Daemon]:
         }
         with Daemon(tmp_path / "state", env=env) as daemon:
             daemon.add_node("gpu03.lab", backend.url, "m1")
-            yield daemon
+            yield daemon, quads
 
 
 def _summary(app: QiipConsole) -> str:
@@ -165,8 +165,11 @@ def _summary(app: QiipConsole) -> str:
 
 
 @pytest.mark.integration
-async def test_the_summary_shows_the_lent_hosts_and_a_node_counts_down_to_its_return(lab: Daemon) -> None:
-    app = QiipConsole(config_for(lab), metrics_interval_s=0.3, wall_clock=lambda: START)
+async def test_the_summary_shows_the_lent_hosts_and_a_node_counts_down_to_its_return(
+    lab: tuple[Daemon, QuadsServer],
+) -> None:
+    daemon, quads = lab
+    app = QiipConsole(config_for(daemon), metrics_interval_s=0.3, wall_clock=lambda: START)
     async with app.run_test(size=(160, 40)) as pilot:
         await screen_of(pilot, FleetScreen)
         await wait_for(
@@ -186,3 +189,10 @@ async def test_the_summary_shows_the_lent_hosts_and_a_node_counts_down_to_its_re
             f"QUADS returned in 2h 14m · reserved from {start:%Y-%m-%d %H:%M} UTC for cloud02, owner erin"
             " · 8× NVIDIA H100 80GB HBM3"
         )
+
+        # QUADS goes down: the daemon keeps its last read, and the summary says how old it is.
+        await pilot.press("escape")
+        await screen_of(pilot, FleetScreen)
+        quads.stop()
+        await wait_for(pilot, lambda: _summary(app).splitlines()[2].startswith("QUADS data "), what="stale QUADS data")
+        assert " old · next return gpu03 in 2h 14m · 2 hosts not provisioned: " in _summary(app).splitlines()[2]
