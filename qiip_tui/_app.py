@@ -5,6 +5,7 @@ QiipConsole(config)                        the app; talks to the daemon only (Co
 ├── modes: fleet (FleetScreen → NodeScreen → SizingScreen), chat, logs, models, connection
 ├── _follow_events   worker: nodes(), then events(); retries with backoff   → FleetLoaded, NodeChanged, ConnectionLost
 ├── _poll_metrics    worker, every metrics_interval_s: metrics() + nodes()   → MetricsPolled
+├── _poll_lent_hosts worker, with each metrics poll: lent_hosts()            → LentHostsPolled
 └── fleet_signal     the fleet's changes, batched, for the screens          (FleetDelta)
 ```
 
@@ -41,10 +42,10 @@ from qiip_tui._app_connection import ConnectionWatch
 from qiip_tui._commands import ConsoleCommands
 from qiip_tui._connection import RETRY_DELAYS_S, ConnectionProblem
 from qiip_tui._fleet import Fleet, FleetDelta
-from qiip_tui._messages import FleetLoaded, MetricsPolled, NodeChanged, NodePolled
+from qiip_tui._messages import FleetLoaded, LentHostsPolled, MetricsPolled, NodeChanged, NodePolled
 from qiip_tui._state import ConsoleState, default_state_path, load_state, save_state
 from qiip_tui._themes import THEME_DIRS, ThemeFileError, console_variable_defaults, load_themes
-from qiip_tui._types import Clock, ConsoleClient
+from qiip_tui._types import Clock, ConsoleClient, LentHostSource
 from qiip_tui.screens import (
     ChatScreen,
     CommandLine,
@@ -185,6 +186,7 @@ class QiipConsole(ConnectionWatch):
         self.connection_attempt: tuple[int, float | None] = (0, 0.0)
         """Failed attempts in a row, and seconds until the next (None: the console waits for the operator)."""
         self._mode_before_problem = "fleet"
+        self._reads_quads: bool | None = None  # None: not asked since connecting
         self._pending = FleetDelta()
         self._flush_scheduled = False
         self._frozen = False
@@ -259,6 +261,7 @@ class QiipConsole(ConnectionWatch):
             self.set_timer(1.0, _freeze_long_lived)
         if not self.connected:
             self.connected, self.connection_problem, self.connection_attempt = True, None, (0, 0.0)
+            self._reads_quads = None  # the daemon may have restarted with other settings
             self.connection_signal.publish(None)
             if self.current_mode == "connection":
                 self.switch_mode(self._mode_before_problem)
@@ -281,6 +284,23 @@ class QiipConsole(ConnectionWatch):
             self._follow_events()
             return
         self.post_message(MetricsPolled(payload, nodes, at_s=self.clock()))
+        if self._reads_quads is not False and isinstance(self.client, LentHostSource):
+            self._poll_lent_hosts(self.client)
+
+    @work(exclusive=True, group="quads", exit_on_error=False)
+    async def _poll_lent_hosts(self, client: LentHostSource) -> None:
+        # Its own worker: a slow answer must not hold up (or, overlapping the next, cancel) the metrics poll.
+        try:
+            lent = await client.lent_hosts()
+        except ClientError:
+            return  # the metrics poll reports an outage
+        self.post_message(LentHostsPolled(lent))
+
+    def on_lent_hosts_polled(self, message: LentHostsPolled) -> None:
+        # A daemon without [quads] is not asked again until the console reconnects.
+        self._reads_quads = message.lent.freshness is not None
+        self.fleet.lent = message.lent if self._reads_quads else None
+        self.fleet_signal.publish(FleetDelta())
 
     def on_metrics_polled(self, message: MetricsPolled) -> None:
         self.last_update = self.wall_clock()

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from qiip_core.client import NodeEvent, NodeInfo
+from qiip_core.client import LentHosts, NodeEvent, NodeInfo
 from qiip_core.nodes import NodeStatus
 from qiip_core.planner import DeviceMemory
 from qiip_tui._rates import NodeRates, RateTracker
@@ -98,6 +98,9 @@ class Fleet:
         """The nodes by id, as last reported."""
         self.rates = RateTracker()
         """Per-node and per-model rates from the daemon's counters, and each node's history."""
+        self.lent: LentHosts | None = None
+        """The GPU hosts QUADS lends that are not nodes, and the freshness of the daemon's read of QUADS; None
+        until a poll read them (or when the client cannot say). They are never nodes: no action reaches them."""
 
     @property
     def requests_per_s(self) -> float | None:

@@ -12,9 +12,17 @@ from typing import TYPE_CHECKING, Any
 from textual.message import Message
 
 if TYPE_CHECKING:
-    from qiip_core.client import ClientError, NodeEvent, NodeInfo, OperationInfo
+    from qiip_core.client import ClientError, LentHosts, NodeEvent, NodeInfo, OperationInfo
 
-__all__ = ["ConnectionLost", "FleetLoaded", "MetricsPolled", "NodeChanged", "NodePolled", "OperationUpdated"]
+__all__ = [
+    "ConnectionLost",
+    "FleetLoaded",
+    "LentHostsPolled",
+    "MetricsPolled",
+    "NodeChanged",
+    "NodePolled",
+    "OperationUpdated",
+]
 
 
 class FleetLoaded(Message):
@@ -76,6 +84,20 @@ class MetricsPolled(Message):
         """`GET /admin/nodes`: the daemon's events do not report in-flight changes, the poll does."""
         self.at_s = at_s
         """When it was read, on the console's clock, in seconds."""
+
+
+class LentHostsPolled(Message):
+    """The periodic poll read the GPU hosts QUADS lends that are not nodes, and the freshness of the daemon's read
+    of QUADS.
+
+    Posted by `QiipConsole._poll_lent_hosts`, started by each metrics poll while the daemon may read QUADS.
+    Handled by `QiipConsole.on_lent_hosts_polled`.
+    """
+
+    def __init__(self, lent: LentHosts) -> None:
+        super().__init__()
+        self.lent = lent
+        """`QiipClient.lent_hosts()`; its `freshness` is None from a daemon without `[quads]`."""
 
 
 class OperationUpdated(Message):

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from qiip_core.client import ChatDelta, NodeEvent, NodeInfo, OperationInfo
+    from qiip_core.client import ChatDelta, LentHosts, NodeEvent, NodeInfo, OperationInfo
     from qiip_core.recommendations import HostRecommendations
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "ConsoleClient",
     "CredentialsHolder",
     "JournalSource",
+    "LentHostSource",
     "LogRecord",
     "ModelCatalogSource",
     "ProvisioningSource",
@@ -136,6 +137,14 @@ class RecommendationSource(Protocol):
     async def recommendations(
         self, host: str, *, profile: str | None = None, limit: int | None = None, timeout_s: float = ...
     ) -> HostRecommendations: ...
+
+
+@runtime_checkable
+class LentHostSource(Protocol):
+    """A daemon that reads the QUADS lab scheduler (`GET /admin/nodes`: its `not_provisioned` entries and its
+    `quads` freshness); `QiipClient` is one. The fleet summary's QUADS line needs it."""
+
+    async def lent_hosts(self) -> LentHosts: ...
 
 
 @runtime_checkable

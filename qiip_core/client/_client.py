@@ -28,7 +28,7 @@ import httpx_sse
 
 from qiip_core._errors import QiipError
 from qiip_core.client._config import ConsoleConfig
-from qiip_core.client._views import ChatDelta, HealthView, NodeEvent, NodeInfo, OperationInfo
+from qiip_core.client._views import ChatDelta, HealthView, LentHosts, NodeEvent, NodeInfo, OperationInfo
 
 if TYPE_CHECKING:
     from qiip_core.recommendations import HostRecommendations
@@ -191,12 +191,19 @@ class QiipClient:
         `not_provisioned`) are left out: they have no endpoint or model to show as a node."""
         payload = await self._admin_json("GET", "/admin/nodes")
         try:
-            return [
-                NodeInfo.model_validate(item)
-                for item in payload["nodes"]
-                if not (isinstance(item, dict) and item.get("engine") is None and item.get("source") == "quads")
-            ]
+            return [NodeInfo.model_validate(item) for item in payload["nodes"] if not _lent_only(item)]
         except (ValueError, KeyError, TypeError) as exc:
+            raise self._shape_error("/admin/nodes", exc) from None
+
+    async def lent_hosts(self) -> LentHosts:
+        """The GPU hosts QUADS lends that are not nodes, and how fresh the daemon's read of QUADS is (both from
+        `GET /admin/nodes`: its `not_provisioned` entries and its top-level `quads`); no hosts and no freshness from
+        a daemon without `[quads]`."""
+        payload = await self._admin_json("GET", "/admin/nodes")
+        try:
+            hosts = [item["quads"] for item in payload["nodes"] if _lent_only(item) and item.get("quads")]
+            return LentHosts.model_validate({"hosts": hosts, "freshness": payload.get("quads")})
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise self._shape_error("/admin/nodes", exc) from None
 
     async def node(self, node_id: str) -> NodeInfo:
@@ -476,6 +483,11 @@ class QiipClient:
                     yield delta
         except httpx.HTTPError as exc:
             raise DaemonUnreachable(f"The stream from {self.url} broke: {exc!r}.") from exc
+
+
+def _lent_only(item: Any) -> bool:
+    """Whether an entry of `GET /admin/nodes` is a host QUADS lends that is not a node (no engine)."""
+    return isinstance(item, dict) and item.get("engine") is None and item.get("source") == "quads"
 
 
 def _delta(chunk: Mapping[str, Any]) -> ChatDelta:

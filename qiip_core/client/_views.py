@@ -18,9 +18,11 @@ __all__ = [
     "ChatDelta",
     "HealthObservation",
     "HealthView",
+    "LentHosts",
     "NodeEvent",
     "NodeInfo",
     "OperationInfo",
+    "QuadsFreshness",
     "QuadsReservationView",
     "QuadsView",
     "SlotsView",
@@ -74,8 +76,37 @@ class QuadsView(_View):
     next_reservation: QuadsReservationView | None = None
     next_conflict_at: datetime | None = None
     conflict_within_lookahead: bool = False
+    lookahead_s: float | None = None
+    """The window, in seconds, within which a reservation takes the host back (`quads.lookahead_s`)."""
     data_age_s: float | None = None
     stale: bool = False
+    last_error: str | None = None
+    """Why the last read of QUADS failed; None after a good one."""
+
+
+class QuadsFreshness(_View):
+    """How fresh the daemon's read of QUADS is (the top-level `quads` of `GET /admin/nodes`)."""
+
+    fetched_at: datetime | None = None
+    """When the last good read began (UTC); None before the first."""
+    age_s: float | None = None
+    """Its age in seconds when the daemon answered; None before the first."""
+    stale: bool = True
+    """True with no data, after a failed poll, or when the data is older than two poll intervals."""
+    last_error: str | None = None
+    """Why the last poll failed; None after a good one."""
+    hosts: int = 0
+    """The GPU hosts QUADS lends, nodes or not."""
+
+
+class LentHosts(_View):
+    """The GPU hosts QUADS lends that are not nodes (status `not_provisioned` in `GET /admin/nodes`), and how
+    fresh the daemon's read of QUADS is."""
+
+    hosts: list[QuadsView] = Field(default_factory=list)
+    """Each host's QUADS view (its GPUs, next reservation and conflict), by name."""
+    freshness: QuadsFreshness | None = None
+    """None: the daemon does not read QUADS (no `[quads]`)."""
 
 
 class NodeInfo(_View):

@@ -186,6 +186,8 @@ class NodeScreen(ConsoleScreen[None]):
             # A metrics poll: new rates, and the errors' ages moved on.
             polled = self.console.fleet.nodes.get(self.node_id)
             if polled is not None:
+                if polled.quads is not None:  # the countdown moved on
+                    self.query_one("#node-header", NodeHeader).show(polled, now=self.console.wall_clock())
                 self._show_traffic(polled)
                 self._show_errors(polled)
 
@@ -200,7 +202,7 @@ class NodeScreen(ConsoleScreen[None]):
     # -- view --------------------------------------------------------------------------------------------
 
     def _show(self, node: NodeInfo | None) -> None:
-        self.query_one("#node-header", NodeHeader).show(node)
+        self.query_one("#node-header", NodeHeader).show(node, now=self.console.wall_clock())
         if node is None:
             return
         self._show_devices(node)

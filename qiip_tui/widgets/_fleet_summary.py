@@ -1,4 +1,4 @@
-"""The two lines above the fleet table: the fleet and the connection, then each model's health."""
+"""The lines above the fleet table: the fleet and the connection, each model's health, and QUADS' lent hosts."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from textual.theme import Theme
 from textual.widgets import Static
 
 from qiip_tui._fleet import Fleet
+from qiip_tui._quads import quads_summary
 from qiip_tui._render import DASH, Palette, age_text
 
 __all__ = ["FleetSummary", "SummaryView"]
@@ -36,15 +37,17 @@ class SummaryView:
 
 
 class FleetSummary(Static):
-    """Two lines:
+    """Two lines, and a third when the daemon reads QUADS:
 
     ```
     ● live 12:03:04 │ 12 nodes · 3.4 req/s │ 3/12 shown · filter: gpu │ 9 healthy 1 draining 2 unhealthy
     m2 0/1 healthy · 15% errors │ qwen3-8b 9/10 healthy · 0.2% errors │ …
+    QUADS: next return gpu03 in 2h 14m · 2 hosts not provisioned: gpu07 8× H100, gpu08 4× A100
     ```
 
-    A model with no healthy node is in the error colour, and models are listed worst first. The owner calls
-    `show()` when the fleet, the connection or the filter changes.
+    A model with no healthy node is in the error colour, and models are listed worst first; the QUADS line is
+    `qiip_tui._quads.quads_summary`. The owner calls `show()` when the fleet, the connection or the filter changes,
+    and on each metrics poll (the countdown moves on).
     """
 
     DEFAULT_CSS = """
@@ -108,11 +111,18 @@ class FleetSummary(Static):
             text.append(f"{number} {status}", style=palette.status(status))
         text.append("\n")
         text.append_text(self._models(fleet))
+        quads = quads_summary(fleet.lent, fleet.nodes.values(), view.now, palette) if view.now is not None else None
+        if quads is not None:
+            text.append("\n")
+            text.append_text(quads)
         if not view.connected:
             text.stylize("dim", 0, len(text))
         if text != self._shown or text.spans != self._shown.spans:
             self._shown = text
-            # Two lines of fixed size: no layout pass, which would repaint the whole screen.
+            height = 3 if quads is not None else 2
+            if self.styles.height is None or self.styles.height.value != height:
+                self.styles.height = height  # the QUADS line came or went: a layout pass, once
+            # Lines of fixed size: no layout pass, which would repaint the whole screen.
             self.update(text, layout=False)
 
     def _models(self, fleet: Fleet) -> Text:

@@ -1,4 +1,5 @@
-"""The top of the node screen: who the node is, its state and its load, in two lines."""
+"""The top of the node screen: who the node is, its state and its load, in two lines, and a third for a node whose
+host QUADS lends."""
 
 from __future__ import annotations
 
@@ -9,15 +10,19 @@ from textual.theme import Theme
 from textual.widgets import Static
 
 from qiip_core.client import NodeInfo
+from qiip_tui._quads import quads_line
 from qiip_tui._render import DASH, ENGINE_LABELS, Palette, breaker_text, status_text
 
 __all__ = ["NodeHeader"]
 
 
 class NodeHeader(Static):
-    """`gpu01  healthy  llama_cpp  Qwen/Qwen3-8B` and its endpoint, ownership, load and breaker.
+    """`gpu01  healthy  llama_cpp  Qwen/Qwen3-8B` and its endpoint, ownership, load and breaker; for a node whose
+    host QUADS lends, the host's GPUs, its next reservation and the countdown to the node being taken back
+    (`qiip_tui._quads.quads_line`).
 
-    The owner calls `show()` with the node, or with None once it has left the fleet.
+    The owner calls `show()` with the node, or with None once it has left the fleet, and again as time passes
+    (the countdown moves on).
     """
 
     DEFAULT_CSS = """
@@ -34,6 +39,7 @@ class NodeHeader(Static):
         self._palette = Palette()
         self._node: NodeInfo | None = None
         self._seen: datetime | None = None
+        self._now: datetime | None = None
 
     def on_mount(self) -> None:
         self._palette = Palette.from_variables(self.app.theme_variables)
@@ -41,11 +47,12 @@ class NodeHeader(Static):
 
     def _theme_changed(self, theme: Theme) -> None:
         self._palette = Palette.from_variables(self.app.theme_variables)
-        self.show(self._node)
+        self.show(self._node, now=self._now)
 
-    def show(self, node: NodeInfo | None) -> None:
-        """Render the node (None: it is gone)."""
-        self._node = node
+    def show(self, node: NodeInfo | None, *, now: datetime | None = None) -> None:
+        """Render the node (None: it is gone); `now`: the time of day (UTC) QUADS' countdown runs to (None: no
+        QUADS line)."""
+        self._node, self._now = node, now
         text = Text(self.node_id, style="bold")
         if node is None:
             text.append("  has left the fleet (removed)", style=self._palette.status("unknown"))
@@ -66,4 +73,7 @@ class NodeHeader(Static):
             if seen is not None and (self._seen is None or seen > self._seen):
                 self._seen = seen
         text.append(f" · seen {self._seen:%H:%M:%S} UTC" if self._seen is not None else f" · seen {DASH}")
+        if node.quads is not None and now is not None:
+            text.append("\n")
+            text.append_text(quads_line(node.quads, now, self._palette))
         self.update(text)

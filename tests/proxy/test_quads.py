@@ -136,13 +136,17 @@ def test_the_fleet_view_setup_refusals_and_quads_down_then_back(
             assert node["quads"]["next_reservation"] is None and node["quads"]["next_conflict_at"] is None
             assert daemon.admin.get(f"/admin/nodes/{LENT}").json()["quads"]["host"] == LENT
 
-            async def client_nodes() -> list[Any]:
+            async def client_view() -> tuple[list[Any], Any]:
                 async with QiipClient(daemon.url, username="admin", password="test-password") as client:
-                    return await client.nodes()
+                    return await client.nodes(), await client.lent_hosts()
 
-            # The console's and the CLI's client: the node with its QUADS view, the bare QUADS hosts left out.
-            [seen] = asyncio.run(client_nodes())
+            # The console's and the CLI's client: the node with its QUADS view, the bare QUADS hosts left out of the
+            # nodes and listed apart, with the freshness of the read.
+            [seen], lent = asyncio.run(client_view())
             assert seen.id == LENT and seen.quads is not None and seen.quads.gpus["count"] == 2
+            assert [host.host for host in lent.hosts] == [RESERVED]
+            assert lent.hosts[0].next_reservation is not None and lent.hosts[0].next_reservation.owner == "erin"
+            assert lent.freshness is not None and lent.freshness.hosts == 2 and lent.freshness.fetched_at is not None
 
             # QUADS down: no setup (503), the last data kept and said to be stale; then back.
             quads.stop()

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from qiip_core.client import ChatDelta, ClientError, NodeEvent, NodeInfo, OperationInfo
+from qiip_core.client import ChatDelta, ClientError, LentHosts, NodeEvent, NodeInfo, OperationInfo, QuadsView
 from qiip_core.recommendations import HostRecommendations, parse_recommendations
 
 OBSERVED = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
@@ -494,3 +494,76 @@ class FakeRecommendationsClient(FakeClient):
         held = picked[i].gguf_sources[0].model_copy(update={"in_catalog": True})
         picked[i] = picked[i].model_copy(update={"gguf_sources": (held, *picked[i].gguf_sources[1:])})
         return found.model_copy(update={"recommendations": tuple(picked[: limit or len(picked)])})
+
+
+QUADS_NOW = datetime(2026, 11, 29, 12, 5, tzinfo=UTC)
+"""The snapshots' time of day, which the QUADS countdowns run to."""
+
+
+def quads_view(
+    host: str, *, gpus: int = 8, product: str = "H100 80GB HBM3", reserved_in: timedelta | None = None
+) -> dict[str, Any]:
+    """A host's QUADS view (`quads` of a node or of a lent host), reserved from `reserved_in` after `QUADS_NOW`
+    for a week, within the 24 h lookahead when that is sooner than a day."""
+    start = QUADS_NOW + reserved_in if reserved_in is not None else None
+    reservation = (
+        {
+            "start": start.isoformat(),
+            "end": (start + timedelta(days=7)).isoformat(),
+            "cloud": "cloud02",
+            "owner": "alice",
+        }
+        if start is not None
+        else None
+    )
+    return {
+        "host": host,
+        "gpus": {"vendor": "NVIDIA", "product": product, "count": gpus},
+        "available": reserved_in is None or reserved_in > timedelta(days=1),
+        "next_reservation": reservation,
+        "next_conflict_at": start.isoformat() if start is not None else None,
+        "conflict_within_lookahead": reserved_in is not None and reserved_in <= timedelta(days=1),
+        "lookahead_s": 86400.0,
+        "data_age_s": 60.0,
+        "stale": False,
+    }
+
+
+def sample_quads_fleet() -> list[NodeInfo]:
+    """`sample_fleet` on hosts QUADS lends: gpu03 is taken back in 2h 14m, gpu01 in 3 days, gpu02 is free."""
+    reserved = {
+        "gpu01": timedelta(days=3, hours=1),
+        "gpu02": None,
+        "gpu03": timedelta(hours=2, minutes=14),
+    }
+    return [
+        n.model_copy(update={"quads": QuadsView.model_validate(quads_view(n.id, reserved_in=reserved[n.id]))})
+        if n.id in reserved
+        else n
+        for n in sample_fleet()
+    ]
+
+
+SAMPLE_LENT = LentHosts.model_validate(
+    {
+        "hosts": [quads_view("gpu07.lab"), quads_view("gpu08.lab", gpus=4, product="A100 80GB PCIe")],
+        "freshness": {"fetched_at": "2026-11-29T12:04:00+00:00", "age_s": 60.0, "stale": False, "hosts": 5},
+    }
+)
+"""QUADS lends five GPU hosts: gpu01–gpu03, nodes, and gpu07, gpu08, not provisioned."""
+
+
+class FakeQuadsClient(FakeClient):
+    """A `FakeClient` whose daemon reads QUADS: `sample_quads_fleet` with `SAMPLE_LENT`."""
+
+    def __init__(self, *, stale_age_s: float | None = None) -> None:
+        super().__init__(sample_quads_fleet(), metrics=SAMPLE_METRICS)
+        self.lent = SAMPLE_LENT
+        if stale_age_s is not None:
+            assert SAMPLE_LENT.freshness is not None
+            freshness = SAMPLE_LENT.freshness.model_copy(update={"stale": True, "age_s": stale_age_s})
+            self.lent = SAMPLE_LENT.model_copy(update={"freshness": freshness})
+
+    async def lent_hosts(self) -> LentHosts:
+        self._check()
+        return self.lent

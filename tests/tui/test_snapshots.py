@@ -41,6 +41,7 @@ from tests.tui.fakes import (
     FakeLogsClient,
     FakeModelsClient,
     FakeProvisioningClient,
+    FakeQuadsClient,
     FakeRecommendationsClient,
     sample_fleet,
 )
@@ -411,3 +412,19 @@ def test_node_with_live_gpus(snap_compare: Snap, size: tuple[int, int]) -> None:
     steps = then(keys("slash", *"gpu01", "enter", "enter"), shows(NodeScreen))
     client = FakeClient(live_fleet(), metrics=SAMPLE_METRICS)
     assert snap_compare(console(client), terminal_size=size, run_before=steps)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_fleet_with_quads(snap_compare: Snap, size: tuple[int, int]) -> None:
+    assert snap_compare(console(FakeQuadsClient()), terminal_size=size, run_before=then())
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_fleet_with_stale_quads_data(snap_compare: Snap, size: tuple[int, int]) -> None:
+    assert snap_compare(console(FakeQuadsClient(stale_age_s=12 * 60)), terminal_size=size, run_before=then())
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_node_on_a_quads_host(snap_compare: Snap, size: tuple[int, int]) -> None:
+    steps = then(keys("slash", *"gpu03", "enter", "enter"), shows(NodeScreen))
+    assert snap_compare(console(FakeQuadsClient()), terminal_size=size, run_before=steps)

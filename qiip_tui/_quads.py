@@ -1,0 +1,162 @@
+"""What the console says of QUADS, the scheduler that lends lab GPU hosts: the fleet summary's QUADS line and a
+node's countdown to its host being taken back.
+
+Pure: Rich `Text` from the client's views (`qiip_core.client.LentHosts`, `QuadsView`) and the time of day. The
+daemon decides when QUADS takes a host back (`next_conflict_at`, `conflict_within_lookahead`, docs/api.md); the
+console only counts down to it, so a countdown moves on between polls when it is drawn again.
+
+```
+QUADS: next return gpu03 in 2h 14m · 2 hosts not provisioned: gpu07 8× H100, gpu08 4× A100
+QUADS data 12m old · next return gpu03 now · …
+```
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from rich.style import Style
+from rich.text import Text
+
+from qiip_core.client import LentHosts, NodeInfo, QuadsView
+from qiip_tui._render import Palette
+
+__all__ = ["countdown", "gpus_label", "quads_line", "quads_summary", "short_host"]
+
+
+def countdown(at: datetime, now: datetime) -> str:
+    """The time from `now` until `at` in its two largest units: `3d 4h`, `2h 14m`, `14m`, `45s`; `now` once
+    `at` has come."""
+    seconds = int((at - now).total_seconds())
+    if seconds <= 0:
+        return "now"
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h"
+    if hours:
+        return f"{hours}h {minutes}m"
+    return f"{minutes}m" if minutes else f"{secs}s"
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def short_host(name: str) -> str:
+    """A host name's first label (`gpu07.lab` is `gpu07`); an IP address stays whole."""
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return name.split(".", 1)[0] or name
+    return name
+
+
+def gpus_label(gpus: Mapping[str, Any], *, full: bool = False) -> str:
+    """A host's GPUs as QUADS lists them (`{vendor, product, count}`): `8× H100`, the product's first word after
+    the vendor's name; `full`: `8× NVIDIA H100 80GB HBM3`. Empty when QUADS names none."""
+    count, vendor, product = gpus.get("count"), str(gpus.get("vendor") or ""), str(gpus.get("product") or "")
+    if not count:
+        return ""
+    if full:
+        # A product named after its vendor (`NVIDIA A100 80GB`) is not prefixed twice.
+        name = product if product.casefold().startswith(vendor.casefold()) else f"{vendor} {product}".strip()
+    else:
+        words = [word for word in product.split() if word.casefold() != vendor.casefold()]
+        name = words[0] if words else vendor
+    return f"{count}× {name}" if name else f"{count} GPUs"
+
+
+def _next_return(nodes: Iterable[NodeInfo]) -> tuple[NodeInfo, QuadsView, datetime] | None:
+    """The node whose host QUADS takes back first, with its view and when."""
+    soonest = None
+    for node in nodes:
+        view = node.quads
+        if view is not None and view.next_conflict_at is not None:
+            if soonest is None or (view.next_conflict_at, node.id) < (soonest[2], soonest[0].id):
+                soonest = (node, view, view.next_conflict_at)
+    return soonest
+
+
+def quads_summary(lent: LentHosts | None, nodes: Iterable[NodeInfo], now: datetime, palette: Palette) -> Text | None:
+    """The fleet summary's QUADS line: how fresh the data is when stale, the node whose host QUADS takes back
+    first (in the warning colour within the lookahead, the error colour once due), then the lent hosts that are
+    not nodes. None when the daemon does not read QUADS. The most urgent comes first: the line is cut at the
+    terminal's width.
+
+    Args:
+        lent: `QiipClient.lent_hosts()`; None before the first poll or from a client without it.
+        nodes: the fleet's nodes, whose `quads` views say when their hosts are taken back.
+        now: the time of day (UTC) the countdown runs to.
+        palette: the theme's styles.
+    """
+    if lent is None or lent.freshness is None:
+        return None
+    freshness = lent.freshness
+    text = Text(no_wrap=True, overflow="ellipsis")
+    warning = palette.style("log-warning")
+    if freshness.fetched_at is None:
+        text.append("QUADS not read yet", style=warning)
+        if freshness.last_error:
+            text.append(f": {freshness.last_error}", style=warning)
+        return text
+    parts: list[tuple[str, str | Style]] = []
+    nodes = list(nodes)
+    soonest = _next_return(nodes)
+    if soonest is not None:
+        node, view, at = soonest
+        style = palette.style("log-error") if at <= now else warning if view.conflict_within_lookahead else ""
+        parts.append((f"next return {short_host(node.id)} {'now' if at <= now else 'in ' + countdown(at, now)}", style))
+    elif any(node.quads is not None for node in nodes):
+        parts.append(("no node's host reserved", ""))
+    hosts = lent.hosts
+    if hosts:
+        listed = ", ".join(f"{short_host(h.host)} {gpus_label(h.gpus)}".rstrip() for h in hosts)
+        parts.append((f"{len(hosts)} host{'s' if len(hosts) != 1 else ''} not provisioned: {listed}", ""))
+    else:
+        parts.append(("every lent host is a node" if freshness.hosts else "no GPU host lent", ""))
+    if freshness.stale:
+        text.append(f"QUADS data {_age(freshness.age_s or 0.0)} old", style=warning)
+        text.append(" · ")
+    else:
+        text.append("QUADS: ", style="bold")
+    for index, (part, style) in enumerate(parts):
+        text.append(" · " if index else "")
+        text.append(part, style=style)
+    return text
+
+
+def quads_line(view: QuadsView, now: datetime, palette: Palette) -> Text:
+    """A node's QUADS line: the countdown to the node being taken back (`returned in 2h 14m`, in the warning colour
+    within the lookahead, the error colour once due; `free` when no reservation is known), the next reservation (its
+    start in UTC, cloud and owner), its host's GPUs, then the data's age when stale. The countdown comes first: on a
+    narrow terminal the line wraps."""
+    text = Text("QUADS ", style="bold")
+    at = view.next_conflict_at
+    if at is None:
+        text.append("free", style=palette.status("healthy"))
+    elif at <= now:
+        text.append("returned now", style=palette.style("log-error"))
+    else:
+        style = palette.style("log-warning") if view.conflict_within_lookahead else ""
+        text.append(f"returned in {countdown(at, now)}", style=style)
+    reservation = view.next_reservation
+    if reservation is not None:
+        who = ", ".join(
+            part for part in (reservation.cloud, reservation.owner and f"owner {reservation.owner}") if part
+        )
+        text.append(f" · reserved from {reservation.start:%Y-%m-%d %H:%M} UTC")
+        text.append(f" for {who}" if who else "")
+    else:
+        text.append(" · no reservation")
+    text.append(f" · {gpus_label(view.gpus, full=True) or 'no GPU listed'}")
+    if view.stale:
+        text.append(f" · QUADS data {_age(view.data_age_s or 0.0)} old", style=palette.style("log-warning"))
+    return text
