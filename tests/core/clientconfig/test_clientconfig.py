@@ -175,7 +175,10 @@ def test_gateway_limits_are_the_smallest_over_healthy_nodes() -> None:
     # A healthy node that does not know its window makes the gateway's unknown.
     assert gateway_limits([*nodes, llama_node("e", "m", None)], "m") == ModelLimits(None, None)
     # With no healthy node, every node of the model counts.
-    down = [llama_node("a", "m", 8192, status=NodeStatus.UNHEALTHY), llama_node("b", "m", 2048, status="draining")]
+    down = [
+        llama_node("a", "m", 8192, status=NodeStatus.UNHEALTHY),
+        llama_node("b", "m", 2048, status=NodeStatus.DRAINING),
+    ]
     assert gateway_limits(down, "m") == ModelLimits(2048, 512)
     assert gateway_limits(nodes, "nothing") == ModelLimits(None, None)
 
