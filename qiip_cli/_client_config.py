@@ -95,7 +95,7 @@ def client_config(
         _fail(str(exc))
     except OSError as exc:
         _fail(f"cannot write {output}: {exc.strerror or exc}")
-    click.echo(f"wrote {written} ({kind.value} reads it from {rendered.location}){hint}")
+    click.echo(f"wrote {written.resolve()} ({kind.value} reads it from {rendered.location}){hint}")
 
 
 async def _fleet(config: ConsoleConfig, *, probe: bool) -> tuple[list[NodeInfo], bool]:

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import stat
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
+from qiip_cli._main import cli
 from qiip_core.clientconfig import PLACEHOLDER_KEY, ClientKind
 from tests.support.cli import run_qiip
 from tests.support.client_configs import ReadBack, read_back
@@ -30,14 +33,37 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, tiny_gguf: Path, llama_serve
         yield daemon
 
 
-def qiip(daemon: Daemon, tmp_path: Path, *args: str, url: str | None = None) -> Any:
-    env = {
+@dataclass(frozen=True)
+class Done:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def qiip_env(daemon: Daemon, tmp_path: Path, url: str | None = None) -> dict[str, str]:
+    return {
         "QIIP_URL": url or daemon.url,
         "QIIP_ADMIN__USERNAME": "admin",
         "QIIP_ADMIN__PASSWORD": "test-password",
+        "QIIP_STATE_DIR": str(tmp_path),
         "XDG_CONFIG_HOME": str(tmp_path / "config"),
     }
-    return run_qiip(tmp_path, "client-config", *args, env=env)
+
+
+@pytest.fixture(autouse=True)
+def no_stray_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # no .env of the checkout
+    for name in ("QIIP_CONFIG", "QIIP_TOKEN", "QIIP_CONSOLE_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def qiip(daemon: Daemon, tmp_path: Path, *args: str, url: str | None = None) -> Done:
+    """`qiip client-config ARGS`, in this process (a `qiip` process takes seconds to start on a busy machine;
+    `test_output_is_written_atomically_and_never_clobbered` runs it as a user does)."""
+    result = CliRunner().invoke(cli, ["client-config", *args], env=qiip_env(daemon, tmp_path, url))
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return Done(result.exit_code, result.stdout, result.stderr)
 
 
 def node_view(daemon: Daemon, node_id: str) -> dict[str, Any]:
@@ -79,10 +105,11 @@ def test_node_config_reaches_the_node_directly(fleet: Daemon, tmp_path: Path) ->
 
 
 def test_output_is_written_atomically_and_never_clobbered(fleet: Daemon, tmp_path: Path) -> None:
-    done = qiip(fleet, tmp_path, "omp", "--model", "tiny-chat", "-o", str(tmp_path))
+    # As a user runs it: its own process.
+    done = run_qiip(tmp_path, "client-config", "omp", "--model", "tiny-chat", "-o", ".", env=qiip_env(fleet, tmp_path))
     assert done.returncode == 0, done.stderr
     written = tmp_path / "models.yaml"
-    assert done.stdout.startswith(f"wrote {written} (omp reads it from ~/.omp/agent/models.yaml)")
+    assert done.stdout.startswith(f"wrote {written.resolve()} (omp reads it from ~/.omp/agent/models.yaml)")
     assert stat.S_IMODE(written.stat().st_mode) == 0o600
     chat_through(read_back(ClientKind.OMP, written.read_text()))
     written.write_text("mine\n")
@@ -116,7 +143,10 @@ def test_keys_given_by_the_user(fleet: Daemon, tmp_path: Path) -> None:
             ["--model", "tiny-chat", "--node", "gpu99"],
             "error: No node has the id 'gpu99'; the nodes serving 'tiny-chat': chat-a.",
         ),
-        (["--model", "tiny-chat", "--node", "other-node"], "error: The node other-node serves 'other', not 'tiny-chat'."),
+        (
+            ["--model", "tiny-chat", "--node", "other-node"],
+            "error: The node other-node serves 'other', not 'tiny-chat'.",
+        ),
     ],
 )
 def test_bad_requests_get_one_precise_line(fleet: Daemon, tmp_path: Path, args: list[str], message: str) -> None:
