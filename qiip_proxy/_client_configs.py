@@ -10,9 +10,9 @@ environment when the daemon requires tokens, else a placeholder: the file never 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
 from qiip_core import AuthError
@@ -58,7 +58,9 @@ def _authenticate(gateway: Gateway, request: Request, model: str) -> None:
 
 
 @router.get("/chat/config/{client}", tags=["client"])
-async def client_config(request: Request, client: str, model: str) -> Response:
+async def client_config(
+    request: Request, client: str, model: Annotated[str, Query(min_length=1, max_length=512)]
+) -> Response:
     """A coding agent's config for `model` through this gateway, as an attachment: `opencode` (opencode.json),
     `pi` (models.json), `omp` (models.yaml) or `continue` (config.yaml). Its base URL is the one this request
     came in on plus `/v1`; its context window and longest answer the smallest over the model's healthy nodes'

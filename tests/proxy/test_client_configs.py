@@ -108,6 +108,8 @@ def test_bad_requests_get_openai_errors(token_fleet: Daemon, secret: str) -> Non
     assert "the models served: other, tiny-chat" in error_of(model)["message"]
     missing = fetch(token_fleet, "/chat/config/pi", secret)
     assert missing.status_code == 422 and error_of(missing)["param"] == "model"
+    too_long = fetch(token_fleet, "/chat/config/pi?model=" + "m" * 600, secret)
+    assert too_long.status_code == 422 and "m" * 600 not in too_long.text
 
 
 def test_the_cli_finds_that_tokens_are_required(
