@@ -32,7 +32,7 @@ __all__ = ["client_config"]
 
 
 @click.command("client-config")
-@click.argument("client", type=click.Choice([kind.value for kind in ClientKind]))
+@click.argument("client", metavar="CLIENT", type=click.Choice([kind.value for kind in ClientKind]))
 @click.option("--model", required=True, help="The model id clients send (as `GET /v1/models` lists it).")
 @click.option("--node", "node_id", default=None, help="Point at this node directly instead of the gateway.")
 @click.option(
@@ -64,8 +64,8 @@ def client_config(
     url: str | None,
 ) -> None:
     """Print (or write with --output) a ready config for the coding agent CLIENT to use the model through the
-    gateway, or through one node with --node: OpenCode's opencode.json, Pi's models.json, OMP's models.yaml or
-    Continue's config.yaml."""
+    gateway, or through one node with --node. CLIENT is opencode (opencode.json), pi (the Pi coding agent's
+    models.json), omp (OMP's models.yaml) or continue (Continue's config.yaml)."""
     if api_key is not None and api_key_env is not None:
         _fail("give --api-key or --api-key-env, not both")
     kind = ClientKind(client)
