@@ -160,3 +160,13 @@ def test_an_unreachable_daemon_is_named(fleet: Daemon, tmp_path: Path) -> None:
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.startswith(f"error: The daemon at {closed} does not answer")
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_node_without_a_verified_window_leaves_the_limits_to_the_agent(fleet: Daemon, tmp_path: Path) -> None:
+    # `other` runs on a node with no llama.cpp runtime record (as a vLLM node): its window is unknown.
+    for kind in ClientKind:
+        done = qiip(fleet, tmp_path, kind.value, "--model", "other")
+        assert done.returncode == 0, done.stderr
+        back = read_back(kind, done.stdout)
+        assert (back.model, back.context_tokens, back.max_output_tokens) == ("other", None, None)
+    assert chat_through(back).headers["x-qiip-node"] == "other-node"
