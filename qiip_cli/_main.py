@@ -14,6 +14,7 @@ import click
 
 from qiip_cli._agent import agent
 from qiip_cli._catalog import download, list_models
+from qiip_cli._client_config import client_config
 from qiip_cli._console import console
 from qiip_cli._context import CliContext
 from qiip_cli._engine import engine
@@ -48,6 +49,7 @@ def cli(ctx: click.Context, config: Path | None) -> None:
 
 
 cli.add_command(agent)
+cli.add_command(client_config)
 cli.add_command(console)
 cli.add_command(engine)
 cli.add_command(model)

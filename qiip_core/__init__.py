@@ -3,7 +3,8 @@
 Subpackages, one per concern: `config` (settings), `nodes` (the node record and endpoint allowlist),
 `discovery` (registries), `routing` (selection, circuit breakers, forwarding with failover), `health`
 (background probes), `engines` (llama.cpp: install, test models, launch), `planner` (llama.cpp sizing:
-estimates, policies, plans and their verification), `auth` (the invoke tokens clients present), `storage`
+estimates, policies, plans and their verification), `auth` (the invoke tokens clients present), `clientconfig`
+(the config files coding agents read to use the fleet), `storage`
 (atomic files, locked JSON documents, the etcd client and prefix follower that discovery, auth and the console
 build on). The daemon (`qiip_proxy`), the console (`qiip_tui`) and the CLI (`qiip_cli`) present what the core
 decides; the core imports none of them, nor Textual or Rich.

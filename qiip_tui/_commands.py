@@ -1,4 +1,5 @@
-"""The command palette's console commands (Ctrl+P): screens, node and host actions, themes, reconnecting.
+"""The command palette's console commands (Ctrl+P): screens, node and host actions, coding-agent configs for each
+model, themes, reconnecting.
 
 Next to Textual's own system commands (quit, screenshot, …). Node actions name the node they act on, the one
 selected in the fleet table or open in the node screen, so a palette search for "drain" says which node.
@@ -12,6 +13,9 @@ from functools import partial
 from typing import TYPE_CHECKING, cast
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
+
+from qiip_core.clientconfig import ClientKind
+from qiip_tui._client_configs import served_models, write_client_config_for
 
 if TYPE_CHECKING:
     from qiip_tui._app import QiipConsole
@@ -49,7 +53,7 @@ class PaletteCommand:
 
 
 def console_commands(app: QiipConsole) -> list[PaletteCommand]:
-    """Every console command available now: screens, the selected node's actions, themes."""
+    """Every console command available now: screens, the selected node's actions, client configs, themes."""
     commands = [
         PaletteCommand("Fleet", app.action_fleet, "The fleet table (f)"),
         PaletteCommand("Chat", app.action_chat, "Talk to a model through the daemon (c)"),
@@ -70,6 +74,15 @@ def console_commands(app: QiipConsole) -> list[PaletteCommand]:
     if host is not None:
         for action, label, help_text in _HOST_ACTIONS:
             commands.append(PaletteCommand(f"{label} {host}", partial(app.host_action, action, host), help_text))
+    for model in served_models(app):
+        for kind in ClientKind:
+            commands.append(
+                PaletteCommand(
+                    f"Client config: {kind.value} for {model}",
+                    partial(write_client_config_for, app, kind, model),
+                    "Write the file the coding agent reads to use this model through the gateway",
+                )
+            )
     for name in sorted(app.console_themes):
         commands.append(PaletteCommand(f"Theme: {name}", partial(app.set_theme, name), "Switch the console's theme"))
     return commands

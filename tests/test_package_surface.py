@@ -12,6 +12,7 @@ PACKAGES = [
     "qiip_core",
     "qiip_core.auth",
     "qiip_core.catalog",
+    "qiip_core.clientconfig",
     "qiip_core.config",
     "qiip_core.discovery",
     "qiip_core.engines.llamacpp",

@@ -433,6 +433,25 @@ class QiipClient:
 
     # -- the client API ------------------------------------------------------------------------------------
 
+    async def tokens_required(self) -> bool:
+        """Whether the client API asks for an invoke token (`auth.client_tokens = "required"`): `GET /v1/models`
+        sent without one answers 401.
+
+        Raises:
+            DaemonUnreachable: nothing answers at the URL.
+            ApiError: the daemon answered with another error.
+        """
+        request = self._api.build_request("GET", "/v1/models")
+        request.headers.pop("authorization", None)
+        try:
+            response = await self._api.send(request)
+        except httpx.HTTPError as exc:
+            raise DaemonUnreachable(f"The daemon at {self.url} does not answer: {exc!r}.") from exc
+        if response.status_code == 401:
+            return True
+        _raise_for(response, self.url)
+        return False
+
     async def models(self) -> list[str]:
         """Models served now (`GET /v1/models`)."""
         payload = await self._request(self._api, "GET", "/v1/models")
