@@ -11,11 +11,11 @@ import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Dialog, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Dialog, Page, ViewportSize, expect, sync_playwright
 
 from qiip_core.config import load_settings
 from qiip_core.engines.llamacpp import LaunchSpec, free_port
@@ -35,8 +35,8 @@ CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts" / "chat"
 """Where the screenshots go (ignored by git; CI keeps them)."""
 
-DESKTOP = {"width": 1280, "height": 800}
-PHONE = {"width": 390, "height": 844}
+DESKTOP: ViewportSize = {"width": 1280, "height": 800}
+PHONE: ViewportSize = {"width": 390, "height": 844}
 ANSWER_TOKENS = 48
 """llama-server's `--n-predict`: the base Gemma model otherwise writes until its context is full."""
 
@@ -109,7 +109,7 @@ def dialogs() -> list[str]:
 
 @pytest.fixture
 def page(browser: Browser, dialogs: list[str]) -> Iterator[Page]:
-    context = browser.new_context(viewport=DESKTOP)  # type: ignore[arg-type]
+    context = browser.new_context(viewport=DESKTOP)
     try:
         page = context.new_page()
         errors: list[str] = []
@@ -130,6 +130,13 @@ def open_chat(page: Page, daemon: Daemon, model: str) -> None:
     page.goto(daemon.url + "/chat")
     expect(page.locator("#model")).to_be_enabled()
     page.select_option("#model", model)
+
+
+def chat_requests(fault: FaultBackend) -> list[dict[str, Any]]:
+    """The bodies of the chat requests the node received, oldest first."""
+    bodies = [record.json for record in fault.requests if record.path == "/v1/chat/completions"]
+    assert all(isinstance(body, dict) for body in bodies)
+    return bodies  # type: ignore[return-value]
 
 
 def send(page: Page, text: str) -> None:
@@ -188,7 +195,7 @@ def test_an_answer_streams_and_renders_with_its_figures(page: Page, daemon: Daem
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     for name, size in (("desktop", DESKTOP), ("phone", PHONE)):
-        page.set_viewport_size(size)  # type: ignore[arg-type]
+        page.set_viewport_size(size)
         shot = ARTIFACTS / f"chat-{name}.png"
         page.screenshot(path=shot, full_page=True)
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 5_000
@@ -270,7 +277,8 @@ def test_a_node_dying_mid_answer_keeps_the_partial_text_and_leaves_the_turn_out(
 
     send(page, "second question")
     expect(page.locator("#messages .turn").last).to_have_class(re.compile(r"\bdone\b"))
-    sent = fault.wait_for_requests(2, path="/v1/chat/completions")[-1].json
+    fault.wait_for_requests(2, path="/v1/chat/completions")
+    sent = chat_requests(fault)[-1]
     assert sent["messages"] == [{"role": "user", "content": "second question"}]
     assert sent["stream"] is True and sent["stream_options"] == {"include_usage": True}
 
@@ -290,12 +298,12 @@ def test_the_system_prompt_is_kept_and_a_refusing_template_gets_a_hint(
     send(page, "hello")
     turn = page.locator("#messages .turn").last
     expect(turn.locator(".hint")).to_contain_text("system prompt")
-    assert fault.requests[-1].json["messages"][0] == {"role": "system", "content": "Answer in French."}
+    assert chat_requests(fault)[-1]["messages"][0] == {"role": "system", "content": "Answer in French."}
     turn.locator(".hint button").click()
     expect(page.locator("#system")).to_have_value("")
     send(page, "hello again")
     expect(page.locator("#messages .turn").last).to_have_class(re.compile(r"\bdone\b"))
-    assert fault.requests[-1].json["messages"] == [{"role": "user", "content": "hello again"}]
+    assert chat_requests(fault)[-1]["messages"] == [{"role": "user", "content": "hello again"}]
 
 
 def test_with_client_tokens_the_page_asks_for_one_and_keeps_it_in_the_tab(
@@ -307,7 +315,7 @@ def test_with_client_tokens_the_page_asks_for_one_and_keeps_it_in_the_tab(
         created = daemon.admin.post("/admin/tokens", json={})
         assert created.status_code == 201, created.text
         secret = created.json()["secret"]
-        context = browser.new_context(viewport=DESKTOP)  # type: ignore[arg-type]
+        context = browser.new_context(viewport=DESKTOP)
         try:
             page = context.new_page()
             page.goto(daemon.url + "/chat")
@@ -318,9 +326,11 @@ def test_with_client_tokens_the_page_asks_for_one_and_keeps_it_in_the_tab(
             page.fill("#token", secret)
             page.click("#token-form button")
             expect(page.locator("#model")).to_be_enabled()
+            before = len(chat_requests(fault))
             send(page, "hi")
-            expect(page.locator("#messages .turn").last).to_have_class(re.compile(r"\bdone\b"))
-            assert fault.requests[-1].path == "/v1/chat/completions"
+            turn = page.locator("#messages .turn").last
+            expect(turn).to_have_class(re.compile(r"\bdone\b"))
+            assert len(chat_requests(fault)) == before + 1 and turn.locator(".error").count() == 0
             stored = page.evaluate("[sessionStorage.getItem('qiip.chat.token'), JSON.stringify(localStorage)]")
             assert stored[0] == secret and secret not in stored[1]
         finally:
