@@ -37,8 +37,10 @@ ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts" / "chat"
 
 DESKTOP: ViewportSize = {"width": 1280, "height": 800}
 PHONE: ViewportSize = {"width": 390, "height": 844}
-ANSWER_TOKENS = 48
+ANSWER_TOKENS = 32
 """llama-server's `--n-predict`: the base Gemma model otherwise writes until its context is full."""
+GEMMA_WAIT_MS = 60_000
+"""How long Gemma on a busy shared CPU may take to its first token, or to the end of an answer."""
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +66,11 @@ class GemmaNode(NamedTuple):
         """Tasks llama-server cancelled because their client went away (its `cancel task` log line)."""
         return self.log.read_text(errors="replace").count("cancel task")
 
+    def idle(self) -> bool:
+        """No slot is processing a request (llama-server's `GET /slots`)."""
+        slots = httpx.get(self.url + "/slots", timeout=10).json()
+        return not any(slot["is_processing"] for slot in slots)
+
 
 @pytest.fixture(scope="module")
 def gemma(
@@ -78,7 +85,8 @@ def gemma(
         slots=1,
         threads=2,
         gpu_layers=0,
-        extra_args=("--n-predict", str(ANSWER_TOKENS)),
+        # Greedy, so each prompt gets the same answer on every run.
+        extra_args=("--n-predict", str(ANSWER_TOKENS), "--temp", "0"),
     )
     log = tmp_path_factory.mktemp("gemma") / "llama.log"
     with serving(llama_server_binary, spec, log) as url:
@@ -162,7 +170,12 @@ def test_page_and_assets_carry_the_security_headers(daemon: Daemon) -> None:
         assert answer.headers["x-frame-options"] == "DENY"
         assert answer.headers["cache-control"] == "no-cache"
     script = daemon.client.get("/chat/assets/chat.js")
-    assert script.headers["content-type"].startswith("text/javascript") and "etag" in script.headers
+    assert script.headers["content-type"].startswith("text/javascript")
+    assert (
+        daemon.client.get("/chat/assets/chat.js", headers={"If-None-Match": script.headers["etag"]}).status_code == 304
+    )
+    head = daemon.client.head("/chat")
+    assert head.status_code == 200 and head.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
     # No inline script or style in the page: the policy allows none.
     assert not re.search(r"<script(?![^>]*\bsrc=)|<style|\sstyle=|\son\w+=", page.text)
     assert daemon.client.get("/chat/assets/vendor/LICENSE.dompurify").status_code == 200
@@ -187,11 +200,14 @@ def test_an_answer_streams_and_renders_with_its_figures(page: Page, daemon: Daem
     turn = page.locator("#messages .turn").last
     # Tokens arrive while the answer is still streaming.
     expect(turn).to_have_class(re.compile(r"\bstreaming\b"))
-    expect(turn.locator(".markdown")).not_to_be_empty()
-    expect(turn).to_have_class(re.compile(r"\bdone\b"), timeout=60_000)
+    expect(turn.locator(".markdown")).not_to_be_empty(timeout=GEMMA_WAIT_MS)
+    expect(turn).to_have_class(re.compile(r"\bdone\b"), timeout=GEMMA_WAIT_MS)
     expect(turn).not_to_have_class(re.compile(r"\bfailed\b"))
     stats = turn.locator(".stats").inner_text()
-    assert re.fullmatch(rf"TTFT \d+ ms · [\d.]+ tokens/s · {ANSWER_TOKENS} tokens", stats), stats
+    # The count is the answer's usage: at most `--n-predict`, fewer when the model ends it.
+    figures = re.fullmatch(r"TTFT \d+ ms(?: · [\d.]+ tokens/s)? · (\d+) tokens?", stats)
+    assert figures is not None and 1 <= int(figures.group(1)) <= ANSWER_TOKENS, stats
+    assert ("tokens/s" in stats) == (int(figures.group(1)) > 1)
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     for name, size in (("desktop", DESKTOP), ("phone", PHONE)):
@@ -207,7 +223,7 @@ def test_stop_closes_the_stream_and_the_node_sees_it(page: Page, daemon: Daemon,
     open_chat(page, daemon, "gemma")
     send(page, "Tell me a long story about a lighthouse keeper.")
     turn = page.locator("#messages .turn").last
-    expect(turn.locator(".markdown")).not_to_be_empty()
+    expect(turn.locator(".markdown")).not_to_be_empty(timeout=GEMMA_WAIT_MS)
     page.click("#stop")
     expect(turn).to_have_class(re.compile(r"\bstopped\b"))
     partial = turn.locator(".markdown").inner_text()
@@ -220,8 +236,7 @@ def test_stop_closes_the_stream_and_the_node_sees_it(page: Page, daemon: Daemon,
         "the daemon to count the disconnect",
     )
     wait_until(lambda: gemma.cancelled_tasks() > cancels, 10, "llama-server to cancel the task")
-    slots = httpx.get(gemma.url + "/slots", timeout=10).json()
-    assert not any(slot["is_processing"] for slot in slots)
+    wait_until(gemma.idle, 10, "llama-server's slot to be free")
     # The stopped answer stays as it was.
     assert turn.locator(".markdown").inner_text() == partial
 
@@ -292,7 +307,8 @@ def test_the_system_prompt_is_kept_and_a_refusing_template_gets_a_hint(
     page.fill("#system", "Answer in French.")
     page.reload()
     expect(page.locator("#system")).to_have_value("Answer in French.")
-    # What llama-server answers when a model's chat template raises on a system message.
+    # An engine whose chat template refuses the system role answers 400 with the template's words (as vLLM
+    # does; this llama-server folds a system message into the first user turn instead).
     fault.push(Json(400, error_body(400, "System role not supported")))
     page.select_option("#model", "scripted")
     send(page, "hello")

@@ -162,7 +162,7 @@
     const tokens = stats.usageTokens ?? stats.chunks;
     const seconds = (stats.endedAt - (stats.firstAt ?? stats.endedAt)) / 1000;
     if (tokens > 1 && seconds > 0) parts.push(`${(tokens / seconds).toFixed(1)} tokens/s`);
-    if (tokens > 0) parts.push(`${tokens} tokens`);
+    if (tokens > 0) parts.push(tokens === 1 ? "1 token" : `${tokens} tokens`);
     const line = document.createElement("span");
     line.className = "stats";
     line.textContent = parts.join(" · ");
