@@ -1,14 +1,18 @@
 """The chat page (`GET /chat`) in a real headless Chromium, against a real daemon and a real llama-server on the
-Gemma 3 test model; a fault backend stands in for a node where a test needs its output or its failure scripted
-(`<script>` in an answer, a node that dies mid-answer).
+Gemma 3 test model (streaming, stop, a node killed mid-answer); a fault backend stands in for a node where a
+test needs its output or its failure scripted (`<script>` in an answer, a stream cut where the test says, a
+template that refuses the system role) or the requests it received (the history sent).
 
 Screenshots of the page at desktop and phone widths are written to `tests/artifacts/chat/`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import re
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -25,7 +29,7 @@ from qiip_proxy._chat_page import CONTENT_SECURITY_POLICY
 from tests.support.daemon import Daemon, wait_until
 from tests.support.fault_backend import FaultBackend, Json, Sse
 from tests.support.fault_backend._payloads import chat_chunk, error_body, sse_event
-from tests.support.llama_server import serving
+from tests.support.llama_server import running
 
 pytestmark = pytest.mark.integration
 
@@ -61,6 +65,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, fault: FaultBackend) -> Ite
 class GemmaNode(NamedTuple):
     url: str
     log: Path
+    pid: int
 
     def cancelled_tasks(self) -> int:
         """Tasks llama-server cancelled because their client went away (its `cancel task` log line)."""
@@ -89,13 +94,21 @@ def gemma(
         extra_args=("--n-predict", str(ANSWER_TOKENS), "--temp", "0"),
     )
     log = tmp_path_factory.mktemp("gemma") / "llama.log"
-    with serving(llama_server_binary, spec, log) as url:
-        daemon.add_node("gemma", url, "gemma", engine=Engine.LLAMA_CPP)
+    # `running` on a loop of its own, as `tests.support.llama_server.serving` does, to get at the process.
+    loop = asyncio.new_event_loop()
+    manager = running(llama_server_binary, spec, log)
+    try:
+        process = loop.run_until_complete(manager.__aenter__())
         try:
-            yield GemmaNode(url, log)
+            daemon.add_node("gemma", process.endpoint, "gemma", engine=Engine.LLAMA_CPP)
+            assert process.pid is not None
+            yield GemmaNode(process.endpoint, log, process.pid)
         finally:
             daemon.remove_node("gemma")
             daemon.wait_gone("gemma")
+            loop.run_until_complete(manager.__aexit__(None, None, None))
+    finally:
+        loop.close()
 
 
 @pytest.fixture(scope="module")
@@ -241,6 +254,21 @@ def test_stop_closes_the_stream_and_the_node_sees_it(page: Page, daemon: Daemon,
     assert turn.locator(".markdown").inner_text() == partial
 
 
+def test_a_node_killed_mid_answer_leaves_the_partial_text_and_an_error(
+    page: Page, daemon: Daemon, gemma: GemmaNode
+) -> None:
+    # The module's last use of Gemma: the node does not come back.
+    open_chat(page, daemon, "gemma")
+    send(page, "Tell me a long story about a lighthouse keeper.")
+    turn = page.locator("#messages .turn").last
+    expect(turn.locator(".markdown")).not_to_be_empty(timeout=GEMMA_WAIT_MS)
+    os.kill(gemma.pid, signal.SIGKILL)
+    expect(turn).to_have_class(re.compile(r"\bfailed\b"))
+    assert turn.locator(".markdown").inner_text()
+    # The daemon's in-stream error event, shown as it came.
+    assert "left out of the next request" in turn.locator(".error").inner_text()
+
+
 def events(*contents: str, done: bool = True) -> list[bytes]:
     chunks = [sse_event(chat_chunk("chatcmpl-page", "scripted", 0, content=text)) for text in contents]
     return chunks + ([b"data: [DONE]\n\n"] if done else [])
@@ -278,9 +306,7 @@ def test_a_model_cannot_run_script_in_the_page(
     assert dialogs == []
 
 
-def test_a_node_dying_mid_answer_keeps_the_partial_text_and_leaves_the_turn_out(
-    page: Page, daemon: Daemon, fault: FaultBackend
-) -> None:
+def test_a_turn_cut_mid_answer_is_left_out_of_the_next_request(page: Page, daemon: Daemon, fault: FaultBackend) -> None:
     fault.reset()
     fault.push(Sse(events=events("partial ", "answer ", "cut", done=False), reset_after_events=3))
     open_chat(page, daemon, "scripted")
