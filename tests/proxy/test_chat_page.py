@@ -375,5 +375,12 @@ def test_with_client_tokens_the_page_asks_for_one_and_keeps_it_in_the_tab(
             assert len(chat_requests(fault)) == before + 1 and turn.locator(".error").count() == 0
             stored = page.evaluate("[sessionStorage.getItem('qiip.chat.token'), JSON.stringify(localStorage)]")
             assert stored[0] == secret and secret not in stored[1]
+            # "Use with…" fetches the selected model's client config with the token, and saves it.
+            page.click("#use-with summary")
+            with page.expect_download() as download:
+                page.get_by_role("menuitem", name="opencode").click()
+            assert download.value.suggested_filename == "opencode.json"
+            config = Path(download.value.path()).read_text()
+            assert f"{daemon.url}/v1" in config and '"scripted"' in config and secret not in config
         finally:
             context.close()
