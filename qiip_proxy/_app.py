@@ -17,6 +17,7 @@ from qiip_core import QiipError
 from qiip_core.config import Settings
 from qiip_proxy._admin import router as admin_router
 from qiip_proxy._auth_gate import AdminGate
+from qiip_proxy._chat_page import add_chat_page
 from qiip_proxy._client_api import router as client_router
 from qiip_proxy._client_configs import router as client_configs_router
 from qiip_proxy._errors import RequestRefused, error_response
@@ -60,6 +61,8 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.gateway = gateway
     app.include_router(client_router)
     app.include_router(client_configs_router)
+    if settings.server.chat_page:
+        add_chat_page(app)
     if settings.admin.enabled:
         # The setup route first: `/admin/nodes/setup` is not a node id.
         app.include_router(provisioning_router)

@@ -135,6 +135,9 @@ class ServerSettings(_Group):
     """Web origins whose pages may call the daemon from a browser (CORS): each `scheme://host[:port]` as the
     browser sends it in `Origin`, or `*` for any. Empty (the default): CORS is off, and a cross-origin page
     cannot read any answer."""
+    chat_page: bool = True
+    """Serve the browser chat playground at `/chat` (public like the client API; with `auth.client_tokens =
+    "required"` the page asks for an invoke token). False: `/chat` and its assets answer 404."""
 
     @field_validator("cors_allow_origins")
     @classmethod
