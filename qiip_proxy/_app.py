@@ -60,9 +60,9 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.gateway = gateway
     app.include_router(client_router)
-    app.include_router(client_configs_router)
     if settings.server.chat_page:
         add_chat_page(app)
+        app.include_router(client_configs_router)
     if settings.admin.enabled:
         # The setup route first: `/admin/nodes/setup` is not a node id.
         app.include_router(provisioning_router)

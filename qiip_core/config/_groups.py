@@ -137,7 +137,8 @@ class ServerSettings(_Group):
     cannot read any answer."""
     chat_page: bool = True
     """Serve the browser chat playground at `/chat` (public like the client API; with `auth.client_tokens =
-    "required"` the page asks for an invoke token). False: `/chat` and its assets answer 404."""
+    "required"` the page asks for an invoke token). False: `/chat`, its assets and the client-config downloads
+    (`/chat/config/{client}`) answer 404; `qiip client-config` works either way."""
 
     @field_validator("cors_allow_origins")
     @classmethod
