@@ -321,6 +321,9 @@ async def relaunch_node(request: Request, node_id: str) -> JSONResponse:
             log=op.log,
             artifact=artifact,
         )
+        # The node comes back as `unknown`: one probe now makes it routable when the operation says it
+        # succeeded, not at the next health interval (requests in between would get 503).
+        await gateway.health.probe(node_id)
         if artifact is None:
             # The next start of the daemon launches this sizing again (docs/operator-guide.md); a move to
             # another generation is not kept, as the configuration names the model.
