@@ -2,7 +2,8 @@
 
 A multi-turn workload: `--conversations` chats run at once, each `--turns` turns long; every turn resends
 the whole history (a system prompt of about `--prefix-tokens` tokens, then the turns before) and streams a
-short answer (`--max-tokens`). The same workload runs in three phases, each on freshly started nodes (empty
+short answer (`--max-tokens`), the next turn following after a think time (`--think-s` on average, the same
+for every phase). The same workload runs in three phases, each on freshly started nodes (empty
 caches) of one generated GGUF, big enough that prompt processing dominates the time to first token:
 
 1. `direct`: one node, no gateway, every request sent to it (the baseline: all of a conversation's turns
@@ -105,9 +106,13 @@ def system_prompt(conversation: int, tokens: int) -> str:
 
 async def conversation(client: httpx.AsyncClient, url: str, index: int, args: argparse.Namespace, phase: Phase) -> None:
     messages: list[dict[str, str]] = [{"role": "system", "content": system_prompt(index, args.prefix_tokens)}]
+    think = random.Random(f"think-{index}")
     # Staggered starts, as independent users would arrive.
     await asyncio.sleep(index * args.stagger_s)
     for turn in range(1, args.turns + 1):
+        if turn > 1:
+            # The user reads the answer and types the next question.
+            await asyncio.sleep(think.uniform(0.5, 1.5) * args.think_s)
         messages.append({"role": "user", "content": f"Question {turn} of conversation {index}: what next?"})
         body = {
             "model": MODEL,
@@ -142,7 +147,10 @@ async def conversation(client: httpx.AsyncClient, url: str, index: int, args: ar
 
 
 async def workload(base_url: str, path: str, args: argparse.Namespace, phase: Phase) -> None:
-    async with httpx.AsyncClient(base_url=base_url, trust_env=False, timeout=600) as client:
+    # A new connection per request: llama-server closes idle keep-alive connections after 5 s, and a pooled
+    # one it closed would fail its next request (a fraction of a millisecond, on every phase alike).
+    limits = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(base_url=base_url, trust_env=False, timeout=600, limits=limits) as client:
         await asyncio.gather(*(conversation(client, path, i, args, phase) for i in range(args.conversations)))
 
 
@@ -242,6 +250,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--slots", type=int, default=2, help="slots per node (--parallel)")
     parser.add_argument("--stagger-s", type=float, default=0.25, help="seconds between conversations' starts")
+    parser.add_argument("--think-s", type=float, default=3.0, help="mean seconds between a turn and the next")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--embd", type=int, default=384)
     parser.add_argument("--repeat", type=int, default=9)
@@ -261,7 +270,8 @@ def main() -> None:
         )[0]
         print(
             f"\n{args.conversations} conversations x {args.turns} turns, ~{args.prefix_tokens}-token system prompts, "
-            f"{args.max_tokens} tokens per answer; generated llama GGUF ({args.layers} layers, {args.embd} wide); "
+            f"{args.max_tokens} tokens per answer, {args.think_s:g} s think time;\n  generated llama GGUF "
+            f"({args.layers} layers, {args.embd} wide); "
             f"{args.nodes} nodes behind the daemon, {args.slots} slots and 1 thread each:"
         )
         phases = [
