@@ -11,10 +11,11 @@ caches) of one generated GGUF, big enough that prompt processing dominates the t
 2. `least_connections`: two nodes behind the daemon, `routing.policy = "least_connections"`;
 3. `prefix_affinity`: two nodes behind the daemon, `routing.policy = "prefix_affinity"`.
 
-Printed per phase: TTFT p50 (client side, to the first data event) of first turns and of later turns, the
-prompt tokens the nodes reported as cached (`usage.prompt_tokens_details.cached_tokens`, else
-`timings.cache_n`) against all prompt tokens, and each node's share of the requests with the imbalance
-(the busiest node's requests over the mean, minus one). Then the ratios of the later turns' TTFT p50.
+Printed per phase: TTFT p50 (client side, to the first data event) of first turns and of later turns, how
+many later turns found at least half of their prompt cached, the prompt tokens the nodes reported as cached
+(`usage.prompt_tokens_details.cached_tokens`, else `timings.cache_n`) against all prompt tokens, and each
+node's share of the requests with the imbalance (the busiest node's requests over the mean, minus one).
+Then the ratios of the later turns' TTFT p50.
 
 Before that, the added CPU per request: hashing a request's prefix from the body the parse step already
 decoded (`PrefixAffinity.prefix_of`) and choosing and recording its node (`RoutingTable.reserve` with a
@@ -85,10 +86,13 @@ class Phase:
         mean = len(self.turns) / len(shares)
         imbalance = max(shares.values()) / mean - 1
         share_text = ", ".join(f"{node} {count}" for node, count in sorted(shares.items()))
+        later = [t for t in self.turns if t.turn > 1]
+        warm = sum(1 for t in later if t.cached_tokens >= t.prompt_tokens / 2)
         print(
-            f"  {self.name:18} TTFT p50 turn 1: {self.ttft_p50_ms(False):7.0f} ms   turns >= 2: "
-            f"{self.ttft_p50_ms(True):7.0f} ms   cached prompt tokens: {cached:6} of {prompt:6} "
-            f"({cached / prompt:4.0%})   requests per node: {share_text} (imbalance {imbalance:.0%})"
+            f"  {self.name:18} TTFT p50 turn 1: {self.ttft_p50_ms(False):6.0f} ms   turns >= 2: "
+            f"{self.ttft_p50_ms(True):6.0f} ms, {warm}/{len(later)} found most of their prompt cached   "
+            f"cached prompt tokens: {cached} of {prompt} ({cached / prompt:.0%})   requests per node: "
+            f"{share_text} (imbalance {imbalance:.0%})"
         )
 
 
