@@ -4,7 +4,8 @@ selection with reservations.
 The registry says which nodes exist (`apply_put`, `apply_delete`); the health checker, the forwarder and
 the responses it commits to say how they behave (`set_liveness`, `record_success`, `record_failure`). Requests take a
 `Reservation` on the least-loaded healthy node serving their model (or, under prefix affinity, the one
-holding their prompt's prefix: `_affinity`) and release it exactly once, however the request ends. Everything here runs on one event loop and never awaits, so each method is atomic.
+holding their prompt's prefix: `_affinity`) and release it exactly once, however the request ends.
+Everything here runs on one event loop and never awaits, so each method is atomic.
 
 Status merging, when the registry (possibly shared with other gateways through etcd) and this gateway
 disagree:
