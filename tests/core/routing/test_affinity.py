@@ -14,6 +14,7 @@ from qiip_core.routing import (
     MAX_BLOCKS,
     PROMPT_BLOCK_CHARS,
     RECORDED_BLOCKS,
+    SAMPLED_MESSAGE_CHARS,
     AffinityResult,
     PrefixAffinity,
     RoutingPolicy,
@@ -181,3 +182,13 @@ def test_without_affinity_the_table_is_least_connections() -> None:
     with table.reserve("m", prefix=turn) as second:
         assert second.state.id != held.state.id
     held.release()
+
+
+def test_a_long_message_is_known_by_its_length_and_ends() -> None:
+    long = "x" * (SAMPLED_MESSAGE_CHARS * 4)
+    base = prefix_hashes("m", "chat", chat(long))
+    assert prefix_hashes("m", "chat", chat(long[:-1] + "y")) != base
+    assert prefix_hashes("m", "chat", chat(long + "x")) != base
+    # A change in between, keeping the length, goes unnoticed (by design: hashing stays O(1) per message).
+    middle = len(long) // 2
+    assert prefix_hashes("m", "chat", chat(long[:middle] + "y" + long[middle + 1 :])) == base
