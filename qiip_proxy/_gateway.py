@@ -32,7 +32,7 @@ from qiip_core.nodes import Node, NodeStatus
 from qiip_core.provisioning import Provisioner
 from qiip_core.quads import QuadsService
 from qiip_core.recommendations import Recommender
-from qiip_core.routing import BreakerPolicy, Forwarder, NodeState, RoutingTable
+from qiip_core.routing import BreakerPolicy, Forwarder, NodeState, PrefixAffinity, RoutingPolicy, RoutingTable
 from qiip_core.telemetry import TelemetrySource, TelemetryStore, create_telemetry_source
 from qiip_proxy._auth_gate import AuthThrottle
 from qiip_proxy._gpu_metrics import GpuCollector
@@ -57,7 +57,7 @@ class Gateway:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        breaker = settings.breaker
+        breaker, routing = settings.breaker, settings.routing
         self.table = RoutingTable(
             breaker=BreakerPolicy(
                 min_failures=breaker.failure_threshold,
@@ -67,6 +67,14 @@ class Gateway:
                 open_max_s=breaker.open_max_s,
             ),
             probe_interval_s=settings.health.interval_s,
+            affinity=PrefixAffinity(
+                policy=RoutingPolicy(routing.policy),
+                model_policy={model: RoutingPolicy(policy) for model, policy in routing.model_policy.items()},
+                max_entries=routing.prefix_cache_entries,
+                ttl_s=routing.prefix_ttl_s,
+                imbalance_requests=routing.prefix_imbalance_requests,
+                imbalance_ratio=routing.prefix_imbalance_ratio,
+            ),
         )
         self.registry: Registry = create_registry(settings)
         self.profiles = {profile.name: profile for profile in settings.attached}

@@ -3,7 +3,8 @@
 `serve_inference` takes the request through its five steps, each in a module of its own, in this order:
 
 1. **parse** (`_parse`): size limit before the body is read whole, JSON, `model`, `stream`, the invoke token;
-2. **select** (`RoutingTable.reserve`, in the core): the least-loaded eligible node serving the model;
+2. **select** (`RoutingTable.reserve`, in the core): the least-loaded eligible node serving the model, or,
+   under prefix affinity, the one holding the request's prompt prefix (hashed in step 1);
 3. **forward** (`Forwarder.open`, in the core): send it there, failing over to the next node while no byte
    has reached the client, until the node's first bytes commit the gateway to its answer;
 4. **relay** (`_relay`): status and headers, then whole SSE events or body chunks as they come; the

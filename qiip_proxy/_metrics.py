@@ -2,7 +2,8 @@
 
 Every inference request ends as one `Outcome`, filled in as it goes and accounted once, when it ends
 (`GatewayMetrics.account`); per-node gauges (in-flight requests, status, breaker) are read from the routing
-table when Prometheus scrapes, so the request path never touches a gauge.
+table when Prometheus scrapes, so the request path never touches a gauge (nor the prefix-affinity counts,
+which the table keeps as plain integers).
 
 Names and units follow Prometheus' conventions (https://prometheus.io/docs/practices/naming/): a base unit
 in the name (`_seconds`), `_total` on every counter (prometheus-client appends it), and label sets that stay
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from qiip_core import UpstreamConnectError, UpstreamError, UpstreamStatusError, UpstreamTimeout
@@ -201,6 +202,18 @@ class _TableCollector(Collector):
         yield in_flight
         yield up
         yield breaker
+        affinity = self._table.affinity
+        if affinity is not None:
+            routed = CounterMetricFamily(
+                "qiip_prefix_affinity",
+                "Requests routed by prefix affinity, by model and result: hit (sent to the node that served "
+                "its longest known prefix), miss (none known on an eligible node), overloaded (that node was "
+                "beyond the imbalance bound); misses and overloaded ones went by least-connections.",
+                labels=["model", "result"],
+            )
+            for (model, result), count in list(affinity.results.items()):
+                routed.add_metric([model, result.value], count)
+            yield routed
 
 
 def _totals(metric: Counter) -> Iterator[tuple[dict[str, str], float]]:

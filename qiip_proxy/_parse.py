@@ -1,8 +1,9 @@
 """Step 1 of an inference request: parse. Read the client's request, check what the gateway needs of it,
 and authenticate its invoke token.
 
-The gateway reads two fields of the body, `model` and `stream` (and bounds `max_tokens`); everything else
-goes to the node byte for byte. The token header is checked before the body is read, so a request without
+The gateway reads two fields of the body, `model` and `stream` (and bounds `max_tokens`), and hashes the
+leading messages (or prompt) of a model routed by prefix affinity; everything else goes to the node byte for
+byte. The token header is checked before the body is read, so a request without
 a valid token costs nothing more, and the body's size is checked against `server.max_body_bytes` before it
 is read whole.
 """
@@ -21,7 +22,7 @@ from starlette.types import Receive, Scope
 from qiip_core import AuthError
 from qiip_core.auth import InvokeToken, parse_bearer
 from qiip_core.nodes import ApiName
-from qiip_core.routing import UpstreamRequest
+from qiip_core.routing import PrefixAffinity, UpstreamRequest
 from qiip_proxy._auth_gate import header, peer_of, too_many_failures
 from qiip_proxy._errors import TOO_DEEP, RequestRefused
 
@@ -92,16 +93,28 @@ async def parse_request(
             logger.warning("invoke token refused from %s on %s: %s", peer, scope["path"], exc.code)
             raise
     request = await read_request(
-        scope, receive, max_body_bytes=gateway.settings.server.max_body_bytes, request_id=request_id
+        scope,
+        receive,
+        max_body_bytes=gateway.settings.server.max_body_bytes,
+        request_id=request_id,
+        affinity=gateway.table.affinity,
     )
     token = gateway.tokens.authenticate(secret, model=request.model) if secret is not None else None
     return request, token
 
 
 async def read_request(
-    scope: Scope, receive: Receive, *, max_body_bytes: int, request_id: str | None = None
+    scope: Scope,
+    receive: Receive,
+    *,
+    max_body_bytes: int,
+    request_id: str | None = None,
+    affinity: PrefixAffinity | None = None,
 ) -> UpstreamRequest:
     """Read and check a client request, keeping its body byte for byte.
+
+    With `affinity`, a request whose model routes by prefix affinity carries its prefix hashes, computed from
+    the body as it was parsed here (`PrefixAffinity.prefix_of`).
 
     Raises:
         RequestRefused: 413 over `max_body_bytes` (checked before the body is read whole), 400 for a body that
@@ -166,8 +179,10 @@ async def read_request(
     if request_id is not None:
         headers.append(("x-request-id", request_id))
     path = scope["path"]
+    api = PROXY_PATHS.get(path)
+    prefix = affinity.prefix_of(model, api, payload) if affinity is not None else ()
     return UpstreamRequest(
-        path=path, body=body, headers=headers, model=model, stream=bool(stream), api=PROXY_PATHS.get(path)
+        path=path, body=body, headers=headers, model=model, stream=bool(stream), api=api, prefix=prefix
     )
 
 

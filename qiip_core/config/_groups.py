@@ -17,9 +17,6 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 
 from qiip_core._errors import ConfigError
 from qiip_core.nodes import (
-    DEFAULT_ALLOWED_HOSTS,
-    DEFAULT_ALLOWED_NETWORKS,
-    EndpointPolicy,
     Engine,
     NodeCapabilities,
 )
@@ -39,7 +36,6 @@ __all__ = [
     "NodeConfig",
     "PositiveSeconds",
     "RegistrySettings",
-    "RoutingSettings",
     "ServerSettings",
     "UpstreamSettings",
     "default_state_dir",
@@ -147,54 +143,6 @@ class ServerSettings(_Group):
             if item != "*" and (problem := _origin_problem(item)):
                 raise ValueError(f"{item!r} {problem}")
         return value
-
-
-class RoutingSettings(_Group):
-    """Node selection, failover and the endpoint allowlist (`[routing]`)."""
-
-    max_attempts: int = Field(default=3, ge=1, le=16)
-    """Nodes tried per request, the first try included. 1 disables failover."""
-    retry_after_timeout: bool = False
-    """Send a request to another node after one that had received it timed out. Off by default: that node
-    was working on it, so a re-send repeats the whole prompt's work elsewhere, and a request too big for the
-    limits then loads every node in turn. Timeouts while connecting are always failed over."""
-    allowed_endpoint_hosts: list[str] = Field(default_factory=lambda: list(DEFAULT_ALLOWED_HOSTS))
-    """Host names a node endpoint may use: exact names or `*.suffix` patterns."""
-    allowed_endpoint_networks: list[str] = Field(default_factory=lambda: list(DEFAULT_ALLOWED_NETWORKS))
-    """CIDR networks an IP-literal node endpoint must fall in."""
-    allowed_endpoint_ports: list[Annotated[int, Field(ge=1, le=65535)]] = Field(default_factory=list)
-    """Ports a node endpoint may use; empty allows any port."""
-
-    @field_validator("allowed_endpoint_networks")
-    @classmethod
-    def _cidr(cls, value: list[str]) -> list[str]:
-        for item in value:
-            try:
-                ipaddress.ip_network(item.strip(), strict=True)
-            except ValueError:
-                try:
-                    network = ipaddress.ip_network(item.strip(), strict=False)
-                except ValueError:
-                    raise ValueError(f"{item!r} is not a CIDR network such as 10.0.0.0/8 or fd00::/8") from None
-                raise ValueError(f"{item!r} has host bits set; did you mean {network}?") from None
-        return value
-
-    @field_validator("allowed_endpoint_hosts")
-    @classmethod
-    def _patterns(cls, value: list[str]) -> list[str]:
-        for item in value:
-            body = item[2:] if item.startswith("*.") else item
-            if not body or "*" in body or "/" in body or ":" in body.strip("[]") and "." in body:
-                raise ValueError(f"{item!r} is not a host name or a *.suffix pattern")
-        return value
-
-    def endpoint_policy(self) -> EndpointPolicy:
-        """The allowlist these settings describe."""
-        return EndpointPolicy.from_strings(
-            hosts=self.allowed_endpoint_hosts,
-            networks=self.allowed_endpoint_networks,
-            ports=self.allowed_endpoint_ports,
-        )
 
 
 class UpstreamSettings(_Group):

@@ -42,7 +42,6 @@ from qiip_core.config._groups import (
     LoggingSettings,
     NodeConfig,
     RegistrySettings,
-    RoutingSettings,
     ServerSettings,
     UpstreamSettings,
     default_state_dir,
@@ -51,6 +50,7 @@ from qiip_core.config._models import ModelSettings
 from qiip_core.config._provisioning import ProvisioningSettings
 from qiip_core.config._quads import QuadsSettings
 from qiip_core.config._redfish import RedfishSettings
+from qiip_core.config._routing import RoutingSettings
 from qiip_core.config._telemetry import TelemetryAgentConfig, TelemetrySettings
 
 __all__ = [

@@ -1,13 +1,26 @@
-"""The routing engine: least-connections selection, reservations, circuit breakers, forwarding with
-failover before the first byte, and the node's answer as the relay reads it (SSE framing included).
+"""The routing engine: least-connections selection or prefix affinity, reservations, circuit breakers,
+forwarding with failover before the first byte, and the node's answer as the relay reads it (SSE framing
+included).
 
-In the order a request takes them: `_table` (select: `RoutingTable.reserve`), `_upstream` (the client, the
-request it sends, and its errors translated), `_forward` (`Forwarder.open`: attempts and failover),
-`_response` (the committed answer: reading, and the node's success or failure), `_sse` (event framing).
+In the order a request takes them: `_affinity` (the prefix map, consulted by the table), `_table` (select:
+`RoutingTable.reserve`), `_upstream` (the client, the request it sends, and its errors translated),
+`_forward` (`Forwarder.open`: attempts and failover), `_response` (the committed answer: reading, and the
+node's success or failure), `_sse` (event framing).
 """
 
 from __future__ import annotations
 
+from qiip_core.routing._affinity import (
+    MAX_BLOCKS,
+    PROMPT_BLOCK_CHARS,
+    PROMPT_BLOCK_TOKENS,
+    RECORDED_BLOCKS,
+    SAMPLED_MESSAGE_CHARS,
+    AffinityResult,
+    PrefixAffinity,
+    RoutingPolicy,
+    prefix_hashes,
+)
 from qiip_core.routing._breaker import BreakerPolicy, BreakerState, CircuitBreaker
 from qiip_core.routing._forward import Forwarder
 from qiip_core.routing._response import HOP_BY_HOP_HEADERS, UpstreamResponse
@@ -31,6 +44,12 @@ from qiip_core.routing._upstream import (
 
 __all__ = [
     "HOP_BY_HOP_HEADERS",
+    "MAX_BLOCKS",
+    "PROMPT_BLOCK_CHARS",
+    "PROMPT_BLOCK_TOKENS",
+    "RECORDED_BLOCKS",
+    "SAMPLED_MESSAGE_CHARS",
+    "AffinityResult",
     "AllowlistResolver",
     "BreakerPolicy",
     "BreakerState",
@@ -39,7 +58,9 @@ __all__ = [
     "EventFramer",
     "Forwarder",
     "NodeState",
+    "PrefixAffinity",
     "Reservation",
+    "RoutingPolicy",
     "RoutingTable",
     "TableChange",
     "UpstreamClient",
@@ -49,5 +70,6 @@ __all__ = [
     "event_boundary",
     "is_local_exhaustion",
     "map_transport_error",
+    "prefix_hashes",
     "select_least_connections",
 ]

@@ -157,7 +157,7 @@ class Forwarder:
         timeout_counted = False
         while len(tried) < self.max_attempts:
             try:
-                reservation = self.table.reserve(request.model, api=request.api, exclude=tried)
+                reservation = self.table.reserve(request.model, api=request.api, exclude=tried, prefix=request.prefix)
             except RoutingError:
                 if not failures:
                     raise

@@ -3,8 +3,9 @@ selection with reservations.
 
 The registry says which nodes exist (`apply_put`, `apply_delete`); the health checker, the forwarder and
 the responses it commits to say how they behave (`set_liveness`, `record_success`, `record_failure`). Requests take a
-`Reservation` on the least-loaded healthy node serving their model and release it exactly once, however
-the request ends. Everything here runs on one event loop and never awaits, so each method is atomic.
+`Reservation` on the least-loaded healthy node serving their model (or, under prefix affinity, the one
+holding their prompt's prefix: `_affinity`) and release it exactly once, however the request ends.
+Everything here runs on one event loop and never awaits, so each method is atomic.
 
 Status merging, when the registry (possibly shared with other gateways through etcd) and this gateway
 disagree:
@@ -20,13 +21,14 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 
 from qiip_core._errors import EndpointNotSupported, ModelNotFound, ModelUnavailable, NoNodes, RoutingError
 from qiip_core.nodes import LIFECYCLE_STATUSES, ApiName, Engine, Node, NodeStatus
+from qiip_core.routing._affinity import PrefixAffinity
 from qiip_core.routing._breaker import BreakerPolicy, BreakerState, CircuitBreaker
 
 __all__ = [
@@ -241,13 +243,14 @@ class Reservation:
 
 
 class RoutingTable:
-    """All nodes known to this gateway, with least-connections selection.
+    """All nodes known to this gateway, with least-connections selection, or prefix affinity over it.
 
     Args:
         breaker: when nodes' circuit breakers open, and for how long.
         probe_interval_s: the health checker's interval: when a node waiting for a probe may be back, for
             `Retry-After`.
         rng: random source for tie-breaking (tests pass a seeded one).
+        affinity: the routing policy per model and the prefix map; None: least-connections for every model.
     """
 
     def __init__(
@@ -256,7 +259,9 @@ class RoutingTable:
         breaker: BreakerPolicy | None = None,
         probe_interval_s: float = 10.0,
         rng: random.Random | None = None,
+        affinity: PrefixAffinity | None = None,
     ) -> None:
+        self.affinity = affinity
         self._probe_interval_s = probe_interval_s
         self._states: dict[str, NodeState] = {}
         self._by_model: dict[str, dict[str, NodeState]] = {}
@@ -298,13 +303,17 @@ class RoutingTable:
 
     # -- selection -----------------------------------------------------------------------------------------
 
-    def reserve(self, model: str, *, api: ApiName | None = None, exclude: Collection[str] = ()) -> Reservation:
-        """Reserve the least-loaded eligible node serving exactly `model` (and `api`, when given).
+    def reserve(
+        self, model: str, *, api: ApiName | None = None, exclude: Collection[str] = (), prefix: Sequence[int] = ()
+    ) -> Reservation:
+        """Reserve the least-loaded eligible node serving exactly `model` (and `api`, when given), or the one
+        holding the request's longest known prefix (`PrefixAffinity.choose`), which then holds this one's.
 
         Args:
             model: the requested model, compared as an opaque string.
             api: the OpenAI API asked for; nodes whose capabilities do not list it are never chosen.
             exclude: node ids not to use (already tried by this request).
+            prefix: the request's prefix hashes (`PrefixAffinity.prefix_of`); empty: least-connections.
 
         Returns:
             A reservation on the chosen node; its in-flight count is already incremented.
@@ -335,7 +344,14 @@ class RoutingTable:
             state = min(last_chance, key=lambda s: (s.in_flight, s.breaker.last_failure_at or 0.0))
             trial = state.breaker.try_half_open(force=True)
         else:
-            state = candidates[0] if len(candidates) == 1 else select_least_connections(candidates, self._rng)
+            affinity = self.affinity if prefix else None
+            chosen = affinity.choose(model, candidates, prefix) if affinity is not None else None
+            if chosen is not None:
+                state = chosen
+            else:
+                state = candidates[0] if len(candidates) == 1 else select_least_connections(candidates, self._rng)
+            if affinity is not None:
+                affinity.record(prefix, state.id)
             trial = state.breaker.state is not BreakerState.CLOSED and state.breaker.try_half_open()
         state.in_flight += 1
         return Reservation(self, state, trial=trial)

@@ -47,6 +47,8 @@ class UpstreamRequest:
         model: the requested model.
         stream: True when the client asked for SSE (`"stream": true`).
         api: which OpenAI API this is, to route only to nodes that serve it (None: any node of the model).
+        prefix: the hashes of its leading blocks (`PrefixAffinity.prefix_of`), for prefix-aware routing;
+            empty when its model routes by least-connections.
     """
 
     path: str
@@ -55,6 +57,7 @@ class UpstreamRequest:
     model: str
     stream: bool
     api: ApiName | None = None
+    prefix: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)

@@ -27,8 +27,11 @@ def llama_daemon(
 @pytest.fixture(scope="module")
 def fault_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     """A daemon for relay and failover tests: nodes are probed once when registered, then rarely, so a
-    node the test breaks afterwards is still `healthy` when the request arrives."""
+    node the test breaks afterwards is still `healthy` when the request arrives. Least-connections spreads
+    the tests' identical requests over the nodes (prefix affinity would keep them on the node that answered
+    the first)."""
     env = {
+        "QIIP_ROUTING__POLICY": "least_connections",
         "QIIP_HEALTH__INTERVAL_S": "60",
         "QIIP_HEALTH__FAILURE_THRESHOLD": "3",
         "QIIP_UPSTREAM__TTFB_TIMEOUT_S": "1",

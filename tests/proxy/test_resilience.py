@@ -23,8 +23,9 @@ Backends = Callable[..., FaultBackend]
 @pytest.fixture(scope="module")
 def steady_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     """A daemon with the default breaker and a slow health tick: only the breakers' own timers and trials
-    bring nodes back."""
-    env = {"QIIP_HEALTH__INTERVAL_S": "60", "QIIP_BREAKER__OPEN_S": "0.3"}
+    bring nodes back. Least-connections spreads the tests' identical requests over the nodes (prefix
+    affinity would keep them on the node that answered the first)."""
+    env = {"QIIP_HEALTH__INTERVAL_S": "60", "QIIP_BREAKER__OPEN_S": "0.3", "QIIP_ROUTING__POLICY": "least_connections"}
     with Daemon(tmp_path_factory.mktemp("steady-daemon"), env=env) as daemon:
         yield daemon
 

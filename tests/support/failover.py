@@ -26,14 +26,19 @@ def body(model: str, **extra: object) -> dict[str, object]:
     return {"model": model, "messages": [{"role": "user", "content": "hi"}], **extra}
 
 
+_HOLD = {"messages": [{"role": "user", "content": "hold this node"}]}
+
+
 @contextmanager
 def busy(daemon: Daemon, backend: FaultBackend, model: str) -> Iterator[None]:
-    """Hold one request on `backend` so least-connections sends the next request elsewhere first."""
+    """Hold one request on `backend` so least-connections sends the next request elsewhere first. It asks
+    something no test asks, so prefix affinity (the default policy) knows nothing of the next request's
+    prefix and leaves the choice to least-connections."""
     backend.push(Hang())
     before = len(backend.requests)
     client = httpx.Client(trust_env=False, timeout=30)
     thread = threading.Thread(
-        target=lambda: _quietly(lambda: client.post(daemon.url + CHAT, json=body(model))), daemon=True
+        target=lambda: _quietly(lambda: client.post(daemon.url + CHAT, json=_HOLD | {"model": model})), daemon=True
     )
     thread.start()
     backend.wait_for_requests(before + 1)

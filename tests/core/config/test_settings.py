@@ -233,3 +233,36 @@ def test_models_settings_refuse_a_bad_endpoint_and_host() -> None:
         load_settings(models={"hub_endpoint": "ftp://hub"})
     with pytest.raises(ConfigError, match="is not a host name"):
         load_settings(models={"allowed_download_hosts": ["https://x"]})
+
+
+def test_routing_policy_per_model_from_the_file(tmp_path: Path) -> None:
+    assert load_settings().routing.policy == "prefix_affinity"
+    config = write(
+        tmp_path,
+        '[routing]\npolicy = "least_connections"\nprefix_ttl_s = 60\n\n'
+        '[routing.model_policy]\n"org/chat:q4" = "prefix_affinity"\n',
+    )
+    routing = load_settings(config).routing
+    assert routing.policy == "least_connections" and routing.prefix_ttl_s == 60
+    assert routing.model_policy == {"org/chat:q4": "prefix_affinity"}
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        (
+            'policy = "sticky"',
+            "routing.policy (QIIP_ROUTING__POLICY): 'sticky' is not a routing policy; use one of least_connections, ",
+        ),
+        (
+            '[routing.model_policy]\n"org/chat:q4" = "round_robin"',
+            "model 'org/chat:q4' has 'round_robin', which is not a routing policy",
+        ),
+        ("prefix_imbalance_requests = -1", "routing.prefix_imbalance_requests"),
+        ("prefix_cache_entries = 0", "routing.prefix_cache_entries"),
+    ],
+)
+def test_a_bad_routing_policy_is_refused_by_name(tmp_path: Path, text: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, f"[routing]\n{text}\n"))
+    assert fragment in info.value.message
