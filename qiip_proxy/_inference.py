@@ -3,7 +3,9 @@
 `serve_inference` takes the request through its five steps, each in a module of its own, in this order:
 
 1. **parse** (`_parse`): size limit before the body is read whole, JSON, `model`, `stream`, the invoke token;
-2. **select** (`RoutingTable.reserve`, in the core): the least-loaded eligible node serving the model;
+2. **admit and select** (`Admission.admit`, `RoutingTable.reserve`, in the core): shed the request when its
+   model already has as many requests in flight as `[admission]` allows, else reserve the least-loaded
+   eligible node serving the model;
 3. **forward** (`Forwarder.open`, in the core): send it there, failing over to the next node while no byte
    has reached the client, until the node's first bytes commit the gateway to its answer;
 4. **relay** (`_relay`): status and headers, then whole SSE events or body chunks as they come; the
@@ -33,6 +35,7 @@ from qiip_core import (
     AuthError,
     FailoverExhausted,
     ModelNotFound,
+    ModelOverloaded,
     NoNodes,
     QiipError,
     RoutingError,
@@ -156,8 +159,9 @@ class _InferenceRequest:
 
     async def _forward_and_relay(self, request: UpstreamRequest, send: Send) -> None:
         outcome = self.outcome
-        # 2. select and 3. forward
+        # 2. admit and select, 3. forward
         try:
+            self.gateway.admission.admit(request.model)
             upstream = await self.gateway.forwarder.open(request)
         except asyncio.CancelledError:
             if self._ended is not None:
@@ -168,7 +172,9 @@ class _InferenceRequest:
             raise
         except (RoutingError, UpstreamError) as exc:
             await send_error(send, exc, self.request_id)
-            if isinstance(exc, ModelNotFound | NoNodes):
+            if isinstance(exc, ModelOverloaded):
+                self.gateway.metrics.shed.labels(request.model, exc.reason).inc()
+            elif isinstance(exc, ModelNotFound | NoNodes):
                 # A model no node serves is the client's word only: keep it out of the label set.
                 outcome.model = ""
             outcome.status, outcome.error_code = exc.status, exc.code

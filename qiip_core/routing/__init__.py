@@ -1,13 +1,15 @@
 """The routing engine: least-connections selection, reservations, circuit breakers, forwarding with
 failover before the first byte, and the node's answer as the relay reads it (SSE framing included).
 
-In the order a request takes them: `_table` (select: `RoutingTable.reserve`), `_upstream` (the client, the
+In the order a request takes them: `_admission` (admit or shed: `Admission.admit`), `_table` (select:
+`RoutingTable.reserve`), `_upstream` (the client, the
 request it sends, and its errors translated), `_forward` (`Forwarder.open`: attempts and failover),
 `_response` (the committed answer: reading, and the node's success or failure), `_sse` (event framing).
 """
 
 from __future__ import annotations
 
+from qiip_core.routing._admission import Admission, AdmissionBound
 from qiip_core.routing._breaker import BreakerPolicy, BreakerState, CircuitBreaker
 from qiip_core.routing._forward import Forwarder
 from qiip_core.routing._response import HOP_BY_HOP_HEADERS, UpstreamResponse
@@ -31,6 +33,8 @@ from qiip_core.routing._upstream import (
 
 __all__ = [
     "HOP_BY_HOP_HEADERS",
+    "Admission",
+    "AdmissionBound",
     "AllowlistResolver",
     "BreakerPolicy",
     "BreakerState",
