@@ -134,6 +134,15 @@ class _InferenceRequest:
             outcome.status, outcome.error_code = exc.status, exc.code
             return
         outcome.model = request.model
+        # 2. admit: a shed request costs no task, and nothing between here and the reservation awaits, so
+        # concurrent requests never overshoot the bound.
+        try:
+            self.gateway.admission.admit(request.model)
+        except ModelOverloaded as exc:
+            await send_error(send, exc, self.request_id)
+            self.gateway.metrics.shed.labels(request.model, exc.reason).inc()
+            outcome.status, outcome.error_code = exc.status, exc.code
+            return
         task = asyncio.current_task()
         assert task is not None
         self._task = task
@@ -159,9 +168,8 @@ class _InferenceRequest:
 
     async def _forward_and_relay(self, request: UpstreamRequest, send: Send) -> None:
         outcome = self.outcome
-        # 2. admit and select, 3. forward
+        # 2. select and 3. forward
         try:
-            self.gateway.admission.admit(request.model)
             upstream = await self.gateway.forwarder.open(request)
         except asyncio.CancelledError:
             if self._ended is not None:
@@ -172,9 +180,7 @@ class _InferenceRequest:
             raise
         except (RoutingError, UpstreamError) as exc:
             await send_error(send, exc, self.request_id)
-            if isinstance(exc, ModelOverloaded):
-                self.gateway.metrics.shed.labels(request.model, exc.reason).inc()
-            elif isinstance(exc, ModelNotFound | NoNodes):
+            if isinstance(exc, ModelNotFound | NoNodes):
                 # A model no node serves is the client's word only: keep it out of the label set.
                 outcome.model = ""
             outcome.status, outcome.error_code = exc.status, exc.code
