@@ -126,9 +126,13 @@ async def _serve_backend(port: int, interval_s: float) -> None:
 
 
 class _Client(asyncio.Protocol):
-    def __init__(self, run: _ClientRun, request: bytes) -> None:
+    def __init__(self, run: _ClientRun, request_id: str, body: bytes) -> None:
         self.run = run
-        self.request = request
+        self.request_id = request_id
+        self.request = (
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
+            b"x-request-id: %s\r\ncontent-length: %d\r\n\r\n%s" % (request_id.encode(), len(body), body)
+        )
         self.last: float | None = None
         self.first = asyncio.get_running_loop().create_future()
         self.transport: asyncio.Transport | None = None
@@ -174,21 +178,16 @@ async def _run_client(port: int, streams: int, window_s: float, disconnect: int)
     for batch in range(0, streams, 500):
         pairs = await asyncio.gather(
             *(
-                loop.create_connection(
-                    lambda i=i: _Client(  # type: ignore[misc]
-                        run,
-                        b"POST /v1/chat/completions HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
-                        b"x-request-id: s%d\r\ncontent-length: %d\r\n\r\n%s" % (i, len(body), body),
-                    ),
-                    "127.0.0.1",
-                    port,
-                )
+                loop.create_connection(lambda i=i: _Client(run, f"s{i}", body), "127.0.0.1", port)  # type: ignore[misc]
                 for i in range(batch, min(batch + 500, streams))
             )
         )
         clients += [protocol for _, protocol in pairs]
-    await asyncio.gather(*(c.first for c in clients))
-    _say(phase="open", open_s=time.monotonic() - started)
+    outcomes = await asyncio.gather(*(c.first for c in clients), return_exceptions=True)
+    failed = [c for c, outcome in zip(clients, outcomes, strict=True) if outcome is not None]
+    gone = set(failed)
+    clients = [c for c in clients if c not in gone]
+    _say(phase="open", open_s=time.monotonic() - started, failed=len(failed))
     await asyncio.sleep(1.0)
     run.measuring = True
     _say(phase="window")
@@ -198,10 +197,10 @@ async def _run_client(port: int, streams: int, window_s: float, disconnect: int)
     gaps = sorted(run.gaps)
     closing = clients[:disconnect]
     closed_at = {}
-    for i, client in enumerate(closing):
+    for client in closing:
         assert client.transport is not None
         client.transport.close()
-        closed_at[f"s{i}"] = time.monotonic()
+        closed_at[client.request_id] = time.monotonic()
     await asyncio.sleep(2.0)
     for client in clients[disconnect:]:
         assert client.transport is not None
@@ -246,7 +245,7 @@ def measure(
     for line in client.stdout:
         said = json.loads(line)
         if said["phase"] == "open":
-            result["open_s"] = said["open_s"]
+            result["open_s"], result["failed"] = said["open_s"], said["failed"]
         elif said["phase"] == "window":
             cpu_before = tree_cpu_s(pid)
         elif said["phase"] == "measured":
@@ -381,6 +380,10 @@ def main() -> None:
                 f"{r['upstream_closed']:>6.0f} {r['close_max_s'] * 1000:>7.0f}ms",
                 flush=True,
             )
+            if r["failed"]:
+                print(f"{'':<7}   {r['failed']:.0f} streams failed to open", flush=True)
+                if via == "nginx":
+                    print((Path(state) / "nginx" / "error.log").read_text()[-2000:], flush=True)
             for proc in (target, backend):
                 proc.terminate()
                 proc.wait(timeout=30)
