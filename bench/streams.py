@@ -174,19 +174,22 @@ async def _run_client(port: int, streams: int, window_s: float, disconnect: int)
     run = _ClientRun()
     body = json.dumps({**BODY, "stream": True}).encode()
     clients: list[_Client] = []
+    failed: list[_Client] = []
     started = time.monotonic()
-    for batch in range(0, streams, 500):
+    # Streams are opened 250 at a time, each batch once the last has its first events: ten thousand connections
+    # opened at once overflow the stand-in backend's accept queue (its listen backlog is capped by
+    # net.core.somaxconn), and the proxy's connections to it time out.
+    for batch in range(0, streams, 250):
         pairs = await asyncio.gather(
             *(
                 loop.create_connection(lambda i=i: _Client(run, f"s{i}", body), "127.0.0.1", port)  # type: ignore[misc]
-                for i in range(batch, min(batch + 500, streams))
+                for i in range(batch, min(batch + 250, streams))
             )
         )
-        clients += [protocol for _, protocol in pairs]
-    outcomes = await asyncio.gather(*(c.first for c in clients), return_exceptions=True)
-    failed = [c for c, outcome in zip(clients, outcomes, strict=True) if outcome is not None]
-    gone = set(failed)
-    clients = [c for c in clients if c not in gone]
+        opened = [protocol for _, protocol in pairs]
+        outcomes = await asyncio.gather(*(c.first for c in opened), return_exceptions=True)
+        for client, outcome in zip(opened, outcomes, strict=True):
+            (clients if outcome is None else failed).append(client)
     _say(phase="open", open_s=time.monotonic() - started, failed=len(failed))
     await asyncio.sleep(1.0)
     run.measuring = True
