@@ -214,7 +214,10 @@ def run_load(port: int, pid: int, *, connections: int, duration_s: float, backof
     )
 
 
-def start_gateway(backend_port: int, state: str, extra: dict[str, str], *, profile: str | None = None) -> tuple:  # type: ignore[type-arg]
+def start_gateway(
+    backend_port: int, state: str, extra: dict[str, str], *, profile: str | None = None, source: str | None = None
+) -> tuple[subprocess.Popen[bytes], int]:
+    """Start a daemon in front of the backend; `source` runs another revision's code (a `git archive` of it)."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("QIIP_")}
     env |= {
@@ -226,6 +229,8 @@ def start_gateway(backend_port: int, state: str, extra: dict[str, str], *, profi
         "QIIP_SERVER__MAX_CONNECTIONS_PER_ADDRESS": "100000",
         **extra,
     }
+    if source is not None:
+        env["PYTHONPATH"] = source
     Path(state).mkdir(parents=True, exist_ok=True)
     python = (
         [sys.executable, __file__, "--profiled-gateway", profile] if profile else [sys.executable, "-m", "qiip_proxy"]
@@ -274,6 +279,7 @@ def main() -> None:
     parser.add_argument("--max-in-flight", type=int, default=32, help="admission.max_in_flight of the bounded QIIP")
     parser.add_argument("--backoff-ms", type=float, default=0.0, help="a shed client's wait before its next request")
     parser.add_argument("--targets", default="direct,nginx,qiip,bounded", help="which of them to run")
+    parser.add_argument("--baseline", metavar="REV", help="also run QIIP (unbounded) at this revision, e.g. main")
     parser.add_argument("--profile", metavar="DIR", help="run both QIIP daemons under cProfile, dumps in DIR")
     args = parser.parse_args()
     DURATION[0] = args.duration
@@ -297,6 +303,16 @@ def main() -> None:
             profile=str(prof_dir / "bounded.prof") if prof_dir else None,
         )
         procs.append(bounded)
+        baseline: tuple[subprocess.Popen[bytes], int] | None = None
+        if args.baseline:
+            source = Path(state) / "baseline-src"
+            source.mkdir()
+            archive = subprocess.run(
+                ["git", "-C", str(ROOT), "archive", args.baseline], capture_output=True, check=True
+            )
+            subprocess.run(["tar", "-x", "-C", str(source)], input=archive.stdout, check=True)
+            baseline = start_gateway(backend_port, state + "/base", {}, source=str(source))
+            procs.append(baseline[0])
         nginx, nginx_port = start_nginx(backend_port, state)
         if nginx is not None:
             procs.append(nginx)
@@ -304,6 +320,7 @@ def main() -> None:
         chosen = args.targets.split(",")
         targets = [("direct", backend_port, backend.pid)] if "direct" in chosen else []
         targets += [("nginx", nginx_port, nginx.pid)] if nginx is not None and "nginx" in chosen else []
+        targets += [(args.baseline[:8], baseline[1], baseline[0].pid)] if baseline is not None else []
         targets += [("qiip", qiip_port, qiip.pid)] if "qiip" in chosen else []
         targets += [(f"qiip≤{args.max_in_flight}", bounded_port, bounded.pid)] if "bounded" in chosen else []
         print(f"{args.duration:g} s per run, shed clients retry after {args.backoff_ms:g} ms, cpus {os.cpu_count()}")

@@ -142,6 +142,10 @@ class _Client(asyncio.Protocol):
         self.transport.write(self.request)
 
     def data_received(self, data: bytes) -> None:
+        if self.last is None and data.startswith(b"HTTP/1.1 ") and not data.startswith(b"HTTP/1.1 200"):
+            if not self.first.done():
+                self.first.set_exception(ConnectionError(data.split(b"\r\n", 1)[0].decode("latin-1")))
+            return
         events = data.count(b"data: ")
         if not events:
             return
