@@ -26,6 +26,7 @@ from qiip_core._logging import configure_logging
 from qiip_core.config import bind_listener, load_settings
 from qiip_proxy._app import create_app, serving_app
 from qiip_proxy._gateway import Gateway
+from qiip_proxy._gc import tune_gc
 from qiip_proxy._limits import client_connection_cap, raise_open_file_limit
 from qiip_proxy._transport import guarded_protocol
 
@@ -56,6 +57,7 @@ class _Server(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().startup(sockets)
+        tune_gc()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         super().handle_exit(sig, frame)

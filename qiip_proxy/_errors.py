@@ -90,7 +90,12 @@ class ErrorAnswer(NamedTuple):
     """Headers to add to the answer."""
 
 
-_TYPES = {401: "authentication_error", 403: "permission_error", 503: "service_unavailable_error"}
+_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    429: "rate_limit_error",
+    503: "service_unavailable_error",
+}
 """OpenAI error types by status; any other status is an `invalid_request_error` below 500, else a `server_error`."""
 
 

@@ -32,7 +32,15 @@ from qiip_core.nodes import Node, NodeStatus
 from qiip_core.provisioning import Provisioner
 from qiip_core.quads import QuadsService
 from qiip_core.recommendations import Recommender
-from qiip_core.routing import BreakerPolicy, Forwarder, NodeState, PrefixAffinity, RoutingPolicy, RoutingTable
+from qiip_core.routing import (
+    Admission,
+    BreakerPolicy,
+    Forwarder,
+    NodeState,
+    PrefixAffinity,
+    RoutingPolicy,
+    RoutingTable,
+)
 from qiip_core.telemetry import TelemetrySource, TelemetryStore, create_telemetry_source
 from qiip_proxy._auth_gate import AuthThrottle
 from qiip_proxy._gpu_metrics import GpuCollector
@@ -76,6 +84,8 @@ class Gateway:
                 imbalance_ratio=routing.prefix_imbalance_ratio,
             ),
         )
+        self.admission = Admission(self.table, settings.admission)
+        """The per-model bound on requests in flight (`[admission]`): past it, requests are shed."""
         self.registry: Registry = create_registry(settings)
         self.profiles = {profile.name: profile for profile in settings.attached}
         # Where each profile's token may go: its own URL, as its node carries it.

@@ -3,8 +3,10 @@
 `serve_inference` takes the request through its five steps, each in a module of its own, in this order:
 
 1. **parse** (`_parse`): size limit before the body is read whole, JSON, `model`, `stream`, the invoke token;
-2. **select** (`RoutingTable.reserve`, in the core): the least-loaded eligible node serving the model, or,
-   under prefix affinity, the one holding the request's prompt prefix (hashed in step 1);
+2. **admit and select** (`Admission.admit`, `RoutingTable.reserve`, in the core): shed the request when its
+   model already has as many requests in flight as `[admission]` allows, else reserve the least-loaded
+   eligible node serving the model, or, under prefix affinity, the one holding the request's prompt prefix
+   (hashed in step 1);
 3. **forward** (`Forwarder.open`, in the core): send it there, failing over to the next node while no byte
    has reached the client, until the node's first bytes commit the gateway to its answer;
 4. **relay** (`_relay`): status and headers, then whole SSE events or body chunks as they come; the
@@ -34,6 +36,7 @@ from qiip_core import (
     AuthError,
     FailoverExhausted,
     ModelNotFound,
+    ModelOverloaded,
     NoNodes,
     QiipError,
     RoutingError,
@@ -132,6 +135,15 @@ class _InferenceRequest:
             outcome.status, outcome.error_code = exc.status, exc.code
             return
         outcome.model = request.model
+        # 2. admit: a shed request costs no task, and nothing between here and the reservation awaits, so
+        # concurrent requests never overshoot the bound.
+        try:
+            self.gateway.admission.admit(request.model)
+        except ModelOverloaded as exc:
+            await send_error(send, exc, self.request_id)
+            self.gateway.metrics.shed.labels(request.model, exc.reason).inc()
+            outcome.status, outcome.error_code = exc.status, exc.code
+            return
         task = asyncio.current_task()
         assert task is not None
         self._task = task

@@ -245,6 +245,13 @@ class GatewayMetrics:
             ["model", "node", "code"],
             registry=self.registry,
         )
+        self.shed = Counter(
+            "qiip_requests_shed",
+            "Client requests shed before reaching a node, by model and the bound reached ([admission]: "
+            "max_in_flight, queue_per_slot).",
+            ["model", "reason"],
+            registry=self.registry,
+        )
         self.auth_failures = Counter(
             "qiip_auth_failures",
             "Failed authentications by API: admin credentials, invoke tokens.",

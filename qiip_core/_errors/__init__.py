@@ -23,6 +23,7 @@ QiipError                       (500 internal_error: only for a bare QiipError, 
 │   ├── NoNodes                 503 no_nodes
 │   ├── ModelNotFound           404 model_not_found (param model)
 │   ├── ModelUnavailable        503 model_unavailable
+│   ├── ModelOverloaded         429 (or 503, per instance) model_overloaded: shed by `[admission]` (`.reason`)
 │   └── EndpointNotSupported    400 endpoint_not_supported (param model)
 ├── UpstreamError               forwarding to a node failed (`.node_id`, `.retryable`)
 │   ├── UpstreamConnectError    502 backend_unavailable
@@ -100,6 +101,7 @@ from qiip_core._errors._base import (
     EndpointNotSupported,
     FailoverExhausted,
     ModelNotFound,
+    ModelOverloaded,
     ModelUnavailable,
     NodeConflict,
     NodeNotFound,
@@ -190,6 +192,7 @@ __all__ = [
     "ManifestInvalid",
     "ModelFileError",
     "ModelNotFound",
+    "ModelOverloaded",
     "ModelStoreError",
     "ModelUnavailable",
     "NoNodes",

@@ -17,6 +17,7 @@ __all__ = [
     "EndpointNotSupported",
     "FailoverExhausted",
     "ModelNotFound",
+    "ModelOverloaded",
     "ModelUnavailable",
     "NoNodes",
     "NodeConflict",
@@ -165,6 +166,28 @@ class ModelUnavailable(RoutingError):
 
     status = 503
     code = "model_unavailable"
+
+
+class ModelOverloaded(RoutingError):
+    """The model already has as many requests in flight at the gateway as `[admission]` allows: the request is
+    shed before it reaches a node (429 by default, or 503; `code` model_overloaded, with `Retry-After`).
+
+    Args:
+        message: a full sentence for the client.
+        model: the requested model.
+        status: 429 or 503 (`admission.status`).
+        reason: the bound that was reached: `max_in_flight` or `queue_per_slot`.
+        retry_after_s: the answer's `Retry-After`, in seconds.
+    """
+
+    status = 429
+    code = "model_overloaded"
+
+    def __init__(self, message: str, *, model: str, status: int, reason: str, retry_after_s: float) -> None:
+        super().__init__(message, model=model)
+        self.status = status
+        self.reason = reason
+        self.retry_after_s = retry_after_s
 
 
 class EndpointNotSupported(RoutingError):

@@ -6,6 +6,7 @@ from qiip_core.config._listen import bind_listener
 from qiip_core.config._models import ModelSettings
 from qiip_core.config._settings import (
     AdminSettings,
+    AdmissionSettings,
     AttachedProfile,
     AuthSettings,
     BreakerSettings,
@@ -14,6 +15,7 @@ from qiip_core.config._settings import (
     LlamaCppEngineSettings,
     LocalNodeConfig,
     LoggingSettings,
+    ModelAdmission,
     NodeConfig,
     ProvisioningSettings,
     QuadsSettings,
@@ -34,6 +36,7 @@ from qiip_core.config._statelock import LOCAL_NODES_LOCK, StateDirLock, local_no
 __all__ = [
     "LOCAL_NODES_LOCK",
     "AdminSettings",
+    "AdmissionSettings",
     "AttachedProfile",
     "AuthSettings",
     "BreakerSettings",
@@ -42,6 +45,7 @@ __all__ = [
     "LlamaCppEngineSettings",
     "LocalNodeConfig",
     "LoggingSettings",
+    "ModelAdmission",
     "ModelSettings",
     "NodeConfig",
     "ProvisioningSettings",

@@ -29,6 +29,7 @@ from pydantic_settings import (
 )
 
 from qiip_core._errors import ConfigError
+from qiip_core.config._admission import AdmissionSettings, ModelAdmission
 from qiip_core.config._groups import (
     AdminSettings,
     AttachedProfile,
@@ -55,6 +56,7 @@ from qiip_core.config._telemetry import TelemetryAgentConfig, TelemetrySettings
 
 __all__ = [
     "AdminSettings",
+    "AdmissionSettings",
     "AttachedProfile",
     "AuthSettings",
     "BreakerSettings",
@@ -63,6 +65,7 @@ __all__ = [
     "LlamaCppEngineSettings",
     "LocalNodeConfig",
     "LoggingSettings",
+    "ModelAdmission",
     "ModelSettings",
     "NodeConfig",
     "ProvisioningSettings",
@@ -102,6 +105,7 @@ class Settings(BaseSettings):
     server: ServerSettings = Field(default_factory=ServerSettings)
     admin: AdminSettings = Field(default_factory=AdminSettings)
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
+    admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
     upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
     breaker: BreakerSettings = Field(default_factory=BreakerSettings)

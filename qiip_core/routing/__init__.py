@@ -2,14 +2,15 @@
 forwarding with failover before the first byte, and the node's answer as the relay reads it (SSE framing
 included).
 
-In the order a request takes them: `_affinity` (the prefix map, consulted by the table), `_table` (select:
-`RoutingTable.reserve`), `_upstream` (the client, the request it sends, and its errors translated),
-`_forward` (`Forwarder.open`: attempts and failover), `_response` (the committed answer: reading, and the
-node's success or failure), `_sse` (event framing).
+In the order a request takes them: `_admission` (admit or shed: `Admission.admit`), `_affinity` (the prefix
+map, consulted by the table), `_table` (select: `RoutingTable.reserve`), `_upstream` (the client, the request it
+sends, and its errors translated), `_forward` (`Forwarder.open`: attempts and failover), `_response` (the
+committed answer: reading, and the node's success or failure), `_sse` (event framing).
 """
 
 from __future__ import annotations
 
+from qiip_core.routing._admission import Admission, AdmissionBound
 from qiip_core.routing._affinity import (
     MAX_BLOCKS,
     PROMPT_BLOCK_CHARS,
@@ -49,6 +50,8 @@ __all__ = [
     "PROMPT_BLOCK_TOKENS",
     "RECORDED_BLOCKS",
     "SAMPLED_MESSAGE_CHARS",
+    "Admission",
+    "AdmissionBound",
     "AffinityResult",
     "AllowlistResolver",
     "BreakerPolicy",

@@ -284,6 +284,12 @@ class RoutingTable:
         """The node's state, or None."""
         return self._states.get(node_id)
 
+    def serving(self, model: str) -> Collection[NodeState]:
+        """The nodes registered for exactly `model`, in any status (empty when none); a live view, not a copy:
+        read it, do not keep it across an await."""
+        serving = self._by_model.get(model)
+        return serving.values() if serving is not None else ()
+
     def models(self) -> dict[str, Engine]:
         """Models served by at least one healthy node, each with the engine of one of them."""
         served: dict[str, Engine] = {}

@@ -82,6 +82,8 @@ _ARGUMENTS: dict[str, Any] = {
     "artifact_id": "0" * 64,
     "cache_dir": Path("hub"),
     "host": "gpu01",
+    "reason": "max_in_flight",
+    "retry_after_s": 1.0,
 }
 
 
