@@ -155,6 +155,55 @@ def ttfb_ms(host: str, port: int, samples: int) -> list[float]:
     return times
 
 
+def start_gateway(
+    backend_port: int,
+    state: str,
+    extra: dict[str, str],
+    *,
+    command: list[str] | None = None,
+    source: str | None = None,
+) -> tuple[subprocess.Popen[bytes], int]:
+    """Start a daemon on one core in front of the backend (model `bench`) and wait until the node is healthy.
+
+    Args:
+        backend_port: the stand-in node's port on 127.0.0.1.
+        state: the daemon's state directory (and working directory), created if missing.
+        extra: more `QIIP_*` settings, over the defaults here.
+        command: the daemon's command line without `--port` (default: `python -m qiip_proxy`).
+        source: run another revision's code from this directory (a `git archive` of it).
+
+    Returns:
+        The daemon's process and its port.
+
+    Raises:
+        RuntimeError: the node did not become healthy within 30 s.
+    """
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QIIP_")}
+    env |= {
+        "QIIP_STATE_DIR": state,
+        "QIIP_NODES": json.dumps([{"id": "bench", "endpoint": f"http://127.0.0.1:{backend_port}", "model": "bench"}]),
+        "QIIP_LOGGING__LEVEL": "WARNING",
+        "QIIP_ADMIN__ENABLED": "false",
+        # Every load-generator connection comes from 127.0.0.1.
+        "QIIP_SERVER__MAX_CONNECTIONS_PER_ADDRESS": "100000",
+        **extra,
+    }
+    if source is not None:
+        env["PYTHONPATH"] = source
+    Path(state).mkdir(parents=True, exist_ok=True)
+    argv = command or [sys.executable, "-m", "qiip_proxy"]
+    proc = subprocess.Popen(pinned([*argv, "--port", str(port)], 1), env=env, cwd=state)
+    wait_http(f"http://127.0.0.1:{port}/health")
+    deadline = time.monotonic() + 30
+    while httpx.get(f"http://127.0.0.1:{port}/health").json()["nodes_healthy"] < 1:
+        if time.monotonic() > deadline:
+            proc.terminate()
+            raise RuntimeError("the bench node never became healthy")
+        time.sleep(0.05)
+    return proc, port
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run")
@@ -164,7 +213,7 @@ def main() -> None:
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed (Debian package `wrk`).")
 
-    backend_port, gateway_port = free_port(), free_port()
+    backend_port = free_port()
     backend = subprocess.Popen(
         pinned(
             [
@@ -179,29 +228,13 @@ def main() -> None:
         )
     )
     state = tempfile.mkdtemp(prefix="qiip-bench-")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("QIIP_")}
-    env |= {
-        "QIIP_STATE_DIR": state,
-        "QIIP_NODES": json.dumps([{"id": "bench", "endpoint": f"http://127.0.0.1:{backend_port}", "model": "bench"}]),
-        "QIIP_LOGGING__LEVEL": "WARNING",
-        "QIIP_ADMIN__ENABLED": "false",
-        # Every load-generator connection comes from 127.0.0.1.
-        "QIIP_SERVER__MAX_CONNECTIONS_PER_ADDRESS": "100000",
-    }
-    gateway = subprocess.Popen(
-        pinned([sys.executable, "-m", "qiip_proxy", "--port", str(gateway_port)], 1), env=env, cwd=state
-    )
     nginx, nginx_port = start_nginx(backend_port, state)
+    gateway: subprocess.Popen[bytes] | None = None
     try:
         if nginx is not None:
             wait_http(f"http://127.0.0.1:{nginx_port}/health")
         wait_http(f"http://127.0.0.1:{backend_port}/health")
-        wait_http(f"http://127.0.0.1:{gateway_port}/health")
-        deadline = time.monotonic() + 30
-        while httpx.get(f"http://127.0.0.1:{gateway_port}/health").json()["nodes_healthy"] < 1:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the bench node never became healthy")
-            time.sleep(0.05)
+        gateway, gateway_port = start_gateway(backend_port, state, {})
         print(f"backend :{backend_port}  gateway :{gateway_port}  {args.duration}s per run  cpus {os.cpu_count()}")
         print()
         header = (
@@ -247,7 +280,7 @@ def main() -> None:
             f"through qiip p50 {g50:.3f}ms p99 {g99:.3f}ms; added p50 {g50 - d50:.3f}ms"
         )
     finally:
-        for proc in (gateway, backend, *([nginx] if nginx else [])):
+        for proc in (*([gateway] if gateway else []), backend, *([nginx] if nginx else [])):
             proc.terminate()
             proc.wait(timeout=30)
         shutil.rmtree(state, ignore_errors=True)

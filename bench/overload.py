@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.gateway import BODY, free_port, pinned, start_nginx, wait_http  # noqa: E402
+from bench.gateway import BODY, free_port, pinned, start_gateway, start_nginx, wait_http  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 WARMUP_S = 1.0
@@ -214,37 +214,9 @@ def run_load(port: int, pid: int, *, connections: int, duration_s: float, backof
     )
 
 
-def start_gateway(
-    backend_port: int, state: str, extra: dict[str, str], *, profile: str | None = None, source: str | None = None
-) -> tuple[subprocess.Popen[bytes], int]:
-    """Start a daemon in front of the backend; `source` runs another revision's code (a `git archive` of it)."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("QIIP_")}
-    env |= {
-        "QIIP_STATE_DIR": state,
-        "QIIP_NODES": json.dumps([{"id": "bench", "endpoint": f"http://127.0.0.1:{backend_port}", "model": "bench"}]),
-        "QIIP_LOGGING__LEVEL": "WARNING",
-        "QIIP_ADMIN__ENABLED": "false",
-        # Every load-generator connection comes from 127.0.0.1.
-        "QIIP_SERVER__MAX_CONNECTIONS_PER_ADDRESS": "100000",
-        **extra,
-    }
-    if source is not None:
-        env["PYTHONPATH"] = source
-    Path(state).mkdir(parents=True, exist_ok=True)
-    python = (
-        [sys.executable, __file__, "--profiled-gateway", profile] if profile else [sys.executable, "-m", "qiip_proxy"]
-    )
-    proc = subprocess.Popen(pinned([*python, "--port", str(port)], 1), env=env, cwd=state)
-    wait_http(f"http://127.0.0.1:{port}/health")
-    deadline = time.monotonic() + 30
-    import httpx
-
-    while httpx.get(f"http://127.0.0.1:{port}/health").json()["nodes_healthy"] < 1:
-        if time.monotonic() > deadline:
-            raise RuntimeError("the bench node never became healthy")
-        time.sleep(0.05)
-    return proc, port
+def profiled_command(profile: str | None) -> list[str] | None:
+    """The daemon's command line under cProfile (writing to `profile`), or None for the plain daemon."""
+    return [sys.executable, __file__, "--profiled-gateway", profile] if profile else None
 
 
 def profiled_gateway(path: str, argv: list[str]) -> None:
@@ -294,13 +266,13 @@ def main() -> None:
         wait_http(f"http://127.0.0.1:{backend_port}/health")
         prof_dir = Path(args.profile).resolve() if args.profile else None
         profile = str(prof_dir / "qiip.prof") if prof_dir else None
-        qiip, qiip_port = start_gateway(backend_port, state + "/a", {}, profile=profile)
+        qiip, qiip_port = start_gateway(backend_port, state + "/a", {}, command=profiled_command(profile))
         procs.append(qiip)
         bounded, bounded_port = start_gateway(
             backend_port,
             state + "/b",
             {"QIIP_ADMISSION__MAX_IN_FLIGHT": str(args.max_in_flight)},
-            profile=str(prof_dir / "bounded.prof") if prof_dir else None,
+            command=profiled_command(str(prof_dir / "bounded.prof") if prof_dir else None),
         )
         procs.append(bounded)
         baseline: tuple[subprocess.Popen[bytes], int] | None = None

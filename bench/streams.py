@@ -39,7 +39,7 @@ from typing import cast
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.gateway import BODY, NGINX_CONF, free_port, pinned, wait_http  # noqa: E402
+from bench.gateway import BODY, NGINX_CONF, free_port, pinned, start_gateway, wait_http  # noqa: E402
 from bench.overload import tree_cpu_s  # noqa: E402
 
 CHUNK = (
@@ -343,31 +343,14 @@ def main() -> None:
                 procs.append(target)
                 wait_http(f"http://127.0.0.1:{port}/health")
             else:
-                port = free_port()
-                env = {k: v for k, v in os.environ.items() if not k.startswith("QIIP_")}
-                env |= {
-                    "QIIP_STATE_DIR": str(Path(state) / "qiip"),
-                    "QIIP_NODES": json.dumps(
-                        [{"id": "bench", "endpoint": f"http://127.0.0.1:{backend_port}", "model": "bench"}]
-                    ),
-                    "QIIP_LOGGING__LEVEL": "WARNING",
-                    "QIIP_ADMIN__ENABLED": "false",
-                    # Every client comes from 127.0.0.1, and every stream holds a node connection.
-                    "QIIP_SERVER__MAX_CONNECTIONS_PER_ADDRESS": str(2 * args.streams),
-                    "QIIP_UPSTREAM__MAX_CONNECTIONS": str(2 * args.streams),
+                # Every client comes from 127.0.0.1, and every stream holds a node connection.
+                connections = str(2 * args.streams)
+                extra = {
+                    "QIIP_SERVER__MAX_CONNECTIONS_PER_ADDRESS": connections,
+                    "QIIP_UPSTREAM__MAX_CONNECTIONS": connections,
                 }
-                target = subprocess.Popen(
-                    pinned([sys.executable, "-m", "qiip_proxy", "--port", str(port)], 1), env=env, cwd=state
-                )
+                target, port = start_gateway(backend_port, str(Path(state) / "qiip"), extra)
                 procs.append(target)
-                wait_http(f"http://127.0.0.1:{port}/health")
-                import httpx
-
-                deadline = time.monotonic() + 30
-                while httpx.get(f"http://127.0.0.1:{port}/health").json()["nodes_healthy"] < 1:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("the bench node never became healthy")
-                    time.sleep(0.05)
             r = measure(
                 port,
                 target.pid,
