@@ -32,7 +32,9 @@ def test_cli_changes_a_running_daemon_and_survive_a_restart(tmp_path: Path, back
         assert httpx.post(daemon.url + "/v1/chat/completions", json=body, timeout=30).status_code == 200
         listed = json.loads(run_qiip(tmp_path, "node", "list", "--json").stdout)
         assert [(n["id"], n["source"]) for n in listed] == [("gpu01", "state")]
-    with Daemon(tmp_path) as daemon:
+    # The held request must outlast the `qiip node remove` subprocess, which can take seconds on a busy machine.
+    patient = {"QIIP_UPSTREAM__TTFB_TIMEOUT_S": "120", "QIIP_UPSTREAM__GENERATION_TIMEOUT_S": "120"}
+    with Daemon(tmp_path, env=patient) as daemon:
         daemon.wait_status("gpu01", "healthy")
         # Removing a node with a request in flight drains it: nothing new is sent, the old request finishes.
         release = threading.Event()
