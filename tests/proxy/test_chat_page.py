@@ -322,6 +322,32 @@ def test_a_turn_cut_mid_answer_is_left_out_of_the_next_request(page: Page, daemo
     sent = chat_requests(fault)[-1]
     assert sent["messages"] == [{"role": "user", "content": "second question"}]
     assert sent["stream"] is True and sent["stream_options"] == {"include_usage": True}
+    assert sent["max_tokens"] == 1024  # the page's default longest answer
+
+
+def test_a_stopped_turn_is_left_out_and_the_longest_answer_is_kept(
+    page: Page, daemon: Daemon, fault: FaultBackend
+) -> None:
+    fault.reset()
+    fault.push(Sse(events=events("never ", "shown"), delay_first_event_s=60))
+    open_chat(page, daemon, "scripted")
+    page.click("#system-box summary")
+    page.fill("#max-tokens", "77")
+    send(page, "first question")
+    fault.wait_for_requests(1, path="/v1/chat/completions")
+    page.click("#stop")
+    stopped = page.locator("#messages .turn").last
+    expect(stopped).to_have_class(re.compile(r"\bstopped\b"))
+    assert "left out of the next request" in stopped.inner_text()
+
+    # A stopped turn is not history: two user messages in a row would break a strict template.
+    send(page, "second question")
+    expect(page.locator("#messages .turn").last).to_have_class(re.compile(r"\bdone\b"))
+    fault.wait_for_requests(2, path="/v1/chat/completions")
+    sent = chat_requests(fault)[-1]
+    assert sent["messages"] == [{"role": "user", "content": "second question"}] and sent["max_tokens"] == 77
+    page.reload()
+    expect(page.locator("#max-tokens")).to_have_value("77")
 
 
 def test_the_system_prompt_is_kept_and_a_refusing_template_gets_a_hint(

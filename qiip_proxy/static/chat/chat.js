@@ -8,6 +8,7 @@
   const TOKEN_KEY = "qiip.chat.token"; // sessionStorage: this tab only
   const SYSTEM_KEY = "qiip.chat.system"; // localStorage
   const MODEL_KEY = "qiip.chat.model"; // localStorage
+  const MAX_TOKENS_KEY = "qiip.chat.max_tokens"; // localStorage
 
   const $ = (id) => document.getElementById(id);
   const markdown = window.markdownit({ html: false, linkify: true });
@@ -24,7 +25,8 @@
     return DOMPurify.sanitize(markdown.render(text), { FORBID_TAGS: ["style"], FORBID_ATTR: ["style"] });
   }
 
-  /** The turns so far: {user, answer, failed, view}. A failed turn is left out of later requests. */
+  /** The turns so far: {user, answer, failed, stopped, view}. A failed or stopped turn is left out of later
+   * requests (as in the console's chat): a strict template would refuse two user messages in a row. */
   const turns = [];
   let controller = null;
 
@@ -113,18 +115,24 @@
     return { root: view, body, status };
   }
 
-  /** The request's messages: the system prompt, the turns that did not fail, then the new one. */
+  /** The request's messages: the system prompt, the turns that ended well, then the new one. */
   function requestMessages(current) {
     const messages = [];
     const system = $("system").value.trim();
     if (system) messages.push({ role: "system", content: system });
     for (const turn of turns) {
-      if (turn === current || turn.failed) continue;
+      if (turn === current || turn.failed || turn.stopped) continue;
       messages.push({ role: "user", content: turn.user });
       if (turn.answer) messages.push({ role: "assistant", content: turn.answer });
     }
     messages.push({ role: "user", content: current.user });
     return messages;
+  }
+
+  /** `max_tokens` (the OpenAI field) from the "Longest answer" box; nothing when it is empty. */
+  function maxTokens() {
+    const value = Number.parseInt($("max-tokens").value, 10);
+    return Number.isInteger(value) && value > 0 ? { max_tokens: value } : {};
   }
 
   class TurnError extends Error {
@@ -194,7 +202,7 @@
   }
 
   async function send(text) {
-    const turn = { user: text, answer: "", failed: false };
+    const turn = { user: text, answer: "", failed: false, stopped: false };
     const messages = requestMessages(turn);
     turns.push(turn);
     turn.view = turnView(turn);
@@ -217,6 +225,7 @@
         body: JSON.stringify({
           model: $("model").value,
           messages,
+          ...maxTokens(),
           stream: true,
           stream_options: { include_usage: true },
         }),
@@ -253,10 +262,11 @@
       if (!finished) throw new TurnError("The connection ended before the answer was complete.");
     } catch (err) {
       if (err.name === "AbortError") {
+        turn.stopped = true;
         turn.view.root.classList.add("stopped");
         const note = document.createElement("span");
         note.className = "note";
-        note.textContent = "Stopped.";
+        note.textContent = "Stopped; left out of the next request.";
         turn.view.status.append(note);
       } else {
         turn.failed = true;
@@ -284,6 +294,9 @@
       if (system.value) localStorage.setItem(SYSTEM_KEY, system.value);
       else localStorage.removeItem(SYSTEM_KEY);
     });
+    const longest = $("max-tokens");
+    longest.value = localStorage.getItem(MAX_TOKENS_KEY) ?? longest.value;
+    longest.addEventListener("input", () => localStorage.setItem(MAX_TOKENS_KEY, longest.value));
     $("model").addEventListener("change", () => localStorage.setItem(MODEL_KEY, $("model").value));
     $("token-form").addEventListener("submit", (event) => {
       event.preventDefault();
