@@ -38,7 +38,7 @@ __all__ = ["client_config"]
 @click.option(
     "-o",
     "--output",
-    type=click.Path(path_type=Path),
+    type=click.Path(),
     default=None,
     help="Write the file here (a directory: the agent's file name in it) instead of printing it.",
 )
@@ -57,7 +57,7 @@ def client_config(
     client: str,
     model: str,
     node_id: str | None,
-    output: Path | None,
+    output: str | None,
     force: bool,
     api_key_env: str | None,
     api_key: str | None,
@@ -89,9 +89,11 @@ def client_config(
         click.echo(rendered.text, nl=False)
         click.echo(f"{kind.value} reads this from {rendered.location}{hint}", err=True)
         return
+    if output.endswith(("/", "\\")) and not Path(output).is_dir():
+        _fail(f"cannot write into {output}: no such directory (nothing was written)")
     try:
-        written = write_client_config(rendered, output, force=force)
-    except FileExistsError as exc:
+        written = write_client_config(rendered, Path(output), force=force)
+    except (FileExistsError, FileNotFoundError) as exc:
         _fail(str(exc))
     except OSError as exc:
         _fail(f"cannot write {output}: {exc.strerror or exc}")

@@ -55,7 +55,7 @@ async def _write(app: QiipConsole, client: ClientKind, model: str) -> None:
         key = ApiKey.for_gateway(tokens_required=await _tokens_required(app))
         rendered = render_target(target, client, key)
         path: Path = generated_config_path(client, model, rendered.file_name)
-        written = await asyncio.to_thread(write_client_config, rendered, path, force=True)
+        written = await asyncio.to_thread(write_client_config, rendered, path, force=True, parents=True)
     except QiipError as exc:
         app.notify(exc.message, title=f"No {client.value} config", severity="error")
         return

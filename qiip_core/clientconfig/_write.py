@@ -28,7 +28,7 @@ def generated_config_path(client: ClientKind, model: str, file_name: str, env: M
     return config_home / "qiip" / "client-configs" / client.value / folder / file_name
 
 
-def write_client_config(config: ClientConfig, path: Path, *, force: bool = False) -> Path:
+def write_client_config(config: ClientConfig, path: Path, *, force: bool = False, parents: bool = False) -> Path:
     """Write `config` to `path` (to `path / config.file_name` when `path` is a directory): a temporary file in
     the same directory, fsynced, then renamed over, with mode 0600 since it may hold a key.
 
@@ -36,15 +36,20 @@ def write_client_config(config: ClientConfig, path: Path, *, force: bool = False
         config: the rendered config.
         path: the file, or a directory to put it in.
         force: replace an existing file.
+        parents: create missing parent directories (the console's own folder); without it a missing directory
+            is refused, so a mistyped path never leaves new directories behind.
 
     Returns:
         The file written.
 
     Raises:
         FileExistsError: the file exists and `force` is false (nothing is written).
+        FileNotFoundError: the directory does not exist and `parents` is false (nothing is written).
         OSError: the directory cannot be created or written.
     """
     target = path / config.file_name if path.is_dir() else path
+    if not parents and not target.parent.is_dir():
+        raise FileNotFoundError(f"{target.parent} is not a directory; create it first (nothing was written).")
     if target.exists() and not force:
         raise FileExistsError(f"{target} exists; pass --force to replace it.")
     atomic_write(target, config.text.encode())

@@ -120,6 +120,12 @@ def test_output_is_written_atomically_and_never_clobbered(fleet: Daemon, tmp_pat
     forced = qiip(fleet, tmp_path, "omp", "--model", "tiny-chat", "--output", str(written), "--force")
     assert forced.returncode == 0, forced.stderr
     assert read_back(ClientKind.OMP, written.read_text()).model == "tiny-chat"
+    # A directory that is not there is refused, never made: a mistyped path leaves nothing behind.
+    for missing in (f"{tmp_path}/newdir/", f"{tmp_path}/newdir/opencode.json"):
+        absent = qiip(fleet, tmp_path, "opencode", "--model", "tiny-chat", "--output", missing)
+        assert absent.returncode == 1 and absent.stderr.startswith("error: ") and "nothing was written" in absent.stderr
+        assert len(absent.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "newdir").exists()
 
 
 def test_keys_given_by_the_user(fleet: Daemon, tmp_path: Path) -> None:

@@ -147,7 +147,10 @@ def page(browser: Browser, dialogs: list[str]) -> Iterator[Page]:
         context.close()
 
 
-def open_chat(page: Page, daemon: Daemon, model: str) -> None:
+def open_chat(page: Page, daemon: Daemon, model: str, *, max_tokens: int | None = None) -> None:
+    if max_tokens is not None:
+        # The page's "Longest answer" box, as a user would have left it in this browser.
+        page.add_init_script(f"localStorage.setItem('qiip.chat.max_tokens', '{max_tokens}')")
     page.goto(daemon.url + "/chat")
     expect(page.locator("#model")).to_be_enabled()
     page.select_option("#model", model)
@@ -208,7 +211,7 @@ async def test_chat_page_off_answers_404(tmp_path: Path) -> None:
 
 
 def test_an_answer_streams_and_renders_with_its_figures(page: Page, daemon: Daemon, gemma: GemmaNode) -> None:
-    open_chat(page, daemon, "gemma")
+    open_chat(page, daemon, "gemma", max_tokens=ANSWER_TOKENS)
     send(page, "The capital of France is")
     turn = page.locator("#messages .turn").last
     # Tokens arrive while the answer is still streaming.
@@ -233,7 +236,7 @@ def test_an_answer_streams_and_renders_with_its_figures(page: Page, daemon: Daem
 def test_stop_closes_the_stream_and_the_node_sees_it(page: Page, daemon: Daemon, gemma: GemmaNode) -> None:
     cancels = gemma.cancelled_tasks()
     disconnects = daemon.counter("qiip_request_errors_total", node="gemma", code="client_disconnected")
-    open_chat(page, daemon, "gemma")
+    open_chat(page, daemon, "gemma", max_tokens=ANSWER_TOKENS)
     send(page, "Tell me a long story about a lighthouse keeper.")
     turn = page.locator("#messages .turn").last
     expect(turn.locator(".markdown")).not_to_be_empty(timeout=GEMMA_WAIT_MS)
@@ -258,7 +261,7 @@ def test_a_node_killed_mid_answer_leaves_the_partial_text_and_an_error(
     page: Page, daemon: Daemon, gemma: GemmaNode
 ) -> None:
     # The module's last use of Gemma: the node does not come back.
-    open_chat(page, daemon, "gemma")
+    open_chat(page, daemon, "gemma", max_tokens=ANSWER_TOKENS)
     send(page, "Tell me a long story about a lighthouse keeper.")
     turn = page.locator("#messages .turn").last
     expect(turn.locator(".markdown")).not_to_be_empty(timeout=GEMMA_WAIT_MS)

@@ -229,7 +229,10 @@ def test_write_is_private_and_never_clobbers(tmp_path: Path) -> None:
         write_client_config(config, written)
     assert written.read_text() == "mine"
     assert write_client_config(config, written, force=True).read_text() == config.text
-    nested = write_client_config(config, tmp_path / "new" / "dir" / "pi.json")
+    with pytest.raises(FileNotFoundError, match="create it first"):
+        write_client_config(config, tmp_path / "new" / "dir" / "pi.json")
+    assert not (tmp_path / "new").exists()
+    nested = write_client_config(config, tmp_path / "new" / "dir" / "pi.json", parents=True)
     assert nested.read_text() == config.text
     assert [p.name for p in nested.parent.iterdir()] == ["pi.json"]  # no temporary file left
 
