@@ -418,6 +418,8 @@ def up(
         names = ", ".join(repr(n["model"]) for n in local_nodes)
         click.echo(f"Serving {names}. Press Ctrl-C to stop.", err=True)
         click.echo(f"OpenAI base URL: {base}/v1")
+        if settings.server.chat_page:
+            click.echo(f"Chat in a browser: {base}/chat", err=True)
         daemon.wait()
         raise click.ClickException(f"The daemon exited unexpectedly (status {daemon.returncode}).")
     except _Stop:
