@@ -79,10 +79,14 @@ def parse_bearer(authorization: str | None) -> str:
         )
     scheme, _, secret = authorization.strip().partition(" ")
     secret = secret.strip()
-    if scheme.lower() != "bearer" or not is_secret_shaped(secret):
+    if scheme.lower() != "bearer":
         raise TokenInvalid(
-            "The Authorization header does not carry an invoke token; send 'Authorization: Bearer <token>' "
-            f"with a token starting with {SECRET_PREFIX}."
+            "The Authorization header does not carry an invoke token; send 'Authorization: Bearer <token>'."
+        )
+    if not is_secret_shaped(secret):
+        raise TokenInvalid(
+            f"That is not an invoke token: a token is {SECRET_PREFIX} followed by 43 letters, digits, '-' or '_' "
+            "(check that it was copied whole)."
         )
     return secret
 

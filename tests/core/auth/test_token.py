@@ -152,6 +152,9 @@ def test_parse_bearer() -> None:
         with pytest.raises(TokenInvalid) as info:
             parse_bearer(header)
         assert secret not in info.value.message and secret[8:20] not in info.value.message
+    with pytest.raises(TokenInvalid) as info:
+        parse_bearer("Bearer qiip_wrong")  # shaped wrong, though it starts like a token
+    assert info.value.message.startswith("That is not an invoke token: a token is qiip_ followed by 43 ")
 
 
 def test_error_family() -> None:
