@@ -277,6 +277,10 @@ class UpstreamResponse:
                 except TRANSPORT_ERRORS as exc:
                     self._reader = None
                     raise map_transport_error(exc, self.node_id) from exc
+                except BaseException:
+                    # Whatever else ends the read: the timer must never cancel this task outside it.
+                    self._reader = None
+                    raise
                 if not chunk and response.content.at_eof():
                     if self._framer is None:
                         self.complete = True
