@@ -1,10 +1,12 @@
-"""What the metrics cost the relay: per relayed event, and per request (`GatewayMetrics.account`).
+"""What the relay costs per relayed event, and the metrics per request (`GatewayMetrics.account`).
 
 The relay's loop and the accounting run in-process against stand-ins that cost next to nothing (a node whose
 `read()` returns the next event at once, a client whose `send` does nothing), so the figures are the Python
-work of the gateway alone, without sockets. The same work is timed for the relay and metrics modules of a
-baseline revision (`git show REV:qiip_proxy/_relay.py`), loaded next to the current ones, so the difference
-is what the current code adds.
+work of the gateway alone, without sockets. The relay is timed twice: its loop alone, and with the node's
+answer (`UpstreamResponse.read`: the idle limit, the SSE framing) over a stand-in aiohttp response whose
+`readany()` hands over the next event at once. The same work is timed for the relay, response and metrics
+modules of a baseline revision (`git show REV:qiip_proxy/_relay.py`), loaded next to the current ones, so the
+difference is what the current code adds.
 
     uv run python bench/relay_metrics.py                     # against HEAD
     uv run python bench/relay_metrics.py --baseline 5971fe0  # against an older revision
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import subprocess
 import sys
@@ -25,6 +28,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import uvloop
+
+from qiip_core.config import UpstreamSettings
 from qiip_core.routing import RoutingTable
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,15 +48,14 @@ USAGE_EVENT = (
 DONE = b"data: [DONE]\n\n"
 
 
-def load(module: str, revision: str) -> types.ModuleType:
-    """`qiip_proxy.<module>` as it was at `revision`, as a module of its own."""
-    source = subprocess.run(
-        ["git", "show", f"{revision}:qiip_proxy/{module}.py"], cwd=ROOT, capture_output=True, check=True
-    ).stdout
-    loaded = types.ModuleType(f"qiip_proxy.{module}_at_{revision}")
+def load(module: str, revision: str, package: str = "qiip_proxy") -> types.ModuleType:
+    """`<package>.<module>` as it was at `revision`, as a module of its own."""
+    path = f"{package.replace('.', '/')}/{module}.py"
+    source = subprocess.run(["git", "show", f"{revision}:{path}"], cwd=ROOT, capture_output=True, check=True).stdout
+    loaded = types.ModuleType(f"{package}.{module}_at_{revision}")
     loaded.__dict__["__name__"] = loaded.__name__
     sys.modules[loaded.__name__] = loaded
-    exec(compile(source, f"{revision}:qiip_proxy/{module}.py", "exec"), loaded.__dict__)
+    exec(compile(source, f"{revision}:{path}", "exec"), loaded.__dict__)
     return loaded
 
 
@@ -65,6 +70,59 @@ class Node:
 
     async def read(self) -> bytes:
         return next(self._events, b"")
+
+
+class _Content:
+    """aiohttp's `StreamReader` as the response reads it: `readany()` returns the next event after one turn of
+    the event loop, as an event that came in a socket read of its own does (the loop also drops the timers
+    cancelled in the meantime, which it would never do if no read ever waited)."""
+
+    def __init__(self, events: int) -> None:
+        self._events = iter([EVENT] * (events - 2) + [USAGE_EVENT, DONE])
+        self._eof = False
+
+    async def readany(self) -> bytes:
+        await asyncio.sleep(0)
+        chunk = next(self._events, b"")
+        self._eof = not chunk
+        return chunk
+
+    def at_eof(self) -> bool:
+        return self._eof
+
+
+class _AiohttpResponse:
+    """A node's `text/event-stream` answer, headers received, as `UpstreamResponse.receive` reads it."""
+
+    status = 200
+    content_type = "text/event-stream"
+    headers: dict[str, str] = {}
+    raw_headers = ((b"Content-Type", b"text/event-stream"),)
+
+    def __init__(self, events: int) -> None:
+        self.content = _Content(events)
+
+    def release(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _Reservation:
+    """A node's reservation as the response reports to it."""
+
+    state = types.SimpleNamespace(id="bench", health_failures=0)
+    released = False
+
+    def record_success(self) -> None:
+        pass
+
+    def record_failure(self, reason: str) -> None:
+        pass
+
+    def release(self) -> None:
+        self.released = True
 
 
 async def _nothing(message: Any) -> None:
@@ -86,6 +144,27 @@ def ns_per_event(relay: Callable[..., Any], events: int, repeat: int) -> float:
     return best
 
 
+def ns_per_event_read(relay: Callable[..., Any], response_type: Any, events: int, repeat: int) -> float:
+    """The relay over a committed `UpstreamResponse` (of `response_type`'s revision), per event."""
+
+    async def one() -> None:
+        loop = asyncio.get_running_loop()
+        upstream = await response_type.receive(
+            _Reservation(), _AiohttpResponse(events), UpstreamSettings(), deadline=loop.time() + 3600
+        )
+        await relay(upstream, _nothing, "req", outcome())
+        await upstream.aclose()
+
+    best = float("inf")
+    for _ in range(repeat):
+        # On uvloop, as the daemon runs (uvicorn's `loop="auto"`).
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            started = time.perf_counter_ns()
+            runner.run(one())
+            best = min(best, (time.perf_counter_ns() - started) / events)
+    return best
+
+
 def ns_per_call(call: Callable[[], object], calls: int, repeat: int) -> float:
     best = float("inf")
     for _ in range(repeat):
@@ -96,10 +175,12 @@ def ns_per_call(call: Callable[[], object], calls: int, repeat: int) -> float:
     return best
 
 
-def accounting(metrics_module: types.ModuleType, current: bool) -> dict[str, Callable[[], object]]:
+def accounting(metrics_module: types.ModuleType) -> dict[str, Callable[[], object]]:
     """One `account()` per kind of answer, as the revision's `Outcome` describes it."""
     metrics = metrics_module.GatewayMetrics(RoutingTable())
     outcome_type = metrics_module.Outcome
+    # Revisions before the token and TTFT metrics (5971fe0 and earlier) kept no answer end.
+    current = "answer_end" in {field.name for field in dataclasses.fields(outcome_type)}
     small = json.dumps(
         {"choices": [{"message": {"content": "x" * 500}}], "usage": {"prompt_tokens": 9, "completion_tokens": 100}}
     ).encode()
@@ -134,16 +215,21 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=7)
     args = parser.parse_args()
 
+    from qiip_core.routing import UpstreamResponse
     from qiip_proxy import _metrics, _relay
 
     old_relay, old_metrics = load("_relay", args.baseline), load("_metrics", args.baseline)
+    old_response = load("_response", args.baseline, "qiip_core.routing")
     print(f"relay, ns per event (best of {args.repeat} streams of {args.events:,} events):")
     base = ns_per_event(old_relay.relay, args.events, args.repeat)
     now = ns_per_event(_relay.relay, args.events, args.repeat)
-    print(f"  {args.baseline}: {base:7.1f}   current: {now:7.1f}   added: {now - base:+6.1f}")
+    print(f"  loop alone          {args.baseline}: {base:7.1f}   current: {now:7.1f}   added: {now - base:+6.1f}")
+    base = ns_per_event_read(old_relay.relay, old_response.UpstreamResponse, args.events, args.repeat)
+    now = ns_per_event_read(_relay.relay, UpstreamResponse, args.events, args.repeat)
+    print(f"  with the node read  {args.baseline}: {base:7.1f}   current: {now:7.1f}   added: {now - base:+6.1f}")
 
     print(f"account(), µs per request (best of {args.repeat} runs of 2,000):")
-    current, before = accounting(_metrics, True), accounting(old_metrics, False)
+    current, before = accounting(_metrics), accounting(old_metrics)
     for name, call in current.items():
         base_us = ns_per_call(before[name], 2000, args.repeat) / 1000
         now_us = ns_per_call(call, 2000, args.repeat) / 1000

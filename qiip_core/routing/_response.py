@@ -34,7 +34,6 @@ the routing table once committed, so the relay never has to:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import zlib
 from dataclasses import dataclass, field
@@ -119,8 +118,15 @@ class UpstreamResponse:
     _committed: bool = False
     # The last events read that were not only comments: where a stream's `[DONE]` is looked for at its end.
     _last: bytes = b""
-    # The running read's timer, so `abort()` can end the wait at once.
-    _timer: asyncio.Timeout | None = None
+    # The idle limit: one timer per stream, not one per read (`_on_idle_timer`). Each read stamps when it gives
+    # up (`_due`, on the loop's clock) and which task waits (`_reader`, None between reads).
+    _loop: asyncio.AbstractEventLoop | None = None
+    _due: float = 0.0
+    _reader: asyncio.Task[object] | None = None
+    _idle_timer: asyncio.TimerHandle | None = None
+    # The timer cancelled the waiting read; `_cancelling` is the task's count of cancel requests before it.
+    _expiring: bool = False
+    _cancelling: int = 0
     _abort_reason: str | None = None
     # The set of the node's committed responses this one is in (`Forwarder`), left on `aclose()`.
     _registry: set[UpstreamResponse] | None = None
@@ -203,6 +209,7 @@ class UpstreamResponse:
             result._response = None
         result._idle_timeout_s = settings.idle_timeout_s
         result._deadline = deadline
+        result._loop = asyncio.get_running_loop()
         # From here on, the response reports the node's failures itself; before, the forwarder does (and
         # fails over).
         result._committed = True
@@ -232,33 +239,48 @@ class UpstreamResponse:
         response = self._response
         if self.complete or response is None:
             return b""
+        loop = self._loop
         try:
             while True:
-                wait_s = self._idle_timeout_s
-                if self._deadline is not None and wait_s is not None:
-                    left = self._deadline - asyncio.get_running_loop().time()
-                    if left <= 0:
-                        raise UpstreamTimeout("the request's deadline passed.", node_id=self.node_id, request_sent=True)
-                    wait_s = min(wait_s, left)
+                if loop is not None:
+                    # Committed: this read gives up at `due` (the idle limit, or the deadline when nearer), which
+                    # the stream's one idle timer enforces; the timer is armed only when none is.
+                    now = loop.time()
+                    due = now + self._idle_timeout_s  # type: ignore[operator] # set with `_loop`
+                    deadline = self._deadline
+                    if deadline is not None and due > deadline:
+                        if now >= deadline:
+                            raise UpstreamTimeout(
+                                "the request's deadline passed.", node_id=self.node_id, request_sent=True
+                            )
+                        due = deadline
+                    self._due = due
+                    if self._idle_timer is None:
+                        self._idle_timer = loop.call_at(due, self._on_idle_timer)
+                    self._reader = asyncio.current_task()
                 try:
-                    async with asyncio.timeout(wait_s) as self._timer:
-                        chunk = await response.content.readany()
+                    # Before the commit, the forwarder's first-byte limit bounds the read.
+                    chunk = await response.content.readany()
+                    self._reader = None
                     if self._decoder is not None:
                         chunk = self._decoder.decompress(chunk) if chunk else self._decoder.flush()
-                except TimeoutError as exc:
-                    if isinstance(exc, aiohttp.ClientError):
-                        raise map_transport_error(exc, self.node_id) from exc
-                    if self._abort_reason is not None:
-                        raise UpstreamTransportError(self._abort_reason, node_id=self.node_id) from None
-                    if self._deadline is not None and asyncio.get_running_loop().time() >= self._deadline:
-                        raise UpstreamTimeout(
-                            "the request's deadline passed.", node_id=self.node_id, request_sent=True
-                        ) from None
-                    raise UpstreamTimeout(
-                        f"the node sent nothing for {wait_s:g} s.", node_id=self.node_id, request_sent=True
-                    ) from None
+                except asyncio.CancelledError:
+                    self._reader = None
+                    if not self._expiring:
+                        raise
+                    self._expiring = False
+                    task = asyncio.current_task()
+                    if task is None or task.uncancel() > self._cancelling:
+                        # Cancelled from outside too (the client left): that cancellation wins.
+                        raise
+                    raise self._idle_error() from None
                 except TRANSPORT_ERRORS as exc:
+                    self._reader = None
                     raise map_transport_error(exc, self.node_id) from exc
+                except BaseException:
+                    # Whatever else ends the read: the timer must never cancel this task outside it.
+                    self._reader = None
+                    raise
                 if not chunk and response.content.at_eof():
                     if self._framer is None:
                         self.complete = True
@@ -328,10 +350,43 @@ class UpstreamResponse:
         if self.complete:
             return
         self._abort_reason = reason
-        if self._timer is not None:
-            # Between two reads the timer has exited and cannot move: the answer is flowing.
-            with contextlib.suppress(RuntimeError):
-                self._timer.reschedule(asyncio.get_running_loop().time() + grace_s)
+        loop = self._loop
+        if loop is None or self._reader is None:
+            # Between two reads: the answer is flowing, and the next read waits its whole idle limit.
+            return
+        self._due = loop.time() + grace_s
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+        self._idle_timer = loop.call_at(self._due, self._on_idle_timer)
+
+    def _on_idle_timer(self) -> None:
+        """The stream's idle timer: cancel the read waiting past its `_due`, or wait on until then.
+
+        Between reads it stops; the next read arms it again. So a stream costs one timer per idle limit, not
+        one per read, and each read only stamps its `_due`.
+        """
+        self._idle_timer = None
+        task = self._reader
+        loop = self._loop
+        if task is None or loop is None:
+            return
+        if loop.time() < self._due:
+            self._idle_timer = loop.call_at(self._due, self._on_idle_timer)
+            return
+        # As `asyncio.timeout` does: cancel the task, and turn that cancellation (only) into the timeout.
+        self._expiring = True
+        self._cancelling = task.cancelling()
+        task.cancel()
+
+    def _idle_error(self) -> UpstreamError:
+        """The error of a read the idle timer ended: the abort's reason, the deadline, or the idle limit."""
+        if self._abort_reason is not None:
+            return UpstreamTransportError(self._abort_reason, node_id=self.node_id)
+        if self._deadline is not None and self._loop is not None and self._loop.time() >= self._deadline:
+            return UpstreamTimeout("the request's deadline passed.", node_id=self.node_id, request_sent=True)
+        return UpstreamTimeout(
+            f"the node sent nothing for {self._idle_timeout_s:g} s.", node_id=self.node_id, request_sent=True
+        )
 
     async def aclose(self) -> None:
         """Finish with the node's response and release the reservation. Idempotent.
@@ -343,6 +398,9 @@ class UpstreamResponse:
         if self._registry is not None:
             self._registry.discard(self)
             self._registry = None
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
         try:
             response, self._response = self._response, None
             if response is not None:

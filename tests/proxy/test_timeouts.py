@@ -81,3 +81,23 @@ def test_the_request_deadline_ends_a_running_stream(retry_daemon: Daemon, backen
     assert error["code"] == "backend_timeout" and "deadline" in error["message"]
     assert events[-1] == "data: [DONE]"
     backend.wait_for_disconnect()
+
+
+def test_a_stream_whose_node_goes_silent_ends_with_an_error_event(
+    retry_daemon: Daemon, backends: Backends, model: str
+) -> None:
+    backend = backends()
+    backend.default = Sse(n_events=10, delay_between_s=0.05, stall_after_events=4)
+    retry_daemon.add_node(f"{model}-n", backend.url, model)
+    response = httpx.post(retry_daemon.url + CHAT, json=body(model, stream=True), timeout=30)
+    events = [event for event in response.text.split("\n\n") if event]
+    # The four events the node sent, then the idle limit's error event and `[DONE]`.
+    assert response.status_code == 200 and len(events) == 6
+    assert [json.loads(event.removeprefix("data: "))["choices"][0]["delta"]["content"] for event in events[:4]] == [
+        f"tok{i} " for i in range(4)
+    ]
+    error = json.loads(events[-2].removeprefix("data: "))["error"]
+    assert error["code"] == "backend_timeout" and "sent nothing for 1 s" in error["message"]
+    assert events[-1] == "data: [DONE]"
+    backend.wait_for_disconnect()
+    assert breakers_open(retry_daemon, f"{model}-n") == 1  # the node's failure, counted

@@ -119,6 +119,59 @@ async def test_an_abandoned_answer_counts_neither_way(
     await asyncio.to_thread(backend.wait_for_disconnect)
 
 
+async def test_a_stream_slower_in_all_than_the_idle_limit_but_within_it_per_gap_goes_on(
+    backend: FaultBackend, table: RoutingTable
+) -> None:
+    # Each gap (0.2 s) is well within the idle limit (1 s); the stream as a whole (about 1.2 s) is not.
+    backend.push(Sse(n_events=6, delay_between_s=0.2))
+    forwarder = Forwarder(table, UpstreamSettings(idle_timeout_s=1, ttfb_timeout_s=5), max_attempts=1)
+    try:
+        upstream = await forwarder.open(request())
+        body = upstream.prefix
+        while chunk := await upstream.read():
+            body += chunk
+        await upstream.aclose()
+    finally:
+        await forwarder.aclose()
+    assert body.count(b"data: ") == 7 and body.endswith(b"data: [DONE]\n\n")
+    assert failures(table) == 0 and in_flight(table) == 0
+
+
+async def test_a_node_silent_after_several_events_times_out_and_counts_once(
+    backend: FaultBackend, table: RoutingTable
+) -> None:
+    backend.push(Sse(n_events=10, delay_between_s=0.02, stall_after_events=4))
+    forwarder = Forwarder(table, UpstreamSettings(idle_timeout_s=0.3, ttfb_timeout_s=5), max_attempts=1)
+    try:
+        upstream = await forwarder.open(request())
+        body = upstream.prefix
+        with pytest.raises(UpstreamTimeout, match="sent nothing for 0.3 s") as timed_out:
+            while chunk := await upstream.read():
+                body += chunk
+        assert timed_out.value.request_sent and body.count(b"data: ") == 4
+        assert failures(table) == 2
+        await upstream.aclose()
+    finally:
+        await forwarder.aclose()
+    assert failures(table) == 2 and in_flight(table) == 0
+    await asyncio.to_thread(backend.wait_for_disconnect)
+
+
+async def test_a_read_cancelled_from_outside_stays_cancelled(
+    backend: FaultBackend, table: RoutingTable, forwarder: Forwarder
+) -> None:
+    # The client leaving cancels the relay's task while it waits on the node: a cancellation, never a timeout.
+    backend.push(Sse(n_events=3, stall_after_events=1))
+    upstream = await forwarder.open(request())
+    reading = asyncio.ensure_future(upstream.read())
+    await asyncio.sleep(0.05)
+    reading.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reading
+    await upstream.aclose()
+    assert failures(table) == 1 and in_flight(table) == 0
+
+
 async def test_a_4xx_answer_counts_neither_way(
     backend: FaultBackend, table: RoutingTable, forwarder: Forwarder
 ) -> None:

@@ -28,6 +28,8 @@ class Sse(Behaviour):
         delay_between_s: seconds to wait between writes (and before a reset after the last of them).
         reset_after_events: send this many writes, then abort the connection with a TCP RST instead of the
             next write (or instead of the end of the body when there are no more writes).
+        stall_after_events: send this many writes, then nothing more until the client leaves (a node that hangs
+            in the middle of its answer).
         reset_before_headers: read the request, then reset the connection without answering.
         close_after_headers: send the head, then close the connection cleanly without any body.
         done: append `data: [DONE]` to the events.
@@ -45,6 +47,7 @@ class Sse(Behaviour):
     delay_first_event_s: float = 0.0
     delay_between_s: float = 0.0
     reset_after_events: int | None = None
+    stall_after_events: int | None = None
     reset_before_headers: bool = False
     close_after_headers: bool = False
     done: bool = True
@@ -97,6 +100,9 @@ class Sse(Behaviour):
         for data in self.body_writes(exchange):
             if sent == self.reset_after_events:
                 break
+            if sent == self.stall_after_events:
+                await exchange.wait_for_client_to_leave()
+                return
             await exchange.sleep(self.delay_between_s if sent else self.delay_first_event_s)
             await exchange.send(data)
             sent += 1
