@@ -19,8 +19,9 @@ requests and aiohttp, which only the etcd names need.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from qiip_core._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from qiip_core.storage._etcd import EtcdClient, b64, prefix_range_end, unb64
@@ -57,14 +58,4 @@ _MODULES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _MODULES.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _MODULES, __all__)
