@@ -15,6 +15,7 @@ from starlette.types import ASGIApp
 import qiip_core
 from qiip_core import QiipError
 from qiip_core.config import Settings
+from qiip_core.routing import InFlightBoard
 from qiip_proxy._admin import router as admin_router
 from qiip_proxy._auth_gate import AdminGate
 from qiip_proxy._chat_page import add_chat_page
@@ -28,11 +29,12 @@ from qiip_proxy._journal import router as journal_router
 from qiip_proxy._models import router as models_router
 from qiip_proxy._provisioning import router as provisioning_router
 
-__all__ = ["create_app", "serving_app"]
+__all__ = ["add_error_handlers", "create_app", "serving_app", "wrap_serving"]
 
 
-def create_app(settings: Settings) -> FastAPI:
-    """Build the daemon's app for `settings`.
+def create_app(settings: Settings, *, board: InFlightBoard | None = None) -> FastAPI:
+    """Build the daemon's app for `settings` (`board`: requests in flight over every serving process, for
+    `server.workers` above 1).
 
     The gateway starts in the app's lifespan (registry, health checks, local nodes) and stops with it.
 
@@ -40,7 +42,7 @@ def create_app(settings: Settings) -> FastAPI:
         ConfigError: a configured node is invalid, or the admin API is enabled without credentials.
     """
     settings.admin.check_credentials()
-    gateway = Gateway(settings)
+    gateway = Gateway(settings, board=board)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -70,16 +72,24 @@ def create_app(settings: Settings) -> FastAPI:
         app.include_router(journal_router)
         app.include_router(models_router)
 
-    # The one exception handler of both APIs: every error carries its status and code (`_errors`).
-    @app.exception_handler(QiipError)
-    async def qiip_error(request: Request, exc: QiipError) -> Response:
-        return error_response(exc)
+    add_error_handlers(app)
 
     @app.get("/metrics", tags=["operations"], include_in_schema=True)
     async def metrics() -> Response:
         """Prometheus metrics per model and node: requests, errors, failovers, upstream errors by kind, tokens,
         in-flight, time to first token and latency."""
         return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    """The app's error answers: every error as OpenAI's error JSON with its status and code (`_errors`)."""
+
+    # The one exception handler of both APIs: every error carries its status and code (`_errors`).
+    @app.exception_handler(QiipError)
+    async def qiip_error(request: Request, exc: QiipError) -> Response:
+        return error_response(exc)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:
@@ -93,8 +103,6 @@ def create_app(settings: Settings) -> FastAPI:
         param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
         return error_response(RequestRefused(422, str(first["msg"]), "invalid_request", param))
 
-    return app
-
 
 def serving_app(app: FastAPI) -> ASGIApp:
     """The app as the server runs it: the inference paths served ahead of FastAPI's routing layers, the admin
@@ -105,7 +113,11 @@ def serving_app(app: FastAPI) -> ASGIApp:
     every request passes through Starlette's `CORSMiddleware` (one header lookup, and one more call per
     message sent: each event of a stream)."""
     gateway: Gateway = app.state.gateway
-    inner: ASGIApp = HeadAsGet(app)
+    return wrap_serving(gateway, HeadAsGet(app))
+
+
+def wrap_serving(gateway: Gateway, inner: ASGIApp) -> ASGIApp:
+    """`inner` behind the layers every serving process puts before its routes (`serving_app`)."""
     admin = gateway.settings.admin
     if admin.enabled and admin.username and admin.password is not None:
         inner = AdminGate(

@@ -10,25 +10,25 @@ SIGINT/SIGTERM stop accepting connections, let in-flight requests finish for up 
 
 from __future__ import annotations
 
-import asyncio
 import logging
+import shutil
 import socket
 import sys
 from pathlib import Path
-from types import FrameType
 
 import click
-import uvicorn
 
 import qiip_core
 from qiip_core import ConfigError
 from qiip_core._logging import configure_logging
 from qiip_core.config import bind_listener, load_settings
+from qiip_core.routing import InFlightBoard
 from qiip_proxy._app import create_app, serving_app
 from qiip_proxy._gateway import Gateway
-from qiip_proxy._gc import tune_gc
 from qiip_proxy._limits import client_connection_cap, raise_open_file_limit
-from qiip_proxy._transport import guarded_protocol
+from qiip_proxy._server import Server, server_config
+from qiip_proxy._worker import run_worker
+from qiip_proxy._workers import ADMIN_SOCKET, BOARD_FILE, WorkerPool, create_runtime_dir
 
 __all__ = ["main"]
 
@@ -43,27 +43,6 @@ def _bind(host: str, port: int) -> socket.socket:
         raise ConfigError(
             f"Cannot listen on {host}:{port}: {exc.strerror}; choose another port with --port or server.port."
         ) from exc
-
-
-class _Server(uvicorn.Server):
-    """uvicorn's server, which also tells the gateway when a shutdown begins: uvicorn then waits for open
-    connections, and the admin event streams, which never end by themselves, must end first."""
-
-    def __init__(self, gateway: Gateway, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self._gateway = gateway
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        self._loop = asyncio.get_running_loop()
-        await super().startup(sockets)
-        tune_gc()
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        super().handle_exit(sig, frame)
-        if self._loop is not None:
-            # A signal handler: hand the work to the loop rather than touch its state from here.
-            self._loop.call_soon_threadsafe(self._gateway.begin_shutdown)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -83,38 +62,42 @@ def main(config: Path | None, host: str | None, port: int | None) -> None:
         server_overrides["host"] = host
     if port is not None:
         server_overrides["port"] = port
+    runtime_dir: Path | None = None
     try:
         settings = load_settings(config, **({"server": server_overrides} if server_overrides else {}))
         configure_logging(level=settings.logging.level, format=settings.logging.format)
         sock = _bind(settings.server.host, settings.server.port)
         open_files = raise_open_file_limit()
         max_clients = client_connection_cap(settings, open_files)
-        app = create_app(settings)
+        workers = settings.server.worker_count()
+        board = None
+        if workers > 1:
+            runtime_dir = create_runtime_dir()
+            board = InFlightBoard.create(runtime_dir / BOARD_FILE, rows=workers)
+        app = create_app(settings, board=board)
     except ConfigError as exc:
+        if runtime_dir is not None:
+            shutil.rmtree(runtime_dir, ignore_errors=True)
         click.echo(f"qiip-proxy: {exc.message}", err=True)
         sys.exit(2)
-    server = _Server(
-        app.state.gateway,
-        uvicorn.Config(
-            serving_app(app),
-            log_config=None,
-            access_log=False,
-            server_header=False,
-            timeout_graceful_shutdown=int(settings.server.shutdown_timeout_s),
-            timeout_keep_alive=settings.server.keep_alive_s,
-            limit_concurrency=max_clients,
-            http=guarded_protocol(
-                max_header_bytes=settings.server.max_header_bytes,
-                header_timeout_s=settings.server.header_timeout_s,
-                body_timeout_s=settings.server.body_timeout_s,
-                max_connections_per_address=settings.server.max_connections_per_address,
-            ),
-            lifespan="on",
-        ),
-    )
+    gateway: Gateway = app.state.gateway
+    sockets = [sock]
+    if runtime_dir is not None:
+        gateway.workers = WorkerPool(gateway, sock, runtime_dir, workers, run_worker)
+        admin_sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        admin_sock.bind(str(runtime_dir / ADMIN_SOCKET))
+        sockets.append(admin_sock)
+    server = Server(gateway, server_config(serving_app(app), settings, max_clients))
     logging.getLogger("qiip.proxy").info(
-        "serving at most %d client connections (open-file limit %d)", max_clients, open_files
+        "serving at most %d client connections (open-file limit %d)%s",
+        max_clients,
+        open_files,
+        f", in each of {workers} processes" if workers > 1 else "",
     )
-    server.run(sockets=[sock])
+    try:
+        server.run(sockets=sockets)
+    finally:
+        if runtime_dir is not None:
+            shutil.rmtree(runtime_dir, ignore_errors=True)
     if not server.started:
         sys.exit(3)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qiip_core import NodeNotFound, QiipError
 from qiip_core.auth import TokenStore, create_token_store
@@ -35,7 +35,9 @@ from qiip_core.recommendations import Recommender
 from qiip_core.routing import (
     Admission,
     BreakerPolicy,
+    ColumnMap,
     Forwarder,
+    InFlightBoard,
     NodeState,
     PrefixAffinity,
     RoutingPolicy,
@@ -47,7 +49,10 @@ from qiip_proxy._gpu_metrics import GpuCollector
 from qiip_proxy._local_nodes import LocalNodes
 from qiip_proxy._metrics import GatewayMetrics
 
-__all__ = ["Gateway"]
+if TYPE_CHECKING:
+    from qiip_proxy._workers import WorkerPool
+
+__all__ = ["Gateway", "sweep_removed"]
 
 logger = logging.getLogger("qiip.proxy")
 
@@ -57,13 +62,17 @@ class Gateway:
 
     Args:
         settings: the validated settings.
+        board: the board counting requests in flight over every serving process (`server.workers`); None:
+            this process serves alone.
+        primary: True in the process that runs the fleet (it assigns the board's columns); False in a worker,
+            which takes them with the fleet (`_worker`).
 
     Raises:
         ConfigError: a configured node is invalid, or an attached profile's (or a telemetry agent's) token file is
             not private.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, board: InFlightBoard | None = None, primary: bool = True) -> None:
         self.settings = settings
         breaker, routing = settings.breaker, settings.routing
         self.table = RoutingTable(
@@ -83,6 +92,8 @@ class Gateway:
                 imbalance_requests=routing.prefix_imbalance_requests,
                 imbalance_ratio=routing.prefix_imbalance_ratio,
             ),
+            board=board,
+            columns=ColumnMap(board.columns) if board is not None and primary else None,
         )
         self.admission = Admission(self.table, settings.admission)
         """The per-model bound on requests in flight (`[admission]`): past it, requests are shed."""
@@ -144,6 +155,10 @@ class Gateway:
         # Endless streams (admin events), ended when the server begins to shut down.
         self.on_shutdown_begun: set[Callable[[], None]] = set()
         self.shutting_down = False
+        self.workers: WorkerPool | None = None
+        """The worker processes serving beside this one (`server.workers`), started with the gateway; None when
+        this process serves alone."""
+        self._sweep: asyncio.Task[None] | None = None
 
     def begin_shutdown(self) -> None:
         """The server stopped accepting connections and waits for the open ones: end the streams that never
@@ -251,10 +266,18 @@ class Gateway:
         self.local_nodes.start()
         if self.quads is not None:
             self.quads.start()
+        if self.table.board is not None:
+            self._sweep = asyncio.create_task(sweep_removed(self.table), name="qiip-sweep")
+        if self.workers is not None:
+            await self.workers.start()
         logger.info("gateway started: %d node(s) registered, registry %s", len(self.table), self.registry.backend)
 
     async def shutdown(self) -> None:
-        """Stop local nodes, health checks and the registry watch; close upstream connections."""
+        """Stop the workers, local nodes, health checks and the registry watch; close upstream connections."""
+        if self.workers is not None:
+            await self.workers.aclose()
+        if self._sweep is not None:
+            self._sweep.cancel()
         await self.operations.aclose()
         await self.downloads.aclose()
         for revision_id, task in self.acquisitions.items():
@@ -271,6 +294,14 @@ class Gateway:
         await self.tokens.aclose()
         await self.forwarder.aclose()
         logger.info("gateway stopped")
+
+
+async def sweep_removed(table: RoutingTable, interval_s: float = 0.5) -> None:
+    """Drop, every `interval_s`, the nodes deleted from the registry whose last request ended in another
+    serving process (`RoutingTable.sweep`); runs until cancelled."""
+    while True:
+        await asyncio.sleep(interval_s)
+        table.sweep()
 
 
 class _Fleet:

@@ -18,6 +18,7 @@ https://platform.openai.com/docs/api-reference/chat/object#chat/object-usage), w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -33,9 +34,18 @@ from prometheus_client.registry import Collector
 
 from qiip_core import UpstreamConnectError, UpstreamError, UpstreamStatusError, UpstreamTimeout
 from qiip_core.nodes import NodeStatus
-from qiip_core.routing import RoutingTable
+from qiip_core.routing import AffinityResult, RoutingTable
 
-__all__ = ["UPSTREAM_ERROR_KINDS", "GatewayMetrics", "Outcome", "Usage", "find_usage", "upstream_error_kind"]
+__all__ = [
+    "UPSTREAM_ERROR_KINDS",
+    "Accounted",
+    "GatewayMetrics",
+    "Outcome",
+    "Usage",
+    "find_usage",
+    "summarize",
+    "upstream_error_kind",
+]
 
 TTFT_WINDOW = 256
 """How many recent streaming requests per node the admin metrics' `ttft_p50_s` is the median of."""
@@ -64,6 +74,9 @@ _USAGE_VALUE = re.compile(rb'"usage"[ \t\r\n]*:[ \t\r\n]*\{')
 chunk but the last, nor the string "usage" as a value)."""
 
 _DECODER = json.JSONDecoder()
+
+_SEP = "\x1f"
+"""Between the parts of a `GatewayMetrics.counted` key: the counter, then its labels."""
 
 
 class Usage(NamedTuple):
@@ -178,6 +191,53 @@ class Outcome:
     answer_end: tuple[bytes, bytes] | None = None
 
 
+class Accounted(NamedTuple):
+    """One finished client request as the metrics record it (`GatewayMetrics.record`): an `Outcome` reduced to
+    plain values, which a worker process (`server.workers`) sends to the primary as a JSON array."""
+
+    model: str
+    """The requested model ("" when unknown)."""
+    node: str
+    """The node that answered ("" when none did)."""
+    status: int
+    """The HTTP status the client got (499 when it left first)."""
+    error_code: str | None
+    """The OpenAI error code when the request failed, else None."""
+    duration_s: float
+    """Time to the last byte, in seconds."""
+    first_token_s: float | None
+    """Seconds to the first `data:` event of a stream, else None."""
+    failures: Sequence[tuple[str, str]]
+    """The failed attempts, oldest first: the node id ("" when none was reached) and `upstream_error_kind`."""
+    relay_kind: str | None
+    """`upstream_error_kind` of the error that broke the committed answer, else None."""
+    usage: tuple[int, int] | None
+    """Prompt and completion tokens the node reported for a successful answer, else None."""
+
+
+def summarize(outcome: Outcome) -> Accounted | None:
+    """`outcome` as the metrics record it; None for a request without a status (not recorded)."""
+    status = outcome.status
+    if status is None:
+        return None
+    usage = None
+    if outcome.node and outcome.answer_end is not None and status < 400:
+        found = find_usage(*outcome.answer_end)
+        if found is not None:
+            usage = (found.prompt_tokens, found.completion_tokens)
+    return Accounted(
+        outcome.model,
+        outcome.node,
+        status,
+        outcome.error_code,
+        outcome.duration_s,
+        outcome.first_token_s,
+        tuple((f.node_id or "", upstream_error_kind(f, committed=False)) for f in outcome.failures),
+        upstream_error_kind(outcome.relay_error, committed=True) if outcome.relay_error is not None else None,
+        usage,
+    )
+
+
 class _TableCollector(Collector):
     def __init__(self, table: RoutingTable) -> None:
         self._table = table
@@ -232,6 +292,7 @@ class GatewayMetrics:
     """
 
     def __init__(self, table: RoutingTable) -> None:
+        self._table = table
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "qiip_requests",
@@ -357,34 +418,37 @@ class GatewayMetrics:
         return {"by_model": by_model, "by_node": by_node}
 
     def account(self, outcome: Outcome) -> None:
-        """Record one finished client request: its count by status, its error, its failed attempts and
-        failovers, the error that broke its answer, and (when a node answered) its latency, time to first
-        token and the tokens of its usage.
+        """Record one finished client request (`summarize`, then `record`).
 
         Args:
             outcome: how the request ended; one without a status (the daemon stopped it before it had an
                 answer) is not recorded.
         """
-        if outcome.status is None:
-            return
-        model, node = outcome.model, outcome.node
-        self.requests.labels(model, node, str(outcome.status)).inc()
-        if outcome.error_code is not None:
-            self.errors.labels(model, node, outcome.error_code).inc()
-        failures = outcome.failures
+        accounted = summarize(outcome)
+        if accounted is not None:
+            self.record(accounted)
+
+    def record(self, accounted: Accounted) -> None:
+        """Record one finished client request: its count by status, its error, its failed attempts and
+        failovers, the error that broke its answer, and (when a node answered) its latency, time to first
+        token and the tokens of its usage.
+
+        Args:
+            accounted: the request, summarized here or by a worker process (`server.workers`).
+        """
+        model, node, status, error_code, duration_s, ttft_s, failures, relay_kind, usage = accounted
+        self.requests.labels(model, node, str(status)).inc()
+        if error_code is not None:
+            self.errors.labels(model, node, error_code).inc()
         if failures:
             self._account_failures(model, node, failures)
-        if outcome.relay_error is not None:
-            kind = upstream_error_kind(outcome.relay_error, committed=True)
-            self.upstream_errors.labels(model, node, kind).inc()
+        if relay_kind is not None:
+            self.upstream_errors.labels(model, node, relay_kind).inc()
         if node:
-            self.latency.labels(model, node).observe(outcome.duration_s)
-            if outcome.answer_end is not None and outcome.status < 400:
-                usage = find_usage(*outcome.answer_end)
-                if usage is not None:
-                    self.prompt_tokens.labels(model, node).inc(usage.prompt_tokens)
-                    self.completion_tokens.labels(model, node).inc(usage.completion_tokens)
-            ttft_s = outcome.first_token_s
+            self.latency.labels(model, node).observe(duration_s)
+            if usage is not None:
+                self.prompt_tokens.labels(model, node).inc(usage[0])
+                self.completion_tokens.labels(model, node).inc(usage[1])
             if ttft_s is not None:
                 self.ttft.labels(model, node).observe(ttft_s)
                 recent = self._recent_ttft_s.get(node)
@@ -392,17 +456,65 @@ class GatewayMetrics:
                     recent = self._recent_ttft_s[node] = deque(maxlen=TTFT_WINDOW)
                 recent.append(ttft_s)
 
-    def _account_failures(self, model: str, node: str, failures: Sequence[UpstreamError]) -> None:
+    def record_json(self, item: Sequence[Any]) -> None:
+        """Record a request a worker summarized (`Accounted` as a JSON array).
+
+        Raises:
+            ValueError, TypeError: `item` is not an `Accounted` array.
+        """
+        model, node, status, error_code, duration_s, ttft_s, failures, relay_kind, usage = item
+        self.record(
+            Accounted(
+                str(model),
+                str(node),
+                int(status),
+                error_code,
+                float(duration_s),
+                None if ttft_s is None else float(ttft_s),
+                [(str(n), str(kind)) for n, kind in failures],
+                relay_kind,
+                None if usage is None else (int(usage[0]), int(usage[1])),
+            )
+        )
+
+    def counted(self) -> dict[str, float]:
+        """The counters a worker keeps besides its requests, by key (`add_counted`): shed requests, failed
+        authentications, prefix-affinity results; each the total since the process started."""
+        found: dict[str, float] = {}
+        for labels, value in _totals(self.shed):
+            found[_SEP.join(("shed", labels["model"], labels["reason"]))] = value
+        for labels, value in _totals(self.auth_failures):
+            found[_SEP.join(("auth_failures", labels["api"]))] = value
+        affinity = self._table.affinity
+        if affinity is not None:
+            for (model, result), count in list(affinity.results.items()):
+                found[_SEP.join(("affinity", model, result.value))] = count
+        return found
+
+    def add_counted(self, key: str, amount: float) -> None:
+        """Add a worker's growth of one of its counters (a key of `counted`); an unknown key is ignored."""
+        kind, *labels = key.split(_SEP)
+        if kind == "shed" and len(labels) == 2:
+            self.shed.labels(*labels).inc(amount)
+        elif kind == "auth_failures" and len(labels) == 1:
+            self.auth_failures.labels(*labels).inc(amount)
+        elif kind == "affinity" and len(labels) == 2 and self._table.affinity is not None:
+            with contextlib.suppress(ValueError):
+                result_key = (labels[0], AffinityResult(labels[1]))
+                results = self._table.affinity.results
+                results[result_key] = results.get(result_key, 0) + int(amount)
+
+    def _account_failures(self, model: str, node: str, failures: Sequence[tuple[str, str]]) -> None:
         # When no node answered, the last failure was not retried.
         retried = failures if node else failures[:-1]
-        for failure in retried:
-            if failure.node_id:
-                self.retries.labels(model, failure.node_id).inc()
-        for failure in failures:
-            if failure.node_id:
-                self.upstream_errors.labels(model, failure.node_id, upstream_error_kind(failure, committed=False)).inc()
+        for failed_node, _ in retried:
+            if failed_node:
+                self.retries.labels(model, failed_node).inc()
+        for failed_node, kind in failures:
+            if failed_node:
+                self.upstream_errors.labels(model, failed_node, kind).inc()
         # Every attempt after the first went to another node: the ones that failed, then the one that answered.
-        tried = [failure.node_id or "" for failure in failures]
+        tried = [failed_node for failed_node, _ in failures]
         if node:
             tried.append(node)
         for target in tried[1:]:

@@ -96,6 +96,11 @@ class _Group(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+MAX_WORKERS = 8
+"""The most serving processes `server.workers` may ask for: past a few, one event loop per core gains little,
+and each process keeps its own connections to every node."""
+
+
 class ServerSettings(_Group):
     """Where the daemon listens (`[server]`)."""
 
@@ -131,10 +136,23 @@ class ServerSettings(_Group):
     """Web origins whose pages may call the daemon from a browser (CORS): each `scheme://host[:port]` as the
     browser sends it in `Origin`, or `*` for any. Empty (the default): CORS is off, and a cross-origin page
     cannot read any answer."""
+    workers: int | Literal["auto"] = Field(default=1, ge=1, le=MAX_WORKERS)
+    """Serving processes behind the one port: 1 (the default) serves everything in one process; `N` adds
+    `N - 1` worker processes that take client connections from the same listening socket and serve the client
+    API, sharing one view of the fleet and one count of requests in flight per node (least-connections,
+    concurrency caps, admission and drains stay global); `"auto"`: one per CPU core this process may run on,
+    at most 8. The first process runs everything else (health checks, the registry, the admin API, which the
+    workers pass on to it, and `/metrics`, which counts every worker's requests)."""
     chat_page: bool = True
     """Serve the browser chat playground at `/chat` (public like the client API; with `auth.client_tokens =
     "required"` the page asks for an invoke token). False: `/chat`, its assets and the client-config downloads
     (`/chat/config/{client}`) answer 404; `qiip client-config` works either way."""
+
+    def worker_count(self) -> int:
+        """The serving processes `workers` asks for: `"auto"` is one per usable CPU core, at most 8."""
+        if self.workers == "auto":
+            return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
+        return self.workers
 
     @field_validator("cors_allow_origins")
     @classmethod

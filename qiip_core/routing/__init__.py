@@ -5,7 +5,8 @@ included).
 In the order a request takes them: `_admission` (admit or shed: `Admission.admit`), `_affinity` (the prefix
 map, consulted by the table), `_table` (select: `RoutingTable.reserve`), `_upstream` (the client, the request it
 sends, and its errors translated), `_forward` (`Forwarder.open`: attempts and failover), `_response` (the
-committed answer: reading, and the node's success or failure), `_sse` (event framing).
+committed answer: reading, and the node's success or failure), `_sse` (event framing). `_board` counts requests
+in flight over the daemon's serving processes (`server.workers`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from qiip_core.routing._affinity import (
     RoutingPolicy,
     prefix_hashes,
 )
+from qiip_core.routing._board import DEFAULT_COLUMNS, ColumnMap, InFlightBoard
 from qiip_core.routing._breaker import BreakerPolicy, BreakerState, CircuitBreaker
 from qiip_core.routing._forward import Forwarder
 from qiip_core.routing._response import HOP_BY_HOP_HEADERS, UpstreamResponse
@@ -44,6 +46,7 @@ from qiip_core.routing._upstream import (
 )
 
 __all__ = [
+    "DEFAULT_COLUMNS",
     "HOP_BY_HOP_HEADERS",
     "MAX_BLOCKS",
     "PROMPT_BLOCK_CHARS",
@@ -58,8 +61,10 @@ __all__ = [
     "BreakerState",
     "ChangeKind",
     "CircuitBreaker",
+    "ColumnMap",
     "EventFramer",
     "Forwarder",
+    "InFlightBoard",
     "NodeState",
     "PrefixAffinity",
     "Reservation",

@@ -29,7 +29,9 @@ from enum import StrEnum
 from qiip_core._errors import EndpointNotSupported, ModelNotFound, ModelUnavailable, NoNodes, RoutingError
 from qiip_core.nodes import LIFECYCLE_STATUSES, ApiName, Engine, Node, NodeStatus
 from qiip_core.routing._affinity import PrefixAffinity
+from qiip_core.routing._board import ColumnMap, InFlightBoard
 from qiip_core.routing._breaker import BreakerPolicy, BreakerState, CircuitBreaker
+from qiip_core.routing._state import NodeState, select_least_connections
 
 __all__ = [
     "ChangeKind",
@@ -41,119 +43,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("qiip.routing")
-
-
-class NodeState:
-    """A node in the routing table: its registration plus what this gateway observes.
-
-    Attributes:
-        node: the registration record, as the registry last gave it.
-        lifecycle: a lifecycle status (draining, provisioning, …) from the registry, or None.
-        liveness: healthy, unhealthy or unknown: observed by this gateway, or the registry's until then.
-        in_flight: requests currently reserved on the node.
-        breaker: the node's circuit breaker.
-        health_failures: consecutive failed health probes.
-        observed: True once this gateway has probed the node itself.
-        last_error: the last failure seen (probe or request), for operators.
-        last_error_at: when `last_error` was seen (UTC).
-        last_probe_at: when the last health probe finished (UTC).
-        slots: llama-server's slots as its last probe read them (`GET /slots`): busy and total; None when the
-            node is not a llama.cpp node or does not expose them.
-        removed: deleted from the registry; leaves the table when `in_flight` reaches 0.
-        source: where the registration came from (`config`, `state`, `local`, `etcd`).
-    """
-
-    __slots__ = (
-        "breaker",
-        "health_failures",
-        "in_flight",
-        "last_error",
-        "last_error_at",
-        "last_probe_at",
-        "lifecycle",
-        "liveness",
-        "node",
-        "observed",
-        "removed",
-        "slots",
-        "source",
-    )
-
-    def __init__(self, node: Node, *, source: str, breaker: BreakerPolicy) -> None:
-        self.node = node
-        self.lifecycle: NodeStatus | None = node.status if node.status in LIFECYCLE_STATUSES else None
-        self.liveness = NodeStatus.UNKNOWN if self.lifecycle else node.status
-        self.in_flight = 0
-        self.breaker = CircuitBreaker(breaker)
-        self.health_failures = 0
-        self.observed = False
-        self.last_error: str | None = None
-        self.last_error_at: datetime | None = None
-        self.last_probe_at: datetime | None = None
-        self.slots: tuple[int, int] | None = None
-        self.removed = False
-        self.source = source
-
-    @property
-    def id(self) -> str:
-        """The node id."""
-        return self.node.id
-
-    def note_error(self, error: str | None) -> None:
-        """Record the node's latest failure, and when it was seen (now)."""
-        self.last_error = error
-        self.last_error_at = datetime.now(UTC) if error is not None else None
-
-    @property
-    def status(self) -> NodeStatus:
-        """The effective status used for routing: draining once removed, else lifecycle, else liveness."""
-        if self.removed:
-            return NodeStatus.DRAINING
-        return self.lifecycle or self.liveness
-
-    @property
-    def eligible(self) -> bool:
-        """True when the node may take a new request: healthy, below its concurrency cap, and its breaker
-        closed or due a trial."""
-        if self.status is not NodeStatus.HEALTHY:
-            return False
-        breaker = self.breaker
-        if breaker.state is not BreakerState.CLOSED and not breaker.trial_due():
-            return False
-        cap = self.node.capabilities.concurrency
-        return cap is None or self.in_flight < cap
-
-    @property
-    def last_chance(self) -> bool:
-        """True when only the breaker keeps the node out: healthy and below its concurrency cap."""
-        cap = self.node.capabilities.concurrency
-        return self.status is NodeStatus.HEALTHY and (cap is None or self.in_flight < cap)
-
-    def effective_node(self) -> Node:
-        """The registration with the effective status, as the admin API shows it."""
-        if self.node.status is self.status:
-            return self.node
-        return self.node.model_copy(update={"status": self.status})
-
-
-def select_least_connections(candidates: list[NodeState], rng: random.Random) -> NodeState:
-    """Pick the candidate with the fewest requests in flight; ties are broken at random.
-
-    Args:
-        candidates: eligible nodes; must not be empty.
-        rng: the random source for tie-breaking.
-
-    Returns:
-        The chosen node.
-
-    Raises:
-        ValueError: `candidates` is empty.
-    """
-    if not candidates:
-        raise ValueError("no candidates to select from")
-    least = min(state.in_flight for state in candidates)
-    best = [state for state in candidates if state.in_flight == least]
-    return best[0] if len(best) == 1 else rng.choice(best)
 
 
 class ChangeKind(StrEnum):
@@ -251,6 +140,10 @@ class RoutingTable:
             `Retry-After`.
         rng: random source for tie-breaking (tests pass a seeded one).
         affinity: the routing policy per model and the prefix map; None: least-connections for every model.
+        board: the board counting requests in flight over every serving process (`server.workers`); None:
+            this process's alone.
+        columns: the assignment of board columns to nodes, in the process that makes it (the primary); None in
+            a worker, which takes them from the primary (`set_column`).
     """
 
     def __init__(
@@ -260,8 +153,12 @@ class RoutingTable:
         probe_interval_s: float = 10.0,
         rng: random.Random | None = None,
         affinity: PrefixAffinity | None = None,
+        board: InFlightBoard | None = None,
+        columns: ColumnMap | None = None,
     ) -> None:
         self.affinity = affinity
+        self.board = board
+        self._columns = columns
         self._probe_interval_s = probe_interval_s
         self._states: dict[str, NodeState] = {}
         self._by_model: dict[str, dict[str, NodeState]] = {}
@@ -359,7 +256,7 @@ class RoutingTable:
             if affinity is not None:
                 affinity.record(prefix, state.id)
             trial = state.breaker.state is not BreakerState.CLOSED and state.breaker.try_half_open()
-        state.in_flight += 1
+        state._add(1)
         return Reservation(self, state, trial=trial)
 
     def routing_error(self, model: str, *, api: ApiName | None = None) -> RoutingError:
@@ -386,9 +283,23 @@ class RoutingTable:
         return error
 
     def _release(self, state: NodeState) -> None:
-        state.in_flight -= 1
+        state._add(-1)
         if state.removed and state.in_flight <= 0:
             self._drop(state.id)
+
+    def sweep(self) -> None:
+        """Drop the nodes deleted from the registry whose last request has ended, in any serving process (on a
+        shared board, the last release may be another process's, which this table does not see)."""
+        for state in list(self._states.values()):
+            if state.removed and state.in_flight <= 0:
+                self._drop(state.id)
+
+    def set_column(self, node_id: str, column: int | None) -> None:
+        """Count `node_id`'s requests in `column` of the shared board (None: in this process alone); a worker
+        takes the columns the primary assigned. Unknown ids, and a table without a board, are ignored."""
+        state = self._states.get(node_id)
+        if state is not None and self.board is not None:
+            state.count_on(self.board if column is not None else None, column if column is not None else -1)
 
     # -- registry events -----------------------------------------------------------------------------------
 
@@ -404,6 +315,13 @@ class RoutingTable:
             state = NodeState(node, source=source, breaker=self._breaker)
             self._states[node.id] = state
             self._by_model.setdefault(node.model, {})[node.id] = state
+            if self._columns is not None:
+                column = self._columns.assign(node.id)
+                if column is None:
+                    logger.warning(
+                        "node %s: the in-flight board is full; its requests are counted per process", node.id
+                    )
+                state.count_on(self.board if column is not None else None, column if column is not None else -1)
             self._notify(ChangeKind.ADDED, state)
             return
         before = (state.node, state.status)
@@ -441,9 +359,17 @@ class RoutingTable:
         if before is not NodeStatus.DRAINING:
             self._notify(ChangeKind.UPDATED, state)
 
+    def column(self, node_id: str) -> int | None:
+        """The board column of `node_id`'s requests in flight, or None (no board, unknown id, or a full board)."""
+        state = self._states.get(node_id)
+        return state._column if state is not None and state._board is not None else None
+
     def _drop(self, node_id: str) -> None:
         state = self._states.pop(node_id, None)
         if state is not None:
+            state.count_on(None, -1)
+            if self._columns is not None:
+                self._columns.release(node_id)
             self._unindex(state)
             self._notify(ChangeKind.REMOVED, state)
 

@@ -1,0 +1,160 @@
+"""A node as the routing table holds it (`NodeState`), and least-connections selection among nodes."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime
+
+from qiip_core.nodes import LIFECYCLE_STATUSES, Node, NodeStatus
+from qiip_core.routing._board import InFlightBoard
+from qiip_core.routing._breaker import BreakerPolicy, BreakerState, CircuitBreaker
+
+__all__ = ["NodeState", "select_least_connections"]
+
+
+class NodeState:
+    """A node in the routing table: its registration plus what this gateway observes.
+
+    Attributes:
+        node: the registration record, as the registry last gave it.
+        lifecycle: a lifecycle status (draining, provisioning, …) from the registry, or None.
+        liveness: healthy, unhealthy or unknown: observed by this gateway, or the registry's until then.
+        in_flight: requests currently reserved on the node: by every serving process when the table counts on
+            a shared board (`server.workers`), else by this one.
+        local_in_flight: requests this process has reserved on the node.
+        breaker: the node's circuit breaker.
+        health_failures: consecutive failed health probes.
+        observed: True once this gateway has probed the node itself.
+        last_error: the last failure seen (probe or request), for operators.
+        last_error_at: when `last_error` was seen (UTC).
+        last_probe_at: when the last health probe finished (UTC).
+        slots: llama-server's slots as its last probe read them (`GET /slots`): busy and total; None when the
+            node is not a llama.cpp node or does not expose them.
+        removed: deleted from the registry; leaves the table when `in_flight` reaches 0.
+        source: where the registration came from (`config`, `state`, `local`, `etcd`).
+    """
+
+    __slots__ = (
+        "_board",
+        "_column",
+        "_local",
+        "breaker",
+        "health_failures",
+        "last_error",
+        "last_error_at",
+        "last_probe_at",
+        "lifecycle",
+        "liveness",
+        "node",
+        "observed",
+        "removed",
+        "slots",
+        "source",
+    )
+
+    def __init__(self, node: Node, *, source: str, breaker: BreakerPolicy) -> None:
+        self.node = node
+        self.lifecycle: NodeStatus | None = node.status if node.status in LIFECYCLE_STATUSES else None
+        self.liveness = NodeStatus.UNKNOWN if self.lifecycle else node.status
+        self._local = 0
+        self._board: InFlightBoard | None = None
+        self._column = -1
+        self.breaker = CircuitBreaker(breaker)
+        self.health_failures = 0
+        self.observed = False
+        self.last_error: str | None = None
+        self.last_error_at: datetime | None = None
+        self.last_probe_at: datetime | None = None
+        self.slots: tuple[int, int] | None = None
+        self.removed = False
+        self.source = source
+
+    @property
+    def id(self) -> str:
+        """The node id."""
+        return self.node.id
+
+    @property
+    def in_flight(self) -> int:
+        """Requests reserved on the node: over every serving process on a shared board, else by this one."""
+        board = self._board
+        return self._local if board is None else board.total(self._column)
+
+    @in_flight.setter
+    def in_flight(self, count: int) -> None:
+        self._add(count - self._local)
+
+    @property
+    def local_in_flight(self) -> int:
+        """Requests this process has reserved on the node."""
+        return self._local
+
+    def _add(self, delta: int) -> None:
+        self._local += delta
+        if self._board is not None:
+            self._board.put(self._column, self._local)
+
+    def count_on(self, board: InFlightBoard | None, column: int) -> None:
+        """Count the node's requests in `column` of `board` from now on (None: in this process alone)."""
+        if self._board is not None:
+            self._board.put(self._column, 0)
+        self._board, self._column = board, column
+        if board is not None:
+            board.put(column, self._local)
+
+    def note_error(self, error: str | None) -> None:
+        """Record the node's latest failure, and when it was seen (now)."""
+        self.last_error = error
+        self.last_error_at = datetime.now(UTC) if error is not None else None
+
+    @property
+    def status(self) -> NodeStatus:
+        """The effective status used for routing: draining once removed, else lifecycle, else liveness."""
+        if self.removed:
+            return NodeStatus.DRAINING
+        return self.lifecycle or self.liveness
+
+    @property
+    def eligible(self) -> bool:
+        """True when the node may take a new request: healthy, below its concurrency cap, and its breaker
+        closed or due a trial."""
+        if self.status is not NodeStatus.HEALTHY:
+            return False
+        breaker = self.breaker
+        if breaker.state is not BreakerState.CLOSED and not breaker.trial_due():
+            return False
+        cap = self.node.capabilities.concurrency
+        return cap is None or self.in_flight < cap
+
+    @property
+    def last_chance(self) -> bool:
+        """True when only the breaker keeps the node out: healthy and below its concurrency cap."""
+        cap = self.node.capabilities.concurrency
+        return self.status is NodeStatus.HEALTHY and (cap is None or self.in_flight < cap)
+
+    def effective_node(self) -> Node:
+        """The registration with the effective status, as the admin API shows it."""
+        if self.node.status is self.status:
+            return self.node
+        return self.node.model_copy(update={"status": self.status})
+
+
+def select_least_connections(candidates: list[NodeState], rng: random.Random) -> NodeState:
+    """Pick the candidate with the fewest requests in flight; ties are broken at random.
+
+    Args:
+        candidates: eligible nodes; must not be empty.
+        rng: the random source for tie-breaking.
+
+    Returns:
+        The chosen node.
+
+    Raises:
+        ValueError: `candidates` is empty.
+    """
+    if not candidates:
+        raise ValueError("no candidates to select from")
+    loads = [state.in_flight for state in candidates]
+    least = min(loads)
+    best = [state for state, load in zip(candidates, loads, strict=True) if load == least]
+    return best[0] if len(best) == 1 else rng.choice(best)

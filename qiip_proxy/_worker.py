@@ -1,0 +1,293 @@
+"""One worker process (`server.workers`): the client API over the primary's view of the fleet.
+
+A worker serves the inference paths and `GET /v1/models` itself, from a routing table that mirrors the
+primary's (`_workers`: the control channel), counting its reservations on the shared board; every other
+request (the admin API, after the same credential check the primary makes; `/health`; `/metrics`; the chat
+page) is passed to the primary over its Unix socket and its answer relayed back as it comes (event streams
+included). The requests it finishes, and its counters, go to the primary every `FLUSH_S`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from qiip_core._logging import configure_logging
+from qiip_core.config import Settings
+from qiip_core.nodes import Node
+from qiip_core.routing import DEFAULT_COLUMNS, InFlightBoard
+from qiip_proxy._app import add_error_handlers, wrap_serving
+from qiip_proxy._client_api import router as client_router
+from qiip_proxy._errors import RequestRefused, error_response
+from qiip_proxy._gateway import Gateway, sweep_removed
+from qiip_proxy._http import HeadAsGet
+from qiip_proxy._limits import client_connection_cap, raise_open_file_limit
+from qiip_proxy._metrics import Accounted, GatewayMetrics
+from qiip_proxy._server import Server, server_config
+from qiip_proxy._workers import ADMIN_SOCKET, BOARD_FILE, CONTROL_SOCKET
+
+__all__ = ["FLUSH_S", "run_worker"]
+
+logger = logging.getLogger("qiip.proxy")
+
+FLUSH_S = 0.1
+"""How often a worker sends the primary its finished requests and counters."""
+
+READY_TIMEOUT_S = 30.0
+"""How long a starting worker waits for the primary's fleet before it gives up (and is started again)."""
+
+_HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"upgrade", b"proxy-connection", b"te", b"trailer"}
+
+
+def run_worker(settings: Settings, listener: socket.socket, runtime_dir: Path, row: int, workers: int) -> None:
+    """A worker process's entry point: serve on `listener` until SIGTERM/SIGINT or until the primary is gone.
+
+    Args:
+        settings: the primary's settings.
+        listener: the listening socket the primary bound.
+        runtime_dir: the primary's runtime directory (`_workers.create_runtime_dir`).
+        row: this worker's row on the board (1 to `workers - 1`).
+        workers: serving processes in all.
+    """
+    configure_logging(level=settings.logging.level, format=settings.logging.format)
+    board = InFlightBoard(runtime_dir / BOARD_FILE, rows=workers, columns=DEFAULT_COLUMNS, row=row)
+    gateway = Gateway(settings, board=board, primary=False)
+    gateway.metrics = WorkerMetrics(gateway.table)
+    runtime = _WorkerRuntime(gateway, runtime_dir, row)
+    max_clients = client_connection_cap(settings, raise_open_file_limit())
+    server = Server(gateway, server_config(runtime.app, settings, max_clients))
+    try:
+        server.run(sockets=[listener])
+    finally:
+        board.close()
+
+
+class WorkerMetrics(GatewayMetrics):
+    """A worker's metrics: each finished request is kept for the primary (`take`), not recorded here."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.finished: list[Accounted] = []
+
+    def record(self, accounted: Accounted) -> None:
+        self.finished.append(accounted)
+
+    def take(self) -> list[Accounted]:
+        """The requests finished since the last call."""
+        finished, self.finished = self.finished, []
+        return finished
+
+
+class _WorkerRuntime:
+    """The worker's app and what runs beside it: the fleet from the primary, the metrics to it."""
+
+    def __init__(self, gateway: Gateway, runtime_dir: Path, row: int) -> None:
+        self.gateway = gateway
+        self.row = row
+        self.control_path = runtime_dir / CONTROL_SOCKET
+        self.primary = _PrimaryPassage(runtime_dir / ADMIN_SOCKET, gateway.settings.server.max_body_bytes)
+        self._ready = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._writer: asyncio.StreamWriter | None = None
+        self._sent_counters: dict[str, float] = {}
+
+        @asynccontextmanager
+        async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+            await self.startup()
+            try:
+                yield
+            finally:
+                await self.shutdown()
+
+        api = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+        api.state.gateway = gateway
+        api.include_router(client_router)
+        add_error_handlers(api)
+        self.app: ASGIApp = wrap_serving(gateway, _Dispatch(HeadAsGet(api), self.primary))
+
+    async def startup(self) -> None:
+        """Start the token store, read the whole fleet from the primary, start the sweep and the metrics flush.
+
+        Raises:
+            RuntimeError: the primary's fleet did not arrive within `READY_TIMEOUT_S`.
+        """
+        gateway = self.gateway
+        await gateway.tokens.start(gateway._token_revoked)
+        reader, self._writer = await asyncio.open_unix_connection(str(self.control_path), limit=16 * 1024 * 1024)
+        self._writer.write(json.dumps({"hello": self.row}).encode() + b"\n")
+        self._tasks = [
+            asyncio.create_task(self._follow(reader), name="qiip-worker-fleet"),
+            asyncio.create_task(self._flush_every(), name="qiip-worker-flush"),
+            asyncio.create_task(sweep_removed(gateway.table), name="qiip-sweep"),
+        ]
+        try:
+            await asyncio.wait_for(self._ready.wait(), READY_TIMEOUT_S)
+        except TimeoutError:
+            raise RuntimeError(f"worker {self.row}: the primary sent no fleet within {READY_TIMEOUT_S:g} s") from None
+        logger.info("worker %d serving (pid %d): %d node(s)", self.row, os.getpid(), len(gateway.table))
+
+    async def shutdown(self) -> None:
+        """Send the last finished requests, then close the control channel and every client."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._flush()
+        if self._writer is not None:
+            with contextlib.suppress(ConnectionError):
+                await self._writer.drain()
+            self._writer.close()
+        await self.primary.aclose()
+        await self.gateway.tokens.aclose()
+        await self.gateway.forwarder.aclose()
+
+    async def _follow(self, reader: asyncio.StreamReader) -> None:
+        """Apply the primary's fleet messages; when the primary is gone, shut this worker down."""
+        table = self.gateway.table
+        try:
+            while line := await reader.readline():
+                message = json.loads(line)
+                if "put" in message:
+                    node = Node.model_validate(message["put"])
+                    table.apply_put(node, source=message["source"])
+                    table.set_column(node.id, message["column"])
+                    state = table.get(node.id)
+                    if state is not None:
+                        slots = message["slots"]
+                        state.slots = (int(slots[0]), int(slots[1])) if slots else None
+                elif "delete" in message:
+                    table.apply_delete(message["delete"])
+                elif message.get("ready"):
+                    self._ready.set()
+        except (ConnectionError, ValueError) as exc:
+            logger.error("worker %d: the control channel failed: %s", self.row, exc)
+        logger.warning("worker %d: the primary process is gone; shutting down", self.row)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    async def _flush_every(self) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_S)
+            self._flush()
+
+    def _flush(self) -> None:
+        metrics = self.gateway.metrics
+        assert isinstance(metrics, WorkerMetrics)
+        message: dict[str, Any] = {}
+        finished = metrics.take()
+        if finished:
+            message["requests"] = finished
+        counters = metrics.counted()
+        if counters != self._sent_counters:
+            message["counters"] = self._sent_counters = counters
+        if message and self._writer is not None and not self._writer.is_closing():
+            self._writer.write(json.dumps(message).encode() + b"\n")
+
+
+class _Dispatch:
+    """The client API's read paths (`/v1/…`) to the worker's own app; every other path to the primary."""
+
+    def __init__(self, api: ASGIApp, primary: ASGIApp) -> None:
+        self.api = api
+        self.primary = primary
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"].startswith("/v1/"):
+            await self.api(scope, receive, send)
+        else:
+            await self.primary(scope, receive, send)
+
+
+class _PrimaryPassage:
+    """An ASGI app that passes each request to the primary's app over its Unix socket and relays the answer as
+    it comes, until it ends or the client leaves.
+
+    Args:
+        socket_path: the primary's `admin.sock`.
+        max_body_bytes: the largest request body passed on (`server.max_body_bytes`); a larger one gets 413.
+    """
+
+    def __init__(self, socket_path: Path, max_body_bytes: int) -> None:
+        self.max_body_bytes = max_body_bytes
+        self.client = httpx.AsyncClient(
+            transport=httpx.AsyncHTTPTransport(uds=str(socket_path)),
+            timeout=httpx.Timeout(None, connect=5.0),
+        )
+
+    async def aclose(self) -> None:
+        """Close the connections to the primary."""
+        await self.client.aclose()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            if len(body) > self.max_body_bytes:
+                await error_response(RequestRefused(413, "The request body is too large.", "request_too_large"))(
+                    scope, receive, send
+                )
+                return
+            if not message.get("more_body", False):
+                break
+        target = scope.get("raw_path") or scope["path"].encode()
+        if scope["query_string"]:
+            target += b"?" + scope["query_string"]
+        headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _HOP_BY_HOP]
+        request = self.client.build_request(
+            scope["method"], "http://primary" + target.decode("latin-1"), headers=headers, content=bytes(body)
+        )
+        try:
+            response = await self.client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            refused = RequestRefused(502, f"The daemon's primary process did not answer: {exc}.", "primary_unavailable")
+            await error_response(refused)(scope, receive, send)
+            return
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": response.status_code,
+                    "headers": [(k, v) for k, v in response.headers.raw if k.lower() not in _HOP_BY_HOP],
+                }
+            )
+            relay = asyncio.ensure_future(self._relay(response, send))
+            left = asyncio.ensure_future(_disconnected(receive))
+            await asyncio.wait((relay, left), return_when=asyncio.FIRST_COMPLETED)
+            for task in (relay, left):
+                task.cancel()
+            await asyncio.gather(relay, left, return_exceptions=True)
+        finally:
+            await response.aclose()
+
+    @staticmethod
+    async def _relay(response: httpx.Response, send: Send) -> None:
+        try:
+            async for chunk in response.aiter_raw():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except httpx.HTTPError as exc:
+            logger.warning("the primary's answer broke off: %s", exc)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Return when the client has gone (`http.disconnect`)."""
+    while True:
+        message: Message = await receive()
+        if message["type"] == "http.disconnect":
+            return

@@ -1,0 +1,284 @@
+"""Every core: the worker processes the primary runs beside itself (`server.workers`).
+
+The primary (the process `qiip-proxy` starts) binds the port, then starts `N - 1` workers (`multiprocessing`,
+spawned), each handed the same listening socket: the kernel gives each new client connection to whichever
+process accepts it first. All of them serve the client API; everything else runs in the primary alone.
+
+What ties them together, in a private runtime directory (mode 0700, under `/dev/shm` where it exists):
+
+- `in-flight.board`: the requests in flight per node, over every process (`qiip_core.routing.InFlightBoard`),
+  which least-connections, concurrency caps, admission and drains read.
+- `control.sock`: the primary's control channel. Each worker connects once it starts and reads the fleet: every
+  node the primary's routing table holds, with its effective status, its slots and its board column, then each
+  change as it happens (newline-delimited JSON). Each worker writes back, every 100 ms, the requests it
+  finished (`_metrics.Accounted`) and its counters, which the primary's metrics add up; `/metrics` and
+  `/admin/metrics` are the primary's, so they count every worker's requests.
+- `admin.sock`: the primary's app on a Unix socket; a worker passes every request it does not serve itself
+  (the admin API, `/health`, `/metrics`, the chat page) to the primary through it.
+
+A worker that exits is started again (its board row zeroed first: its requests ended with it); a worker whose
+primary is gone shuts down. Each worker keeps its own circuit breakers, prefix map and per-address connection
+limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import multiprocessing
+import os
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qiip_core.routing import InFlightBoard, NodeState, TableChange
+
+if TYPE_CHECKING:
+    from qiip_proxy._gateway import Gateway
+
+__all__ = ["ADMIN_SOCKET", "BOARD_FILE", "CONTROL_SOCKET", "WorkerPool", "create_runtime_dir", "node_record"]
+
+logger = logging.getLogger("qiip.proxy")
+
+ADMIN_SOCKET = "admin.sock"
+CONTROL_SOCKET = "control.sock"
+BOARD_FILE = "in-flight.board"
+
+FLEET_RESEND_S = 1.0
+"""How often the primary compares every node with what the workers last got (slots change without a table
+change); a table change is sent at once."""
+
+_RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+"""Waits before starting again a worker that exited soon after its start, one step more at each such exit."""
+
+_STABLE_AFTER_S = 30.0
+"""A worker that ran this long before it exited is started again at once."""
+
+
+def create_runtime_dir() -> Path:
+    """A new private directory (mode 0700) for the board and the sockets: under `/dev/shm` where it exists (the
+    board then lives in memory only), else the system's temporary directory.
+
+    Raises:
+        OSError: it cannot be created.
+    """
+    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    return Path(tempfile.mkdtemp(prefix="qiip-proxy-", dir=base))
+
+
+def node_record(state: NodeState, column: int | None) -> dict[str, Any]:
+    """The fleet message of one node for the workers: the registration with its effective status, where it came
+    from, its board column and its slots."""
+    return {
+        "put": state.effective_node().model_dump(mode="json"),
+        "source": state.source,
+        "column": column,
+        "slots": list(state.slots) if state.slots is not None else None,
+    }
+
+
+class _Worker:
+    """One worker process and its control connection."""
+
+    def __init__(self, row: int) -> None:
+        self.row = row
+        self.process: BaseProcess | None = None
+        self.started_at = 0.0
+        self.quick_exits = 0
+        self.restart_at = 0.0
+        self.writer: asyncio.StreamWriter | None = None
+        self.counters: dict[str, float] = {}
+
+
+class WorkerPool:
+    """The primary's workers: started with the gateway, kept running, stopped with it.
+
+    Args:
+        gateway: the primary's gateway (its table counts on the board at `runtime_dir / BOARD_FILE`).
+        listener: the bound listening socket the workers share.
+        runtime_dir: the private directory of the board and the sockets (`create_runtime_dir`); removed by
+            `aclose`.
+        workers: serving processes in all, the primary included (2 or more).
+        target: the worker processes' entry point, called with the settings, the socket, the runtime
+            directory, the row and `workers` (`qiip_proxy._worker.run_worker`).
+    """
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        listener: socket.socket,
+        runtime_dir: Path,
+        workers: int,
+        target: Callable[..., None],
+    ) -> None:
+        self.gateway = gateway
+        self.listener = listener
+        self.runtime_dir = runtime_dir
+        self.count = workers
+        self._target = target
+        self._workers = [_Worker(row) for row in range(1, workers)]
+        self._server: asyncio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._sent: dict[str, dict[str, Any]] = {}
+        self._changed = asyncio.Event()
+        self._remove_listener: Callable[[], None] | None = None
+        self._stopping = False
+
+    @property
+    def board(self) -> InFlightBoard:
+        """The board the primary's table counts on."""
+        board = self.gateway.table.board
+        assert board is not None, "a worker pool needs a table on the board"
+        return board
+
+    def pids(self) -> list[int]:
+        """The running workers' process ids."""
+        return [w.process.pid for w in self._workers if w.process is not None and w.process.pid is not None]
+
+    async def start(self) -> None:
+        """Open the control channel and start every worker (without waiting for them to serve)."""
+        self._server = await asyncio.start_unix_server(
+            self._serve_worker, path=str(self.runtime_dir / CONTROL_SOCKET), limit=16 * 1024 * 1024
+        )
+        self._remove_listener = self.gateway.table.add_listener(self._table_changed)
+        self._tasks = [
+            asyncio.create_task(self._publish(), name="qiip-workers-fleet"),
+            asyncio.create_task(self._watch(), name="qiip-workers-watch"),
+        ]
+        for worker in self._workers:
+            self._spawn(worker)
+        logger.info("serving with %d processes: this one and workers %s", self.count, ", ".join(map(str, self.pids())))
+
+    def _spawn(self, worker: _Worker) -> None:
+        context = multiprocessing.get_context("spawn")
+        process = context.Process(
+            target=self._target,
+            args=(self.gateway.settings, self.listener, self.runtime_dir, worker.row, self.count),
+            name=f"qiip-proxy worker {worker.row}",
+            daemon=False,
+        )
+        process.start()
+        worker.process = process
+        worker.started_at = time.monotonic()
+
+    async def _watch(self) -> None:
+        """Start again every worker that exited, after zeroing its board row."""
+        while True:
+            await asyncio.sleep(0.5)
+            now = time.monotonic()
+            for worker in self._workers:
+                process = worker.process
+                if process is not None and process.exitcode is None:
+                    continue
+                if process is not None:
+                    code = process.exitcode
+                    process.close()
+                    worker.process = None
+                    self.board.clear_row(worker.row)
+                    ran_s = now - worker.started_at
+                    worker.quick_exits = 0 if ran_s >= _STABLE_AFTER_S else worker.quick_exits + 1
+                    wait_s = (
+                        _RESTART_BACKOFF_S[min(worker.quick_exits, len(_RESTART_BACKOFF_S)) - 1]
+                        if worker.quick_exits
+                        else 0.0
+                    )
+                    worker.restart_at = now + wait_s
+                    logger.error(
+                        "worker %d exited (status %s) after %.0f s; starting it again%s",
+                        worker.row,
+                        code,
+                        ran_s,
+                        f" in {wait_s:g} s" if wait_s else "",
+                    )
+                if now >= worker.restart_at:
+                    self._spawn(worker)
+
+    # -- the fleet ------------------------------------------------------------------------------------------
+
+    def _table_changed(self, change: TableChange) -> None:
+        self._changed.set()
+
+    def _records(self) -> dict[str, dict[str, Any]]:
+        table = self.gateway.table
+        return {state.id: node_record(state, table.column(state.id)) for state in table}
+
+    async def _publish(self) -> None:
+        """Send the workers every node that changed since they last heard, at once on a table change, and
+        every `FLEET_RESEND_S` otherwise."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), FLEET_RESEND_S)
+            self._changed.clear()
+            records = self._records()
+            lines = [json.dumps(r) for node_id, r in records.items() if self._sent.get(node_id) != r]
+            lines += [json.dumps({"delete": node_id}) for node_id in self._sent.keys() - records.keys()]
+            self._sent = records
+            if lines:
+                data = ("\n".join(lines) + "\n").encode()
+                for worker in self._workers:
+                    if worker.writer is not None and not worker.writer.is_closing():
+                        worker.writer.write(data)
+
+    async def _serve_worker(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One worker's control connection: its greeting, the whole fleet, then the fleet's changes out and its
+        accounting in, until it closes."""
+        worker: _Worker | None = None
+        try:
+            hello = json.loads(await reader.readline())
+            worker = self._workers[int(hello["hello"]) - 1]
+            worker.counters = {}
+            snapshot = [json.dumps(r) for r in self._sent.values()] + [json.dumps({"ready": True})]
+            writer.write(("\n".join(snapshot) + "\n").encode())
+            worker.writer = writer
+            while line := await reader.readline():
+                self._account(worker, json.loads(line))
+        except (ConnectionError, ValueError, KeyError, IndexError, TypeError) as exc:
+            logger.warning("a worker's control connection failed: %s", exc)
+        finally:
+            if worker is not None and worker.writer is writer:
+                worker.writer = None
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+    def _account(self, worker: _Worker, message: dict[str, Any]) -> None:
+        """Add a worker's finished requests and its counters' growth to the primary's metrics."""
+        metrics = self.gateway.metrics
+        for item in message.get("requests", ()):
+            metrics.record_json(item)
+        for key, value in message.get("counters", {}).items():
+            grown = value - worker.counters.get(key, 0.0)
+            worker.counters[key] = value
+            if grown > 0:
+                metrics.add_counted(key, grown)
+
+    async def aclose(self) -> None:
+        """Stop the workers (SIGTERM: each finishes its requests for up to `server.shutdown_timeout_s`; one still
+        running a few seconds later is killed), close the control channel and remove the runtime directory."""
+        self._stopping = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._remove_listener is not None:
+            self._remove_listener()
+        running = [w.process for w in self._workers if w.process is not None]
+        for process in running:
+            if process.exitcode is None:
+                process.terminate()
+        deadline = time.monotonic() + self.gateway.settings.server.shutdown_timeout_s + 5.0
+        for process in running:
+            await asyncio.to_thread(process.join, max(0.0, deadline - time.monotonic()))
+            if process.exitcode is None:
+                logger.error("worker pid %s did not stop in time; killing it", process.pid)
+                process.kill()
+                await asyncio.to_thread(process.join, 5.0)
+        if self._server is not None:
+            self._server.close()
+        shutil.rmtree(self.runtime_dir, ignore_errors=True)
