@@ -154,7 +154,12 @@ class WorkerPool:
         ]
         for worker in self._workers:
             self._spawn(worker)
-        logger.info("serving with %d processes: this one and workers %s", self.count, ", ".join(map(str, self.pids())))
+        logger.info(
+            "serving with %d processes: this one and worker pid(s) %s (runtime directory %s)",
+            self.count,
+            ", ".join(map(str, self.pids())),
+            self.runtime_dir,
+        )
 
     def _spawn(self, worker: _Worker) -> None:
         context = multiprocessing.get_context("spawn")

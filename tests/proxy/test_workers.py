@@ -1,0 +1,269 @@
+"""`server.workers = 2` through the real daemon: the primary and its worker both take connections on the one
+port. Each test finds which process serves a connection (`/proc`), so what it checks holds in both: the client
+API served, everything else passed to the primary, requests in flight counted over both processes (admission,
+`/metrics`, drains), every request counted in the primary's metrics, a killed worker started again with its
+requests no longer counted, and a stopped daemon taking its workers and its runtime directory with it."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.cli import clean_environ
+from tests.support.daemon import Daemon, wait_until
+from tests.support.fault_backend import Completion, FaultBackend, Gated
+from tests.support.procnet import children, serving_pid
+
+pytestmark = pytest.mark.integration
+
+WORKERS_ENV = {"QIIP_SERVER__WORKERS": "2", "QIIP_ADMISSION__MAX_IN_FLIGHT": "2"}
+
+
+def _start(daemon: Daemon) -> Daemon:
+    daemon.start()
+    wait_until(lambda: "worker 1 serving" in daemon.log(), 30, "the worker to serve")
+    return daemon
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """A daemon of two serving processes, admitting 2 requests in flight per model."""
+    daemon = Daemon(tmp_path_factory.mktemp("workers"), env=WORKERS_ENV)
+    try:
+        yield _start(daemon)
+    finally:
+        daemon.close()
+
+
+def processes(daemon: Daemon) -> list[int]:
+    """The daemon's serving processes: the primary first, then its worker."""
+    assert daemon.process is not None
+    primary = daemon.process.pid
+    workers = [pid for pid in children(primary) if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()]
+    return [primary, *workers]
+
+
+class Connections:
+    """Client connections to the daemon, sorted by the process serving each; closed at the end."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.pids = processes(daemon)
+        assert len(self.pids) == 2, self.pids
+        self.by_pid: dict[int, list[http.client.HTTPConnection]] = {pid: [] for pid in self.pids}
+        self._spare: list[http.client.HTTPConnection] = []
+
+    def on(self, pid: int) -> http.client.HTTPConnection:
+        """A new connection that `pid` serves."""
+        for _ in range(400):
+            connection = http.client.HTTPConnection("127.0.0.1", self.daemon.port, timeout=30)
+            connection.connect()
+            deadline = time.monotonic() + 5
+            while (server := serving_pid(connection, self.pids)) is None and time.monotonic() < deadline:
+                time.sleep(0.005)
+            assert server is not None, "no serving process accepted the connection"
+            if server == pid:
+                self.by_pid[pid].append(connection)
+                return connection
+            self._spare.append(connection)
+        raise AssertionError(f"process {pid} accepted none of 400 connections")
+
+    def close(self) -> None:
+        for connection in [*self._spare, *(c for group in self.by_pid.values() for c in group)]:
+            connection.close()
+
+
+@pytest.fixture
+def connections(daemon: Daemon) -> Iterator[Connections]:
+    made = Connections(daemon)
+    yield made
+    made.close()
+
+
+def ask(connection: http.client.HTTPConnection, model: str, *, stream: bool = False) -> None:
+    """Send a chat completion request on `connection` (read its answer with `answer`)."""
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+    connection.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+
+
+def answer(connection: http.client.HTTPConnection) -> tuple[int, dict[str, str], bytes]:
+    response = connection.getresponse()
+    return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+
+
+def get(connection: http.client.HTTPConnection, path: str, **headers: str) -> tuple[int, dict[str, str], bytes]:
+    connection.request("GET", path, headers=headers)
+    return answer(connection)
+
+
+ADMIN = {"Authorization": "Basic YWRtaW46dGVzdC1wYXNzd29yZA=="}  # admin:test-password (FAST_ENV)
+
+
+def test_both_processes_serve_the_client_api_and_pass_everything_else_to_the_primary(
+    daemon: Daemon, connections: Connections, backends: Callable[..., FaultBackend], model: str
+) -> None:
+    backend = backends()
+    daemon.add_node(f"{model}-n", backend.url, model)
+    for pid in connections.pids:
+        connection = connections.on(pid)
+        ask(connection, model)
+        status, headers, _ = answer(connection)
+        assert (status, headers["x-qiip-node"]) == (200, f"{model}-n"), pid
+        ask(connection, model, stream=True)
+        status, _, body = answer(connection)
+        assert status == 200 and body.rstrip().endswith(b"data: [DONE]")
+        status, _, body = get(connection, "/v1/models")
+        assert status == 200 and model in {m["id"] for m in json.loads(body)["data"]}
+        status, _, body = get(connection, "/health")
+        assert status == 200 and json.loads(body)["nodes_healthy"] >= 1
+        status, _, body = get(connection, "/admin/nodes")
+        assert status == 401 and json.loads(body)["error"]["code"] == "unauthorized"
+        status, _, body = get(connection, "/admin/nodes", **ADMIN)
+        assert status == 200 and f"{model}-n" in {n["id"] for n in json.loads(body)["nodes"]}
+        status, headers, _ = get(connection, "/chat")
+        assert status == 200 and headers["content-type"].startswith("text/html")
+        status, _, body = get(connection, "/v1/nowhere")
+        assert status == 404 and json.loads(body)["error"]["code"] == "not_found"
+    # Every request reaches the primary's metrics, whichever process served it.
+    wait_until(lambda: daemon.counter("qiip_requests_total", model=model, status="200") == 4, 5, "4 requests counted")
+
+
+def test_an_admin_event_stream_passes_through_a_worker(daemon: Daemon, connections: Connections) -> None:
+    connection = connections.on(connections.pids[1])
+    connection.request("GET", "/admin/journal?follow=true", headers=ADMIN)
+    response = connection.getresponse()
+    assert response.status == 200 and response.getheader("content-type", "").startswith("text/event-stream")
+    assert response.readline().startswith(b"event: ")
+    connection.close()
+
+
+def hold(
+    connections: Connections, backend: FaultBackend, model: str, pids: list[int]
+) -> tuple[list[http.client.HTTPConnection], threading.Event]:
+    """One request in flight on each process of `pids`, held by the backend until the returned gate opens."""
+    gate = threading.Event()
+    backend.push(*[Gated(gate, Completion()) for _ in pids])
+    held = []
+    for pid in pids:
+        connection = connections.on(pid)
+        ask(connection, model)
+        held.append(connection)
+    backend.wait_for_requests(len(pids), 10, path="/v1/chat/completions")
+    return held, gate
+
+
+def test_requests_in_flight_are_counted_over_both_processes(
+    daemon: Daemon, connections: Connections, backends: Callable[..., FaultBackend], model: str
+) -> None:
+    backend = backends()
+    daemon.add_node(f"{model}-n", backend.url, model)
+    held, gate = hold(connections, backend, model, connections.pids)
+    try:
+        # Each process holds one request: the bound of 2 is reached only over both.
+        wait_until(lambda: daemon.in_flight(f"{model}-n") == 2, 5, "2 requests in flight")
+        for pid in connections.pids:
+            connection = connections.on(pid)
+            ask(connection, model)
+            status, headers, body = answer(connection)
+            assert status == 429 and json.loads(body)["error"]["code"] == "model_overloaded", pid
+            assert "2 requests are in flight" in json.loads(body)["error"]["message"]
+    finally:
+        gate.set()
+    assert [answer(connection)[0] for connection in held] == [200, 200]
+    wait_until(lambda: daemon.in_flight(f"{model}-n") == 0, 5, "no request in flight")
+    wait_until(lambda: daemon.counter("qiip_requests_total", model=model, status="429") == 2, 5, "2 shed counted")
+    assert daemon.counter("qiip_requests_shed_total", model=model) == 2
+
+
+def test_a_drained_node_gets_nothing_from_either_process(
+    daemon: Daemon, connections: Connections, backends: Callable[..., FaultBackend], model: str
+) -> None:
+    first, second = backends(), backends()
+    daemon.add_node(f"{model}-a", first.url, model)
+    daemon.add_node(f"{model}-b", second.url, model)
+    drained = daemon.admin.post(f"/admin/nodes/{model}-a/drain", json={"timeout_s": 5})
+    assert drained.status_code == 202
+    daemon.wait_status(f"{model}-a", "draining")
+    try:
+        for pid in connections.pids:
+            connection = connections.on(pid)
+            for _ in range(4):
+                ask(connection, model)
+                status, headers, _ = answer(connection)
+                assert (status, headers["x-qiip-node"]) == (200, f"{model}-b"), pid
+    finally:
+        assert daemon.admin.post(f"/admin/nodes/{model}-a/undrain", json={}).status_code == 200
+
+
+def test_a_killed_worker_is_started_again_and_its_requests_stop_counting(
+    daemon: Daemon, connections: Connections, backends: Callable[..., FaultBackend], model: str
+) -> None:
+    backend = backends()
+    daemon.add_node(f"{model}-n", backend.url, model)
+    primary, worker = connections.pids
+    held, gate = hold(connections, backend, model, [worker])
+    wait_until(lambda: daemon.in_flight(f"{model}-n") == 1, 5, "1 request in flight")
+    os.kill(worker, signal.SIGKILL)
+    try:
+        # Its request died with it: the board row is zeroed, and a new worker takes its place.
+        wait_until(lambda: daemon.in_flight(f"{model}-n") == 0, 10, "the dead worker's request to stop counting")
+        wait_until(lambda: len(processes(daemon)) == 2 and worker not in processes(daemon), 15, "a new worker")
+        wait_until(lambda: daemon.log().count("worker 1 serving") >= 2, 30, "the new worker to serve")
+    finally:
+        gate.set()
+    assert re.search(r"worker 1 exited \(status -9\)", daemon.log())
+    renewed = Connections(daemon)
+    try:
+        connection = renewed.on(renewed.pids[1])
+        ask(connection, model)
+        assert answer(connection)[0] == 200
+    finally:
+        renewed.close()
+    with pytest.raises((http.client.HTTPException, ConnectionError)):
+        answer(held[0])
+
+
+def test_a_stopped_daemon_stops_its_workers_and_removes_its_runtime_directory(tmp_path: Path) -> None:
+    daemon = _start(Daemon(tmp_path, env=WORKERS_ENV))
+    try:
+        pids = processes(daemon)
+        found = re.search(r"runtime directory (\S+)\)", daemon.log())
+        assert found is not None and Path(found.group(1)).is_dir()
+        runtime_dir = Path(found.group(1))
+        assert {p.name for p in runtime_dir.iterdir()} == {"admin.sock", "control.sock", "in-flight.board"}
+        assert daemon.stop() in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it caught
+        assert not any(Path(f"/proc/{pid}").exists() and pid in children(pids[0]) for pid in pids[1:])
+        assert not runtime_dir.exists()
+    finally:
+        daemon.close()
+
+
+@pytest.mark.parametrize("workers", ["0", "9", "many"])
+def test_a_worker_count_out_of_range_stops_start_up_with_a_message(tmp_path: Path, workers: str) -> None:
+    env = clean_environ() | {"QIIP_STATE_DIR": str(tmp_path), "QIIP_SERVER__WORKERS": workers}
+    done = subprocess.run(
+        [sys.executable, "-m", "qiip_proxy", "--port", "1"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2
+    assert "server.workers" in done.stderr
+
+
+def test_workers_whose_primary_was_killed_shut_down(tmp_path: Path) -> None:
+    daemon = _start(Daemon(tmp_path, env=WORKERS_ENV))
+    try:
+        worker = processes(daemon)[1]
+        assert daemon.stop(signal.SIGKILL) == -signal.SIGKILL
+        wait_until(lambda: not Path(f"/proc/{worker}").exists(), 30, "the orphaned worker to exit")
+    finally:
+        daemon.close()
