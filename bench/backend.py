@@ -38,8 +38,9 @@ def _chunked(data: bytes) -> bytes:
 
 
 class BenchProtocol(asyncio.Protocol):
-    def __init__(self, events: int) -> None:
+    def __init__(self, events: int, delay_s: float = 0.0) -> None:
         self.events = events
+        self.delay_s = delay_s
         self.buffer = b""
         self.transport: asyncio.WriteTransport | None = None
 
@@ -76,6 +77,9 @@ class BenchProtocol(asyncio.Protocol):
             self.transport.write(
                 b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
             )
+            if self.delay_s:
+                self._paced(self.events)
+                return
             for _ in range(self.events):
                 self.transport.write(_chunked(CHUNK))
             self.transport.write(_chunked(DONE) + b"0\r\n\r\n")
@@ -85,10 +89,21 @@ class BenchProtocol(asyncio.Protocol):
                 % (len(COMPLETION), COMPLETION)
             )
 
+    def _paced(self, left: int) -> None:
+        """One event now and the next `delay_s` later (`--delay-ms`); then `[DONE]`."""
+        assert self.transport is not None
+        if self.transport.is_closing():
+            return
+        if left == 0:
+            self.transport.write(_chunked(DONE) + b"0\r\n\r\n")
+            return
+        self.transport.write(_chunked(CHUNK))
+        asyncio.get_running_loop().call_later(self.delay_s, self._paced, left - 1)
 
-async def serve(host: str, port: int, events: int) -> None:
+
+async def serve(host: str, port: int, events: int, delay_s: float = 0.0) -> None:
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: BenchProtocol(events), host, port, backlog=4096)
+    server = await loop.create_server(lambda: BenchProtocol(events, delay_s), host, port, backlog=4096)
     async with server:
         await server.serve_forever()
 
@@ -98,8 +113,9 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--events", type=int, default=100, help="events per streamed response")
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="time between the events of a stream")
     args = parser.parse_args()
-    uvloop.run(serve(args.host, args.port, args.events))
+    uvloop.run(serve(args.host, args.port, args.events, args.delay_ms / 1000))
 
 
 if __name__ == "__main__":

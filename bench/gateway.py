@@ -162,8 +162,9 @@ def start_gateway(
     *,
     command: list[str] | None = None,
     source: str | None = None,
+    core: int | None = 1,
 ) -> tuple[subprocess.Popen[bytes], int]:
-    """Start a daemon on one core in front of the backend (model `bench`) and wait until the node is healthy.
+    """Start a daemon (on one `core`, unless None) before the backend (model `bench`); wait until the node is healthy.
 
     Args:
         backend_port: the stand-in node's port on 127.0.0.1.
@@ -171,6 +172,7 @@ def start_gateway(
         extra: more `QIIP_*` settings, over the defaults here.
         command: the daemon's command line without `--port` (default: `python -m qiip_proxy`).
         source: run another revision's code from this directory (a `git archive` of it).
+        core: the CPU core to pin it to; None: any (several workers).
 
     Returns:
         The daemon's process and its port.
@@ -193,7 +195,7 @@ def start_gateway(
         env["PYTHONPATH"] = source
     Path(state).mkdir(parents=True, exist_ok=True)
     argv = command or [sys.executable, "-m", "qiip_proxy"]
-    proc = subprocess.Popen(pinned([*argv, "--port", str(port)], 1), env=env, cwd=state)
+    proc = subprocess.Popen(pinned([*argv, "--port", str(port)], core), env=env, cwd=state)
     wait_http(f"http://127.0.0.1:{port}/health")
     deadline = time.monotonic() + 30
     while httpx.get(f"http://127.0.0.1:{port}/health").json()["nodes_healthy"] < 1:

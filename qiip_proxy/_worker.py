@@ -52,6 +52,13 @@ READY_TIMEOUT_S = 30.0
 _HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"upgrade", b"proxy-connection", b"te", b"trailer"}
 
 
+def _relayed(name: bytes) -> bool:
+    """Whether a header of the primary's answer is relayed: not a hop-by-hop one, nor one the worker's own layers
+    add to every answer (`X-Request-Id`; CORS headers when `server.cors_allow_origins` is set)."""
+    name = name.lower()
+    return name not in _HOP_BY_HOP and name != b"x-request-id" and not name.startswith(b"access-control-")
+
+
 def run_worker(settings: Settings, listener: socket.socket, runtime_dir: Path, row: int, workers: int) -> None:
     """A worker process's entry point: serve on `listener` until SIGTERM/SIGINT or until the primary is gone.
 
@@ -263,7 +270,7 @@ class _PrimaryPassage:
                 {
                     "type": "http.response.start",
                     "status": response.status_code,
-                    "headers": [(k, v) for k, v in response.headers.raw if k.lower() not in _HOP_BY_HOP],
+                    "headers": [(k, v) for k, v in response.headers.raw if _relayed(k)],
                 }
             )
             relay = asyncio.ensure_future(self._relay(response, send))

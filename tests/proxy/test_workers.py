@@ -27,7 +27,12 @@ from tests.support.procnet import children, serving_pid
 
 pytestmark = pytest.mark.integration
 
-WORKERS_ENV = {"QIIP_SERVER__WORKERS": "2", "QIIP_ADMISSION__MAX_IN_FLIGHT": "2"}
+ORIGIN = "https://chat.example.com"
+WORKERS_ENV = {
+    "QIIP_SERVER__WORKERS": "2",
+    "QIIP_ADMISSION__MAX_IN_FLIGHT": "2",
+    "QIIP_SERVER__CORS_ALLOW_ORIGINS": f'["{ORIGIN}"]',
+}
 
 
 def _start(daemon: Daemon) -> Daemon:
@@ -99,6 +104,9 @@ def ask(connection: http.client.HTTPConnection, model: str, *, stream: bool = Fa
 
 def answer(connection: http.client.HTTPConnection) -> tuple[int, dict[str, str], bytes]:
     response = connection.getresponse()
+    names = [k.lower() for k, _ in response.getheaders()]
+    assert names.count("x-request-id") == 1, response.getheaders()
+    assert names.count("access-control-allow-origin") <= 1, response.getheaders()
     return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
 
 
@@ -125,8 +133,10 @@ def test_both_processes_serve_the_client_api_and_pass_everything_else_to_the_pri
         assert status == 200 and body.rstrip().endswith(b"data: [DONE]")
         status, _, body = get(connection, "/v1/models")
         assert status == 200 and model in {m["id"] for m in json.loads(body)["data"]}
-        status, _, body = get(connection, "/health")
+        status, headers, body = get(connection, "/health", Origin=ORIGIN)
         assert status == 200 and json.loads(body)["nodes_healthy"] >= 1
+        # One CORS header, the serving process's, on an answer the primary gave too.
+        assert headers["access-control-allow-origin"] == ORIGIN
         status, _, body = get(connection, "/admin/nodes")
         assert status == 401 and json.loads(body)["error"]["code"] == "unauthorized"
         status, _, body = get(connection, "/admin/nodes", **ADMIN)

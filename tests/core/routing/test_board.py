@@ -22,7 +22,7 @@ def node(node_id: str, **caps: object) -> Node:
         endpoint=f"http://127.0.0.1:{9000 + len(node_id)}",
         model="m",
         status="healthy",
-        capabilities=NodeCapabilities(**caps),  # type: ignore[arg-type]
+        capabilities=NodeCapabilities(**caps),
     )
 
 
