@@ -1,10 +1,11 @@
 """Every core (`server.workers`): per-core efficiency of two serving processes against one, and the fairness of
 least-connections over nodes when two processes route, in one run beside direct and nginx baselines.
 
-Efficiency: `wrk` sends non-streaming chat completions at concurrency 32 straight to a fast stand-in node, through
-nginx with one and with two worker processes, and through QIIP with `server.workers = 1` and `= 2`; for every
-target the CPU time its processes used over the run is read from `/proc`, so each figure is requests per proxy
-CPU-second, and the two-process figure is printed as a share of the one-process one (target: at least 90%).
+Efficiency: `wrk` sends non-streaming chat completions at concurrency 32 and 256 straight to a fast stand-in
+node, through nginx with one and with two worker processes, and through QIIP with `server.workers = 1` and
+`= 2`; for every target the CPU time its processes used over the run is read from `/proc`, so each figure is
+requests per proxy CPU-second, and the two-process figure is printed as a share of the one-process one
+(target: at least 90%).
 
 Fairness: four stand-in nodes serve the model; 64 streaming clients (each event 10 ms apart) go through QIIP with
 two workers; each node's share of the requests, from the daemon's own `/metrics`, is printed against an even
@@ -28,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -38,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 from bench.gateway import NGINX_CONF, free_port, run_wrk, start_gateway, wait_http  # noqa: E402
 from bench.overload import tree_cpu_s  # noqa: E402
 
-CONCURRENCY = 32
+CONCURRENCY = (32, 256)
 
 
 def start_backend(port: int, *, events: int, delay_ms: float = 0.0) -> subprocess.Popen[bytes]:
@@ -61,22 +63,29 @@ def start_nginx(backend_port: int, workdir: Path, workers: int) -> tuple[subproc
     return proc, port
 
 
-def measure(port: int, pid: int | None, duration_s: int) -> tuple[float, float]:
-    """Requests/s at `CONCURRENCY` and, for a proxy `pid`, its requests per CPU-second over the run."""
+@dataclass
+class Measured:
+    rps: float
+    per_cpu_s: float
+    p50_ms: float
+    p99_ms: float
+
+
+def measure(port: int, pid: int | None, duration_s: int, connections: int) -> Measured:
+    """Requests/s and latency at `connections` and, for a proxy `pid`, its requests per CPU-second over the run."""
     before = tree_cpu_s(pid) if pid is not None else 0.0
     started = time.monotonic()
     result = run_wrk(
         f"http://127.0.0.1:{port}/v1/chat/completions",
-        connections=CONCURRENCY,
+        connections=connections,
         duration_s=duration_s,
         stream=False,
         core=None,
     )
     elapsed = time.monotonic() - started
-    if pid is None:
-        return result.rps, 0.0
-    cpu_s = tree_cpu_s(pid) - before
-    return result.rps, result.rps * elapsed / cpu_s if cpu_s else 0.0
+    cpu_s = tree_cpu_s(pid) - before if pid is not None else 0.0
+    per_cpu_s = result.rps * elapsed / cpu_s if cpu_s else 0.0
+    return Measured(result.rps, per_cpu_s, result.p50_ms, result.p99_ms)
 
 
 def stop(*procs: subprocess.Popen[bytes] | None) -> None:
@@ -90,15 +99,16 @@ def efficiency(duration_s: int, state: Path) -> None:
     backend_port = free_port()
     backend = start_backend(backend_port, events=16)
     procs: list[subprocess.Popen[bytes] | None] = [backend]
+    rows: dict[int, list[tuple[str, Measured]]] = {c: [] for c in CONCURRENCY}
     try:
-        rows: list[tuple[str, float, float]] = []
-        rps, _ = measure(backend_port, None, duration_s)
-        rows.append(("direct", rps, 0.0))
+        for c in CONCURRENCY:
+            rows[c].append(("direct", measure(backend_port, None, duration_s, c)))
         if shutil.which("nginx"):
             for workers in (1, 2):
                 nginx, port = start_nginx(backend_port, state / f"nginx-{workers}", workers)
                 procs.append(nginx)
-                rows.append((f"nginx x{workers}", *measure(port, nginx.pid, duration_s)))
+                for c in CONCURRENCY:
+                    rows[c].append((f"nginx x{workers}", measure(port, nginx.pid, duration_s, c)))
                 stop(nginx)
         for workers in (1, 2):
             gateway, port = start_gateway(
@@ -107,18 +117,25 @@ def efficiency(duration_s: int, state: Path) -> None:
             procs.append(gateway)
             if workers > 1:
                 wait_workers(gateway.pid, workers - 1)
-            rows.append((f"qiip x{workers}", *measure(port, gateway.pid, duration_s)))
+            for c in CONCURRENCY:
+                rows[c].append((f"qiip x{workers}", measure(port, gateway.pid, duration_s, c)))
             stop(gateway)
-        print(f"non-streaming chat completions, c={CONCURRENCY}, {duration_s} s per run, cpus {os.cpu_count()}")
-        print(f"{'via':<9} | {'req/s':>8} {'vs direct':>9} | {'req/CPU-s':>9} {'vs x1':>6}")
-        direct = rows[0][1]
-        per_one = {name.split()[0]: per for name, _, per in rows if name.endswith("x1")}
-        for name, rps, per in rows:
-            one = per_one.get(name.split()[0])
-            share = f"{per / one:>6.0%}" if per and one else f"{'':>6}"
-            print(f"{name:<9} | {rps:>8.0f} {rps / direct:>9.2f} | {per:>9.0f} {share}")
     finally:
         stop(*procs)
+    print(f"non-streaming chat completions, {duration_s} s per run, cpus {os.cpu_count()}")
+    print(
+        f"{'c':>4} {'via':<9} | {'req/s':>8} {'vs direct':>9} | {'req/CPU-s':>9} {'vs x1':>6} | {'p50':>8} {'p99':>9}"
+    )
+    for c, measured in rows.items():
+        direct = measured[0][1]
+        per_one = {name.split()[0]: m.per_cpu_s for name, m in measured if name.endswith("x1")}
+        for name, m in measured:
+            one = per_one.get(name.split()[0])
+            share = f"{m.per_cpu_s / one:>6.0%}" if m.per_cpu_s and one else f"{'':>6}"
+            print(
+                f"{c:>4} {name:<9} | {m.rps:>8.0f} {m.rps / direct.rps:>9.2f} | {m.per_cpu_s:>9.0f} {share} | "
+                f"{m.p50_ms:>6.2f}ms {m.p99_ms:>7.2f}ms"
+            )
 
 
 def wait_workers(pid: int, count: int) -> None:
