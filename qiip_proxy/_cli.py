@@ -11,6 +11,8 @@ SIGINT/SIGTERM stop accepting connections, let in-flight requests finish for up 
 from __future__ import annotations
 
 import logging
+import os
+import secrets
 import shutil
 import socket
 import sys
@@ -45,6 +47,21 @@ def _bind(host: str, port: int) -> socket.socket:
         ) from exc
 
 
+def _hash_seed_shared() -> None:
+    """Make sure worker processes hash strings as this one does, or return without changing anything.
+
+    Prefix affinity keys its map by Python's `hash` of the prompt's blocks, and the processes share that map
+    (`_workers`); Python seeds its string hash at random in every process unless `PYTHONHASHSEED` is set. When it
+    is not, set it to a random value (so the seed stays secret from clients, as the default's is) and start this
+    process again with it (`os.execv`: the same process id, arguments and environment otherwise); the workers
+    inherit it. The same practice as Spark's for its Python workers.
+    """
+    if os.environ.get("PYTHONHASHSEED") or not sys.flags.hash_randomization:
+        return
+    os.environ["PYTHONHASHSEED"] = str(secrets.randbelow(2**32 - 1) + 1)
+    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--config",
@@ -66,10 +83,12 @@ def main(config: Path | None, host: str | None, port: int | None) -> None:
     try:
         settings = load_settings(config, **({"server": server_overrides} if server_overrides else {}))
         configure_logging(level=settings.logging.level, format=settings.logging.format)
+        workers = settings.server.worker_count()
+        if workers > 1:
+            _hash_seed_shared()
         sock = _bind(settings.server.host, settings.server.port)
         open_files = raise_open_file_limit()
         max_clients = client_connection_cap(settings, open_files)
-        workers = settings.server.worker_count()
         board = None
         if workers > 1:
             runtime_dir = create_runtime_dir()

@@ -4,7 +4,8 @@ A worker serves the inference paths and `GET /v1/models` itself, from a routing 
 primary's (`_workers`: the control channel), counting its reservations on the shared board; every other
 request (the admin API, after the same credential check the primary makes; `/health`; `/metrics`; the chat
 page) is passed to the primary over its Unix socket and its answer relayed back as it comes (event streams
-included). The requests it finishes, and its counters, go to the primary every `FLUSH_S`.
+included). The requests it finishes, its counters and the prefixes it routed go to the primary every `FLUSH_S`;
+the prefixes the other processes routed come back from it as often.
 """
 
 from __future__ import annotations
@@ -71,8 +72,11 @@ def run_worker(settings: Settings, listener: socket.socket, runtime_dir: Path, r
     """
     configure_logging(level=settings.logging.level, format=settings.logging.format)
     board = InFlightBoard(runtime_dir / BOARD_FILE, rows=workers, columns=DEFAULT_COLUMNS, row=row)
-    gateway = Gateway(settings, board=board, primary=False)
+    # The primary runs the local nodes (and holds the state directory's lock for them).
+    gateway = Gateway(settings.model_copy(update={"local_nodes": []}), board=board, primary=False)
     gateway.metrics = WorkerMetrics(gateway.table)
+    if gateway.table.affinity is not None:
+        gateway.table.affinity.recorded = []
     runtime = _WorkerRuntime(gateway, runtime_dir, row)
     max_clients = client_connection_cap(settings, raise_open_file_limit())
     server = Server(gateway, server_config(runtime.app, settings, max_clients))
@@ -174,6 +178,9 @@ class _WorkerRuntime:
                     if state is not None:
                         slots = message["slots"]
                         state.slots = (int(slots[0]), int(slots[1])) if slots else None
+                elif "prefixes" in message and table.affinity is not None:
+                    for node_id, hashes in message["prefixes"]:
+                        table.affinity.learn(node_id, hashes)
                 elif "delete" in message:
                     table.apply_delete(message["delete"])
                 elif message.get("ready"):
@@ -195,6 +202,10 @@ class _WorkerRuntime:
         finished = metrics.take()
         if finished:
             message["requests"] = finished
+        affinity = self.gateway.table.affinity
+        prefixes = affinity.take_recorded() if affinity is not None else []
+        if prefixes:
+            message["prefixes"] = prefixes
         counters = metrics.counted()
         if counters != self._sent_counters:
             message["counters"] = self._sent_counters = counters

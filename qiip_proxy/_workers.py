@@ -11,14 +11,15 @@ What ties them together, in a private runtime directory (mode 0700, under `/dev/
 - `control.sock`: the primary's control channel. Each worker connects once it starts and reads the fleet: every
   node the primary's routing table holds, with its effective status, its slots and its board column, then each
   change as it happens (newline-delimited JSON). Each worker writes back, every 100 ms, the requests it
-  finished (`_metrics.Accounted`) and its counters, which the primary's metrics add up; `/metrics` and
-  `/admin/metrics` are the primary's, so they count every worker's requests.
+  finished (`_metrics.Accounted`) and its counters, which the primary's metrics add up (`/metrics` and
+  `/admin/metrics` are the primary's, so they count every worker's requests), and the prefixes it routed, which
+  the primary learns and passes on to the other workers with its own: prefix affinity's map is the same in
+  every process, 100 to 200 ms behind.
 - `admin.sock`: the primary's app on a Unix socket; a worker passes every request it does not serve itself
   (the admin API, `/health`, `/metrics`, the chat page) to the primary through it.
 
 A worker that exits is started again (its board row zeroed first: its requests ended with it); a worker whose
-primary is gone shuts down. Each worker keeps its own circuit breakers, prefix map and per-address connection
-limits.
+primary is gone shuts down. Each worker keeps its own circuit breakers and per-address connection limits.
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ BOARD_FILE = "in-flight.board"
 FLEET_RESEND_S = 1.0
 """How often the primary compares every node with what the workers last got (slots change without a table
 change); a table change is sent at once."""
+
+PREFIX_SHARE_S = 0.1
+"""How often the prefixes one process routed reach the others (prefix affinity)."""
 
 _RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 """Waits before starting again a worker that exited soon after its start, one step more at each such exit."""
@@ -95,6 +99,7 @@ class _Worker:
         self.restart_at = 0.0
         self.writer: asyncio.StreamWriter | None = None
         self.counters: dict[str, float] = {}
+        self.prefixes: list[Any] = []
 
 
 class WorkerPool:
@@ -148,9 +153,13 @@ class WorkerPool:
             self._serve_worker, path=str(self.runtime_dir / CONTROL_SOCKET), limit=16 * 1024 * 1024
         )
         self._remove_listener = self.gateway.table.add_listener(self._table_changed)
+        affinity = self.gateway.table.affinity
+        if affinity is not None:
+            affinity.recorded = []
         self._tasks = [
             asyncio.create_task(self._publish(), name="qiip-workers-fleet"),
             asyncio.create_task(self._watch(), name="qiip-workers-watch"),
+            asyncio.create_task(self._share_prefixes(), name="qiip-workers-prefixes"),
         ]
         for worker in self._workers:
             self._spawn(worker)
@@ -253,8 +262,29 @@ class WorkerPool:
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
 
+    async def _share_prefixes(self) -> None:
+        """Every `PREFIX_SHARE_S`, send each worker the prefixes the other processes routed since the last time
+        (prefix affinity's map is kept in every process; a prefix routed in one is known in all)."""
+        affinity = self.gateway.table.affinity
+        while True:
+            await asyncio.sleep(PREFIX_SHARE_S)
+            own = affinity.take_recorded() if affinity is not None else []
+            for worker in self._workers:
+                pending, worker.prefixes = [*own, *worker.prefixes], []
+                if pending and worker.writer is not None and not worker.writer.is_closing():
+                    worker.writer.write(json.dumps({"prefixes": pending}).encode() + b"\n")
+
     def _account(self, worker: _Worker, message: dict[str, Any]) -> None:
-        """Add a worker's finished requests and its counters' growth to the primary's metrics."""
+        """Add a worker's finished requests and its counters' growth to the primary's metrics; learn the prefixes
+        it routed, and pass them on to the other workers."""
+        prefixes = message.get("prefixes")
+        affinity = self.gateway.table.affinity
+        if prefixes and affinity is not None:
+            for node_id, hashes in prefixes:
+                affinity.learn(str(node_id), [int(h) for h in hashes])
+            for other in self._workers:
+                if other is not worker and other.writer is not None:
+                    other.prefixes.extend(prefixes)
         metrics = self.gateway.metrics
         for item in message.get("requests", ()):
             metrics.record_json(item)

@@ -210,6 +210,9 @@ class PrefixAffinity:
         self._entries: OrderedDict[int, tuple[str, float]] = OrderedDict()
         self.results: dict[tuple[str, AffinityResult], int] = {}
         """Requests routed with a prefix, by model and result, since start (read by `/metrics`)."""
+        self.recorded: list[tuple[str, tuple[int, ...]]] | None = None
+        """With several serving processes (`server.workers`): what `record` recorded since the last
+        `take_recorded`, as (node id, hashes), for the other processes to `learn`; None (the default): not kept."""
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -265,6 +268,13 @@ class PrefixAffinity:
 
     def record(self, prefix: Sequence[int], node_id: str) -> None:
         """Remember that `node_id` now holds the request's prefixes: its longest `RECORDED_BLOCKS` hashes."""
+        if self.recorded is not None:
+            self.recorded.append((node_id, tuple(prefix[-RECORDED_BLOCKS:])))
+        self.learn(node_id, prefix)
+
+    def learn(self, node_id: str, prefix: Sequence[int]) -> None:
+        """Remember that `node_id` holds these prefixes, as another serving process routed them (`record`
+        without keeping it for the others)."""
         entries = self._entries
         expires = self._clock() + self.ttl_s
         for key in prefix[-RECORDED_BLOCKS:]:
@@ -272,6 +282,14 @@ class PrefixAffinity:
             entries.move_to_end(key)
         while len(entries) > self.max_entries:
             entries.popitem(last=False)
+
+    def take_recorded(self) -> list[tuple[str, tuple[int, ...]]]:
+        """What `record` recorded since the last call (empty when not kept)."""
+        recorded = self.recorded
+        if not recorded:
+            return []
+        self.recorded = []
+        return recorded
 
     def _count(self, model: str, result: AffinityResult) -> None:
         key = (model, result)

@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -23,7 +22,8 @@ import pytest
 from tests.support.cli import clean_environ
 from tests.support.daemon import Daemon, wait_until
 from tests.support.fault_backend import Completion, FaultBackend, Gated
-from tests.support.procnet import children, serving_pid
+from tests.support.procnet import children
+from tests.support.workers import Connections, answer, ask, get, processes, start_with_workers
 
 pytestmark = pytest.mark.integration
 
@@ -35,58 +35,14 @@ WORKERS_ENV = {
 }
 
 
-def _start(daemon: Daemon) -> Daemon:
-    daemon.start()
-    wait_until(lambda: "worker 1 serving" in daemon.log(), 30, "the worker to serve")
-    return daemon
-
-
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     """A daemon of two serving processes, admitting 2 requests in flight per model."""
     daemon = Daemon(tmp_path_factory.mktemp("workers"), env=WORKERS_ENV)
     try:
-        yield _start(daemon)
+        yield start_with_workers(daemon)
     finally:
         daemon.close()
-
-
-def processes(daemon: Daemon) -> list[int]:
-    """The daemon's serving processes: the primary first, then its worker."""
-    assert daemon.process is not None
-    primary = daemon.process.pid
-    workers = [pid for pid in children(primary) if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()]
-    return [primary, *workers]
-
-
-class Connections:
-    """Client connections to the daemon, sorted by the process serving each; closed at the end."""
-
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
-        self.pids = processes(daemon)
-        assert len(self.pids) == 2, self.pids
-        self.by_pid: dict[int, list[http.client.HTTPConnection]] = {pid: [] for pid in self.pids}
-        self._spare: list[http.client.HTTPConnection] = []
-
-    def on(self, pid: int) -> http.client.HTTPConnection:
-        """A new connection that `pid` serves."""
-        for _ in range(400):
-            connection = http.client.HTTPConnection("127.0.0.1", self.daemon.port, timeout=30)
-            connection.connect()
-            deadline = time.monotonic() + 5
-            while (server := serving_pid(connection, self.pids)) is None and time.monotonic() < deadline:
-                time.sleep(0.005)
-            assert server is not None, "no serving process accepted the connection"
-            if server == pid:
-                self.by_pid[pid].append(connection)
-                return connection
-            self._spare.append(connection)
-        raise AssertionError(f"process {pid} accepted none of 400 connections")
-
-    def close(self) -> None:
-        for connection in [*self._spare, *(c for group in self.by_pid.values() for c in group)]:
-            connection.close()
 
 
 @pytest.fixture
@@ -94,25 +50,6 @@ def connections(daemon: Daemon) -> Iterator[Connections]:
     made = Connections(daemon)
     yield made
     made.close()
-
-
-def ask(connection: http.client.HTTPConnection, model: str, *, stream: bool = False) -> None:
-    """Send a chat completion request on `connection` (read its answer with `answer`)."""
-    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": stream}
-    connection.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
-
-
-def answer(connection: http.client.HTTPConnection) -> tuple[int, dict[str, str], bytes]:
-    response = connection.getresponse()
-    names = [k.lower() for k, _ in response.getheaders()]
-    assert names.count("x-request-id") == 1, response.getheaders()
-    assert names.count("access-control-allow-origin") <= 1, response.getheaders()
-    return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
-
-
-def get(connection: http.client.HTTPConnection, path: str, **headers: str) -> tuple[int, dict[str, str], bytes]:
-    connection.request("GET", path, headers=headers)
-    return answer(connection)
 
 
 ADMIN = {"Authorization": "Basic YWRtaW46dGVzdC1wYXNzd29yZA=="}  # admin:test-password (FAST_ENV)
@@ -245,7 +182,7 @@ def test_a_killed_worker_is_started_again_and_its_requests_stop_counting(
 
 
 def test_a_stopped_daemon_stops_its_workers_and_removes_its_runtime_directory(tmp_path: Path) -> None:
-    daemon = _start(Daemon(tmp_path, env=WORKERS_ENV))
+    daemon = start_with_workers(Daemon(tmp_path, env=WORKERS_ENV))
     try:
         pids = processes(daemon)
         found = re.search(r"runtime directory (\S+)\)", daemon.log())
@@ -270,7 +207,7 @@ def test_a_worker_count_out_of_range_stops_start_up_with_a_message(tmp_path: Pat
 
 
 def test_workers_whose_primary_was_killed_shut_down(tmp_path: Path) -> None:
-    daemon = _start(Daemon(tmp_path, env=WORKERS_ENV))
+    daemon = start_with_workers(Daemon(tmp_path, env=WORKERS_ENV))
     try:
         worker = processes(daemon)[1]
         assert daemon.stop(signal.SIGKILL) == -signal.SIGKILL

@@ -192,3 +192,20 @@ def test_a_long_message_is_known_by_its_length_and_ends() -> None:
     # A change in between, keeping the length, goes unnoticed (by design: hashing stays O(1) per message).
     middle = len(long) // 2
     assert prefix_hashes("m", "chat", chat(long[:middle] + "y" + long[middle + 1 :])) == base
+
+
+def test_what_one_process_records_another_learns() -> None:
+    routing, other = PrefixAffinity(), PrefixAffinity()
+    turn1 = prefix_hashes("m", "chat", chat("sys", "q1"))
+    routing.record(turn1, "a")
+    assert routing.take_recorded() == []  # not kept unless asked for (one process)
+    routing.recorded = []
+    routing.record(turn1, "b")
+    shared = routing.take_recorded()
+    assert shared == [("b", turn1[-RECORDED_BLOCKS:])] and routing.take_recorded() == []
+    for node_id, hashes in shared:
+        other.learn(node_id, hashes)
+    # Learning is not recording: nothing is passed on again.
+    assert other.take_recorded() == []
+    turn2 = prefix_hashes("m", "chat", chat("sys", "q1", "a1", "q2"))
+    assert other.choose("m", [Candidate("a"), Candidate("b")], turn2) == Candidate("b")
