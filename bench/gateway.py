@@ -187,6 +187,8 @@ def start_gateway(
         "QIIP_NODES": json.dumps([{"id": "bench", "endpoint": f"http://127.0.0.1:{backend_port}", "model": "bench"}]),
         "QIIP_LOGGING__LEVEL": "WARNING",
         "QIIP_ADMIN__ENABLED": "false",
+        # One process on one core, unless `extra` asks for workers.
+        "QIIP_SERVER__WORKERS": "1",
         # Every load-generator connection comes from 127.0.0.1.
         "QIIP_SERVER__MAX_CONNECTIONS_PER_ADDRESS": "100000",
         **extra,

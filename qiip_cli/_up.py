@@ -389,6 +389,9 @@ def up(
         console_credentials = _previous_credentials(settings) or ("qiip", secrets.token_urlsafe(24))
         env["QIIP_ADMIN__USERNAME"], env["QIIP_ADMIN__PASSWORD"] = console_credentials
     env["QIIP_LOCAL_NODES"] = json.dumps(local_nodes)
+    if "workers" not in settings.server.model_fields_set:
+        # One machine: its cores serve the model; one gateway process is plenty in front of it.
+        env["QIIP_SERVER__WORKERS"] = "1"
     env["QIIP_STATE_DIR"] = str(settings.state_dir)
     argv = [sys.executable, "-m", "qiip_proxy", "--host", host, "--port", str(port)]
     if ctx.config is not None:

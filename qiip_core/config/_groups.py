@@ -136,13 +136,14 @@ class ServerSettings(_Group):
     """Web origins whose pages may call the daemon from a browser (CORS): each `scheme://host[:port]` as the
     browser sends it in `Origin`, or `*` for any. Empty (the default): CORS is off, and a cross-origin page
     cannot read any answer."""
-    workers: int | Literal["auto"] = Field(default=1, ge=1, le=MAX_WORKERS)
-    """Serving processes behind the one port: 1 (the default) serves everything in one process; `N` adds
-    `N - 1` worker processes that take client connections from the same listening socket and serve the client
-    API, sharing one view of the fleet and one count of requests in flight per node (least-connections,
-    concurrency caps, admission and drains stay global); `"auto"`: one per CPU core this process may run on,
-    at most 8. The first process runs everything else (health checks, the registry, the admin API, which the
-    workers pass on to it, and `/metrics`, which counts every worker's requests)."""
+    workers: int | Literal["auto"] = Field(default="auto", ge=1, le=MAX_WORKERS)
+    """Serving processes behind the one port: `"auto"` (the default) is one per CPU core this process may run
+    on, at most 8; 1 serves everything in one process; `N` adds `N - 1` worker processes that take client
+    connections from the same listening socket and serve the client API, sharing one view of the fleet, one
+    count of requests in flight per node (least-connections, concurrency caps, admission and drains stay
+    global) and prefix affinity's map. The first process runs everything else (health checks, the registry, the
+    admin API, which the workers pass on to it, and `/metrics`, which counts every worker's requests). `qiip up`
+    runs 1 unless this is set."""
     chat_page: bool = True
     """Serve the browser chat playground at `/chat` (public like the client API; with `auth.client_tokens =
     "required"` the page asks for an invoke token). False: `/chat`, its assets and the client-config downloads

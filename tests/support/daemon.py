@@ -31,6 +31,9 @@ FAST_ENV = {
     "QIIP_UPSTREAM__GENERATION_TIMEOUT_S": "10",
     "QIIP_UPSTREAM__IDLE_TIMEOUT_S": "10",
     "QIIP_LOGGING__LEVEL": "INFO",
+    # One serving process: a test reads the metrics right after its request (a worker's reach the primary within
+    # 0.1 s). The tests of workers set their own.
+    "QIIP_SERVER__WORKERS": "1",
     "QIIP_ADMIN__USERNAME": "admin",
     "QIIP_ADMIN__PASSWORD": "test-password",
     # Tests send many wrong credentials on purpose; the throttle has tests of its own.
