@@ -294,6 +294,9 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=10.0, help="measured seconds, all streams open")
     parser.add_argument("--disconnect", type=int, default=1000, help="clients that disconnect at once")
     parser.add_argument("--targets", default="direct,nginx,qiip")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="QIIP's serving processes (server.workers); above 1, not pinned"
+    )
     args = parser.parse_args()
 
     # Every stream is a client connection and a node connection (two on nginx and QIIP): raise the hard limit
@@ -348,8 +351,10 @@ def main() -> None:
                 extra = {
                     "QIIP_SERVER__MAX_CONNECTIONS_PER_ADDRESS": connections,
                     "QIIP_UPSTREAM__MAX_CONNECTIONS": connections,
+                    "QIIP_SERVER__WORKERS": str(args.workers),
                 }
-                target, port = start_gateway(backend_port, str(Path(state) / "qiip"), extra)
+                core = 1 if args.workers == 1 else None
+                target, port = start_gateway(backend_port, str(Path(state) / "qiip"), extra, core=core)
                 procs.append(target)
             r = measure(
                 port,
