@@ -1,3 +1,4 @@
 from qiip_proxy import main
 
-main()
+if __name__ == "__main__":
+    main()

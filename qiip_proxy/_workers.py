@@ -134,7 +134,6 @@ class WorkerPool:
         self._sent: dict[str, dict[str, Any]] = {}
         self._changed = asyncio.Event()
         self._remove_listener: Callable[[], None] | None = None
-        self._stopping = False
 
     @property
     def board(self) -> InFlightBoard:
@@ -297,7 +296,6 @@ class WorkerPool:
     async def aclose(self) -> None:
         """Stop the workers (SIGTERM: each finishes its requests for up to `server.shutdown_timeout_s`; one still
         running a few seconds later is killed), close the control channel and remove the runtime directory."""
-        self._stopping = True
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
