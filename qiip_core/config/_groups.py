@@ -136,7 +136,7 @@ class ServerSettings(_Group):
     """Web origins whose pages may call the daemon from a browser (CORS): each `scheme://host[:port]` as the
     browser sends it in `Origin`, or `*` for any. Empty (the default): CORS is off, and a cross-origin page
     cannot read any answer."""
-    workers: int | Literal["auto"] = Field(default="auto", ge=1, le=MAX_WORKERS)
+    workers: int | Literal["auto"] = "auto"
     """Serving processes behind the one port: `"auto"` (the default) is one per CPU core this process may run
     on, at most 8; 1 serves everything in one process; `N` adds `N - 1` worker processes that take client
     connections from the same listening socket and serve the client API, sharing one view of the fleet, one
@@ -154,6 +154,17 @@ class ServerSettings(_Group):
         if self.workers == "auto":
             return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
         return self.workers
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _workers(cls, value: object) -> object:
+        if value == "auto":
+            return value
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value)
+        if type(value) is not int or not 1 <= value <= MAX_WORKERS:
+            raise ValueError(f'must be a whole number from 1 to {MAX_WORKERS}, or "auto" (one per core); got {value!r}')
+        return value
 
     @field_validator("cors_allow_origins")
     @classmethod

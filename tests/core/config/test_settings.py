@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -181,6 +182,21 @@ def test_keep_alive_and_cors_origins_from_the_file(tmp_path: Path) -> None:
     server = load_settings(config).server
     assert server.keep_alive_s == 620
     assert server.cors_allow_origins == ["https://app.example.com", "http://[::1]:3000", "*"]
+
+
+@pytest.mark.parametrize(("text", "expected"), [('"auto"', "auto"), ("2", 2), ('"3"', 3), ("8", 8)])
+def test_worker_processes_one_per_core_by_default_or_as_written(tmp_path: Path, text: str, expected: object) -> None:
+    server = load_settings().server
+    assert server.workers == "auto" and server.worker_count() == max(1, min(8, len(os.sched_getaffinity(0))))
+    config = load_settings(write(tmp_path, f"[server]\nworkers = {text}\n")).server
+    assert config.workers == expected
+
+
+@pytest.mark.parametrize("text", ["0", "9", '"many"', "true", "1.5", "-1"])
+def test_a_worker_count_out_of_range_is_refused_with_the_range(tmp_path: Path, text: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, f"[server]\nworkers = {text}\n"))
+    assert 'server.workers (QIIP_SERVER__WORKERS): must be a whole number from 1 to 8, or "auto"' in info.value.message
 
 
 @pytest.mark.parametrize(
