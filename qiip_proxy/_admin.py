@@ -369,9 +369,10 @@ async def attach(request: Request, name: str, body: Empty) -> JSONResponse:
 @router.post("/tokens", status_code=201)
 async def create_token(request: Request, body: CreateToken) -> JSONResponse:
     """Create an invoke token. The answer carries its secret, shown this once and stored only as a hash."""
-    token, secret = await _gateway(request).tokens.create(
-        model=body.model, ttl_s=body.ttl_s, description=body.description
-    )
+    gateway = _gateway(request)
+    token, secret = await gateway.tokens.create(model=body.model, ttl_s=body.ttl_s, description=body.description)
+    if gateway.workers is not None:
+        gateway.workers.tokens_changed()
     return JSONResponse({**token.public(), "secret": secret}, status_code=201)
 
 
@@ -385,7 +386,10 @@ async def list_tokens(request: Request) -> JSONResponse:
 @router.delete("/tokens/{token_id}")
 async def revoke_token(request: Request, token_id: str) -> JSONResponse:
     """Revoke an invoke token; requests running on it end at once (streams with an in-band error)."""
-    token = await _gateway(request).tokens.revoke(token_id)
+    gateway = _gateway(request)
+    token = await gateway.tokens.revoke(token_id)
+    if gateway.workers is not None:
+        gateway.workers.tokens_changed()
     return JSONResponse(token.public())
 
 

@@ -116,10 +116,11 @@ def serving_app(app: FastAPI) -> ASGIApp:
     return wrap_serving(gateway, HeadAsGet(app))
 
 
-def wrap_serving(gateway: Gateway, inner: ASGIApp) -> ASGIApp:
-    """`inner` behind the layers every serving process puts before its routes (`serving_app`)."""
+def wrap_serving(gateway: Gateway, inner: ASGIApp, *, admin_gate: bool = True) -> ASGIApp:
+    """`inner` behind the layers every serving process puts before its routes (`serving_app`); a worker, which
+    passes the admin API on to the primary (whose gate checks it), goes without the admin gate."""
     admin = gateway.settings.admin
-    if admin.enabled and admin.username and admin.password is not None:
+    if admin_gate and admin.enabled and admin.username and admin.password is not None:
         inner = AdminGate(
             inner,
             username=admin.username,

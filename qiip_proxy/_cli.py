@@ -30,7 +30,7 @@ from qiip_proxy._gateway import Gateway
 from qiip_proxy._limits import client_connection_cap, raise_open_file_limit
 from qiip_proxy._server import Server, server_config
 from qiip_proxy._worker import run_worker
-from qiip_proxy._workers import ADMIN_SOCKET, BOARD_FILE, WorkerPool, create_runtime_dir
+from qiip_proxy._workers import ADMIN_SOCKET, BOARD_FILE, WorkerPeer, WorkerPool, create_runtime_dir
 
 __all__ = ["main"]
 
@@ -52,11 +52,11 @@ def _hash_seed_shared() -> None:
 
     Prefix affinity keys its map by Python's `hash` of the prompt's blocks, and the processes share that map
     (`_workers`); Python seeds its string hash at random in every process unless `PYTHONHASHSEED` is set. When it
-    is not, set it to a random value (so the seed stays secret from clients, as the default's is) and start this
-    process again with it (`os.execv`: the same process id, arguments and environment otherwise); the workers
-    inherit it. The same practice as Spark's for its Python workers.
+    is not (or is `random`, a new seed per process), set it to a random number (so the seed stays secret from
+    clients, as the default's is) and start this process again with it (`os.execv`: the same process id, arguments
+    and environment otherwise); the workers inherit it. The same practice as Spark's for its Python workers.
     """
-    if os.environ.get("PYTHONHASHSEED") or not sys.flags.hash_randomization:
+    if os.environ.get("PYTHONHASHSEED", "").isdigit():
         return
     os.environ["PYTHONHASHSEED"] = str(secrets.randbelow(2**32 - 1) + 1)
     os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
@@ -106,7 +106,10 @@ def main(config: Path | None, host: str | None, port: int | None) -> None:
         admin_sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         admin_sock.bind(str(runtime_dir / ADMIN_SOCKET))
         sockets.append(admin_sock)
-    server = Server(gateway, server_config(serving_app(app), settings, max_clients))
+    served = serving_app(app)
+    if runtime_dir is not None:
+        served = WorkerPeer(served)
+    server = Server(gateway, server_config(served, settings, max_clients))
     logging.getLogger("qiip.proxy").info(
         "serving at most %d client connections (open-file limit %d)%s",
         max_clients,

@@ -15,9 +15,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from qiip_core import TokenScopeError
-from qiip_core.auth import InvokeToken, parse_bearer
+from qiip_core.auth import InvokeToken
 from qiip_core.nodes import NodeStatus
 from qiip_proxy._inference import serve_inference
+from qiip_proxy._parse import check_invoke_token
 
 if TYPE_CHECKING:
     from qiip_proxy._gateway import Gateway
@@ -91,9 +92,8 @@ def _token(request: Request) -> InvokeToken | None:
         AuthError: the token is missing, unknown, expired or revoked.
     """
     gateway = _gateway(request)
-    if not gateway.tokens_required:
-        return None
-    return gateway.tokens.authenticate(parse_bearer(request.headers.get("authorization")), model=None)
+    secret = check_invoke_token(gateway, request.scope)
+    return gateway.tokens.authenticate(secret, model=None) if secret is not None else None
 
 
 @router.get("/v1/models", tags=["client"])

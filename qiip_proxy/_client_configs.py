@@ -9,24 +9,19 @@ environment when the daemon requires tokens, else a placeholder: the file never 
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Annotated
 
 from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
-from qiip_core import AuthError
-from qiip_core.auth import parse_bearer
 from qiip_core.clientconfig import ApiKey, ClientKind, render_target, resolve_target
-from qiip_proxy._auth_gate import peer_of, too_many_failures
 from qiip_proxy._errors import RequestRefused
+from qiip_proxy._parse import check_invoke_token
 
 if TYPE_CHECKING:
     from qiip_proxy._gateway import Gateway
 
 __all__ = ["router"]
-
-logger = logging.getLogger("qiip.auth")
 
 router = APIRouter()
 
@@ -34,27 +29,15 @@ _CLIENTS = ", ".join(kind.value for kind in ClientKind)
 
 
 def _authenticate(gateway: Gateway, request: Request, model: str) -> None:
-    """The inference API's token check (`qiip_proxy._parse.parse_request`), for a route without a body.
+    """The client API's token check (`check_invoke_token`), then the token's model scope.
 
     Raises:
         RequestRefused: 429, the peer failed too often.
         AuthError: the token is missing, unknown, expired, revoked, or bound to another model.
     """
-    if not gateway.tokens_required:
-        return
-    peer = peer_of(request.scope)
-    wait_s = gateway.auth_throttle.retry_after_s(peer)
-    if wait_s is not None:
-        raise too_many_failures(wait_s)
-    try:
-        secret = parse_bearer(request.headers.get("authorization"))
-        gateway.tokens.authenticate(secret, model=None)
-    except AuthError as exc:
-        gateway.auth_throttle.failed(peer)
-        gateway.metrics.auth_failures.labels("client").inc()
-        logger.warning("invoke token refused from %s on %s: %s", peer, request.url.path, exc.code)
-        raise
-    gateway.tokens.authenticate(secret, model=model)
+    secret = check_invoke_token(gateway, request.scope)
+    if secret is not None:
+        gateway.tokens.authenticate(secret, model=model)
 
 
 @router.get("/chat/config/{client}", tags=["client"])

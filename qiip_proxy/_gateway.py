@@ -166,6 +166,8 @@ class Gateway:
         if self.shutting_down:
             return
         self.shutting_down = True
+        if self.workers is not None:
+            self.workers.begin_shutdown()
         self.journal.close()
         for end in list(self.on_shutdown_begun):
             end()

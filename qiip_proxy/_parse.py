@@ -29,7 +29,14 @@ from qiip_proxy._errors import TOO_DEEP, RequestRefused
 if TYPE_CHECKING:
     from qiip_proxy._gateway import Gateway
 
-__all__ = ["CLIENT_CLOSED_REQUEST", "PROXY_PATHS", "parse_request", "read_request", "request_id_for"]
+__all__ = [
+    "CLIENT_CLOSED_REQUEST",
+    "PROXY_PATHS",
+    "check_invoke_token",
+    "parse_request",
+    "read_request",
+    "request_id_for",
+]
 
 logger = logging.getLogger("qiip.auth")
 
@@ -77,21 +84,8 @@ async def parse_request(
         RequestRefused: see `read_request`.
         AuthError: the token is missing, unknown, expired, revoked, or bound to another model.
     """
-    secret: str | None = None
-    if gateway.tokens_required:
-        # The token is checked from the headers, before a byte of the body is read; its model scope after.
-        peer = peer_of(scope)
-        wait_s = gateway.auth_throttle.retry_after_s(peer)
-        if wait_s is not None:
-            raise too_many_failures(wait_s)
-        try:
-            secret = parse_bearer(_text_header(scope, b"authorization"))
-            gateway.tokens.authenticate(secret, model=None)
-        except AuthError as exc:
-            gateway.auth_throttle.failed(peer)
-            gateway.metrics.auth_failures.labels("client").inc()
-            logger.warning("invoke token refused from %s on %s: %s", peer, scope["path"], exc.code)
-            raise
+    # The token is checked from the headers, before a byte of the body is read; its model scope after.
+    secret = check_invoke_token(gateway, scope)
     request = await read_request(
         scope,
         receive,
@@ -101,6 +95,35 @@ async def parse_request(
     )
     token = gateway.tokens.authenticate(secret, model=request.model) if secret is not None else None
     return request, token
+
+
+def check_invoke_token(gateway: Gateway, scope: Scope) -> str | None:
+    """The client API's token check, from the headers alone, for every route of the client API: a peer past its
+    failures is refused, and every failure is throttled, counted (`qiip_auth_failures_total{api="client"}`) and
+    logged. Check the token's model scope with `gateway.tokens.authenticate(secret, model=…)` after.
+
+    Returns:
+        The token's secret, or None when tokens are not required.
+
+    Raises:
+        RequestRefused: 429, the peer failed too often.
+        AuthError: the token is missing, unknown, expired or revoked.
+    """
+    if not gateway.tokens_required:
+        return None
+    peer = peer_of(scope)
+    wait_s = gateway.auth_throttle.retry_after_s(peer)
+    if wait_s is not None:
+        raise too_many_failures(wait_s)
+    try:
+        secret = parse_bearer(_text_header(scope, b"authorization"))
+        gateway.tokens.authenticate(secret, model=None)
+    except AuthError as exc:
+        gateway.auth_throttle.failed(peer)
+        gateway.metrics.auth_failures.labels("client").inc()
+        logger.warning("invoke token refused from %s on %s: %s", peer, scope["path"], exc.code)
+        raise
+    return secret
 
 
 async def read_request(

@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 from collections.abc import AsyncIterator
@@ -26,11 +27,13 @@ import httpx
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from qiip_core import QiipError
 from qiip_core._logging import configure_logging
 from qiip_core.config import Settings
 from qiip_core.nodes import Node
 from qiip_core.routing import DEFAULT_COLUMNS, InFlightBoard
 from qiip_proxy._app import add_error_handlers, wrap_serving
+from qiip_proxy._auth_gate import header
 from qiip_proxy._client_api import router as client_router
 from qiip_proxy._errors import RequestRefused, error_response
 from qiip_proxy._gateway import Gateway, sweep_removed
@@ -38,7 +41,7 @@ from qiip_proxy._http import HeadAsGet
 from qiip_proxy._limits import client_connection_cap, raise_open_file_limit
 from qiip_proxy._metrics import Accounted, GatewayMetrics
 from qiip_proxy._server import Server, server_config
-from qiip_proxy._workers import ADMIN_SOCKET, BOARD_FILE, CONTROL_SOCKET
+from qiip_proxy._workers import ADMIN_SOCKET, BOARD_FILE, CONTROL_SOCKET, PEER_HEADER
 
 __all__ = ["FLUSH_S", "run_worker"]
 
@@ -82,6 +85,8 @@ def run_worker(settings: Settings, listener: socket.socket, runtime_dir: Path, r
     server = Server(gateway, server_config(runtime.app, settings, max_clients))
     try:
         server.run(sockets=[listener])
+    except KeyboardInterrupt:
+        pass  # Ctrl-C in a terminal reaches every process of the group: uvicorn stopped on it, as it should.
     finally:
         board.close()
 
@@ -108,12 +113,20 @@ class _WorkerRuntime:
     def __init__(self, gateway: Gateway, runtime_dir: Path, row: int) -> None:
         self.gateway = gateway
         self.row = row
+        self.runtime_dir = runtime_dir
         self.control_path = runtime_dir / CONTROL_SOCKET
-        self.primary = _PrimaryPassage(runtime_dir / ADMIN_SOCKET, gateway.settings.server.max_body_bytes)
+        self._primary_pid = os.getppid()
+        settings = gateway.settings
+        self.primary = _PrimaryPassage(
+            runtime_dir / ADMIN_SOCKET,
+            max_body_bytes=settings.server.max_body_bytes,
+            max_admin_body_bytes=settings.admin.max_body_bytes,
+        )
         self._ready = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._writer: asyncio.StreamWriter | None = None
         self._sent_counters: dict[str, float] = {}
+        self._refreshes: set[asyncio.Task[None]] = set()
 
         @asynccontextmanager
         async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -127,7 +140,8 @@ class _WorkerRuntime:
         api.state.gateway = gateway
         api.include_router(client_router)
         add_error_handlers(api)
-        self.app: ASGIApp = wrap_serving(gateway, _Dispatch(HeadAsGet(api), self.primary))
+        # The admin API's credentials are the primary's to check: one throttle per client address for all.
+        self.app: ASGIApp = wrap_serving(gateway, _Dispatch(HeadAsGet(api), self.primary), admin_gate=False)
 
     async def startup(self) -> None:
         """Start the token store, read the whole fleet from the primary, start the sweep and the metrics flush.
@@ -183,12 +197,29 @@ class _WorkerRuntime:
                         table.affinity.learn(node_id, hashes)
                 elif "delete" in message:
                     table.apply_delete(message["delete"])
+                elif message.get("tokens"):
+                    self._refreshes.add(task := asyncio.create_task(self._refresh_tokens()))
+                    task.add_done_callback(self._refreshes.discard)
                 elif message.get("ready"):
                     self._ready.set()
         except (ConnectionError, ValueError) as exc:
             logger.error("worker %d: the control channel failed: %s", self.row, exc)
         logger.warning("worker %d: the primary process is gone; shutting down", self.row)
+        # A dead parent's children are handed to another process just after its files close: wait for that.
+        for _ in range(40):
+            if os.getppid() != self._primary_pid:
+                break
+            await asyncio.sleep(0.05)
+        if os.getppid() != self._primary_pid:
+            # It died without removing its runtime directory (SIGKILL, a crash): its workers do.
+            shutil.rmtree(self.runtime_dir, ignore_errors=True)
         os.kill(os.getpid(), signal.SIGTERM)
+
+    async def _refresh_tokens(self) -> None:
+        try:
+            await self.gateway.tokens.refresh()
+        except QiipError as exc:
+            logger.warning("worker %d: the token store could not be read: %s", self.row, exc.message)
 
     async def _flush_every(self) -> None:
         while True:
@@ -228,19 +259,23 @@ class _Dispatch:
 
 
 class _PrimaryPassage:
-    """An ASGI app that passes each request to the primary's app over its Unix socket and relays the answer as
-    it comes, until it ends or the client leaves.
+    """An ASGI app that passes each request to the primary's app over its Unix socket, with the client's address
+    (`PEER_HEADER`), and relays the answer as it comes, until it ends or the client leaves.
 
     Args:
         socket_path: the primary's `admin.sock`.
         max_body_bytes: the largest request body passed on (`server.max_body_bytes`); a larger one gets 413.
+        max_admin_body_bytes: the same for `/admin/*` (`admin.max_body_bytes`).
     """
 
-    def __init__(self, socket_path: Path, max_body_bytes: int) -> None:
+    def __init__(self, socket_path: Path, *, max_body_bytes: int, max_admin_body_bytes: int) -> None:
         self.max_body_bytes = max_body_bytes
+        self.max_admin_body_bytes = max_admin_body_bytes
+        # One connection per request in progress, event streams included: no pool bound to wait on.
         self.client = httpx.AsyncClient(
             transport=httpx.AsyncHTTPTransport(uds=str(socket_path)),
             timeout=httpx.Timeout(None, connect=5.0),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
         )
 
     async def aclose(self) -> None:
@@ -250,30 +285,45 @@ class _PrimaryPassage:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
+        limit = self.max_admin_body_bytes if scope["path"].startswith("/admin") else self.max_body_bytes
+        too_large = RequestRefused(413, f"The request body is larger than {limit} bytes.", "request_too_large")
+        declared = header(scope, b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await error_response(too_large)(scope, receive, send)
+            return
         body = bytearray()
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
                 return
             body += message.get("body", b"")
-            if len(body) > self.max_body_bytes:
-                await error_response(RequestRefused(413, "The request body is too large.", "request_too_large"))(
-                    scope, receive, send
-                )
+            if len(body) > limit:
+                await error_response(too_large)(scope, receive, send)
                 return
             if not message.get("more_body", False):
                 break
         target = scope.get("raw_path") or scope["path"].encode()
         if scope["query_string"]:
             target += b"?" + scope["query_string"]
-        headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _HOP_BY_HOP]
+        headers = [(k, v) for k, v in scope["headers"] if k not in _HOP_BY_HOP and k != PEER_HEADER]
+        client = scope.get("client")
+        if client:
+            headers.append((PEER_HEADER, str(client[0]).encode("latin-1")))
         request = self.client.build_request(
             scope["method"], "http://primary" + target.decode("latin-1"), headers=headers, content=bytes(body)
         )
         try:
             response = await self.client.send(request, stream=True)
         except httpx.HTTPError as exc:
-            refused = RequestRefused(502, f"The daemon's primary process did not answer: {exc}.", "primary_unavailable")
+            logger.warning("%s %s: the primary process did not answer: %s", scope["method"], scope["path"], exc)
+            refused = RequestRefused(
+                503,
+                "The daemon's primary process, which serves this path, is not answering (it may be stopping); "
+                "retry in a moment.",
+                "primary_unavailable",
+                type="api_error",
+            )
+            refused.retry_after_s = 1.0
             await error_response(refused)(scope, receive, send)
             return
         try:

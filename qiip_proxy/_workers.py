@@ -39,14 +39,29 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from starlette.types import ASGIApp, Receive, Scope, Send
+
 from qiip_core.routing import InFlightBoard, NodeState, TableChange
 
 if TYPE_CHECKING:
     from qiip_proxy._gateway import Gateway
 
-__all__ = ["ADMIN_SOCKET", "BOARD_FILE", "CONTROL_SOCKET", "WorkerPool", "create_runtime_dir", "node_record"]
+__all__ = [
+    "ADMIN_SOCKET",
+    "BOARD_FILE",
+    "CONTROL_SOCKET",
+    "PEER_HEADER",
+    "WorkerPeer",
+    "WorkerPool",
+    "create_runtime_dir",
+    "node_record",
+]
 
 logger = logging.getLogger("qiip.proxy")
+
+PEER_HEADER = b"x-qiip-peer"
+"""The client's address, as a worker passes a request on to the primary; trusted on `admin.sock` only
+(`WorkerPeer`)."""
 
 ADMIN_SOCKET = "admin.sock"
 CONTROL_SOCKET = "control.sock"
@@ -86,6 +101,28 @@ def node_record(state: NodeState, column: int | None) -> dict[str, Any]:
         "column": column,
         "slots": list(state.slots) if state.slots is not None else None,
     }
+
+
+class WorkerPeer:
+    """ASGI middleware of the primary: a request that came over its Unix socket (`admin.sock`, which only its
+    workers can open) has the client address its worker saw (`PEER_HEADER`), so the admin API's throttle, the
+    invoke-token throttle and the logs see the real client; on any other connection the header means nothing.
+
+    Args:
+        app: the primary's app.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        server = scope.get("server")
+        if scope["type"] == "http" and server is not None and server[1] is None:
+            for name, value in scope["headers"]:
+                if name == PEER_HEADER:
+                    scope = {**scope, "client": (value.decode("latin-1"), 0)}
+                    break
+        await self.app(scope, receive, send)
 
 
 class _Worker:
@@ -134,6 +171,7 @@ class WorkerPool:
         self._sent: dict[str, dict[str, Any]] = {}
         self._changed = asyncio.Event()
         self._remove_listener: Callable[[], None] | None = None
+        self._stopping = False
 
     @property
     def board(self) -> InFlightBoard:
@@ -181,9 +219,24 @@ class WorkerPool:
         worker.process = process
         worker.started_at = time.monotonic()
 
+    def tokens_changed(self) -> None:
+        """An invoke token was created or revoked here: have every worker read the token store at once, so the
+        token works (or stops working, its streams ended) there too without waiting for the store's poll."""
+        for worker in self._workers:
+            if worker.writer is not None and not worker.writer.is_closing():
+                worker.writer.write(b'{"tokens": true}\n')
+
+    def begin_shutdown(self) -> None:
+        """The primary stopped accepting connections: stop the workers' accepting too (SIGTERM: each finishes
+        its requests for up to `server.shutdown_timeout_s`), and start none again. Call on the event loop."""
+        self._stopping = True
+        for worker in self._workers:
+            if worker.process is not None and worker.process.exitcode is None:
+                worker.process.terminate()
+
     async def _watch(self) -> None:
         """Start again every worker that exited, after zeroing its board row."""
-        while True:
+        while not self._stopping:
             await asyncio.sleep(0.5)
             now = time.monotonic()
             for worker in self._workers:
@@ -210,7 +263,7 @@ class WorkerPool:
                         ran_s,
                         f" in {wait_s:g} s" if wait_s else "",
                     )
-                if now >= worker.restart_at:
+                if now >= worker.restart_at and not self._stopping:
                     self._spawn(worker)
 
     # -- the fleet ------------------------------------------------------------------------------------------
@@ -301,10 +354,8 @@ class WorkerPool:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._remove_listener is not None:
             self._remove_listener()
+        self.begin_shutdown()
         running = [w.process for w in self._workers if w.process is not None]
-        for process in running:
-            if process.exitcode is None:
-                process.terminate()
         deadline = time.monotonic() + self.gateway.settings.server.shutdown_timeout_s + 5.0
         for process in running:
             await asyncio.to_thread(process.join, max(0.0, deadline - time.monotonic()))

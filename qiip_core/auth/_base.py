@@ -266,6 +266,15 @@ class TokenStore(ABC):
     async def _end(self) -> None:
         """Stop following the backend."""
 
+    async def refresh(self) -> None:
+        """Read the backend now, without waiting for the next poll or watch event (another process of the same
+        daemon just changed a token).
+
+        Raises:
+            TokenStoreUnavailable: the backend cannot be read.
+        """
+        await self._refresh()
+
     @abstractmethod
     async def _refresh(self) -> None:
         """Read the backend now and apply it to the view.

@@ -61,8 +61,16 @@ def test_requests_without_a_valid_token_are_refused(token_daemon: Daemon) -> Non
         answer = chat(token_daemon, "llama", secret)
         assert answer.status_code == 401 and answer.headers["www-authenticate"].startswith("Bearer")
         assert answer.json()["error"]["code"] == "invalid_api_key"
-    assert httpx.get(token_daemon.url + "/v1/models", timeout=30).status_code == 401
     assert httpx.get(token_daemon.url + "/health", timeout=30).status_code == 200
+
+
+def test_a_wrong_token_on_the_models_list_is_counted_like_any_other(token_daemon: Daemon) -> None:
+    failures = token_daemon.counter("qiip_auth_failures_total", api="client")
+    for path in ("/v1/models", "/v1/models/llama"):
+        answer = httpx.get(token_daemon.url + path, headers={"authorization": "Bearer not-a-token"}, timeout=30)
+        assert answer.status_code == 401 and answer.json()["error"]["code"] == "invalid_api_key"
+    assert token_daemon.counter("qiip_auth_failures_total", api="client") - failures == 2
+    assert "invoke token refused from 127.0.0.1 on /v1/models" in token_daemon.log()
 
 
 def test_scoped_and_unscoped_tokens(token_daemon: Daemon) -> None:

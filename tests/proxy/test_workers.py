@@ -32,6 +32,7 @@ WORKERS_ENV = {
     "QIIP_SERVER__WORKERS": "2",
     "QIIP_ADMISSION__MAX_IN_FLIGHT": "2",
     "QIIP_SERVER__CORS_ALLOW_ORIGINS": f'["{ORIGIN}"]',
+    "QIIP_ADMIN__AUTH_FAILURE_BURST": "3",
 }
 
 
@@ -84,6 +85,23 @@ def test_both_processes_serve_the_client_api_and_pass_everything_else_to_the_pri
         assert status == 404 and json.loads(body)["error"]["code"] == "not_found"
     # Every request reaches the primary's metrics, whichever process served it.
     wait_until(lambda: daemon.counter("qiip_requests_total", model=model, status="200") == 4, 5, "4 requests counted")
+
+
+def test_failed_logins_are_throttled_per_client_address_over_both_processes(
+    daemon: Daemon, connections: Connections
+) -> None:
+    wrong = {"Authorization": "Basic YWRtaW46d3Jvbmc="}  # admin:wrong
+    statuses = []
+    for n in range(6):
+        connection = connections.on(connections.pids[n % 2], source="127.0.0.7")
+        statuses.append(get(connection, "/admin/nodes", **wrong)[0])
+    # Three failures from one address, whichever process took them, then 429 from both.
+    assert statuses == [401, 401, 401, 429, 429, 429]
+    assert "admin authentication failed from 127.0.0.7" in daemon.log()
+    assert "from unknown" not in daemon.log()
+    # Another address is not held back by it, through either process.
+    for pid in connections.pids:
+        assert get(connections.on(pid, source="127.0.0.8"), "/admin/nodes", **ADMIN)[0] == 200
 
 
 def test_an_admin_event_stream_passes_through_a_worker(daemon: Daemon, connections: Connections) -> None:
@@ -210,7 +228,82 @@ def test_workers_whose_primary_was_killed_shut_down(tmp_path: Path) -> None:
     daemon = start_with_workers(Daemon(tmp_path, env=WORKERS_ENV))
     try:
         worker = processes(daemon)[1]
+        found = re.search(r"runtime directory (\S+)\)", daemon.log())
+        assert found is not None
         assert daemon.stop(signal.SIGKILL) == -signal.SIGKILL
         wait_until(lambda: not Path(f"/proc/{worker}").exists(), 30, "the orphaned worker to exit")
+        # The worker removed the runtime directory its primary could not.
+        assert not Path(found.group(1)).exists()
     finally:
+        daemon.close()
+
+
+def test_on_sigterm_every_process_stops_accepting_at_once_and_finishes_its_requests(
+    tmp_path: Path, backends: Callable[..., FaultBackend], model: str
+) -> None:
+    daemon = start_with_workers(Daemon(tmp_path, env={**WORKERS_ENV, "QIIP_SERVER__SHUTDOWN_TIMEOUT_S": "20"}))
+    connections = Connections(daemon)
+    try:
+        backend = backends()
+        daemon.add_node(f"{model}-n", backend.url, model)
+        held, gate = hold(connections, backend, model, [connections.pids[1]])
+        assert daemon.process is not None
+        daemon.process.send_signal(signal.SIGTERM)
+
+        def refused() -> bool:
+            probe = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=2)
+            try:
+                probe.connect()
+            except ConnectionRefusedError:
+                return True
+            finally:
+                probe.close()
+            return False
+
+        # The port closes in both processes long before the 20 s grace ends, while the worker's request runs on.
+        wait_until(refused, 10, "the port to close")
+        gate.set()
+        status, _, _ = answer(held[0])
+        assert status == 200
+        assert daemon.process.wait(30) in (0, -signal.SIGTERM)
+    finally:
+        connections.close()
+        daemon.close()
+
+
+def test_ctrl_c_stops_every_process_without_a_traceback(tmp_path: Path) -> None:
+    daemon = start_with_workers(Daemon(tmp_path, env=WORKERS_ENV))
+    try:
+        # Ctrl-C in a terminal signals the whole process group.
+        for pid in processes(daemon):
+            os.kill(pid, signal.SIGINT)
+        assert daemon.process is not None
+        daemon.process.wait(30)
+        assert "Traceback" not in daemon.log()
+    finally:
+        daemon.close()
+
+
+def test_a_token_created_or_revoked_works_at_once_in_the_worker(tmp_path: Path) -> None:
+    env = {
+        **WORKERS_ENV,
+        "QIIP_AUTH__CLIENT_TOKENS": "required",
+        # The token store's own poll is slow: the primary tells the worker at once.
+        "QIIP_REGISTRY__POLL_INTERVAL_S": "30",
+    }
+    daemon = start_with_workers(Daemon(tmp_path, env=env))
+    connections = Connections(daemon)
+    try:
+        created = daemon.admin.post("/admin/tokens", json={"description": "workers"})
+        assert created.status_code == 201
+        bearer = {"Authorization": f"Bearer {created.json()['secret']}"}
+        wait_until(
+            lambda: get(connections.on(connections.pids[1]), "/v1/models", **bearer)[0] == 200, 5, "the token to work"
+        )
+        assert daemon.admin.delete(f"/admin/tokens/{created.json()['id']}").status_code == 200
+        wait_until(
+            lambda: get(connections.on(connections.pids[1]), "/v1/models", **bearer)[0] == 401, 5, "the token to stop"
+        )
+    finally:
+        connections.close()
         daemon.close()

@@ -38,10 +38,12 @@ class Connections:
         self.by_pid: dict[int, list[http.client.HTTPConnection]] = {pid: [] for pid in self.pids}
         self._spare: list[http.client.HTTPConnection] = []
 
-    def on(self, pid: int) -> http.client.HTTPConnection:
-        """A new connection that `pid` serves."""
+    def on(self, pid: int, *, source: str = "127.0.0.1") -> http.client.HTTPConnection:
+        """A new connection that `pid` serves, from the address `source`."""
         for _ in range(400):
-            connection = http.client.HTTPConnection("127.0.0.1", self.daemon.port, timeout=30)
+            connection = http.client.HTTPConnection(
+                "127.0.0.1", self.daemon.port, timeout=30, source_address=(source, 0)
+            )
             connection.connect()
             deadline = time.monotonic() + 5
             while (server := serving_pid(connection, self.pids)) is None and time.monotonic() < deadline:
