@@ -54,6 +54,9 @@ class AuthThrottle:
         self.window_s = window_s
         self.max_peers = max_peers
         self._failures: OrderedDict[str, list[float]] = OrderedDict()
+        self.recorded: list[str] | None = None
+        """With several serving processes (`server.workers`): the peers of the failures `failed` recorded since
+        the last `take_recorded`, for the other processes to `learn`; None (the default): not kept."""
 
     def retry_after_s(self, peer: str) -> float | None:
         """Seconds until `peer` may try again, or None when it may now."""
@@ -72,12 +75,27 @@ class AuthThrottle:
 
     def failed(self, peer: str) -> None:
         """Record one failed authentication from `peer`."""
+        if self.recorded is not None:
+            self.recorded.append(peer)
+        self.learn(peer)
+
+    def learn(self, peer: str) -> None:
+        """Record one failed authentication from `peer` that another serving process saw (`failed` without
+        keeping it for the others)."""
         failures = self._failures.pop(peer, None) or []
         failures.append(time.monotonic())
         del failures[: -self.burst]
         self._failures[peer] = failures
         while len(self._failures) > self.max_peers:
             self._failures.popitem(last=False)
+
+    def take_recorded(self) -> list[str]:
+        """The peers `failed` recorded since the last call (empty when not kept)."""
+        recorded = self.recorded
+        if not recorded:
+            return []
+        self.recorded = []
+        return recorded
 
 
 def too_many_failures(retry_after_s: float) -> RequestRefused:

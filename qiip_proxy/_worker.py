@@ -80,6 +80,7 @@ def run_worker(settings: Settings, listener: socket.socket, runtime_dir: Path, r
     gateway.metrics = WorkerMetrics(gateway.table)
     if gateway.table.affinity is not None:
         gateway.table.affinity.recorded = []
+    gateway.auth_throttle.recorded = []
     runtime = _WorkerRuntime(gateway, runtime_dir, row)
     max_clients = client_connection_cap(settings, raise_open_file_limit())
     server = Server(gateway, server_config(runtime.app, settings, max_clients))
@@ -192,9 +193,12 @@ class _WorkerRuntime:
                     if state is not None:
                         slots = message["slots"]
                         state.slots = (int(slots[0]), int(slots[1])) if slots else None
-                elif "prefixes" in message and table.affinity is not None:
-                    for node_id, hashes in message["prefixes"]:
-                        table.affinity.learn(node_id, hashes)
+                elif "prefixes" in message or "auth_failed" in message:
+                    for node_id, hashes in message.get("prefixes", ()):
+                        if table.affinity is not None:
+                            table.affinity.learn(node_id, hashes)
+                    for peer in message.get("auth_failed", ()):
+                        self.gateway.auth_throttle.learn(peer)
                 elif "delete" in message:
                     table.apply_delete(message["delete"])
                 elif message.get("tokens"):
@@ -237,6 +241,9 @@ class _WorkerRuntime:
         prefixes = affinity.take_recorded() if affinity is not None else []
         if prefixes:
             message["prefixes"] = prefixes
+        failed = self.gateway.auth_throttle.take_recorded()
+        if failed:
+            message["auth_failed"] = failed
         counters = metrics.counted()
         if counters != self._sent_counters:
             message["counters"] = self._sent_counters = counters

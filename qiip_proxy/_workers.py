@@ -14,7 +14,8 @@ What ties them together, in a private runtime directory (mode 0700, under `/dev/
   finished (`_metrics.Accounted`) and its counters, which the primary's metrics add up (`/metrics` and
   `/admin/metrics` are the primary's, so they count every worker's requests), and the prefixes it routed, which
   the primary learns and passes on to the other workers with its own: prefix affinity's map is the same in
-  every process, 100 to 200 ms behind.
+  every process, 100 to 200 ms behind; the same for the client addresses whose authentication failed (one
+  failed-authentication throttle over every process).
 - `admin.sock`: the primary's app on a Unix socket; a worker passes every request it does not serve itself
   (the admin API, `/health`, `/metrics`, the chat page) to the primary through it.
 
@@ -137,6 +138,7 @@ class _Worker:
         self.writer: asyncio.StreamWriter | None = None
         self.counters: dict[str, float] = {}
         self.prefixes: list[Any] = []
+        self.auth_failed: list[str] = []
 
 
 class WorkerPool:
@@ -193,6 +195,7 @@ class WorkerPool:
         affinity = self.gateway.table.affinity
         if affinity is not None:
             affinity.recorded = []
+        self.gateway.auth_throttle.recorded = []
         self._tasks = [
             asyncio.create_task(self._publish(), name="qiip-workers-fleet"),
             asyncio.create_task(self._watch(), name="qiip-workers-watch"),
@@ -316,19 +319,35 @@ class WorkerPool:
 
     async def _share_prefixes(self) -> None:
         """Every `PREFIX_SHARE_S`, send each worker the prefixes the other processes routed since the last time
-        (prefix affinity's map is kept in every process; a prefix routed in one is known in all)."""
+        (prefix affinity's map is kept in every process; a prefix routed in one is known in all), and the
+        addresses whose invoke tokens failed there (the failed-authentication throttle, the same)."""
         affinity = self.gateway.table.affinity
+        throttle = self.gateway.auth_throttle
         while True:
             await asyncio.sleep(PREFIX_SHARE_S)
             own = affinity.take_recorded() if affinity is not None else []
+            own_failed = throttle.take_recorded()
             for worker in self._workers:
-                pending, worker.prefixes = [*own, *worker.prefixes], []
-                if pending and worker.writer is not None and not worker.writer.is_closing():
-                    worker.writer.write(json.dumps({"prefixes": pending}).encode() + b"\n")
+                prefixes, worker.prefixes = [*own, *worker.prefixes], []
+                failed, worker.auth_failed = [*own_failed, *worker.auth_failed], []
+                message: dict[str, Any] = {}
+                if prefixes:
+                    message["prefixes"] = prefixes
+                if failed:
+                    message["auth_failed"] = failed
+                if message and worker.writer is not None and not worker.writer.is_closing():
+                    worker.writer.write(json.dumps(message).encode() + b"\n")
 
     def _account(self, worker: _Worker, message: dict[str, Any]) -> None:
         """Add a worker's finished requests and its counters' growth to the primary's metrics; learn the prefixes
         it routed, and pass them on to the other workers."""
+        failed = message.get("auth_failed")
+        if failed:
+            for peer in failed:
+                self.gateway.auth_throttle.learn(str(peer))
+            for other in self._workers:
+                if other is not worker and other.writer is not None:
+                    other.auth_failed.extend(failed)
         prefixes = message.get("prefixes")
         affinity = self.gateway.table.affinity
         if prefixes and affinity is not None:

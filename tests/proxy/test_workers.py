@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -284,7 +285,7 @@ def test_ctrl_c_stops_every_process_without_a_traceback(tmp_path: Path) -> None:
         daemon.close()
 
 
-def test_a_token_created_or_revoked_works_at_once_in_the_worker(tmp_path: Path) -> None:
+def test_tokens_created_or_revoked_and_failures_reach_every_process(tmp_path: Path) -> None:
     env = {
         **WORKERS_ENV,
         "QIIP_AUTH__CLIENT_TOKENS": "required",
@@ -304,6 +305,13 @@ def test_a_token_created_or_revoked_works_at_once_in_the_worker(tmp_path: Path) 
         wait_until(
             lambda: get(connections.on(connections.pids[1]), "/v1/models", **bearer)[0] == 401, 5, "the token to stop"
         )
+        # Wrong tokens from one address count over both processes: 3 (the burst), then 429 from either.
+        wrong = {"Authorization": "Bearer qiip_" + "x" * 43}
+        statuses = []
+        for n in range(6):
+            statuses.append(get(connections.on(connections.pids[n % 2], source="127.0.0.9"), "/v1/models", **wrong)[0])
+            time.sleep(0.3)  # a failure reaches the other process within 0.2 s
+        assert statuses == [401, 401, 401, 429, 429, 429]
     finally:
         connections.close()
         daemon.close()
