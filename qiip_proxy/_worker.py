@@ -43,12 +43,16 @@ from qiip_proxy._metrics import Accounted, GatewayMetrics
 from qiip_proxy._server import Server, server_config
 from qiip_proxy._workers import ADMIN_SOCKET, BOARD_FILE, CONTROL_SOCKET, PEER_HEADER
 
-__all__ = ["FLUSH_S", "run_worker"]
+__all__ = ["FLUSH_S", "PRIMARY_TIMEOUT_S", "READY_TIMEOUT_S", "WorkerMetrics", "run_worker"]
 
 logger = logging.getLogger("qiip.proxy")
 
 FLUSH_S = 0.1
 """How often a worker sends the primary its finished requests and counters."""
+
+PRIMARY_TIMEOUT_S = 60.0
+"""How long a request a worker passes on waits for the primary's answer to begin (a hung primary gets 503
+`primary_unavailable`)."""
 
 READY_TIMEOUT_S = 30.0
 """How long a starting worker waits for the primary's fleet before it gives up (and is started again)."""
@@ -320,9 +324,11 @@ class _PrimaryPassage:
             scope["method"], "http://primary" + target.decode("latin-1"), headers=headers, content=bytes(body)
         )
         try:
-            response = await self.client.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            logger.warning("%s %s: the primary process did not answer: %s", scope["method"], scope["path"], exc)
+            # The answer's head within PRIMARY_TIMEOUT_S (its body, such as an event stream, may take any time).
+            response = await asyncio.wait_for(self.client.send(request, stream=True), PRIMARY_TIMEOUT_S)
+        except (httpx.HTTPError, TimeoutError) as exc:
+            why = str(exc) or f"no answer within {PRIMARY_TIMEOUT_S:g} s"
+            logger.warning("%s %s: the primary process did not answer: %s", scope["method"], scope["path"], why)
             refused = RequestRefused(
                 503,
                 "The daemon's primary process, which serves this path, is not answering (it may be stopping); "

@@ -303,7 +303,12 @@ class WorkerPool:
             hello = json.loads(await reader.readline())
             worker = self._workers[int(hello["hello"]) - 1]
             worker.counters = {}
-            snapshot = [json.dumps(r) for r in self._sent.values()] + [json.dumps({"ready": True})]
+            snapshot = [json.dumps(r) for r in self._records().values()]
+            affinity = self.gateway.table.affinity
+            if affinity is not None and len(affinity):
+                # A worker starting (or started again) begins with the prefixes every process has routed so far.
+                snapshot.append(json.dumps({"prefixes": affinity.known()}))
+            snapshot.append(json.dumps({"ready": True}))
             writer.write(("\n".join(snapshot) + "\n").encode())
             worker.writer = writer
             while line := await reader.readline():

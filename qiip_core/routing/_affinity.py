@@ -283,6 +283,20 @@ class PrefixAffinity:
         while len(entries) > self.max_entries:
             entries.popitem(last=False)
 
+    def known(self) -> list[tuple[str, tuple[int, ...]]]:
+        """Every prefix in the map, least recently used first, as (node id, hashes) runs of one node each: what a
+        process starting beside this one (`server.workers`) `learn`s to begin with the same map."""
+        now = self._clock()
+        runs: list[tuple[str, list[int]]] = []
+        for key, (node_id, expires) in list(self._entries.items()):
+            if expires <= now:
+                continue
+            if runs and runs[-1][0] == node_id:
+                runs[-1][1].append(key)
+            else:
+                runs.append((node_id, [key]))
+        return [(node_id, tuple(keys)) for node_id, keys in runs]
+
     def take_recorded(self) -> list[tuple[str, tuple[int, ...]]]:
         """What `record` recorded since the last call (empty when not kept)."""
         recorded = self.recorded

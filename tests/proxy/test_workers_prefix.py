@@ -6,6 +6,8 @@ reach the other through the primary."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +16,7 @@ from typing import Any
 import pytest
 
 from qiip_core.engines.llamacpp import make_test_gguf
-from tests.support.daemon import Daemon
+from tests.support.daemon import Daemon, wait_until
 from tests.support.workers import Connections, answer, ask, start_with_workers
 
 pytestmark = pytest.mark.integration
@@ -76,3 +78,28 @@ def test_a_conversation_keeps_its_node_whichever_process_serves_each_turn(daemon
     # Every later turn was a hit, counted by whichever process routed it.
     time.sleep(0.3)
     assert daemon.counter("qiip_prefix_affinity_total", model=MODEL, result="hit") - hits == 8
+
+
+def test_a_worker_started_again_begins_with_the_prefixes_already_routed(daemon: Daemon) -> None:
+    connections = Connections(daemon)
+    try:
+        primary, worker = connections.pids
+        words = " ".join(f"restart-{i % 11}" for i in range(150))
+        messages: list[dict[str, Any]] = [{"role": "system", "content": f"Notes: {words}"}]
+        messages.append({"role": "user", "content": "Begin."})
+        first, usage = turn(connections, primary, messages)
+        os.kill(worker, signal.SIGKILL)
+        wait_until(lambda: daemon.log().count("worker 1 serving") >= 2, 30, "the worker to be started again")
+    finally:
+        connections.close()
+    renewed = Connections(daemon)
+    try:
+        hits = daemon.counter("qiip_prefix_affinity_total", model=MODEL, result="hit")
+        messages.append({"role": "user", "content": "Turn 2."})
+        node, later = turn(renewed, renewed.pids[1], messages)
+        assert node == first
+        assert later["prompt_tokens_details"]["cached_tokens"] >= 0.9 * usage["prompt_tokens"]
+        time.sleep(0.3)
+        assert daemon.counter("qiip_prefix_affinity_total", model=MODEL, result="hit") - hits == 1
+    finally:
+        renewed.close()

@@ -209,3 +209,20 @@ def test_what_one_process_records_another_learns() -> None:
     assert other.take_recorded() == []
     turn2 = prefix_hashes("m", "chat", chat("sys", "q1", "a1", "q2"))
     assert other.choose("m", [Candidate("a"), Candidate("b")], turn2) == Candidate("b")
+
+
+def test_a_starting_process_learns_the_whole_map_in_its_order() -> None:
+    clock = Clock()
+    routing, starting = PrefixAffinity(clock=clock, ttl_s=10), PrefixAffinity(clock=clock, ttl_s=10)
+    turns = [prefix_hashes("m", "chat", chat("sys", f"q{n}")) for n in range(3)]
+    routing.record(turns[0], "a")
+    routing.record(turns[1], "a")
+    clock.now = 5.0
+    routing.record(turns[2], "b")
+    clock.now = 12.0  # the first two have expired
+    assert routing.known() == [("b", turns[2][-RECORDED_BLOCKS:])]
+    clock.now = 0.0
+    for node_id, hashes in routing.known():
+        starting.learn(node_id, hashes)
+    # "sys" is every turn's first block: last routed with the third turn, to b.
+    assert starting.known() == routing.known() == [("a", (turns[0][1], turns[1][1])), ("b", turns[2])]
