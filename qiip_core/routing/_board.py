@@ -8,6 +8,9 @@ process, the node's column holding one cell per process, side by side.
 Each process writes only its own cells (its count for a node, after every reservation and release), so no
 lock is needed and no update is lost: a reader sums the column. An aligned 8-byte store is a single write on
 the 64-bit machines the daemon runs on, so a reader sees a cell's old value or its new one, never a torn one.
+Choosing and reserving are one step in each process but not across them: processes choosing at the same instant
+may each take a node's last free place, so a concurrency cap or an admission bound can be passed by at most one
+request per other process, for as long as those requests run.
 
 Columns are assigned by the primary process (`ColumnMap`) and reach the workers with the fleet; a freed column
 is reused last (first in, first out), long after every process has dropped the node it held.
