@@ -31,7 +31,7 @@ from qiip_core import QiipError
 from qiip_core._logging import configure_logging
 from qiip_core.config import Settings
 from qiip_core.nodes import Node
-from qiip_core.routing import DEFAULT_COLUMNS, InFlightBoard
+from qiip_core.routing import DEFAULT_COLUMNS, HOP_BY_HOP_HEADERS, InFlightBoard
 from qiip_proxy._app import add_error_handlers, wrap_serving
 from qiip_proxy._auth_gate import header
 from qiip_proxy._client_api import router as client_router
@@ -41,7 +41,16 @@ from qiip_proxy._http import HeadAsGet
 from qiip_proxy._limits import client_connection_cap, raise_open_file_limit
 from qiip_proxy._metrics import Accounted, GatewayMetrics
 from qiip_proxy._server import Server, server_config
-from qiip_proxy._workers import ADMIN_SOCKET, BOARD_FILE, CONTROL_SOCKET, PEER_HEADER
+from qiip_proxy._workers import (
+    ADMIN_SOCKET,
+    BOARD_FILE,
+    CONTROL_SOCKET,
+    PEER_HEADER,
+    SHARED,
+    keep_shared,
+    learn_shared,
+    take_shared,
+)
 
 __all__ = ["FLUSH_S", "PRIMARY_TIMEOUT_S", "READY_TIMEOUT_S", "WorkerMetrics", "run_worker"]
 
@@ -57,7 +66,10 @@ PRIMARY_TIMEOUT_S = 60.0
 READY_TIMEOUT_S = 30.0
 """How long a starting worker waits for the primary's fleet before it gives up (and is started again)."""
 
-_HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"upgrade", b"proxy-connection", b"te", b"trailer"}
+_HOP_BY_HOP = HOP_BY_HOP_HEADERS - {b"host", b"content-length"}
+"""Headers not passed between client and primary: the connection's own. The client's `Host` goes on (the primary's
+pages build URLs from it); a request's `Content-Length` is httpx's to set, and an answer's stays true of the bytes
+relayed as they came."""
 
 
 def _relayed(name: bytes) -> bool:
@@ -82,9 +94,7 @@ def run_worker(settings: Settings, listener: socket.socket, runtime_dir: Path, r
     # The primary runs the local nodes (and holds the state directory's lock for them).
     gateway = Gateway(settings.model_copy(update={"local_nodes": []}), board=board, primary=False)
     gateway.metrics = WorkerMetrics(gateway.table)
-    if gateway.table.affinity is not None:
-        gateway.table.affinity.recorded = []
-    gateway.auth_throttle.recorded = []
+    keep_shared(gateway)
     runtime = _WorkerRuntime(gateway, runtime_dir, row)
     max_clients = client_connection_cap(settings, raise_open_file_limit())
     server = Server(gateway, server_config(runtime.app, settings, max_clients))
@@ -197,12 +207,8 @@ class _WorkerRuntime:
                     if state is not None:
                         slots = message["slots"]
                         state.slots = (int(slots[0]), int(slots[1])) if slots else None
-                elif "prefixes" in message or "auth_failed" in message:
-                    for node_id, hashes in message.get("prefixes", ()):
-                        if table.affinity is not None:
-                            table.affinity.learn(node_id, hashes)
-                    for peer in message.get("auth_failed", ()):
-                        self.gateway.auth_throttle.learn(peer)
+                elif any(kind in message for kind in SHARED):
+                    learn_shared(self.gateway, message)
                 elif "delete" in message:
                     table.apply_delete(message["delete"])
                 elif message.get("tokens"):
@@ -241,13 +247,7 @@ class _WorkerRuntime:
         finished = metrics.take()
         if finished:
             message["requests"] = finished
-        affinity = self.gateway.table.affinity
-        prefixes = affinity.take_recorded() if affinity is not None else []
-        if prefixes:
-            message["prefixes"] = prefixes
-        failed = self.gateway.auth_throttle.take_recorded()
-        if failed:
-            message["auth_failed"] = failed
+        message.update(take_shared(self.gateway))
         counters = metrics.counted()
         if counters != self._sent_counters:
             message["counters"] = self._sent_counters = counters

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from qiip_core.routing import InFlightBoard, NodeState, TableChange
+from qiip_core.routing import InFlightBoard, TableChange
 
 if TYPE_CHECKING:
     from qiip_proxy._gateway import Gateway
@@ -54,8 +54,11 @@ __all__ = [
     "PEER_HEADER",
     "WorkerPeer",
     "WorkerPool",
+    "SHARED",
     "create_runtime_dir",
-    "node_record",
+    "keep_shared",
+    "learn_shared",
+    "take_shared",
 ]
 
 logger = logging.getLogger("qiip.proxy")
@@ -72,8 +75,12 @@ FLEET_RESEND_S = 1.0
 """How often the primary compares every node with what the workers last got (slots change without a table
 change); a table change is sent at once."""
 
-PREFIX_SHARE_S = 0.1
-"""How often the prefixes one process routed reach the others (prefix affinity)."""
+SHARE_S = 0.1
+"""How often what one process learned reaches the others (`SHARED`)."""
+
+SHARED = ("prefixes", "auth_failed")
+"""What every serving process learns from the others, by message key: the prefixes each routed (prefix
+affinity's map) and the client addresses whose authentication failed there (the failed-authentication throttle)."""
 
 _RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 """Waits before starting again a worker that exited soon after its start, one step more at each such exit."""
@@ -93,15 +100,36 @@ def create_runtime_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="qiip-proxy-", dir=base))
 
 
-def node_record(state: NodeState, column: int | None) -> dict[str, Any]:
-    """The fleet message of one node for the workers: the registration with its effective status, where it came
-    from, its board column and its slots."""
-    return {
-        "put": state.effective_node().model_dump(mode="json"),
-        "source": state.source,
-        "column": column,
-        "slots": list(state.slots) if state.slots is not None else None,
+def keep_shared(gateway: Gateway) -> None:
+    """Start keeping, in this process, what the others must learn (`take_shared`)."""
+    if gateway.table.affinity is not None:
+        gateway.table.affinity.recorded = []
+    gateway.auth_throttle.recorded = []
+
+
+def take_shared(gateway: Gateway) -> dict[str, list[Any]]:
+    """What this process learned since the last call that the others must learn too, by `SHARED` key (a key
+    with nothing new is left out)."""
+    affinity = gateway.table.affinity
+    taken: dict[str, list[Any]] = {
+        "prefixes": affinity.take_recorded() if affinity is not None else [],
+        "auth_failed": gateway.auth_throttle.take_recorded(),
     }
+    return {kind: items for kind, items in taken.items() if items}
+
+
+def learn_shared(gateway: Gateway, message: dict[str, Any]) -> None:
+    """Learn what another process passed on (`take_shared`'s keys in `message`), without keeping it to pass on.
+
+    Raises:
+        ValueError, TypeError: an item is not of its key's shape.
+    """
+    affinity = gateway.table.affinity
+    if affinity is not None:
+        for node_id, hashes in message.get("prefixes", ()):
+            affinity.learn(str(node_id), [int(h) for h in hashes])
+    for peer in message.get("auth_failed", ()):
+        gateway.auth_throttle.learn(str(peer))
 
 
 class WorkerPeer:
@@ -137,8 +165,8 @@ class _Worker:
         self.restart_at = 0.0
         self.writer: asyncio.StreamWriter | None = None
         self.counters: dict[str, float] = {}
-        self.prefixes: list[Any] = []
-        self.auth_failed: list[str] = []
+        self.pending: dict[str, list[Any]] = {}
+        """What the other processes learned, by `SHARED` key, not yet sent to this worker."""
 
 
 class WorkerPool:
@@ -192,14 +220,11 @@ class WorkerPool:
             self._serve_worker, path=str(self.runtime_dir / CONTROL_SOCKET), limit=16 * 1024 * 1024
         )
         self._remove_listener = self.gateway.table.add_listener(self._table_changed)
-        affinity = self.gateway.table.affinity
-        if affinity is not None:
-            affinity.recorded = []
-        self.gateway.auth_throttle.recorded = []
+        keep_shared(self.gateway)
         self._tasks = [
             asyncio.create_task(self._publish(), name="qiip-workers-fleet"),
             asyncio.create_task(self._watch(), name="qiip-workers-watch"),
-            asyncio.create_task(self._share_prefixes(), name="qiip-workers-prefixes"),
+            asyncio.create_task(self._share(), name="qiip-workers-share"),
         ]
         for worker in self._workers:
             self._spawn(worker)
@@ -275,8 +300,17 @@ class WorkerPool:
         self._changed.set()
 
     def _records(self) -> dict[str, dict[str, Any]]:
-        table = self.gateway.table
-        return {state.id: node_record(state, table.column(state.id)) for state in table}
+        """The fleet message of every node for the workers: the registration with its effective status, where it
+        came from, its board column and its slots (about 2 µs a node to build)."""
+        return {
+            state.id: {
+                "put": state.effective_node().model_dump(mode="json"),
+                "source": state.source,
+                "column": state.column,
+                "slots": list(state.slots) if state.slots is not None else None,
+            }
+            for state in self.gateway.table
+        }
 
     async def _publish(self) -> None:
         """Send the workers every node that changed since they last heard, at once on a table change, and
@@ -322,45 +356,29 @@ class WorkerPool:
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
 
-    async def _share_prefixes(self) -> None:
-        """Every `PREFIX_SHARE_S`, send each worker the prefixes the other processes routed since the last time
-        (prefix affinity's map is kept in every process; a prefix routed in one is known in all), and the
-        addresses whose invoke tokens failed there (the failed-authentication throttle, the same)."""
-        affinity = self.gateway.table.affinity
-        throttle = self.gateway.auth_throttle
+    async def _share(self) -> None:
+        """Every `SHARE_S`, send each worker what this process and the other workers learned since the last time
+        (`SHARED`): prefix affinity's map and the failed-authentication throttle are then one over every process."""
         while True:
-            await asyncio.sleep(PREFIX_SHARE_S)
-            own = affinity.take_recorded() if affinity is not None else []
-            own_failed = throttle.take_recorded()
+            await asyncio.sleep(SHARE_S)
+            own = take_shared(self.gateway)
             for worker in self._workers:
-                prefixes, worker.prefixes = [*own, *worker.prefixes], []
-                failed, worker.auth_failed = [*own_failed, *worker.auth_failed], []
-                message: dict[str, Any] = {}
-                if prefixes:
-                    message["prefixes"] = prefixes
-                if failed:
-                    message["auth_failed"] = failed
+                pending, worker.pending = worker.pending, {}
+                message = {kind: [*own.get(kind, ()), *pending.get(kind, ())] for kind in SHARED}
+                message = {kind: items for kind, items in message.items() if items}
                 if message and worker.writer is not None and not worker.writer.is_closing():
                     worker.writer.write(json.dumps(message).encode() + b"\n")
 
     def _account(self, worker: _Worker, message: dict[str, Any]) -> None:
-        """Add a worker's finished requests and its counters' growth to the primary's metrics; learn the prefixes
-        it routed, and pass them on to the other workers."""
-        failed = message.get("auth_failed")
-        if failed:
-            for peer in failed:
-                self.gateway.auth_throttle.learn(str(peer))
+        """Add a worker's finished requests and its counters' growth to the primary's metrics; learn what it
+        learned (`SHARED`), and pass that on to the other workers."""
+        shared = {kind: message[kind] for kind in SHARED if message.get(kind)}
+        if shared:
+            learn_shared(self.gateway, shared)
             for other in self._workers:
                 if other is not worker and other.writer is not None:
-                    other.auth_failed.extend(failed)
-        prefixes = message.get("prefixes")
-        affinity = self.gateway.table.affinity
-        if prefixes and affinity is not None:
-            for node_id, hashes in prefixes:
-                affinity.learn(str(node_id), [int(h) for h in hashes])
-            for other in self._workers:
-                if other is not worker and other.writer is not None:
-                    other.prefixes.extend(prefixes)
+                    for kind, items in shared.items():
+                        other.pending.setdefault(kind, []).extend(items)
         metrics = self.gateway.metrics
         for item in message.get("requests", ()):
             metrics.record_json(item)

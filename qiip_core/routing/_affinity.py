@@ -288,7 +288,7 @@ class PrefixAffinity:
         process starting beside this one (`server.workers`) `learn`s to begin with the same map."""
         now = self._clock()
         runs: list[tuple[str, list[int]]] = []
-        for key, (node_id, expires) in list(self._entries.items()):
+        for key, (node_id, expires) in self._entries.items():
             if expires <= now:
                 continue
             if runs and runs[-1][0] == node_id:

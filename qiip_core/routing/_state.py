@@ -80,27 +80,31 @@ class NodeState:
         board = self._board
         return self._local if board is None else board.total(self._column)
 
-    @in_flight.setter
-    def in_flight(self, count: int) -> None:
-        self._add(count - self._local)
-
     @property
     def local_in_flight(self) -> int:
         """Requests this process has reserved on the node."""
         return self._local
 
-    def _add(self, delta: int) -> None:
+    @property
+    def column(self) -> int | None:
+        """The board column the node's requests are counted in, or None (this process alone)."""
+        return self._column if self._board is not None else None
+
+    def add_in_flight(self, delta: int) -> None:
+        """Count `delta` more (or, negative, fewer) requests of this process on the node."""
         self._local += delta
         if self._board is not None:
             self._board.put(self._column, self._local)
 
-    def count_on(self, board: InFlightBoard | None, column: int) -> None:
-        """Count the node's requests in `column` of `board` from now on (None: in this process alone)."""
+    def count_on(self, board: InFlightBoard | None, column: int | None) -> None:
+        """Count the node's requests in `column` of `board` from now on; without either, in this process alone."""
         if self._board is not None:
             self._board.put(self._column, 0)
+        if board is None or column is None:
+            self._board, self._column = None, -1
+            return
         self._board, self._column = board, column
-        if board is not None:
-            board.put(column, self._local)
+        board.put(column, self._local)
 
     def note_error(self, error: str | None) -> None:
         """Record the node's latest failure, and when it was seen (now)."""

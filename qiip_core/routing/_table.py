@@ -256,7 +256,7 @@ class RoutingTable:
             if affinity is not None:
                 affinity.record(prefix, state.id)
             trial = state.breaker.state is not BreakerState.CLOSED and state.breaker.try_half_open()
-        state._add(1)
+        state.add_in_flight(1)
         return Reservation(self, state, trial=trial)
 
     def routing_error(self, model: str, *, api: ApiName | None = None) -> RoutingError:
@@ -283,7 +283,7 @@ class RoutingTable:
         return error
 
     def _release(self, state: NodeState) -> None:
-        state._add(-1)
+        state.add_in_flight(-1)
         if state.removed and state.in_flight <= 0:
             self._drop(state.id)
 
@@ -299,7 +299,7 @@ class RoutingTable:
         takes the columns the primary assigned. Unknown ids, and a table without a board, are ignored."""
         state = self._states.get(node_id)
         if state is not None and self.board is not None:
-            state.count_on(self.board if column is not None else None, column if column is not None else -1)
+            state.count_on(self.board, column)
 
     # -- registry events -----------------------------------------------------------------------------------
 
@@ -321,7 +321,7 @@ class RoutingTable:
                     logger.warning(
                         "node %s: the in-flight board is full; its requests are counted per process", node.id
                     )
-                state.count_on(self.board if column is not None else None, column if column is not None else -1)
+                state.count_on(self.board, column)
             self._notify(ChangeKind.ADDED, state)
             return
         before = (state.node, state.status)
@@ -362,12 +362,12 @@ class RoutingTable:
     def column(self, node_id: str) -> int | None:
         """The board column of `node_id`'s requests in flight, or None (no board, unknown id, or a full board)."""
         state = self._states.get(node_id)
-        return state._column if state is not None and state._board is not None else None
+        return state.column if state is not None else None
 
     def _drop(self, node_id: str) -> None:
         state = self._states.pop(node_id, None)
         if state is not None:
-            state.count_on(None, -1)
+            state.count_on(None, None)
             if self._columns is not None:
                 self._columns.release(node_id)
             self._unindex(state)
