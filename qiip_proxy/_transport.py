@@ -5,7 +5,9 @@ connection that sends half a request line stays open for ever), nor a body's pac
 one address holds. `guarded_protocol` returns uvicorn's `HttpToolsProtocol` with these limits added:
 
 - headers over `max_header_bytes` (request line included) are answered 431 and the connection closed
-  (RFC 6585 §5);
+  (RFC 6585 §5), counted as the bytes arrive: httptools keeps an unfinished header value (or URL) to itself
+  until it ends, so a value that never ends is refused once the bytes received for the request's head pass
+  the limit, without waiting for it;
 - a request whose headers are not complete `header_timeout_s` after its first byte (or after the connection
   opened) is answered 408 and closed (RFC 9110 §15.5.9); an idle keep-alive connection is uvicorn's
   `timeout_keep_alive`;
@@ -49,6 +51,10 @@ def guarded_protocol(
     class GuardedProtocol(HttpToolsProtocol):
         _refused = False
         _header_bytes = 0
+        # Bytes received while a request's head is incomplete (None: no head in progress), and the size of the
+        # chunk being parsed.
+        _head_received: int | None = None
+        _feeding = 0
         # When the request in progress (its headers, then its body) must be in; None between requests.
         _due: float | None = None
         _ticker: asyncio.TimerHandle | None = None
@@ -80,11 +86,22 @@ def guarded_protocol(
         def data_received(self, data: bytes) -> None:
             if self._refused:
                 return
+            self._feeding = len(data)
             super().data_received(data)
+            if self._head_received is not None and not self._refused:
+                # The parser holds an unfinished header to itself: bound what it holds by the bytes fed to it.
+                self._head_received += len(data)
+                if self._head_received > max_header_bytes:
+                    self._refuse(
+                        HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE,
+                        f"The request's headers are larger than {max_header_bytes} bytes.",
+                    )
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self._header_bytes = 0
+            # The chunk this request began in may hold a previous request's end: counted from the next one.
+            self._head_received = -self._feeding
             self._due = self.loop.time() + header_timeout_s
 
         def on_url(self, url: bytes) -> None:
@@ -103,6 +120,7 @@ def guarded_protocol(
             super().on_header(name, value)
 
         def on_headers_complete(self) -> None:
+            self._head_received = None
             if self._refused:
                 return
             self._due = self.loop.time() + body_timeout_s

@@ -3,6 +3,7 @@ connections per address (503), answered by the server before the app sees a requ
 
 from __future__ import annotations
 
+import select
 import socket
 from collections.abc import Iterator
 
@@ -41,13 +42,29 @@ def answer_to(sock: socket.socket, data: bytes) -> bytes:
 
 def test_headers_over_the_limit_get_431(strict: Daemon) -> None:
     with connect(strict) as sock:
-        answer = answer_to(sock, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n")
+        answer = answer_to(sock, b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 431")
+
+
+def test_a_header_value_that_never_ends_is_refused_once_it_passes_the_limit(strict: Daemon) -> None:
+    # The value is dribbled and never ends: the parser holds it until its end, so the limit is counted as it comes.
+    sent = 0
+    with connect(strict) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Big: ")
+        try:
+            while sent < 4 << 20 and not select.select([sock], [], [], 0.02)[0]:
+                sock.sendall(b"a" * 4096)
+                sent += 4096
+        except OSError:
+            pass  # closed by the server while we were sending
+        answer = answer_to(sock, b"")
+    assert answer.startswith(b"HTTP/1.1 431"), answer[:80]
+    assert sent < 1 << 20  # refused after the limit (8 KiB) and what was in flight, not at the value's end
 
 
 def test_headers_that_never_finish_get_408(strict: Daemon) -> None:
     with connect(strict) as sock:
-        answer = answer_to(sock, b"GET /health HTTP/1.1\r\nHost: x\r\n")
+        answer = answer_to(sock, b"GET /health HTTP/1.1\r\nHost: localhost\r\n")
     assert answer.startswith(b"HTTP/1.1 408")
     with connect(strict) as silent:
         assert answer_to(silent, b"").startswith(b"HTTP/1.1 408")  # nothing sent at all
@@ -57,7 +74,7 @@ def test_a_body_that_never_finishes_gets_408(strict: Daemon) -> None:
     with connect(strict) as sock:
         answer = answer_to(
             sock,
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             b'Content-Length: 1000\r\n\r\n{"model": ',
         )
     assert answer.startswith(b"HTTP/1.1 408")
@@ -75,7 +92,7 @@ def test_an_address_holding_too_many_connections_gets_503(strict: Daemon) -> Non
 
     def served() -> bool:
         with connect(strict) as sock:
-            return answer_to(sock, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").startswith(
+            return answer_to(sock, b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").startswith(
                 b"HTTP/1.1 200"
             )
 
