@@ -38,7 +38,16 @@ def _publisher(settings: Settings, node_id: str) -> Publisher:
         token = telemetry.token.get_secret_value()
     else:
         token = ""
-    return HttpPublisher(host=telemetry.listen_host, port=telemetry.listen_port, token=token)
+    # The daemon's limits on what an unauthenticated client may cost, from the same settings.
+    return HttpPublisher(
+        host=telemetry.listen_host,
+        port=telemetry.listen_port,
+        token=token,
+        header_timeout_s=settings.server.header_timeout_s,
+        max_connections_per_address=settings.server.max_connections_per_address,
+        auth_failure_burst=settings.admin.auth_failure_burst,
+        auth_failure_window_s=settings.admin.auth_failure_window_s,
+    )
 
 
 async def _run(telemetry_agent: TelemetryAgent) -> None:

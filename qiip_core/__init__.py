@@ -81,6 +81,7 @@ from qiip_core._errors import (
     UpstreamTimeout,
     UpstreamTransportError,
     VerificationError,
+    safe_text,
 )
 
 __version__ = "0.1.0"
@@ -152,4 +153,5 @@ __all__ = [
     "UpstreamTransportError",
     "VerificationError",
     "__version__",
+    "safe_text",
 ]

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.security import HTTPBasic, HTTPBasicCredentials
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import HTTPConnection
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from qiip_core import NodeNotFound, PlanError
@@ -39,6 +40,7 @@ from qiip_core.lifecycle import (
 from qiip_core.nodes import Engine, Node, NodeCapabilities, NodeStatus
 from qiip_core.planner import parse_policy, read_devices, validate_policy
 from qiip_core.routing import ChangeKind, NodeState, TableChange
+from qiip_proxy._auth_gate import basic_credentials
 from qiip_proxy._errors import RequestRefused
 
 if TYPE_CHECKING:
@@ -47,7 +49,20 @@ if TYPE_CHECKING:
 
 __all__ = ["AdminError", "node_view", "require_admin", "router"]
 
-_basic = HTTPBasic(auto_error=False, realm="qiip-admin")
+
+class _Basic(HTTPBasic):
+    """FastAPI's HTTP Basic security scheme (for the OpenAPI document), with the credentials decoded as the admin
+    gate decodes them (`basic_credentials`: UTF-8, RFC 7617), so a password outside ASCII works in both."""
+
+    async def __call__(self, request: HTTPConnection) -> HTTPBasicCredentials | None:  # type: ignore[override]
+        given = basic_credentials(request.headers.get("authorization", "").encode("latin-1") or None)
+        if given is None:
+            return None
+        user, password = given
+        return HTTPBasicCredentials(username=user.decode("utf-8"), password=password.decode("utf-8"))
+
+
+_basic = _Basic(auto_error=False, realm="qiip-admin")
 
 
 class AdminError(RequestRefused):
@@ -62,10 +77,10 @@ def _gateway(request: Request) -> Gateway:
 async def require_admin(request: Request, credentials: Annotated[HTTPBasicCredentials | None, Depends(_basic)]) -> None:
     """Check the HTTP Basic credentials; state-changing methods must also send JSON."""
     settings = _gateway(request).settings.admin
-    expected_user = (settings.username or "").encode()
-    expected_password = settings.password.get_secret_value().encode() if settings.password else b""
-    given_user = credentials.username.encode() if credentials else b""
-    given_password = credentials.password.encode() if credentials else b""
+    expected_user = (settings.username or "").encode("utf-8")
+    expected_password = settings.password.get_secret_value().encode("utf-8") if settings.password else b""
+    given_user = credentials.username.encode("utf-8") if credentials else b""
+    given_password = credentials.password.encode("utf-8") if credentials else b""
     # Both comparisons always run, so timing says nothing about which part was wrong.
     user_ok = secrets.compare_digest(given_user, expected_user)
     password_ok = secrets.compare_digest(given_password, expected_password)

@@ -23,7 +23,7 @@ from qiip_proxy._client_api import router as client_router
 from qiip_proxy._client_configs import router as client_configs_router
 from qiip_proxy._errors import RequestRefused, error_response
 from qiip_proxy._gateway import Gateway
-from qiip_proxy._http import HeadAsGet, with_cors
+from qiip_proxy._http import HeadAsGet, with_allowed_hosts, with_cors
 from qiip_proxy._inference import ProxyRoutes
 from qiip_proxy._journal import router as journal_router
 from qiip_proxy._models import router as models_router
@@ -107,7 +107,8 @@ def add_error_handlers(app: FastAPI) -> None:
 def serving_app(app: FastAPI) -> ASGIApp:
     """The app as the server runs it: the inference paths served ahead of FastAPI's routing layers, the admin
     API's credentials and body size checked before FastAPI reads a body (`_auth_gate`), `HEAD` answered on
-    every `GET` route, and, with `server.cors_allow_origins` set, CORS around all of it (`_http`).
+    every `GET` route, with `server.cors_allow_origins` set, CORS around all of it, and outermost the `Host`
+    check (`_http`).
 
     With CORS off there is no CORS layer at all, so the inference path pays nothing for it; with CORS on,
     every request passes through Starlette's `CORSMiddleware` (one header lookup, and one more call per
@@ -126,9 +127,11 @@ def wrap_serving(gateway: Gateway, inner: ASGIApp, *, admin_gate: bool = True) -
             username=admin.username,
             password=admin.password.get_secret_value(),
             max_body_bytes=admin.max_body_bytes,
-            throttle=gateway.auth_throttle,
+            throttle=gateway.admin_throttle,
             on_failure=lambda api: gateway.metrics.auth_failures.labels(api).inc(),
         )
     served: ASGIApp = ProxyRoutes(inner, gateway)
-    origins = gateway.settings.server.cors_allow_origins
-    return with_cors(served, origins) if origins else served
+    server = gateway.settings.server
+    if server.cors_allow_origins:
+        served = with_cors(served, server.cors_allow_origins)
+    return with_allowed_hosts(served, allowed_hosts=server.allowed_hosts, bind_host=server.host)

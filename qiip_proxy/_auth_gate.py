@@ -5,12 +5,15 @@ before a byte of the body is read, and peers that keep failing are throttled.
 it runs the route's dependencies, so without the gate a client without credentials could make the daemon
 read and parse any body. The gate answers, without reading the body:
 
-- 429 with `Retry-After` to a peer over its failure budget (`AuthThrottle`);
-- 401 to a request without the admin credentials (HTTP Basic, compared in constant time), logged with the
-  peer's address and never the secret, counted in `qiip_auth_failures_total{api="admin"}`;
+- 429 with `Retry-After` to a peer over its failure budget (`AuthThrottle`, the admin API's own);
+- 401 to a request without the admin credentials (HTTP Basic, compared in constant time); credentials presented
+  and wrong are logged with the peer's address and never the secret, counted in
+  `qiip_auth_failures_total{api="admin"}` and throttled, while a request without any is refused uncounted;
 - 413 to a body over `admin.max_body_bytes` by its `Content-Length`, and 411 to a body of unknown size.
 
-The client API's invoke tokens go through the same throttle and counter (`qiip_proxy._parse`).
+The client API's invoke tokens have a throttle of their own and the same counter (`qiip_proxy._parse`), so
+guessing one credential never locks the other out. HTTP Basic credentials are decoded once, as UTF-8 (RFC 7617's
+`charset="UTF-8"`, which the challenge announces), by `basic_credentials`, here and in the admin routes.
 """
 
 from __future__ import annotations
@@ -20,15 +23,23 @@ import binascii
 import logging
 import math
 import secrets
-import time
-from collections import OrderedDict
 from collections.abc import Callable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from qiip_core import safe_text
+from qiip_core.auth import AuthThrottle
 from qiip_proxy._errors import RequestRefused, describe_error
 
-__all__ = ["AdminGate", "AuthThrottle", "header", "peer_of", "too_many_failures"]
+__all__ = [
+    "AdminGate",
+    "AuthThrottle",
+    "basic_credentials",
+    "header",
+    "logged_path",
+    "peer_of",
+    "too_many_failures",
+]
 
 logger = logging.getLogger("qiip.auth")
 
@@ -39,63 +50,25 @@ def peer_of(scope: Scope) -> str:
     return str(client[0]) if client else "unknown"
 
 
-class AuthThrottle:
-    """Failed authentications per peer address, over a sliding window: past `burst` failures within
-    `window_s`, the peer's requests are refused until its oldest failure leaves the window.
+def logged_path(scope: Scope) -> str:
+    """The request's path as a log line may quote it: control characters escaped, at most 200 characters (a
+    `%0a` in the path would otherwise start a forged line)."""
+    return safe_text(str(scope.get("path", "")), limit=200)
 
-    Args:
-        burst: failures a peer may have within `window_s` before it is refused.
-        window_s: the window, in seconds.
-        max_peers: peers remembered at most (the least recently failed are forgotten first).
-    """
 
-    def __init__(self, *, burst: int = 10, window_s: float = 60.0, max_peers: int = 10_000) -> None:
-        self.burst = burst
-        self.window_s = window_s
-        self.max_peers = max_peers
-        self._failures: OrderedDict[str, list[float]] = OrderedDict()
-        self.recorded: list[str] | None = None
-        """With several serving processes (`server.workers`): the peers of the failures `failed` recorded since
-        the last `take_recorded`, for the other processes to `learn`; None (the default): not kept."""
-
-    def retry_after_s(self, peer: str) -> float | None:
-        """Seconds until `peer` may try again, or None when it may now."""
-        failures = self._failures.get(peer)
-        if failures is None:
-            return None
-        now = time.monotonic()
-        while failures and failures[0] <= now - self.window_s:
-            failures.pop(0)
-        if not failures:
-            del self._failures[peer]
-            return None
-        if len(failures) < self.burst:
-            return None
-        return failures[-self.burst] + self.window_s - now
-
-    def failed(self, peer: str) -> None:
-        """Record one failed authentication from `peer`."""
-        if self.recorded is not None:
-            self.recorded.append(peer)
-        self.learn(peer)
-
-    def learn(self, peer: str) -> None:
-        """Record one failed authentication from `peer` that another serving process saw (`failed` without
-        keeping it for the others)."""
-        failures = self._failures.pop(peer, None) or []
-        failures.append(time.monotonic())
-        del failures[: -self.burst]
-        self._failures[peer] = failures
-        while len(self._failures) > self.max_peers:
-            self._failures.popitem(last=False)
-
-    def take_recorded(self) -> list[str]:
-        """The peers `failed` recorded since the last call (empty when not kept)."""
-        recorded = self.recorded
-        if not recorded:
-            return []
-        self.recorded = []
-        return recorded
+def basic_credentials(value: bytes | None) -> tuple[bytes, bytes] | None:
+    """The user name and password of an HTTP Basic `Authorization` value, as UTF-8 bytes (RFC 7617 §2.1, the
+    `charset="UTF-8"` every challenge of the daemon announces), or None when `value` is missing, is another
+    scheme, or is not base64 of valid UTF-8 with a colon."""
+    if value is None or value[:6].lower() != b"basic ":
+        return None
+    try:
+        decoded = base64.b64decode(value[6:].strip(), validate=True)
+        decoded.decode("utf-8")
+    except (binascii.Error, ValueError):
+        return None
+    user, colon, password = decoded.partition(b":")
+    return (user, password) if colon else None
 
 
 def too_many_failures(retry_after_s: float) -> RequestRefused:
@@ -118,7 +91,7 @@ class AdminGate:
         username: the admin user name.
         password: the admin password.
         max_body_bytes: the largest admin request body.
-        throttle: failed authentications per peer.
+        throttle: failed admin authentications per peer (the admin API's own throttle).
         on_failure: called with `"admin"` for each failed authentication (the metrics counter).
     """
 
@@ -133,7 +106,7 @@ class AdminGate:
         on_failure: Callable[[str], None] | None = None,
     ) -> None:
         self.app = app
-        self._expected = (username.encode(), password.encode())
+        self._expected = (username.encode("utf-8"), password.encode("utf-8"))
         self.max_body_bytes = max_body_bytes
         self.throttle = throttle
         self._on_failure = on_failure
@@ -147,13 +120,22 @@ class AdminGate:
         if wait_s is not None:
             await _refuse(send, too_many_failures(wait_s))
             return
-        if not self._authenticated(scope):
+        given = header(scope, b"authorization")
+        if not self._authenticated(given):
+            if given is None:
+                # Nothing presented (a first visit, a probe): refused, but no guess to count.
+                await _refuse(send, _UNAUTHORIZED)
+                return
             self.throttle.failed(peer)
             if self._on_failure is not None:
                 self._on_failure("admin")
-            logger.warning("admin authentication failed from %s on %s %s", peer, scope["method"], scope["path"])
-            given = header(scope, b"authorization") is not None
-            await _refuse(send, _REFUSED if given else _UNAUTHORIZED)
+            logger.warning(
+                "admin authentication failed from %s on %s %s",
+                peer,
+                safe_text(str(scope["method"]), limit=20),
+                logged_path(scope),
+            )
+            await _refuse(send, _REFUSED)
             return
         declared = header(scope, b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_body_bytes):
@@ -172,15 +154,8 @@ class AdminGate:
             return
         await self.app(scope, receive, send)
 
-    def _authenticated(self, scope: Scope) -> bool:
-        given_user, given_password = b"", b""
-        value = header(scope, b"authorization")
-        if value is not None and value[:6].lower() == b"basic ":
-            try:
-                decoded = base64.b64decode(value[6:].strip(), validate=True)
-            except (binascii.Error, ValueError):
-                decoded = b""
-            given_user, _, given_password = decoded.partition(b":")
+    def _authenticated(self, value: bytes | None) -> bool:
+        given_user, given_password = basic_credentials(value) or (b"", b"")
         expected_user, expected_password = self._expected
         # Both comparisons always run, so timing says nothing about which part was wrong.
         user_ok = secrets.compare_digest(given_user, expected_user)

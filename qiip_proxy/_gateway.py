@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from qiip_core import NodeNotFound, QiipError
-from qiip_core.auth import TokenStore, create_token_store
+from qiip_core.auth import AuthThrottle, TokenStore, create_token_store
 from qiip_core.catalog import DownloadManager, default_cache_dir, model_store_for
 from qiip_core.config import Settings
 from qiip_core.discovery import (
@@ -44,7 +44,6 @@ from qiip_core.routing import (
     RoutingTable,
 )
 from qiip_core.telemetry import TelemetrySource, TelemetryStore, create_telemetry_source
-from qiip_proxy._auth_gate import AuthThrottle
 from qiip_proxy._gpu_metrics import GpuCollector
 from qiip_proxy._local_nodes import LocalNodes
 from qiip_proxy._metrics import GatewayMetrics
@@ -126,10 +125,19 @@ class Gateway:
         """The latest live GPU reading of each node (`qiip agent`), for the admin API and `/metrics`."""
         self.telemetry_source: TelemetrySource = create_telemetry_source(settings, self.telemetry)
         self.metrics.registry.register(GpuCollector(self.telemetry))
-        # Failed authentications per client address (admin and invoke tokens): 429 past a burst.
-        self.auth_throttle = AuthThrottle(
+        # Failed authentications per client address, one throttle per credential (so guessing one never locks
+        # the other out): 429 past a burst.
+        self.admin_throttle = AuthThrottle(
             burst=settings.admin.auth_failure_burst, window_s=settings.admin.auth_failure_window_s
         )
+        """Wrong admin credentials per client address."""
+        self.client_throttle = AuthThrottle(
+            burst=settings.admin.auth_failure_burst, window_s=settings.admin.auth_failure_window_s
+        )
+        """Wrong invoke tokens per client address."""
+        self.parse_gate = asyncio.Semaphore(1)
+        """Held while a large request body is measured and parsed: such bodies take the event loop one at a time
+        (`_parse.read_request`)."""
         self.local_nodes = LocalNodes(settings, self.registry)
         self.operations = OperationRunner()
         self.journal = Journal(self.table, self.operations)

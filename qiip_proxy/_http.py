@@ -1,13 +1,13 @@
-"""HTTP behaviours around the daemon's routes, applied to the whole ASGI app from outside: `HEAD` on every
-`GET` route, and CORS for web pages on other origins.
+"""HTTP behaviours around the daemon's routes, applied to the whole ASGI app from outside: the `Host` check,
+`HEAD` on every `GET` route, and CORS for web pages on other origins.
 
-`serving_app` (`_app`) stacks them so the inference fast path (`ProxyRoutes`) pays for neither unless it
-needs it:
+`serving_app` (`_app`) stacks them so the inference fast path (`ProxyRoutes`) pays for none it does not need:
 
-    CORSMiddleware            only with `server.cors_allow_origins` set: preflights, and CORS headers on
-      ProxyRoutes             every answer, the fast path's plain and streamed ones included
-        HeadAsGet             `HEAD` only; every other method passes through untouched
-          FastAPI
+    AllowedHosts              a `Host` the daemon is not reached by gets 421 (one set lookup for a known value)
+      CORSMiddleware          only with `server.cors_allow_origins` set: preflights, and CORS headers on
+        ProxyRoutes           every answer, the fast path's plain and streamed ones included
+          HeadAsGet           `HEAD` only; every other method passes through untouched
+            FastAPI
 
 The fast path serves `POST` only, so `HEAD` never reaches it; a `HEAD` on an inference path answers like a
 `GET` there: 405.
@@ -15,12 +15,24 @@ The fast path serves `POST` only, so `HEAD` never reaches it; a `HEAD` on an inf
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Sequence
 
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["CORS_ALLOW_HEADERS", "CORS_ALLOW_METHODS", "CORS_EXPOSE_HEADERS", "HeadAsGet", "with_cors"]
+from qiip_proxy._errors import RequestRefused, send_error
+from qiip_proxy._parse import request_id_for
+
+__all__ = [
+    "CORS_ALLOW_HEADERS",
+    "CORS_ALLOW_METHODS",
+    "CORS_EXPOSE_HEADERS",
+    "AllowedHosts",
+    "HeadAsGet",
+    "with_allowed_hosts",
+    "with_cors",
+]
 
 CORS_ALLOW_METHODS = ("GET", "HEAD", "POST", "DELETE")
 """Methods a preflight allows: the ones the client and admin APIs use."""
@@ -117,3 +129,89 @@ class HeadAsGet:
 
         # A copy: the server keeps its own scope saying HEAD, so it still sends no body whatever it is given.
         await self.app({**scope, "method": "GET"}, receive, send_head)
+
+
+def with_allowed_hosts(app: ASGIApp, *, allowed_hosts: Sequence[str], bind_host: str) -> ASGIApp:
+    """`app` behind the `Host` check (`AllowedHosts`), or `app` itself when `allowed_hosts` holds `*`.
+
+    Args:
+        app: the app to wrap (the whole daemon, fast path included).
+        allowed_hosts: `server.allowed_hosts`, already checked (lower case, no port).
+        bind_host: `server.host`, the address or name the daemon binds.
+    """
+    if "*" in allowed_hosts:
+        return app
+    return AllowedHosts(app, allowed_hosts=allowed_hosts, bind_host=bind_host)
+
+
+class AllowedHosts:
+    """ASGI middleware: a request whose `Host` names something other than this daemon gets 421 Misdirected
+    Request (RFC 9110 §15.5.20) with OpenAI error JSON, code `host_not_allowed`.
+
+    A web page the operator opens can make the browser send requests to a loopback daemon under the page's own
+    name (DNS rebinding: the name first resolves to the attacker's server, then to 127.0.0.1), and the browser
+    then lets the page read the answers as its own. Such requests carry that name in `Host`. Allowed are the
+    names the daemon is reached by: `localhost` and `*.localhost` (RFC 6761), any IP literal (a page whose origin
+    is an IP address is served by that address, never by a rebinding), the bound name, and `allowed_hosts`
+    (exact names, or `*.suffix` for any name under it). A request without `Host` (HTTP/1.0) passes.
+
+    Args:
+        app: the app to wrap.
+        allowed_hosts: `server.allowed_hosts` (lower case, no port; `*` is for `with_allowed_hosts`).
+        bind_host: `server.host`.
+    """
+
+    _KNOWN_MAX = 256
+    """`Host` values remembered as allowed, so the usual request costs one set lookup."""
+
+    def __init__(self, app: ASGIApp, *, allowed_hosts: Sequence[str], bind_host: str) -> None:
+        self.app = app
+        self.names = {"localhost", bind_host.lower().rstrip(".")}
+        suffixes = [".localhost"]
+        for entry in allowed_hosts:
+            if entry.startswith("*."):
+                suffixes.append(entry[1:])
+            else:
+                self.names.add(entry)
+        self.suffixes = tuple(suffixes)
+        self._known: set[bytes] = set()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            value = _host_header(scope)
+            if value is not None and value not in self._known:
+                if not self.allows(value):
+                    refused = RequestRefused(
+                        421,
+                        "This daemon is not reached by that host name (the Host header); an operator can allow "
+                        "it with server.allowed_hosts.",
+                        "host_not_allowed",
+                    )
+                    await send_error(send, refused, request_id_for(scope))
+                    return
+                if len(self._known) < self._KNOWN_MAX:
+                    self._known.add(value)
+        await self.app(scope, receive, send)
+
+    def allows(self, value: bytes) -> bool:
+        """Whether a `Host` header value (`name[:port]`, `[v6]:port`, an IPv4 literal) names this daemon."""
+        text = value.decode("latin-1").strip().lower()
+        if text.startswith("["):
+            name = text[1 : text.find("]")] if "]" in text else text
+        else:
+            name = text.rsplit(":", 1)[0] if text.count(":") == 1 else text
+        name = name.rstrip(".")
+        if name in self.names or name.endswith(self.suffixes):
+            return True
+        try:
+            ipaddress.ip_address(name)
+        except ValueError:
+            return False
+        return True
+
+
+def _host_header(scope: Scope) -> bytes | None:
+    for name, value in scope["headers"]:
+        if name == b"host":
+            return bytes(value)
+    return None

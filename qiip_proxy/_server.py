@@ -23,7 +23,9 @@ __all__ = ["Server", "server_config"]
 def server_config(app: ASGIApp, settings: Settings, max_clients: int) -> uvicorn.Config:
     """uvicorn's configuration for `app`: no access log nor `Server` header, idle client connections kept for
     `server.keep_alive_s` (`timeout_keep_alive`), at most `max_clients` connections (`limit_concurrency`), the
-    transport limits of `_transport`, and `server.shutdown_timeout_s` for the requests in flight at shutdown."""
+    transport limits of `_transport`, `server.shutdown_timeout_s` for the requests in flight at shutdown, and
+    forwarded headers believed from `server.forwarded_allow_ips` only (uvicorn believes them from loopback unless
+    told otherwise)."""
     server = settings.server
     return uvicorn.Config(
         app,
@@ -40,6 +42,8 @@ def server_config(app: ASGIApp, settings: Settings, max_clients: int) -> uvicorn
             max_connections_per_address=server.max_connections_per_address,
         ),
         lifespan="on",
+        proxy_headers=bool(server.forwarded_allow_ips),
+        forwarded_allow_ips=list(server.forwarded_allow_ips),
     )
 
 

@@ -27,13 +27,13 @@ import httpx
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from qiip_core import QiipError
+from qiip_core import QiipError, safe_text
 from qiip_core._logging import configure_logging
 from qiip_core.config import Settings
 from qiip_core.nodes import Node
 from qiip_core.routing import DEFAULT_COLUMNS, HOP_BY_HOP_HEADERS, InFlightBoard
 from qiip_proxy._app import add_error_handlers, wrap_serving
-from qiip_proxy._auth_gate import header
+from qiip_proxy._auth_gate import header, logged_path
 from qiip_proxy._client_api import router as client_router
 from qiip_proxy._errors import RequestRefused, error_response
 from qiip_proxy._gateway import Gateway, sweep_removed
@@ -271,7 +271,8 @@ class _Dispatch:
 
 class _PrimaryPassage:
     """An ASGI app that passes each request to the primary's app over its Unix socket, with the client's address
-    (`PEER_HEADER`), and relays the answer as it comes, until it ends or the client leaves.
+    (`PEER_HEADER`), and relays the answer as it comes, until it ends or the client leaves. The request's body
+    goes on as it arrives, its size counted on the way: this process never holds one whole.
 
     Args:
         socket_path: the primary's `admin.sock`.
@@ -285,7 +286,7 @@ class _PrimaryPassage:
         # One connection per request in progress, event streams included: no pool bound to wait on.
         self.client = httpx.AsyncClient(
             transport=httpx.AsyncHTTPTransport(uds=str(socket_path)),
-            timeout=httpx.Timeout(None, connect=5.0),
+            timeout=httpx.Timeout(None, connect=5.0, write=PRIMARY_TIMEOUT_S),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
         )
 
@@ -302,17 +303,6 @@ class _PrimaryPassage:
         if declared is not None and declared.isdigit() and int(declared) > limit:
             await error_response(too_large)(scope, receive, send)
             return
-        body = bytearray()
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            body += message.get("body", b"")
-            if len(body) > limit:
-                await error_response(too_large)(scope, receive, send)
-                return
-            if not message.get("more_body", False):
-                break
         target = scope.get("raw_path") or scope["path"].encode()
         if scope["query_string"]:
             target += b"?" + scope["query_string"]
@@ -320,15 +310,52 @@ class _PrimaryPassage:
         client = scope.get("client")
         if client:
             headers.append((PEER_HEADER, str(client[0]).encode("latin-1")))
+        sent = asyncio.Event()
+
+        async def body() -> AsyncIterator[bytes]:
+            # The body goes on as it comes, never held whole: a request no one has authenticated yet costs this
+            # process a chunk at a time, and the primary decides (its gate reads no body it refuses).
+            size = 0
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise _PassageStopped(None)
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    raise _PassageStopped(too_large)
+                if chunk:
+                    yield chunk
+                if not message.get("more_body", False):
+                    sent.set()
+                    return
+
+        has_body = declared is not None or header(scope, b"transfer-encoding") is not None
+        if not has_body:
+            sent.set()
         request = self.client.build_request(
-            scope["method"], "http://primary" + target.decode("latin-1"), headers=headers, content=bytes(body)
+            scope["method"],
+            "http://primary" + target.decode("latin-1"),
+            headers=headers,
+            content=body() if has_body else None,
         )
+        answer = asyncio.ensure_future(self.client.send(request, stream=True))
+        uploaded = asyncio.ensure_future(sent.wait())
         try:
-            # The answer's head within PRIMARY_TIMEOUT_S (its body, such as an event stream, may take any time).
-            response = await asyncio.wait_for(self.client.send(request, stream=True), PRIMARY_TIMEOUT_S)
+            # The body as fast as the client sends it (its deadline is `server.body_timeout_s`; a write the
+            # primary does not take within PRIMARY_TIMEOUT_S fails), then the answer's head within
+            # PRIMARY_TIMEOUT_S (its body, such as an event stream, may take any time).
+            await asyncio.wait((answer, uploaded), return_when=asyncio.FIRST_COMPLETED)
+            response = await asyncio.wait_for(answer, PRIMARY_TIMEOUT_S)
+        except _PassageStopped as stopped:
+            if stopped.refusal is not None:
+                await error_response(stopped.refusal)(scope, receive, send)
+            return
         except (httpx.HTTPError, TimeoutError) as exc:
             why = str(exc) or f"no answer within {PRIMARY_TIMEOUT_S:g} s"
-            logger.warning("%s %s: the primary process did not answer: %s", scope["method"], scope["path"], why)
+            logger.warning(
+                "%s %s: the primary process did not answer: %s", scope["method"], logged_path(scope), safe_text(why)
+            )
             refused = RequestRefused(
                 503,
                 "The daemon's primary process, which serves this path, is not answering (it may be stopping); "
@@ -339,6 +366,10 @@ class _PrimaryPassage:
             refused.retry_after_s = 1.0
             await error_response(refused)(scope, receive, send)
             return
+        finally:
+            uploaded.cancel()
+            if not answer.done():
+                answer.cancel()
         try:
             await send(
                 {
@@ -364,6 +395,15 @@ class _PrimaryPassage:
         except httpx.HTTPError as exc:
             logger.warning("the primary's answer broke off: %s", exc)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+class _PassageStopped(Exception):
+    """A request body stopped on its way to the primary: over the limit (`refusal`, answered to the client), or its
+    client left (`refusal` None)."""
+
+    def __init__(self, refusal: RequestRefused | None) -> None:
+        super().__init__(refusal.message if refusal is not None else "the client left")
+        self.refusal = refusal
 
 
 async def _disconnected(receive: Receive) -> None:

@@ -15,7 +15,7 @@ What ties them together, in a private runtime directory (mode 0700, under `/dev/
   `/admin/metrics` are the primary's, so they count every worker's requests), and the prefixes it routed, which
   the primary learns and passes on to the other workers with its own: prefix affinity's map is the same in
   every process, 100 to 200 ms behind; the same for the client addresses whose authentication failed (one
-  failed-authentication throttle over every process).
+  throttle of wrong admin credentials and one of wrong invoke tokens, each over every process).
 - `admin.sock`: the primary's app on a Unix socket; a worker passes every request it does not serve itself
   (the admin API, `/health`, `/metrics`, the chat page) to the primary through it.
 
@@ -78,9 +78,10 @@ change); a table change is sent at once."""
 SHARE_S = 0.1
 """How often what one process learned reaches the others (`SHARED`)."""
 
-SHARED = ("prefixes", "auth_failed")
+SHARED = ("prefixes", "admin_auth_failed", "client_auth_failed")
 """What every serving process learns from the others, by message key: the prefixes each routed (prefix
-affinity's map) and the client addresses whose authentication failed there (the failed-authentication throttle)."""
+affinity's map) and the client addresses whose credentials were refused there (the admin API's throttle, the
+invoke tokens' throttle)."""
 
 _RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 """Waits before starting again a worker that exited soon after its start, one step more at each such exit."""
@@ -104,7 +105,8 @@ def keep_shared(gateway: Gateway) -> None:
     """Start keeping, in this process, what the others must learn (`take_shared`)."""
     if gateway.table.affinity is not None:
         gateway.table.affinity.recorded = []
-    gateway.auth_throttle.recorded = []
+    gateway.admin_throttle.recorded = []
+    gateway.client_throttle.recorded = []
 
 
 def take_shared(gateway: Gateway) -> dict[str, list[Any]]:
@@ -113,7 +115,8 @@ def take_shared(gateway: Gateway) -> dict[str, list[Any]]:
     affinity = gateway.table.affinity
     taken: dict[str, list[Any]] = {
         "prefixes": affinity.take_recorded() if affinity is not None else [],
-        "auth_failed": gateway.auth_throttle.take_recorded(),
+        "admin_auth_failed": gateway.admin_throttle.take_recorded(),
+        "client_auth_failed": gateway.client_throttle.take_recorded(),
     }
     return {kind: items for kind, items in taken.items() if items}
 
@@ -128,8 +131,10 @@ def learn_shared(gateway: Gateway, message: dict[str, Any]) -> None:
     if affinity is not None:
         for node_id, hashes in message.get("prefixes", ()):
             affinity.learn(str(node_id), [int(h) for h in hashes])
-    for peer in message.get("auth_failed", ()):
-        gateway.auth_throttle.learn(str(peer))
+    for peer in message.get("admin_auth_failed", ()):
+        gateway.admin_throttle.learn(str(peer))
+    for peer in message.get("client_auth_failed", ()):
+        gateway.client_throttle.learn(str(peer))
 
 
 class WorkerPeer:

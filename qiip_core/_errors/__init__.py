@@ -122,6 +122,7 @@ from qiip_core._errors._base import (
     UpstreamStatusError,
     UpstreamTimeout,
     UpstreamTransportError,
+    escape_controls,
     safe_text,
 )
 from qiip_core._errors._operations import (
@@ -230,5 +231,6 @@ __all__ = [
     "UpstreamTimeout",
     "UpstreamTransportError",
     "VerificationError",
+    "escape_controls",
     "safe_text",
 ]

@@ -38,6 +38,7 @@ __all__ = [
     "UpstreamStatusError",
     "UpstreamTimeout",
     "UpstreamTransportError",
+    "escape_controls",
     "safe_text",
 ]
 
@@ -394,17 +395,30 @@ _SECRETS = re.compile(
 )
 """Credentials as they appear in echoed headers and error texts: `Bearer <token>`, `authorization: <...>`."""
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+"""Characters that end a line or drive a terminal: C0 and C1 controls, DEL, and Unicode's line and paragraph
+separators."""
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def escape_controls(text: str) -> str:
+    """`text` with every control character escaped as `safe_text` escapes it, and nothing else changed."""
+    return _CONTROL.sub(_escaped, text)
 
 
 def safe_text(text: str, *, limit: int = 500) -> str:
-    """`text` from a node or a transport, fit for a log line or the admin API: credentials redacted, control
-    characters (a newline would forge a log line) escaped as `\\xNN`, at most `limit` characters.
+    """`text` from a node, a transport or a client, fit for a log line or the admin API: credentials redacted,
+    control characters (a newline would forge a log line, an escape sequence would drive the reader's terminal)
+    escaped as `\\xNN` (`\\uNNNN` for the line and paragraph separators), at most `limit` characters.
 
     Args:
         text: the untrusted text.
         limit: the longest result, in characters.
     """
     redacted = _SECRETS.sub(lambda m: (m.group(1) or m.group(2)) + "[redacted]", text)
-    escaped = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", redacted)
+    escaped = escape_controls(redacted)
     return escaped if len(escaped) <= limit else escaped[:limit] + "…"

@@ -24,6 +24,7 @@ from qiip_core.auth._base import EXPIRY_TICK_S, OnRevoked, TokenStore, TokenStor
 from qiip_core.auth._embedded import TOKEN_FILE_NAME, EmbeddedTokenStore, TokenFile
 from qiip_core.auth._etcd import EtcdTokenStore
 from qiip_core.auth._factory import create_token_store
+from qiip_core.auth._throttle import AuthThrottle
 from qiip_core.auth._token import (
     MAX_DESCRIPTION_CHARS,
     SECRET_PREFIX,
@@ -38,6 +39,7 @@ __all__ = [
     "MAX_DESCRIPTION_CHARS",
     "SECRET_PREFIX",
     "TOKEN_FILE_NAME",
+    "AuthThrottle",
     "EmbeddedTokenStore",
     "EtcdTokenStore",
     "InvokeToken",

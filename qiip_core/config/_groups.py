@@ -67,6 +67,10 @@ _NOT_AN_ORIGIN = "is not * or an origin scheme://host[:port], such as https://ap
 """What is wrong with a `server.cors_allow_origins` entry that is no origin at all."""
 
 
+_HOST_PATTERN = re.compile(r"(?:\*\.)?[a-z0-9_](?:[a-z0-9_-]{0,62})(?:\.[a-z0-9_](?:[a-z0-9_-]{0,62}))*")
+"""A `server.allowed_hosts` entry: a DNS name, optionally `*.` before it (lower case, no port, no trailing dot)."""
+
+
 def _origin_problem(text: str) -> str | None:
     """Why `text` is not an origin exactly as a browser sends it in `Origin`, or None.
 
@@ -144,6 +148,16 @@ class ServerSettings(_Group):
     global) and prefix affinity's map. The first process runs everything else (health checks, the registry, the
     admin API, which the workers pass on to it, and `/metrics`, which counts every worker's requests). `qiip up`
     runs 1 unless this is set."""
+    forwarded_allow_ips: list[str] = Field(default_factory=list)
+    """Addresses (or CIDR networks) of the proxies and load balancers whose `X-Forwarded-For` and
+    `X-Forwarded-Proto` the daemon believes (uvicorn's `forwarded_allow_ips`, in every serving process). Empty
+    (the default): no forwarded header is believed, and the client is the address that connected. A request
+    from an address not listed keeps its own address whatever header it sends."""
+    allowed_hosts: list[str] = Field(default_factory=list)
+    """Host names clients may use to reach the daemon (the `Host` header), beyond the ones always allowed:
+    `localhost` and `*.localhost`, any IP literal, and `host` itself. Each entry is an exact name, `*.suffix`,
+    or `*` (any name: the check is off). Any other `Host` gets 421: a web page behind a DNS-rebinding name cannot
+    use the daemon through the operator's browser."""
     chat_page: bool = True
     """Serve the browser chat playground at `/chat` (public like the client API; with `auth.client_tokens =
     "required"` the page asks for an invoke token). False: `/chat`, its assets and the client-config downloads
@@ -165,6 +179,27 @@ class ServerSettings(_Group):
         if type(value) is not int or not 1 <= value <= MAX_WORKERS:
             raise ValueError(f'must be a whole number from 1 to {MAX_WORKERS}, or "auto" (one per core); got {value!r}')
         return value
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _forwarded(cls, value: list[str]) -> list[str]:
+        for item in value:
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(f"{item!r} is not an IP address or a CIDR network, such as 10.0.0.0/8") from None
+        return value
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts(cls, value: list[str]) -> list[str]:
+        checked = []
+        for item in value:
+            name = item.strip().lower().rstrip(".")
+            if name != "*" and not _HOST_PATTERN.fullmatch(name):
+                raise ValueError(f"{item!r} is not a host name, *.suffix or *, such as gateway.example.com")
+            checked.append(name)
+        return checked
 
     @field_validator("cors_allow_origins")
     @classmethod

@@ -3,11 +3,12 @@
 An attached server is not QIIP's: it is reached over HTTPS with normal certificate checks (plain HTTP only
 to a numeric loopback address, which the profile's validation enforces), redirects are never followed,
 proxy environment variables never apply, and its bearer token comes from a file that must be a private
-regular file. The token is sent to that server only and is never shown anywhere.
+regular file in a directory no one else writes. The token is sent to that server only and is never shown anywhere.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -26,6 +27,10 @@ def read_token_file(path: Path, *, profile: str = "", setting: str | None = None
     """Read an attached server's bearer token (or another secret, such as a BMC password) from a private regular
     file.
 
+    The file is opened once, without following a link (`O_NOFOLLOW`), relative to its directory opened first, and
+    what is checked is what was opened (`fstat` of both): a swap of the path between a check and the read cannot
+    substitute another file, and a directory others may write in (where anyone could swap it) is refused.
+
     Args:
         path: the file.
         profile: the attached profile's name, for messages.
@@ -37,25 +42,56 @@ def read_token_file(path: Path, *, profile: str = "", setting: str | None = None
 
     Raises:
         ConfigError: the file is missing, a symlink or not a regular file, readable or writable by group or
-            others, owned by another user, too large, or empty. The message never contains its content.
+            others, owned by another user, too large, or empty; or its directory is writable by group or others,
+            or owned by another user than the daemon's or root. The message never contains its content.
     """
     where = f"{setting or f'attached.{profile}.token_file'} ({path})"
+    path = Path(os.path.abspath(path))
     try:
-        info = os.lstat(path)
+        directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
         raise ConfigError(f"The {what} {where} cannot be read: {exc.strerror}.") from exc
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISREG(info.st_mode):
-        raise ConfigError(f"The {what} {where} must be a regular file, not a link or a device.")
-    if info.st_mode & 0o077:
-        raise ConfigError(
-            f"The {what} {where} is readable or writable by others (mode {stat.S_IMODE(info.st_mode):03o}); "
-            "make it private: chmod 600."
-        )
-    if info.st_uid != os.geteuid():
-        raise ConfigError(f"The {what} {where} belongs to another user; it must be the daemon's own.")
-    if info.st_size > MAX_TOKEN_FILE_BYTES:
+    try:
+        folder = os.fstat(directory)
+        if folder.st_mode & 0o022:
+            raise ConfigError(
+                f"The {what} {where} is in a directory others may write in (mode {stat.S_IMODE(folder.st_mode):03o}), "
+                "where it could be replaced; move it to a directory only its owner writes (chmod go-w)."
+            )
+        if folder.st_uid not in (os.geteuid(), 0):
+            raise ConfigError(
+                f"The {what} {where} is in a directory of another user; it must be the daemon's or root's."
+            )
+        try:
+            fd = os.open(
+                path.name,
+                os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC,
+                dir_fd=directory,
+            )
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise ConfigError(f"The {what} {where} must be a regular file, not a link or a device.") from exc
+            raise ConfigError(f"The {what} {where} cannot be read: {exc.strerror}.") from exc
+    finally:
+        os.close(directory)
+    with os.fdopen(fd, "rb") as file:
+        info = os.fstat(file.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError(f"The {what} {where} must be a regular file, not a link or a device.")
+        if info.st_mode & 0o077:
+            raise ConfigError(
+                f"The {what} {where} is readable or writable by others (mode {stat.S_IMODE(info.st_mode):03o}); "
+                "make it private: chmod 600."
+            )
+        if info.st_uid != os.geteuid():
+            raise ConfigError(f"The {what} {where} belongs to another user; it must be the daemon's own.")
+        data = file.read(MAX_TOKEN_FILE_BYTES + 1)
+    if len(data) > MAX_TOKEN_FILE_BYTES:
         raise ConfigError(f"The {what} {where} is larger than {MAX_TOKEN_FILE_BYTES} bytes.")
-    token = path.read_text(encoding="utf-8", errors="strict").strip()
+    try:
+        token = data.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        token = ""
     if not token or any(c.isspace() or not c.isprintable() for c in token):
         raise ConfigError(f"The {what} {where} must hold one line without spaces (one token or password).")
     return token

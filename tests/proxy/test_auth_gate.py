@@ -31,7 +31,7 @@ def test_a_large_body_without_credentials_is_refused_before_it_is_read(gated: Da
     # 64 MiB declared, nothing sent: an answer that comes at once was given from the headers alone.
     with socket.create_connection(("127.0.0.1", int(gated.url.rsplit(":", 1)[1])), timeout=10) as sock:
         sock.sendall(
-            b"POST /admin/nodes HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"POST /admin/nodes HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             b"Content-Length: 67108864\r\n\r\n"
         )
         answer = sock.recv(4096)
