@@ -143,6 +143,56 @@ def test_the_agent_serves_http_and_the_embedded_daemon_polls_it(nvml_stub: Path,
             assert "no reading from the agent of gpu-node-2" in daemon.log()
 
 
+def test_the_agent_s_endpoint_holds_to_the_daemon_s_limits(tmp_path: Path):
+    port = free_port()
+    agent_env = {
+        "QIIP_TELEMETRY__LISTEN_PORT": str(port),
+        "QIIP_TELEMETRY__TOKEN": "s3cret-telemetry-token",
+        "QIIP_ADMIN__AUTH_FAILURE_BURST": "3",
+        "QIIP_SERVER__HEADER_TIMEOUT_S": "2",
+        "QIIP_SERVER__MAX_CONNECTIONS_PER_ADDRESS": "4",
+    }
+
+    def answer_to(data: bytes) -> bytes:
+        with socket.create_connection(("127.0.0.1", port), timeout=15) as sock:
+            sock.sendall(data)
+            return read_all(sock)
+
+    with Agent(tmp_path / "agent", env=agent_env) as agent, httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
+        right = {"Authorization": "Bearer s3cret-telemetry-token"}
+
+        def answers() -> bool:
+            try:
+                return client.get("/v1/telemetry", headers=right).status_code == 503  # no NVML here
+            except httpx.TransportError:
+                return False
+
+        wait_until(answers, 20, "the agent's endpoint")
+        # No token at all is refused without counting; wrong ones are logged and, past the burst, throttled.
+        assert [client.get("/v1/telemetry").status_code for _ in range(6)] == [401] * 6
+        wrong = {"Authorization": "Bearer nope"}
+        assert [client.get("/v1/telemetry", headers=wrong).status_code for _ in range(4)] == [401, 401, 401, 429]
+        throttled = client.get("/v1/telemetry", headers=right)
+        assert throttled.status_code == 429 and int(throttled.headers["retry-after"]) >= 1
+        assert agent.log().count("a wrong bearer token from 127.0.0.1") == 3 and "s3cret" not in agent.log()
+        # Headers that never finish are answered 408 and closed.
+        assert answer_to(b"GET /v1/telemetry HTTP/1.1\r\nHost: localhost\r\n").startswith(b"HTTP/1.1 408")
+        # An address holding its 4 connections gets 503 on its next one.
+        held = [socket.create_connection(("127.0.0.1", port), timeout=15) for _ in range(4)]
+        try:
+            assert answer_to(b"").startswith(b"HTTP/1.1 503")
+        finally:
+            for sock in held:
+                sock.close()
+
+
+def read_all(sock: socket.socket) -> bytes:
+    received = b""
+    while chunk := sock.recv(65536):
+        received += chunk
+    return received
+
+
 def test_without_nvml_the_agent_says_so_once_and_publishes_nothing(etcd: EtcdServer, tmp_path: Path):
     with Agent(tmp_path / "agent", env=etcd_env(etcd) | INTERVAL, args=("--node-id", "cpu-node")) as agent:
         wait_until(lambda: "NVML cannot be used" in agent.log(), 20, "the agent to report no NVML")

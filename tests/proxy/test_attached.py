@@ -188,6 +188,41 @@ def test_unsafe_profiles_stop_start_up(tmp_path: Path, profile: str, fragment: s
     assert SECRET not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("place", "fragment"),
+    [
+        ("world-writable", "in a directory others may write in (mode 777)"),
+        ("group-writable", "in a directory others may write in (mode 770)"),
+        ("link", "must be a regular file, not a link"),
+    ],
+)
+def test_a_token_file_someone_else_could_swap_stops_start_up(tmp_path: Path, place: str, fragment: str) -> None:
+    # Anyone who may write in the directory may replace the file between a check and the read; a link may be
+    # pointed elsewhere at any time. The file is opened once, without following links, and that is what is checked.
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    private = token_file(shared)
+    if place == "link":
+        (tmp_path / "token-link").symlink_to(private)
+        path = tmp_path / "token-link"
+    else:
+        shared.chmod(0o777 if place == "world-writable" else 0o770)
+        path = private
+    config = write_config(
+        tmp_path, f'[[attached]]\nname = "x"\nmodel = "m"\nurl = "http://127.0.0.1:8000"\ntoken_file = "{path}"\n'
+    )
+    env = clean_environ() | {"QIIP_STATE_DIR": str(tmp_path / "state"), "QIIP_ADMIN__ENABLED": "false"}
+    result = subprocess.run(
+        [sys.executable, "-m", "qiip_proxy", "--config", str(config), "--port", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and fragment in result.stderr, result.stderr
+    assert SECRET not in result.stderr
+
+
 def test_an_attached_profile_name_is_reserved_and_its_token_follows_no_name(
     attached_daemon: tuple[Daemon, FaultBackend],
 ) -> None:
