@@ -184,6 +184,40 @@ def test_keep_alive_and_cors_origins_from_the_file(tmp_path: Path) -> None:
     assert server.cors_allow_origins == ["https://app.example.com", "http://[::1]:3000", "*"]
 
 
+def test_forwarded_headers_are_believed_from_no_one_and_only_loopback_names_are_allowed_by_default() -> None:
+    server = load_settings().server
+    assert server.forwarded_allow_ips == [] and server.allowed_hosts == []
+
+
+def test_forwarded_addresses_and_host_names_from_the_file(tmp_path: Path) -> None:
+    config = write(
+        tmp_path,
+        '[server]\nforwarded_allow_ips = ["10.0.0.5", "10.1.0.0/16", "::1"]\n'
+        'allowed_hosts = ["Gateway.Example.com.", "*.lab.example.com"]\n',
+    )
+    server = load_settings(config).server
+    assert server.forwarded_allow_ips == ["10.0.0.5", "10.1.0.0/16", "::1"]
+    assert server.allowed_hosts == ["gateway.example.com", "*.lab.example.com"]
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "fragment"),
+    [
+        ("forwarded_allow_ips", '["*"]', "'*' is not an IP address or a CIDR network"),
+        ("forwarded_allow_ips", '["lb.example.com"]', "is not an IP address or a CIDR network"),
+        ("allowed_hosts", '["gateway.example.com:8080"]', "is not a host name, *.suffix or *"),
+        ("allowed_hosts", '["https://gateway.example.com"]', "is not a host name, *.suffix or *"),
+        ("allowed_hosts", '["*example.com"]', "is not a host name, *.suffix or *"),
+    ],
+)
+def test_a_forwarded_address_or_host_name_that_is_none_is_refused(
+    tmp_path: Path, setting: str, value: str, fragment: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, f"[server]\n{setting} = {value}\n"))
+    assert f"server.{setting}" in info.value.message and fragment in info.value.message
+
+
 @pytest.mark.parametrize(("text", "expected"), [('"auto"', "auto"), ("2", 2), ('"3"', 3), ("8", 8)])
 def test_worker_processes_one_per_core_by_default_or_as_written(tmp_path: Path, text: str, expected: object) -> None:
     server = load_settings().server
