@@ -11,6 +11,7 @@ is read whole.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -160,8 +161,8 @@ async def read_request(
         max_body_bytes: the largest body read (`server.max_body_bytes`).
         request_id: the request's id, forwarded to the node.
         affinity: prefix affinity's map, for the request's prefix hashes.
-        parse_gate: held while a body over `LARGE_BODY_BYTES` is measured and parsed, so that such bodies take
-            the event loop one at a time and every other request gets it between their slices.
+        parse_gate: held while a body over `LARGE_BODY_BYTES` is measured and parsed (in a worker thread), so
+            that such bodies take the interpreter one at a time and every other request gets it between them.
 
     Raises:
         RequestRefused: 415 for a `Content-Type` other than `application/json`; 413 over `max_body_bytes`
@@ -198,11 +199,11 @@ async def read_request(
         if not message.get("more_body", False):
             break
     body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-    if len(body) <= LARGE_BODY_BYTES or parse_gate is None:
-        payload = await _decode(body)
+    if len(body) <= LARGE_BODY_BYTES:
+        payload = await _decode(body, in_thread=False)
     else:
-        async with parse_gate:
-            payload = await _decode(body)
+        async with parse_gate or contextlib.nullcontext():
+            payload = await _decode(body, in_thread=True)
     if not isinstance(payload, dict):
         raise RequestRefused(400, "The request body must be a JSON object.", "invalid_json")
     model = payload.get("model")
@@ -261,8 +262,14 @@ _WINDOW_BYTES = 256 * 1024
 _NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
 
 
-async def _decode(body: bytes) -> object:
+async def _decode(body: bytes, *, in_thread: bool) -> object:
     """The body's JSON, once `check_json_budget` has found it within bounds.
+
+    Args:
+        body: the request body.
+        in_thread: parse in a worker thread. `json.loads` holds the interpreter while it runs, but a thread gives
+            it back to the event loop at least every switch interval (5 ms) between two parses, so a request such
+            as `/health` waits for one parse at most, not for every parse queued.
 
     Raises:
         RequestRefused: 400 `json_too_complex` past a bound; 400 `invalid_json` for a body that is not JSON.
@@ -272,6 +279,10 @@ async def _decode(body: bytes) -> object:
     # within them needs no closer look (the usual request: a few dozen messages).
     if opens > MAX_JSON_DEPTH or body.count(b":") > MAX_OBJECT_KEYS or body.count(b",") + opens > MAX_JSON_VALUES:
         await check_json_budget(body)
+    return await asyncio.to_thread(_loads, body) if in_thread else _loads(body)
+
+
+def _loads(body: bytes) -> object:
     try:
         return json.loads(body)
     except ValueError as exc:
