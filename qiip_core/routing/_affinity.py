@@ -149,7 +149,10 @@ def _message_hashes(seed: int, messages: list[Any]) -> tuple[int, ...]:
         role, content = message.get("role"), message.get("content")
         if type(content) is not str:
             # Parts (text, images) or tool calls: their text form, deterministic for the same JSON.
-            content = repr(content if content is not None else message.get("tool_calls"))
+            try:
+                content = repr(content if content is not None else message.get("tool_calls"))
+            except RecursionError:
+                break  # nested as deep as the parser allowed, deeper than repr can follow here: no prefix past it
         size = len(content)
         if size > SAMPLED_MESSAGE_CHARS:
             # A long message is known by its length and three samples: hashing all of a fresh string costs

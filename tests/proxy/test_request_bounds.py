@@ -26,16 +26,16 @@ def _random_value(rng: random.Random, depth: int = 0) -> Any:
     return {rng.choice(["k", ',"\\:[']) + str(i): _random_value(rng, depth + 1) for i in range(rng.randint(0, 4))}
 
 
-def _truth(value: Any, depth: int = 0) -> tuple[int, int, int]:
-    """Object members, values (elements and members; an empty container is one) and nesting depth."""
+def _truth(value: Any) -> tuple[int, int]:
+    """Object members, and values (elements and members; an empty container is one)."""
     if isinstance(value, (list, dict)):
         items = list(value.values()) if isinstance(value, dict) else value
-        keys, values, deepest = (len(value) if isinstance(value, dict) else 0), max(len(items), 1), depth + 1
+        keys, values = (len(value) if isinstance(value, dict) else 0), max(len(items), 1)
         for item in items:
-            k, v, d = _truth(item, depth + 1)
-            keys, values, deepest = keys + k, values + v, max(deepest, d)
-        return keys, values, deepest
-    return 0, 0, depth
+            k, v = _truth(item)
+            keys, values = keys + k, values + v
+        return keys, values
+    return 0, 0
 
 
 @pytest.mark.parametrize("window", [1, 2, 3, 7, 64])
@@ -45,12 +45,11 @@ async def test_the_measure_is_exact_wherever_the_windows_cut(monkeypatch: pytest
     for _ in range(150):
         value = _random_value(rng)
         body = json.dumps(value, ensure_ascii=rng.random() < 0.5).encode()
-        keys, values, depth = _truth(value)
+        keys, values = _truth(value)
         monkeypatch.setattr(parse, "MAX_OBJECT_KEYS", keys)
         monkeypatch.setattr(parse, "MAX_JSON_VALUES", values)
-        monkeypatch.setattr(parse, "MAX_JSON_DEPTH", depth)
         await parse.check_json_budget(body)  # exactly at every bound: accepted
-        for bound, count in (("MAX_OBJECT_KEYS", keys), ("MAX_JSON_VALUES", values), ("MAX_JSON_DEPTH", depth)):
+        for bound, count in (("MAX_OBJECT_KEYS", keys), ("MAX_JSON_VALUES", values)):
             if count:
                 monkeypatch.setattr(parse, bound, count - 1)
                 with pytest.raises(RequestRefused) as refused:
