@@ -4,8 +4,10 @@ and authenticate its invoke token.
 The gateway reads two fields of the body, `model` and `stream` (and bounds `max_tokens`), and hashes the
 leading messages (or prompt) of a model routed by prefix affinity; everything else goes to the node byte for
 byte. The token header is checked before the body is read, so a request without
-a valid token costs nothing more, and the body's size is checked against `server.max_body_bytes` before it
-is read whole.
+a valid token costs nothing more; so is the content type (JSON only: a web page cannot send JSON to another site
+without asking first), and the body's size is checked against `server.max_body_bytes` before it is read whole.
+What the parse may cost is bounded before it starts (`check_json_budget`): a body too large to be cheap has its
+members and values counted, in slices of the event loop, and is parsed in a worker thread, one at a time.
 """
 
 from __future__ import annotations

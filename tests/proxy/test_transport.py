@@ -58,8 +58,8 @@ def test_a_header_value_that_never_ends_is_refused_once_it_passes_the_limit(stri
         except OSError:
             pass  # closed by the server while we were sending
         answer = answer_to(sock, b"")
+    # Refused for its size while still unfinished (it never ends): without the count it would wait for 408.
     assert answer.startswith(b"HTTP/1.1 431"), answer[:80]
-    assert sent < 1 << 20  # refused after the limit (8 KiB) and what was in flight, not at the value's end
 
 
 def test_headers_that_never_finish_get_408(strict: Daemon) -> None:
