@@ -104,7 +104,7 @@ def test_a_client_leaving_mid_stream_counts_neither_way(fault_daemon: Daemon, ba
     body = b'{"model": "%s", "messages": [], "stream": true}' % model.encode()
     with socket.create_connection(("127.0.0.1", fault_daemon.port)) as sock:
         sock.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
             b"content-length: %d\r\n\r\n%s" % (len(body), body)
         )
         received = b""

@@ -25,7 +25,7 @@ def send_raw(daemon: Daemon, model: str, *, stream: bool) -> socket.socket:
     body = b'{"model": "%s", "messages": [], "stream": %s}' % (model.encode(), b"true" if stream else b"false")
     sock = socket.create_connection(("127.0.0.1", daemon.port))
     sock.sendall(
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
         b"content-length: %d\r\n\r\n%s" % (len(body), body)
     )
     return sock
