@@ -122,7 +122,7 @@ class AdminGate:
             return
         given = header(scope, b"authorization")
         if not self._authenticated(given):
-            if given is None:
+            if given is None or not given.strip():
                 # Nothing presented (a first visit, a probe): refused, but no guess to count.
                 await _refuse(send, _UNAUTHORIZED)
                 return
