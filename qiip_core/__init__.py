@@ -81,7 +81,6 @@ from qiip_core._errors import (
     UpstreamTimeout,
     UpstreamTransportError,
     VerificationError,
-    safe_text,
 )
 
 __version__ = "0.1.0"
@@ -153,5 +152,4 @@ __all__ = [
     "UpstreamTransportError",
     "VerificationError",
     "__version__",
-    "safe_text",
 ]

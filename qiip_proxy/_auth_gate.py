@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from qiip_core import safe_text
+from qiip_core._errors import safe_text
 from qiip_core.auth import AuthThrottle
 from qiip_proxy._errors import RequestRefused, describe_error
 

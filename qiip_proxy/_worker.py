@@ -27,7 +27,8 @@ import httpx
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from qiip_core import QiipError, safe_text
+from qiip_core import QiipError
+from qiip_core._errors import safe_text
 from qiip_core._logging import configure_logging
 from qiip_core.config import Settings
 from qiip_core.nodes import Node

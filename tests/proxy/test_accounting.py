@@ -15,6 +15,7 @@ pytestmark = pytest.mark.integration
 
 Backends = Callable[..., FaultBackend]
 CHAT = "/v1/chat/completions"
+JSON = {"Content-Type": "application/json"}
 
 
 def stream_body(model: str) -> dict[str, object]:
@@ -127,7 +128,7 @@ def test_refusals_are_accounted_without_the_model_or_a_node(
         return fault_daemon.counter("qiip_request_errors_total", model="", node="", **labels)
 
     invalid, missing = count(code="invalid_json"), count(code="model_not_found")
-    assert httpx.post(fault_daemon.url + CHAT, content=b"{", timeout=30).status_code == 400
+    assert httpx.post(fault_daemon.url + CHAT, content=b"{", headers=JSON, timeout=30).status_code == 400
     assert httpx.post(fault_daemon.url + CHAT, json={"model": model}, timeout=30).status_code == 404
     assert count(code="invalid_json") == invalid + 1
     assert count(code="model_not_found") == missing + 1

@@ -201,7 +201,7 @@ def test_page_and_assets_carry_the_security_headers(daemon: Daemon) -> None:
 async def test_chat_page_off_answers_404(tmp_path: Path) -> None:
     settings = load_settings(state_dir=tmp_path, admin={"enabled": False}, server={"chat_page": False})
     transport = httpx.ASGITransport(app=serving_app(create_app(settings)))
-    async with httpx.AsyncClient(transport=transport, base_url="http://qiip") as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
         for path in ("/chat", "/chat/assets/chat.js", "/chat/config/opencode?model=m"):
             answer = await client.get(path)
             assert answer.status_code == 404 and json.loads(answer.text)["error"]["code"] == "not_found"

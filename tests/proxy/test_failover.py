@@ -17,6 +17,7 @@ pytestmark = pytest.mark.integration
 
 Backends = Callable[..., FaultBackend]
 CHAT = "/v1/chat/completions"
+JSON = {"Content-Type": "application/json"}
 
 
 def test_refused_connection_fails_over_to_another_node(fault_daemon: Daemon, backends: Backends, model: str) -> None:
@@ -216,15 +217,19 @@ def test_routing_errors(fault_daemon: Daemon, backends: Backends, model: str) ->
 
 
 def test_bad_requests(fault_daemon: Daemon) -> None:
-    too_big = httpx.post(fault_daemon.url + CHAT, content=b"x" * (2 << 20), timeout=30)
+    too_big = httpx.post(fault_daemon.url + CHAT, content=b"x" * (2 << 20), headers=JSON, timeout=30)
     assert too_big.status_code == 413 and too_big.json()["error"]["code"] == "request_too_large"
 
     def chunks() -> Iterator[bytes]:
         for _ in range(40):
             yield b"x" * 65536
 
-    streamed = httpx.post(fault_daemon.url + CHAT, content=chunks(), timeout=30)
+    streamed = httpx.post(fault_daemon.url + CHAT, content=chunks(), headers=JSON, timeout=30)
     assert streamed.status_code == 413
+    # Not JSON by its type: refused before a byte of the body is read.
+    assert httpx.post(fault_daemon.url + CHAT, content=b"{}", timeout=30).json()["error"]["code"] == (
+        "unsupported_media_type"
+    )
     deep = b"[" * 100_000 + b"]" * 100_000
     for raw, code in (
         (b"[1, 2]", "invalid_json"),
@@ -235,7 +240,7 @@ def test_bad_requests(fault_daemon: Daemon) -> None:
         (b'{"model": "m", "max_completion_tokens": "5"}', "invalid_value"),
         (b'{"model": "m", "max_tokens": true}', "invalid_value"),
     ):
-        answer = httpx.post(fault_daemon.url + CHAT, content=raw, timeout=30)
+        answer = httpx.post(fault_daemon.url + CHAT, content=raw, headers=JSON, timeout=30)
         assert answer.status_code == 400 and answer.json()["error"]["code"] == code
     headers = {"content-type": "application/json"}
     admin = fault_daemon.admin.post("/admin/tokens", content=deep, headers=headers)

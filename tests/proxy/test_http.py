@@ -211,7 +211,9 @@ def test_cors_headers_on_a_plain_and_a_streamed_answer(cors_daemon: Daemon, back
         assert "Origin" in answer.headers["vary"]
         assert "X-Request-Id" in answer.headers["access-control-expose-headers"].split(", ")
     # An error of the inference path carries them too, so a page can read it.
-    refused = cors_daemon.client.post(CHAT, content=b"{", headers={"Origin": ORIGIN})
+    refused = cors_daemon.client.post(
+        CHAT, content=b"{", headers={"Origin": ORIGIN, "Content-Type": "application/json"}
+    )
     assert refused.status_code == 400 and refused.headers["access-control-allow-origin"] == ORIGIN
     # So does every other route.
     models = cors_daemon.client.get("/v1/models", headers={"Origin": ORIGIN})

@@ -82,7 +82,12 @@ def test_load_spreads_over_both_nodes(llama_daemon: Daemon, client: openai.OpenA
 
 
 def test_invalid_requests_get_openai_errors(llama_daemon: Daemon, client: openai.OpenAI) -> None:
-    raw = httpx.post(llama_daemon.url + "/v1/chat/completions", content=b"{not json", timeout=10)
+    raw = httpx.post(
+        llama_daemon.url + "/v1/chat/completions",
+        content=b"{not json",
+        headers={"Content-Type": "application/json"},
+        timeout=10,
+    )
     assert raw.status_code == 400 and raw.json()["error"]["code"] == "invalid_json"
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])

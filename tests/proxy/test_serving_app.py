@@ -10,6 +10,7 @@ from starlette.types import ASGIApp
 
 from qiip_core.config import load_settings
 from qiip_proxy._app import create_app, serving_app
+from qiip_proxy._http import AllowedHosts
 from qiip_proxy._inference import ProxyRoutes
 
 ORIGIN = "https://app.example.com"
@@ -20,25 +21,30 @@ def served(tmp_path: Path, **server: object) -> ASGIApp:
     return serving_app(create_app(settings))
 
 
-def test_with_cors_off_the_fast_path_is_the_outermost_layer(tmp_path: Path) -> None:
-    # Nothing of CORS runs per request: the inference path pays nothing for it.
-    assert type(served(tmp_path)) is ProxyRoutes
+def test_with_cors_off_the_fast_path_is_behind_the_host_check_only(tmp_path: Path) -> None:
+    # Nothing of CORS runs per request: the inference path pays nothing for it, and one set lookup for its Host.
+    app = served(tmp_path)
+    assert isinstance(app, AllowedHosts) and type(app.app) is ProxyRoutes
+    # With the check off, nothing at all.
+    assert type(served(tmp_path, allowed_hosts=["*"])) is ProxyRoutes
 
 
 def test_with_cors_on_it_wraps_the_fast_path_too(tmp_path: Path) -> None:
     app = served(tmp_path, cors_allow_origins=[ORIGIN])
-    assert isinstance(app, CORSMiddleware) and type(app.app) is ProxyRoutes
+    assert isinstance(app, AllowedHosts) and isinstance(app.app, CORSMiddleware) and type(app.app.app) is ProxyRoutes
 
 
 async def test_head_and_cors_in_process(tmp_path: Path) -> None:
     app = served(tmp_path, cors_allow_origins=[ORIGIN])
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://qiip", headers={"Origin": ORIGIN}) as client:
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://localhost", headers={"Origin": ORIGIN}
+    ) as client:
         get = await client.get("/v1/models")
         head = await client.head("/v1/models")
         assert (head.status_code, head.content) == (200, b"")
         assert head.headers["content-length"] == get.headers["content-length"] != "0"
         assert head.headers["access-control-allow-origin"] == ORIGIN
         # An answer of the plain ASGI inference path, ahead of FastAPI's middleware.
-        refused = await client.post("/v1/chat/completions", content=b"{")
+        refused = await client.post("/v1/chat/completions", content=b"{", headers={"Content-Type": "application/json"})
         assert refused.status_code == 400 and refused.headers["access-control-allow-origin"] == ORIGIN
