@@ -258,8 +258,9 @@ class AdminSettings(_Group):
     max_body_bytes: int = Field(default=64 * 1024, ge=1024)
     """The largest admin request body; larger ones get 413 before a byte of them is read."""
     auth_failure_burst: int = Field(default=10, ge=1)
-    """Failed authentications (admin credentials, invoke tokens) a client address may have within
-    `auth_failure_window_s`; beyond, its requests get 429 with `Retry-After`."""
+    """Wrong credentials a client address may present within `auth_failure_window_s`, counted apart for admin
+    credentials and for invoke tokens (and for `qiip agent`'s bearer token); beyond, requests with that credential
+    get 429 with `Retry-After`. A request without credentials never counts."""
     auth_failure_window_s: PositiveSeconds = 60.0
     """The window failed authentications are counted over, per client address."""
 
