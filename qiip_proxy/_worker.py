@@ -72,11 +72,15 @@ pages build URLs from it); a request's `Content-Length` is httpx's to set, and a
 relayed as they came."""
 
 
+_OWN_HEADERS = frozenset({b"x-request-id", b"date", b"server"})
+"""Headers the worker's own layers put on every answer (uvicorn's `Date`), never relayed from the primary's."""
+
+
 def _relayed(name: bytes) -> bool:
     """Whether a header of the primary's answer is relayed: not a hop-by-hop one, nor one the worker's own layers
-    add to every answer (`X-Request-Id`; CORS headers when `server.cors_allow_origins` is set)."""
+    add to every answer (`_OWN_HEADERS`; CORS headers when `server.cors_allow_origins` is set)."""
     name = name.lower()
-    return name not in _HOP_BY_HOP and name != b"x-request-id" and not name.startswith(b"access-control-")
+    return name not in _HOP_BY_HOP and name not in _OWN_HEADERS and not name.startswith(b"access-control-")
 
 
 def run_worker(settings: Settings, listener: socket.socket, runtime_dir: Path, row: int, workers: int) -> None:

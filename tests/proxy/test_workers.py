@@ -88,6 +88,40 @@ def test_both_processes_serve_the_client_api_and_pass_everything_else_to_the_pri
     wait_until(lambda: daemon.counter("qiip_requests_total", model=model, status="200") == 4, 5, "4 requests counted")
 
 
+def test_every_answer_from_either_process_carries_one_date_header(
+    daemon: Daemon, connections: Connections, backends: Callable[..., FaultBackend], model: str
+) -> None:
+    backend = backends()
+    daemon.add_node(f"{model}-n", backend.url, model)
+    chat = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}]})
+    requests = [
+        ("POST", "/v1/chat/completions", chat, {}),
+        ("POST", "/v1/chat/completions", chat.replace('"messages"', '"stream": true, "messages"'), {}),
+        ("POST", "/v1/chat/completions", chat.replace(model, "no-such-model"), {}),
+        ("GET", "/v1/models", None, {}),
+        ("GET", "/health", None, {}),
+        ("GET", "/metrics", None, {}),
+        ("GET", "/admin/nodes", None, ADMIN),
+        ("GET", "/admin/nodes", None, {}),
+        ("GET", "/chat", None, {}),
+        ("GET", "/nowhere", None, {}),
+    ]
+    for pid in connections.pids:
+        connection = connections.on(pid)
+        for method, path, body, headers in requests:
+            connection.request(method, path, body, {"Content-Type": "application/json", **headers})
+            response = connection.getresponse()
+            response.read()
+            dates = [value for name, value in response.getheaders() if name.lower() == "date"]
+            assert len(dates) == 1, (pid, method, path, response.status, response.getheaders())
+        # An answer of the server itself, before any app: headers over the limit.
+        refused = connections.on(pid)
+        assert refused.sock is not None
+        refused.sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n")
+        head = refused.sock.makefile("rb").read().split(b"\r\n\r\n", 1)[0].lower()
+        assert head.startswith(b"http/1.1 431") and head.count(b"\r\ndate: ") == 1, head
+
+
 def test_failed_logins_are_throttled_per_client_address_over_both_processes(
     daemon: Daemon, connections: Connections
 ) -> None:
