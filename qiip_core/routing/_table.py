@@ -459,8 +459,10 @@ class RoutingTable:
         return opened
 
     def retry_after_s(self, model: str) -> float | None:
-        """Seconds until a node of `model` may take requests again: the earliest breaker trial; else, when a
-        node waits for a health probe (unhealthy or unknown), the probe interval; else None.
+        """Seconds until a node of `model` can next be tried, the earliest over its nodes: a node with an open
+        breaker at its breaker's next trial, or at its next health probe if that comes first (a good probe runs the
+        trial at once); a node waiting for a health probe (unhealthy or unknown) at that probe. None when no node
+        will be tried by itself (draining, provisioning, or busy).
 
         Args:
             model: the model.
@@ -468,12 +470,15 @@ class RoutingTable:
         serving = self._by_model.get(model)
         if not serving:
             return None
-        times = [s.breaker.retry_at for s in serving.values() if s.breaker.state is BreakerState.OPEN]
-        if times:
-            return max(0.0, min(times) - time.monotonic())
+        now = time.monotonic()
+        waits = [
+            min(max(0.0, s.breaker.retry_at - now), self._probe_interval_s)
+            for s in serving.values()
+            if s.breaker.state is BreakerState.OPEN
+        ]
         if any(s.status in (NodeStatus.UNHEALTHY, NodeStatus.UNKNOWN) for s in serving.values()):
-            return self._probe_interval_s
-        return None
+            waits.append(self._probe_interval_s)
+        return min(waits) if waits else None
 
     def mark_heartbeat(self, node_id: str) -> None:
         """Record a successful health observation time on the node's registration."""

@@ -144,6 +144,26 @@ def test_when_every_breaker_is_open_the_node_that_failed_longest_ago_is_tried() 
     assert table.retry_after_s("m") == 0.0
 
 
+def test_retry_after_is_when_a_node_can_next_be_tried_never_past_the_next_probe() -> None:
+    table = RoutingTable(breaker=BreakerPolicy(min_failures=1, open_s=5, open_max_s=600), probe_interval_s=2.0)
+    table.apply_put(node("a"), source="test")
+    table.record_failure("a", "refused")
+    # Its breaker's trial is 5 s away, but a good health probe runs it within 2 s.
+    assert table.retry_after_s("m") == 2.0
+    # Requests' last chances that fail do not push it further.
+    for _ in range(8):
+        with table.reserve("m") as last_chance:
+            last_chance.record_failure("refused")
+    state = table.get("a")
+    assert state is not None and state.breaker.retry_at - time.monotonic() <= 5
+    assert table.retry_after_s("m") == 2.0
+    table.apply_put(node("b", status=NodeStatus.UNKNOWN), source="test")
+    assert table.retry_after_s("m") == 2.0  # b waits for its first probe
+    table.record_success("a")
+    table.set_liveness("b", NodeStatus.HEALTHY)
+    assert table.retry_after_s("m") is None
+
+
 def test_an_open_breaker_lets_one_trial_through_on_its_own_timer() -> None:
     table = RoutingTable(breaker=BreakerPolicy(min_failures=1, open_s=0.05))
     table.apply_put(node("a"), source="test")
