@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import socket
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -52,12 +53,16 @@ from qiip_proxy._workers import (
     take_shared,
 )
 
-__all__ = ["FLUSH_S", "PRIMARY_TIMEOUT_S", "READY_TIMEOUT_S", "WorkerMetrics", "run_worker"]
+__all__ = ["FLUSH_S", "HEARTBEAT_S", "PRIMARY_TIMEOUT_S", "READY_TIMEOUT_S", "WorkerMetrics", "run_worker"]
 
 logger = logging.getLogger("qiip.proxy")
 
 FLUSH_S = 0.1
 """How often a worker sends the primary its finished requests and counters."""
+
+HEARTBEAT_S = 0.5
+"""The longest a worker stays silent on its control channel: with nothing else to send, it says it is alive (the
+primary replaces a worker silent for `_workers.SILENT_S`)."""
 
 PRIMARY_TIMEOUT_S = 60.0
 """How long a request a worker passes on waits for the primary's answer to begin (a hung primary gets 503
@@ -145,6 +150,7 @@ class _WorkerRuntime:
         self._tasks: list[asyncio.Task[None]] = []
         self._writer: asyncio.StreamWriter | None = None
         self._sent_counters: dict[str, float] = {}
+        self._sent_at = 0.0
         self._refreshes: set[asyncio.Task[None]] = set()
 
         @asynccontextmanager
@@ -255,8 +261,13 @@ class _WorkerRuntime:
         counters = metrics.counted()
         if counters != self._sent_counters:
             message["counters"] = self._sent_counters = counters
-        if message and self._writer is not None and not self._writer.is_closing():
+        now = time.monotonic()
+        if not message and now - self._sent_at < HEARTBEAT_S:
+            return
+        if self._writer is not None and not self._writer.is_closing():
+            # An empty message is the heartbeat: this worker's loop still runs.
             self._writer.write(json.dumps(message).encode() + b"\n")
+            self._sent_at = now
 
 
 class _Dispatch:

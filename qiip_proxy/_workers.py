@@ -19,8 +19,10 @@ What ties them together, in a private runtime directory (mode 0700, under `/dev/
 - `admin.sock`: the primary's app on a Unix socket; a worker passes every request it does not serve itself
   (the admin API, `/health`, `/metrics`, the chat page) to the primary through it.
 
-A worker that exits is started again (its board row zeroed first: its requests ended with it); a worker whose
-primary is gone shuts down. Each worker keeps its own circuit breakers and per-address connection limits.
+A worker that exits is started again (its board row zeroed first: its requests ended with it). A worker writes on
+its control channel at least every `_worker.HEARTBEAT_S`; one silent for `SILENT_S` (stopped, or its event loop
+stuck) serves nobody while its reservations still count: it is killed, logged, and replaced the same way. A worker
+whose primary is gone shuts down. Each worker keeps its own circuit breakers and per-address connection limits.
 """
 
 from __future__ import annotations
@@ -87,6 +89,17 @@ _RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
 _STABLE_AFTER_S = 30.0
 """A worker that ran this long before it exited is started again at once."""
+
+SILENT_S = 5.0
+"""A worker that has said nothing on its control channel for this long (it writes every `_worker.HEARTBEAT_S`) is
+killed and replaced."""
+
+START_SILENT_S = 60.0
+"""The same for a worker that has not greeted the primary yet: starting a process and importing the daemon takes
+seconds on a busy host."""
+
+_WATCH_S = 0.5
+"""How often the primary looks at its workers."""
 
 
 def create_runtime_dir() -> Path:
@@ -163,6 +176,9 @@ class _Worker:
         self.started_at = 0.0
         self.quick_exits = 0
         self.restart_at = 0.0
+        self.heard_at = 0.0
+        """When it last wrote on its control channel (or was started), in `time.monotonic()` seconds."""
+        self.greeted = False
         self.writer: asyncio.StreamWriter | None = None
         self.counters: dict[str, float] = {}
         self.pending: dict[str, list[Any]] = {}
@@ -245,7 +261,8 @@ class WorkerPool:
         )
         process.start()
         worker.process = process
-        worker.started_at = time.monotonic()
+        worker.started_at = worker.heard_at = time.monotonic()
+        worker.greeted = False
 
     def tokens_changed(self) -> None:
         """An invoke token was created or revoked here: have every worker read the token store at once, so the
@@ -263,18 +280,26 @@ class WorkerPool:
                 worker.process.terminate()
 
     async def _watch(self) -> None:
-        """Start again every worker that exited, after zeroing its board row."""
+        """Kill every worker silent for too long; start again every worker that exited, after zeroing its board
+        row."""
+        awake_since = last = time.monotonic()
         while not self._stopping:
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(_WATCH_S)
             now = time.monotonic()
+            if now - last > 4 * _WATCH_S:
+                # This process's own loop was held up: what the workers wrote meanwhile is still unread.
+                awake_since = now
+            last = now
             for worker in self._workers:
                 process = worker.process
                 if process is not None and process.exitcode is None:
+                    self._kill_if_silent(worker, process, now - max(worker.heard_at, awake_since))
                     continue
                 if process is not None:
                     code = process.exitcode
                     process.close()
                     worker.process = None
+                    released = self.board.row_total(worker.row)
                     self.board.clear_row(worker.row)
                     ran_s = now - worker.started_at
                     worker.quick_exits = 0 if ran_s >= _STABLE_AFTER_S else worker.quick_exits + 1
@@ -285,14 +310,30 @@ class WorkerPool:
                     )
                     worker.restart_at = now + wait_s
                     logger.error(
-                        "worker %d exited (status %s) after %.0f s; starting it again%s",
+                        "worker %d exited (status %s) after %.0f s; %d request(s) it had in flight released; "
+                        "starting it again%s",
                         worker.row,
                         code,
                         ran_s,
+                        released,
                         f" in {wait_s:g} s" if wait_s else "",
                     )
                 if now >= worker.restart_at and not self._stopping:
                     self._spawn(worker)
+
+    def _kill_if_silent(self, worker: _Worker, process: BaseProcess, silent_s: float) -> None:
+        """Kill `worker` when it has been silent too long (`SILENT_S`, `START_SILENT_S` before its greeting); the
+        next look finds it exited and replaces it."""
+        if silent_s < (SILENT_S if worker.greeted else START_SILENT_S):
+            return
+        logger.error(
+            "worker %d (pid %s) has said nothing for %.1f s (stopped, or its event loop is stuck): killing it",
+            worker.row,
+            process.pid,
+            silent_s,
+        )
+        process.kill()
+        worker.heard_at = time.monotonic()  # said once: the next look finds it exited
 
     # -- the fleet ------------------------------------------------------------------------------------------
 
@@ -336,6 +377,7 @@ class WorkerPool:
         try:
             hello = json.loads(await reader.readline())
             worker = self._workers[int(hello["hello"]) - 1]
+            worker.heard_at, worker.greeted = time.monotonic(), True
             worker.counters = {}
             snapshot = [json.dumps(r) for r in self._records().values()]
             affinity = self.gateway.table.affinity
@@ -346,6 +388,7 @@ class WorkerPool:
             writer.write(("\n".join(snapshot) + "\n").encode())
             worker.writer = writer
             while line := await reader.readline():
+                worker.heard_at = time.monotonic()
                 self._account(worker, json.loads(line))
         except (ConnectionError, ValueError, KeyError, IndexError, TypeError) as exc:
             logger.warning("a worker's control connection failed: %s", exc)

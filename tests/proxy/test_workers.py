@@ -6,6 +6,7 @@ requests no longer counted, and a stopped daemon taking its workers and its runt
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -232,6 +233,36 @@ def test_a_killed_worker_is_started_again_and_its_requests_stop_counting(
         renewed.close()
     with pytest.raises((http.client.HTTPException, ConnectionError)):
         answer(held[0])
+
+
+def test_a_worker_that_falls_silent_is_killed_and_replaced_and_its_requests_released(
+    daemon: Daemon, connections: Connections, backends: Callable[..., FaultBackend], model: str
+) -> None:
+    backend = backends()
+    daemon.add_node(f"{model}-n", backend.url, model)
+    primary, worker = connections.pids
+    held, gate = hold(connections, backend, model, [worker])
+    wait_until(lambda: daemon.in_flight(f"{model}-n") == 1, 5, "1 request in flight")
+    started = daemon.log().count("worker 1 serving")
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        # Alive but silent: its request would count for ever. It is killed, and its request stops counting.
+        wait_until(lambda: daemon.in_flight(f"{model}-n") == 0, 30, "the silent worker's request to stop counting")
+        wait_until(lambda: daemon.log().count("worker 1 serving") > started, 30, "a new worker to serve")
+    finally:
+        gate.set()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker, signal.SIGCONT)
+    log = daemon.log()
+    assert re.search(rf"worker 1 \(pid {worker}\) has said nothing for \d+\.\d s \(stopped", log), log
+    assert "worker 1 exited (status -9)" in log and "1 request(s) it had in flight released" in log
+    renewed = Connections(daemon)
+    try:
+        connection = renewed.on(renewed.pids[1])
+        ask(connection, model)
+        assert answer(connection)[0] == 200
+    finally:
+        renewed.close()
 
 
 def test_a_stopped_daemon_stops_its_workers_and_removes_its_runtime_directory(tmp_path: Path) -> None:
