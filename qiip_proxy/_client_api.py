@@ -122,14 +122,21 @@ async def retrieve_model(request: Request, model: str) -> Response:
 
 @router.get("/health", tags=["client"])
 async def health(request: Request) -> JSONResponse:
-    """Gateway health: `status` (`ok`, or `degraded` when the registry is failing), `nodes_registered`,
-    `nodes_healthy`, the registry's state, and the launch state of the daemon's own llama.cpp nodes."""
+    """Gateway health: `status` (`ok`; `degraded` when the registry is failing; `starting` while the daemon's own
+    llama.cpp nodes are still starting, their models answering 503 meanwhile), `nodes_registered`, `nodes_healthy`,
+    the registry's state, and the launch state of the daemon's own llama.cpp nodes."""
     gateway = _gateway(request)
     counts = gateway.table.count_by_status()
     registry = gateway.registry.status()
+    if registry.health.value != "ok":
+        status = "degraded"
+    elif gateway.local_nodes.starting:
+        status = "starting"
+    else:
+        status = "ok"
     return JSONResponse(
         {
-            "status": "ok" if registry.health.value == "ok" else "degraded",
+            "status": status,
             "nodes_registered": len(gateway.table),
             "nodes_healthy": counts.get(NodeStatus.HEALTHY, 0),
             "registry": {

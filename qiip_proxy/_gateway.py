@@ -134,7 +134,7 @@ class Gateway:
         self.auth_throttle = AuthThrottle(
             burst=settings.admin.auth_failure_burst, window_s=settings.admin.auth_failure_window_s
         )
-        self.local_nodes = LocalNodes(settings, self.registry)
+        self.local_nodes = LocalNodes(settings, self.registry, table=self.table)
         self.operations = OperationRunner()
         self.journal = Journal(self.table, self.operations)
         """The fleet's timeline: node changes with their reasons, and operations (the last 2,000 entries)."""

@@ -32,7 +32,7 @@ from qiip_core import QiipError
 from qiip_core._logging import configure_logging
 from qiip_core.config import Settings
 from qiip_core.nodes import Node
-from qiip_core.routing import DEFAULT_COLUMNS, HOP_BY_HOP_HEADERS, InFlightBoard
+from qiip_core.routing import DEFAULT_COLUMNS, HOP_BY_HOP_HEADERS, ExpectedModel, InFlightBoard
 from qiip_proxy._app import add_error_handlers, wrap_serving
 from qiip_proxy._auth_gate import header
 from qiip_proxy._client_api import router as client_router
@@ -221,6 +221,10 @@ class _WorkerRuntime:
                     learn_shared(self.gateway, message)
                 elif "delete" in message:
                     table.apply_delete(message["delete"])
+                elif "expected" in message:
+                    table.expected = {
+                        str(model): ExpectedModel(**expected) for model, expected in message["expected"].items()
+                    }
                 elif message.get("tokens"):
                     self._refreshes.add(task := asyncio.create_task(self._refresh_tokens()))
                     task.add_done_callback(self._refreshes.discard)

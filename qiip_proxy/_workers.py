@@ -9,8 +9,9 @@ What ties them together, in a private runtime directory (mode 0700, under `/dev/
 - `in-flight.board`: the requests in flight per node, over every process (`qiip_core.routing.InFlightBoard`),
   which least-connections, concurrency caps, admission and drains read.
 - `control.sock`: the primary's control channel. Each worker connects once it starts and reads the fleet: every
-  node the primary's routing table holds, with its effective status, its slots and its board column, then each
-  change as it happens (newline-delimited JSON). Each worker writes back, every 100 ms, the requests it
+  node the primary's routing table holds, with its effective status, its slots and its board column, and the models
+  expected from nodes still starting (`RoutingTable.expected`), then each change as it happens (newline-delimited
+  JSON). Each worker writes back, every 100 ms, the requests it
   finished (`_metrics.Accounted`) and its counters, which the primary's metrics add up (`/metrics` and
   `/admin/metrics` are the primary's, so they count every worker's requests), and the prefixes it routed, which
   the primary learns and passes on to the other workers with its own: prefix affinity's map is the same in
@@ -38,6 +39,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -215,6 +217,7 @@ class WorkerPool:
         self._server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._sent: dict[str, dict[str, Any]] = {}
+        self._sent_expected: dict[str, Any] = {}
         self._changed = asyncio.Event()
         self._remove_listener: Callable[[], None] | None = None
         self._stopping = False
@@ -340,6 +343,10 @@ class WorkerPool:
     def _table_changed(self, change: TableChange) -> None:
         self._changed.set()
 
+    def _expected(self) -> dict[str, Any]:
+        """The fleet message of the models expected from nodes still starting (`RoutingTable.expected`)."""
+        return {"expected": {model: asdict(e) for model, e in self.gateway.table.expected.items()}}
+
     def _records(self) -> dict[str, dict[str, Any]]:
         """The fleet message of every node for the workers: the registration with its effective status, where it
         came from, its board column and its slots (about 2 µs a node to build)."""
@@ -364,6 +371,10 @@ class WorkerPool:
             lines = [json.dumps(r) for node_id, r in records.items() if self._sent.get(node_id) != r]
             lines += [json.dumps({"delete": node_id}) for node_id in self._sent.keys() - records.keys()]
             self._sent = records
+            expected = self._expected()
+            if expected != self._sent_expected:
+                lines.append(json.dumps(expected))
+                self._sent_expected = expected
             if lines:
                 data = ("\n".join(lines) + "\n").encode()
                 for worker in self._workers:
@@ -380,6 +391,7 @@ class WorkerPool:
             worker.heard_at, worker.greeted = time.monotonic(), True
             worker.counters = {}
             snapshot = [json.dumps(r) for r in self._records().values()]
+            snapshot.append(json.dumps(self._expected()))
             affinity = self.gateway.table.affinity
             if affinity is not None and len(affinity):
                 # A worker starting (or started again) begins with the prefixes every process has routed so far.

@@ -14,6 +14,9 @@ disagree:
 - liveness (healthy, unhealthy, unknown) observed by this gateway wins over liveness read from the
   registry; before this gateway has observed a node, the registry's liveness is used;
 - a node deleted from the registry turns `draining` and leaves the table when its last request ends.
+
+A model no node serves yet but some will (the daemon's own llama.cpp nodes while they start: `expected`) answers
+503 `model_unavailable`, not 404 `model_not_found`: OpenAI clients retry the one, never the other.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from qiip_core.routing._state import NodeState, select_least_connections
 
 __all__ = [
     "ChangeKind",
+    "ExpectedModel",
     "NodeState",
     "Reservation",
     "RoutingTable",
@@ -69,6 +73,20 @@ class TableChange:
     kind: ChangeKind
     node: Node
     reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ExpectedModel:
+    """A model that nodes not registered yet will serve (`RoutingTable.expected`).
+
+    Attributes:
+        why: what it waits for, for the error message (`its local node chat-a is starting`).
+        retry_after_s: the answer's `Retry-After`, in seconds; None when nothing is on its way (a node that failed
+            to start).
+    """
+
+    why: str
+    retry_after_s: float | None
 
 
 class Reservation:
@@ -165,6 +183,9 @@ class RoutingTable:
         self._breaker = breaker or BreakerPolicy()
         self._rng = rng or random.Random()
         self._listeners: list[Callable[[TableChange], None]] = []
+        self.expected: dict[str, ExpectedModel] = {}
+        """Models no registered node serves yet that nodes on their way will (the daemon's own llama.cpp nodes
+        while they start), by name: a request for one gets 503 `model_unavailable`, not 404."""
 
     # -- reading -------------------------------------------------------------------------------------------
 
@@ -261,11 +282,19 @@ class RoutingTable:
 
     def routing_error(self, model: str, *, api: ApiName | None = None) -> RoutingError:
         """The error for a request that finds no eligible node: `NoNodes`, `ModelNotFound`,
-        `EndpointNotSupported` or `ModelUnavailable`, by the same rules as `reserve`."""
-        if not self._states:
-            return NoNodes("No inference nodes are registered.", model=model)
+        `EndpointNotSupported` or `ModelUnavailable` (also for a model only `expected` so far), by the same rules as
+        `reserve`."""
         serving = self._by_model.get(model)
         if not serving:
+            expected = self.expected.get(model)
+            if expected is not None:
+                unavailable = ModelUnavailable(
+                    f"The model {model!r} is not served yet: {expected.why}; retry later.", model=model
+                )
+                unavailable.retry_after_s = expected.retry_after_s
+                return unavailable
+            if not self._states:
+                return NoNodes("No inference nodes are registered.", model=model)
             return ModelNotFound(f"The model {_shown_model(model)} does not exist on any node.", model=model)
         if api is not None and not any(api in s.node.capabilities.endpoints for s in serving.values()):
             offered = sorted({e for s in serving.values() for e in s.node.capabilities.endpoints})

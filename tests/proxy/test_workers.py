@@ -265,6 +265,45 @@ def test_a_worker_that_falls_silent_is_killed_and_replaced_and_its_requests_rele
         renewed.close()
 
 
+def test_a_local_model_answers_503_from_every_process_until_its_node_is_registered(
+    tmp_path: Path, tiny_gguf: Path, llama_server_binary: Path
+) -> None:
+    # llama-server held at its start until the gate opens: the model loading, as long as the test wants.
+    gate = tmp_path / "gate"
+    held = tmp_path / "bin" / "llama-server"
+    held.parent.mkdir()
+    held.write_text(f'#!/bin/sh\nwhile [ ! -e "{gate}" ]; do sleep 0.05; done\nexec "{llama_server_binary}" "$@"\n')
+    held.chmod(0o755)
+    local = [{"id": "local-a", "gguf": str(tiny_gguf), "model": "tiny-local", "slots": 1, "threads": 1}]
+    env = {**WORKERS_ENV, "QIIP_LOCAL_NODES": json.dumps(local), "QIIP_ENGINES__LLAMACPP__SERVER_BINARY": str(held)}
+    daemon = start_with_workers(Daemon(tmp_path / "daemon", env=env))
+    connections = Connections(daemon)
+    try:
+        health = daemon.client.get("/health").json()
+        assert health["status"] == "starting" and health["local_nodes"] == {"local-a": "starting"}
+        for pid in connections.pids:
+            connection = connections.on(pid)
+            ask(connection, "tiny-local")
+            status, headers, body = answer(connection)
+            error = json.loads(body)["error"]
+            assert (status, error["code"], headers.get("retry-after")) == (503, "model_unavailable", "5"), pid
+            assert "its local node local-a is starting" in error["message"]
+            assert get(connection, "/v1/models/tiny-local")[0] == 503
+            ask(connection, "no-such-model")
+            assert answer(connection)[0] == 404
+        gate.touch()
+        daemon.wait_status("local-a", "healthy", timeout_s=60)
+        for pid in connections.pids:
+            connection = connections.on(pid)
+            ask(connection, "tiny-local", max_tokens=2)
+            assert answer(connection)[0] == 200, pid
+        assert daemon.client.get("/health").json()["status"] == "ok"
+    finally:
+        gate.touch()
+        connections.close()
+        daemon.close()
+
+
 def test_a_stopped_daemon_stops_its_workers_and_removes_its_runtime_directory(tmp_path: Path) -> None:
     daemon = start_with_workers(Daemon(tmp_path, env=WORKERS_ENV))
     try:
