@@ -11,6 +11,7 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from qiip_core.config import Settings
+from qiip_proxy._connection_cap import capped_protocol
 from qiip_proxy._gc import tune_gc
 from qiip_proxy._transport import guarded_protocol
 
@@ -22,9 +23,16 @@ __all__ = ["Server", "server_config"]
 
 def server_config(app: ASGIApp, settings: Settings, max_clients: int) -> uvicorn.Config:
     """uvicorn's configuration for `app`: no access log nor `Server` header, idle client connections kept for
-    `server.keep_alive_s` (`timeout_keep_alive`), at most `max_clients` connections (`limit_concurrency`), the
+    `server.keep_alive_s` (`timeout_keep_alive`), at most `max_clients` client connections, counted as they are
+    accepted (`_connection_cap`; uvicorn's own `limit_concurrency`, checked per request, is not used), the
     transport limits of `_transport`, and `server.shutdown_timeout_s` for the requests in flight at shutdown."""
     server = settings.server
+    guarded = guarded_protocol(
+        max_header_bytes=server.max_header_bytes,
+        header_timeout_s=server.header_timeout_s,
+        body_timeout_s=server.body_timeout_s,
+        max_connections_per_address=server.max_connections_per_address,
+    )
     return uvicorn.Config(
         app,
         log_config=None,
@@ -32,13 +40,7 @@ def server_config(app: ASGIApp, settings: Settings, max_clients: int) -> uvicorn
         server_header=False,
         timeout_graceful_shutdown=int(server.shutdown_timeout_s),
         timeout_keep_alive=server.keep_alive_s,
-        limit_concurrency=max_clients,
-        http=guarded_protocol(
-            max_header_bytes=server.max_header_bytes,
-            header_timeout_s=server.header_timeout_s,
-            body_timeout_s=server.body_timeout_s,
-            max_connections_per_address=server.max_connections_per_address,
-        ),
+        http=capped_protocol(guarded, max_connections=max_clients),
         lifespan="on",
     )
 

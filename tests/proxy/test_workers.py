@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -22,9 +23,9 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import clean_environ
-from tests.support.daemon import Daemon, wait_until
+from tests.support.daemon import Daemon, closed_by_server, wait_until
 from tests.support.fault_backend import Completion, FaultBackend, Gated
-from tests.support.procnet import children
+from tests.support.procnet import children, connections_held
 from tests.support.workers import Connections, answer, ask, get, processes, start_with_workers
 
 pytestmark = pytest.mark.integration
@@ -301,6 +302,41 @@ def test_a_local_model_answers_503_from_every_process_until_its_node_is_register
     finally:
         gate.touch()
         connections.close()
+        daemon.close()
+
+
+def test_silent_connections_take_no_more_than_the_cap_in_either_process_and_never_keep_admin_out(
+    tmp_path: Path,
+) -> None:
+    daemon = start_with_workers(Daemon(tmp_path, env={**WORKERS_ENV, "QIIP_SERVER__MAX_CLIENT_CONNECTIONS": "8"}))
+    silent: list[socket.socket] = []
+    try:
+        pids = processes(daemon)
+        # Sixty sockets that never send a byte, from five addresses: far more than both processes' caps together.
+        for n in range(60):
+            address = (f"127.0.0.{2 + n % 5}", 0)
+            silent.append(socket.create_connection(("127.0.0.1", daemon.port), timeout=10, source_address=address))
+
+        def settled() -> bool:
+            held = [connections_held(pid, daemon.port) for pid in pids]
+            return sum(held) + sum(closed_by_server(sock) for sock in silent) == 60
+
+        # Every one accepted: each process closed the ones silent longest to stay at its cap.
+        wait_until(settled, 15, "every silent connection to be accepted, and the oldest closed")
+        assert all(connections_held(pid, daemon.port) <= 8 for pid in pids)
+        # A client with something to ask gets in, in either process.
+        connections = Connections(daemon)
+        try:
+            for pid in connections.pids:
+                status, _, body = get(connections.on(pid, source="127.0.0.7"), "/admin/nodes", **ADMIN)
+                assert status == 200, (pid, body)
+        finally:
+            connections.close()
+        assert all(connections_held(pid, daemon.port) <= 8 for pid in pids)
+        assert "at the cap of 8 client connections: " in daemon.log()
+    finally:
+        for sock in silent:
+            sock.close()
         daemon.close()
 
 

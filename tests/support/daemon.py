@@ -58,6 +58,20 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0, what: str
     raise TimeoutError(f"timed out waiting for {what}")
 
 
+def closed_by_server(sock: socket.socket) -> bool:
+    """Whether the server closed the client socket `sock` (what it sent, if anything, is read first); never waits
+    (the socket is left non-blocking)."""
+    sock.setblocking(False)
+    try:
+        while chunk := sock.recv(65536):
+            del chunk
+    except BlockingIOError:
+        return False
+    except ConnectionError:
+        return True
+    return True
+
+
 def stop_process(process: subprocess.Popen[bytes], *, sig: int = signal.SIGTERM, timeout_s: float) -> int:
     """Send `sig` to `process` if it still runs and wait for it to end; kill it after `timeout_s` seconds.
 
