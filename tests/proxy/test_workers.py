@@ -412,6 +412,39 @@ def test_on_sigterm_every_process_stops_accepting_at_once_and_finishes_its_reque
         daemon.close()
 
 
+def test_at_the_end_of_the_grace_uploads_and_waiting_requests_end_quietly_in_every_process(
+    tmp_path: Path, backends: Callable[..., FaultBackend], model: str
+) -> None:
+    daemon = start_with_workers(Daemon(tmp_path, env={**WORKERS_ENV, "QIIP_SERVER__SHUTDOWN_TIMEOUT_S": "1"}))
+    connections = Connections(daemon)
+    try:
+        backend = backends()
+        daemon.add_node(f"{model}-n", backend.url, model)
+        waiting, gate = hold(connections, backend, model, connections.pids)
+        uploads = []
+        for pid in connections.pids:
+            for path in ("/v1/chat/completions", "/admin/nodes"):
+                upload = connections.on(pid)
+                upload.putrequest("POST", path)
+                for name, value in {**ADMIN, "Content-Type": "application/json", "Content-Length": "30000"}.items():
+                    upload.putheader(name, value)
+                upload.endheaders(b'{"model": "' + model.encode() + b'", "messages": [')
+                uploads.append(upload)
+        assert daemon.process is not None
+        daemon.process.send_signal(signal.SIGTERM)
+        assert daemon.process.wait(60) in (0, -signal.SIGTERM)
+        gate.set()
+        for connection in waiting:
+            status, _, body = answer(connection)
+            assert (status, json.loads(body)["error"]["code"]) == (503, "gateway_shutdown")
+        log = daemon.log()
+        assert "Traceback" not in log, log
+        assert log.count("shutdown: 2 request(s) still sending their body after 1 s were ended") == 2, log
+    finally:
+        connections.close()
+        daemon.close()
+
+
 def test_ctrl_c_stops_every_process_without_a_traceback(tmp_path: Path) -> None:
     daemon = start_with_workers(Daemon(tmp_path, env=WORKERS_ENV))
     try:
