@@ -291,7 +291,8 @@ def test_a_local_model_answers_503_from_every_process_until_its_node_is_register
             assert "its local node local-a is starting" in error["message"]
             assert get(connection, "/v1/models/tiny-local")[0] == 503
             ask(connection, "no-such-model")
-            assert answer(connection)[0] == 404
+            status, _, body = answer(connection)
+            assert (status, json.loads(body)["error"]["code"]) == (503, "no_nodes")  # no node registered at all
         gate.touch()
         daemon.wait_status("local-a", "healthy", timeout_s=60)
         for pid in connections.pids:
