@@ -52,6 +52,10 @@ logger = logging.getLogger("qiip.telemetry")
 MAX_READING_BYTES = 256 * 1024
 """The largest reading accepted: 64 GPUs with 256 processes each fit in well under this."""
 
+MAX_INTERVAL_S = 3600.0
+"""The longest interval a reading is judged by: the longest an agent may be set to read at (`telemetry.interval_s`),
+so a reading that claims more still goes stale."""
+
 
 def decode_reading(value: bytes, node_id: str) -> NodeTelemetry:
     """Parse a published reading of `node_id`.
@@ -106,8 +110,8 @@ class TelemetryStore:
 
     def expiry_for(self, reading: NodeTelemetry) -> float:
         """Seconds after its receipt that `reading` goes stale: `expire_after_intervals` of its own interval (the
-        agent's `interval_s`), or of `min_interval_s` when that is longer."""
-        return self.expire_after_intervals * max(reading.interval_s, self.min_interval_s)
+        agent's `interval_s`, at most `MAX_INTERVAL_S`), or of `min_interval_s` when that is longer."""
+        return self.expire_after_intervals * max(min(reading.interval_s, MAX_INTERVAL_S), self.min_interval_s)
 
     def __len__(self) -> int:
         return len(self._latest)

@@ -102,6 +102,8 @@ def test_a_reading_goes_stale_after_its_own_intervals_not_the_daemon_s() -> None
     polled.put(reading(interval_s=1.0))
     clock.now += 14.0
     assert [node for node, _, _ in polled.fresh_with_age()] == ["gpu01"]
+    # A reading that claims to come once a year still goes stale after three hours.
+    assert store.expiry_for(reading(interval_s=365 * 86400.0)) == 3 * 3600.0
 
 
 def test_the_console_s_client_reads_the_view_back() -> None:
