@@ -37,6 +37,7 @@ from qiip_core.storage import EtcdClient, PrefixFollower, load_json_object, unb6
 from qiip_core.telemetry._types import TELEMETRY_PATH, LiveGpus, NodeTelemetry
 
 __all__ = [
+    "MAX_INTERVAL_S",
     "MAX_READING_BYTES",
     "AgentPoller",
     "EtcdTelemetryWatch",
