@@ -157,7 +157,7 @@ class EtcdRegistry(Registry):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._saver
             if self._changed.is_set() and self._reading_etcd:
-                await asyncio.to_thread(self._save, self._saved_view())
+                await asyncio.to_thread(self._save, list(self._seen.items()), self._follower.revision)
 
     # -- the last known fleet ------------------------------------------------------------------------------
 
@@ -225,29 +225,23 @@ class EtcdRegistry(Registry):
             path,
         )
 
-    def _saved_view(self) -> bytes:
+    def _save(self, seen: list[tuple[str, _Seen]], revision: int) -> None:
+        """Write `seen` (a copy of the view taken on the event loop; its nodes are immutable) to `LAST_KNOWN_FILE`;
+        run off the loop."""
         nodes = [
-            {
-                "id": node_id,
-                "mod_revision": seen.mod_revision,
-                "lease": seen.lease,
-                "value": encode_node(seen.node).decode(),
-            }
-            for node_id, seen in sorted(self._seen.items())
-            if seen.node is not None
+            {"id": node_id, "mod_revision": s.mod_revision, "lease": s.lease, "value": encode_node(s.node).decode()}
+            for node_id, s in sorted(seen, key=lambda item: item[0])
+            if s.node is not None
         ]
         document = {
             "version": 1,
             "saved_at": datetime.now(UTC).isoformat(),
             "prefix": self.etcd.prefix,
-            "revision": self._follower.revision,
+            "revision": revision,
             "nodes": nodes,
         }
-        return json.dumps(document, separators=(",", ":")).encode()
-
-    def _save(self, data: bytes) -> None:
         try:
-            atomic_write(self._last_known_path, data)
+            atomic_write(self._last_known_path, json.dumps(document, separators=(",", ":")).encode())
         except OSError as exc:
             logger.warning("etcd registry: could not save the fleet in %s: %s", self._last_known_path, exc)
 
@@ -257,7 +251,7 @@ class EtcdRegistry(Registry):
             await self._changed.wait()
             self._changed.clear()
             if self._reading_etcd:
-                await asyncio.to_thread(self._save, self._saved_view())
+                await asyncio.to_thread(self._save, list(self._seen.items()), self._follower.revision)
             await asyncio.sleep(_SAVE_EVERY_S)
 
     @property
