@@ -105,7 +105,7 @@ class _CountingStore(TelemetryStore):
     """The daemon's store, counting the updates it receives."""
 
     def __init__(self, expected: int) -> None:
-        super().__init__(expiry_s=3.0)
+        super().__init__(expire_after_intervals=3)
         self.expected = expected
         self.received = 0
         self.all_received = asyncio.Event()
@@ -161,7 +161,7 @@ async def main() -> None:
         settings = load_settings(
             state_dir=tmp, registry={"backend": "etcd"}, etcd={"endpoints": ["http://127.0.0.1:9"]}
         )
-        store = TelemetryStore(expiry_s=3.0)
+        store = TelemetryStore(expire_after_intervals=3)
         watch = EtcdTelemetryWatch(settings, store)
 
         def ingest() -> None:

@@ -16,6 +16,7 @@ from starlette.types import Receive, Scope, Send
 
 from qiip_core import TokenScopeError
 from qiip_core.auth import InvokeToken
+from qiip_core.discovery import RegistryHealth
 from qiip_core.nodes import NodeStatus
 from qiip_proxy._inference import serve_inference
 from qiip_proxy._parse import check_invoke_token
@@ -122,21 +123,35 @@ async def retrieve_model(request: Request, model: str) -> Response:
 
 @router.get("/health", tags=["client"])
 async def health(request: Request) -> JSONResponse:
-    """Gateway health: `status` (`ok`, or `degraded` when the registry is failing), `nodes_registered`,
-    `nodes_healthy`, the registry's state, and the launch state of the daemon's own llama.cpp nodes."""
+    """Gateway health: `status` (`ok`; `starting` while the daemon's own llama.cpp nodes are still starting, their
+    models answering 503 meanwhile; `degraded` when the registry is failing and the gateway serves the fleet it last
+    knew; `unavailable`, with status 503, when the registry is failing and no node is routable), `nodes_registered`,
+    `nodes_healthy`, the registry's state (with `last_known_at` when it serves a saved fleet), and the launch state
+    of the daemon's own llama.cpp nodes."""
     gateway = _gateway(request)
     counts = gateway.table.count_by_status()
+    healthy = counts.get(NodeStatus.HEALTHY, 0)
     registry = gateway.registry.status()
+    code = 200
+    if registry.health is RegistryHealth.DEGRADED:
+        # A load balancer should send clients elsewhere: this gateway knows no fleet, or none of it answers.
+        status, code = ("degraded", 200) if healthy else ("unavailable", 503)
+    elif gateway.local_nodes.starting:
+        status = "starting"
+    else:
+        status = "ok"
     return JSONResponse(
         {
-            "status": "ok" if registry.health.value == "ok" else "degraded",
+            "status": status,
             "nodes_registered": len(gateway.table),
-            "nodes_healthy": counts.get(NodeStatus.HEALTHY, 0),
+            "nodes_healthy": healthy,
             "registry": {
                 "backend": registry.backend,
                 "state": registry.health.value,
                 "detail": registry.detail,
+                "last_known_at": registry.last_known_at.isoformat() if registry.last_known_at else None,
             },
             "local_nodes": gateway.local_nodes.states(),
-        }
+        },
+        status_code=code,
     )

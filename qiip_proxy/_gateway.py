@@ -121,7 +121,11 @@ class Gateway:
         )
         self.fleet = _Fleet(self)
         self.metrics = GatewayMetrics(self.table)
-        self.telemetry = TelemetryStore(expiry_s=settings.telemetry.expiry_s)
+        self.telemetry = TelemetryStore(
+            expire_after_intervals=settings.telemetry.expire_after_intervals,
+            # Polled agents' readings are renewed once a poll at most; etcd pushes each as it is published.
+            min_interval_s=settings.telemetry.interval_s if settings.registry.backend != "etcd" else 0.0,
+        )
         """The latest live GPU reading of each node (`qiip agent`), for the admin API and `/metrics`."""
         self.telemetry_source: TelemetrySource = create_telemetry_source(settings, self.telemetry)
         self.metrics.registry.register(GpuCollector(self.telemetry))
@@ -138,7 +142,7 @@ class Gateway:
         self.parse_gate = asyncio.Semaphore(1)
         """Held while a large request body is measured and parsed: such bodies take the event loop one at a time
         (`_parse.read_request`)."""
-        self.local_nodes = LocalNodes(settings, self.registry)
+        self.local_nodes = LocalNodes(settings, self.registry, table=self.table)
         self.operations = OperationRunner()
         self.journal = Journal(self.table, self.operations)
         """The fleet's timeline: node changes with their reasons, and operations (the last 2,000 entries)."""

@@ -2,8 +2,9 @@
 
 One series per node and GPU index (`node`, `gpu` labels; both bounded by the fleet), in base units as Prometheus'
 conventions want them (https://prometheus.io/docs/practices/naming/): bytes, a 0–1 ratio, degrees Celsius, watts.
-A stale reading (older than `telemetry.expiry_s`) is not exported at all, so a dead agent's GPUs vanish instead of
-freezing at their last values; a value the GPU does not report (power on some boards) is left out.
+A stale reading (older than `telemetry.expire_after_intervals` of the agent's own intervals) is not exported at all,
+so a dead agent's GPUs vanish instead of freezing at their last values; a value the GPU does not report (power on
+some boards) is left out.
 """
 
 from __future__ import annotations

@@ -178,6 +178,18 @@ class _InferenceRequest:
                 outcome.status, outcome.error_code = self._ended.status, self._ended.code
             elif self._disconnected:
                 outcome.status, outcome.error_code = CLIENT_CLOSED_REQUEST, "client_disconnected"
+            elif self.gateway.shutting_down:
+                # The daemon stops after its grace period, before any node answered: say so, as an answer.
+                stopping = RequestRefused(
+                    503,
+                    "The gateway is shutting down and ended this request before a node answered; retry the request.",
+                    "gateway_shutdown",
+                    type="service_unavailable_error",
+                )
+                stopping.retry_after_s = 1.0
+                await send_error(send, stopping, self.request_id)
+                outcome.status, outcome.error_code = stopping.status, stopping.code
+                self._stopped = True
             raise
         except (RoutingError, UpstreamError) as exc:
             await send_error(send, exc, self.request_id)

@@ -4,8 +4,8 @@ it, so clients can never take what connections to nodes and health probes need.
 Each client connection, node connection, probe, log and socket is one file descriptor. With the common soft
 limit of 1,024, a thousand idle client connections would leave none for node traffic: new requests would get
 resets, and probes failing with "Too many open files" would blame healthy nodes. At start the soft limit is
-raised to the hard one (`setrlimit(RLIMIT_NOFILE)`, allowed without privileges), and uvicorn's
-`limit_concurrency` caps client connections at what is left once node connections
+raised to the hard one (`setrlimit(RLIMIT_NOFILE)`, allowed without privileges), and client connections are capped,
+as they are accepted (`_connection_cap`), at what is left once node connections
 (`upstream.max_connections`, at most half the limit), probes (`health.concurrency`) and a margin are set
 aside.
 """

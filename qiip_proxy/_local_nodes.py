@@ -5,6 +5,9 @@ sizing flag explicit, verified against its plan, then registered as a managed, e
 `llamacpp_runtime` record (not persisted: the next start launches it again). The children die with the
 daemon: they are stopped on shutdown, and a parent-death signal covers a daemon that is killed outright.
 
+Until a local node is registered, the routing table expects its model (`RoutingTable.expected`): a request for it
+gets 503 `model_unavailable` with `Retry-After`, never 404, and `/health` says the gateway is starting.
+
 A node relaunched with another sizing keeps it across restarts: the relaunch is recorded in the state
 directory and the next start launches that sizing, unless the node's configuration changed since
 (`_local_sizing`).
@@ -23,11 +26,16 @@ from qiip_core.discovery import Registry
 from qiip_core.engines.llamacpp import LlamaCppInstaller, ManagedLlamaServer, default_local_policy
 from qiip_core.nodes import Engine, LlamaCppRuntime, Node, NodeCapabilities, NodeStatus
 from qiip_core.planner import AutoPolicy, CustomPolicy, parse_policy
+from qiip_core.routing import ExpectedModel, RoutingTable
 from qiip_proxy._local_sizing import RelaunchedSizings
 
-__all__ = ["LocalNodes"]
+__all__ = ["STARTING_RETRY_AFTER_S", "LocalNodes"]
 
 logger = logging.getLogger("qiip.local")
+
+STARTING_RETRY_AFTER_S = 5.0
+"""`Retry-After` of a request for the model of a local node still starting: its load takes seconds to minutes, and
+the `openai` library retries twice, honouring it."""
 
 
 class LocalNodes:
@@ -36,15 +44,17 @@ class LocalNodes:
     Args:
         settings: the daemon's settings (`local_nodes`, `engines.llamacpp`, `state_dir`).
         registry: where ready nodes are registered (ephemerally).
+        table: the routing table whose `expected` models this keeps (`expected_models`); None: none.
 
     Raises:
         ConfigError: a local node's `sizing` is not a valid policy, or another daemon runs local nodes from the
             same state directory (`StateDirLock`).
     """
 
-    def __init__(self, settings: Settings, registry: Registry) -> None:
+    def __init__(self, settings: Settings, registry: Registry, *, table: RoutingTable | None = None) -> None:
         self.settings = settings
         self.registry = registry
+        self.table = table
         self.servers: dict[str, ManagedLlamaServer] = {}
         self.errors: dict[str, str] = {}
         self.ready: set[str] = set()
@@ -62,6 +72,7 @@ class LocalNodes:
                 ) from exc
         # Held until aclose: another daemon's local nodes would share these node ids and their logs.
         self._lock = StateDirLock(settings.state_dir) if settings.local_nodes else None
+        self._expect()
 
     def start(self) -> None:
         """Launch every configured local node in the background, one after another.
@@ -105,6 +116,7 @@ class LocalNodes:
             message = exc.message if isinstance(exc, QiipError) else str(exc)
             self.errors[config.id] = message
             logger.error("local node %s failed to start: %s", config.id, message)
+            self._expect()
             return
         capabilities = NodeCapabilities(endpoints=("embeddings",) if server.embeddings else ("chat", "completions"))
         node = Node(
@@ -120,6 +132,7 @@ class LocalNodes:
         )
         await self.registry.register(node, ephemeral=True)
         self.ready.add(config.id)
+        self._expect()
         logger.info("local node %s is serving %r at %s", config.id, config.model, server.endpoint)
 
     async def _launch_server(
@@ -195,12 +208,50 @@ class LocalNodes:
             for c in self.settings.local_nodes
         }
 
+    def expected_models(self) -> dict[str, ExpectedModel]:
+        """The models of local nodes not removed, by name, with what each waits for: a node registered (whose model
+        the table serves then, so this is not consulted), one starting, or one that failed to start."""
+        states = self.states()
+        # Per model, the local node nearest to serving it: ready, then starting, then failed.
+        ranked: dict[str, tuple[int, ExpectedModel]] = {}
+        for config in self.settings.local_nodes:
+            state = states[config.id]
+            if state == "serving":
+                entry = (0, ExpectedModel(f"its local node {config.id} is ready and being registered", 1.0))
+            elif state == "starting":
+                entry = (
+                    1,
+                    ExpectedModel(
+                        f"its local node {config.id} is starting (loading the model)", STARTING_RETRY_AFTER_S
+                    ),
+                )
+            elif state == "failed":
+                entry = (
+                    2,
+                    ExpectedModel(f"its local node {config.id} failed to start (the daemon's log says why)", None),
+                )
+            else:
+                continue
+            if config.model not in ranked or entry[0] < ranked[config.model][0]:
+                ranked[config.model] = entry
+        return {model: expected for model, (_, expected) in ranked.items()}
+
+    def _expect(self) -> None:
+        if self.table is not None:
+            self.table.expected = self.expected_models()
+
+    @property
+    def starting(self) -> bool:
+        """True while a local node is still starting (its model loading)."""
+        return "starting" in self.states().values()
+
     def forget(self, node_id: str) -> None:
         """Record that the local node `node_id` was removed (its server is stopped by the remove operation)."""
         if node_id in self.ready or node_id in self.servers:
             self.ready.discard(node_id)
             self.servers.pop(node_id, None)
             self.removed.add(node_id)
+            self._expect()
 
     async def aclose(self) -> None:
         """Stop launching and stop every local llama-server."""

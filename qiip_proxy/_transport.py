@@ -163,9 +163,11 @@ def guarded_protocol(
                 body = message.encode()
                 head = (
                     f"HTTP/1.1 {status.value} {status.phrase}\r\ncontent-type: text/plain; charset=utf-8\r\n"
-                    f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+                    f"content-length: {len(body)}\r\nconnection: close\r\n"
                 ).encode()
-                self.transport.write(head + body)
+                # uvicorn's own headers (its `Date`), as on every other answer.
+                own = b"".join(name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers)
+                self.transport.write(head + own + b"\r\n" + body)
                 self.transport.close()
 
     return GuardedProtocol

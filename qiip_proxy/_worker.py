@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import socket
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -32,7 +33,7 @@ from qiip_core._errors import safe_text
 from qiip_core._logging import configure_logging
 from qiip_core.config import Settings
 from qiip_core.nodes import Node
-from qiip_core.routing import DEFAULT_COLUMNS, HOP_BY_HOP_HEADERS, InFlightBoard
+from qiip_core.routing import DEFAULT_COLUMNS, HOP_BY_HOP_HEADERS, ExpectedModel, InFlightBoard
 from qiip_proxy._app import add_error_handlers, wrap_serving
 from qiip_proxy._auth_gate import header, logged_path
 from qiip_proxy._client_api import router as client_router
@@ -53,12 +54,16 @@ from qiip_proxy._workers import (
     take_shared,
 )
 
-__all__ = ["FLUSH_S", "PRIMARY_TIMEOUT_S", "READY_TIMEOUT_S", "WorkerMetrics", "run_worker"]
+__all__ = ["FLUSH_S", "HEARTBEAT_S", "PRIMARY_TIMEOUT_S", "READY_TIMEOUT_S", "WorkerMetrics", "run_worker"]
 
 logger = logging.getLogger("qiip.proxy")
 
 FLUSH_S = 0.1
 """How often a worker sends the primary its finished requests and counters."""
+
+HEARTBEAT_S = 0.5
+"""The longest a worker stays silent on its control channel: with nothing else to send, it says it is alive (the
+primary replaces a worker silent for `_workers.SILENT_S`)."""
 
 PRIMARY_TIMEOUT_S = 60.0
 """How long a request a worker passes on waits for the primary's answer to begin (a hung primary gets 503
@@ -73,11 +78,15 @@ pages build URLs from it); a request's `Content-Length` is httpx's to set, and a
 relayed as they came."""
 
 
+_OWN_HEADERS = frozenset({b"x-request-id", b"date", b"server"})
+"""Headers the worker's own layers put on every answer (uvicorn's `Date`), never relayed from the primary's."""
+
+
 def _relayed(name: bytes) -> bool:
     """Whether a header of the primary's answer is relayed: not a hop-by-hop one, nor one the worker's own layers
-    add to every answer (`X-Request-Id`; CORS headers when `server.cors_allow_origins` is set)."""
+    add to every answer (`_OWN_HEADERS`; CORS headers when `server.cors_allow_origins` is set)."""
     name = name.lower()
-    return name not in _HOP_BY_HOP and name != b"x-request-id" and not name.startswith(b"access-control-")
+    return name not in _HOP_BY_HOP and name not in _OWN_HEADERS and not name.startswith(b"access-control-")
 
 
 def run_worker(settings: Settings, listener: socket.socket, runtime_dir: Path, row: int, workers: int) -> None:
@@ -142,6 +151,7 @@ class _WorkerRuntime:
         self._tasks: list[asyncio.Task[None]] = []
         self._writer: asyncio.StreamWriter | None = None
         self._sent_counters: dict[str, float] = {}
+        self._sent_at = 0.0
         self._refreshes: set[asyncio.Task[None]] = set()
 
         @asynccontextmanager
@@ -212,6 +222,10 @@ class _WorkerRuntime:
                     learn_shared(self.gateway, message)
                 elif "delete" in message:
                     table.apply_delete(message["delete"])
+                elif "expected" in message:
+                    table.expected = {
+                        str(model): ExpectedModel(**expected) for model, expected in message["expected"].items()
+                    }
                 elif message.get("tokens"):
                     self._refreshes.add(task := asyncio.create_task(self._refresh_tokens()))
                     task.add_done_callback(self._refreshes.discard)
@@ -252,8 +266,13 @@ class _WorkerRuntime:
         counters = metrics.counted()
         if counters != self._sent_counters:
             message["counters"] = self._sent_counters = counters
-        if message and self._writer is not None and not self._writer.is_closing():
+        now = time.monotonic()
+        if not message and now - self._sent_at < HEARTBEAT_S:
+            return
+        if self._writer is not None and not self._writer.is_closing():
+            # An empty message is the heartbeat: this worker's loop still runs.
             self._writer.write(json.dumps(message).encode() + b"\n")
+            self._sent_at = now
 
 
 class _Dispatch:

@@ -9,8 +9,9 @@ What ties them together, in a private runtime directory (mode 0700, under `/dev/
 - `in-flight.board`: the requests in flight per node, over every process (`qiip_core.routing.InFlightBoard`),
   which least-connections, concurrency caps, admission and drains read.
 - `control.sock`: the primary's control channel. Each worker connects once it starts and reads the fleet: every
-  node the primary's routing table holds, with its effective status, its slots and its board column, then each
-  change as it happens (newline-delimited JSON). Each worker writes back, every 100 ms, the requests it
+  node the primary's routing table holds, with its effective status, its slots and its board column, and the models
+  expected from nodes still starting (`RoutingTable.expected`), then each change as it happens (newline-delimited
+  JSON). Each worker writes back, every 100 ms, the requests it
   finished (`_metrics.Accounted`) and its counters, which the primary's metrics add up (`/metrics` and
   `/admin/metrics` are the primary's, so they count every worker's requests), and the prefixes it routed, which
   the primary learns and passes on to the other workers with its own: prefix affinity's map is the same in
@@ -19,8 +20,10 @@ What ties them together, in a private runtime directory (mode 0700, under `/dev/
 - `admin.sock`: the primary's app on a Unix socket; a worker passes every request it does not serve itself
   (the admin API, `/health`, `/metrics`, the chat page) to the primary through it.
 
-A worker that exits is started again (its board row zeroed first: its requests ended with it); a worker whose
-primary is gone shuts down. Each worker keeps its own circuit breakers and per-address connection limits.
+A worker that exits is started again (its board row zeroed first: its requests ended with it). A worker writes on
+its control channel at least every `_worker.HEARTBEAT_S`; one silent for `SILENT_S` (stopped, or its event loop
+stuck) serves nobody while its reservations still count: it is killed, logged, and replaced the same way. A worker
+whose primary is gone shuts down. Each worker keeps its own circuit breakers and per-address connection limits.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -88,6 +92,17 @@ _RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
 _STABLE_AFTER_S = 30.0
 """A worker that ran this long before it exited is started again at once."""
+
+SILENT_S = 5.0
+"""A worker that has said nothing on its control channel for this long (it writes every `_worker.HEARTBEAT_S`) is
+killed and replaced."""
+
+START_SILENT_S = 60.0
+"""The same for a worker that has not greeted the primary yet: starting a process and importing the daemon takes
+seconds on a busy host."""
+
+_WATCH_S = 0.5
+"""How often the primary looks at its workers."""
 
 
 def create_runtime_dir() -> Path:
@@ -168,6 +183,9 @@ class _Worker:
         self.started_at = 0.0
         self.quick_exits = 0
         self.restart_at = 0.0
+        self.heard_at = 0.0
+        """When it last wrote on its control channel (or was started), in `time.monotonic()` seconds."""
+        self.greeted = False
         self.writer: asyncio.StreamWriter | None = None
         self.counters: dict[str, float] = {}
         self.pending: dict[str, list[Any]] = {}
@@ -204,6 +222,7 @@ class WorkerPool:
         self._server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._sent: dict[str, dict[str, Any]] = {}
+        self._sent_expected: dict[str, Any] = {}
         self._changed = asyncio.Event()
         self._remove_listener: Callable[[], None] | None = None
         self._stopping = False
@@ -250,7 +269,8 @@ class WorkerPool:
         )
         process.start()
         worker.process = process
-        worker.started_at = time.monotonic()
+        worker.started_at = worker.heard_at = time.monotonic()
+        worker.greeted = False
 
     def tokens_changed(self) -> None:
         """An invoke token was created or revoked here: have every worker read the token store at once, so the
@@ -268,18 +288,26 @@ class WorkerPool:
                 worker.process.terminate()
 
     async def _watch(self) -> None:
-        """Start again every worker that exited, after zeroing its board row."""
+        """Kill every worker silent for too long; start again every worker that exited, after zeroing its board
+        row."""
+        awake_since = last = time.monotonic()
         while not self._stopping:
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(_WATCH_S)
             now = time.monotonic()
+            if now - last > 4 * _WATCH_S:
+                # This process's own loop was held up: what the workers wrote meanwhile is still unread.
+                awake_since = now
+            last = now
             for worker in self._workers:
                 process = worker.process
                 if process is not None and process.exitcode is None:
+                    self._kill_if_silent(worker, process, now - max(worker.heard_at, awake_since))
                     continue
                 if process is not None:
                     code = process.exitcode
                     process.close()
                     worker.process = None
+                    released = self.board.row_total(worker.row)
                     self.board.clear_row(worker.row)
                     ran_s = now - worker.started_at
                     worker.quick_exits = 0 if ran_s >= _STABLE_AFTER_S else worker.quick_exits + 1
@@ -290,19 +318,39 @@ class WorkerPool:
                     )
                     worker.restart_at = now + wait_s
                     logger.error(
-                        "worker %d exited (status %s) after %.0f s; starting it again%s",
+                        "worker %d exited (status %s) after %.0f s; %d request(s) it had in flight released; "
+                        "starting it again%s",
                         worker.row,
                         code,
                         ran_s,
+                        released,
                         f" in {wait_s:g} s" if wait_s else "",
                     )
                 if now >= worker.restart_at and not self._stopping:
                     self._spawn(worker)
 
+    def _kill_if_silent(self, worker: _Worker, process: BaseProcess, silent_s: float) -> None:
+        """Kill `worker` when it has been silent too long (`SILENT_S`, `START_SILENT_S` before its greeting); the
+        next look finds it exited and replaces it."""
+        if silent_s < (SILENT_S if worker.greeted else START_SILENT_S):
+            return
+        logger.error(
+            "worker %d (pid %s) has said nothing for %.1f s (stopped, or its event loop is stuck): killing it",
+            worker.row,
+            process.pid,
+            silent_s,
+        )
+        process.kill()
+        worker.heard_at = time.monotonic()  # said once: the next look finds it exited
+
     # -- the fleet ------------------------------------------------------------------------------------------
 
     def _table_changed(self, change: TableChange) -> None:
         self._changed.set()
+
+    def _expected(self) -> dict[str, Any]:
+        """The fleet message of the models expected from nodes still starting (`RoutingTable.expected`)."""
+        return {"expected": {model: asdict(e) for model, e in self.gateway.table.expected.items()}}
 
     def _records(self) -> dict[str, dict[str, Any]]:
         """The fleet message of every node for the workers: the registration with its effective status, where it
@@ -328,6 +376,10 @@ class WorkerPool:
             lines = [json.dumps(r) for node_id, r in records.items() if self._sent.get(node_id) != r]
             lines += [json.dumps({"delete": node_id}) for node_id in self._sent.keys() - records.keys()]
             self._sent = records
+            expected = self._expected()
+            if expected != self._sent_expected:
+                lines.append(json.dumps(expected))
+                self._sent_expected = expected
             if lines:
                 data = ("\n".join(lines) + "\n").encode()
                 for worker in self._workers:
@@ -341,8 +393,10 @@ class WorkerPool:
         try:
             hello = json.loads(await reader.readline())
             worker = self._workers[int(hello["hello"]) - 1]
+            worker.heard_at, worker.greeted = time.monotonic(), True
             worker.counters = {}
             snapshot = [json.dumps(r) for r in self._records().values()]
+            snapshot.append(json.dumps(self._expected()))
             affinity = self.gateway.table.affinity
             if affinity is not None and len(affinity):
                 # A worker starting (or started again) begins with the prefixes every process has routed so far.
@@ -351,6 +405,7 @@ class WorkerPool:
             writer.write(("\n".join(snapshot) + "\n").encode())
             worker.writer = writer
             while line := await reader.readline():
+                worker.heard_at = time.monotonic()
                 self._account(worker, json.loads(line))
         except (ConnectionError, ValueError, KeyError, IndexError, TypeError) as exc:
             logger.warning("a worker's control connection failed: %s", exc)

@@ -122,8 +122,9 @@ class ServerSettings(_Group):
     proxy in front (AWS ALB: 60 s; Google Cloud's load balancers: 600 s, so 620 there): the balancer reuses
     an idle connection for that long, and one the daemon closed first fails its next request."""
     max_client_connections: int | None = Field(default=None, ge=1)
-    """Client connections (idle keep-alive ones included) served at once; one more is answered 503 and
-    closed (uvicorn's `limit_concurrency`). None: derived at start from the open-file limit (raised to its
+    """Client connections (idle keep-alive ones included) each serving process holds at once, counted as they are
+    accepted: one more takes the place of the connection idle (or silent) longest, or, when every connection has a
+    request in progress, is answered 503 and closed. None: derived at start from the open-file limit (raised to its
     hard limit where allowed), keeping room for connections to nodes and health probes, so clients can never
     take the file descriptors node traffic needs."""
     max_header_bytes: int = Field(default=64 * 1024, ge=4096, le=16 * MiB)

@@ -45,7 +45,8 @@ class TelemetrySettings(_Group):
     """Seconds between two NVML readings of the agent, and between two polls of an agent by the daemon."""
     expire_after_intervals: int = Field(default=3, ge=2, le=100)
     """A reading is dropped after this many intervals without a newer one: the etcd lease of the agent's key
-    (at least 2 s, etcd's shortest), and the age past which the daemon stops exporting it to Prometheus."""
+    (at least 2 s, etcd's shortest), and the age past which the daemon stops exporting it to Prometheus, counted in
+    the interval the agent reports in each reading (or the daemon's poll interval when that is longer)."""
     node_id: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
     """The node id the agent publishes under (`qiip agent --node-id`); None: the host's name."""
     listen_host: str = "127.0.0.1"

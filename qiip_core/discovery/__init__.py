@@ -31,7 +31,7 @@ from qiip_core.discovery._embedded import (
     list_registrations,
     remove_from_state_file,
 )
-from qiip_core.discovery._etcd import EtcdRegistry, decode_node, encode_node
+from qiip_core.discovery._etcd import LAST_KNOWN_FILE, EtcdRegistry, decode_node, encode_node
 from qiip_core.discovery._factory import create_registry
 from qiip_core.discovery._statefile import STATE_FILE_NAME, StateFile
 
@@ -39,6 +39,7 @@ from qiip_core.discovery._statefile import STATE_FILE_NAME, StateFile
 from qiip_core.storage import EtcdClient, LockedJsonFile, PrefixFollower, atomic_write
 
 __all__ = [
+    "LAST_KNOWN_FILE",
     "MAX_TOKEN_FILE_BYTES",
     "STATE_FILE_NAME",
     "EmbeddedRegistry",

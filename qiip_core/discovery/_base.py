@@ -11,6 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 
 from qiip_core.nodes import Node, NodeStatus
@@ -77,12 +78,15 @@ class RegistryStatus:
         health: ok or degraded.
         detail: a sentence for operators (where the state lives, or what fails).
         nodes: registrations known.
+        last_known_at: while the backend could not be read since the daemon started, when the fleet it serves
+            instead was saved (etcd: `<state_dir>/etcd-fleet.json`); None otherwise.
     """
 
     backend: str
     health: RegistryHealth
     detail: str
     nodes: int
+    last_known_at: datetime | None = None
 
 
 class Registry(ABC):

@@ -30,6 +30,7 @@ from qiip_core.routing._response import HOP_BY_HOP_HEADERS, UpstreamResponse
 from qiip_core.routing._sse import EventFramer, event_boundary
 from qiip_core.routing._table import (
     ChangeKind,
+    ExpectedModel,
     NodeState,
     Reservation,
     RoutingTable,
@@ -63,6 +64,7 @@ __all__ = [
     "CircuitBreaker",
     "ColumnMap",
     "EventFramer",
+    "ExpectedModel",
     "Forwarder",
     "InFlightBoard",
     "NodeState",

@@ -87,6 +87,10 @@ class InFlightBoard:
         """Set this process's count for the node of `column`."""
         self._cells[column * self.rows + self.row] = count
 
+    def row_total(self, row: int) -> int:
+        """Requests in flight that process `row` counts, over every node."""
+        return sum(self._cells[row :: self.rows])
+
     def clear_row(self, row: int) -> None:
         """Zero every count of process `row` (one that exited: its requests ended with it)."""
         for column in range(self.columns):

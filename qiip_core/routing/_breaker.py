@@ -16,6 +16,10 @@ trial's success closes it at once, its failure opens it again for twice as long.
 an outcome (the client left) gives the slot back. The health checker may run the trial too: once
 `/health` answers, it sends one real one-token completion.
 
+A trial forced before the timer has run out (that recovery probe, or a request's last chance when every node of
+its model is open) that fails leaves the timer as it was: the open period doubles once per period, not once per
+request, so `Retry-After` never grows faster than time passes.
+
     closed ──(rate over the window)──▶ open ──(open_s passed: one trial)──▶ half-open
       ▲                                 ▲                                      │
       └────────────────(success)────────┼──────────────────────────────────────┤
@@ -97,6 +101,7 @@ class CircuitBreaker:
 
     __slots__ = (
         "_clock",
+        "_early",
         "_outcomes",
         "_trips",
         "consecutive_failures",
@@ -117,6 +122,8 @@ class CircuitBreaker:
         self._outcomes: deque[list[int]] = deque()
         # Trips since the breaker last closed: the open period doubles with each.
         self._trips = 0
+        # The trial in flight was forced before the timer ran out: its failure keeps the timer.
+        self._early = False
 
     def record_success(self) -> None:
         """A request or trial succeeded: a breaker not closed closes at once."""
@@ -142,7 +149,10 @@ class CircuitBreaker:
         now = self._clock()
         if self.state is BreakerState.HALF_OPEN:
             self._count(now)
-            self._open(now)
+            if self._early:
+                self.state = BreakerState.OPEN
+            else:
+                self._open(now)
             return True
         if self.state is BreakerState.OPEN:
             return True
@@ -170,11 +180,15 @@ class CircuitBreaker:
 
         Returns:
             True when the breaker was open (and its timer had run out, or `force`) and is now half-open:
-            the caller must report the trial's outcome with `record_success`, `record_failure` or `reopen`.
+            the caller must report the trial's outcome with `record_success`, `record_failure` or `reopen`. A forced
+            trial's failure before the timer ran out leaves the timer as it was.
         """
-        if self.state is BreakerState.OPEN and (force or self._clock() >= self.retry_at):
-            self.state = BreakerState.HALF_OPEN
-            return True
+        if self.state is BreakerState.OPEN:
+            early = self._clock() < self.retry_at
+            if force or not early:
+                self.state = BreakerState.HALF_OPEN
+                self._early = early
+                return True
         return False
 
     def reopen(self) -> None:

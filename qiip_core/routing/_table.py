@@ -14,6 +14,9 @@ disagree:
 - liveness (healthy, unhealthy, unknown) observed by this gateway wins over liveness read from the
   registry; before this gateway has observed a node, the registry's liveness is used;
 - a node deleted from the registry turns `draining` and leaves the table when its last request ends.
+
+A model no node serves yet but some will (the daemon's own llama.cpp nodes while they start: `expected`) answers
+503 `model_unavailable`, not 404 `model_not_found`: OpenAI clients retry the one, never the other.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from qiip_core.routing._state import NodeState, select_least_connections
 
 __all__ = [
     "ChangeKind",
+    "ExpectedModel",
     "NodeState",
     "Reservation",
     "RoutingTable",
@@ -69,6 +73,20 @@ class TableChange:
     kind: ChangeKind
     node: Node
     reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ExpectedModel:
+    """A model that nodes not registered yet will serve (`RoutingTable.expected`).
+
+    Attributes:
+        why: what it waits for, for the error message (`its local node chat-a is starting`).
+        retry_after_s: the answer's `Retry-After`, in seconds; None when nothing is on its way (a node that failed
+            to start).
+    """
+
+    why: str
+    retry_after_s: float | None
 
 
 class Reservation:
@@ -165,6 +183,9 @@ class RoutingTable:
         self._breaker = breaker or BreakerPolicy()
         self._rng = rng or random.Random()
         self._listeners: list[Callable[[TableChange], None]] = []
+        self.expected: dict[str, ExpectedModel] = {}
+        """Models no registered node serves yet that nodes on their way will (the daemon's own llama.cpp nodes
+        while they start), by name: a request for one gets 503 `model_unavailable`, not 404."""
 
     # -- reading -------------------------------------------------------------------------------------------
 
@@ -261,11 +282,19 @@ class RoutingTable:
 
     def routing_error(self, model: str, *, api: ApiName | None = None) -> RoutingError:
         """The error for a request that finds no eligible node: `NoNodes`, `ModelNotFound`,
-        `EndpointNotSupported` or `ModelUnavailable`, by the same rules as `reserve`."""
-        if not self._states:
-            return NoNodes("No inference nodes are registered.", model=model)
+        `EndpointNotSupported` or `ModelUnavailable` (also for a model only `expected` so far), by the same rules as
+        `reserve`."""
         serving = self._by_model.get(model)
         if not serving:
+            expected = self.expected.get(model)
+            if expected is not None:
+                unavailable = ModelUnavailable(
+                    f"The model {model!r} is not served yet: {expected.why}; retry later.", model=model
+                )
+                unavailable.retry_after_s = expected.retry_after_s
+                return unavailable
+            if not self._states:
+                return NoNodes("No inference nodes are registered.", model=model)
             return ModelNotFound(f"The model {_shown_model(model)} does not exist on any node.", model=model)
         if api is not None and not any(api in s.node.capabilities.endpoints for s in serving.values()):
             offered = sorted({e for s in serving.values() for e in s.node.capabilities.endpoints})
@@ -459,8 +488,10 @@ class RoutingTable:
         return opened
 
     def retry_after_s(self, model: str) -> float | None:
-        """Seconds until a node of `model` may take requests again: the earliest breaker trial; else, when a
-        node waits for a health probe (unhealthy or unknown), the probe interval; else None.
+        """Seconds until a node of `model` can next be tried, the earliest over its nodes: a node with an open
+        breaker at its breaker's next trial, or at its next health probe if that comes first (a good probe runs the
+        trial at once); a node waiting for a health probe (unhealthy or unknown) at that probe. None when no node
+        will be tried by itself (draining, provisioning, or busy).
 
         Args:
             model: the model.
@@ -468,12 +499,15 @@ class RoutingTable:
         serving = self._by_model.get(model)
         if not serving:
             return None
-        times = [s.breaker.retry_at for s in serving.values() if s.breaker.state is BreakerState.OPEN]
-        if times:
-            return max(0.0, min(times) - time.monotonic())
+        now = time.monotonic()
+        waits = [
+            min(max(0.0, s.breaker.retry_at - now), self._probe_interval_s)
+            for s in serving.values()
+            if s.breaker.state is BreakerState.OPEN
+        ]
         if any(s.status in (NodeStatus.UNHEALTHY, NodeStatus.UNKNOWN) for s in serving.values()):
-            return self._probe_interval_s
-        return None
+            waits.append(self._probe_interval_s)
+        return min(waits) if waits else None
 
     def mark_heartbeat(self, node_id: str) -> None:
         """Record a successful health observation time on the node's registration."""

@@ -7,9 +7,11 @@ TelemetryStore                 node id → latest reading, aged by the daemon's 
 ```
 
 A reading is aged from when the daemon received it (not from the agent's `read_at`, which is another host's
-clock): a poll that returns the reading already held does not make it younger. A reading older than
-`telemetry.expiry_s` is stale: the admin API still shows it (with its age), Prometheus no longer gets it. With
-etcd, the key's lease removes a dead agent's reading by itself.
+clock): a poll that returns the reading already held does not make it younger. A reading is stale once it is older
+than `telemetry.expire_after_intervals` of its own intervals (the `interval_s` the agent reports in it, or the
+daemon's poll interval when that is longer): an agent reading every 10 s is judged by 10 s, whatever the daemon's
+`telemetry.interval_s`. The admin API still shows a stale reading (with its age); Prometheus no longer gets it.
+With etcd, the key's lease removes a dead agent's reading by itself.
 
 Readings arrive as JSON from other hosts; each is validated as a `NodeTelemetry` and bounded in size before it is
 kept, and a reading whose `node_id` is not the one it was published under is refused.
@@ -35,6 +37,7 @@ from qiip_core.storage import EtcdClient, PrefixFollower, load_json_object, unb6
 from qiip_core.telemetry._types import TELEMETRY_PATH, LiveGpus, NodeTelemetry
 
 __all__ = [
+    "MAX_INTERVAL_S",
     "MAX_READING_BYTES",
     "AgentPoller",
     "EtcdTelemetryWatch",
@@ -49,6 +52,10 @@ logger = logging.getLogger("qiip.telemetry")
 
 MAX_READING_BYTES = 256 * 1024
 """The largest reading accepted: 64 GPUs with 256 processes each fit in well under this."""
+
+MAX_INTERVAL_S = 3600.0
+"""The longest interval a reading is judged by: the longest an agent may be set to read at (`telemetry.interval_s`),
+so a reading that claims more still goes stale."""
 
 
 def decode_reading(value: bytes, node_id: str) -> NodeTelemetry:
@@ -75,20 +82,37 @@ class LiveReading:
     reading: NodeTelemetry
     received_at: float
     """`time.monotonic()` when the daemon received it."""
+    expiry_s: float
+    """Its age in seconds past which it is stale (`TelemetryStore.expiry_for`)."""
 
 
 class TelemetryStore:
     """The latest reading of each node.
 
     Args:
-        expiry_s: age in seconds past which a reading is stale (`telemetry.expiry_s`).
+        expire_after_intervals: how many of a reading's intervals it stays fresh
+            (`telemetry.expire_after_intervals`).
+        min_interval_s: the shortest interval a reading is judged by, in seconds: the daemon's poll interval when it
+            polls agents (a reading cannot be renewed faster than it is fetched); 0 when readings are pushed (etcd).
         clock: the monotonic clock, in seconds.
     """
 
-    def __init__(self, *, expiry_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.expiry_s = expiry_s
+    def __init__(
+        self,
+        *,
+        expire_after_intervals: int,
+        min_interval_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.expire_after_intervals = expire_after_intervals
+        self.min_interval_s = min_interval_s
         self._clock = clock
         self._latest: dict[str, LiveReading] = {}
+
+    def expiry_for(self, reading: NodeTelemetry) -> float:
+        """Seconds after its receipt that `reading` goes stale: `expire_after_intervals` of its own interval (the
+        agent's `interval_s`, at most `MAX_INTERVAL_S`), or of `min_interval_s` when that is longer."""
+        return self.expire_after_intervals * max(min(reading.interval_s, MAX_INTERVAL_S), self.min_interval_s)
 
     def __len__(self) -> int:
         return len(self._latest)
@@ -98,7 +122,7 @@ class TelemetryStore:
         held = self._latest.get(reading.node_id)
         if held is not None and held.reading.read_at == reading.read_at:
             return False
-        self._latest[reading.node_id] = LiveReading(reading, self._clock())
+        self._latest[reading.node_id] = LiveReading(reading, self._clock(), self.expiry_for(reading))
         return True
 
     def delete(self, node_id: str) -> None:
@@ -114,12 +138,12 @@ class TelemetryStore:
         return max(0.0, self._clock() - live.received_at)
 
     def fresh_with_age(self) -> Iterator[tuple[str, NodeTelemetry, float]]:
-        """(node id, reading, age in seconds) of every reading at most `expiry_s` old, by node id."""
+        """(node id, reading, age in seconds) of every reading that is not stale (`expiry_for`), by node id."""
         now = self._clock()
         for node_id in sorted(self._latest):
             live = self._latest[node_id]
             age_s = max(0.0, now - live.received_at)
-            if age_s <= self.expiry_s:
+            if age_s <= live.expiry_s:
                 yield node_id, live.reading, age_s
 
     def view(self, node_id: str) -> dict[str, Any] | None:
@@ -139,7 +163,7 @@ class TelemetryStore:
         view = LiveGpus(
             read_at=reading.read_at,
             age_s=round(age_s, 3),
-            stale=age_s > self.expiry_s,
+            stale=age_s > live.expiry_s,
             interval_s=reading.interval_s,
             driver_version=reading.driver_version,
             gpus=reading.gpus,

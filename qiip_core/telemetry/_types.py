@@ -104,7 +104,8 @@ class LiveGpus(_Shape):
     age_s: float = Field(ge=0)
     """Seconds since the gateway received the reading (the gateway's clock)."""
     stale: bool
-    """True once the reading is older than `telemetry.expire_after_intervals` intervals (no longer in `/metrics`)."""
+    """True once the reading is older than `telemetry.expire_after_intervals` of its own `interval_s` (no longer in
+    `/metrics`)."""
     interval_s: float = Field(gt=0)
     """The agent's reading interval, in seconds."""
     driver_version: str = ""

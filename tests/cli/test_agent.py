@@ -193,6 +193,27 @@ def read_all(sock: socket.socket) -> bytes:
     return received
 
 
+def test_a_reading_is_judged_by_the_agent_s_own_interval_not_the_gateway_s(
+    etcd: EtcdServer, nvml_stub: Path, tmp_path: Path
+):
+    # By the gateway's own interval (0.2 s) a reading would be stale 0.6 s after it came; the agent reads every 2 s.
+    gateway_env = etcd_env(etcd) | INTERVAL
+    agent_env = etcd_env(etcd) | {"QIIP_TELEMETRY__INTERVAL_S": "2", "LD_LIBRARY_PATH": str(nvml_stub)}
+    with (
+        Daemon(tmp_path / "gateway", env=gateway_env) as daemon,
+        Agent(tmp_path / "agent", env=agent_env, args=("--node-id", "gpu-node-3")),
+    ):
+        register(daemon, "gpu-node-3")
+        wait_until(lambda: gpus_live(daemon, "gpu-node-3") is not None, 20, "the first reading")
+        first = gpus_live(daemon, "gpu-node-3")["read_at"]
+        deadline = time.monotonic() + 30
+        # From one reading to the next, the GPUs never vanish.
+        while (live := gpus_live(daemon, "gpu-node-3"))["read_at"] == first:
+            assert live["stale"] is False and live["interval_s"] == 2.0
+            assert gauge(daemon, "qiip_gpu_memory_total_bytes", "gpu-node-3", "0") is not None
+            assert time.monotonic() < deadline, "no second reading"
+
+
 def test_without_nvml_the_agent_says_so_once_and_publishes_nothing(etcd: EtcdServer, tmp_path: Path):
     with Agent(tmp_path / "agent", env=etcd_env(etcd) | INTERVAL, args=("--node-id", "cpu-node")) as agent:
         wait_until(lambda: "NVML cannot be used" in agent.log(), 20, "the agent to report no NVML")

@@ -87,6 +87,45 @@ def test_requests_are_served_through_an_etcd_outage(
     assert status.returncode == 0 and "backend: etcd" in status.stdout and "nodes:   2" in status.stdout
 
 
+def test_a_gateway_started_while_etcd_is_down_serves_the_fleet_it_last_knew(
+    etcd: EtcdServer, backends: Backends, tmp_path: Path
+) -> None:
+    env = etcd_env(etcd) | {"QIIP_ETCD__RECONNECT_MAX_BACKOFF_S": "0.5"}
+    first, second = backends(), backends()
+    assert run_qiip(tmp_path, "node", "add", "gpu01", first.url, "--model", "m", env=env).returncode == 0
+    saved = tmp_path / "gw" / "etcd-fleet.json"
+    with Daemon(tmp_path / "gw", env=env) as gateway:
+        gateway.wait_status("gpu01", "healthy", timeout_s=10)
+        wait_until(lambda: saved.exists() and '"gpu01"' in saved.read_text(), 10, "the fleet to be saved")
+    # While the gateway is down the fleet changes; then etcd goes down too.
+    assert run_qiip(tmp_path, "node", "remove", "gpu01", env=env).returncode == 0
+    assert run_qiip(tmp_path, "node", "add", "gpu02", second.url, "--model", "m", env=env).returncode == 0
+    etcd.stop()
+    # A gateway that never read the fleet has nothing to route: its /health fails, for the load balancer.
+    fresh = Daemon(tmp_path / "fresh", env=env).start(healthy=False)
+    try:
+        answer = fresh.client.get("/health")
+        assert answer.status_code == 503 and answer.json()["status"] == "unavailable"
+        assert answer.json()["registry"]["last_known_at"] is None
+    finally:
+        fresh.close()
+    # The one that did serves what it last knew, and says so.
+    with Daemon(tmp_path / "gw", env=env) as gateway:
+        gateway.wait_status("gpu01", "healthy", timeout_s=10)
+        assert httpx.post(gateway.url + "/v1/chat/completions", json={"model": "m", "messages": []}).status_code == 200
+        health = gateway.client.get("/health").json()
+        assert health["status"] == "degraded" and health["registry"]["last_known_at"] is not None
+        assert "Serving the last known fleet (1 node(s), saved " in health["registry"]["detail"]
+        assert "Serving the last known fleet until it answers: 1 node(s)" in gateway.log()
+        # etcd back: its fleet replaces the saved one.
+        etcd.start()
+        gateway.wait_status("gpu02", "healthy", timeout_s=20)
+        gateway.wait_gone("gpu01", timeout_s=10)
+        health = gateway.client.get("/health").json()
+        assert health["status"] == "ok" and health["registry"]["last_known_at"] is None
+        wait_until(lambda: '"gpu02"' in saved.read_text() and '"gpu01"' not in saved.read_text(), 10, "a new save")
+
+
 def test_a_managed_node_nobody_can_reach_expires(
     gateways: tuple[Daemon, Daemon], etcd: EtcdServer, backends: Backends
 ) -> None:

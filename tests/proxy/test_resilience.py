@@ -7,6 +7,7 @@ import asyncio
 import json
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -121,6 +122,26 @@ def test_when_every_breaker_is_open_requests_are_still_tried(
     assert all(int(answer.headers["retry-after"]) >= 1 for answer in failed[3:])
     only.start_listening()
     assert httpx.post(steady_daemon.url + CHAT, json=body(model), timeout=30).status_code == 200
+
+
+def test_retry_after_stays_within_the_breaker_s_period_however_many_requests_fail(
+    tmp_path: Path, backends: Backends, model: str
+) -> None:
+    # A breaker's first open period of 20 s, and no health probe for a minute: before, each request's failed last
+    # chance doubled the period it announced (20, 40, 80, … s).
+    env = {"QIIP_HEALTH__INTERVAL_S": "60", "QIIP_BREAKER__OPEN_S": "20", "QIIP_BREAKER__OPEN_MAX_S": "600"}
+    with Daemon(tmp_path, env=env) as daemon:
+        only = backends()
+        daemon.add_node(f"{model}-only", only.url, model)
+        only.stop_listening(drop_connections=True)
+        failed = [httpx.post(daemon.url + CHAT, json=body(model), timeout=30) for _ in range(8)]
+        assert {answer.status_code for answer in failed} == {502}
+        assert daemon.counter("qiip_node_breaker_open", node=f"{model}-only") == 1
+        announced = [int(answer.headers["retry-after"]) for answer in failed if "retry-after" in answer.headers]
+        assert len(announced) >= 5 and all(1 <= seconds <= 20 for seconds in announced), announced
+        # The node back: the next request tries it, whatever was announced.
+        only.start_listening()
+        assert httpx.post(daemon.url + CHAT, json=body(model), timeout=30).status_code == 200
 
 
 def test_an_unavailable_model_says_which_nodes_serve_it_and_when_to_retry(

@@ -6,11 +6,13 @@ requests no longer counted, and a stopped daemon taking its workers and its runt
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -18,12 +20,13 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.support.cli import clean_environ
-from tests.support.daemon import Daemon, wait_until
+from tests.support.daemon import Daemon, closed_by_server, wait_until
 from tests.support.fault_backend import Completion, FaultBackend, Gated
-from tests.support.procnet import children
+from tests.support.procnet import children, connections_held
 from tests.support.workers import Connections, answer, ask, get, processes, start_with_workers
 
 pytestmark = pytest.mark.integration
@@ -86,6 +89,41 @@ def test_both_processes_serve_the_client_api_and_pass_everything_else_to_the_pri
         assert status == 404 and json.loads(body)["error"]["code"] == "not_found"
     # Every request reaches the primary's metrics, whichever process served it.
     wait_until(lambda: daemon.counter("qiip_requests_total", model=model, status="200") == 4, 5, "4 requests counted")
+
+
+def test_every_answer_from_either_process_carries_one_date_header(
+    daemon: Daemon, connections: Connections, backends: Callable[..., FaultBackend], model: str
+) -> None:
+    backend = backends()
+    daemon.add_node(f"{model}-n", backend.url, model)
+    chat = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}]})
+    requests = [
+        ("POST", "/v1/chat/completions", chat, {}),
+        ("POST", "/v1/chat/completions", chat.replace('"messages"', '"stream": true, "messages"'), {}),
+        ("POST", "/v1/chat/completions", chat.replace(model, "no-such-model"), {}),
+        ("GET", "/v1/models", None, {}),
+        ("GET", "/health", None, {}),
+        ("GET", "/metrics", None, {}),
+        ("GET", "/admin/nodes", None, ADMIN),
+        ("GET", "/admin/nodes", None, {}),
+        ("GET", "/chat", None, {}),
+        ("GET", "/nowhere", None, {}),
+    ]
+    for pid in connections.pids:
+        # An address of its own: its one refused login must not count against the other tests' throttle.
+        connection = connections.on(pid, source="127.0.0.11")
+        for method, path, body, headers in requests:
+            connection.request(method, path, body, {"Content-Type": "application/json", **headers})
+            response = connection.getresponse()
+            response.read()
+            dates = [value for name, value in response.getheaders() if name.lower() == "date"]
+            assert len(dates) == 1, (pid, method, path, response.status, response.getheaders())
+        # An answer of the server itself, before any app: headers over the limit.
+        refused = connections.on(pid, source="127.0.0.11")
+        assert refused.sock is not None
+        refused.sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n")
+        head = refused.sock.makefile("rb").read().split(b"\r\n\r\n", 1)[0].lower()
+        assert head.startswith(b"http/1.1 431") and head.count(b"\r\ndate: ") == 1, head
 
 
 def test_failed_logins_are_throttled_per_client_address_over_both_processes(
@@ -200,6 +238,118 @@ def test_a_killed_worker_is_started_again_and_its_requests_stop_counting(
         answer(held[0])
 
 
+def test_a_worker_that_falls_silent_is_killed_and_replaced_and_its_requests_released(
+    daemon: Daemon, connections: Connections, backends: Callable[..., FaultBackend], model: str
+) -> None:
+    backend = backends()
+    daemon.add_node(f"{model}-n", backend.url, model)
+    primary, worker = connections.pids
+    held, gate = hold(connections, backend, model, [worker])
+    wait_until(lambda: daemon.in_flight(f"{model}-n") == 1, 5, "1 request in flight")
+    started = daemon.log().count("worker 1 serving")
+    os.kill(worker, signal.SIGSTOP)
+
+    def released() -> bool:
+        try:
+            return daemon.in_flight(f"{model}-n") == 0
+        except httpx.HTTPError:
+            return False  # the test's own connection was the stopped worker's
+
+    try:
+        # Alive but silent: its request would count for ever. It is killed, and its request stops counting.
+        wait_until(released, 30, "the silent worker's request to stop counting")
+        wait_until(lambda: daemon.log().count("worker 1 serving") > started, 30, "a new worker to serve")
+    finally:
+        gate.set()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker, signal.SIGCONT)
+    log = daemon.log()
+    assert re.search(rf"worker 1 \(pid {worker}\) has said nothing for \d+\.\d s \(stopped", log), log
+    assert "worker 1 exited (status -9)" in log and "1 request(s) it had in flight released" in log
+    renewed = Connections(daemon)
+    try:
+        connection = renewed.on(renewed.pids[1])
+        ask(connection, model)
+        assert answer(connection)[0] == 200
+    finally:
+        renewed.close()
+
+
+def test_a_local_model_answers_503_from_every_process_until_its_node_is_registered(
+    tmp_path: Path, tiny_gguf: Path, llama_server_binary: Path
+) -> None:
+    # llama-server held at its start until the gate opens: the model loading, as long as the test wants.
+    gate = tmp_path / "gate"
+    held = tmp_path / "bin" / "llama-server"
+    held.parent.mkdir()
+    held.write_text(f'#!/bin/sh\nwhile [ ! -e "{gate}" ]; do sleep 0.05; done\nexec "{llama_server_binary}" "$@"\n')
+    held.chmod(0o755)
+    local = [{"id": "local-a", "gguf": str(tiny_gguf), "model": "tiny-local", "slots": 1, "threads": 1}]
+    env = {**WORKERS_ENV, "QIIP_LOCAL_NODES": json.dumps(local), "QIIP_ENGINES__LLAMACPP__SERVER_BINARY": str(held)}
+    daemon = start_with_workers(Daemon(tmp_path / "daemon", env=env))
+    connections = Connections(daemon)
+    try:
+        health = daemon.client.get("/health").json()
+        assert health["status"] == "starting" and health["local_nodes"] == {"local-a": "starting"}
+        for pid in connections.pids:
+            connection = connections.on(pid)
+            ask(connection, "tiny-local")
+            status, headers, body = answer(connection)
+            error = json.loads(body)["error"]
+            assert (status, error["code"], headers.get("retry-after")) == (503, "model_unavailable", "5"), pid
+            assert "its local node local-a is starting" in error["message"]
+            assert get(connection, "/v1/models/tiny-local")[0] == 503
+            ask(connection, "no-such-model")
+            status, _, body = answer(connection)
+            assert (status, json.loads(body)["error"]["code"]) == (503, "no_nodes")  # no node registered at all
+        gate.touch()
+        daemon.wait_status("local-a", "healthy", timeout_s=60)
+        for pid in connections.pids:
+            connection = connections.on(pid)
+            ask(connection, "tiny-local", max_tokens=2)
+            assert answer(connection)[0] == 200, pid
+        assert daemon.client.get("/health").json()["status"] == "ok"
+    finally:
+        gate.touch()
+        connections.close()
+        daemon.close()
+
+
+def test_silent_connections_take_no_more_than_the_cap_in_either_process_and_never_keep_admin_out(
+    tmp_path: Path,
+) -> None:
+    daemon = start_with_workers(Daemon(tmp_path, env={**WORKERS_ENV, "QIIP_SERVER__MAX_CLIENT_CONNECTIONS": "8"}))
+    silent: list[socket.socket] = []
+    try:
+        pids = processes(daemon)
+        # Sixty sockets that never send a byte, from five addresses: far more than both processes' caps together.
+        for n in range(60):
+            address = (f"127.0.0.{2 + n % 5}", 0)
+            silent.append(socket.create_connection(("127.0.0.1", daemon.port), timeout=10, source_address=address))
+
+        def settled() -> bool:
+            held = [connections_held(pid, daemon.port) for pid in pids]
+            return sum(held) + sum(closed_by_server(sock) for sock in silent) == 60
+
+        # Every one accepted: each process closed the ones silent longest to stay at its cap.
+        wait_until(settled, 15, "every silent connection to be accepted, and the oldest closed")
+        assert all(connections_held(pid, daemon.port) <= 8 for pid in pids)
+        # A client with something to ask gets in, in either process.
+        connections = Connections(daemon)
+        try:
+            for pid in connections.pids:
+                status, _, body = get(connections.on(pid, source="127.0.0.7"), "/admin/nodes", **ADMIN)
+                assert status == 200, (pid, body)
+        finally:
+            connections.close()
+        assert all(connections_held(pid, daemon.port) <= 8 for pid in pids)
+        assert "at the cap of 8 client connections: " in daemon.log()
+    finally:
+        for sock in silent:
+            sock.close()
+        daemon.close()
+
+
 def test_a_stopped_daemon_stops_its_workers_and_removes_its_runtime_directory(tmp_path: Path) -> None:
     daemon = start_with_workers(Daemon(tmp_path, env=WORKERS_ENV))
     try:
@@ -267,6 +417,39 @@ def test_on_sigterm_every_process_stops_accepting_at_once_and_finishes_its_reque
         status, _, _ = answer(held[0])
         assert status == 200
         assert daemon.process.wait(30) in (0, -signal.SIGTERM)
+    finally:
+        connections.close()
+        daemon.close()
+
+
+def test_at_the_end_of_the_grace_uploads_and_waiting_requests_end_quietly_in_every_process(
+    tmp_path: Path, backends: Callable[..., FaultBackend], model: str
+) -> None:
+    daemon = start_with_workers(Daemon(tmp_path, env={**WORKERS_ENV, "QIIP_SERVER__SHUTDOWN_TIMEOUT_S": "1"}))
+    connections = Connections(daemon)
+    try:
+        backend = backends()
+        daemon.add_node(f"{model}-n", backend.url, model)
+        waiting, gate = hold(connections, backend, model, connections.pids)
+        uploads = []
+        for pid in connections.pids:
+            for path in ("/v1/chat/completions", "/admin/nodes"):
+                upload = connections.on(pid)
+                upload.putrequest("POST", path)
+                for name, value in {**ADMIN, "Content-Type": "application/json", "Content-Length": "30000"}.items():
+                    upload.putheader(name, value)
+                upload.endheaders(b'{"model": "' + model.encode() + b'", "messages": [')
+                uploads.append(upload)
+        assert daemon.process is not None
+        daemon.process.send_signal(signal.SIGTERM)
+        assert daemon.process.wait(60) in (0, -signal.SIGTERM)
+        gate.set()
+        for connection in waiting:
+            status, _, body = answer(connection)
+            assert (status, json.loads(body)["error"]["code"]) == (503, "gateway_shutdown")
+        log = daemon.log()
+        assert "Traceback" not in log, log
+        assert log.count("shutdown: 2 request(s) still sending their body after 1 s were ended") == 2, log
     finally:
         connections.close()
         daemon.close()

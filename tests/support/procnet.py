@@ -55,3 +55,20 @@ def serving_pid(connection: http.client.HTTPConnection, pids: list[int]) -> int 
             except OSError:
                 continue
     return None
+
+
+def connections_held(pid: int, port: int) -> int:
+    """How many connections to the local `port` (their server side, established) the process `pid` holds open."""
+    inodes = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":  # 01: ESTABLISHED
+            inodes.add(f"socket:[{fields[9]}]")
+    held = 0
+    fd_dir = f"/proc/{pid}/fd"
+    for name in os.listdir(fd_dir):
+        try:
+            held += os.readlink(f"{fd_dir}/{name}") in inodes
+        except OSError:
+            continue
+    return held

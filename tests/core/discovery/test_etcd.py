@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +13,17 @@ import etcd3gw
 import pytest
 
 from qiip_core.config import Settings, load_settings
-from qiip_core.discovery import EtcdRegistry, RegistryEvent, RegistryEventKind, RegistryHealth, decode_node, encode_node
+from qiip_core.discovery import (
+    LAST_KNOWN_FILE,
+    EtcdRegistry,
+    RegistryEvent,
+    RegistryEventKind,
+    RegistryHealth,
+    decode_node,
+    encode_node,
+)
 from qiip_core.nodes import EndpointPolicy, Node
+from tests.support.daemon import free_port
 from tests.support.etcd import EtcdServer
 
 pytestmark = pytest.mark.integration
@@ -176,6 +186,39 @@ async def test_outage_keeps_the_last_view_and_recovers(
     raw_client(etcd).put("/nodes/b", value("http://127.0.0.1:9002"))
     await until(lambda: "b" in recorder.nodes, 20)
     assert reg.status().health is RegistryHealth.OK
+
+
+async def test_a_saved_fleet_is_checked_entry_by_entry_and_served_only_while_etcd_is_down(tmp_path: Path) -> None:
+    settings = load_settings(
+        state_dir=tmp_path, registry={"backend": "etcd"}, etcd={"endpoints": [f"http://127.0.0.1:{free_port()}"]}
+    )
+    saved = tmp_path / LAST_KNOWN_FILE
+    good = {"id": "a", "mod_revision": 5, "lease": 0, "value": value("http://127.0.0.1:9001")}
+    outside = {"id": "b", "mod_revision": 6, "lease": 0, "value": value("http://10.0.0.1:9002")}  # not allowed
+    broken = {"id": "c", "mod_revision": "x", "lease": 0, "value": value("http://127.0.0.1:9003")}
+    document = {"version": 1, "saved_at": "2026-12-01T12:00:00+00:00", "prefix": "/nodes/", "revision": 9}
+    saved.write_text(json.dumps({**document, "nodes": [good, outside, broken]}))
+    reg, recorder = EtcdRegistry(settings), Recorder()
+    await reg.start(recorder)
+    try:
+        assert list(recorder.nodes) == ["a"] and recorder.events[0].source == "etcd"
+        status = reg.status()
+        assert status.health is RegistryHealth.DEGRADED and status.last_known_at == datetime(
+            2026, 12, 1, 12, tzinfo=UTC
+        )
+        assert "Serving the last known fleet (1 node(s), saved 2026-12-01T12:00:00+00:00)" in status.detail
+    finally:
+        await reg.aclose()
+    # Served, never rewritten: only what etcd gives is saved.
+    assert json.loads(saved.read_text())["nodes"] == [good, outside, broken]
+    for unusable in (json.dumps({**document, "prefix": "/other/", "nodes": [good]}), "{not json"):
+        saved.write_text(unusable)
+        reg, recorder = EtcdRegistry(settings), Recorder()
+        await reg.start(recorder)
+        try:
+            assert recorder.nodes == {} and reg.status().last_known_at is None
+        finally:
+            await reg.aclose()
 
 
 async def test_managed_registration_carries_a_lease_and_is_refreshed(

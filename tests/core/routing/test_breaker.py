@@ -80,6 +80,24 @@ def test_its_own_timer_lets_one_trial_through_and_doubles_after_a_failed_trial()
     assert b.trial_due()
 
 
+def test_forced_trials_that_fail_before_the_timer_leave_it_as_it_was() -> None:
+    clock = Clock()
+    b = breaker(clock, min_failures=1, open_s=1, open_max_s=30)
+    b.record_failure()
+    due = b.retry_at
+    # Every node of a model open: each request is a last-chance trial, and each fails.
+    for _ in range(6):
+        clock.now += 0.1
+        assert b.try_half_open(force=True)
+        assert b.record_failure() is True
+    assert b.state is BreakerState.OPEN and b.retry_at == due and b.consecutive_failures == 7
+    # The trial its own timer let through fails: then, and only then, the period doubles.
+    clock.now = due
+    assert b.try_half_open()
+    b.record_failure()
+    assert b.retry_at == clock.now + 2
+
+
 def test_a_trial_given_back_may_go_again_at_once() -> None:
     clock = Clock()
     b = breaker(clock, min_failures=1)

@@ -7,7 +7,7 @@ import pytest
 
 from qiip_core import ModelNotFound, ModelUnavailable, NoNodes
 from qiip_core.nodes import Node, NodeCapabilities, NodeStatus
-from qiip_core.routing import BreakerPolicy, ChangeKind, RoutingTable, TableChange
+from qiip_core.routing import BreakerPolicy, ChangeKind, ExpectedModel, RoutingTable, TableChange
 
 
 def node(node_id: str, model: str = "m", status: NodeStatus = NodeStatus.HEALTHY, **kw: object) -> Node:
@@ -142,6 +142,41 @@ def test_when_every_breaker_is_open_the_node_that_failed_longest_ago_is_tried() 
     state = table.get("a")
     assert state is not None and state.breaker.trial_due()
     assert table.retry_after_s("m") == 0.0
+
+
+def test_a_model_expected_from_a_node_on_its_way_is_unavailable_not_missing() -> None:
+    table = RoutingTable()
+    table.expected = {"local": ExpectedModel("its local node a is starting", 5.0)}
+    for model, kind in [("local", ModelUnavailable), ("other", NoNodes)]:
+        with pytest.raises(kind) as refused:
+            table.reserve(model)
+        assert refused.value.retry_after_s == (5.0 if model == "local" else None)
+    assert "not served yet: its local node a is starting" in table.routing_error("local").message
+    table.apply_put(node("b", model="other"), source="test")
+    assert isinstance(table.routing_error("elsewhere"), ModelNotFound)
+    # Once registered, the node's own state speaks.
+    table.apply_put(node("a", model="local", status=NodeStatus.UNKNOWN), source="test")
+    assert "1 node: 1 unknown" in table.routing_error("local").message
+
+
+def test_retry_after_is_when_a_node_can_next_be_tried_never_past_the_next_probe() -> None:
+    table = RoutingTable(breaker=BreakerPolicy(min_failures=1, open_s=5, open_max_s=600), probe_interval_s=2.0)
+    table.apply_put(node("a"), source="test")
+    table.record_failure("a", "refused")
+    # Its breaker's trial is 5 s away, but a good health probe runs it within 2 s.
+    assert table.retry_after_s("m") == 2.0
+    # Requests' last chances that fail do not push it further.
+    for _ in range(8):
+        with table.reserve("m") as last_chance:
+            last_chance.record_failure("refused")
+    state = table.get("a")
+    assert state is not None and state.breaker.retry_at - time.monotonic() <= 5
+    assert table.retry_after_s("m") == 2.0
+    table.apply_put(node("b", status=NodeStatus.UNKNOWN), source="test")
+    assert table.retry_after_s("m") == 2.0  # b waits for its first probe
+    table.record_success("a")
+    table.set_liveness("b", NodeStatus.HEALTHY)
+    assert table.retry_after_s("m") is None
 
 
 def test_an_open_breaker_lets_one_trial_through_on_its_own_timer() -> None:

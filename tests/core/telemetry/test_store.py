@@ -20,9 +20,9 @@ from tests.support.nvml_stub import STUB_GPUS
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
 
-def reading(node_id: str = "gpu01", at: datetime = T0) -> NodeTelemetry:
+def reading(node_id: str = "gpu01", at: datetime = T0, interval_s: float = 1.0) -> NodeTelemetry:
     return NodeTelemetry.model_validate(
-        {"node_id": node_id, "hostname": "h", "read_at": at, "interval_s": 1.0, "gpus": list(STUB_GPUS)}
+        {"node_id": node_id, "hostname": "h", "read_at": at, "interval_s": interval_s, "gpus": list(STUB_GPUS)}
     )
 
 
@@ -67,7 +67,7 @@ def test_out_of_range_values_are_refused() -> None:
 
 def test_readings_age_by_the_daemon_s_clock_and_go_stale() -> None:
     clock = Clock()
-    store = TelemetryStore(expiry_s=3.0, clock=clock)
+    store = TelemetryStore(expire_after_intervals=3, clock=clock)
     assert store.view("gpu01") is None
     assert store.put(reading()) is True
     clock.now += 2.0
@@ -87,8 +87,27 @@ def test_readings_age_by_the_daemon_s_clock_and_go_stale() -> None:
     assert store.view("gpu01") is None and len(store) == 0
 
 
+def test_a_reading_goes_stale_after_its_own_intervals_not_the_daemon_s() -> None:
+    clock = Clock()
+    store = TelemetryStore(expire_after_intervals=3, clock=clock)
+    # An agent reading every 10 s: fresh for 30 s, though this daemon's own interval would say 3.
+    store.put(reading(interval_s=10.0))
+    clock.now += 29.0
+    assert [node for node, _, _ in store.fresh_with_age()] == ["gpu01"]
+    clock.now += 2.0
+    view = store.view("gpu01")
+    assert list(store.fresh_with_age()) == [] and view is not None and view["stale"] is True
+    # Polled agents cannot be renewed faster than they are polled: the longer of the two counts.
+    polled = TelemetryStore(expire_after_intervals=3, min_interval_s=5.0, clock=clock)
+    polled.put(reading(interval_s=1.0))
+    clock.now += 14.0
+    assert [node for node, _, _ in polled.fresh_with_age()] == ["gpu01"]
+    # A reading that claims to come once a year still goes stale after three hours.
+    assert store.expiry_for(reading(interval_s=365 * 86400.0)) == 3 * 3600.0
+
+
 def test_the_console_s_client_reads_the_view_back() -> None:
-    store = TelemetryStore(expiry_s=3.0, clock=Clock())
+    store = TelemetryStore(expire_after_intervals=3, clock=Clock())
     store.put(reading())
     node = NodeInfo.model_validate(
         {"id": "gpu01", "endpoint": "http://127.0.0.1:1", "status": "healthy", "model": "m", "engine": "vllm"}
