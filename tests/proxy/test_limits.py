@@ -70,7 +70,8 @@ def test_idle_connections_over_the_cap_make_room_and_busy_ones_refuse_the_next_a
     try:
         for n in range(1, 5):
             connection = http.client.HTTPConnection(host, int(port), timeout=30)
-            connection.request("POST", "/v1/chat/completions", json.dumps({"model": model, "messages": []}))
+            body = json.dumps({"model": model, "messages": []})
+            connection.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
             held.append(connection)
             backend.wait_for_requests(n, 10, path="/v1/chat/completions")
         refused = socket.create_connection((host, int(port)), timeout=10)
