@@ -391,8 +391,10 @@ class TokenStoreUnavailable(AuthError):
 _SECRETS = re.compile(
     r"(?i)((?:authorization|api[-_]?key|token|password)[\"']?\s*[:=]\s*[\"']?(?:(?:bearer|basic)\s+)?)[^\s\"',;]+"
     r"|(\b(?:bearer|basic)\s+)[A-Za-z0-9._~+/=-]+"
+    r"|(\b[a-z][a-z0-9+.-]*://)[^/@\s\"']+(?=@)"
 )
-"""Credentials as they appear in echoed headers and error texts: `Bearer <token>`, `authorization: <...>`."""
+"""Credentials as they appear in echoed headers, error texts and URLs: `Bearer <token>`, `authorization: <...>`,
+`https://user:password@host` (the userinfo goes)."""
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -405,6 +407,6 @@ def safe_text(text: str, *, limit: int = 500) -> str:
         text: the untrusted text.
         limit: the longest result, in characters.
     """
-    redacted = _SECRETS.sub(lambda m: (m.group(1) or m.group(2)) + "[redacted]", text)
+    redacted = _SECRETS.sub(lambda m: (m.group(1) or m.group(2) or m.group(3)) + "[redacted]", text)
     escaped = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", redacted)
     return escaped if len(escaped) <= limit else escaped[:limit] + "…"

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 
+import asyncssh
 import pytest
 
 from qiip_core import HostBusy, HostKeyMismatch, TooManySetups
@@ -88,7 +89,10 @@ async def test_a_step_printing_fail_fails_the_task_at_that_step_and_marks_the_no
     task = await harness.provisioner.store.get(host.address)
     assert task is not None and (task.state, task.failed_step) == (TaskState.FAILED, "nvidia_driver")
     assert harness.table.get(host.address).effective_node().status is NodeStatus.FAILED
-    assert host.package_manager_calls()[0].startswith("apt-get update")
+    assert (
+        host.package_manager_calls()[0].startswith("apt-get -o DPkg::Lock::Timeout=")
+        and " update" in host.package_manager_calls()[0]
+    )
     # The lease was released: the next setup of the host is not refused as busy.
     retry = await harness.wait(await harness.provisioner.start_setup(vllm_request(host)))
     assert retry.state is OperationState.FAILED
@@ -117,10 +121,18 @@ async def test_a_changed_host_key_is_refused_before_any_command(
     harness.provisioner.known_hosts = known
     operation = await harness.wait(await harness.provisioner.start_setup(vllm_request(ssh_hosts[2])))
     assert operation.state is OperationState.FAILED
-    assert "its host key is not the one in" in (operation.error or "")
+    offered = asyncssh.read_public_key(ssh_hosts.host_key.with_suffix(".pub")).get_fingerprint()
+    known_fingerprint = asyncssh.read_public_key(other.with_suffix(".pub")).get_fingerprint()
+    error = operation.error or ""
+    assert f"its host key changed. It offers {offered}; {known} has {known_fingerprint}." in error
+    assert f"`qiip node forget-key {ssh_hosts[2].address}`" in error
     task = await harness.provisioner.store.get(ssh_hosts[2].address)
     assert task is not None and task.failed_step == "preflight"
     assert ssh_hosts[2].package_manager_calls() == []
+    # The remedy: the old entry goes (and only it), then a first contact records the new key.
+    known.write_text(known.read_text() + f"[127.0.0.99]:{ssh_hosts.port} {public[0]} {public[1]}\n")
+    assert await harness.provisioner.forget_host_key(ssh_hosts[2].address) == 1
+    assert known.read_text().startswith("[127.0.0.99]") and len(known.read_text().splitlines()) == 1
 
 
 async def test_first_contact_records_the_host_key_then_holds_to_it(
