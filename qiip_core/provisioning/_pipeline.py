@@ -95,7 +95,7 @@ if [ -n "${QIIP_MODEL_PATH:-}" ]; then
   if [ -r "$m" ] && [ -s "$m" ]; then echo "model=present"; else echo "model=absent"; fi
 fi
 if command -v lspci >/dev/null 2>&1; then
-  echo "nvidia_pci=$(lspci -n -d 10de: 2>/dev/null | awk '$2 ~ /^03/ {print; exit}')"
+  echo "nvidia_pci=$(lspci -n 2>/dev/null | awk '$2 ~ /^03/ && $3 ~ /^10de:/ {print; exit}')"
 else
   for d in /sys/bus/pci/devices/*; do
     if [ "$(cat "$d/vendor" 2>/dev/null)" = 0x10de ]; then

@@ -73,6 +73,10 @@ __all__ = ["Provisioner", "check_host", "gateway_owner"]
 logger = logging.getLogger("qiip.provisioning")
 
 
+FREED = "the host is free again"
+"""The start of the host's log line a takeover ends with, once the host's lease is given back."""
+
+
 def gateway_owner(settings: Settings) -> str:
     """This gateway's name in task records and host leases: `<host name>:<port>`, the same after a restart."""
     return f"{socket.gethostname()}:{settings.server.port}"
@@ -579,6 +583,7 @@ class Provisioner:
             self.logs.append(host, f"could not end the run left on the host yet: {reason}", level="warning")
         finally:
             await asyncio.shield(lease.release())
+            self.logs.append(host, f"{FREED} by {self.store.owner} after taking it over")
 
     async def _restore_failed_nodes(self) -> None:
         for task in await self.store.list_tasks():

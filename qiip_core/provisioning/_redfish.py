@@ -270,7 +270,7 @@ class RedfishClient:
         return body
 
     async def _request(self, host: str, method: str, url: str, **kwargs: Any) -> httpx.Response:
-        phase = ["connecting"]
+        phase = ["waiting for its answer"]
         try:
             async with asyncio.timeout(self.settings.timeout_s):
                 return await self._bounded(host, method, url, phase, **kwargs)

@@ -68,6 +68,7 @@ _HELD = """#!/bin/bash
 # {name} as the host has it, held while $QIIPNODE_ROOT/etc/hold/{name} exists (a test stops a step there); its PID
 # is in $QIIPNODE_ROOT/var/run/held-{name}.pid while it waits.
 if [[ -e "$QIIPNODE_ROOT/etc/hold/{name}" ]]; then
+  mkdir -p "$QIIPNODE_ROOT/var/run"
   echo $$ >"$QIIPNODE_ROOT/var/run/held-{name}.pid"
   while [[ -e "$QIIPNODE_ROOT/etc/hold/{name}" ]]; do sleep 0.05; done
 fi
@@ -78,8 +79,9 @@ _LSPCI_CPU = 'echo "00:02.0 0300: 8086:46a6 (rev 0c)"'
 _IPTABLES = 'echo "iptables $*" >>"$QIIPNODE_ROOT/var/log/iptables.calls"'
 
 _HELD_ENGINE = """#!/bin/bash
-# llama-server, started only once $QIIPNODE_ROOT/etc/hold/llama-server is gone (a test holds a setup in health_poll).
-while [[ -e "$QIIPNODE_ROOT/etc/hold/llama-server" ]]; do sleep 0.05; done
+# llama-server, started only once {root}/etc/hold/llama-server is gone (a test holds a setup in health_poll). The
+# bundle keeps its QIIPNODE_* settings out of the engine's environment, so the install root is written in here.
+while [[ -e "{root}/etc/hold/llama-server" ]]; do sleep 0.05; done
 exec {binary} "$@"
 """
 _DNF_OUTPUT = 'echo "Last metadata expiration check: 0:12:41 ago."; echo "Dependencies resolved."; echo "Complete!"'
@@ -198,7 +200,7 @@ class FakeHost:
         (prefix / "bin").mkdir(parents=True, exist_ok=True)
         link = prefix / "bin" / "llama-server"
         if holdable:
-            _write(link, _HELD_ENGINE.format(binary=server_binary))
+            _write(link, _HELD_ENGINE.format(binary=server_binary, root=self.root))
         elif not link.exists():
             link.symlink_to(server_binary)
         (prefix / ".qiip-source-sha256").write_text(PINNED_SHA256[("pypi-sdist", version)])
@@ -236,10 +238,21 @@ class SshHosts:
         family: `rhel` or `debian` for every host, or None to alternate (even indexes rhel).
         gpu: give the hosts the `nvidia-smi` stub.
         first: the last octet of the first address.
+        log_level: sshd's `LogLevel`; `VERBOSE` logs each connection (`connections()` counts them).
     """
 
-    def __init__(self, base: Path, count: int, *, family: str | None = None, gpu: bool = True, first: int = 2) -> None:
+    def __init__(
+        self,
+        base: Path,
+        count: int,
+        *,
+        family: str | None = None,
+        gpu: bool = True,
+        first: int = 2,
+        log_level: str = "ERROR",
+    ) -> None:
         self.base = base
+        self.log_level = log_level
         self.port = free_port()
         self.hosts = [
             FakeHost(
@@ -281,7 +294,7 @@ class SshHosts:
             "Subsystem sftp internal-sftp",
             "MaxStartups 500",
             "MaxSessions 200",
-            "LogLevel ERROR",
+            f"LogLevel {self.log_level}",
         ]
         for host in self.hosts:
             lines += [
@@ -297,6 +310,15 @@ class SshHosts:
         self.write_known_hosts()
         self._wait_ready()
         return self
+
+    def connections(self, address: str | None = None) -> int:
+        """TCP connections sshd accepted so far (with `log_level="VERBOSE"`), to `address` or to any host."""
+        log = (self.base / "sshd.log").read_text(errors="replace")
+        return sum(
+            1
+            for line in log.splitlines()
+            if "Connection from " in line and (address is None or f" on {address} port " in line)
+        )
 
     def write_known_hosts(self, key: Path | None = None) -> None:
         public = (key or self.host_key).with_suffix(".pub").read_text().split()

@@ -11,6 +11,7 @@ import asyncio
 import os
 import signal
 import subprocess
+import sys
 
 import asyncssh
 import pytest
@@ -255,3 +256,81 @@ async def test_setups_above_the_concurrency_limit_are_refused_and_teardown_is_no
     finally:
         hang.unlink()
         await h.aclose()
+
+
+async def test_what_only_the_host_knows_is_checked_after_ssh_before_the_bundle(
+    tmp_path, ssh_hosts: SshHosts, driver_server, engine_port: int
+) -> None:
+    from qiip_core import SetupInvalid
+
+    host = ssh_hosts[6]
+    absent = SetupRequest(hostname=host.address, engine=Engine.VLLM, model="/srv/hf-cache/org/model", alias="m")
+    cpu = Harness(provisioning_settings(tmp_path / "cpu", ssh_hosts, driver_server, engine_port=engine_port,
+                                        profile="cpu"))  # fmt: skip
+    await cpu.registry.start(cpu._apply)
+    try:
+        for request, reason in (
+            (vllm_request(host), "has an NVIDIA GPU (01:00.0 0302: 10de:20b2 (rev a1))"),
+            (absent, "has no model file at /srv/hf-cache/org/model"),
+        ):
+            h = cpu
+            operation = await h.wait(await h.provisioner.start_setup(request))
+            assert operation.state is OperationState.FAILED and reason in (operation.error or ""), operation.error
+            task = await h.provisioner.store.get(host.address)
+            assert task is not None and task.failed_step == "preflight"
+            assert h.table.get(host.address) is None  # nothing registered
+        # Refused before the bundle: nothing was installed.
+        assert host.package_manager_calls() == []
+        with pytest.raises(SetupInvalid) as refused:
+            await cpu.provisioner.start_setup(
+                SetupRequest(hostname=host.address, engine=Engine.VLLM, model="-x", alias="m")
+            )
+        assert (refused.value.status, refused.value.param) == (400, "model")
+    finally:
+        await cpu.aclose()
+
+
+def _lock_holder(path) -> subprocess.Popen[bytes]:  # type: ignore[no-untyped-def]
+    """Another process holding the package manager's lock, as unattended upgrades do on a host that just booted."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    code = "import fcntl, sys, time; f = open(sys.argv[1], 'a'); fcntl.lockf(f, fcntl.LOCK_EX); print(1, flush=True)"
+    holder = subprocess.Popen([sys.executable, "-c", code + "; time.sleep(600)", str(path)], stdout=subprocess.PIPE)
+    assert holder.stdout is not None and holder.stdout.readline()
+    return holder
+
+
+async def test_a_package_manager_busy_elsewhere_is_waited_for_within_the_inactivity_deadline(
+    tmp_path, ssh_hosts: SshHosts, driver_server, engine_port: int
+) -> None:
+    host = ssh_hosts[7]  # Debian: apt-get, whose lock is dpkg's lock-frontend
+    holder = _lock_holder(host.root / "var/lib/dpkg/lock-frontend")
+    short = Harness(provisioning_settings(tmp_path / "short", ssh_hosts, driver_server, engine_port=engine_port,
+                                          command_idle_timeout_s=31))  # fmt: skip
+    await short.registry.start(short._apply)
+    try:
+        # An inactivity deadline of 31 s leaves 1 s to wait: the step fails, naming the holder, before the deadline.
+        failed = await short.wait(await short.provisioner.start_setup(vllm_request(host)))
+        assert failed.state is OperationState.FAILED
+        assert f"the package manager is still busy after 1 s: process {holder.pid} holds" in (failed.error or "")
+        assert host.package_manager_calls() == []
+        await short.aclose()
+
+        long = Harness(provisioning_settings(tmp_path / "long", ssh_hosts, driver_server, engine_port=engine_port))
+        await long.registry.start(long._apply)
+        try:
+            operation = await long.provisioner.start_setup(vllm_request(host))
+            waiting = f"waiting for the package manager: process {holder.pid} (python"
+            await until(lambda: any(m.startswith(waiting) for m in steps_logged(long, host.address)))
+            assert host.package_manager_calls() == []
+            holder.kill()
+            holder.wait()
+            assert (await long.wait(operation)).state is OperationState.SUCCEEDED, operation.error
+            assert any(m.startswith("the package manager is free after") for m in steps_logged(long, host.address))
+        finally:
+            await long.aclose()
+    finally:
+        holder.kill()
+        holder.wait()
+        assert holder.stdout is not None
+        holder.stdout.close()
+        kill_engine(host)
