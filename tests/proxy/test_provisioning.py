@@ -50,10 +50,16 @@ def cpu_hosts(
     )
 
 
+SECRET_INDEX = "https://ops:s3cret-index@pypi.example/simple"
+"""A package index URL with credentials, as a site mirror has them."""
+
+
 def test_setup_serves_through_the_gateway_then_teardown_removes_it(cpu_hosts: SshHosts, tmp_path: Path) -> None:
     host = cpu_hosts[0]
     engine_port = free_port()
-    with Daemon(tmp_path / "state", env=daemon_env(cpu_hosts, engine_port)) as daemon:
+    # Logged at DEBUG, where every remote command is: its environment's values never are.
+    env = daemon_env(cpu_hosts, engine_port, QIIP_PROVISIONING__PIP_INDEX_URL=SECRET_INDEX, QIIP_LOGGING__LEVEL="DEBUG")
+    with Daemon(tmp_path / "state", env=env) as daemon:
         # Served by its catalog id: the generation's path in the shared cache, the same on the host.
         artifact = next(g.artifact_id for g in scan_catalog(cpu_hosts.models).gguf if g.repo_id == TINY_REPO)  # type: ignore[attr-defined]
         body = setup_body(host.address, sizing=TINY_SIZING, artifact_id=artifact)
@@ -86,6 +92,10 @@ def test_setup_serves_through_the_gateway_then_teardown_removes_it(cpu_hosts: Ss
 
         engine_pid = host.engine_pid("llamacpp")
         assert engine_pid is not None and alive(engine_pid)
+        # No secret in the daemon's log, the host's log or the engine's environment; the commands are logged.
+        assert "s3cret-index" not in daemon.log() and "QIIPNODE_PIP_INDEX=[redacted]" in daemon.log()
+        assert not any("s3cret-index" in e["msg"] for e in entries)
+        assert b"QIIPNODE_" not in Path(f"/proc/{engine_pid}/environ").read_bytes()
         teardown = daemon.admin.delete(f"/admin/nodes/{host.address}")
         assert teardown.status_code == 202, teardown.text
         assert wait_operation(daemon, teardown.json()["id"])["state"] == "succeeded"

@@ -290,7 +290,7 @@ async def test_what_only_the_host_knows_is_checked_after_ssh_before_the_bundle(
         await cpu.aclose()
 
 
-def _lock_holder(path) -> subprocess.Popen[bytes]:  # type: ignore[no-untyped-def]
+def _lock_holder(path) -> subprocess.Popen[bytes]:
     """Another process holding the package manager's lock, as unattended upgrades do on a host that just booted."""
     path.parent.mkdir(parents=True, exist_ok=True)
     code = "import fcntl, sys, time; f = open(sys.argv[1], 'a'); fcntl.lockf(f, fcntl.LOCK_EX); print(1, flush=True)"
