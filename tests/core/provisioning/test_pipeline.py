@@ -334,3 +334,40 @@ async def test_a_package_manager_busy_elsewhere_is_waited_for_within_the_inactiv
         assert holder.stdout is not None
         holder.stdout.close()
         kill_engine(host)
+
+
+async def test_an_operation_whose_etcd_lease_is_lost_stops_and_writes_nothing_more(
+    tmp_path, ssh_hosts: SshHosts, driver_server, engine_port: int, etcd
+) -> None:
+    from qiip_core.config import load_settings
+    from qiip_core.provisioning import EtcdTaskStore, Provisioner
+
+    host = ssh_hosts[5]
+    hang = host.root / "etc" / "package-manager-hangs"
+    pid_file = host.root / "var/run/package-manager.pid"
+    pid_file.unlink(missing_ok=True)
+    settings = provisioning_settings(tmp_path / "state", ssh_hosts, driver_server, engine_port=engine_port)
+    leases = load_settings(state_dir=tmp_path, etcd={"endpoints": [etcd.url]}, provisioning={"host_lease_ttl_s": 5})
+    store = EtcdTaskStore(leases, "gw-a:8080")
+    h = Harness(settings)
+    await h.provisioner.aclose()
+    h.provisioner = Provisioner(settings, h.registry, h.table, h.operations, store=store)
+    await h.registry.start(h._apply)
+    hang.touch()
+    try:
+        operation = await h.provisioner.start_setup(vllm_request(host))
+        await until(pid_file.exists)
+        stub_pid = int(pid_file.read_text())
+        holder = await asyncio.to_thread(store._holder, host.address)
+        assert holder is not None
+        await asyncio.to_thread(store.revoke, holder["lease"])  # as if etcd had let it expire
+        await h.wait(operation)
+        # The keep-alive found the lease gone: the operation stopped with the remote command, and wrote nothing.
+        assert operation.state is OperationState.FAILED and "lease of host" in (operation.error or "")
+        await _until_dead(stub_pid)
+        task = await store.get(host.address)
+        assert task is not None and (task.state, task.current_step) == (TaskState.RUNNING, "system_update")
+        assert [t.hostname for t, _ in await store.stale()] == [host.address]  # for a live gateway to adopt
+    finally:
+        hang.unlink()
+        await h.aclose()
