@@ -490,15 +490,23 @@ class Provisioner:
         return await self.reconcile()
 
     async def _reconcile_loop(self) -> None:
+        failing: str | None = None  # logged once per outage, not once per pass
         while True:
             await asyncio.sleep(self.p.reconcile_interval_s)
             try:
                 await self.reconcile()
             except QiipError as exc:
-                logger.warning("provisioning reconcile failed, retrying in %g s: %s", self.p.reconcile_interval_s,
-                               exc.message)  # fmt: skip
+                if exc.message != failing:
+                    logger.warning("provisioning reconcile failed, retrying every %g s: %s",
+                                   self.p.reconcile_interval_s, exc.message)  # fmt: skip
+                failing = exc.message
+                continue
             except Exception:  # a bug must not end the takeovers
                 logger.exception("provisioning reconcile failed unexpectedly")
+                continue
+            if failing is not None:
+                logger.info("provisioning reconcile works again")
+                failing = None
 
     async def reconcile(self) -> list[ProvisioningTask]:
         """One level-triggered pass: adopt every running task no live operation holds (its owner's lease expired,
