@@ -34,7 +34,7 @@ from typing import Any
 
 import aiohttp
 
-from qiip_core._errors import NodeNotFound, ProvisioningError, QiipError, RegistryError, SetupInvalid
+from qiip_core._errors import LeaseLost, NodeNotFound, ProvisioningError, QiipError, RegistryError, SetupInvalid
 from qiip_core.config import Settings
 from qiip_core.discovery import read_token_file
 from qiip_core.engines.llamacpp import LlamaCppInstaller, fetch_archive, launch_spec_for, read_gguf_metadata
@@ -562,6 +562,7 @@ async def run_setup(
 
     Raises:
         ProvisioningError: a step failed (`.step` names it); the node, once registered, is `failed`.
+        LeaseLost: the operation's lease was lost; it stopped at once, leaving the host to its new owner.
         ConfigError: a pin cannot be checked (before any SSH work).
         asyncio.CancelledError: cancelled; the remote command was stopped and the node is `failed`.
     """
@@ -569,6 +570,8 @@ async def run_setup(
     try:
         return await _setup(setup, power_on)
     except BaseException as exc:
+        if isinstance(exc, LeaseLost) or (record.lease is not None and record.lease.lost):
+            raise  # the host is another operation's now: nothing more is done to it from here
         if setup.engine_started:
             await asyncio.shield(_stop_engine_quietly(setup))
         with contextlib.suppress(QiipError):
