@@ -284,6 +284,8 @@ class Provisioner:
             asyncio.get_running_loop().create_task(lease.release())
             raise
         self._running[host] = operation.id
+        # The host's log exists from the 202 on, so a follower asking at once is not told there is none.
+        self.logs.append(host, f"{kind} {operation.id} accepted by {self.store.owner}", step=None)
 
         def stop() -> None:
             # A lease that the backend stops confirming stops the operation at once, not at its next step.
