@@ -1,7 +1,8 @@
 """`qiip node add/remove/list` and `qiip registry status`: registrations in the configured registry; `qiip node
 setup`: a host set up as a node through the running daemon, its log followed a line per step; `qiip node power`:
 a host's power through its BMC, via the daemon; `qiip node recommendations`: the models a host can run well, as
-llmfit ranks them, via the daemon.
+llmfit ranks them, via the daemon; `qiip node forget-key`: a re-imaged host's old SSH key removed from the daemon's
+known hosts; `qiip node quads`: what QUADS says of each node's host, when a managed one is torn down, in words.
 
 With the embedded registry, a running daemon on the same state directory picks changes up within
 `registry.poll_interval_s`; with etcd, every gateway watching the prefix does.
@@ -20,7 +21,7 @@ from pydantic import ValidationError
 
 from qiip_cli._context import CliContext, pass_cli, run_or_exit
 from qiip_core import QiipError
-from qiip_core.client import ConsoleConfig, QiipClient, load_console_config
+from qiip_core.client import ConsoleConfig, LentHosts, NodeInfo, QiipClient, load_console_config
 from qiip_core.discovery import add_registration, list_all_registrations, registry_status, remove_registration
 from qiip_core.nodes import Engine, Node
 
@@ -272,3 +273,69 @@ def recommendations(
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         click.echo("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
+
+
+@node.command("forget-key")
+@click.argument("host")
+@click.option("--url", default=None, help="The daemon's URL (default: QIIP_URL, then the console config).")
+@pass_cli
+def forget_key(ctx: CliContext, host: str, url: str | None) -> None:
+    """Remove HOST's entries from the daemon's known-hosts file, after the host was re-installed and its SSH key
+    changed (a setup refuses a changed key, naming the one it offers); the next contact records the new key when
+    provisioning.host_key_policy is "accept-new"."""
+    config = run_or_exit(lambda: load_console_config(url=url, state_dir=ctx.settings.state_dir))
+
+    async def run() -> dict[str, Any]:
+        async with QiipClient.from_config(config) as client:
+            return await client.forget_host_key(host)
+
+    result = run_or_exit(lambda: asyncio.run(run()))
+    removed = int(result.get("removed", 0))
+    if removed:
+        click.echo(f"{result['host']}: removed {removed} known-hosts entr{'y' if removed == 1 else 'ies'}")
+    else:
+        click.echo(f"{result['host']}: no known-hosts entry to remove")
+
+
+@node.command("quads")
+@click.option("--url", default=None, help="The daemon's URL (default: QIIP_URL, then the console config).")
+@pass_cli
+def quads(ctx: CliContext, url: str | None) -> None:
+    """What QUADS says of each node's host and of the lent hosts that are not nodes: for a managed node, when it is
+    torn down ("torn down at 14:14 UTC", "inside the lookahead: torn down now"), then the next reservation."""
+    config = run_or_exit(lambda: load_console_config(url=url, state_dir=ctx.settings.state_dir))
+
+    async def run() -> tuple[list[NodeInfo], LentHosts]:
+        async with QiipClient.from_config(config) as client:
+            return await client.nodes(), await client.lent_hosts()
+
+    nodes, lent = run_or_exit(lambda: asyncio.run(run()))
+    if lent.freshness is None:
+        click.echo("the daemon does not read QUADS ([quads] is not configured)")
+        return
+    now = datetime.now(UTC)
+    freshness = lent.freshness
+    if freshness.stale:
+        age = f"{freshness.age_s:.0f} s old" if freshness.age_s is not None else "not read yet"
+        click.echo(f"QUADS data {age}" + (f": {freshness.last_error}" if freshness.last_error else ""))
+    lines = [(n.id, n.quads, "managed node" if n.managed else "node") for n in nodes if n.quads is not None]
+    lines += [(h.host, h, "not provisioned") for h in lent.hosts]
+    if not lines:
+        click.echo("no node stands on a host QUADS knows, and QUADS lends no other GPU host")
+    for name, view, kind in lines:
+        assert view is not None
+        if kind == "managed node":
+            when = view.teardown_words(now)
+        elif view.next_conflict_at is None:
+            when = "free"
+        else:
+            inside = ", inside the lookahead" if view.conflict_within_lookahead else ""
+            when = f"returned at {view.next_conflict_at.astimezone(UTC):%Y-%m-%d %H:%M} UTC{inside}"
+        reservation = view.next_reservation
+        reserved = (
+            f" · reserved from {reservation.start.astimezone(UTC):%Y-%m-%d %H:%M} UTC"
+            + (f" for {reservation.cloud}" if reservation.cloud else "")
+            if reservation is not None
+            else ""
+        )
+        click.echo(f"{name} ({kind}): {when}{reserved}")

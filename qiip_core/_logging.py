@@ -61,3 +61,6 @@ def configure_logging(*, level: str = "INFO", format: Literal["console", "json"]
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("httpcore").setLevel(logging.WARNING)
+    # asyncssh logs every remote command line at INFO, environment values included (a package index URL may hold
+    # credentials); QIIP logs them itself at DEBUG with the values redacted.
+    logging.getLogger("asyncssh").setLevel(logging.WARNING)

@@ -266,7 +266,11 @@ async def delete_node(
     if state is None or (provisioned and state.source != "config"):
         if state is not None:
             check_can_remove(gateway.table, node_id)
-        operation = await gateway.provisioner.start_teardown(node_id, force=force, recovery_engine=recovery_engine)
+        # A host QUADS lends is re-imaged before its next loan: its host key goes with the node.
+        lent = gateway.quads is not None and gateway.quads.lends(node_id)
+        operation = await gateway.provisioner.start_teardown(
+            node_id, force=force, recovery_engine=recovery_engine, forget_host_key=lent
+        )
         return JSONResponse(operation.view(), status_code=202)
     if state.source == "config":
         raise AdminError(409, f"Node {node_id!r} is declared in the config file; remove it there.", "conflict")

@@ -8,11 +8,14 @@ POST /admin/provisioning/{host}/cancel   stop the host's running operation and i
 GET  /admin/nodes/{host}/power           the host's power state through its BMC (DMTF Redfish)
 POST /admin/nodes/{host}/power           {action: On|ForceOff|GracefulRestart|ForceRestart}: ComputerSystem.Reset
 GET  /admin/nodes/{host}/recommendations ?profile=&limit=: what llmfit recommends for the host, best first
+DELETE /admin/nodes/{host}/host-key      remove the host's entries from the known-hosts file (a re-imaged host)
 ```
 
 Teardown is `DELETE /admin/nodes/{id}` (`_admin`), which hands provisioned nodes to the provisioner. Every refusal
-comes before any power or SSH work: 400 for a body that is not a setup or a host outside the allowlist, 400
-`host_reserved` for a host QUADS reserves within `quads.lookahead_s`, 503 `quads_unavailable` when QUADS is
+comes before any power or SSH work: 400 `invalid_setup` with the field for a body that is not a setup (the model's
+name or path, its presence in the shared cache, the alias, the sizing: `qiip_core.provisioning.check_setup_request`),
+400 for a host outside the allowlist, 400 `host_reserved` for a host QUADS reserves within `quads.lookahead_s`,
+marks broken or retired, 503 `quads_unavailable` when QUADS is
 configured but cannot be read, 409 while another operation holds the host's lease, 429 above the
 concurrent-setup limit. A power action is refused with 400
 (an action or host outside the allowlist) before any name is resolved, runs under the host's lease (409 during its
@@ -35,7 +38,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from qiip_core import ModelStoreError
+from qiip_core import ModelStoreError, PlanError
 from qiip_core.catalog import resolve_artifact, scan_catalog
 from qiip_core.nodes import Engine
 from qiip_core.planner import parse_policy
@@ -136,6 +139,9 @@ async def setup_node(request: Request) -> JSONResponse:
         raise AdminError(
             400, f"Not a setup request: {field or 'body'}: {first['msg']}.", "invalid_setup", field
         ) from None
+    except PlanError as exc:
+        field = f"sizing.{exc.violations[0].field}" if exc.violations else "sizing"
+        raise AdminError(400, f"Not a setup request: {exc.message}", "invalid_setup", field) from None
     model = await _setup_model(gateway, body)
     if gateway.quads is not None:
         # QUADS lends the host: refuse it while reserved within the lookahead (400), or when QUADS cannot say
@@ -216,6 +222,15 @@ async def recommendations(
     return JSONResponse(found.model_dump(mode="json"))
 
 
+@router.delete("/nodes/{host}/host-key")
+async def forget_host_key(request: Request, host: str) -> JSONResponse:
+    """Remove the host's entries from the known-hosts file (`provisioning.known_hosts_file`), as after a re-install
+    its key changed and SSH refuses it: `{host, removed}` (0 when it had none). 400 outside the allowlist."""
+    provisioner = _gateway(request).provisioner
+    name = provisioner.check_host(host)
+    return JSONResponse({"host": name, "removed": await provisioner.forget_host_key(name)})
+
+
 @router.get("/provisioning/tasks")
 async def list_tasks(request: Request) -> JSONResponse:
     """Every host's last provisioning task: host, kind, engine, state, current and failed step, elapsed, error."""
@@ -239,9 +254,12 @@ async def logs(
     heartbeat_s: Annotated[float, Query(gt=0, le=300, description="Seconds between heartbeat comments.")] = 15.0,
 ) -> Response:
     """Server-sent events of a host's provisioning log: `event: log` with `{ts, level, msg, stream, step}`, first the
-    entries kept, then each new one, and `: heartbeat` when idle. The stream ends when the daemon shuts down."""
+    entries kept, then each new one, and `: heartbeat` when idle. The stream ends when the daemon shuts down. 404
+    for a host with no task record and no log: nothing is kept for it."""
     gateway = _gateway(request)
     provisioner = gateway.provisioner
+    if not provisioner.logs.entries(host) and not await provisioner.is_provisioned(host):
+        raise AdminError(404, f"Host {host!r} has no provisioning task or log.", "host_not_found", "host")
 
     return kept_then_live(gateway, provisioner.logs.follow(host), _event, follow=follow, heartbeat_s=heartbeat_s)
 

@@ -8,7 +8,7 @@ followed like the node actions' (`track_operation`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from textual import work
 from textual.app import App
@@ -95,13 +95,18 @@ class HostActions(App[None]):
     def _confirm_setup(self, request: SetupRequest | None) -> None:
         if request is None:
             return
-        host, engine, model = request
+        host, engine, model, sizing = request
+        sized = (
+            f" with {sizing['slots']} slot(s) of {sizing['context_per_slot']:,} tokens"
+            if sizing is not None
+            else " sized automatically"
+        )
         self._ask(
             f"Set {host} up?",
-            f"{host} is reached over SSH, {engine} is installed and started serving {model}, and the node joins "
-            "the fleet. Its log shows on the provisioning screen.",
+            f"{host} is reached over SSH, {engine} is installed and started serving {model}{sized}, and the node "
+            "joins the fleet. Its log shows on the provisioning screen.",
             "Set up",
-            lambda: self._setup(host, engine, model),
+            lambda: self._setup(host, engine, model, sizing),
         )
 
     # -- workers -----------------------------------------------------------------------------------------
@@ -115,9 +120,16 @@ class HostActions(App[None]):
             self.screen.refresh_tasks()
 
     @work(group="host-actions", exit_on_error=False)
-    async def _setup(self, host: str, engine: str, model: str) -> None:
+    async def _setup(self, host: str, engine: str, model: str, sizing: dict[str, Any] | None = None) -> None:
         assert isinstance(self.client, ProvisioningSource)
-        body = {"hostname": host, "engine": ENGINES.get(engine, engine), "model": model, "managed": True}
+        body: dict[str, Any] = {
+            "hostname": host,
+            "engine": ENGINES.get(engine, engine),
+            "model": model,
+            "managed": True,
+        }
+        if sizing is not None:
+            body["sizing"] = sizing
         try:
             operation = await self.client.setup(body)
         except ClientError as exc:

@@ -7,6 +7,7 @@ actions the console offers, so the screen and the dialogs share one spelling.
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Mapping
 from datetime import datetime
 from typing import Any
@@ -20,6 +21,7 @@ __all__ = [
     "format_elapsed",
     "log_record",
     "log_records",
+    "setup_sizing",
     "task_cells",
 ]
 
@@ -37,6 +39,28 @@ TASK_COLUMNS = ("Host", "Kind", "Engine", "Step", "Elapsed", "State")
 """The task table's columns."""
 
 _ENGINE_NAMES = {daemon: shown for shown, daemon in ENGINES.items()}
+
+
+_SLOTS_BY_CONTEXT = re.compile(r"^\s*(\d{1,4})\s*[x×*]\s*([\d_,]{1,12})\s*$")
+
+
+def setup_sizing(text: str) -> dict[str, Any] | None:
+    """The sizing policy a setup form's field names: empty or `auto` → None (the daemon's automatic sizing, bounded
+    on CPU hosts); `SLOTSxCONTEXT` (`2x4096`) → a custom policy of that many slots of that many tokens each (F16
+    K/V, 512 MiB left free). The values' rules (slots 1-256, a context a multiple of 256 within the model's) are the
+    daemon's, which answers the setup with the field at fault.
+
+    Raises:
+        ValueError: the text is neither (the message says what is expected).
+    """
+    word = text.strip().lower()
+    if word in ("", "auto"):
+        return None
+    match = _SLOTS_BY_CONTEXT.match(word)
+    if match is None:
+        raise ValueError(f"The sizing {text.strip()!r} is neither auto nor SLOTSxCONTEXT, such as 2x4096.")
+    slots, context = int(match.group(1)), int(match.group(2).replace("_", "").replace(",", ""))
+    return {"sizing": "custom", "slots": slots, "context_per_slot": context, "cache_type": "f16", "fit_target_mib": 512}
 
 
 def format_elapsed(seconds: float) -> str:

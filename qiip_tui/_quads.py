@@ -2,12 +2,15 @@
 node's countdown to its host being taken back.
 
 Pure: Rich `Text` from the client's views (`qiip_core.client.LentHosts`, `QuadsView`) and the time of day. The
-daemon decides when QUADS takes a host back (`next_conflict_at`, `conflict_within_lookahead`, docs/api.md); the
-console only counts down to it, so a countdown moves on between polls when it is drawn again.
+daemon decides when QUADS takes a host back (`next_conflict_at`, `conflict_within_lookahead`) and when it tears a
+managed node down (`teardown_at`, one lookahead before the reservation; docs/api.md); the console only counts down
+to them, so a countdown moves on between polls when it is drawn again. What the colours mark is said in words too
+("inside the lookahead", "torn down at 14:14 UTC"), the words of `QuadsView.teardown_words`, which the CLI prints.
 
 ```
-QUADS: next return gpu03 in 2h 14m · 2 hosts not provisioned: gpu07 8× H100, gpu08 4× A100
+QUADS: next return gpu03 in 2h 14m, inside the lookahead · 2 hosts not provisioned: gpu07 8× H100, gpu08 4× A100
 QUADS data 12m old · next return gpu03 now · …
+QUADS torn down at 14:14 UTC, in 2h 14m · reserved from 2026-12-02 14:14 UTC for cloud02, owner alice · …
 ```
 """
 
@@ -113,7 +116,10 @@ def quads_summary(lent: LentHosts | None, nodes: Iterable[NodeInfo], now: dateti
     if soonest is not None:
         node, view, at = soonest
         style = palette.style("log-error") if at <= now else warning if view.conflict_within_lookahead else ""
-        parts.append((f"next return {short_host(node.id)} {'now' if at <= now else 'in ' + countdown(at, now)}", style))
+        words = "now" if at <= now else "in " + countdown(at, now)
+        if view.conflict_within_lookahead and at > now:
+            words += ", inside the lookahead"
+        parts.append((f"next return {short_host(node.id)} {words}", style))
     elif any(node.quads is not None for node in nodes):
         parts.append(("no node's host reserved", ""))
     hosts = lent.hosts
@@ -133,20 +139,39 @@ def quads_summary(lent: LentHosts | None, nodes: Iterable[NodeInfo], now: dateti
     return text
 
 
-def quads_line(view: QuadsView, now: datetime, palette: Palette) -> Text:
-    """A node's QUADS line: the countdown to the node being taken back (`returned in 2h 14m`, in the warning colour
-    within the lookahead, the error colour once due; `free` when no reservation is known), the next reservation (its
-    start in UTC, cloud and owner), its host's GPUs, then the data's age when stale. The countdown comes first: on a
-    narrow terminal the line wraps."""
+def quads_line(view: QuadsView, now: datetime, palette: Palette, *, managed: bool = False) -> Text:
+    """A node's QUADS line. For a managed node (QIIP tears it down), when: `torn down at 14:14 UTC, in 2h 14m` (one
+    lookahead before the reservation), `inside the lookahead: torn down now` in the error colour, `torn down now:
+    QUADS marks it broken`; for another node, the countdown to the host being taken back (`returned in 2h 14m`, with
+    `, inside the lookahead` in the warning colour within it, the error colour once due); `free` when nothing is due.
+    Then the next reservation (its start in UTC, cloud and owner), the host's GPUs, then the data's age when stale.
+    The countdown comes first: on a narrow terminal the line wraps.
+
+    Args:
+        view: the node's `quads` view.
+        now: the time of day (UTC).
+        palette: the theme's styles.
+        managed: the node is managed: the enforcement tears it down.
+    """
     text = Text("QUADS ", style="bold")
     at = view.next_conflict_at
-    if at is None:
+    if managed and (view.teardown_at is not None or view.broken or view.retired):
+        words = view.teardown_words(now)
+        if words.startswith("torn down at") and view.teardown_at is not None:
+            text.append(f"{words}, in {countdown(view.teardown_at, now)}")
+        else:
+            text.append(words, style=palette.style("log-error"))
+    elif view.broken or view.retired:
+        marks = " and ".join(word for word, on in (("broken", view.broken), ("retired", view.retired)) if on)
+        text.append(f"marked {marks}", style=palette.style("log-error"))
+    elif at is None:
         text.append("free", style=palette.status("healthy"))
     elif at <= now:
         text.append("returned now", style=palette.style("log-error"))
     else:
         style = palette.style("log-warning") if view.conflict_within_lookahead else ""
-        text.append(f"returned in {countdown(at, now)}", style=style)
+        within = ", inside the lookahead" if view.conflict_within_lookahead else ""
+        text.append(f"returned in {countdown(at, now)}{within}", style=style)
     reservation = view.next_reservation
     if reservation is not None:
         who = ", ".join(

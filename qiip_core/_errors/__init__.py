@@ -45,6 +45,9 @@ QiipError                       (500 internal_error: only for a bare QiipError, 
 │   ├── HostNotFound            404 host_not_found (param hostname): the name does not resolve
 │   ├── HostReserved            400 host_reserved (param hostname): QUADS reserves the host within the lookahead
 │   ├── HostBusy                409 host_busy: another operation holds the host's lease
+│   ├── LeaseLost               409 lease_lost: the operation's lease is gone or a newer generation holds the host
+│   ├── SetupInvalid            400 invalid_setup (param per instance): a setup's body breaks a rule, found
+│   │                           before any power or SSH work (or, for what only the host knows, before the bundle)
 │   ├── TooManySetups           429 too_many_setups: the concurrent-setup limit is reached
 │   ├── SshError                502 ssh_error: refused, unreachable, authentication, a remote command failed
 │   │   ├── HostKeyMismatch     502 host_key_mismatch: the host's key is not the known one
@@ -142,6 +145,7 @@ from qiip_core._errors._operations import (
     HostNotAllowed,
     HostNotFound,
     HostReserved,
+    LeaseLost,
     LlmfitError,
     LlmfitNotInstalled,
     ManifestInvalid,
@@ -158,6 +162,7 @@ from qiip_core._errors._operations import (
     ResetNotSupported,
     RevisionInUse,
     RevisionNotFound,
+    SetupInvalid,
     SourceNotAllowed,
     SshError,
     SystemNotFound,
@@ -188,6 +193,7 @@ __all__ = [
     "HostNotAllowed",
     "HostNotFound",
     "HostReserved",
+    "LeaseLost",
     "LlmfitError",
     "LlmfitNotInstalled",
     "ManifestInvalid",
@@ -214,6 +220,7 @@ __all__ = [
     "RevisionInUse",
     "RevisionNotFound",
     "RoutingError",
+    "SetupInvalid",
     "SourceNotAllowed",
     "SshError",
     "SystemNotFound",

@@ -392,8 +392,10 @@ class TokenStoreUnavailable(AuthError):
 _SECRETS = re.compile(
     r"(?i)((?:authorization|api[-_]?key|token|password)[\"']?\s*[:=]\s*[\"']?(?:(?:bearer|basic)\s+)?)[^\s\"',;]+"
     r"|(\b(?:bearer|basic)\s+)[A-Za-z0-9._~+/=-]+"
+    r"|(\b[a-z][a-z0-9+.-]*://)[^/@\s\"']+(?=@)"
 )
-"""Credentials as they appear in echoed headers and error texts: `Bearer <token>`, `authorization: <...>`."""
+"""Credentials as they appear in echoed headers, error texts and URLs: `Bearer <token>`, `authorization: <...>`,
+`https://user:password@host` (the userinfo goes)."""
 
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 """Characters that end a line or drive a terminal: C0 and C1 controls, DEL, and Unicode's line and paragraph
@@ -419,6 +421,6 @@ def safe_text(text: str, *, limit: int = 500) -> str:
         text: the untrusted text.
         limit: the longest result, in characters.
     """
-    redacted = _SECRETS.sub(lambda m: (m.group(1) or m.group(2)) + "[redacted]", text)
+    redacted = _SECRETS.sub(lambda m: (m.group(1) or m.group(2) or m.group(3)) + "[redacted]", text)
     escaped = escape_controls(redacted)
     return escaped if len(escaped) <= limit else escaped[:limit] + "…"

@@ -207,6 +207,27 @@ class HostBusy(ProvisioningError):
     code = "host_busy"
 
 
+class LeaseLost(ProvisioningError):
+    """The operation's host lease is gone or another operation took the host over since (a newer fencing
+    generation holds it): the operation stopped without writing anything more (409)."""
+
+    status = 409
+    code = "lease_lost"
+
+
+class SetupInvalid(ProvisioningError):
+    """A setup's body breaks a rule found before any power or SSH work (the model's name or path, its presence in
+    the shared cache, the sizing, the alias), or one only the host can check, found before the bundle runs (400;
+    `.param` names the field)."""
+
+    status = 400
+    code = "invalid_setup"
+
+    def __init__(self, message: str, *, host: str, field: str, step: str | None = None) -> None:
+        super().__init__(message, host=host, step=step)
+        self.param = field
+
+
 class TooManySetups(ProvisioningError):
     """The concurrent-setup limit (`provisioning.max_concurrent_setups`) is reached (429)."""
 

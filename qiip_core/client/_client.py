@@ -348,6 +348,16 @@ class QiipClient:
         except ValueError as exc:
             raise self._shape_error(path, exc) from None
 
+    async def forget_host_key(self, host: str) -> dict[str, Any]:
+        """Remove the host's entries from the daemon's known-hosts file (`DELETE /admin/nodes/{host}/host-key`):
+        `{host, removed}`.
+
+        Raises:
+            ApiError: 400 (allowlist).
+        """
+        result: dict[str, Any] = await self._admin_json("DELETE", f"/admin/nodes/{host}/host-key")
+        return result
+
     async def provisioning_tasks(self) -> list[dict[str, Any]]:
         """Every host's last provisioning task (`GET /admin/provisioning/tasks`)."""
         payload = await self._admin_json("GET", "/admin/provisioning/tasks")

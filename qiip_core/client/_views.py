@@ -76,12 +76,39 @@ class QuadsView(_View):
     next_reservation: QuadsReservationView | None = None
     next_conflict_at: datetime | None = None
     conflict_within_lookahead: bool = False
+    teardown_at: datetime | None = None
+    """When the daemon tears a managed node on the host down: a reservation's start less the lookahead, or when it
+    said so while the host is taken back within it (broken, retired, reserved); None: no teardown is due."""
+    broken: bool = False
+    """QUADS marks the host broken."""
+    retired: bool = False
+    """QUADS marks the host retired."""
     lookahead_s: float | None = None
     """The window, in seconds, within which a reservation takes the host back (`quads.lookahead_s`)."""
     data_age_s: float | None = None
     stale: bool = False
     last_error: str | None = None
     """Why the last read of QUADS failed; None after a good one."""
+
+    def teardown_words(self, now: datetime) -> str:
+        """When a managed node on the host is torn down, in words, the same in the console and the CLI:
+        `torn down now: QUADS marks it broken`, `inside the lookahead: torn down now`, `torn down at 14:14 UTC`
+        (with the date when it is not today's), or `no teardown due`.
+
+        Args:
+            now: the time of day (aware, UTC).
+        """
+        marks = " and ".join(word for word, on in (("broken", self.broken), ("retired", self.retired)) if on)
+        if marks:
+            return f"torn down now: QUADS marks it {marks}"
+        at = self.teardown_at
+        if at is None:
+            return "no teardown due"
+        if self.conflict_within_lookahead or at <= now:
+            return "inside the lookahead: torn down now"
+        at_utc = at.astimezone(now.tzinfo)
+        when = f"{at_utc:%H:%M}" if at_utc.date() == now.date() else f"{at_utc:%Y-%m-%d %H:%M}"
+        return f"torn down at {when} UTC"
 
 
 class QuadsFreshness(_View):

@@ -58,7 +58,11 @@ class ProvisioningSettings(_Group):
     """Setups running at once on this gateway; one more is refused with 429 (teardowns are always allowed)."""
     host_lease_ttl_s: int = Field(default=30, ge=5, le=3600)
     """The etcd lease of a host's operation, refreshed every third of it while the operation runs: a gateway
-    that dies frees its hosts this long after."""
+    that dies frees its hosts this long after (plus `reconcile_interval_s`, when another gateway adopts its
+    operations). An operation whose lease etcd stops confirming for this long stops."""
+    reconcile_interval_s: PositiveSeconds = 5.0
+    """Seconds between passes that adopt the operations of gateways that died (their tasks marked failed at the
+    step they reached, their remote runs ended, their hosts freed) and restore failed nodes' status."""
     profile: Literal["cuda", "cpu"] = "cuda"
     """`cuda`: NVIDIA driver, CUDA toolkit, engines built for CUDA. `cpu`: a test profile without GPU steps,
     llama.cpp built for the CPU and planned against system memory; a host with an NVIDIA GPU refuses it."""

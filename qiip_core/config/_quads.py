@@ -41,7 +41,11 @@ class QuadsSettings(_Group):
     backoff_cap_s: PositiveSeconds = 3600.0
     """The longest wait between teardown retries."""
     timeout_s: PositiveSeconds = 10.0
-    """Deadline of one QUADS request (connect, send, each read), in seconds."""
+    """Deadline of one whole QUADS request (connect, send, read the answer), in seconds."""
+    max_answer_bytes: int = Field(default=16 * 1024 * 1024, ge=64 * 1024, le=1024 * 1024 * 1024)
+    """The largest QUADS answer read, in bytes; a larger one fails the poll (16 MiB)."""
+    max_concurrent_requests: int = Field(default=8, ge=1, le=256)
+    """QUADS requests in flight at once (a poll asks for each host's schedules)."""
 
     @property
     def enabled(self) -> bool:

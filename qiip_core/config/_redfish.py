@@ -37,7 +37,7 @@ class RedfishSettings(_Group):
     """A PEM file of the CAs that sign the BMCs' certificates; None: the system's trust store. Certificates are
     always verified."""
     timeout_s: PositiveSeconds = 10.0
-    """Deadline of one Redfish request (connect, send, each read), in seconds."""
+    """Deadline of one whole Redfish request (connect, send, read the answer), in seconds."""
 
     @field_validator("bmc_url_template")
     @classmethod

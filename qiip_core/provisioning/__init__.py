@@ -2,13 +2,17 @@
 
 ```
 Provisioner(settings, fleet, table, operations)    the daemon's entry: start_setup / start_teardown / cancel /
-                                                   tasks / recover; host leases, the concurrent-setup limit
+                                                   tasks / recover / reconcile (takeover of a dead gateway's
+                                                   operations) / forget_host_key; host leases, the setup limit
+check_setup_request(settings, request)             the setup's preflight before any power or SSH work
 run_setup(settings, fleet, request, record, …)     the setup pipeline (`_pipeline`): power, SSH, preflight,
                                                    bundle, GPUs, engine, health, verification, registration
 SshTarget / open_ssh / SshConnection.run           asyncssh with strict host keys and per-command deadlines
-bundle/*.sh                                        the node bundle (package data), step markers on stdout
+forget_host_key(known_hosts, host, port)           remove a re-imaged host's old key
+bundle/*.sh                                        the node bundle (package data), step markers on stdout, the
+                                                   install root's lock; end_previous_runs ends a dead run
 parse_marker(line)                                 `[STEP:<name>:START|OK|WARN|FAIL]` → StepMarker
-TaskStore (embedded, etcd) / ProvisioningTask      task records and host leases in the registry's backend
+TaskStore (embedded, etcd) / ProvisioningTask      task records and fenced host leases in the registry's backend
 HostLogs                                           bounded per-host logs, followed live (SSE)
 RedfishClient.power_state / .reset                 host power through the BMC (DMTF Redfish ComputerSystem.Reset)
 ```
@@ -18,9 +22,11 @@ from __future__ import annotations
 
 from qiip_core.provisioning._bundle import (
     BUNDLE_FILES,
+    END_RUNS_COMMAND,
     BundleParameters,
     bundle_files,
     bundle_parameters,
+    end_previous_runs,
     engine_script_name,
 )
 from qiip_core.provisioning._logs import HostLogs, LogEntry, LogStream
@@ -33,19 +39,34 @@ from qiip_core.provisioning._markers import (
     parse_marker,
 )
 from qiip_core.provisioning._pipeline import (
+    CPU_MAX_CONTEXT_PER_SLOT,
+    CPU_MAX_SLOTS,
     PREFLIGHT_COMMAND,
     HostFacts,
     PowerOn,
     SetupRequest,
+    bound_cpu_plan,
+    engine_started,
     os_family,
     read_remote_devices,
     run_setup,
 )
+from qiip_core.provisioning._preflight import REPO_ID_PATTERN, check_setup_request, model_problem
 from qiip_core.provisioning._provisioner import Provisioner, check_host, gateway_owner
 from qiip_core.provisioning._record import TaskRecorder
 from qiip_core.provisioning._redfish import SYSTEMS_PATH, PowerStatus, RedfishClient, ResetType
-from qiip_core.provisioning._ssh import RemoteResult, SshConnection, SshTarget, open_ssh, wait_for_ssh
+from qiip_core.provisioning._ssh import (
+    MAX_LINE_CHARS,
+    RemoteResult,
+    SshConnection,
+    SshTarget,
+    forget_host_key,
+    open_ssh,
+    redact_command,
+    wait_for_ssh,
+)
 from qiip_core.provisioning._tasks import (
+    LEASE_DIR_NAME,
     TASK_FILE_NAME,
     EmbeddedTaskStore,
     EtcdTaskStore,
@@ -59,7 +80,13 @@ from qiip_core.provisioning._tasks import (
 __all__ = [
     "BUNDLE_FILES",
     "BUNDLE_STEPS",
+    "CPU_MAX_CONTEXT_PER_SLOT",
+    "CPU_MAX_SLOTS",
+    "END_RUNS_COMMAND",
+    "LEASE_DIR_NAME",
+    "MAX_LINE_CHARS",
     "PREFLIGHT_COMMAND",
+    "REPO_ID_PATTERN",
     "SETUP_STEPS",
     "SYSTEMS_PATH",
     "TASK_FILE_NAME",
@@ -87,16 +114,23 @@ __all__ = [
     "TaskRecorder",
     "TaskState",
     "TaskStore",
+    "bound_cpu_plan",
     "bundle_files",
     "bundle_parameters",
     "check_host",
+    "check_setup_request",
     "create_task_store",
+    "end_previous_runs",
     "engine_script_name",
+    "engine_started",
+    "forget_host_key",
     "gateway_owner",
+    "model_problem",
     "open_ssh",
     "os_family",
     "parse_marker",
     "read_remote_devices",
+    "redact_command",
     "run_setup",
     "wait_for_ssh",
 ]

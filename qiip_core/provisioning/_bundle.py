@@ -12,6 +12,11 @@ bundle/start-agent.sh    `qiip agent` (live GPU telemetry) in /opt/qiip-agent, r
 `bundle_parameters` turns the settings into the scripts' environment and refuses, before any SSH work, a pin that
 cannot be checked: the NVIDIA driver's version without its SHA-256 (the settings refuse it), llama.cpp's version
 without its source digest (`engines.llamacpp`, `resolve_source`).
+
+Every script holds the install root's lock (`flock` on `var/lib/qiip-node/bundle.lock`) for its whole run. Before
+its first script, an operation runs `END_RUNS_COMMAND` (`end_previous_runs`): it ends every process group a
+previous operation recorded on the host that still runs (a gateway that died leaves its run behind), then waits
+for the lock, so two runs never overlap.
 """
 
 from __future__ import annotations
@@ -22,20 +27,55 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from qiip_core._errors import ConfigError
+from qiip_core._errors import ConfigError, SshError
 from qiip_core.config import Settings
 from qiip_core.engines.llamacpp import SourceSpec, resolve_source
 from qiip_core.nodes import Engine
 
+if TYPE_CHECKING:
+    from qiip_core.provisioning._ssh import SshConnection
+
 __all__ = [
     "BUNDLE_FILES",
+    "END_RUNS_COMMAND",
     "BundleParameters",
     "agent_settings",
     "bundle_files",
     "bundle_parameters",
+    "end_previous_runs",
     "engine_script_name",
 ]
+
+END_RUNS_COMMAND = r"""
+root="${QIIPNODE_ROOT:-}"; root="${root%/}"; state="$root/var/lib/qiip-node"; runs="$state/runs"
+for f in "$runs"/*; do
+  [ -f "$f" ] || continue
+  pgid="${f##*/}"
+  case "$pgid" in ''|*[!0-9]*) rm -f "$f"; continue ;; esac
+  [ "$pgid" = "$$" ] && continue
+  if kill -0 -- "-$pgid" 2>/dev/null; then
+    echo "ending=$pgid $(head -c 200 "$f" | tr -d '
+')"
+    kill -TERM -- "-$pgid" 2>/dev/null
+    i=0; while kill -0 -- "-$pgid" 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
+    kill -KILL -- "-$pgid" 2>/dev/null
+    i=0; while kill -0 -- "-$pgid" 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
+    kill -0 -- "-$pgid" 2>/dev/null && echo "survived=$pgid"
+  fi
+  rm -f "$f"
+done
+if [ -e "$state/bundle.lock" ] && ! flock -w "$QIIPNODE_LOCK_WAIT_S" "$state/bundle.lock" true; then
+  echo "lock_held=$state/bundle.lock"
+fi
+"""
+"""Ends the process groups earlier operations recorded on the host (TERM, KILL 5 s later) and waits up to
+`QIIPNODE_LOCK_WAIT_S` for the install root's lock; prints `ending=<pgid> <tag>` per group, `survived=<pgid>` for one
+that would not die, and `lock_held=<path>` when the lock stays held."""
+
+LOCK_WAIT_S = 60
+"""Seconds a bundle script waits for the install root's lock (after `end_previous_runs` freed it)."""
 
 BUNDLE_FILES: tuple[str, ...] = ("lib.sh", "setup.sh", "start-engine.sh", "stop-engine.sh", "start-agent.sh")
 """The files uploaded to every host."""
@@ -112,6 +152,9 @@ def bundle_parameters(settings: Settings, engine: Engine, *, model_alias: str) -
         "QIIPNODE_CUDA_PACKAGE": p.cuda_toolkit_package,
         "QIIPNODE_VLLM_VERSION": p.vllm_version,
         "QIIPNODE_PIP_INDEX": p.pip_index_url,
+        "QIIPNODE_LOCK_WAIT_S": str(LOCK_WAIT_S),
+        # The wait for a busy package manager ends before the gateway's inactivity deadline would.
+        "QIIPNODE_PACKAGE_LOCK_WAIT_S": str(max(int(p.command_idle_timeout_s) - 30, 1)),
     }
     if p.profile == "cuda":
         if p.nvidia_driver_version is None or p.nvidia_driver_sha256 is None:
@@ -131,3 +174,38 @@ def bundle_parameters(settings: Settings, engine: Engine, *, model_alias: str) -
         source = resolve_source(settings.engines.llamacpp)
         env.update(QIIPNODE_LLAMACPP_VERSION=source.version, QIIPNODE_LLAMACPP_SHA256=source.sha256)
     return BundleParameters(env=env, llamacpp_source=source)
+
+
+async def end_previous_runs(ssh: SshConnection, *, lock_wait_s: float) -> list[str]:
+    """End what earlier operations left running on the host and wait for the install root's lock
+    (`END_RUNS_COMMAND`).
+
+    Args:
+        ssh: a connection to the host.
+        lock_wait_s: how long to wait for the lock, in seconds.
+
+    Returns:
+        One line per run ended: `process group <pgid> (<operation id> <generation> <command>)`.
+
+    Raises:
+        SshError: a run would not end, or the lock stays held (another gateway working on the host, or a process
+            outside the recorded runs); or the command failed.
+    """
+    host = ssh.target.host
+    command = f"QIIPNODE_LOCK_WAIT_S={int(max(lock_wait_s, 1))}; {END_RUNS_COMMAND}"
+    out = await ssh.output(command, timeout_s=lock_wait_s + 60.0, what="ending earlier runs")
+    ended: list[str] = []
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        if key == "ending":
+            pgid, _, tag = value.partition(" ")
+            ended.append(f"process group {pgid}" + (f" ({tag})" if tag else ""))
+        elif key == "survived":
+            raise SshError(f"The earlier run in process group {value} on {host} would not end (SIGKILL).", host=host)
+        elif key == "lock_held":
+            raise SshError(
+                f"The install root's lock {value} on {host} is still held after {lock_wait_s:g} s by a process "
+                "outside QIIP's recorded runs (`lslocks` on the host names it); end it and try again.",
+                host=host,
+            )
+    return ended

@@ -136,6 +136,8 @@ class HostLogs:
             yield list(log.entries), queue
         finally:
             log.followers.discard(queue)
+            if not log.entries and not log.followers and self._hosts.get(host) is log:
+                del self._hosts[host]  # nothing was written while followed: keep nothing for it
 
     def close(self) -> None:
         """End every follower (the daemon is shutting down)."""

@@ -3,7 +3,9 @@
 ```
 powering_on       the host turned on through its BMC, when a power hook is given (best effort: a failure warns)
 waiting_for_ssh   the SSH port answers (provisioning.ssh_wait_timeout_s)
-preflight         install root, OS family, architecture, free disk; the node is registered `provisioning`
+preflight         earlier runs on the host ended and its lock free; install root, OS family, architecture, free
+                  disk, the model in the host's cache, no NVIDIA device under the cpu profile; then the node is
+                  registered `provisioning`
 uploading         the node bundle (and llama.cpp's digest-checked source when the host has no build of it)
 <bundle steps>    setup.sh: system_update, nvidia_driver, cuda_toolkit, <engine>_install, nfs_mount, firewall
 telemetry_agent   start-agent.sh, with provisioning.telemetry_agent on a cuda host: `qiip agent` (never fails)
@@ -22,16 +24,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+import shlex
 import tempfile
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from qiip_core._errors import NodeNotFound, ProvisioningError, QiipError, RegistryError
+from qiip_core._errors import LeaseLost, NodeNotFound, ProvisioningError, QiipError, RegistryError, SetupInvalid
 from qiip_core.config import Settings
 from qiip_core.discovery import read_token_file
 from qiip_core.engines.llamacpp import LlamaCppInstaller, fetch_archive, launch_spec_for, read_gguf_metadata
@@ -51,12 +54,30 @@ from qiip_core.planner import (
     read_system_memory,
     verify_runtime,
 )
-from qiip_core.provisioning._bundle import BundleParameters, bundle_files, bundle_parameters, engine_script_name
-from qiip_core.provisioning._markers import MarkerState, parse_marker
+from qiip_core.provisioning._bundle import (
+    LOCK_WAIT_S,
+    BundleParameters,
+    bundle_files,
+    bundle_parameters,
+    end_previous_runs,
+    engine_script_name,
+)
+from qiip_core.provisioning._markers import SETUP_STEPS, MarkerState, parse_marker
 from qiip_core.provisioning._record import TaskRecorder
 from qiip_core.provisioning._ssh import SshConnection, SshTarget, open_ssh, wait_for_ssh
 
-__all__ = ["PREFLIGHT_COMMAND", "HostFacts", "SetupRequest", "os_family", "read_remote_devices", "run_setup"]
+__all__ = [
+    "CPU_MAX_CONTEXT_PER_SLOT",
+    "CPU_MAX_SLOTS",
+    "PREFLIGHT_COMMAND",
+    "HostFacts",
+    "SetupRequest",
+    "bound_cpu_plan",
+    "engine_started",
+    "os_family",
+    "read_remote_devices",
+    "run_setup",
+]
 
 logger = logging.getLogger("qiip.provisioning")
 
@@ -69,9 +90,30 @@ f="$root/etc/os-release"; [ -f "$f" ] || f=/etc/os-release
 echo "arch=$(uname -m)"
 t="$root/opt"; [ -d "$t" ] || t="${root:-/}"
 echo "free_disk_kib=$(df -Pk "$t" | awk 'NR==2 {print $4}')"
+if [ -n "${QIIP_MODEL_PATH:-}" ]; then
+  m="$root$QIIP_MODEL_PATH"
+  if [ -r "$m" ] && [ -s "$m" ]; then echo "model=present"; else echo "model=absent"; fi
+fi
+if command -v lspci >/dev/null 2>&1; then
+  echo "nvidia_pci=$(lspci -n 2>/dev/null | awk '$2 ~ /^03/ && $3 ~ /^10de:/ {print; exit}')"
+else
+  for d in /sys/bus/pci/devices/*; do
+    if [ "$(cat "$d/vendor" 2>/dev/null)" = 0x10de ]; then
+      case "$(cat "$d/class" 2>/dev/null)" in 0x03*) echo "nvidia_pci=${d##*/} $(cat "$d/class")"; break ;; esac
+    fi
+  done
+fi
 """
 """Prints the facts preflight checks, `key=value` per line. `QIIPNODE_ROOT` (the install root, empty on a real
-host) and `QIIPNODE_BIND` (the engine's listen address, 0.0.0.0 by default) come from the host's environment."""
+host) and `QIIPNODE_BIND` (the engine's listen address, 0.0.0.0 by default) come from the host's environment;
+`QIIP_MODEL_PATH` (set before it) is the model's path on the host, checked to be a non-empty readable file;
+`nvidia_pci` is the first NVIDIA display or 3D controller (PCI vendor 10de, class 03xx) from `lspci`, or from
+`/sys/bus/pci` where lspci is missing: there with or without a driver."""
+
+CPU_MAX_SLOTS = 4
+"""The most slots automatic sizing plans under the `cpu` profile: a CPU serves few sequences at a useful speed."""
+CPU_MAX_CONTEXT_PER_SLOT = 8192
+"""The longest context per slot automatic sizing plans under the `cpu` profile, in tokens."""
 
 _ARCHITECTURES = frozenset({"x86_64", "aarch64"})
 _NVIDIA_QUERY = "nvidia-smi --query-gpu=index,name,memory.total,memory.free --format=csv,noheader,nounits"
@@ -81,7 +123,7 @@ PowerOn = Callable[[str], Awaitable[None]]
 """Turns a host on (Redfish `On`); raises a `QiipError` when it cannot."""
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class SetupRequest:
     """What to set up.
 
@@ -105,7 +147,7 @@ class SetupRequest:
     artifact_id: str | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class HostFacts:
     """What preflight learned about a host."""
 
@@ -178,6 +220,7 @@ class _Setup:
         self.record = record
         self.host = request.hostname
         self.target = SshTarget.for_host(self.host, self.p, known_hosts=known_hosts)
+        self.run_tag = record.run_tag
         self.endpoint = f"http://{self.host}:{self.p.engine_port}"
         self.node: Node | None = None
         self.engine_started = False
@@ -244,9 +287,38 @@ class _Setup:
             await self.fleet.set_lifecycle(self.host, status)
 
 
+def _host_model_path(setup: _Setup) -> str | None:
+    """The model's path on the host (under its install root) when it must be there: a llama.cpp GGUF, or a vLLM
+    model given by path."""
+    model = setup.request.model
+    if setup.request.engine is Engine.LLAMA_CPP:
+        return f"{setup.p.node_model_dir.rstrip('/')}/{model}"
+    return model if model.startswith("/") else None
+
+
 async def _preflight(setup: _Setup, ssh: SshConnection) -> HostFacts:
-    facts = _facts(await ssh.output(PREFLIGHT_COMMAND, what="preflight"))
     host = setup.host
+    for ended in await end_previous_runs(ssh, lock_wait_s=LOCK_WAIT_S):
+        setup.record.log(f"ended an earlier run left on the host: {ended}", "warning")
+    model_path = _host_model_path(setup)
+    command = (f"QIIP_MODEL_PATH={shlex.quote(model_path)}\n" if model_path else "") + PREFLIGHT_COMMAND
+    facts = _facts(await ssh.output(command, what="preflight"))
+    if facts.get("model") == "absent":
+        raise SetupInvalid(
+            f"{host} has no model file at {model_path} (its view of the shared model cache, "
+            "provisioning.node_model_dir); copy the model there or mount the cache (provisioning.nfs_export).",
+            host=host,
+            field="model",
+            step="preflight",
+        )
+    if setup.p.profile == "cpu" and facts.get("nvidia_pci"):
+        raise SetupInvalid(
+            f"{host} has an NVIDIA GPU ({facts['nvidia_pci'].strip()}), so the cpu profile (a test profile for hosts "
+            'without one) is refused before anything is installed; set provisioning.profile = "cuda".',
+            host=host,
+            field="hostname",
+            step="preflight",
+        )
     family = os_family(facts.get("os_ids", ""))
     arch = facts.get("arch", "")
     free_kib = int(facts["free_disk_kib"]) if facts.get("free_disk_kib", "").isdigit() else -1
@@ -354,7 +426,36 @@ def _plan_llamacpp(setup: _Setup, devices: list[DeviceMemory]) -> tuple[Plan, Mo
                 step="starting_engine",
             )
         estimator = FitParamsEstimator(installed.fit_params, path)
-    return plan(shape, devices, setup.request.sizing or AutoPolicy(), estimator=estimator), shape
+    planned = plan(shape, devices, setup.request.sizing or AutoPolicy(), estimator=estimator)
+    if setup.p.profile == "cpu" and not isinstance(setup.request.sizing, CustomPolicy):
+        planned = bound_cpu_plan(planned, shape, devices, estimator)
+    return planned, shape
+
+
+def bound_cpu_plan(planned: Plan, shape: ModelShape, devices: list[DeviceMemory], estimator: Estimator) -> Plan:
+    """An automatic plan of the `cpu` profile bounded to `CPU_MAX_SLOTS` slots of at most
+    `CPU_MAX_CONTEXT_PER_SLOT` tokens: automatic sizing fills the host's memory, and on a CPU that means a hundred
+    slots of a model's whole training context, more than the host serves at any useful speed. A plan already within
+    both is returned as it is; else the bounded sizing is planned as a custom one (it fits: it is smaller).
+
+    Args:
+        planned: the automatic plan.
+        shape: the model.
+        devices: the host's system memory (`read_remote_devices(…, cpu=True)`).
+        estimator: the estimator the plan used.
+    """
+    context = min(planned.context_per_slot, CPU_MAX_CONTEXT_PER_SLOT)
+    slots = min(planned.slots, CPU_MAX_SLOTS)
+    if (context, slots) == (planned.context_per_slot, planned.slots):
+        return planned
+    bounded = CustomPolicy(
+        fit_target_mib=planned.policy.fit_target_mib,
+        context_per_slot=context,
+        slots=slots,
+        cache_type=planned.cache_type_k,
+    )
+    # The record keeps the operator's automatic policy as what was asked for; the bounds show in the sizing.
+    return dataclasses.replace(plan(shape, devices, bounded, estimator=estimator), policy=planned.policy)
 
 
 async def _health_poll(setup: _Setup) -> None:
@@ -412,8 +513,9 @@ async def _start_and_verify(setup: _Setup, ssh: SshConnection, facts: HostFacts)
         )
         args = spec.argv(Path("llama-server"))[1:]
     else:
-        args = ["serve", request.model, "--host", facts.bind, "--port", str(setup.p.engine_port)]
-        args += ["--served-model-name", request.alias]
+        # The model goes after `--`: whatever it says, `vllm serve` reads it as the model, never as an option.
+        args = ["serve", "--host", facts.bind, "--port", str(setup.p.engine_port)]
+        args += [f"--served-model-name={request.alias}", "--", request.model]
     setup.engine_started = True
     await setup.run_script(ssh, "start-engine.sh", name, "--", *args, total_timeout_s=120.0)
     await record.step("health_poll")
@@ -460,6 +562,7 @@ async def run_setup(
 
     Raises:
         ProvisioningError: a step failed (`.step` names it); the node, once registered, is `failed`.
+        LeaseLost: the operation's lease was lost; it stopped at once, leaving the host to its new owner.
         ConfigError: a pin cannot be checked (before any SSH work).
         asyncio.CancelledError: cancelled; the remote command was stopped and the node is `failed`.
     """
@@ -467,6 +570,8 @@ async def run_setup(
     try:
         return await _setup(setup, power_on)
     except BaseException as exc:
+        if isinstance(exc, LeaseLost) or (record.lease is not None and record.lease.lost):
+            raise  # the host is another operation's now: nothing more is done to it from here
         if setup.engine_started:
             await asyncio.shield(_stop_engine_quietly(setup))
         with contextlib.suppress(QiipError):
@@ -476,9 +581,15 @@ async def run_setup(
         raise
 
 
+def engine_started(step: str) -> bool:
+    """True when a setup that stopped at `step` may have started its engine (`starting_engine` or later)."""
+    order = {name: index for index, name in enumerate(SETUP_STEPS)}
+    return order.get(step, -1) >= order["starting_engine"]
+
+
 async def _stop_engine_quietly(setup: _Setup) -> None:
     try:
-        async with open_ssh(setup.target) as ssh:
+        async with open_ssh(setup.target, run_tag=setup.run_tag) as ssh:
             await setup.run_script(
                 ssh, "stop-engine.sh", engine_script_name(setup.request.engine), total_timeout_s=60.0
             )
@@ -498,7 +609,7 @@ async def _setup(setup: _Setup, power_on: PowerOn | None) -> dict[str, Any]:
     await record.step("waiting_for_ssh")
     await wait_for_ssh(setup.target, timeout_s=p.ssh_wait_timeout_s, interval_s=min(2.0, p.ssh_wait_timeout_s / 5))
     await record.step("preflight")
-    async with open_ssh(setup.target) as ssh:
+    async with open_ssh(setup.target, run_tag=setup.run_tag) as ssh:
         facts = await _preflight(setup, ssh)
         node = Node(
             id=host,

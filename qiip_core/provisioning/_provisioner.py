@@ -5,12 +5,19 @@ It owns the rules of who may start what, so the API and the console agree:
 | refusal | when |
 |---|---|
 | 400 `host_not_allowed` | the host name is malformed, or `http://<host>:<engine_port>` is outside the node allowlist |
+| 400 `invalid_setup` | the body breaks a rule checkable here (`_preflight`: model, its presence, alias, sizing) |
 | 409 `host_busy` | another operation (this gateway's, or another's sharing etcd) holds the host's lease |
 | 409 `conflict` | the host is a registered node that is not `failed` (tear it down first) |
 | 429 `too_many_setups` | `provisioning.max_concurrent_setups` setups run already (teardowns are never refused so) |
 
 Every check runs before any power or SSH work. The host's lease is taken before the 202 and released exactly once
-when the operation ends, however it ends (success, failure, cancellation).
+when the operation ends, however it ends (success, failure, cancellation); its fencing generation goes on every
+record the operation writes, and an operation whose lease is lost stops (`LeaseLost`).
+
+Operations survive their owner: `reconcile` (every `provisioning.reconcile_interval_s`, and at start-up) adopts
+each running task no live gateway holds: its task is marked failed at the step it reached, its node failed, the run
+it left on the host ended, and the host freed. Any gateway sharing etcd does so within `host_lease_ttl_s` plus one
+interval of the owner's death; a restarted gateway does so for its own at once.
 """
 
 from __future__ import annotations
@@ -20,13 +27,15 @@ import contextlib
 import logging
 import shlex
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
 from typing import Any
 
 from qiip_core._errors import (
     EndpointError,
+    HostBusy,
     HostNotAllowed,
+    LeaseLost,
     NodeConflict,
     NodeNotFound,
     ProvisioningError,
@@ -36,18 +45,36 @@ from qiip_core._errors import (
 from qiip_core.config import Settings
 from qiip_core.lifecycle import Fleet, Operation, OperationRunner, drain
 from qiip_core.nodes import EndpointPolicy, Engine, NodeStatus
-from qiip_core.provisioning._bundle import bundle_files, bundle_parameters, engine_script_name
+from qiip_core.provisioning._bundle import (
+    LOCK_WAIT_S,
+    bundle_files,
+    bundle_parameters,
+    end_previous_runs,
+    engine_script_name,
+)
 from qiip_core.provisioning._logs import HostLogs
-from qiip_core.provisioning._pipeline import PowerOn, SetupRequest, run_setup
+from qiip_core.provisioning._pipeline import PowerOn, SetupRequest, engine_started, run_setup
+from qiip_core.provisioning._preflight import check_setup_request
 from qiip_core.provisioning._record import TaskRecorder
 from qiip_core.provisioning._redfish import PowerStatus, RedfishClient, ResetType
-from qiip_core.provisioning._ssh import SshTarget, open_ssh
-from qiip_core.provisioning._tasks import HostLease, ProvisioningTask, TaskState, TaskStore, create_task_store
+from qiip_core.provisioning._ssh import SshTarget, forget_host_key, open_ssh
+from qiip_core.provisioning._tasks import (
+    HostLease,
+    ProvisioningTask,
+    TaskState,
+    TaskStore,
+    create_task_store,
+    utc_now,
+)
 from qiip_core.routing import RoutingTable
 
 __all__ = ["Provisioner", "check_host", "gateway_owner"]
 
 logger = logging.getLogger("qiip.provisioning")
+
+
+FREED = "the host is free again"
+"""The start of the host's log line a takeover ends with, once the host's lease is given back."""
 
 
 def gateway_owner(settings: Settings) -> str:
@@ -100,6 +127,8 @@ class Provisioner:
         self.known_hosts = self.p.known_hosts_file or settings.state_dir / "known_hosts"
         self._setups: set[str] = set()
         self._running: dict[str, str] = {}  # host -> operation id
+        self._reconciler: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
 
     # -- checks --------------------------------------------------------------------------------------------
 
@@ -129,21 +158,28 @@ class Provisioner:
 
         Raises:
             HostNotAllowed: the host is outside the allowlist.
+            SetupInvalid: the body breaks a rule checkable here (model, alias, sizing; `.param` names the field).
             ConfigError: a pin cannot be checked (the cuda profile without a pinned driver, …).
             TooManySetups: the concurrent-setup limit is reached.
             NodeConflict: the host is a registered node that is not failed.
             HostBusy: another operation holds the host's lease.
         """
         host = self.check_host(request.hostname)
+        request = await asyncio.to_thread(check_setup_request, self.settings, replace(request, hostname=host))
         bundle_parameters(self.settings, request.engine, model_alias=request.alias)
         self._check_capacity(host)
-        state = self.table.get(host)
-        if state is not None and state.effective_node().status is not NodeStatus.FAILED:
-            raise NodeConflict(
-                f"Host {host} is a registered node ({state.effective_node().status.value}); tear it down first."
-            )
         operation_id = OperationRunner.new_id()
         lease = await self._lease(host, operation_id)
+        try:
+            superseded = await self._supersede(host, lease)
+            state = self.table.get(host)
+            if state is not None and not superseded and state.effective_node().status is not NodeStatus.FAILED:
+                raise NodeConflict(
+                    f"Host {host} is a registered node ({state.effective_node().status.value}); tear it down first."
+                )
+        except BaseException:
+            await asyncio.shield(lease.release())
+            raise
         self._setups.add(host)
         task = ProvisioningTask(
             hostname=host,
@@ -152,17 +188,18 @@ class Provisioner:
             model=request.model,
             operation_id=operation_id,
             owner=self.store.owner,
+            generation=lease.generation,
         )
 
         async def work(operation: Operation) -> dict[str, Any]:
-            record = TaskRecorder(self.store, self.logs, task, operation.log)
+            record = TaskRecorder(self.store, self.logs, task, operation.log, lease)
             try:
                 await record.save()
                 record.log(f"setup of {request.engine.value} serving {request.alias!r} by {self.store.owner}")
                 result = await run_setup(
                     self.settings,
                     self.fleet,
-                    _with_host(request, host),
+                    request,
                     record,
                     known_hosts=self.known_hosts,
                     power_on=self.power_on,
@@ -170,8 +207,12 @@ class Provisioner:
                 await record.finish(TaskState.SUCCEEDED)
                 return result
             except asyncio.CancelledError:
+                if lease.lost:
+                    raise self._lost(record) from None
                 await asyncio.shield(record.finish(TaskState.CANCELLED, error="cancelled by an operator"))
                 raise
+            except LeaseLost:
+                raise self._lost(record) from None
             except ProvisioningError as exc:
                 await record.finish(TaskState.FAILED, error=exc.message, failed_step=exc.step)
                 raise
@@ -188,6 +229,46 @@ class Provisioner:
 
         return self._start("setup", host, work, operation_id, lease)
 
+    def _lost(self, record: TaskRecorder) -> LeaseLost:
+        """The error of an operation whose lease was lost: it writes nothing more (the record is the new owner's)."""
+        message = (
+            f"The lease of host {record.host} was lost during step {record.step_name}; the operation stopped and "
+            "left the host to the gateway that took it over."
+        )
+        record.log(message, "error")
+        return LeaseLost(message, host=record.host, step=record.step_name)
+
+    async def _supersede(self, host: str, lease: HostLease) -> bool:
+        """Take over a record an operation left running (its owner died; this one holds the lease now): say so in
+        the host's log, and mark a setup's node failed. Returns True when a node was marked failed.
+
+        The remote run it left is ended by this operation's first remote step (`end_previous_runs`).
+        """
+        task = await self.store.get(host)
+        if task is None or task.state is not TaskState.RUNNING or task.generation == lease.generation:
+            return False
+        self.logs.append(
+            host,
+            f"the earlier {task.kind} {task.operation_id} of {task.owner} stopped during step {task.current_step} "
+            "without finishing; this operation takes the host over and ends what it left running",
+            level="warning",
+            step=task.current_step,
+        )
+        return task.kind == "setup" and await self._fail_node(host)
+
+    async def _fail_node(self, host: str) -> bool:
+        """Mark the node of `host` failed, when it is registered and not failed yet; True when it is failed now."""
+        state = self.table.get(host)
+        if state is None:
+            return False
+        if state.effective_node().status is not NodeStatus.FAILED:
+            try:
+                await self.fleet.set_lifecycle(host, NodeStatus.FAILED)
+            except QiipError as exc:
+                logger.warning("could not mark node %s failed: %s", host, exc.message)
+                return False
+        return True
+
     def _start(
         self,
         kind: str,
@@ -203,12 +284,26 @@ class Provisioner:
             asyncio.get_running_loop().create_task(lease.release())
             raise
         self._running[host] = operation.id
+        # The host's log exists from the 202 on, so a follower asking at once is not told there is none.
+        self.logs.append(host, f"{kind} {operation.id} accepted by {self.store.owner}", step=None)
+
+        def stop() -> None:
+            # A lease that the backend stops confirming stops the operation at once, not at its next step.
+            self.operations.cancel(operation.id)
+
+        lease.on_lost = stop
         return operation
 
     # -- teardown ------------------------------------------------------------------------------------------
 
     async def start_teardown(
-        self, node_id: str, *, force: bool, recovery_engine: Engine | None = None, reason: str | None = None
+        self,
+        node_id: str,
+        *,
+        force: bool,
+        recovery_engine: Engine | None = None,
+        reason: str | None = None,
+        forget_host_key: bool = False,
     ) -> Operation:
         """Tear a provisioned node down in the background: drain, stop the engine, deregister.
 
@@ -219,6 +314,8 @@ class Provisioner:
             recovery_engine: the engine to stop when the node is not registered any more.
             reason: why the teardown runs, written first to the host's log (an operator's teardown has none; the
                 QUADS enforcement names the reservation).
+            forget_host_key: remove the host's entry from the known-hosts file once torn down (a host QUADS lends
+                is re-imaged before its next loan, with a new key).
 
         Raises:
             HostNotAllowed: the host is outside the allowlist.
@@ -233,23 +330,36 @@ class Provisioner:
         assert engine is not None
         operation_id = OperationRunner.new_id()
         lease = await self._lease(host, operation_id)
+        try:
+            await self._supersede(host, lease)
+        except BaseException:
+            await asyncio.shield(lease.release())
+            raise
         task = ProvisioningTask(
             hostname=host, kind="teardown", engine=engine.value, current_step="draining", operation_id=operation_id,
-            owner=self.store.owner,
+            owner=self.store.owner, generation=lease.generation,
         )  # fmt: skip
 
         async def work(operation: Operation) -> dict[str, Any]:
-            record = TaskRecorder(self.store, self.logs, task, operation.log)
+            record = TaskRecorder(self.store, self.logs, task, operation.log, lease)
             try:
                 await record.save()
                 if reason is not None:
                     record.log(reason, "warning")
                 result = await self._teardown(record, operation, node_id, engine, force=force)
+                if forget_host_key:
+                    removed = await self._forget_key(host)
+                    record.log(f"removed {removed} host key entr{'y' if removed == 1 else 'ies'} of {host}: the host "
+                               "is re-imaged before it is lent again")  # fmt: skip
                 await record.finish(TaskState.SUCCEEDED)
                 return result
             except asyncio.CancelledError:
+                if lease.lost:
+                    raise self._lost(record) from None
                 await asyncio.shield(record.finish(TaskState.CANCELLED, error="cancelled by an operator"))
                 raise
+            except LeaseLost:
+                raise self._lost(record) from None
             except QiipError as exc:
                 await record.finish(TaskState.FAILED, error=exc.message)
                 raise
@@ -272,7 +382,9 @@ class Provisioner:
         await record.step("stopping_engine")
         target = SshTarget.for_host(record.host, self.p, known_hosts=self.known_hosts)
         name = engine_script_name(engine)
-        async with open_ssh(target) as ssh:
+        async with open_ssh(target, run_tag=record.run_tag) as ssh:
+            for ended in await end_previous_runs(ssh, lock_wait_s=LOCK_WAIT_S):
+                record.log(f"ended an earlier run left on the host: {ended}", "warning")
             root = (await ssh.output('printf "%s" "${QIIPNODE_ROOT:-}"', what="reading the install root")).rstrip("/")
             await ssh.upload(bundle_files(), root + self.p.remote_dir)
             args = [name, "--force"] if force else [name]
@@ -366,19 +478,167 @@ class Provisioner:
         return await self.store.list_tasks()
 
     async def recover(self) -> list[ProvisioningTask]:
-        """Mark the tasks a crashed gateway left running as failed (at start-up), and their nodes failed too."""
-        marked = await self.store.recover()
-        for task in marked:
-            logger.warning("provisioning of %s was interrupted: %s", task.hostname, task.error)
-            self.logs.append(task.hostname, task.error or "interrupted", level="error", step=task.current_step)
-            if task.kind == "setup" and self.table.get(task.hostname) is not None:
-                with contextlib.suppress(QiipError):
-                    await self.fleet.set_lifecycle(task.hostname, NodeStatus.FAILED)
-        return marked
+        """Adopt what a gateway that died left running (at start-up, this gateway's own from before a restart),
+        restore the failed nodes' status, then keep doing so every `provisioning.reconcile_interval_s`.
+
+        Returns:
+            The tasks adopted now.
+
+        Raises:
+            QiipError: the task records cannot be read (the loop still starts and tries again).
+        """
+        if self._reconciler is None:
+            self._reconciler = asyncio.get_running_loop().create_task(self._reconcile_loop(), name="qiip-takeover")
+        return await self.reconcile()
+
+    async def _reconcile_loop(self) -> None:
+        failing: str | None = None  # logged once per outage, not once per pass
+        while True:
+            await asyncio.sleep(self.p.reconcile_interval_s)
+            try:
+                await self.reconcile()
+            except QiipError as exc:
+                if exc.message != failing:
+                    logger.warning("provisioning reconcile failed, retrying every %g s: %s",
+                                   self.p.reconcile_interval_s, exc.message)  # fmt: skip
+                failing = exc.message
+                continue
+            except Exception:  # a bug must not end the takeovers
+                logger.exception("provisioning reconcile failed unexpectedly")
+                continue
+            if failing is not None:
+                logger.info("provisioning reconcile works again")
+                failing = None
+
+    async def reconcile(self) -> list[ProvisioningTask]:
+        """One level-triggered pass: adopt every running task no live operation holds (its owner's lease expired,
+        or this gateway restarted): take the host's lease with a new generation, mark the task failed at the step
+        it reached and its node failed, then, in the background, end the run it left on the host (and a setup's
+        engine) and free the host. Then give every node a failed setup left registered its `failed` status (a
+        status the embedded registry keeps in memory only).
+
+        Returns:
+            The tasks adopted in this pass.
+
+        Raises:
+            QiipError: the task records cannot be read.
+        """
+        adopted = []
+        for task, why in await self.store.stale():
+            try:
+                lease = await self.store.acquire(task.hostname, OperationRunner.new_id())
+            except HostBusy:
+                continue  # another gateway adopts it, or a new operation took the host
+            try:
+                failed = await self._adopt(task, why, lease)
+            except BaseException:
+                await asyncio.shield(lease.release())
+                raise
+            if failed is None:
+                await lease.release()
+                continue
+            adopted.append(failed)
+            self._spawn(self._end_remote(failed, lease), f"qiip-end-run-{task.hostname}")
+        await self._restore_failed_nodes()
+        return adopted
+
+    async def _adopt(self, stale: ProvisioningTask, why: str, lease: HostLease) -> ProvisioningTask | None:
+        current = await self.store.get(stale.hostname)
+        if current is None or current.state is not TaskState.RUNNING:
+            return None
+        host, step = current.hostname, current.current_step
+        message = (
+            f"The gateway {current.owner} stopped during step {step} ({why}); {self.store.owner} took the host over "
+            f"and ends what it left running. Run the {current.kind} again."
+        )
+        failed = current.model_copy(
+            update={
+                "state": TaskState.FAILED,
+                "failed_step": step,
+                "error": message,
+                "updated_at": utc_now(),
+                "generation": lease.generation,
+            }
+        )
+        await self.store.put(failed)
+        logger.warning("provisioning of %s was interrupted: %s", host, message)
+        self.logs.append(host, message, level="error", step=step)
+        if current.kind == "setup":
+            await self._fail_node(host)
+        return failed
+
+    async def _end_remote(self, task: ProvisioningTask, lease: HostLease) -> None:
+        """End the run an adopted task left on its host (and the engine of a setup that had started it), then free
+        the host; an unreachable host is left to the next operation's first step."""
+        host = task.hostname
+        tag = f"{lease.operation_id} gen {lease.generation}"
+        try:
+            async with asyncio.timeout(self.p.connect_timeout_s + LOCK_WAIT_S + 90.0):
+                target = SshTarget.for_host(host, self.p, known_hosts=self.known_hosts)
+                async with open_ssh(target, run_tag=tag) as ssh:
+                    for ended in await end_previous_runs(ssh, lock_wait_s=LOCK_WAIT_S):
+                        self.logs.append(host, f"ended the run left on the host: {ended}", level="warning")
+                    if task.kind == "setup" and task.engine and engine_started(task.current_step):
+                        name = engine_script_name(Engine(task.engine))
+                        command = (
+                            f'f="${{QIIPNODE_ROOT:-}}"{shlex.quote(self.p.remote_dir + "/stop-engine.sh")}; '
+                            f'if [ -f "$f" ]; then bash "$f" {name} --force; fi'
+                        )
+                        await ssh.run(command, total_timeout_s=60.0, idle_timeout_s=60.0, what="stop-engine.sh")
+                        self.logs.append(host, f"stopped the {name} engine the interrupted setup had started")
+        except (QiipError, OSError, TimeoutError) as exc:
+            reason = exc.message if isinstance(exc, QiipError) else (str(exc) or type(exc).__name__)
+            logger.warning("could not end the run left on %s (the next operation there ends it first): %s", host,
+                           reason)  # fmt: skip
+            self.logs.append(host, f"could not end the run left on the host yet: {reason}", level="warning")
+        finally:
+            await asyncio.shield(lease.release())
+            self.logs.append(host, f"{FREED} by {self.store.owner} after taking it over")
+
+    async def _restore_failed_nodes(self) -> None:
+        for task in await self.store.list_tasks():
+            if task.kind == "setup" and task.state in (TaskState.FAILED, TaskState.CANCELLED):
+                if task.hostname not in self._running:
+                    await self._fail_node(task.hostname)
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> None:
+        job = asyncio.get_running_loop().create_task(coroutine, name=name)
+        self._background.add(job)
+        job.add_done_callback(self._background.discard)
+
+    async def forget_host_key(self, hostname: str) -> int:
+        """Remove the host's entries from the known-hosts file (`provisioning.known_hosts_file`): after a host is
+        re-imaged its key changes, and SSH refuses it until the old entry goes.
+
+        Returns:
+            How many entries were removed (0: there were none).
+
+        Raises:
+            HostNotAllowed: outside the allowlist.
+            ProvisioningError: the file cannot be rewritten.
+        """
+        host = self.check_host(hostname)
+        return await self._forget_key(host)
+
+    async def _forget_key(self, host: str) -> int:
+        try:
+            removed = await asyncio.to_thread(forget_host_key, self.known_hosts, host, self.p.ssh_port)
+        except OSError as exc:
+            raise ProvisioningError(
+                f"The known-hosts file {self.known_hosts} cannot be rewritten ({exc.strerror or exc}).", host=host
+            ) from exc
+        logger.warning("host key of %s forgotten: %d entr%s removed from %s", host, removed,
+                       "y" if removed == 1 else "ies", self.known_hosts)  # fmt: skip
+        return removed
 
     async def aclose(self) -> None:
-        """End log followers, stop refreshing leases, close the BMC connections."""
+        """End log followers and takeovers, stop refreshing leases, close the BMC connections."""
         self.logs.close()
+        jobs = [*self._background, *([self._reconciler] if self._reconciler is not None else [])]
+        for job in jobs:
+            job.cancel()
+        await asyncio.gather(*jobs, return_exceptions=True)
+        self._reconciler = None
         await self.store.aclose()
         await self.redfish.aclose()
 
@@ -407,7 +667,3 @@ def bundle_parameters_for_stop(remote_dir: str, args: list[str]) -> str:
     """The command that runs the uploaded `stop-engine.sh` with `args`."""
     path = f'"${{QIIPNODE_ROOT:-}}"{shlex.quote(remote_dir + "/stop-engine.sh")}'
     return f"bash {path} {' '.join(shlex.quote(a) for a in args)}"
-
-
-def _with_host(request: SetupRequest, host: str) -> SetupRequest:
-    return replace(request, hostname=host)

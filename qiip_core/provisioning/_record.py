@@ -1,17 +1,19 @@
 """One operation's task record and log: each step persisted in the task store, each line in the host's log.
 
 `TaskRecorder` is what the setup and teardown pipelines write through, so the record an operator (or the next
-gateway) reads and the live log always agree on the step.
+gateway) reads and the live log always agree on the step. Every write is fenced by the operation's host lease:
+a step whose lease is lost, or whose generation another operation has passed, raises `LeaseLost` and the
+operation stops there.
 """
 
 from __future__ import annotations
 
 import logging
 
-from qiip_core._errors import RegistryUnavailable
+from qiip_core._errors import RegistryUnavailable, safe_text
 from qiip_core.lifecycle import OperationLog
 from qiip_core.provisioning._logs import HostLogs, LogStream
-from qiip_core.provisioning._tasks import ProvisioningTask, TaskState, TaskStore, utc_now
+from qiip_core.provisioning._tasks import HostLease, ProvisioningTask, TaskState, TaskStore, utc_now
 
 __all__ = ["TaskRecorder"]
 
@@ -24,17 +26,29 @@ class TaskRecorder:
     Args:
         store: where the record lives.
         logs: the hosts' logs.
-        task: the record, as started.
+        task: the record, as started (its `generation` the lease's).
         operation_log: the daemon operation's log, which gets the gateway's own lines too.
+        lease: the operation's host lease; each step checks it.
     """
 
     def __init__(
-        self, store: TaskStore, logs: HostLogs, task: ProvisioningTask, operation_log: OperationLog | None = None
+        self,
+        store: TaskStore,
+        logs: HostLogs,
+        task: ProvisioningTask,
+        operation_log: OperationLog | None = None,
+        lease: HostLease | None = None,
     ) -> None:
         self.store = store
         self.logs = logs
         self.task = task
         self.operation_log = operation_log
+        self.lease = lease
+
+    @property
+    def run_tag(self) -> str:
+        """What the host records beside each of this operation's commands: `<operation id> gen <generation>`."""
+        return f"{self.task.operation_id or '-'} gen {self.task.generation or 0}"
 
     @property
     def host(self) -> str:
@@ -47,14 +61,26 @@ class TaskRecorder:
         return self.task.current_step
 
     async def save(self) -> None:
-        """Write the record (a backend failure is logged: the operation goes on)."""
+        """Write the record (a backend failure is logged: the operation goes on while its lease holds).
+
+        Raises:
+            LeaseLost: the lease is lost or a newer generation holds the host.
+        """
+        if self.lease is not None:
+            self.lease.check()
         try:
             await self.store.put(self.task)
         except RegistryUnavailable as exc:
             logger.warning("the task record of %s could not be written: %s", self.host, exc.message)
 
     async def step(self, name: str) -> None:
-        """Move to step `name` and record it."""
+        """Move to step `name` and record it.
+
+        Raises:
+            LeaseLost: the lease is lost or a newer generation holds the host: the operation must stop.
+        """
+        if self.lease is not None:
+            self.lease.check()
         if name == self.task.current_step:
             return
         self.task = self.task.model_copy(update={"current_step": name, "updated_at": utc_now()})
@@ -62,7 +88,9 @@ class TaskRecorder:
         await self.save()
 
     def log(self, msg: str, level: str = "info", stream: LogStream = "gateway") -> None:
-        """Add a line to the host's log (and, for the gateway's own lines, the operation's log)."""
+        """Add a line to the host's log (and, for the gateway's own lines, the operation's log), credentials in URLs
+        and headers redacted, control characters escaped."""
+        msg = safe_text(msg, limit=4096)
         self.logs.append(self.host, msg, level=level, stream=stream, step=self.task.current_step)
         if stream == "gateway" and self.operation_log is not None:
             self.operation_log(f"{self.host}: {msg}", "warning" if level in ("warning", "error") else "info")

@@ -8,13 +8,15 @@ RedfishClient.from_settings(settings, check_host)   the BMC URL template, creden
 
 The contracts are DMTF Redfish's `ComputerSystemCollection`, `ComputerSystem` (`PowerState`, `Actions`) and the
 `ComputerSystem.Reset` action (DSP0266, DSP0268). A host's name is checked against the node allowlist before the
-template is filled in, so nothing is resolved or contacted for a host outside it. Every request has its own
-deadline (`redfish.timeout_s`); redirects and proxy environment variables never apply, certificates are always
-verified. The password is sent to the BMC only and is never logged.
+template is filled in, so nothing is resolved or contacted for a host outside it. Every request ends within its
+deadline (`redfish.timeout_s`) in total, however slowly the BMC sends (a BMC trickling a byte a second included),
+and an answer larger than `MAX_ANSWER_BYTES` is refused while it is read; redirects and proxy environment
+variables never apply, certificates are always verified. The password is sent to the BMC only and is never logged.
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import ipaddress
 import logging
@@ -37,12 +39,15 @@ from qiip_core._errors import (
 from qiip_core.config import RedfishSettings
 from qiip_core.discovery import read_token_file
 
-__all__ = ["SYSTEMS_PATH", "PowerStatus", "RedfishClient", "ResetType"]
+__all__ = ["MAX_ANSWER_BYTES", "SYSTEMS_PATH", "PowerStatus", "RedfishClient", "ResetType"]
 
 logger = logging.getLogger("qiip.provisioning.redfish")
 
 SYSTEMS_PATH = "/redfish/v1/Systems"
 """The DMTF Redfish `ComputerSystemCollection` of a BMC."""
+
+MAX_ANSWER_BYTES = 4 * 1024 * 1024
+"""The largest Redfish answer read, in bytes (a `ComputerSystem` is a few KiB)."""
 
 
 class ResetType(enum.StrEnum):
@@ -265,16 +270,45 @@ class RedfishClient:
         return body
 
     async def _request(self, host: str, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        phase = ["waiting for its answer"]
         try:
-            return await self._http.request(method, url, **kwargs)
+            async with asyncio.timeout(self.settings.timeout_s):
+                return await self._bounded(host, method, url, phase, **kwargs)
         except httpx.TimeoutException as exc:
             raise BmcTimeout(
                 f"The BMC of {host} did not answer within {self.settings.timeout_s:g} s ({_kind(exc)}; "
                 "redfish.timeout_s).",
                 host=host,
             ) from exc
+        except TimeoutError as exc:
+            raise BmcTimeout(
+                f"The BMC of {host} did not answer within {self.settings.timeout_s:g} s in total ({phase[0]}; "
+                "redfish.timeout_s).",
+                host=host,
+            ) from exc
         except httpx.TransportError as exc:
             raise BmcUnreachable(f"The BMC of {host} cannot be reached: {_reason(exc)}.", host=host) from exc
+
+    async def _bounded(self, host: str, method: str, url: str, phase: list[str], **kwargs: Any) -> httpx.Response:
+        """The answer, read whole but at most `MAX_ANSWER_BYTES`; `phase[0]` says how far it got."""
+        async with self._http.stream(method, url, **kwargs) as response:
+            phase[0] = "reading its answer"
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in response.aiter_bytes():
+                size += len(chunk)
+                if size > MAX_ANSWER_BYTES:
+                    raise RedfishError(
+                        f"The BMC of {host} answered with more than {MAX_ANSWER_BYTES:,} bytes; it was not read.",
+                        host=host,
+                        bmc_status=response.status_code,
+                    )
+                chunks.append(chunk)
+            # Decoded already: only the content type travels with the bytes.
+            headers = {"content-type": response.headers.get("content-type", "application/json")}
+            return httpx.Response(
+                response.status_code, headers=headers, content=b"".join(chunks), request=response.request
+            )
 
     def _raise_for(self, host: str, response: httpx.Response, *, what: str) -> None:
         status = response.status_code

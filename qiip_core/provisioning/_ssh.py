@@ -15,16 +15,26 @@ as `strict`: a key that changed is always refused. Passwords are never used: a k
 
 Every remote command runs under `setsid -w bash -c`, and prints its process group first (`[PGID:<n>]`), so a
 deadline or a cancellation ends it with one `kill -- -<n>` on a fresh channel: OpenSSH does not deliver signals
-on a channel without a terminal.
+on a channel without a terminal. A connection opened for an operation (`open_ssh(…, run_tag=…)`) also records
+each command's process group on the host (`<install root>/var/lib/qiip-node/runs/<pgid>`, holding the tag), so
+the next operation on the host can end what a gateway that died left running (`END_RUNS_COMMAND`).
+
+Output is read in bounded chunks (a line longer than `MAX_LINE_CHARS` is cut), and commands are logged at DEBUG
+with the values of their `QIIPNODE_*` environment redacted (`redact_command`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
+import hmac
 import logging
+import os
 import re
 import shlex
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +45,16 @@ import asyncssh
 from qiip_core._errors import HostKeyMismatch, RemoteTimeout, SshError
 from qiip_core.config import ProvisioningSettings
 
-__all__ = ["RemoteResult", "SshConnection", "SshTarget", "open_ssh", "wait_for_ssh"]
+__all__ = [
+    "MAX_LINE_CHARS",
+    "RemoteResult",
+    "SshConnection",
+    "SshTarget",
+    "forget_host_key",
+    "open_ssh",
+    "redact_command",
+    "wait_for_ssh",
+]
 
 logger = logging.getLogger("qiip.provisioning")
 
@@ -44,6 +63,24 @@ OnLine = Callable[[str, Literal["stdout", "stderr"]], Awaitable[None] | None]
 
 _PGID = re.compile(r"^\[PGID:(\d+)\]$")
 _KILL_TIMEOUT_S = 15.0
+
+MAX_LINE_CHARS = 64 * 1024
+"""The longest line of remote output kept whole; a longer one is cut there (and marked `…`)."""
+
+_CHUNK_CHARS = 16 * 1024
+_QUEUE_LINES = 256
+"""Lines read ahead of the consumer: past it, reading waits, and SSH flow control holds the host back."""
+
+_RUNS_DIR = '"${QIIPNODE_ROOT%/}/var/lib/qiip-node/runs"'
+"""Where an operation's commands record their process groups on the host (under the install root)."""
+
+_ENV_VALUE = re.compile(r"\b(QIIPNODE_[A-Z0-9_]+)=('(?:[^']|'\"'\"')*'|\S+)")
+
+
+def redact_command(command: str) -> str:
+    """`command` with the value of every `QIIPNODE_*=value` assignment replaced by `[redacted]`, for logs: the
+    bundle's environment carries package index URLs, which may hold credentials."""
+    return _ENV_VALUE.sub(lambda m: f"{m.group(1)}=[redacted]", command)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +170,7 @@ def _known_entry(target: SshTarget) -> bool:
 
 
 def _record_host_key(target: SshTarget, key: Any) -> None:
-    name = target.host if target.port == 22 else f"[{target.host}]:{target.port}"
+    name = _known_name(target)
     line = f"{name} {key.export_public_key('openssh').decode().strip()}\n"
     target.known_hosts.parent.mkdir(parents=True, exist_ok=True)
     with target.known_hosts.open("a", encoding="utf-8") as f:
@@ -143,11 +180,29 @@ def _record_host_key(target: SshTarget, key: Any) -> None:
 
 
 class SshConnection:
-    """One SSH connection to a host; made by `open_ssh`."""
+    """One SSH connection to a host; made by `open_ssh`.
 
-    def __init__(self, target: SshTarget, conn: asyncssh.SSHClientConnection) -> None:
+    Args:
+        target: the host.
+        conn: the asyncssh connection.
+        run_tag: recorded on the host with each command's process group (an operation's id and generation), so
+            a later operation can end what this one left running; None records nothing.
+    """
+
+    def __init__(self, target: SshTarget, conn: asyncssh.SSHClientConnection, run_tag: str | None = None) -> None:
         self.target = target
         self._conn = conn
+        self.run_tag = run_tag
+
+    def _wrapped(self, command: str, what: str) -> str:
+        prefix = 'printf "[PGID:%s]\\n" "$$"; '
+        if self.run_tag is not None:
+            tag = shlex.quote(f"{self.run_tag} {what}"[:200])
+            prefix += (
+                f'r={_RUNS_DIR}; mkdir -p "$r" 2>/dev/null && printf \'%s\\n\' {tag} >"$r/$$" 2>/dev/null; '
+                "trap 'rm -f \"$r/$$\"' EXIT; "
+            )
+        return "exec setsid -w bash -c " + shlex.quote(prefix + command)
 
     async def run(
         self,
@@ -175,10 +230,10 @@ class SshConnection:
             SshError: the session could not be opened or the connection was lost.
             asyncio.CancelledError: the caller was cancelled; the command's process group was stopped first.
         """
-        wrapped = "exec setsid -w bash -c " + shlex.quote('printf "[PGID:%s]\\n" "$$"; ' + command)
+        logger.debug("%s: running %s: %s", self.target.host, what, redact_command(command))
         with _translated(self.target):
-            process = await self._conn.create_process(wrapped, encoding="utf-8", errors="replace")
-        queue: asyncio.Queue[tuple[str, Literal["stdout", "stderr"]] | None] = asyncio.Queue()
+            process = await self._conn.create_process(self._wrapped(command, what), encoding="utf-8", errors="replace")
+        queue: asyncio.Queue[tuple[str, Literal["stdout", "stderr"]] | None] = asyncio.Queue(_QUEUE_LINES)
         readers = [
             asyncio.create_task(self._read(process.stdout, "stdout", queue)),
             asyncio.create_task(self._read(process.stderr, "stderr", queue)),
@@ -232,16 +287,31 @@ class SshConnection:
         stream: Literal["stdout", "stderr"],
         queue: asyncio.Queue[tuple[str, Literal["stdout", "stderr"]] | None],
     ) -> None:
+        pending = ""
+        cut = False  # the current line was cut at MAX_LINE_CHARS: drop the rest of it
         try:
             while True:
-                line = await reader.readline()
-                if not line:
-                    return
-                queue.put_nowait((line.rstrip("\r\n"), stream))
+                chunk = await reader.read(_CHUNK_CHARS)
+                if not chunk:
+                    break
+                pending += chunk
+                while True:
+                    end = pending.find("\n")
+                    if end < 0:
+                        break
+                    line, pending = pending[:end], pending[end + 1 :]
+                    if not cut:
+                        await queue.put((line.rstrip("\r"), stream))
+                    cut = False
+                if len(pending) > MAX_LINE_CHARS:
+                    if not cut:
+                        await queue.put((pending[:MAX_LINE_CHARS] + "…", stream))
+                    pending, cut = "", True
+            if pending and not cut:
+                await queue.put((pending.rstrip("\r"), stream))
         except (asyncssh.Error, OSError):
-            return
-        finally:
-            queue.put_nowait(None)
+            pass
+        await queue.put(None)  # not reached when cancelled: the consumer is gone then
 
     async def _kill_group(self, pgid: int) -> None:
         command = f"kill -TERM -- -{pgid} 2>/dev/null; sleep 3; kill -KILL -- -{pgid} 2>/dev/null; true"
@@ -252,17 +322,33 @@ class SshConnection:
         except (asyncssh.Error, OSError, TimeoutError) as exc:
             logger.warning("could not stop the remote process group %d on %s: %s", pgid, self.target.host, exc)
 
-    async def output(self, command: str, *, timeout_s: float = 60.0, what: str = "the command") -> str:
+    async def output(
+        self, command: str, *, timeout_s: float = 60.0, what: str = "the command", max_bytes: int = 1024 * 1024
+    ) -> str:
         """Run a short command and return its stdout.
 
+        Args:
+            command: the command line.
+            timeout_s: its whole deadline, in seconds.
+            what: how messages name it.
+            max_bytes: the most stdout kept, in bytes (UTF-8); more stops the command.
+
         Raises:
-            SshError: it exited non-zero (the message has its last lines), or the connection failed.
+            SshError: it exited non-zero (the message has its last lines), printed more than `max_bytes`, or the
+                connection failed.
             RemoteTimeout: it did not finish within `timeout_s`.
         """
         lines: list[str] = []
+        size = [0]
 
         def keep(line: str, stream: str) -> None:
             if stream == "stdout":
+                size[0] += len(line.encode()) + 1
+                if size[0] > max_bytes:
+                    raise SshError(
+                        f"{what} on {self.target.host} printed more than {max_bytes:,} bytes; it was stopped.",
+                        host=self.target.host,
+                    )
                 lines.append(line)
 
         result = await self.run(command, on_line=keep, total_timeout_s=timeout_s, idle_timeout_s=timeout_s, what=what)
@@ -299,12 +385,116 @@ class SshConnection:
                 return data
 
 
-@contextlib.asynccontextmanager
-async def open_ssh(target: SshTarget) -> AsyncIterator[SshConnection]:
-    """Connect to `target`, checking its host key under its policy.
+def _known_name(target: SshTarget) -> str:
+    return target.host if target.port == 22 else f"[{target.host}]:{target.port}"
+
+
+def _known_fingerprints(target: SshTarget) -> list[str]:
+    try:
+        keys, *_ = asyncssh.match_known_hosts(str(target.known_hosts), target.host, target.host, target.port)
+    except (OSError, ValueError, asyncssh.Error):
+        return []
+    return list(dict.fromkeys(key.get_fingerprint() for key in keys))
+
+
+async def _refused_key(target: SshTarget) -> HostKeyMismatch:
+    """The refusal of a host whose key is not the known one: the key it offers now, the known one, and the
+    remedy; or, in strict mode, of a host without an entry."""
+    known = _known_fingerprints(target)
+    where = f"{target.host}:{target.port}"
+    if not known:
+        return HostKeyMismatch(
+            f"SSH to {where} refused: {target.known_hosts} has no key for it (provisioning.host_key_policy is "
+            f'strict); add its key there, or set provisioning.host_key_policy = "accept-new" for a first contact.',
+            host=target.host,
+        )
+    try:
+        offered_key = await asyncssh.get_server_host_key(
+            target.host, target.port, options=asyncssh.SSHClientConnectionOptions(connect_timeout=5.0)
+        )
+        offered = offered_key.get_fingerprint() if offered_key is not None else "unknown"
+    except (asyncssh.Error, OSError, TimeoutError):
+        offered = "unknown (it could not be read again)"
+    return HostKeyMismatch(
+        f"SSH to {where} refused: its host key changed. It offers {offered}; {target.known_hosts} has "
+        f"{', '.join(known)}. If the host was re-installed (QUADS re-images hosts it lends), remove the old key "
+        f"with `qiip node forget-key {target.host}` (DELETE /admin/nodes/{target.host}/host-key) and try again; "
+        "otherwise something may be intercepting the connection.",
+        host=target.host,
+    )
+
+
+def forget_host_key(known_hosts: Path, host: str, port: int) -> int:
+    """Remove every entry of `host` (as `host`, `[host]:port`, or hashed) from a known-hosts file, rewriting it
+    atomically with its mode kept (0600 when new).
+
+    Args:
+        known_hosts: the file (`provisioning.known_hosts_file`).
+        host: the host's name or address.
+        port: its SSH port (`[host]:port` entries are this port's; plain `host` ones are port 22's).
+
+    Returns:
+        How many lines were removed (0: the file or the entry does not exist).
 
     Raises:
-        HostKeyMismatch: the key is not the known one, or the host is unknown in strict mode.
+        OSError: the file cannot be read or rewritten.
+    """
+    if not known_hosts.is_file():
+        return 0
+    names = {host if port == 22 else f"[{host}]:{port}"}
+    if port == 22:
+        names.add(f"[{host}]:22")
+    kept: list[str] = []
+    removed = 0
+    for line in known_hosts.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True):
+        fields = line.split()
+        patterns = fields[0] if fields and not line.lstrip().startswith("#") else ""
+        if patterns.startswith("@") and len(fields) > 1:
+            patterns = fields[1]  # @cert-authority / @revoked markers
+        if patterns and any(_matches(pattern, names) for pattern in patterns.split(",")):
+            removed += 1
+            continue
+        kept.append(line)
+    if removed:
+        mode = known_hosts.stat().st_mode & 0o777
+        fd, tmp = tempfile.mkstemp(dir=known_hosts.parent, prefix=".known_hosts-")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.writelines(kept)
+            os.chmod(tmp, mode)
+            os.replace(tmp, known_hosts)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        logger.warning("removed %d host key entr%s of %s from %s", removed, "y" if removed == 1 else "ies",
+                       host, known_hosts)  # fmt: skip
+    return removed
+
+
+def _matches(pattern: str, names: set[str]) -> bool:
+    if pattern.startswith("|1|"):
+        # A hashed entry (OpenSSH HashKnownHosts): |1|<base64 salt>|<base64 HMAC-SHA1 of the name>
+        try:
+            _, _, salt, digest = pattern.split("|", 3)
+            key, want = base64.b64decode(salt), base64.b64decode(digest)
+        except ValueError:
+            return False
+        return any(hmac.compare_digest(hmac.new(key, n.encode(), hashlib.sha1).digest(), want) for n in names)
+    return pattern in names
+
+
+@contextlib.asynccontextmanager
+async def open_ssh(target: SshTarget, *, run_tag: str | None = None) -> AsyncIterator[SshConnection]:
+    """Connect to `target`, checking its host key under its policy.
+
+    Args:
+        target: the host.
+        run_tag: recorded on the host with each command's process group (see `SshConnection`); None: nothing.
+
+    Raises:
+        HostKeyMismatch: the key is not the known one (the message gives the offered and known fingerprints and the
+            remedy), or the host is unknown in strict mode.
         SshError: refused, unreachable, timed out, or the key was not accepted.
     """
     first_contact = target.host_key_policy == "accept-new" and not _known_entry(target)
@@ -326,12 +516,18 @@ async def open_ssh(target: SshTarget) -> AsyncIterator[SshConnection]:
     }
     if target.key_file is not None:
         options.update(client_keys=[str(target.key_file)], agent_path=None)
-    with _translated(target):
-        conn = await asyncssh.connect(target.host, **options)
+    try:
+        with _translated(target):
+            conn = await asyncssh.connect(target.host, **options)
+    except HostKeyMismatch as exc:
+        cause = exc.__cause__
+        if isinstance(cause, asyncssh.HostKeyNotVerifiable):
+            raise await _refused_key(target) from cause
+        raise
     try:
         if first_contact:
             _record_host_key(target, conn.get_server_host_key())
-        yield SshConnection(target, conn)
+        yield SshConnection(target, conn, run_tag)
     finally:
         conn.close()
         with contextlib.suppress(Exception):

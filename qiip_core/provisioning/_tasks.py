@@ -5,52 +5,65 @@ A task record says where an operation on a host is, for operators and for the ne
 ```
 {"hostname": "gpu01", "kind": "setup", "state": "running", "current_step": "nvidia_driver",
  "started_at": …, "updated_at": …, "failed_step": null, "error": null, "engine": "vllm", "model": …,
- "operation_id": "op_…", "owner": "gw1:8080"}
+ "operation_id": "op_…", "owner": "gw1:8080", "generation": 17}
 ```
 
 (`hostname`, `current_step`, `started_at`, `updated_at`, `failed_step`, `error` are the seed system's record.)
 
 A host lease makes an operation the only one on its host: across this daemon, and across every gateway sharing
-etcd. `TaskStore.acquire` takes it or raises `HostBusy`; `HostLease.release` gives it back exactly once.
+etcd. `TaskStore.acquire` takes it or raises `HostBusy`; `HostLease.release` gives it back exactly once. Every
+lease carries a fencing generation, larger than any before it on that host, and every record an operation writes
+carries its lease's generation: a write whose generation is not the host's current one is refused (`LeaseLost`),
+so an owner that lost its lease (a stalled gateway whose host another one took over) can change nothing.
 
-- Embedded (`<state_dir>/provisioning.json`, a `LockedJsonFile`): the lease is the running task record of the
-  host, taken under the file's lock.
+- Embedded (`<state_dir>/provisioning.json`, a `LockedJsonFile`): the lease is an exclusive `flock` on
+  `<state_dir>/provisioning-leases/<host>`, held by the daemon's process while the operation runs, so the kernel
+  frees it the moment that process dies (a `kill -9` included); the file keeps the last holder and generation.
 - etcd: tasks at `<etcd.provisioning_prefix><host>`; the lease is the key `/provisioning-leases/<host>` (the
   provisioning prefix with `-leases`) created by a transaction only if absent, with an etcd lease of
-  `provisioning.host_lease_ttl_s` refreshed every third of it. A gateway that dies stops refreshing, and the host
+  `provisioning.host_lease_ttl_s` refreshed every third of it; its creation revision is the generation, and a
+  record is written only in a transaction that compares it. A gateway that dies stops refreshing, and the host
   is free once the TTL runs out.
 
-`recover()` runs at start-up: a task still `running` that no live gateway holds (its owner is this gateway from
-before a crash, or its etcd lease is gone) is marked `failed` with the step where it stopped.
+`stale()` lists the running tasks no live operation holds (their owner died, or is this gateway before a restart);
+the provisioner adopts them (`Provisioner.reconcile`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import json
 import logging
+import os
+import time
+import urllib.parse
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from datetime import UTC, datetime
 from enum import StrEnum
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from etcd3gw.lease import Lease
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from qiip_core._errors import HostBusy, RegistryUnavailable
+from qiip_core._errors import HostBusy, LeaseLost, RegistryUnavailable
 from qiip_core.storage import EtcdClient, LockedJsonFile, b64, load_json_object, unb64
 
 if TYPE_CHECKING:
     from qiip_core.config import Settings
 
 __all__ = [
+    "LEASE_DIR_NAME",
     "TASK_FILE_NAME",
     "EmbeddedTaskStore",
     "EtcdTaskStore",
     "HostLease",
     "ProvisioningTask",
-    "TaskState",
     "TaskFile",
+    "TaskState",
     "TaskStore",
     "create_task_store",
 ]
@@ -59,6 +72,9 @@ logger = logging.getLogger("qiip.provisioning")
 
 TASK_FILE_NAME = "provisioning.json"
 """The embedded task file's name under the state directory."""
+
+LEASE_DIR_NAME = "provisioning-leases"
+"""The directory of the embedded host leases under the state directory."""
 
 
 def utc_now() -> datetime:
@@ -108,6 +124,9 @@ class ProvisioningTask(BaseModel):
     """The daemon's operation (`/admin/operations/{id}`)."""
     owner: str | None = None
     """The gateway running it (`<host name>:<port>`)."""
+    generation: int | None = None
+    """The fencing generation of the host lease the operation held when it wrote the record; None: a record of
+    an older gateway, never fenced."""
 
     @property
     def id(self) -> str:
@@ -121,9 +140,44 @@ class ProvisioningTask(BaseModel):
 
 
 class HostLease(ABC):
-    """One operation's hold on a host. Release it exactly once (`release` is idempotent)."""
+    """One operation's hold on a host, with its fencing generation. Release it exactly once (`release` is
+    idempotent).
+
+    Attributes:
+        host: the host.
+        operation_id: the operation holding it.
+        generation: the fencing token: larger than every earlier lease's on this host.
+        lost: True once the backend no longer confirms the lease (an etcd lease that expired or could not be
+            refreshed for its whole TTL); the operation must stop.
+        on_lost: called once, on the event loop, when `lost` becomes True (the provisioner cancels the operation).
+    """
 
     host: str
+    operation_id: str
+    generation: int
+    lost: bool = False
+    on_lost: Callable[[], None] | None = None
+
+    def check(self) -> None:
+        """Raise when the lease is lost.
+
+        Raises:
+            LeaseLost: the backend no longer confirms the lease.
+        """
+        if self.lost:
+            raise LeaseLost(
+                f"The lease of host {self.host} (generation {self.generation}) is gone; the operation stopped "
+                "(another gateway may have taken the host over).",
+                host=self.host,
+            )
+
+    def _mark_lost(self, why: str) -> None:
+        if self.lost:
+            return
+        self.lost = True
+        logger.error("the lease of host %s (generation %d) is lost: %s", self.host, self.generation, why)
+        if self.on_lost is not None:
+            self.on_lost()
 
     @abstractmethod
     async def release(self) -> None:
@@ -139,12 +193,15 @@ class TaskStore(ABC):
 
     def __init__(self, owner: str) -> None:
         self.owner = owner
+        self.instance = os.urandom(6).hex()
+        """This process's lease holder id: the same owner after a restart is another instance."""
 
     @abstractmethod
     async def put(self, task: ProvisioningTask) -> None:
-        """Write a task record.
+        """Write a task record; fenced when `task.generation` is set.
 
         Raises:
+            LeaseLost: a newer generation holds the host (or the lease of `task.generation` is gone).
             RegistryUnavailable: the backend cannot be written.
         """
 
@@ -158,7 +215,7 @@ class TaskStore(ABC):
 
     @abstractmethod
     async def acquire(self, host: str, operation_id: str) -> HostLease:
-        """Take `host`'s lease for an operation.
+        """Take `host`'s lease for an operation, with a new fencing generation.
 
         Raises:
             HostBusy: another operation holds it (the message names the holder).
@@ -166,23 +223,13 @@ class TaskStore(ABC):
         """
 
     @abstractmethod
-    async def recover(self) -> list[ProvisioningTask]:
-        """Mark the running tasks no live gateway holds as failed. Returns the tasks it marked."""
+    async def stale(self) -> list[tuple[ProvisioningTask, str]]:
+        """The running tasks no live operation holds, each with why (`its host lease expired`, `this gateway
+        restarted`): the tasks to adopt."""
 
     async def aclose(self) -> None:
         """Stop refreshing leases (they are released by their operations)."""
         return None
-
-
-def _stale(task: ProvisioningTask, why: str) -> ProvisioningTask:
-    return task.model_copy(
-        update={
-            "state": TaskState.FAILED,
-            "failed_step": task.current_step,
-            "error": f"The gateway {task.owner} stopped during step {task.current_step} ({why}); run the setup again.",
-            "updated_at": utc_now(),
-        }
-    )
 
 
 # -- embedded ------------------------------------------------------------------------------------------------
@@ -202,73 +249,161 @@ class TaskFile(LockedJsonFile[ProvisioningTask]):
 
 
 class _EmbeddedLease(HostLease):
-    def __init__(self, store: EmbeddedTaskStore, host: str) -> None:
-        self.store = store
+    def __init__(self, host: str, operation_id: str, generation: int, fd: int) -> None:
         self.host = host
-        self._released = False
+        self.operation_id = operation_id
+        self.generation = generation
+        self._fd: int | None = fd
 
     async def release(self) -> None:
-        if not self._released:
-            self._released = True
-            self.store._held.discard(self.host)
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # closing the file releases the flock
 
 
 class EmbeddedTaskStore(TaskStore):
-    """Task records in the state directory; leases held by this daemon (one daemon per state directory)."""
+    """Task records in the state directory; leases are `flock`s held by the daemon's process."""
 
     def __init__(self, settings: Settings, owner: str) -> None:
         super().__init__(owner)
         self.file = TaskFile(settings.state_dir)
-        self._held: set[str] = set()
+        self.lease_dir = settings.state_dir / LEASE_DIR_NAME
+
+    def _lease_path(self, host: str) -> Path:
+        return self.lease_dir / urllib.parse.quote(host, safe="")
 
     async def put(self, task: ProvisioningTask) -> None:
-        await asyncio.to_thread(self.file.update, lambda tasks: {**tasks, task.hostname: task})
+        def change(tasks: dict[str, ProvisioningTask]) -> dict[str, ProvisioningTask]:
+            current = tasks.get(task.hostname)
+            if _newer(current, task):
+                assert current is not None
+                raise LeaseLost(
+                    f"Host {task.hostname} was taken over by operation {current.operation_id} of {current.owner} "
+                    f"(generation {current.generation}); this operation (generation {task.generation}) stopped.",
+                    host=task.hostname,
+                )
+            return {**tasks, task.hostname: task}
+
+        await asyncio.to_thread(self.file.update, change)
 
     async def list_tasks(self) -> list[ProvisioningTask]:
         tasks = await asyncio.to_thread(self.file.read)
         return [tasks[k] for k in sorted(tasks)]
 
+    def _take(self, host: str, operation_id: str) -> tuple[int, int] | dict[str, Any]:
+        """(fd, generation) with the flock held, or the holder's record when another holds it."""
+        try:
+            self.lease_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self._lease_path(host), os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise RegistryUnavailable(
+                f"The lease directory {self.lease_dir} cannot be used ({exc.strerror}); set QIIP_STATE_DIR to a "
+                "writable directory."
+            ) from exc
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return _read_holder(fd)
+            last = _read_holder(fd).get("generation", 0)
+            recorded = self.file.read().get(host)
+            generation = max(int(last) if isinstance(last, int) else 0, (recorded.generation or 0) if recorded else 0)
+            generation += 1
+            holder = {
+                "owner": self.owner,
+                "instance": self.instance,
+                "operation_id": operation_id,
+                "generation": generation,
+                "pid": os.getpid(),
+            }
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(holder).encode(), 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, generation
+
     async def acquire(self, host: str, operation_id: str) -> HostLease:
-        if host in self._held:
-            raise HostBusy(f"Host {host} is busy with another operation of this gateway; wait for it.", host=host)
-        self._held.add(host)
-        return _EmbeddedLease(self, host)
+        taken = await asyncio.to_thread(self._take, host, operation_id)
+        if isinstance(taken, dict):
+            raise HostBusy(
+                f"Host {host} is busy: operation {taken.get('operation_id', '?')} of gateway "
+                f"{taken.get('owner', '?')} holds its lease; wait for it to finish.",
+                host=host,
+            )
+        fd, generation = taken
+        return _EmbeddedLease(host, operation_id, generation, fd)
 
-    async def recover(self) -> list[ProvisioningTask]:
-        marked: list[ProvisioningTask] = []
+    def _held(self, host: str) -> bool:
+        """Whether some process holds `host`'s flock now (tried without taking it for long)."""
+        try:
+            fd = os.open(self._lease_path(host), os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        return False
 
-        def change(tasks: dict[str, ProvisioningTask]) -> dict[str, ProvisioningTask]:
-            for host, task in tasks.items():
-                if task.state is TaskState.RUNNING and task.owner == self.owner and host not in self._held:
-                    tasks[host] = _stale(task, "this gateway restarted")
-                    marked.append(tasks[host])
-            return tasks
+    async def stale(self) -> list[tuple[ProvisioningTask, str]]:
+        def find() -> list[tuple[ProvisioningTask, str]]:
+            found = []
+            for task in self.file.read().values():
+                if task.state is TaskState.RUNNING and not self._held(task.hostname):
+                    why = "this gateway restarted" if task.owner == self.owner else "its gateway stopped"
+                    found.append((task, why))
+            return found
 
-        await asyncio.to_thread(self.file.update, change)
-        return marked
+        return await asyncio.to_thread(find)
+
+
+def _newer(current: ProvisioningTask | None, task: ProvisioningTask) -> bool:
+    """True when `current` was written under a newer lease than `task` (a fenced write must be refused)."""
+    if current is None or task.generation is None or current.generation is None:
+        return False
+    return current.generation > task.generation
+
+
+def _read_holder(fd: int) -> dict[str, Any]:
+    try:
+        data = json.loads(os.pread(fd, 4096, 0) or b"{}")
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 # -- etcd ----------------------------------------------------------------------------------------------------
 
 
 class _EtcdLease(HostLease):
-    def __init__(self, store: EtcdTaskStore, host: str, lease_id: int) -> None:
+    def __init__(self, store: EtcdTaskStore, host: str, operation_id: str, lease_id: int, generation: int) -> None:
         self.store = store
         self.host = host
+        self.operation_id = operation_id
         self.lease_id = lease_id
+        self.generation = generation
+        self.confirmed_at = time.monotonic()
         self._refresh = asyncio.create_task(self._keep_alive(), name=f"qiip-host-lease-{host}")
         self._released = False
 
     async def _keep_alive(self) -> None:
         interval = self.store.ttl_s / 3
-        while True:
+        while not self.lost:
             await asyncio.sleep(interval)
             try:
                 ttl = await asyncio.to_thread(self.store.client.refresh, self.lease_id)
-                if ttl <= 0:
-                    logger.error("the etcd lease of host %s expired while its operation ran", self.host)
             except RegistryUnavailable as exc:
                 logger.warning("could not refresh the lease of host %s: %s", self.host, exc.message)
+                if time.monotonic() - self.confirmed_at > self.store.ttl_s:
+                    self._mark_lost(f"etcd did not confirm it for {self.store.ttl_s} s")
+                continue
+            if ttl <= 0:
+                self._mark_lost("its etcd lease expired")
+            else:
+                self.confirmed_at = time.monotonic()
 
     async def release(self) -> None:
         if self._released:
@@ -292,9 +427,40 @@ class EtcdTaskStore(TaskStore):
         self.ttl_s = settings.provisioning.host_lease_ttl_s
         self.max_value_bytes = settings.etcd.max_value_bytes
 
-    async def put(self, task: ProvisioningTask) -> None:
+    def _key(self, host: str) -> bytes:
+        return self.prefix + host.encode()
+
+    def _lease_key(self, host: str) -> bytes:
+        return self.lease_prefix + host.encode()
+
+    def _put(self, task: ProvisioningTask) -> bool:
         value = json.dumps(task.model_dump(mode="json"), separators=(",", ":")).encode()
-        await asyncio.to_thread(self.client.put, self.prefix + task.hostname.encode(), value)
+        if task.generation is None:
+            self.client.put(self._key(task.hostname), value)
+            return True
+        # Fenced: written only while the lease key is still the one created at `generation`.
+        txn = {
+            "compare": [
+                {
+                    "key": b64(self._lease_key(task.hostname)),
+                    "result": "EQUAL",
+                    "target": "CREATE",
+                    "create_revision": task.generation,
+                }
+            ],
+            "success": [{"request_put": {"key": b64(self._key(task.hostname)), "value": b64(value)}}],
+            "failure": [],
+        }
+        result = self.client.call(lambda c: c.transaction(txn))
+        return bool(result.get("succeeded"))
+
+    async def put(self, task: ProvisioningTask) -> None:
+        if not await asyncio.to_thread(self._put, task):
+            raise LeaseLost(
+                f"The lease of host {task.hostname} (generation {task.generation}) is gone or another operation "
+                "holds the host now; this operation stopped without writing its record.",
+                host=task.hostname,
+            )
 
     async def list_tasks(self) -> list[ProvisioningTask]:
         _, kvs = await asyncio.to_thread(self.client.range_prefix, self.prefix)
@@ -309,8 +475,8 @@ class EtcdTaskStore(TaskStore):
         return sorted(tasks, key=lambda t: t.hostname)
 
     def _holder(self, host: str) -> dict[str, Any] | None:
-        key = self.lease_prefix + host.encode()
-        result = self.client.call(lambda c: c.post(c.get_url("/kv/range"), json={"key": b64(key)}))
+        body = {"key": b64(self._lease_key(host))}
+        result = self.client.call(lambda c: c.post(c.get_url("/kv/range"), json=body))
         kvs = result.get("kvs") or []
         if not kvs:
             return None
@@ -319,13 +485,14 @@ class EtcdTaskStore(TaskStore):
         except ValueError:
             holder = {}
         holder["lease"] = int(kvs[0].get("lease", 0) or 0)
+        holder["generation"] = int(kvs[0].get("create_revision", 0) or 0)
         return holder
 
-    def _take(self, host: str, operation_id: str) -> int | None:
-        key = self.lease_prefix + host.encode()
-        value = json.dumps({"owner": self.owner, "operation_id": operation_id}).encode()
+    def _take(self, host: str, operation_id: str) -> tuple[int, int] | None:
+        key = self._lease_key(host)
+        value = json.dumps({"owner": self.owner, "instance": self.instance, "operation_id": operation_id}).encode()
 
-        def txn(client: Any) -> int | None:
+        def txn(client: Any) -> tuple[int, int] | None:
             lease = client.lease(ttl=self.ttl_s)
             result = client.transaction(
                 {
@@ -337,43 +504,51 @@ class EtcdTaskStore(TaskStore):
             if not result.get("succeeded"):
                 lease.revoke()
                 return None
-            return int(lease.id)
+            # The transaction's revision is the lease key's creation revision: the fencing generation.
+            return int(lease.id), int(result["header"]["revision"])
 
-        lease_id: int | None = self.client.call(txn)
-        return lease_id
+        taken: tuple[int, int] | None = self.client.call(txn)
+        return taken
 
     def revoke(self, lease_id: int) -> None:
         """Revoke an etcd lease (its lease key goes with it)."""
         self.client.call(lambda c: Lease(lease_id, c).revoke())
 
-    async def acquire(self, host: str, operation_id: str) -> HostLease:
-        lease_id = await asyncio.to_thread(self._take, host, operation_id)
-        if lease_id is None:
-            holder = await asyncio.to_thread(self._holder, host) or {}
-            raise HostBusy(
-                f"Host {host} is busy: operation {holder.get('operation_id', '?')} of gateway "
-                f"{holder.get('owner', '?')} holds its lease; wait for it to finish.",
-                host=host,
-            )
-        return _EtcdLease(self, host, lease_id)
+    def _mine_from_before(self, holder: dict[str, Any]) -> bool:
+        """True for a lease this gateway took before it restarted (its owner name, another instance)."""
+        return holder.get("owner") == self.owner and holder.get("instance") != self.instance
 
-    async def recover(self) -> list[ProvisioningTask]:
-        marked = []
+    async def acquire(self, host: str, operation_id: str) -> HostLease:
+        for _ in range(2):
+            taken = await asyncio.to_thread(self._take, host, operation_id)
+            if taken is not None:
+                return _EtcdLease(self, host, operation_id, *taken)
+            holder = await asyncio.to_thread(self._holder, host) or {}
+            if not (holder and self._mine_from_before(holder) and holder.get("lease")):
+                break
+            # This gateway's own lease from before a restart: nothing of it runs any more.
+            await asyncio.to_thread(self.revoke, holder["lease"])
+        raise HostBusy(
+            f"Host {host} is busy: operation {holder.get('operation_id', '?')} of gateway "
+            f"{holder.get('owner', '?')} holds its lease; wait for it to finish.",
+            host=host,
+        )
+
+    async def stale(self) -> list[tuple[ProvisioningTask, str]]:
+        found = []
         for task in await self.list_tasks():
             if task.state is not TaskState.RUNNING:
                 continue
             holder = await asyncio.to_thread(self._holder, task.hostname)
             if holder is None:
-                why = "its host lease expired"
-            elif holder.get("owner") == self.owner:
-                why = "this gateway restarted"
-                await asyncio.to_thread(self.revoke, holder["lease"])
-            else:
-                continue
-            stale = _stale(task, why)
-            await self.put(stale)
-            marked.append(stale)
-        return marked
+                found.append((task, "its host lease expired"))
+            elif self._mine_from_before(holder):
+                found.append((task, "this gateway restarted"))
+        return found
+
+    async def aclose(self) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(self.client.close)
 
 
 def create_task_store(settings: Settings, owner: str) -> TaskStore:

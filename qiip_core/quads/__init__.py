@@ -14,7 +14,7 @@ in JSON. `quads.timezone` names that zone; QIIP converts at the edge and keeps U
 
 from __future__ import annotations
 
-from qiip_core.quads._client import QuadsClient
+from qiip_core.quads._client import MAX_ANSWER_BYTES, QuadsClient
 from qiip_core.quads._enforcer import QuadsEnforcer
 from qiip_core.quads._models import (
     QuadsHost,
@@ -32,11 +32,13 @@ from qiip_core.quads._policy import (
     conflict_at,
     next_reservation,
     plan_teardowns,
+    teardown_at,
 )
 from qiip_core.quads._poller import Clock, QuadsPoller, utc_now
 from qiip_core.quads._service import NOT_PROVISIONED, QuadsService
 
 __all__ = [
+    "MAX_ANSWER_BYTES",
     "NOT_PROVISIONED",
     "Backoff",
     "Clock",
@@ -55,6 +57,7 @@ __all__ = [
     "parse_rfc1123",
     "plan_teardowns",
     "server_time",
+    "teardown_at",
     "to_utc",
     "utc_now",
 ]

@@ -2,14 +2,20 @@
 
 Every failure (no connection, a timeout, an error answer `{status_code, error, message}`, a body of another
 shape) is a `QuadsUnavailable`: callers never see an httpx exception.
+
+A broken or hostile server costs a bounded amount: an answer larger than `MAX_ANSWER_BYTES` is refused while it is
+read (never held whole), every request ends within `timeout_s` in total however slowly the server sends, and at
+most `max_concurrent` requests are in flight at once, whoever asks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
+from urllib.parse import quote
 from zoneinfo import ZoneInfo
 
 import httpx
@@ -26,7 +32,10 @@ from qiip_core.quads._models import (
     server_time,
 )
 
-__all__ = ["QuadsClient"]
+__all__ = ["MAX_ANSWER_BYTES", "QuadsClient"]
+
+MAX_ANSWER_BYTES = 16 * 1024 * 1024
+"""The largest QUADS answer read, in bytes: a `/hosts` of a few thousand hosts is well under 16 MiB."""
 
 _HOSTS = TypeAdapter(list[WireHost])
 _NAMES = TypeAdapter(list[str])
@@ -40,8 +49,10 @@ class QuadsClient:
     Args:
         base_url: the server's base URL; the API is under `<base_url>/api/v3`.
         timezone: the server's IANA timezone (QUADS' naive times are its local times).
-        timeout_s: deadline of one request (connect, send, each read).
+        timeout_s: deadline of one whole request (connect, send, read the answer), in seconds.
         transport: an httpx transport (tests); None: the network.
+        max_answer_bytes: the largest answer read, in bytes.
+        max_concurrent: requests in flight at once.
     """
 
     def __init__(
@@ -51,9 +62,14 @@ class QuadsClient:
         *,
         timeout_s: float = 10.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
+        max_concurrent: int = 8,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.tz = ZoneInfo(timezone)
+        self.timeout_s = timeout_s
+        self.max_answer_bytes = max_answer_bytes
+        self._slots = asyncio.Semaphore(max_concurrent)
         self._http = httpx.AsyncClient(
             base_url=self.base_url + "/api/v3",
             timeout=httpx.Timeout(timeout_s),
@@ -67,24 +83,53 @@ class QuadsClient:
     def from_settings(cls, settings: QuadsSettings) -> QuadsClient:
         """A client for `[quads]` (which must be enabled)."""
         assert settings.url is not None and settings.timezone is not None
-        return cls(settings.url, settings.timezone, timeout_s=settings.timeout_s)
+        return cls(
+            settings.url,
+            settings.timezone,
+            timeout_s=settings.timeout_s,
+            max_answer_bytes=settings.max_answer_bytes,
+            max_concurrent=settings.max_concurrent_requests,
+        )
 
     async def _get(self, path: str, params: Mapping[str, str] | None = None) -> tuple[int, Any]:
+        async with self._slots:
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    status, raw = await self._read(path, params)
+            except (httpx.TimeoutException, TimeoutError):
+                raise QuadsUnavailable(
+                    f"QUADS at {self.base_url} did not answer {path} within {self.timeout_s:g} s (quads.timeout_s)."
+                ) from None
+            except httpx.HTTPError as exc:
+                raise QuadsUnavailable(
+                    f"QUADS at {self.base_url} cannot be reached ({type(exc).__name__}: {safe_text(str(exc) or '-')})."
+                ) from None
         try:
-            response = await self._http.get(path, params=dict(params or {}))
-        except httpx.TimeoutException:
-            raise QuadsUnavailable(f"QUADS at {self.base_url} did not answer {path} in time.") from None
-        except httpx.HTTPError as exc:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):
             raise QuadsUnavailable(
-                f"QUADS at {self.base_url} cannot be reached ({type(exc).__name__}: {safe_text(str(exc) or '-')})."
+                f"QUADS at {self.base_url} answered {path} with {status} and a body that is not JSON."
             ) from None
-        try:
-            body = response.json()
-        except ValueError:
-            raise QuadsUnavailable(
-                f"QUADS at {self.base_url} answered {path} with {response.status_code} and a body that is not JSON."
-            ) from None
-        return response.status_code, body
+        return status, body
+
+    async def _read(self, path: str, params: Mapping[str, str] | None) -> tuple[int, bytes]:
+        async with self._http.stream("GET", path, params=dict(params or {})) as response:
+            declared = response.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > self.max_answer_bytes:
+                raise self._too_large(path)
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in response.aiter_bytes():
+                size += len(chunk)
+                if size > self.max_answer_bytes:
+                    raise self._too_large(path)
+                chunks.append(chunk)
+            return response.status_code, b"".join(chunks)
+
+    def _too_large(self, path: str) -> QuadsUnavailable:
+        return QuadsUnavailable(
+            f"QUADS at {self.base_url} answered {path} with more than {self.max_answer_bytes:,} bytes; it was not read."
+        )
 
     def _refused(self, path: str, status: int, body: Any) -> QuadsUnavailable:
         message = body.get("message") if isinstance(body, dict) else None
@@ -102,7 +147,8 @@ class QuadsClient:
         )
 
     async def hosts(self) -> list[QuadsHost]:
-        """The GPU hosts (`GET /hosts`): neither broken nor retired, with at least one GPU processor."""
+        """Every host QUADS knows (`GET /hosts`), broken, retired and GPU-less ones included (`QuadsHost.usable`,
+        `gpu_count`), sorted by name."""
         status, body = await self._get("/hosts")
         if status != 200:
             raise self._refused("/hosts", status, body)
@@ -110,8 +156,21 @@ class QuadsClient:
             wire = _HOSTS.validate_python(body)
         except ValidationError as exc:
             raise self._shape("/hosts", exc) from None
-        found = (QuadsHost.from_wire(h) for h in wire)
-        return sorted((h for h in found if h is not None), key=lambda h: h.name)
+        return sorted((QuadsHost.from_wire(h) for h in wire), key=lambda h: h.name)
+
+    async def host(self, name: str) -> QuadsHost | None:
+        """One host as QUADS knows it now (`GET /hosts/<name>`); None for a host QUADS does not know."""
+        path = f"/hosts/{quote(name, safe='')}"
+        status, body = await self._get(path)
+        if status in (400, 404) and isinstance(body, dict) and "not found" in str(body.get("message", "")).lower():
+            return None
+        if status != 200:
+            raise self._refused(path, status, body)
+        try:
+            wire = WireHost.model_validate(body)
+        except ValidationError as exc:
+            raise self._shape(path, exc) from None
+        return QuadsHost.from_wire(wire)
 
     async def available(self, *, start: datetime, end: datetime) -> set[str]:
         """The hosts free of every schedule from `start` to `end` (`GET /available`), names normalised. Both are

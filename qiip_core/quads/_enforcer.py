@@ -1,6 +1,7 @@
-"""Schedule enforcement: managed nodes on hosts QUADS takes back within the lookahead are drained and torn down
-(through the provisioner's teardown) before the reservation starts; a failed teardown is retried with capped
-exponential backoff. The decisions are `_policy`'s; this is the loop around them."""
+"""Schedule enforcement: managed nodes on hosts QUADS takes back within the lookahead, or marks broken or retired,
+are drained and torn down (through the provisioner's teardown, which forgets the host's key: QUADS re-images it)
+before the reservation starts; a failed teardown is retried with capped exponential backoff. The decisions are
+`_policy`'s; this is the loop around them."""
 
 from __future__ import annotations
 
@@ -105,7 +106,10 @@ class QuadsEnforcer:
             logger.warning("QUADS enforcement: %s", plan.reason)
             try:
                 check_can_remove(self.table, node_id)  # not while it is being set up: retried after a backoff
-                operation = await self.provisioner.start_teardown(node_id, force=False, reason=plan.reason)
+                # QUADS re-images a host before lending it again: its host key goes with the node.
+                operation = await self.provisioner.start_teardown(
+                    node_id, force=False, reason=plan.reason, forget_host_key=True
+                )
             except QiipError as exc:
                 self.provisioner.logs.append(plan.host, plan.reason, level="warning", step="quads")
                 self._failed(plan.host, now, exc.message)

@@ -136,7 +136,8 @@ class WireSchedule(_Wire):
 
 @dataclass(frozen=True)
 class QuadsHost:
-    """A GPU host QUADS knows, neither broken nor retired."""
+    """A host QUADS knows: a GPU host QIIP may use while QUADS lends it, or any host a node stands on (QUADS' word
+    on it is enforced whether or not it lists GPUs)."""
 
     name: str
     """The host's name, normalised (`normalise_host`)."""
@@ -152,23 +153,40 @@ class QuadsHost:
     """The cloud the host sits in now (QUADS' spare pool or a tenant's)."""
     quads_name: str = ""
     """The name as QUADS spells it, for QUADS' own lookups (`?host=`); empty: `name`."""
+    broken: bool = False
+    """QUADS marks the host broken: nothing may be set up on it, and a node on it is torn down."""
+    retired: bool = False
+    """QUADS marks the host retired: as broken."""
+
+    @property
+    def usable(self) -> bool:
+        """Neither broken nor retired."""
+        return not (self.broken or self.retired)
+
+    @property
+    def lendable(self) -> bool:
+        """A GPU host QIIP may set up while QUADS lends it: usable, with at least one GPU processor listed."""
+        return self.usable and self.gpu_count > 0
+
+    def unusable_reason(self) -> str | None:
+        """`broken`, `retired` (or both), or None for a usable host."""
+        marks = [word for word, on in (("broken", self.broken), ("retired", self.retired)) if on]
+        return " and ".join(marks) or None
 
     @classmethod
-    def from_wire(cls, host: WireHost) -> QuadsHost | None:
-        """The GPU host, or None for a host without a GPU, broken or retired."""
-        if host.broken or host.retired:
-            return None
+    def from_wire(cls, host: WireHost) -> QuadsHost:
+        """The host as QIIP keeps it."""
         gpus = [p for p in host.processors if (p.processor_type or "").upper() == "GPU"]
-        if not gpus:
-            return None
         return cls(
             name=normalise_host(host.name),
-            gpu_vendor=gpus[0].vendor,
-            gpu_product=gpus[0].product,
+            gpu_vendor=gpus[0].vendor if gpus else None,
+            gpu_product=gpus[0].product if gpus else None,
             gpu_count=len(gpus),
             model=host.model,
             cloud=host.cloud.name if host.cloud else None,
             quads_name=host.name,
+            broken=host.broken,
+            retired=host.retired,
         )
 
     def gpus_view(self) -> dict[str, Any]:

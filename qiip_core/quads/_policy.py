@@ -18,6 +18,7 @@ __all__ = [
     "next_reservation",
     "overlaps",
     "plan_teardowns",
+    "teardown_at",
 ]
 
 
@@ -30,11 +31,11 @@ class QuadsSnapshot:
     lookahead_s: float
     """The window `available` was asked for: from `fetched_at`, this many seconds."""
     hosts: Mapping[str, QuadsHost]
-    """The GPU hosts, by normalised name."""
+    """Every host QUADS knows (broken, retired and GPU-less ones included), by normalised name."""
     available: frozenset[str]
     """The hosts QUADS kept free of every schedule over the window."""
     reservations: Mapping[str, Sequence[Reservation]] = field(default_factory=dict)
-    """Each GPU host's current and future schedules, by start."""
+    """The current and future schedules of each GPU host and each host a node stands on, by start."""
 
 
 def next_reservation(reservations: Iterable[Reservation], now: datetime) -> Reservation | None:
@@ -56,10 +57,14 @@ def conflict_at(host: str, snapshot: QuadsSnapshot, now: datetime, lookahead_s: 
     the host: it is not QUADS' to take).
 
     A host QUADS did not list as available over the polled window, with no reservation to say why, is taken as
-    in conflict now: QUADS said no, and the safe reading of an unexplained no is at once.
+    in conflict now: QUADS said no, and the safe reading of an unexplained no is at once. A host QUADS marks broken
+    or retired is in conflict now.
     """
-    if host not in snapshot.hosts:
+    known = snapshot.hosts.get(host)
+    if known is None:
         return None
+    if not known.usable:
+        return now
     end = now + timedelta(seconds=lookahead_s)
     reservations = snapshot.reservations.get(host, ())
     starts = [max(r.start, now) for r in reservations if overlaps(r, now, end)]
@@ -70,6 +75,20 @@ def conflict_at(host: str, snapshot: QuadsSnapshot, now: datetime, lookahead_s: 
         if not any(overlaps(r, snapshot.fetched_at, polled_end) for r in reservations):
             return now
     return None
+
+
+def teardown_at(host: str, snapshot: QuadsSnapshot, now: datetime, lookahead_s: float) -> datetime | None:
+    """When the enforcement tears a managed node on `host` down: `now` while QUADS takes the host back within the
+    lookahead (`conflict_at`), else the moment the next reservation comes within it (its start less `lookahead_s`);
+    None while QUADS lists no reservation and keeps the host available (or does not know the host)."""
+    if host not in snapshot.hosts:
+        return None
+    if conflict_at(host, snapshot, now, lookahead_s) is not None:
+        return now
+    upcoming = next_reservation(snapshot.reservations.get(host, ()), now)
+    if upcoming is None:
+        return None
+    return max(now, upcoming.start - timedelta(seconds=lookahead_s))
 
 
 def backoff_delay(failures: int, *, initial_s: float, cap_s: float) -> float:
@@ -138,13 +157,19 @@ def plan_teardowns(
             (r for r in snapshot.reservations.get(host, ()) if overlaps(r, now, end)),
             None,
         )
-        plans.append(Teardown(host, at, reservation, _reason(host, at, reservation, now, lookahead_s)))
+        known = snapshot.hosts.get(host)
+        mark = known.unusable_reason() if known is not None else None
+        plans.append(Teardown(host, at, reservation, _reason(host, at, reservation, now, lookahead_s, mark)))
     return sorted(plans, key=lambda t: (t.conflict_at, t.host))
 
 
-def _reason(host: str, at: datetime, reservation: Reservation | None, now: datetime, lookahead_s: float) -> str:
+def _reason(
+    host: str, at: datetime, reservation: Reservation | None, now: datetime, lookahead_s: float, mark: str | None
+) -> str:
     hours = lookahead_s / 3600
     window = f"{hours:g} h" if hours >= 1 else f"{lookahead_s:g} s"
+    if mark is not None:
+        return f"QUADS marks {host} {mark}: tearing the node down, as for a reservation"
     if reservation is None:
         return (
             f"QUADS does not keep {host} available for the next {window} (no schedule says why): "

@@ -15,7 +15,7 @@ from qiip_core.provisioning import Provisioner
 from qiip_core.quads._client import QuadsClient
 from qiip_core.quads._enforcer import QuadsEnforcer
 from qiip_core.quads._models import Reservation, normalise_host
-from qiip_core.quads._policy import conflict_at, next_reservation, overlaps
+from qiip_core.quads._policy import conflict_at, next_reservation, overlaps, teardown_at
 from qiip_core.quads._poller import Clock, QuadsPoller, utc_now
 from qiip_core.routing import RoutingTable
 
@@ -49,7 +49,11 @@ class QuadsService:
         self.clock = clock
         self.client = client or QuadsClient.from_settings(settings)
         self.poller = QuadsPoller(
-            self.client, lookahead_s=settings.lookahead_s, interval_s=settings.poll_interval_s, clock=clock
+            self.client,
+            lookahead_s=settings.lookahead_s,
+            interval_s=settings.poll_interval_s,
+            clock=clock,
+            watched=lambda: [state.id for state in table],
         )
         self.enforcer = QuadsEnforcer(self.poller, provisioner, table, settings, clock=clock)
         self._tasks: list[asyncio.Task[None]] = []
@@ -72,11 +76,18 @@ class QuadsService:
 
     # -- setups --------------------------------------------------------------------------------------------
 
+    def lends(self, host: str) -> bool:
+        """True when QUADS knows `host` (its last good read): QUADS re-images such a host before lending it again."""
+        snapshot = self.poller.snapshot
+        return snapshot is not None and normalise_host(host) in snapshot.hosts
+
     async def check_setup(self, host: str) -> None:
-        """Refuse a setup of `host` while QUADS reserves it within the lookahead (asked afresh, not from the poll).
+        """Refuse a setup of `host` while QUADS marks it broken or retired, or reserves it within the lookahead
+        (asked afresh, not from the poll).
 
         Raises:
-            HostReserved: a reservation is in force or starts within `quads.lookahead_s`.
+            HostReserved: QUADS marks the host broken or retired, or a reservation is in force or starts within
+                `quads.lookahead_s`.
             QuadsUnavailable: QUADS cannot be read, so whether the host is free is unknown.
         """
         host = normalise_host(host)
@@ -84,13 +95,20 @@ class QuadsService:
         snapshot = self.poller.snapshot
         known = snapshot.hosts.get(host) if snapshot is not None else None
         try:
-            reservations = await self.client.reservations(
-                host, now=now, quads_name=known.quads_name if known is not None else None
+            fresh, reservations = await asyncio.gather(
+                self.client.host(known.quads_name if known is not None and known.quads_name else host),
+                self.client.reservations(host, now=now, quads_name=known.quads_name if known is not None else None),
             )
         except QuadsUnavailable as exc:
             raise QuadsUnavailable(
                 f"QUADS cannot say whether {host} is free, so it is not set up: {exc.message} Retry when QUADS answers."
             ) from None
+        mark = fresh.unusable_reason() if fresh is not None else None
+        if mark is not None:
+            raise HostReserved(
+                f"Host {host} is marked {mark} in QUADS: it is not set up (a node on it would be torn down).",
+                host=host,
+            )
         end = now + timedelta(seconds=self.settings.lookahead_s)
         conflicts = [r for r in reservations if overlaps(r, now, end)]
         if conflicts:
@@ -100,8 +118,10 @@ class QuadsService:
     # -- views ---------------------------------------------------------------------------------------------
 
     def host_view(self, host: str, now: datetime | None = None) -> dict[str, Any] | None:
-        """The `quads` key of a node view: the host's GPUs, its next reservation, when QUADS takes it back, how old
-        the data is, and the enforcement's backoff; None for a host QUADS does not lend."""
+        """The `quads` key of a node view: the host's GPUs, whether QUADS marks it broken or retired, its next
+        reservation, when QUADS takes it back, when the enforcement tears a managed node on it down (`teardown_at`:
+        the reservation's start less the lookahead, or now within it), how old the data is, and the enforcement's
+        backoff; None for a host QUADS does not know."""
         snapshot = self.poller.snapshot
         host = normalise_host(host)
         if snapshot is None or host not in snapshot.hosts:
@@ -113,6 +133,7 @@ class QuadsService:
         lookahead_s = self.settings.lookahead_s
         within = conflict_at(host, snapshot, now, lookahead_s)
         conflict = within or (max(upcoming.start, now) if upcoming is not None else None)
+        teardown = teardown_at(host, snapshot, now, lookahead_s)
         backoff = self.enforcer.backoffs.get(host)
         age = self.poller.age_s(now)
         return {
@@ -120,11 +141,14 @@ class QuadsService:
             "gpus": known.gpus_view(),
             "model": known.model,
             "cloud": known.cloud,
+            "broken": known.broken,
+            "retired": known.retired,
             "available": within is None,
             "next_reservation": upcoming.view() if upcoming is not None else None,
             "next_conflict_at": conflict.isoformat() if conflict is not None else None,
             "seconds_to_conflict": round((conflict - now).total_seconds(), 3) if conflict is not None else None,
             "conflict_within_lookahead": within is not None,
+            "teardown_at": teardown.isoformat() if teardown is not None else None,
             "lookahead_s": lookahead_s,
             "teardown": {
                 "failures": backoff.failures,
@@ -149,7 +173,7 @@ class QuadsService:
         taken = {normalise_host(n) for n in registered}
         entries = []
         for host in sorted(snapshot.hosts):
-            if host in taken:
+            if host in taken or not snapshot.hosts[host].lendable:
                 continue
             entries.append(
                 {

@@ -19,6 +19,7 @@ from qiip_core.recommendations._install import LlmfitBinary, install_llmfit, rem
 from qiip_core.recommendations._recommender import (
     DEFAULT_LIMIT,
     MAX_LIMIT,
+    MAX_OUTPUT_BYTES,
     PROFILE_PATTERN,
     Recommender,
     catalog_repos,
@@ -38,6 +39,7 @@ __all__ = [
     "DEFAULT_LIMIT",
     "LLMFIT_VERSION",
     "MAX_LIMIT",
+    "MAX_OUTPUT_BYTES",
     "PROFILE_PATTERN",
     "FitLevel",
     "GgufSource",

@@ -10,13 +10,16 @@ Recommender(settings, check_host=…, known_hosts=…)
       parse_recommendations(stdout, …)         → HostRecommendations
 ```
 
-The whole request runs under `provisioning.llmfit_timeout_s`. llmfit prints warnings on stderr on some hosts (a
-`GLIBC_2.39` weak-version note on older C libraries): stderr is never a failure, only the exit status is.
+The whole request runs under `provisioning.llmfit_timeout_s`, and llmfit's stdout is read up to
+`MAX_OUTPUT_BYTES` (more stops it: a host flooding the gateway costs it a bounded amount). llmfit prints warnings
+on stderr on some hosts (a `GLIBC_2.39` weak-version note on older C libraries): stderr is never a failure, only the
+exit status is, and only its last lines are kept.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import re
 import shlex
@@ -31,7 +34,7 @@ from qiip_core.provisioning import SshConnection, SshTarget, open_ssh
 from qiip_core.recommendations._install import LlmfitBinary, install_llmfit
 from qiip_core.recommendations._types import HostRecommendations, parse_recommendations
 
-__all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "PROFILE_PATTERN", "Recommender", "catalog_repos"]
+__all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "MAX_OUTPUT_BYTES", "PROFILE_PATTERN", "Recommender", "catalog_repos"]
 
 logger = logging.getLogger("qiip.recommendations")
 
@@ -42,6 +45,9 @@ on the host."""
 DEFAULT_LIMIT = 10
 """Recommendations asked of llmfit when the caller names no number (its `-n`)."""
 MAX_LIMIT = 100
+
+MAX_OUTPUT_BYTES = 16 * 1024 * 1024
+"""The most of llmfit's stdout read, in bytes (the cap QUADS' answers have); `-n 100` prints well under 1 MiB."""
 
 
 def catalog_repos(catalog: Catalog) -> frozenset[str]:
@@ -148,16 +154,26 @@ async def _run(ssh: SshConnection, path: str, *, profile: str | None, limit: int
         args += ["--profile", profile]  # a global flag: it goes before the subcommand
     args += ["recommend", "--json", "--no-dashboard", "-n", str(limit)]
     stdout: list[str] = []
-    stderr: list[str] = []
+    stderr: collections.deque[str] = collections.deque(maxlen=20)
+    size = [0]
 
     def keep(line: str, stream: str) -> None:
-        (stdout if stream == "stdout" else stderr).append(line)
+        if stream != "stdout":
+            stderr.append(line)
+            return
+        size[0] += len(line.encode()) + 1
+        if size[0] > MAX_OUTPUT_BYTES:
+            raise LlmfitError(
+                f"llmfit on {ssh.target.host} printed more than {MAX_OUTPUT_BYTES:,} bytes; it was stopped.",
+                host=ssh.target.host,
+            )
+        stdout.append(line)
 
     result = await ssh.run(
         shlex.join(args), on_line=keep, total_timeout_s=timeout_s, idle_timeout_s=timeout_s, what="llmfit"
     )
     if result.exit_status != 0:
-        reason = " | ".join(line for line in stderr[-3:] if line.strip()) or "no message"
+        reason = " | ".join(line for line in list(stderr)[-3:] if line.strip()) or "no message"
         raise LlmfitError(
             f"llmfit on {ssh.target.host} exited with {result.exit_status}: {reason}", host=ssh.target.host
         )

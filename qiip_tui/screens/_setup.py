@@ -1,8 +1,8 @@
-"""The setup form: which host to set up, with which engine, serving which model."""
+"""The setup form: which host to set up, with which engine, serving which model, sized how (llama.cpp)."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from textual import on
 from textual.app import ComposeResult
@@ -11,21 +11,23 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select
 
-from qiip_tui._provisioning import ENGINES
+from qiip_tui._provisioning import ENGINES, setup_sizing
 
 __all__ = ["SetupModal", "SetupRequest"]
 
-SetupRequest = tuple[str, str, str]
-"""What the form gives: (hostname, engine as the operator read it, model)."""
+SetupRequest = tuple[str, str, str, dict[str, Any] | None]
+"""What the form gives: (hostname, engine as the operator read it, model, the llama.cpp sizing policy or None for
+automatic sizing)."""
 
 
 class SetupModal(ModalScreen[SetupRequest | None]):
     """Ask for a setup's host, engine and model.
 
-    Dismisses with `(hostname, engine, model)` when all three are given, or None when the operator cancels.
+        Dismisses with `(hostname, engine, model, sizing)` when the host and model are given and the sizing reads
+    (`auto`, empty, or `SLOTSxCONTEXT` for llama.cpp), or None when the operator cancels.
 
-    Args:
-        hostname: the host to start with (the one highlighted), if any.
+        Args:
+            hostname: the host to start with (the one highlighted), if any.
     """
 
     KEY_MAP_NAME: ClassVar[str] = "setup form"
@@ -53,6 +55,9 @@ class SetupModal(ModalScreen[SetupRequest | None]):
             yield Input(self.hostname, placeholder="hostname", id="setup-host", compact=True)
             yield Select([(name, name) for name in ENGINES], value="vllm", allow_blank=False, id="setup-engine")
             yield Input(placeholder="model (Qwen/Qwen3-8B, tiny.gguf)", id="setup-model", compact=True)
+            yield Input(
+                placeholder="sizing: auto, or SLOTSxCONTEXT (2x4096; llama.cpp)", id="setup-sizing", compact=True
+            )
             yield Label("", id="setup-problem")
             with Horizontal(id="buttons"):
                 yield Button("Cancel", id="cancel", compact=True)
@@ -70,7 +75,17 @@ class SetupModal(ModalScreen[SetupRequest | None]):
         if missing:
             self.query_one("#setup-problem", Label).update(f"The {' and '.join(missing)} cannot be empty.")
             return
-        self.dismiss((host, engine, model))
+        try:
+            sizing = setup_sizing(self.query_one("#setup-sizing", Input).value)
+        except ValueError as exc:
+            self.query_one("#setup-problem", Label).update(str(exc))
+            return
+        if sizing is not None and ENGINES.get(engine, engine) != "llama_cpp":
+            self.query_one("#setup-problem", Label).update(
+                "A sizing plans llama.cpp; vLLM sizes itself: leave it auto."
+            )
+            return
+        self.dismiss((host, engine, model, sizing))
 
     def action_cancel(self) -> None:
         """Dismiss with None."""

@@ -75,5 +75,5 @@ class NodeHeader(Static):
         text.append(f" · seen {self._seen:%H:%M:%S} UTC" if self._seen is not None else f" · seen {DASH}")
         if node.quads is not None and now is not None:
             text.append("\n")
-            text.append_text(quads_line(node.quads, now, self._palette))
+            text.append_text(quads_line(node.quads, now, self._palette, managed=node.managed))
         self.update(text)

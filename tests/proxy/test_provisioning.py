@@ -8,8 +8,6 @@ llama-server, planned and verified as local nodes are), sends a chat completion 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,12 +19,19 @@ import pytest
 from qiip_core.catalog import scan_catalog
 from tests.support.cli import run_qiip
 from tests.support.daemon import Daemon, free_port, wait_until
-from tests.support.hf_cache import HfCacheBuilder
+from tests.support.provisioning import (
+    TINY_REPO,
+    TINY_SIZING,
+    cpu_hosts as provisioned_cpu_hosts,
+    daemon_env,
+    hang,
+    setup_body,
+    task_of,
+    wait_operation,
+)
 from tests.support.sshd import SshHosts, alive
 
 pytestmark = pytest.mark.integration
-
-TINY_SIZING = {"sizing": "custom", "context_per_slot": 512, "slots": 1, "cache_type": "f16", "fit_target_mib": 64}
 
 
 @pytest.fixture(scope="module")
@@ -34,75 +39,27 @@ def cpu_hosts(
     tmp_path_factory: pytest.TempPathFactory, llama_server_binary: Path, tiny_gguf: Path
 ) -> Iterator[SshHosts]:
     """Four Debian hosts without GPUs (127.0.0.20–23) with the project's CPU llama-server installed."""
-    models = tmp_path_factory.mktemp("shared-models")
-    shutil.copy(tiny_gguf, models / "tiny.gguf")
-    # The same model as a generation of a Hugging Face cache, for setups by artifact_id.
-    HfCacheBuilder(models).add_file(TINY_REPO, "a" * 40, "tiny-Q8_0.gguf", source=tiny_gguf)
-    with SshHosts(tmp_path_factory.mktemp("cpu-ssh"), 4, family="debian", gpu=False, first=20) as hosts:
-        for host in hosts.hosts:
-            host.preinstall_llamacpp(llama_server_binary)
-            host.share_models(models)
-        hosts.models = models  # type: ignore[attr-defined]
-        yield hosts
-        for host in hosts.hosts:
-            pid = host.engine_pid("llamacpp")
-            if pid is not None and alive(pid):
-                os.killpg(pid, signal.SIGKILL)
+    yield from provisioned_cpu_hosts(
+        tmp_path_factory.mktemp("cpu-ssh"),
+        tmp_path_factory.mktemp("shared-models"),
+        llama_server_binary,
+        tiny_gguf,
+        count=4,
+        first=20,
+        holdable=False,
+    )
 
 
-def daemon_env(hosts: SshHosts, engine_port: int, **extra: str) -> dict[str, str]:
-    return {
-        "QIIP_PROVISIONING__PROFILE": "cpu",
-        "QIIP_PROVISIONING__SSH_PORT": str(hosts.port),
-        "QIIP_PROVISIONING__SSH_KEY_FILE": str(hosts.client_key),
-        "QIIP_PROVISIONING__KNOWN_HOSTS_FILE": str(hosts.known_hosts),
-        "QIIP_PROVISIONING__ENGINE_PORT": str(engine_port),
-        "QIIP_PROVISIONING__MODEL_CACHE_DIR": str(hosts.models),  # type: ignore[attr-defined]
-        "QIIP_PROVISIONING__HEALTH_INTERVAL_S": "0.2",
-        "QIIP_PROVISIONING__HEALTH_TIMEOUT_S": "60",
-        "QIIP_PROVISIONING__MIN_FREE_DISK_GIB": "0.01",
-        "QIIP_PROVISIONING__SSH_WAIT_TIMEOUT_S": "1",
-        "QIIP_PROVISIONING__MAX_CONCURRENT_SETUPS": "2",
-        **extra,
-    }
-
-
-TINY_REPO = "qiip-test/tiny-remote-GGUF"
-
-
-def setup_body(host: str, **extra: Any) -> dict[str, Any]:
-    return {"hostname": host, "engine": "llama_cpp", "model": "tiny.gguf", "alias": "tiny-remote", **extra}
-
-
-def wait_operation(daemon: Daemon, operation_id: str, timeout_s: float = 120.0) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-
-    def done() -> bool:
-        result.update(daemon.admin.get(f"/admin/operations/{operation_id}").json())
-        return bool(result["state"] != "running")
-
-    wait_until(done, timeout_s, f"operation {operation_id}")
-    return result
-
-
-def task_of(daemon: Daemon, host: str) -> dict[str, Any]:
-    """The host's task record; empty until the daemon has written it (a 202 may come first)."""
-    tasks = daemon.admin.get("/admin/provisioning/tasks").json()["tasks"]
-    return next((t for t in tasks if t["hostname"] == host), {})
-
-
-def hang(hosts: SshHosts, index: int, on: bool) -> None:
-    flag = hosts[index].root / "etc" / "package-manager-hangs"
-    if on:
-        flag.touch()
-    else:
-        flag.unlink(missing_ok=True)
+SECRET_INDEX = "https://ops:s3cret-index@pypi.example/simple"
+"""A package index URL with credentials, as a site mirror has them."""
 
 
 def test_setup_serves_through_the_gateway_then_teardown_removes_it(cpu_hosts: SshHosts, tmp_path: Path) -> None:
     host = cpu_hosts[0]
     engine_port = free_port()
-    with Daemon(tmp_path / "state", env=daemon_env(cpu_hosts, engine_port)) as daemon:
+    # Logged at DEBUG, where every remote command is: its environment's values never are.
+    env = daemon_env(cpu_hosts, engine_port, QIIP_PROVISIONING__PIP_INDEX_URL=SECRET_INDEX, QIIP_LOGGING__LEVEL="DEBUG")
+    with Daemon(tmp_path / "state", env=env) as daemon:
         # Served by its catalog id: the generation's path in the shared cache, the same on the host.
         artifact = next(g.artifact_id for g in scan_catalog(cpu_hosts.models).gguf if g.repo_id == TINY_REPO)  # type: ignore[attr-defined]
         body = setup_body(host.address, sizing=TINY_SIZING, artifact_id=artifact)
@@ -135,6 +92,10 @@ def test_setup_serves_through_the_gateway_then_teardown_removes_it(cpu_hosts: Ss
 
         engine_pid = host.engine_pid("llamacpp")
         assert engine_pid is not None and alive(engine_pid)
+        # No secret in the daemon's log, the host's log or the engine's environment; the commands are logged.
+        assert "s3cret-index" not in daemon.log() and "QIIPNODE_PIP_INDEX=[redacted]" in daemon.log()
+        assert not any("s3cret-index" in e["msg"] for e in entries)
+        assert b"QIIPNODE_" not in Path(f"/proc/{engine_pid}/environ").read_bytes()
         teardown = daemon.admin.delete(f"/admin/nodes/{host.address}")
         assert teardown.status_code == 202, teardown.text
         assert wait_operation(daemon, teardown.json()["id"])["state"] == "succeeded"
@@ -244,3 +205,56 @@ def test_qiip_node_setup_follows_the_log_a_line_per_step(cpu_hosts: SshHosts, tm
         refused = run_qiip(cli_dir, "node", "setup", "10.1.2.3", "--engine", "vllm", "--model", "m", env=env)
         assert refused.returncode == 1
         assert refused.stderr.startswith("error: Host 10.1.2.3 cannot be provisioned:"), refused.stderr
+
+
+def test_a_setup_wrong_in_any_field_is_refused_before_any_ssh_connection(cpu_hosts: SshHosts, tmp_path: Path) -> None:
+    host = cpu_hosts[2].address
+    cases: list[tuple[dict[str, Any], str, str]] = [
+        (setup_body(host, model="absent.gguf"), "model", "is not a file in the shared model cache"),
+        (setup_body(host, model="../../etc/passwd"), "model", "each part is letters, digits"),
+        (setup_body(host, model="/srv/hf-cache/tiny.gguf"), "model", "relative to it"),
+        (setup_body(host, sizing={**TINY_SIZING, "slots": 0}), "sizing.slots", "slots must be between 1 and 256"),
+        (setup_body(host, sizing={**TINY_SIZING, "slots": "x"}), "sizing.slots", "a whole number of slots"),
+        (setup_body(host, alias="tiny\nforged line"), "alias", "no newline or control character"),
+        (setup_body(host, alias="--api-key"), "alias", "starts with '-'"),
+        ({"hostname": host, "engine": "vllm", "model": "--trust-remote-code"}, "model", "starts with '-'"),
+        ({"hostname": host, "engine": "vllm", "model": "org/../x"}, "model", "not a Hugging Face repository id"),
+        ({"hostname": host, "engine": "vllm", "model": "/etc/passwd"}, "model", "inside the hosts' model cache"),
+        ({"hostname": host, "engine": "vllm", "model": "org/m", "sizing": TINY_SIZING}, "sizing", "vLLM sizes"),
+    ]
+    with Daemon(tmp_path / "state", env=daemon_env(cpu_hosts, free_port())) as daemon:
+        before = cpu_hosts.connections(host)
+        for body, field, reason in cases:
+            refused = daemon.admin.post("/admin/nodes/setup", json=body)
+            error = refused.json()["error"]
+            assert (refused.status_code, error["code"], error["param"]) == (400, "invalid_setup", field), refused.text
+            assert reason in error["message"], error["message"]
+            assert "\n" not in error["message"]
+        # Nothing was registered, recorded or contacted: not even a TCP connection reached the host's sshd.
+        assert cpu_hosts.connections(host) == before
+        assert daemon.admin.get("/admin/provisioning/tasks").json()["tasks"] == []
+        assert host not in daemon.node_statuses()
+        # A host with no task has no log, and asking for one keeps nothing.
+        missing = daemon.admin.get("/admin/provisioning/no-such-host/logs", params={"follow": "false"})
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "host_not_found"
+
+
+def test_qiip_node_forget_key_removes_a_reinstalled_hosts_entry_and_logs_it(
+    cpu_hosts: SshHosts, tmp_path: Path
+) -> None:
+    known = tmp_path / "known_hosts"
+    known.write_text(cpu_hosts.known_hosts.read_text())
+    entries = len(known.read_text().splitlines())
+    env = daemon_env(cpu_hosts, free_port(), QIIP_PROVISIONING__KNOWN_HOSTS_FILE=str(known))
+    with Daemon(tmp_path / "state", env=env) as daemon:
+        cli_env = {"QIIP_URL": daemon.url, "QIIP_ADMIN__USERNAME": "admin", "QIIP_ADMIN__PASSWORD": "test-password"}
+        (tmp_path / "cli").mkdir()
+        done = run_qiip(tmp_path / "cli", "node", "forget-key", "127.0.0.23", env=cli_env)
+        assert (done.returncode, done.stdout) == (0, "127.0.0.23: removed 1 known-hosts entry\n"), done.stderr
+        assert f"[127.0.0.23]:{cpu_hosts.port} " not in known.read_text()
+        assert len(known.read_text().splitlines()) == entries - 1
+        assert "host key of 127.0.0.23 forgotten: 1 entry removed from" in daemon.log()
+        again = run_qiip(tmp_path / "cli", "node", "forget-key", "127.0.0.23", env=cli_env)
+        assert again.stdout == "127.0.0.23: no known-hosts entry to remove\n"
+        outside = daemon.admin.delete("/admin/nodes/10.1.2.3/host-key")
+        assert outside.status_code == 400 and outside.json()["error"]["code"] == "host_not_allowed"

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from qiip_core.client import QiipClient
+from tests.support.cli import run_qiip
 from tests.support.daemon import Daemon, wait_until
 from tests.support.quads import QuadsServer
 
@@ -23,12 +24,13 @@ pytestmark = pytest.mark.integration
 RESERVED = "127.0.0.31"
 LENT = "127.0.0.32"
 UNKNOWN = "127.0.0.33"
+BROKEN = "127.0.0.34"
 
 
 class Listener:
     """One TCP port on each test host's address that accepts connections, counts them and says nothing."""
 
-    def __init__(self, addresses: tuple[str, ...] = (RESERVED, LENT, UNKNOWN)) -> None:
+    def __init__(self, addresses: tuple[str, ...] = (RESERVED, LENT, UNKNOWN, BROKEN)) -> None:
         for _ in range(20):
             first = socket.create_server((addresses[0], 0))
             self.port: int = first.getsockname()[1]
@@ -86,6 +88,7 @@ def test_the_fleet_view_setup_refusals_and_quads_down_then_back(
     with QuadsServer(timezone="America/New_York") as quads:
         quads.add_host(RESERVED, gpus=8, product="H100 80GB HBM3")
         quads.add_host(LENT, gpus=2, vendor="AMD", product="MI300X")
+        quads.add_host(BROKEN, gpus=8, broken=True)
         quads.reserve(RESERVED, now + timedelta(hours=3), now + timedelta(hours=10), owner="erin", ticket="9001")
         env = {
             "QIIP_QUADS__URL": quads.url,
@@ -109,6 +112,9 @@ def test_the_fleet_view_setup_refusals_and_quads_down_then_back(
             assert error["code"] == "host_reserved" and error["param"] == "hostname"
             start = (now + timedelta(hours=3)).strftime("%Y-%m-%d %H:%M UTC")
             assert f"Host {RESERVED} is reserved in QUADS from {start} for cloud02 (owner erin" in error["message"]
+            broken = setup(daemon, BROKEN)
+            assert broken.status_code == 400 and broken.json()["error"]["code"] == "host_reserved", broken.text
+            assert f"Host {BROKEN} is marked broken in QUADS: it is not set up" in broken.json()["error"]["message"]
 
             # The fleet view: QUADS' hosts that are not nodes, without engine or artifact; a node keeps its shape.
             daemon.add_node(LENT, f"http://{LENT}:8000", "org/m", wait=False)
@@ -148,6 +154,18 @@ def test_the_fleet_view_setup_refusals_and_quads_down_then_back(
             assert lent.hosts[0].next_reservation is not None and lent.hosts[0].next_reservation.owner == "erin"
             assert lent.freshness is not None and lent.freshness.hosts == 2 and lent.freshness.fetched_at is not None
 
+            # The CLI says the same in words.
+            cli_env = {"QIIP_URL": daemon.url, "QIIP_ADMIN__USERNAME": "admin", "QIIP_ADMIN__PASSWORD": "test-password"}
+            (tmp_path / "cli").mkdir()
+            said = run_qiip(tmp_path / "cli", "node", "quads", env=cli_env)
+            assert said.returncode == 0, said.stderr
+            back = datetime.fromisoformat(upcoming["start"]).strftime("%Y-%m-%d %H:%M")
+            assert said.stdout.splitlines() == [
+                f"{LENT} (node): free",
+                f"{RESERVED} (not provisioned): returned at {back} UTC, inside the lookahead · reserved from {back} "
+                "UTC for cloud02",
+            ]
+
             # QUADS down: no setup (503), the last data kept and said to be stale; then back.
             quads.stop()
             for host in (RESERVED, UNKNOWN):
@@ -172,5 +190,5 @@ def test_the_fleet_view_setup_refusals_and_quads_down_then_back(
             accepted = setup(daemon, UNKNOWN)
             assert accepted.status_code == 202, accepted.text
             wait_until(lambda: bool(bmc.accepted or ssh.accepted), 20, "the setup to reach the host")
-            assert set(bmc.accepted + ssh.accepted) == {UNKNOWN}
+            assert set(bmc.accepted + ssh.accepted) == {UNKNOWN}  # nothing reached the broken host either
             assert daemon.admin.post(f"/admin/provisioning/{UNKNOWN}/cancel", json={}).status_code == 202

@@ -185,6 +185,10 @@ class QuadsServer:
     schedules: list[_Schedule] = field(default_factory=list)
     requests: list[tuple[str, dict[str, str]]] = field(default_factory=list)
     port: int = field(default_factory=free_port)
+    delay_s: float = 0.0
+    """Seconds each answer takes (requests then overlap, and `max_in_flight` counts how many did at once)."""
+    in_flight: int = 0
+    max_in_flight: int = 0
 
     def __post_init__(self) -> None:
         self.tz = ZoneInfo(self.timezone)
@@ -285,11 +289,17 @@ class QuadsServer:
         path = "/" + request.path_params["path"].strip("/")
         params = dict(request.query_params)
         self.requests.append((path, params))
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s)
             with self._lock:
                 return self._answer(path, params)
         except _BadDate as exc:
             return _error(400, str(exc))
+        finally:
+            self.in_flight -= 1
 
     def _answer(self, path: str, params: dict[str, str]) -> JSONResponse:
         clouds = self._clouds

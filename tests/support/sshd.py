@@ -44,14 +44,45 @@ esac
 """
 
 _PACKAGE_MANAGER = """#!/bin/bash
-# {name} as it answers on a host whose repositories hold every package asked for (output recorded).
+# {name} as it answers on a host whose repositories hold every package asked for (output recorded). Like the real
+# one, it refuses to run while another process holds its lock (an unattended upgrade on a host that just booted).
 echo "{name} $*" >>"$QIIPNODE_ROOT/var/log/package-manager.calls"
-if [[ -f "$QIIPNODE_ROOT/etc/package-manager-hangs" ]]; then
+lock="$QIIPNODE_ROOT/{lock}"
+mkdir -p "$(dirname "$lock")"
+try_lock='import fcntl, sys; fcntl.lockf(open(sys.argv[1], "a"), fcntl.LOCK_EX | fcntl.LOCK_NB)'
+if ! python3 -c "$try_lock" "$lock" 2>/dev/null; then
+  echo "E: Could not get lock $lock. It is held by another process" >&2
+  exit 100
+fi
+hang="$QIIPNODE_ROOT/etc/package-manager-hangs"
+if [[ -f "$hang" && ( ! -s "$hang" || "$*" == *"$(cat "$hang")"* ) ]]; then
   echo $$ >"$QIIPNODE_ROOT/var/run/package-manager.pid"
   sleep 600
 fi
 {output}
 exit 0
+"""
+_LOCKS = {"dnf": "var/lib/rpm/.rpm.lock", "apt-get": "var/lib/dpkg/lock-frontend"}
+
+_HELD = """#!/bin/bash
+# {name} as the host has it, held while $QIIPNODE_ROOT/etc/hold/{name} exists (a test stops a step there); its PID
+# is in $QIIPNODE_ROOT/var/run/held-{name}.pid while it waits.
+if [[ -e "$QIIPNODE_ROOT/etc/hold/{name}" ]]; then
+  mkdir -p "$QIIPNODE_ROOT/var/run"
+  echo $$ >"$QIIPNODE_ROOT/var/run/held-{name}.pid"
+  while [[ -e "$QIIPNODE_ROOT/etc/hold/{name}" ]]; do sleep 0.05; done
+fi
+{body}
+"""
+_LSPCI_GPU = 'echo "01:00.0 0302: 10de:20b2 (rev a1)"'
+_LSPCI_CPU = 'echo "00:02.0 0300: 8086:46a6 (rev 0c)"'
+_IPTABLES = 'echo "iptables $*" >>"$QIIPNODE_ROOT/var/log/iptables.calls"'
+
+_HELD_ENGINE = """#!/bin/bash
+# llama-server, started only once {root}/etc/hold/llama-server is gone (a test holds a setup in health_poll). The
+# bundle keeps its QIIPNODE_* settings out of the engine's environment, so the install root is written in here.
+while [[ -e "{root}/etc/hold/llama-server" ]]; do sleep 0.05; done
+exec {binary} "$@"
 """
 _DNF_OUTPUT = 'echo "Last metadata expiration check: 0:12:41 ago."; echo "Dependencies resolved."; echo "Complete!"'
 _APT_OUTPUT = (
@@ -71,8 +102,15 @@ _FAKE_VLLM = """#!{python}
 # vLLM's OpenAI server as the gateway sees it (vLLM cannot run without a GPU): /health and /v1/models.
 import http.server, json, sys
 args = sys.argv[1:]
-opt = lambda name: args[args.index(name) + 1]
+def opt(name):
+    for i, arg in enumerate(args):
+        if arg == name:
+            return args[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    raise SystemExit(f"no {{name}}")
 alias = opt("--served-model-name")
+assert args[-2] == "--", args  # the model comes last, after --
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         models = {{"object": "list", "data": [{{"id": alias, "object": "model"}}]}}
@@ -110,12 +148,43 @@ class FakeHost:
         (self.root / "opt").mkdir(parents=True, exist_ok=True)
         name = "dnf" if family == "rhel" else "apt-get"
         output = _DNF_OUTPUT if family == "rhel" else _APT_OUTPUT
-        _write(self.bin / name, _PACKAGE_MANAGER.format(name=name, output=output))
+        _write(self.bin / name, _PACKAGE_MANAGER.format(name=name, output=output, lock=_LOCKS[name]))
         if gpu:
             _write(self.bin / "nvidia-smi", _NVIDIA_SMI)
+        _write(self.bin / "lspci", _HELD.format(name="lspci", body=_LSPCI_GPU if gpu else _LSPCI_CPU))
+        # Never the machine's own firewall: the step's command is a stub that records its calls.
+        _write(self.bin / "iptables", _HELD.format(name="iptables", body=_IPTABLES))
 
     def path_env(self) -> str:
         return f"{self.bin}:/usr/local/bin:/usr/bin:/bin"
+
+    def hold(self, name: str) -> None:
+        """Hold the next run of `name` (`lspci`, `iptables`, `llama-server`) until `release(name)`."""
+        (self.root / "etc" / "hold").mkdir(parents=True, exist_ok=True)
+        (self.root / "etc" / "hold" / name).touch()
+
+    def release(self, name: str) -> None:
+        (self.root / "etc" / "hold" / name).unlink(missing_ok=True)
+
+    def held_pid(self, name: str) -> int | None:
+        """The PID of the held `name`, once it waits."""
+        path = self.root / "var" / "run" / f"held-{name}.pid"
+        return int(path.read_text()) if path.exists() else None
+
+    def run_groups(self) -> list[int]:
+        """The process groups operations recorded on the host that still have a live process."""
+        runs = self.root / "var" / "lib" / "qiip-node" / "runs"
+        found = []
+        for entry in runs.iterdir() if runs.is_dir() else ():
+            if entry.name.isdigit():
+                try:
+                    os.killpg(int(entry.name), 0)
+                except ProcessLookupError:
+                    continue
+                except PermissionError:
+                    pass
+                found.append(int(entry.name))
+        return found
 
     def package_manager_calls(self) -> list[str]:
         path = self.root / "var" / "log" / "package-manager.calls"
@@ -124,12 +193,15 @@ class FakeHost:
     def install_driver(self, version: str) -> None:
         _write(self.root / "var" / "lib" / "fake-nvidia" / "driver", version, 0o644)
 
-    def preinstall_llamacpp(self, server_binary: Path, *, version: str = "0.3.36") -> None:
-        """The project's CPU build of llama-server as the bundle installs it (`/opt/llama.cpp/<version>-cpu`)."""
+    def preinstall_llamacpp(self, server_binary: Path, *, version: str = "0.3.36", holdable: bool = False) -> None:
+        """The project's CPU build of llama-server as the bundle installs it (`/opt/llama.cpp/<version>-cpu`);
+        `holdable`: behind a wrapper that waits while `hold("llama-server")`."""
         prefix = self.root / "opt" / "llama.cpp" / f"{version}-cpu"
         (prefix / "bin").mkdir(parents=True, exist_ok=True)
         link = prefix / "bin" / "llama-server"
-        if not link.exists():
+        if holdable:
+            _write(link, _HELD_ENGINE.format(binary=server_binary, root=self.root))
+        elif not link.exists():
             link.symlink_to(server_binary)
         (prefix / ".qiip-source-sha256").write_text(PINNED_SHA256[("pypi-sdist", version)])
 
@@ -166,10 +238,21 @@ class SshHosts:
         family: `rhel` or `debian` for every host, or None to alternate (even indexes rhel).
         gpu: give the hosts the `nvidia-smi` stub.
         first: the last octet of the first address.
+        log_level: sshd's `LogLevel`; `VERBOSE` logs each connection (`connections()` counts them).
     """
 
-    def __init__(self, base: Path, count: int, *, family: str | None = None, gpu: bool = True, first: int = 2) -> None:
+    def __init__(
+        self,
+        base: Path,
+        count: int,
+        *,
+        family: str | None = None,
+        gpu: bool = True,
+        first: int = 2,
+        log_level: str = "ERROR",
+    ) -> None:
         self.base = base
+        self.log_level = log_level
         self.port = free_port()
         self.hosts = [
             FakeHost(
@@ -211,7 +294,7 @@ class SshHosts:
             "Subsystem sftp internal-sftp",
             "MaxStartups 500",
             "MaxSessions 200",
-            "LogLevel ERROR",
+            f"LogLevel {self.log_level}",
         ]
         for host in self.hosts:
             lines += [
@@ -227,6 +310,15 @@ class SshHosts:
         self.write_known_hosts()
         self._wait_ready()
         return self
+
+    def connections(self, address: str | None = None) -> int:
+        """TCP connections sshd accepted so far (with `log_level="VERBOSE"`), to `address` or to any host."""
+        log = (self.base / "sshd.log").read_text(errors="replace")
+        return sum(
+            1
+            for line in log.splitlines()
+            if "Connection from " in line and (address is None or f" on {address} port " in line)
+        )
 
     def write_known_hosts(self, key: Path | None = None) -> None:
         public = (key or self.host_key).with_suffix(".pub").read_text().split()

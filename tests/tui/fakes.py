@@ -523,6 +523,7 @@ def quads_view(
         "next_reservation": reservation,
         "next_conflict_at": start.isoformat() if start is not None else None,
         "conflict_within_lookahead": reserved_in is not None and reserved_in <= timedelta(days=1),
+        "teardown_at": max(start - timedelta(days=1), QUADS_NOW).isoformat() if start is not None else None,
         "lookahead_s": 86400.0,
         "data_age_s": 60.0,
         "stale": False,

@@ -7,15 +7,17 @@ refused by the same daemon (nothing runs on the host; no BMC is configured), whi
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from textual.widgets import DataTable, Input, RichLog
+from textual.widgets import DataTable, Input, Label, RichLog, Select
 
 from qiip_tui import QiipConsole
 from qiip_tui._commands import console_commands
+from qiip_tui._provisioning import setup_sizing
 from qiip_tui.screens import ConfirmModal, LogsScreen
 from qiip_tui.screens._setup import SetupModal
 from qiip_tui.widgets import LogView
@@ -28,13 +30,17 @@ HOST = "127.0.0.1"
 
 
 @pytest.fixture(scope="module")
-def refusing_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    """A daemon whose hosts' SSH port is closed: every setup fails at `waiting_for_ssh` within half a second."""
+def refusing_daemon(tmp_path_factory: pytest.TempPathFactory, tiny_gguf: Path) -> Iterator[Daemon]:
+    """A daemon whose hosts' SSH port is closed: every setup fails at `waiting_for_ssh` within half a second. Its
+    shared model cache holds the tiny model, so a llama.cpp setup's sizing is checked against it."""
+    cache = tmp_path_factory.mktemp("models")
+    shutil.copy(tiny_gguf, cache / "tiny.gguf")
     env = {
         "QIIP_PROVISIONING__SSH_PORT": str(free_port()),
         "QIIP_PROVISIONING__SSH_WAIT_TIMEOUT_S": "0.5",
         "QIIP_PROVISIONING__CONNECT_TIMEOUT_S": "0.5",
         "QIIP_PROVISIONING__PROFILE": "cpu",
+        "QIIP_PROVISIONING__MODEL_CACHE_DIR": str(cache),
     }
     with Daemon(tmp_path_factory.mktemp("provisioning") / "state", env=env) as daemon:
         yield daemon
@@ -77,6 +83,44 @@ async def test_a_setup_from_the_console_shows_its_task_and_live_log(refusing_dae
 
         # The operation the console started ends as failed, and says so.
         await wait_for(pilot, lambda: notes(app, f"Setup {HOST} failed"), what="the failure notice")
+
+
+def test_the_setup_forms_sizing_is_auto_or_slots_by_context() -> None:
+    assert setup_sizing("") is None and setup_sizing(" Auto ") is None
+    assert setup_sizing("2x4,096") == {
+        "sizing": "custom",
+        "slots": 2,
+        "context_per_slot": 4096,
+        "cache_type": "f16",
+        "fit_target_mib": 512,
+    }
+    assert setup_sizing("4 × 8192") is not None
+    with pytest.raises(ValueError, match="neither auto nor SLOTSxCONTEXT, such as 2x4096"):
+        setup_sizing("lots")
+
+
+async def test_the_setup_form_sends_its_sizing_and_the_daemon_answers_with_the_field(refusing_daemon: Daemon) -> None:
+    app = QiipConsole(config_for(refusing_daemon), node_poll_s=0.2, operation_poll_s=0.1)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await pilot.press("l")
+        await screen_of(pilot, LogsScreen)
+        await pilot.press("s")
+        form = await screen_of(pilot, SetupModal)
+        form.query_one("#setup-host", Input).value = HOST
+        form.query_one("#setup-engine", Select).value = "llama.cpp"
+        form.query_one("#setup-model", Input).value = "tiny.gguf"
+        form.query_one("#setup-sizing", Input).value = "lots"
+        form.query_one("#setup-sizing", Input).focus()
+        await pilot.press("enter")
+        assert "neither auto nor SLOTSxCONTEXT" in str(form.query_one("#setup-problem", Label).render())
+        form.query_one("#setup-sizing", Input).value = "0x512"
+        await pilot.press("enter")
+        confirm = await screen_of(pilot, ConfirmModal)
+        assert "with 0 slot(s) of 512 tokens" in str(confirm.body)
+        await pilot.press("y")
+        refusal = f"Set up {HOST}"
+        await wait_for(pilot, lambda: notes(app, refusal), what="the refusal")
+        assert "slots must be between 1 and 256, got 0" in str(notes(app, refusal)[0].message)
 
 
 async def test_refused_host_actions_name_the_host_and_the_reason(refusing_daemon: Daemon) -> None:

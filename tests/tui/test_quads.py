@@ -96,7 +96,8 @@ def test_the_summary_line_names_the_next_return_then_the_hosts_not_provisioned()
     # Within the lookahead, the warning colour; once due, the error colour.
     urgent = [node("gpu03.lab", reserved.model_copy(update={"conflict_within_lookahead": True}))]
     line = quads_summary(lent(), urgent, NOW, PALETTE)
-    assert line is not None and line.plain == "QUADS: next return gpu03 in 2h 14m · every lent host is a node"
+    assert line is not None
+    assert line.plain == "QUADS: next return gpu03 in 2h 14m, inside the lookahead · every lent host is a node"
     assert styles_of(line, "next return") == {"yellow"}
     line = quads_summary(lent(), urgent, NOW + timedelta(hours=3), PALETTE)
     assert line is not None and "next return gpu03 now" in line.plain and styles_of(line, "next return") == {"red"}
@@ -125,12 +126,34 @@ def test_a_nodes_quads_line_counts_down_to_its_host_being_taken_back() -> None:
     )
     line = quads_line(reserved, NOW, PALETTE)
     assert line.plain == (
-        "QUADS returned in 2h 14m · reserved from 2026-12-01 14:14 UTC for cloud02, owner alice"
+        "QUADS returned in 2h 14m, inside the lookahead · reserved from 2026-12-01 14:14 UTC for cloud02, owner alice"
         " · 8× NVIDIA H100 80GB HBM3"
     )
     assert styles_of(line, "returned in") == {"yellow"}
     assert quads_line(reserved, start, PALETTE).plain.startswith("QUADS returned now ·")
     assert styles_of(quads_line(reserved, start, PALETTE), "returned now") == {"red"}
+
+
+def test_a_managed_nodes_quads_line_says_when_it_is_torn_down_in_words() -> None:
+    start = NOW + timedelta(days=1, hours=2, minutes=14)
+    reservation = {"start": start.isoformat(), "end": (start + timedelta(days=7)).isoformat()}
+    later = view(
+        "gpu03.lab",
+        next_reservation=reservation,
+        next_conflict_at=start.isoformat(),
+        teardown_at=(start - timedelta(days=1)).isoformat(),
+    )
+    line = quads_line(later, NOW, PALETTE, managed=True)
+    assert line.plain.startswith("QUADS torn down at 14:14 UTC, in 2h 14m · reserved from 2026-12-02 14:14 UTC")
+    assert later.teardown_words(NOW) == "torn down at 14:14 UTC"
+    assert later.teardown_words(NOW - timedelta(days=1)) == "torn down at 2026-12-01 14:14 UTC"
+    due = later.model_copy(update={"conflict_within_lookahead": True, "teardown_at": NOW})
+    assert quads_line(due, NOW, PALETTE, managed=True).plain.startswith("QUADS inside the lookahead: torn down now ·")
+    assert styles_of(quads_line(due, NOW, PALETTE, managed=True), "inside the lookahead") == {"red"}
+    broken = view("gpu03.lab", broken=True, teardown_at=NOW.isoformat())
+    assert quads_line(broken, NOW, PALETTE, managed=True).plain.startswith("QUADS torn down now: QUADS marks it broken")
+    assert quads_line(broken, NOW, PALETTE).plain.startswith("QUADS marked broken ·")
+    assert view("gpu03.lab").teardown_words(NOW) == "no teardown due"
     free = quads_line(view("gpu03.lab", stale=True, data_age_s=700), NOW, PALETTE)
     assert free.plain == "QUADS free · no reservation · 8× NVIDIA H100 80GB HBM3 · QUADS data 11m old"
 
@@ -176,7 +199,10 @@ async def test_the_summary_shows_the_lent_hosts_and_a_node_counts_down_to_its_re
             pilot, lambda: "QUADS: next return" in _summary(app) and "gpu08" in _summary(app), what="the QUADS line"
         )
         line = _summary(app).splitlines()[2]
-        assert line == "QUADS: next return gpu03 in 2h 14m · 2 hosts not provisioned: gpu07 8× H100, gpu08 4× A100"
+        assert line == (
+            "QUADS: next return gpu03 in 2h 14m, inside the lookahead · 2 hosts not provisioned: gpu07 8× H100, "
+            "gpu08 4× A100"
+        )
         # The lent hosts are not nodes: no row, nothing a node action could reach.
         assert set(app.fleet.nodes) == {"gpu03.lab"}
 
@@ -186,7 +212,8 @@ async def test_the_summary_shows_the_lent_hosts_and_a_node_counts_down_to_its_re
         header = str(screen.query_one(NodeHeader).render()).splitlines()
         start = START + timedelta(hours=2, minutes=14)
         assert header[2] == (
-            f"QUADS returned in 2h 14m · reserved from {start:%Y-%m-%d %H:%M} UTC for cloud02, owner erin"
+            f"QUADS returned in 2h 14m, inside the lookahead · reserved from {start:%Y-%m-%d %H:%M} UTC for cloud02, "
+            "owner erin"
             " · 8× NVIDIA H100 80GB HBM3"
         )
 
@@ -195,4 +222,7 @@ async def test_the_summary_shows_the_lent_hosts_and_a_node_counts_down_to_its_re
         await screen_of(pilot, FleetScreen)
         quads.stop()
         await wait_for(pilot, lambda: _summary(app).splitlines()[2].startswith("QUADS data "), what="stale QUADS data")
-        assert " old · next return gpu03 in 2h 14m · 2 hosts not provisioned: " in _summary(app).splitlines()[2]
+        assert (
+            " old · next return gpu03 in 2h 14m, inside the lookahead · 2 hosts not provisioned: "
+            in (_summary(app).splitlines()[2])
+        )

@@ -5,6 +5,12 @@
 # else on stdout and stderr is the step's log.
 #
 # QIIPNODE_ROOT prefixes every path the bundle writes (/opt, /var, /etc); it is empty on a real host.
+#
+# Every script holds an exclusive flock on the install root's lock ($STATE_DIR/bundle.lock, file descriptor 9)
+# for its whole run, so two runs never overlap on a host; a run that finds it held waits QIIPNODE_LOCK_WAIT_S
+# seconds, then fails. What a script starts to outlive it (the engine, the agent) closes descriptor 9 first. The
+# gateway records each run's process group beside it ($STATE_DIR/runs/<pgid>), so a new operation ends a run whose
+# gateway died before it takes the lock.
 
 set -uo pipefail
 
@@ -14,6 +20,17 @@ STATE_DIR="$ROOT/var/lib/qiip-node"
 RUN_DIR="$ROOT/var/run"
 LOG_DIR="$ROOT/var/log"
 mkdir -p "$STATE_DIR/done" "$RUN_DIR" "$LOG_DIR"
+
+LOCK_FILE="$STATE_DIR/bundle.lock"
+exec 9>>"$LOCK_FILE"
+if ! flock -n 9; then
+  echo "waiting for the install root's lock $LOCK_FILE: another run of the node bundle holds it"
+  if ! flock -w "${QIIPNODE_LOCK_WAIT_S:-60}" 9; then
+    echo "the install root's lock $LOCK_FILE is still held after ${QIIPNODE_LOCK_WAIT_S:-60} s by another run;" \
+      "is another gateway working on this host?" >&2
+    exit 75
+  fi
+fi
 
 step_start() { printf '[STEP:%s:START]\n' "$1"; }
 step_ok() { printf '[STEP:%s:OK]%s\n' "$1" "${2:+ $2}"; }
@@ -37,6 +54,47 @@ os_family() {
     *" debian "* | *" ubuntu "*) echo debian ;;
     *) echo "" ;;
   esac
+}
+
+# redact_url TEXT: TEXT with the credentials of any scheme://user:password@ URL in it replaced.
+redact_url() { printf '%s' "$1" | sed -E 's#([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@[:space:]]+@#\1[redacted]@#g'; }
+
+# lock_holder FILE...: "<pid> <file>" for the first FILE some process holds a lock on (flock, POSIX or OFD, as
+# /proc/locks lists them by inode; pid -1 for an OFD lock), or nothing.
+lock_holder() {
+  local file inode
+  for file in "$@"; do
+    [[ -e "$file" ]] || continue
+    inode="$(stat -c %i "$file" 2>/dev/null)" || continue
+    awk -v inode="$inode" -v file="$file" \
+      '$2 != "->" { n = split($6, dev, ":"); if (dev[n] == inode) { print $5, file; exit } }' /proc/locks
+  done
+}
+
+# wait_package_manager FAMILY: wait while another process (an unattended upgrade on a host that just booted, a
+# re-imaged host's first-boot update) holds the package manager's locks, at most QIIPNODE_PACKAGE_LOCK_WAIT_S
+# seconds (the gateway passes its inactivity deadline less a margin, so the wait ends before it); false after that.
+wait_package_manager() {
+  local locks holder waited=0 limit="${QIIPNODE_PACKAGE_LOCK_WAIT_S:-600}"
+  case "$1" in
+    debian) locks=("$ROOT/var/lib/dpkg/lock-frontend" "$ROOT/var/lib/dpkg/lock" "$ROOT/var/lib/apt/lists/lock"
+      "$ROOT/var/cache/apt/archives/lock") ;;
+    *) locks=("$ROOT/var/lib/rpm/.rpm.lock" "$ROOT/var/lib/dnf/rpmdb_lock.pid" "$ROOT/var/cache/dnf/metadata_lock.pid") ;;
+  esac
+  holder="$(lock_holder "${locks[@]}")"
+  [[ -z "$holder" ]] && return 0
+  echo "waiting for the package manager: process ${holder%% *} ($(cat "/proc/${holder%% *}/comm" 2>/dev/null ||
+    echo unknown)) holds ${holder#* }"
+  while [[ -n "$holder" ]]; do
+    if ((waited >= limit)); then
+      PACKAGE_LOCK_HOLDER="$holder"
+      return 1
+    fi
+    sleep 1
+    waited=$((waited + 1))
+    holder="$(lock_holder "${locks[@]}")"
+  done
+  echo "the package manager is free after ${waited} s"
 }
 
 # True when an NVIDIA GPU answers (the driver is loaded and sees at least one device).

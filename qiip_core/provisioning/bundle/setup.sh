@@ -12,6 +12,7 @@
 #   QIIPNODE_NFS_EXPORT      server:/path of the shared model cache (empty: none)
 #   QIIPNODE_MODEL_DIR       where the shared model cache is mounted
 #   QIIPNODE_ENGINE_PORT     the engine's TCP port
+#   QIIPNODE_PACKAGE_LOCK_WAIT_S  how long to wait for the package manager's lock (another upgrade running)
 here="$(cd "$(dirname "$0")" && pwd)"
 . "$here/lib.sh"
 
@@ -25,17 +26,27 @@ case "$FAMILY" in
   debian) packages="build-essential cmake git curl tar python3-venv nfs-common pciutils" ;;
   *) step_fail system_update "unsupported OS: only the RHEL and Debian/Ubuntu families are provisioned" ;;
 esac
+# A package manager busy elsewhere (unattended upgrades on a host that just booted) is waited for, within bounds.
+package_manager_free() {
+  wait_package_manager "$FAMILY" || step_fail "$1" "the package manager is still busy after \
+${QIIPNODE_PACKAGE_LOCK_WAIT_S:-600} s: process ${PACKAGE_LOCK_HOLDER%% *} holds ${PACKAGE_LOCK_HOLDER#* }; retry when it \
+finishes"
+}
+
 if done_as system_update "$FAMILY $packages"; then
   step_ok system_update "already done"
 else
+  package_manager_free system_update
   if [[ "$FAMILY" == rhel ]]; then
     # shellcheck disable=SC2086
     dnf install -y $packages || step_fail system_update "dnf could not install: $packages"
   else
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -q || step_fail system_update "apt-get update failed"
+    # apt waits for its own locks too (apt 1.9.11 and later), should another upgrade start in between.
+    apt_wait=(-o "DPkg::Lock::Timeout=${QIIPNODE_PACKAGE_LOCK_WAIT_S:-600}")
+    apt-get "${apt_wait[@]}" update -q || step_fail system_update "apt-get update failed"
     # shellcheck disable=SC2086
-    apt-get install -y -q $packages || step_fail system_update "apt-get could not install: $packages"
+    apt-get "${apt_wait[@]}" install -y -q $packages || step_fail system_update "apt-get could not install: $packages"
   fi
   mark_done system_update "$FAMILY $packages"
   step_ok system_update
@@ -55,7 +66,7 @@ else
   else
     installer="$STATE_DIR/NVIDIA-Linux-$want.run"
     url="${QIIPNODE_DRIVER_URL:?}"
-    curl -fsSL --retry 3 -o "$installer.part" "$url" || step_fail nvidia_driver "cannot download $url"
+    curl -fsSL --retry 3 -o "$installer.part" "$url" || step_fail nvidia_driver "cannot download $(redact_url "$url")"
     got="$(sha256sum "$installer.part" | cut -d' ' -f1)"
     if [[ "$got" != "${QIIPNODE_DRIVER_SHA256:?}" ]]; then
       rm -f "$installer.part"
@@ -75,10 +86,11 @@ if [[ "$PROFILE" == cpu ]]; then
 elif done_as cuda_toolkit "${QIIPNODE_CUDA_PACKAGE:?}"; then
   step_ok cuda_toolkit "already done"
 else
+  package_manager_free cuda_toolkit
   if [[ "$FAMILY" == rhel ]]; then
     dnf install -y "$QIIPNODE_CUDA_PACKAGE" || step_fail cuda_toolkit "dnf could not install $QIIPNODE_CUDA_PACKAGE"
   else
-    apt-get install -y -q "$QIIPNODE_CUDA_PACKAGE" || step_fail cuda_toolkit "apt-get could not install $QIIPNODE_CUDA_PACKAGE"
+    apt-get -o "DPkg::Lock::Timeout=${QIIPNODE_PACKAGE_LOCK_WAIT_S:-600}" install -y -q "$QIIPNODE_CUDA_PACKAGE" || step_fail cuda_toolkit "apt-get could not install $QIIPNODE_CUDA_PACKAGE"
   fi
   mark_done cuda_toolkit "$QIIPNODE_CUDA_PACKAGE"
   step_ok cuda_toolkit

@@ -78,7 +78,7 @@ else
     set -a
     . "$env_file"
     set +a
-    exec setsid nohup "$venv/bin/qiip" agent >>"$LOG_DIR/qiip-agent.log" 2>&1 </dev/null
+    exec setsid nohup "$venv/bin/qiip" agent >>"$LOG_DIR/qiip-agent.log" 2>&1 </dev/null 9>&-
   ) &
   echo $! >"$pid_file"
   step_ok telemetry_agent "qiip agent running as node $node_id (PID $(cat "$pid_file"), no systemd)"

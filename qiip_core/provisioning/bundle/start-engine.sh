@@ -20,10 +20,13 @@ esac
 [[ -x "$binary" ]] || { echo "$binary is not installed; run setup first" >&2; exit 1; }
 stop_pid_file "$pid_file" 0
 : >"$log"
-# llama-server reads LLAMA_ARG_* variables; every sizing flag is on the command line, so none may override it.
-for name in $(compgen -e | grep '^LLAMA_ARG_' || true); do unset "$name"; done
+alias="${QIIPNODE_MODEL_ALIAS:-unknown}"
+# llama-server reads LLAMA_ARG_* variables; every sizing flag is on the command line, so none may override it. The
+# bundle's own QIIPNODE_* settings (a package index URL may hold credentials) stay out of the engine's environment.
+for name in $(compgen -e | grep -E '^(LLAMA_ARG_|QIIPNODE_)' || true); do unset "$name"; done
 export GGML_NO_BACKTRACE=1
-setsid nohup "$binary" "$@" >>"$log" 2>&1 </dev/null &
+# Descriptor 9 (the install root's lock) is closed: the engine outlives this run and must not hold it.
+setsid nohup "$binary" "$@" >>"$log" 2>&1 </dev/null 9>&- &
 echo $! >"$pid_file"
-echo "# Model: ${QIIPNODE_MODEL_ALIAS:-unknown}"
+echo "# Model: $alias"
 echo "# PID: $(cat "$pid_file") log: $log"

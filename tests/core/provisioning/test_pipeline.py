@@ -11,7 +11,9 @@ import asyncio
 import os
 import signal
 import subprocess
+import sys
 
+import asyncssh
 import pytest
 
 from qiip_core import HostBusy, HostKeyMismatch, TooManySetups
@@ -88,7 +90,10 @@ async def test_a_step_printing_fail_fails_the_task_at_that_step_and_marks_the_no
     task = await harness.provisioner.store.get(host.address)
     assert task is not None and (task.state, task.failed_step) == (TaskState.FAILED, "nvidia_driver")
     assert harness.table.get(host.address).effective_node().status is NodeStatus.FAILED
-    assert host.package_manager_calls()[0].startswith("apt-get update")
+    assert (
+        host.package_manager_calls()[0].startswith("apt-get -o DPkg::Lock::Timeout=")
+        and " update" in host.package_manager_calls()[0]
+    )
     # The lease was released: the next setup of the host is not refused as busy.
     retry = await harness.wait(await harness.provisioner.start_setup(vllm_request(host)))
     assert retry.state is OperationState.FAILED
@@ -117,10 +122,18 @@ async def test_a_changed_host_key_is_refused_before_any_command(
     harness.provisioner.known_hosts = known
     operation = await harness.wait(await harness.provisioner.start_setup(vllm_request(ssh_hosts[2])))
     assert operation.state is OperationState.FAILED
-    assert "its host key is not the one in" in (operation.error or "")
+    offered = asyncssh.read_public_key(ssh_hosts.host_key.with_suffix(".pub")).get_fingerprint()
+    known_fingerprint = asyncssh.read_public_key(other.with_suffix(".pub")).get_fingerprint()
+    error = operation.error or ""
+    assert f"its host key changed. It offers {offered}; {known} has {known_fingerprint}." in error
+    assert f"`qiip node forget-key {ssh_hosts[2].address}`" in error
     task = await harness.provisioner.store.get(ssh_hosts[2].address)
     assert task is not None and task.failed_step == "preflight"
     assert ssh_hosts[2].package_manager_calls() == []
+    # The remedy: the old entry goes (and only it), then a first contact records the new key.
+    known.write_text(known.read_text() + f"[127.0.0.99]:{ssh_hosts.port} {public[0]} {public[1]}\n")
+    assert await harness.provisioner.forget_host_key(ssh_hosts[2].address) == 1
+    assert known.read_text().startswith("[127.0.0.99]") and len(known.read_text().splitlines()) == 1
 
 
 async def test_first_contact_records_the_host_key_then_holds_to_it(
@@ -149,17 +162,17 @@ async def test_first_contact_records_the_host_key_then_holds_to_it(
 async def test_a_silent_step_passes_its_inactivity_deadline_and_is_stopped(
     tmp_path, ssh_hosts: SshHosts, driver_server, engine_port: int
 ) -> None:
-    host = ssh_hosts[3]
+    host = ssh_hosts[3]  # its package manager hangs silently (5 s leave a busy machine room to start the script)
     (host.root / "etc" / "package-manager-hangs").touch()
     settings = provisioning_settings(
-        tmp_path / "state", ssh_hosts, driver_server, engine_port=engine_port, command_idle_timeout_s=1
+        tmp_path / "state", ssh_hosts, driver_server, engine_port=engine_port, command_idle_timeout_s=5
     )
     h = Harness(settings)
     await h.registry.start(h._apply)
     try:
         operation = await h.wait(await h.provisioner.start_setup(vllm_request(host)))
         assert operation.state is OperationState.FAILED
-        assert "setup.sh on 127.0.0.5 printed nothing for 1 s; it was stopped" in (operation.error or "")
+        assert "setup.sh on 127.0.0.5 printed nothing for 5 s; it was stopped" in (operation.error or "")
         task = await h.provisioner.store.get(host.address)
         assert task is not None and task.failed_step == "system_update"
         stub_pid = int((host.root / "var/run/package-manager.pid").read_text())
@@ -240,6 +253,121 @@ async def test_setups_above_the_concurrency_limit_are_refused_and_teardown_is_no
             await h.provisioner.start_teardown(ssh_hosts[7].address, force=True, recovery_engine=Engine.VLLM)
         )
         assert teardown.state is OperationState.SUCCEEDED, teardown.error
+    finally:
+        hang.unlink()
+        await h.aclose()
+
+
+async def test_what_only_the_host_knows_is_checked_after_ssh_before_the_bundle(
+    tmp_path, ssh_hosts: SshHosts, driver_server, engine_port: int
+) -> None:
+    from qiip_core import SetupInvalid
+
+    host = ssh_hosts[6]
+    absent = SetupRequest(hostname=host.address, engine=Engine.VLLM, model="/srv/hf-cache/org/model", alias="m")
+    cpu = Harness(provisioning_settings(tmp_path / "cpu", ssh_hosts, driver_server, engine_port=engine_port,
+                                        profile="cpu"))  # fmt: skip
+    await cpu.registry.start(cpu._apply)
+    try:
+        for request, reason in (
+            (vllm_request(host), "has an NVIDIA GPU (01:00.0 0302: 10de:20b2 (rev a1))"),
+            (absent, "has no model file at /srv/hf-cache/org/model"),
+        ):
+            h = cpu
+            operation = await h.wait(await h.provisioner.start_setup(request))
+            assert operation.state is OperationState.FAILED and reason in (operation.error or ""), operation.error
+            task = await h.provisioner.store.get(host.address)
+            assert task is not None and task.failed_step == "preflight"
+            assert h.table.get(host.address) is None  # nothing registered
+        # Refused before the bundle: nothing was installed.
+        assert host.package_manager_calls() == []
+        with pytest.raises(SetupInvalid) as refused:
+            await cpu.provisioner.start_setup(
+                SetupRequest(hostname=host.address, engine=Engine.VLLM, model="-x", alias="m")
+            )
+        assert (refused.value.status, refused.value.param) == (400, "model")
+    finally:
+        await cpu.aclose()
+
+
+def _lock_holder(path) -> subprocess.Popen[bytes]:
+    """Another process holding the package manager's lock, as unattended upgrades do on a host that just booted."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    code = "import fcntl, sys, time; f = open(sys.argv[1], 'a'); fcntl.lockf(f, fcntl.LOCK_EX); print(1, flush=True)"
+    holder = subprocess.Popen([sys.executable, "-c", code + "; time.sleep(600)", str(path)], stdout=subprocess.PIPE)
+    assert holder.stdout is not None and holder.stdout.readline()
+    return holder
+
+
+async def test_a_package_manager_busy_elsewhere_is_waited_for_within_the_inactivity_deadline(
+    tmp_path, ssh_hosts: SshHosts, driver_server, engine_port: int
+) -> None:
+    host = ssh_hosts[7]  # Debian: apt-get, whose lock is dpkg's lock-frontend
+    holder = _lock_holder(host.root / "var/lib/dpkg/lock-frontend")
+    short = Harness(provisioning_settings(tmp_path / "short", ssh_hosts, driver_server, engine_port=engine_port,
+                                          command_idle_timeout_s=31))  # fmt: skip
+    await short.registry.start(short._apply)
+    try:
+        # An inactivity deadline of 31 s leaves 1 s to wait: the step fails, naming the holder, before the deadline.
+        failed = await short.wait(await short.provisioner.start_setup(vllm_request(host)))
+        assert failed.state is OperationState.FAILED
+        assert f"the package manager is still busy after 1 s: process {holder.pid} holds" in (failed.error or "")
+        assert host.package_manager_calls() == []
+        await short.aclose()
+
+        long = Harness(provisioning_settings(tmp_path / "long", ssh_hosts, driver_server, engine_port=engine_port))
+        await long.registry.start(long._apply)
+        try:
+            operation = await long.provisioner.start_setup(vllm_request(host))
+            waiting = f"waiting for the package manager: process {holder.pid} (python"
+            await until(lambda: any(m.startswith(waiting) for m in steps_logged(long, host.address)))
+            assert host.package_manager_calls() == []
+            holder.kill()
+            holder.wait()
+            assert (await long.wait(operation)).state is OperationState.SUCCEEDED, operation.error
+            assert any(m.startswith("the package manager is free after") for m in steps_logged(long, host.address))
+        finally:
+            await long.aclose()
+    finally:
+        holder.kill()
+        holder.wait()
+        assert holder.stdout is not None
+        holder.stdout.close()
+        kill_engine(host)
+
+
+async def test_an_operation_whose_etcd_lease_is_lost_stops_and_writes_nothing_more(
+    tmp_path, ssh_hosts: SshHosts, driver_server, engine_port: int, etcd
+) -> None:
+    from qiip_core.config import load_settings
+    from qiip_core.provisioning import EtcdTaskStore, Provisioner
+
+    host = ssh_hosts[5]
+    hang = host.root / "etc" / "package-manager-hangs"
+    pid_file = host.root / "var/run/package-manager.pid"
+    pid_file.unlink(missing_ok=True)
+    settings = provisioning_settings(tmp_path / "state", ssh_hosts, driver_server, engine_port=engine_port)
+    leases = load_settings(state_dir=tmp_path, etcd={"endpoints": [etcd.url]}, provisioning={"host_lease_ttl_s": 5})
+    store = EtcdTaskStore(leases, "gw-a:8080")
+    h = Harness(settings)
+    await h.provisioner.aclose()
+    h.provisioner = Provisioner(settings, h.registry, h.table, h.operations, store=store)
+    await h.registry.start(h._apply)
+    hang.touch()
+    try:
+        operation = await h.provisioner.start_setup(vllm_request(host))
+        await until(pid_file.exists)
+        stub_pid = int(pid_file.read_text())
+        holder = await asyncio.to_thread(store._holder, host.address)
+        assert holder is not None
+        await asyncio.to_thread(store.revoke, holder["lease"])  # as if etcd had let it expire
+        await h.wait(operation)
+        # The keep-alive found the lease gone: the operation stopped with the remote command, and wrote nothing.
+        assert operation.state is OperationState.FAILED and "lease of host" in (operation.error or "")
+        await _until_dead(stub_pid)
+        task = await store.get(host.address)
+        assert task is not None and (task.state, task.current_step) == (TaskState.RUNNING, "system_update")
+        assert [t.hostname for t, _ in await store.stale()] == [host.address]  # for a live gateway to adopt
     finally:
         hang.unlink()
         await h.aclose()

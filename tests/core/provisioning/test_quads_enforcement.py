@@ -62,6 +62,8 @@ async def test_a_reservation_inside_the_lookahead_drains_and_tears_down_the_mana
                 "count": 2,
             }
             assert view["next_reservation"]["owner"] == "dana"
+            # The node is torn down one lookahead before the reservation, not at its start.
+            assert view["teardown_at"] == (reserved_at - timedelta(hours=12)).isoformat()
             assert [e["id"] for e in service.unprovisioned([host.address])] == ["gpu-spare.lab"]
 
             clock.now = quads.now = start + timedelta(hours=9)  # 11 h before the reservation
@@ -84,3 +86,41 @@ async def test_a_reservation_inside_the_lookahead_drains_and_tears_down_the_mana
     assert f"QUADS reserves {host.address} from 2026-03-08 08:00 UTC for cloud02 (owner dana" in reason
     assert messages.index(reason) < messages.index("step stopping_engine")  # the reason comes first
     assert any(m.startswith("drained (0 request(s) still in flight)") for m in messages)  # drained before the stop
+    # QUADS re-images the host before lending it again: its key left the known hosts with the node.
+    assert f"[{host.address}]:{ssh_hosts.port} " not in ssh_hosts.known_hosts.read_text()
+    ssh_hosts.write_known_hosts()
+
+
+async def test_a_node_on_a_host_quads_marks_broken_is_torn_down_though_quads_lists_no_gpu(
+    harness: Harness, ssh_hosts: SshHosts
+) -> None:
+    from qiip_core import HostReserved
+
+    host = ssh_hosts[7]
+    setup = await harness.provisioner.start_setup(
+        SetupRequest(hostname=host.address, engine=Engine.VLLM, model="org/model", alias="served-model")
+    )
+    assert (await harness.wait(setup)).state is OperationState.SUCCEEDED, setup.error
+    now = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+    with QuadsServer(timezone="UTC", now=now) as quads:
+        quads.add_host(host.address, gpus=0)  # QUADS knows the host but lists no GPU processor on it
+        service = QuadsService(
+            QuadsSettings(url=quads.url, timezone="UTC"), harness.provisioner, harness.table, clock=lambda: now
+        )
+        try:
+            await service.poller.poll()
+            assert await service.enforcer.tick() == []  # free: nothing to do
+            assert service.host_view(host.address) is not None and service.unprovisioned([]) == []
+            quads.hosts[host.address].broken = True
+            await service.poller.poll()
+            [teardown] = await service.enforcer.tick()
+            assert teardown.reason == f"QUADS marks {host.address} broken: tearing the node down, as for a reservation"
+            operation = service.enforcer.running[host.address]
+            assert (await harness.wait(operation)).state is OperationState.SUCCEEDED, operation.error
+            # And it is not set up again while broken.
+            with pytest.raises(HostReserved, match=f"Host {host.address} is marked broken in QUADS"):
+                await service.check_setup(host.address)
+        finally:
+            await service.aclose()
+            ssh_hosts.write_known_hosts()
+    assert harness.table.get(host.address) is None

@@ -249,3 +249,41 @@ async def test_a_bmc_without_exactly_one_system_is_not_found(tmp_path: Path, mem
 
 def test_the_settings_model_is_the_one_read() -> None:
     assert RedfishSettings().bmc_url_template is None
+
+
+async def test_a_bmc_trickling_a_byte_at_a_time_ends_at_the_deadline_and_frees_the_host(tmp_path: Path) -> None:
+    from qiip_core.discovery import EmbeddedRegistry
+    from qiip_core.lifecycle import OperationRunner
+    from qiip_core.provisioning import Provisioner
+    from qiip_core.routing import RoutingTable
+
+    answer = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{" + b" " * 99_999
+
+    async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # Each byte comes well within the per-read timeout, so only a deadline on the whole request ends it.
+        try:
+            for byte in answer:
+                writer.write(bytes([byte]))
+                await writer.drain()
+                await asyncio.sleep(0.1)
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(trickle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    settings = settings_for(tmp_path, port, timeout_s=1)
+    operations = OperationRunner()
+    provisioner = Provisioner(settings, EmbeddedRegistry(settings), RoutingTable(), operations)
+    try:
+        async with asyncio.timeout(60):  # a guard only: the deadline under test is 1 s
+            with pytest.raises(BmcTimeout, match=r"did not answer within 1 s in total \(waiting for its answer"):
+                await provisioner.power(HOST, ResetType.ON)
+        lease = await provisioner.store.acquire(HOST, "op_probe")  # the host's lease was given back
+        await lease.release()
+    finally:
+        await provisioner.aclose()
+        await operations.aclose()
+        server.close()
+        await server.wait_closed()

@@ -15,7 +15,9 @@ from tests.support.quads import QuadsServer, rfc1123
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 
 
-async def test_hosts_keeps_gpu_hosts_neither_broken_nor_retired_with_their_first_gpu(quads: QuadsServer) -> None:
+async def test_hosts_keeps_every_host_with_its_first_gpu_and_whether_it_is_broken_or_retired(
+    quads: QuadsServer,
+) -> None:
     quads.add_host("GPU01.Lab.Example.", gpus=8, vendor="NVIDIA", product="H100 80GB HBM3")
     quads.add_host("gpu02.lab.example", gpus=2, vendor="AMD", product="MI300X", cloud=None)
     quads.add_host("cpu01.lab.example", gpus=0)
@@ -26,10 +28,15 @@ async def test_hosts_keeps_gpu_hosts_neither_broken_nor_retired_with_their_first
         hosts = await client.hosts()
     finally:
         await client.aclose()
-    assert [(h.name, h.gpu_vendor, h.gpu_product, h.gpu_count, h.cloud) for h in hosts] == [
-        ("gpu01.lab.example", "NVIDIA", "H100 80GB HBM3", 8, "cloud01"),
-        ("gpu02.lab.example", "AMD", "MI300X", 2, None),
+    assert [(h.name, h.gpu_vendor, h.gpu_product, h.gpu_count, h.cloud, h.unusable_reason()) for h in hosts] == [
+        ("cpu01.lab.example", None, None, 0, "cloud01", None),
+        ("gpu01.lab.example", "NVIDIA", "H100 80GB HBM3", 8, "cloud01", None),
+        ("gpu02.lab.example", "AMD", "MI300X", 2, None, None),
+        ("gpu03.lab.example", "NVIDIA", "H100 80GB HBM3", 4, "cloud01", "broken"),
+        ("gpu04.lab.example", "NVIDIA", "H100 80GB HBM3", 4, "cloud01", "retired"),
     ]
+    # A setup may use only the GPU hosts neither broken nor retired.
+    assert [h.name for h in hosts if h.lendable] == ["gpu01.lab.example", "gpu02.lab.example"]
 
 
 @pytest.mark.parametrize(

@@ -38,7 +38,10 @@ class StubProvisioner:
     async def is_provisioned(self, node_id: str) -> bool:
         return node_id != "gpu-local"
 
-    async def start_teardown(self, node_id: str, *, force: bool, reason: str | None = None) -> Any:
+    async def start_teardown(
+        self, node_id: str, *, force: bool, reason: str | None = None, forget_host_key: bool = False
+    ) -> Any:
+        assert forget_host_key  # QUADS re-images the hosts it takes back
         self.calls.append((node_id, reason))
         if self.busy:
             raise HostBusy(f"Host {node_id} is busy with another operation.", host=node_id)

@@ -190,3 +190,22 @@ async def test_a_name_that_does_not_resolve_is_a_404(
     with pytest.raises(HostNotFound, match="127.gone.example does not resolve") as caught:
         await recommender(hosts, tmp_path, binary).recommend("127.gone.example")
     assert caught.value.status == 404 and caught.value.code == "host_not_found"
+
+
+async def test_an_llmfit_flooding_its_output_is_stopped_at_the_size_cap(
+    hosts: SshHosts, tmp_path: Path, binary: LlmfitBinary
+) -> None:
+    # A broken (or hostile) llmfit printing 40 MB of kilobyte lines, and one 40 MB line with no newline.
+    flood = tmp_path / "llmfit"
+    flood.write_text(
+        "#!/bin/sh\nhead -c 40000000 /dev/zero | tr '\\0' x\necho\n"
+        "yes \"$(head -c 1000 /dev/zero | tr '\\0' y)\" | head -n 40000\n"
+    )
+    flood.chmod(0o755)
+    broken = LlmfitBinary(path=flood, version=binary.version, sha256=sha256(flood))
+    try:
+        with pytest.raises(LlmfitError, match=r"printed more than 16,777,216 bytes; it was stopped") as caught:
+            await recommender(hosts, tmp_path, broken).recommend(hosts[2].address)
+        assert caught.value.status == 502
+    finally:
+        installed(hosts, 2).unlink(missing_ok=True)  # the next test installs the real one again
