@@ -137,6 +137,8 @@ class FakeHub:
         self.repos: dict[str, _Repo] = {}
         self.drop_blob_at: int | None = None
         """Cut the next full (non-Range) blob response after this many bytes."""
+        self.blob_throttle_s = 0.0
+        """Pause between 64 KiB chunks of a blob (to stop a download part-way)."""
         self.renamed: dict[str, str] = {}
         """Old repository id → new: the hub answers 307 to the new name (API and resolve routes)."""
         self.blobs: dict[str, Path] = {}
@@ -208,7 +210,10 @@ class FakeHub:
                     drop_at = hub.drop_blob_at if start is None and not head else None
                     if drop_at is not None:
                         hub.drop_blob_at = None
-                    _send_file(self, blob, start=start, head=head, drop_at=drop_at)
+                    try:
+                        _send_file(self, blob, start=start, head=head, drop_at=drop_at, throttle_s=hub.blob_throttle_s)
+                    except (BrokenPipeError, ConnectionResetError):
+                        self.close_connection = True  # the client went away mid-blob
                     return
                 api = re.fullmatch(r"/api/models/(.+)/revision/([^/]+)", path)
                 if api:
