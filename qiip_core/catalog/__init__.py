@@ -30,19 +30,23 @@ from qiip_core.catalog._store import (
     RevisionStatus,
     artifact_entrypoint,
     model_store_for,
+    resolve_artifact_id,
 )
 from qiip_core.catalog._types import (
     ARTIFACT_ID_RE,
+    ARTIFACT_PREFIX_RE,
     Catalog,
     CatalogIssue,
     FullModel,
     GgufGeneration,
     IssueKind,
     artifact_id,
+    match_artifact_id,
 )
 
 __all__ = [
     "ARTIFACT_ID_RE",
+    "ARTIFACT_PREFIX_RE",
     "AcquisitionState",
     "Catalog",
     "CatalogIssue",
@@ -67,9 +71,11 @@ __all__ = [
     "discard_partial",
     "download_files",
     "host_allowed",
+    "match_artifact_id",
     "model_store_for",
     "parse_manifest",
     "resolve_artifact",
+    "resolve_artifact_id",
     "scan_catalog",
     "sweep_incomplete",
     "verify_generation",

@@ -3,8 +3,9 @@
 The layout is huggingface_hub's (`models--ORG--NAME/{blobs,snapshots/<commit>,refs}`), read with its own
 `scan_cache_dir`; completeness of a safetensors model is checked with its local-files-only resolution
 (`try_to_load_from_cache`), so the catalog sees exactly what a `from_pretrained(..., local_files_only=True)`
-would. GGUF headers are read with the engine's fast header reader (`read_gguf_metadata`), and the planner says
-whether it models the architecture.
+would. GGUF headers are read and checked as a launch checks them (`inspect_model`: whole, within bounds, an
+architecture llama.cpp loads, the tensors it needs), so a generation offered here is one a node can be launched on;
+the planner says whether it models the architecture.
 
 Grouping, per snapshot:
 
@@ -395,16 +396,16 @@ def _summary(info: CachedFileInfo) -> _Summary | str:
 
 
 def _read_summary(path: Path) -> _Summary | str:
-    from qiip_core.engines.llamacpp import read_gguf_metadata
-    from qiip_core.planner import ModelShape, is_modelled
+    from qiip_core.engines.llamacpp import inspect_model
+    from qiip_core.planner import is_modelled
 
     try:
-        metadata = read_gguf_metadata(path)
+        metadata, shape = inspect_model(path)
     except ModelFileError as exc:
         return exc.message.replace(str(path.parent) + "/", "")
     try:
-        modelled = is_modelled(ModelShape.from_metadata(metadata))
-    except (ModelFileError, ValueError, KeyError, TypeError):
+        modelled = is_modelled(shape)
+    except (ValueError, KeyError, TypeError):
         modelled = False
     return _Summary(
         architecture=metadata.architecture,

@@ -49,13 +49,21 @@ from qiip_core._errors import (
 )
 from qiip_core.catalog._acquire import ObjectStore, Transfer, exclusive_lock, lock_held
 from qiip_core.catalog._manifest import Manifest, parse_manifest
-from qiip_core.catalog._scan import resolve_artifact
+from qiip_core.catalog._scan import default_cache_dir, resolve_artifact, scan_catalog
+from qiip_core.catalog._types import match_artifact_id
 from qiip_core.storage import atomic_write
 
 if TYPE_CHECKING:
     from qiip_core.config import Settings
 
-__all__ = ["AcquisitionState", "ModelStore", "RevisionStatus", "artifact_entrypoint", "model_store_for"]
+__all__ = [
+    "AcquisitionState",
+    "ModelStore",
+    "RevisionStatus",
+    "artifact_entrypoint",
+    "model_store_for",
+    "resolve_artifact_id",
+]
 
 logger = logging.getLogger("qiip.catalog")
 
@@ -391,6 +399,47 @@ def model_store_for(settings: Settings) -> ModelStore:
         chunk_bytes=models.chunk_bytes,
         ca_bundle=models.ca_bundle,
     )
+
+
+def resolve_artifact_id(settings: Settings, given: str) -> str:
+    """The whole `artifact_id` an operator means: `given` itself (64 hex), or the one id it is a prefix of (at least
+    8 hex) among the registered manifest revisions and the Hugging Face cache's generations and full models. What
+    every command and route that takes an artifact id calls first. Blocking (a cache scan for a prefix): run it in a
+    thread from async code.
+
+    Args:
+        settings: the settings naming the model store and the hub cache.
+        given: the id or its prefix.
+
+    Returns:
+        The whole id (whether it can be served is `artifact_entrypoint`'s to say).
+
+    Raises:
+        ArtifactIdInvalid: `given` is not 8 to 64 lower-case hexadecimal characters.
+        ArtifactAmbiguous: `given` is the start of several ids; the message lists them.
+        ArtifactNotFound: no known id starts with `given`.
+    """
+    if len(given) == 64:
+        match_artifact_id(given, ())  # the form only: a whole id is checked where it is used
+        return given
+    store = model_store_for(settings)
+    root = settings.models.hf_cache_dir or default_cache_dir()
+    known = {m.artifact_id for m in store.manifests()}
+    try:
+        catalog = scan_catalog(root)
+    except OSError:
+        catalog = None
+    if catalog is not None:
+        known |= {g.artifact_id for g in catalog.gguf} | {m.artifact_id for m in catalog.full}
+    found = match_artifact_id(given, known)
+    if found is None:
+        raise ArtifactNotFound(
+            given,
+            root,
+            message=f"No artifact id starts with {given}: neither a registered revision nor the Hugging Face cache "
+            f"{root} has one; `qiip model list` and `qiip model status` show them.",
+        )
+    return found
 
 
 def artifact_entrypoint(settings: Settings, artifact: str) -> Path:
