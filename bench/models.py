@@ -19,8 +19,10 @@ Figures are the best of `--repeat` runs; they move with the machine, the ratios 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import hashlib
+import multiprocessing
 import os
 import shutil
 import ssl
@@ -29,7 +31,7 @@ import sys
 import tempfile
 import time
 import tracemalloc
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +108,32 @@ def scan_bench(work: Path, *, repos: int, files: int, repeat: int) -> None:
     print(f"  scan_catalog warm   {warm_s * 1000:8.1f} ms                    x{warm_s / base:.2f} time")
 
 
+def _serve(make: Callable[[], Any], conn: Any) -> None:
+    server = make()
+    with server.running():
+        conn.send(getattr(server, "url", "") or f"{server.endpoint} {server.storage}")
+        conn.recv()  # until the parent says stop
+
+
+@contextlib.contextmanager
+def in_child(make: Callable[[], Any]) -> Iterator[str]:
+    """Run a test server (`FakeHub`, `FileServer`) in a child process, and yield its URL(s).
+
+    In a thread of this process it would share the interpreter lock with the client being measured, which curl,
+    another process, never does: the comparison would charge the server's Python to ours.
+    """
+    parent, child = multiprocessing.get_context("fork").Pipe()
+    process = multiprocessing.get_context("fork").Process(target=_serve, args=(make, child), daemon=True)
+    process.start()
+    try:
+        yield str(parent.recv())
+    finally:
+        parent.send("stop")
+        process.join(timeout=10)
+        if process.is_alive():
+            process.kill()
+
+
 def curl(url: str, target: Path, *extra: str) -> None:
     subprocess.run(["curl", "-sSfL", "--noproxy", "*", "-o", str(target), *extra, url], check=True)
 
@@ -125,15 +153,16 @@ def transfer_bench(work: Path, *, size_mib: int, repeat: int) -> None:
 
     hub = FakeHub()
     hub.add("bench/download-GGUF", "d" * 40, {"model.gguf": blob})
-    with hub.running():
+    with in_child(lambda: hub) as urls:
+        endpoint, storage = urls.split()
 
         def ours() -> None:
             cache = work / "dl-cache"
             shutil.rmtree(cache, ignore_errors=True)
             download = Download(id="dl_bench", repo_id="bench/download-GGUF", revision="main", files=("model.gguf",))
-            download_files(download, settings=ModelSettings(hub_endpoint=hub.endpoint), cache_dir=cache)
+            download_files(download, settings=ModelSettings(hub_endpoint=endpoint), cache_dir=cache)
 
-        url = f"{hub.storage}/blobs/{digest}"
+        url = f"{storage}/blobs/{digest}"
         base = best(lambda: curl(url, work / "curl.out"), repeat)
         mine = best(ours, repeat)
     print(f"hub download of {mib:.0f} MiB over loopback HTTP")
@@ -147,8 +176,8 @@ def transfer_bench(work: Path, *, size_mib: int, repeat: int) -> None:
     ca.cert_pem.write_to_path(str(bundle))
     server = FileServer(context)
     server.files["/model.gguf"] = blob
-    with server.running():
-        file = ManifestFile(name="model.gguf", digest=f"sha256:{digest}", bytes=size, url=server.url + "/model.gguf")
+    with in_child(lambda: server) as server_url:
+        file = ManifestFile(name="model.gguf", digest=f"sha256:{digest}", bytes=size, url=server_url + "/model.gguf")
 
         def acquire() -> None:
             store_dir = work / "store"

@@ -38,18 +38,20 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import http.client
 import json
 import logging
 import os
+import queue
 import re
 import ssl
+import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-
-import httpx
+from urllib.parse import urljoin, urlsplit
 
 from qiip_core._errors import AcquisitionPaused, DownloadFailed, ObjectMismatch
 from qiip_core.catalog._manifest import ManifestFile, check_source_url
@@ -65,7 +67,13 @@ ATTEMPTS = 3
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 _HASH_BLOCK = 1 << 20
 _READ_BYTES = 1 << 20
-"""Bytes asked of the connection per read: large reads keep Python's per-read cost off the transfer."""
+"""Bytes asked of the connection (or a local file) per read; a TLS connection answers one record (16 KiB) at a
+time."""
+_WRITE_BYTES = 1 << 20
+"""Bytes gathered before one `pwritev`."""
+_TIMEOUT_S = 30.0
+"""Seconds a connection may stay silent before the attempt counts as broken."""
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _LOCK_POLL_S = 0.05
 """How often a waiting acquisition looks at the lock again (and at a pause request)."""
 
@@ -341,7 +349,7 @@ class ObjectStore:
                     assert file.url is not None
                     digest = self._fetch(file, file.url, offset, allowed_hosts, transfer, verify)
                 break
-            except (httpx.TransportError, _Broken) as exc:
+            except _Broken as exc:
                 logger.warning(
                     "acquiring %s: attempt %d broke at byte %d: %s", file.name, attempt, transfer.bytes_done, exc
                 )
@@ -369,40 +377,61 @@ class ObjectStore:
         transfer: Transfer,
         verify: ssl.SSLContext | bool,
     ) -> str | None:
-        """Fetch from `offset` to the end; returns the SHA-256 of the whole object (None when it was complete)."""
-        headers = {"Accept-Encoding": "identity"}
+        """Fetch from `offset` to the end; returns the SHA-256 of the whole object (None when it was complete).
+
+        The standard library's HTTP client reads the body: one call per TLS record, where a general client's
+        per-chunk machinery cost most of the transfer's time (docs/performance.md).
+        """
+        context = verify if isinstance(verify, ssl.SSLContext) else ssl.create_default_context()
+        if verify is False:
+            context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        headers = {"Accept-Encoding": "identity", "User-Agent": "qiip"}
         if offset:
             headers["Range"] = f"bytes={offset}-"
-        with httpx.Client(verify=verify, trust_env=False, follow_redirects=False, timeout=30.0) as client:
-            for _ in range(MAX_REDIRECTS + 1):
-                with client.stream("GET", url, headers=headers) as response:
-                    if response.is_redirect:
-                        url = check_source_url(str(response.url.join(response.headers["location"])), allowed)
-                        continue
-                    if response.status_code == 416 and offset == file.bytes:
-                        return None
-                    if response.status_code not in (200, 206):
-                        raise DownloadFailed(
-                            f"The server answered {response.status_code} for {file.name}; check the manifest's URL."
-                        )
-                    encoding = response.headers.get("content-encoding", "identity").strip().lower()
-                    if encoding not in ("", "identity"):
-                        # Decoding would let a small answer expand without bound before any size check.
-                        raise DownloadFailed(
-                            f"The server answered {file.name} with Content-Encoding {encoding[:40]!r} although "
-                            "'identity' was asked for; an acquisition accepts the file's own bytes only. Fix the "
-                            "server, or give another URL."
-                        )
-                    start = 0
-                    if response.status_code == 206:
-                        match = _CONTENT_RANGE.match(response.headers.get("content-range", ""))
-                        if match is None or int(match.group(1)) != offset:
-                            raise _Broken(f"a 206 answer's Content-Range does not start at byte {offset}")
-                        start = offset
-                    elif offset:
-                        logger.info("%s ignored the Range request; restarting %s from byte 0", url, file.name)
-                    return self._write(file, start, response.iter_raw(), transfer)
-            raise DownloadFailed(f"{file.name}: more than {MAX_REDIRECTS} redirects.")
+        for _ in range(MAX_REDIRECTS + 1):
+            parts = urlsplit(url)
+            connection = http.client.HTTPSConnection(
+                parts.hostname or "", parts.port or 443, context=context, timeout=_TIMEOUT_S
+            )
+            try:
+                try:
+                    connection.request(
+                        "GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""), headers=headers
+                    )
+                    response = connection.getresponse()
+                except (OSError, http.client.HTTPException) as exc:
+                    raise _Broken(f"{type(exc).__name__}: {exc}") from exc
+                location = response.getheader("location")
+                if response.status in _REDIRECTS and location:
+                    url = check_source_url(urljoin(url, location), allowed)
+                    continue
+                if response.status == 416 and offset == file.bytes:
+                    return None
+                if response.status not in (200, 206):
+                    raise DownloadFailed(
+                        f"The server answered {response.status} for {file.name}; check the manifest's URL."
+                    )
+                encoding = (response.getheader("content-encoding") or "identity").strip().lower()
+                if encoding not in ("", "identity"):
+                    # Decoding would let a small answer expand without bound before any size check; it is never
+                    # decoded, and refused unread.
+                    raise DownloadFailed(
+                        f"The server answered {file.name} with Content-Encoding {encoding[:40]!r} although "
+                        "'identity' was asked for; an acquisition accepts the file's own bytes only. Fix the "
+                        "server, or give another URL."
+                    )
+                start = 0
+                if response.status == 206:
+                    match = _CONTENT_RANGE.match(response.getheader("content-range") or "")
+                    if match is None or int(match.group(1)) != offset:
+                        raise _Broken(f"a 206 answer's Content-Range does not start at byte {offset}")
+                    start = offset
+                elif offset:
+                    logger.info("%s ignored the Range request; restarting %s from byte 0", parts.hostname, file.name)
+                return self._write(file, start, _body(response), transfer)
+            finally:
+                connection.close()
+        raise DownloadFailed(f"{file.name}: more than {MAX_REDIRECTS} redirects.")
 
     def _copy_local(self, file: ManifestFile, local: Path, offset: int, transfer: Transfer) -> str:
         try:
@@ -416,47 +445,55 @@ class ObjectStore:
     def _write(self, file: ManifestFile, start: int, chunks: Iterator[bytes], transfer: Transfer) -> str:
         """Write `chunks` at `start`, making each `chunk_bytes` durable before recording the new offset.
 
+        The bytes are written as they come (gathered into writes of `_WRITE_BYTES`, or `chunk_bytes` when
+        smaller); a second thread makes each `chunk_bytes` durable (fsync), reads it back and hashes what it read,
+        then records the offset, while this one goes on receiving. Whatever was received is kept, even when the
+        connection broke or a pause was asked for: the durable offset is where the next attempt resumes.
+
         Returns:
             The SHA-256 of the whole partial object as read back from the file: the bytes before `start` once, the
             rest chunk by chunk after each is fsynced. A complete object is not read a third time to be checked.
         """
         part = self._part(file.sha256)
-        digest = hashlib.sha256()
         fd = os.open(part, os.O_RDWR | os.O_CLOEXEC)
         try:
             os.ftruncate(fd, start)
-            position = 0
-            while position < start and (block := os.pread(fd, min(_HASH_BLOCK, start - position), position)):
-                digest.update(block)
-                position += len(block)
-            durable = written = start
+            digest = hashlib.sha256()
+            _hash_back(fd, digest, 0, start)
+            durable = _Durable(self, file, fd, digest, start, transfer)
+            written = start
+            pending: list[bytes] = []
+            pending_bytes = 0
+            batch = min(_WRITE_BYTES, self.chunk_bytes)
 
-            def flush() -> None:
-                nonlocal durable
-                if written == durable:
-                    return
-                os.fsync(fd)
-                _hash_back(fd, digest, durable, written)
-                durable = written
-                atomic_write(self._offset_file(file.sha256), json.dumps({"offset": durable}).encode())
-                transfer.bytes_done = durable
+            def write_pending() -> None:
+                nonlocal written, pending_bytes
+                if pending:
+                    _write_all(fd, pending, written)
+                    written += pending_bytes
+                    pending.clear()
+                    pending_bytes = 0
 
             try:
                 for chunk in chunks:
-                    _write_all(fd, chunk, written)
-                    written += len(chunk)
-                    if written > file.bytes:
-                        break  # more bytes than the manifest says: the size check below discards the object
-                    if written - durable >= self.chunk_bytes:
-                        flush()
-                        transfer.check()
+                    pending.append(chunk)
+                    pending_bytes += len(chunk)
+                    if written + pending_bytes > file.bytes:
+                        break  # more bytes than the manifest says: the size check discards the object
+                    if pending_bytes >= batch:
+                        write_pending()
+                        if written - durable.submitted >= self.chunk_bytes:
+                            durable.submit(written)
+                            transfer.check()
             finally:
                 # Whatever arrived is kept, even when the connection broke or a pause was asked for.
-                flush()
+                write_pending()
+                durable.submit(written)
+                durable.close()
         finally:
             os.close(fd)
-        if durable < file.bytes:
-            raise _Broken(f"the source ended at byte {durable:,} of {file.bytes:,}")
+        if durable.done < file.bytes:
+            raise _Broken(f"the source ended at byte {durable.done:,} of {file.bytes:,}")
         return digest.hexdigest()
 
     def _verify_and_publish(self, file: ManifestFile, digest: str | None) -> Path:
@@ -504,22 +541,83 @@ class _Broken(Exception):
     """The transfer ended before the last byte (the connection closed early, or a malformed range answer)."""
 
 
-def _write_all(fd: int, data: bytes, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, offset)
-        view, offset = view[n:], offset + n
+def _body(response: http.client.HTTPResponse) -> Iterator[bytes]:
+    """A response's body as it arrives; a broken connection is `_Broken`, after the bytes before it."""
+    while True:
+        try:
+            chunk = response.read1(_READ_BYTES)
+        except (OSError, http.client.HTTPException) as exc:
+            raise _Broken(f"the connection broke: {type(exc).__name__}: {exc}") from exc
+        if not chunk:
+            return
+        yield chunk
 
 
-def _hash_back(fd: int, digest: Any, start: int, end: int) -> None:
-    """Feed `digest` the bytes `[start, end)` of the file as it reads back now."""
+def _write_all(fd: int, buffers: list[bytes], offset: int) -> None:
+    """`pwritev` every buffer at `offset`, however many calls it takes."""
+    views = [memoryview(b) for b in buffers]
+    while views:
+        n = os.pwritev(fd, views[: os.sysconf("SC_IOV_MAX")], offset)
+        offset += n
+        while views and n >= len(views[0]):
+            n -= len(views[0])
+            views.pop(0)
+        if views and n:
+            views[0] = views[0][n:]
+
+
+class _Durable:
+    """The thread that makes written bytes durable, in order: fsync, read back and hash, record the offset.
+
+    `submit(end)` hands it `[last end, end)`; at most two ranges wait, so the receiving side never runs far ahead of
+    the disk. `close()` waits for every range and raises what the thread met (a disk error).
+    """
+
+    def __init__(self, store: ObjectStore, file: ManifestFile, fd: int, digest: Any, start: int, transfer: Transfer):
+        self.store, self.file, self.fd, self.digest, self.transfer = store, file, fd, digest, transfer
+        self.submitted = self.done = start
+        self.error: BaseException | None = None
+        self._ranges: queue.Queue[tuple[int, int] | None] = queue.Queue(maxsize=2)
+        self._thread = threading.Thread(target=self._run, name="qiip-acquire-durable", daemon=True)
+        self._thread.start()
+
+    def submit(self, end: int) -> None:
+        if end > self.submitted and self.error is None:
+            self._ranges.put((self.submitted, end))
+            self.submitted = end
+
+    def close(self) -> None:
+        self._ranges.put(None)
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+
+    def _run(self) -> None:
+        buffer = bytearray(8 * _HASH_BLOCK)
+        while (item := self._ranges.get()) is not None:
+            if self.error is not None:
+                continue
+            begin, end = item
+            try:
+                os.fsync(self.fd)
+                _hash_back(self.fd, self.digest, begin, end, buffer)
+                atomic_write(self.store._offset_file(self.file.sha256), json.dumps({"offset": end}).encode())
+            except BaseException as exc:  # handed to close(), in the receiving thread
+                self.error = exc
+                continue
+            self.done = self.transfer.bytes_done = end
+
+
+def _hash_back(fd: int, digest: Any, start: int, end: int, buffer: bytearray | None = None) -> None:
+    """Feed `digest` the bytes `[start, end)` of the file as it reads back now (into `buffer`, reused)."""
+    view = memoryview(buffer if buffer is not None else bytearray(_HASH_BLOCK))
     position = start
     while position < end:
-        block = os.pread(fd, min(_HASH_BLOCK * 8, end - position), position)
-        if not block:
+        n = os.preadv(fd, [view[: min(len(view), end - position)]], position)
+        if not n:
             raise OSError(errno.EIO, f"the file ends at byte {position:,}, before {end:,} it was written to")
-        digest.update(block)
-        position += len(block)
+        digest.update(view[:n])
+        position += n
 
 
 def _sha256_of(path: Path) -> str:
