@@ -151,6 +151,9 @@ def test_a_relaunch_that_fails_after_the_stop_rolls_back_routable_at_once(daemon
         wait_until(finished, 120, "the relaunch to end")
         ended = time.monotonic()
         assert operation["state"] == "failed" and "runs again" in str(operation["error"])
+        # Probed by the rollback itself, before the operation ended: the next health tick is a minute away.
+        node = admin.get("/admin/nodes/solo").json()
+        assert node["health"]["last_probe_at"] > str(operation["started_at"])
         wait_until(lambda: len(loop.after(ended)) >= 20, 60, "answers after the rollback")
     assert loop.after(ended) and set(loop.after(ended)) == {200}
     node = admin.get("/admin/nodes/solo").json()
