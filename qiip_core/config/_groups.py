@@ -428,6 +428,11 @@ class LlamaCppEngineSettings(_Group):
     """Builds go to `<install_dir>/<version>-<variant>/bin`, with a `current` link to the newest."""
     server_binary: Path | None = None
     """Use this `llama-server` instead of the installed one."""
+    cuda_architectures: str | None = Field(
+        default=None, pattern=r"^(native|[0-9]{2,3}[af]?(-real|-virtual)?(;[0-9]{2,3}[af]?(-real|-virtual)?)*)$"
+    )
+    """The CUDA architectures a CUDA build compiles for (`CMAKE_CUDA_ARCHITECTURES`: `90`, `80;90`, or `native` for
+    the GPUs of the building host). None: llama.cpp's portable list (every GPU generation, a much longer build)."""
 
     @field_validator("sha256")
     @classmethod
