@@ -57,7 +57,7 @@ from qiip_core._errors import AcquisitionPaused, DownloadFailed, ObjectMismatch
 from qiip_core.catalog._manifest import ManifestFile, check_source_url
 from qiip_core.storage import atomic_write
 
-__all__ = ["ObjectStore", "Transfer", "exclusive_lock", "lock_held"]
+__all__ = ["ObjectStore", "Reader", "Transfer", "exclusive_lock", "lock_held"]
 
 logger = logging.getLogger("qiip.catalog")
 
@@ -66,16 +66,17 @@ ATTEMPTS = 3
 """Connections one acquisition of an object opens before it gives up (each resumes the last)."""
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 _HASH_BLOCK = 1 << 20
-_READ_BYTES = 1 << 20
-"""Bytes asked of the connection (or a local file) per read; a TLS connection answers one record (16 KiB) at a
-time."""
 _WRITE_BYTES = 1 << 20
-"""Bytes gathered before one `pwritev`."""
+"""Bytes read (from the connection or a local file) into one buffer, then written with one `pwrite`."""
 _TIMEOUT_S = 30.0
 """Seconds a connection may stay silent before the attempt counts as broken."""
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _LOCK_POLL_S = 0.05
 """How often a waiting acquisition looks at the lock again (and at a pause request)."""
+
+
+Reader = Callable[[memoryview], int]
+"""Fills a buffer with the next bytes of the source and says how many (0 at its end): `readinto`."""
 
 
 class Transfer:
@@ -379,8 +380,9 @@ class ObjectStore:
     ) -> str | None:
         """Fetch from `offset` to the end; returns the SHA-256 of the whole object (None when it was complete).
 
-        The standard library's HTTP client reads the body: one call per TLS record, where a general client's
-        per-chunk machinery cost most of the transfer's time (docs/performance.md).
+        The standard library's HTTP client reads the body straight into the write buffer (`readinto`, its loop over
+        TLS records in C), where a general client's per-record machinery cost most of the transfer's time
+        (docs/performance.md).
         """
         context = verify if isinstance(verify, ssl.SSLContext) else ssl.create_default_context()
         if verify is False:
@@ -428,7 +430,7 @@ class ObjectStore:
                     start = offset
                 elif offset:
                     logger.info("%s ignored the Range request; restarting %s from byte 0", parts.hostname, file.name)
-                return self._write(file, start, _body(response), transfer)
+                return self._write(file, start, _reader(response), transfer)
             finally:
                 connection.close()
         raise DownloadFailed(f"{file.name}: more than {MAX_REDIRECTS} redirects.")
@@ -440,15 +442,16 @@ class ObjectStore:
             raise DownloadFailed(f"The local file {local} cannot be read: {exc.strerror}.") from exc
         with handle:
             handle.seek(offset)
-            return self._write(file, offset, iter(lambda: handle.read(_READ_BYTES), b""), transfer)
+            return self._write(file, offset, handle.readinto, transfer)
 
-    def _write(self, file: ManifestFile, start: int, chunks: Iterator[bytes], transfer: Transfer) -> str:
-        """Write `chunks` at `start`, making each `chunk_bytes` durable before recording the new offset.
+    def _write(self, file: ManifestFile, start: int, readinto: Reader, transfer: Transfer) -> str:
+        """Write what `readinto` gives at `start`, making each `chunk_bytes` durable before recording the new offset.
 
-        The bytes are written as they come (gathered into writes of `_WRITE_BYTES`, or `chunk_bytes` when
-        smaller); a second thread makes each `chunk_bytes` durable (fsync), reads it back and hashes what it read,
-        then records the offset, while this one goes on receiving. Whatever was received is kept, even when the
-        connection broke or a pause was asked for: the durable offset is where the next attempt resumes.
+        The bytes are read into one buffer (`_WRITE_BYTES`, or `chunk_bytes` when smaller) and written from it; a
+        second thread makes each `chunk_bytes` durable (fsync), reads it back and hashes what it read, then records
+        the offset, while this one goes on receiving. What was received is kept, even when the connection broke or a
+        pause was asked for (a connection reset loses at most the one read it interrupted): the durable offset is
+        where the next attempt resumes.
 
         Returns:
             The SHA-256 of the whole partial object as read back from the file: the bytes before `start` once, the
@@ -461,33 +464,19 @@ class ObjectStore:
             digest = hashlib.sha256()
             _hash_back(fd, digest, 0, start)
             durable = _Durable(self, file, fd, digest, start, transfer)
+            buffer = memoryview(bytearray(min(_WRITE_BYTES, self.chunk_bytes)))
             written = start
-            pending: list[bytes] = []
-            pending_bytes = 0
-            batch = min(_WRITE_BYTES, self.chunk_bytes)
-
-            def write_pending() -> None:
-                nonlocal written, pending_bytes
-                if pending:
-                    _write_all(fd, pending, written)
-                    written += pending_bytes
-                    pending.clear()
-                    pending_bytes = 0
-
             try:
-                for chunk in chunks:
-                    pending.append(chunk)
-                    pending_bytes += len(chunk)
-                    if written + pending_bytes > file.bytes:
+                while n := readinto(buffer):
+                    _write_all(fd, buffer[:n], written)
+                    written += n
+                    if written > file.bytes:
                         break  # more bytes than the manifest says: the size check discards the object
-                    if pending_bytes >= batch:
-                        write_pending()
-                        if written - durable.submitted >= self.chunk_bytes:
-                            durable.submit(written)
-                            transfer.check()
+                    if written - durable.submitted >= self.chunk_bytes:
+                        durable.submit(written)
+                        transfer.check()
             finally:
                 # Whatever arrived is kept, even when the connection broke or a pause was asked for.
-                write_pending()
                 durable.submit(written)
                 durable.close()
         finally:
@@ -541,29 +530,23 @@ class _Broken(Exception):
     """The transfer ended before the last byte (the connection closed early, or a malformed range answer)."""
 
 
-def _body(response: http.client.HTTPResponse) -> Iterator[bytes]:
-    """A response's body as it arrives; a broken connection is `_Broken`, after the bytes before it."""
-    while True:
+def _reader(response: http.client.HTTPResponse) -> Reader:
+    """Read a response's body into a buffer as it arrives (0 at its end); a broken connection is `_Broken`."""
+
+    def readinto(buffer: memoryview) -> int:
         try:
-            chunk = response.read1(_READ_BYTES)
+            return response.readinto(buffer)
         except (OSError, http.client.HTTPException) as exc:
             raise _Broken(f"the connection broke: {type(exc).__name__}: {exc}") from exc
-        if not chunk:
-            return
-        yield chunk
+
+    return readinto
 
 
-def _write_all(fd: int, buffers: list[bytes], offset: int) -> None:
-    """`pwritev` every buffer at `offset`, however many calls it takes."""
-    views = [memoryview(b) for b in buffers]
-    while views:
-        n = os.pwritev(fd, views[: os.sysconf("SC_IOV_MAX")], offset)
-        offset += n
-        while views and n >= len(views[0]):
-            n -= len(views[0])
-            views.pop(0)
-        if views and n:
-            views[0] = views[0][n:]
+def _write_all(fd: int, data: memoryview, offset: int) -> None:
+    """`pwrite` all of `data` at `offset`, however many calls it takes."""
+    while data:
+        n = os.pwrite(fd, data, offset)
+        data, offset = data[n:], offset + n
 
 
 class _Durable:
