@@ -202,3 +202,17 @@ def test_what_an_acquisition_did_is_read_by_every_process(
     assert store.acquire(registered.id).state is AcquisitionState.AVAILABLE
     assert server.served[-1].range is not None
     assert store.status(registered.id).error is None
+
+
+def test_a_verified_object_of_another_revision_reads_unpublished_and_publishes_without_a_transfer(
+    store: ModelStore, server: FileServer, blob: Path
+) -> None:
+    url = server.url + "/model.gguf"
+    first, _ = store.register(manifest(blob, url))
+    second, _ = store.register(manifest(blob, url, revision="4" * 40))
+    store.acquire(first.id)
+    status = store.status(second.id)
+    assert (status.state, status.bytes_done, status.path) == (AcquisitionState.UNPUBLISHED, SIZE, None)
+    served = len(server.served)
+    assert store.acquire(second.id).state is AcquisitionState.AVAILABLE
+    assert len(server.served) == served
