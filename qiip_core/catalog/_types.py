@@ -88,12 +88,14 @@ class IssueKind(StrEnum):
     """Why an entry of the cache is reported but not offered (or offered with a warning)."""
 
     INCOMPLETE = "incomplete"
-    """Files are missing: a split family without all its shards, a safetensors model without a shard it lists."""
+    """Files are missing: a split family without all its shards, a safetensors model without a shard it lists, a
+    snapshot link whose blob is gone (the issue names the file; the rest of the snapshot is offered)."""
     UNVERIFIABLE = "unverifiable"
     """The bytes cannot be checked: the snapshot holds a copy, not a link to a blob named by its SHA-256. Offered,
     flagged."""
     INVALID = "invalid"
-    """Present but unusable: not a GGUF, cut short, or missing a key llama-server needs."""
+    """Present but unusable, as a launch would refuse it (`inspect_model`): not a GGUF, cut short, missing a key
+    llama-server needs, out of bounds, an architecture llama.cpp does not load, or a tensor it needs missing."""
     CORRUPTED = "corrupted"
     """huggingface_hub could not read the repository's cache layout (a broken link, a ref to a missing commit);
     the scan is degraded."""
