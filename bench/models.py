@@ -7,8 +7,12 @@ ratio of a baseline measured in the same run.
    time and peak Python memory (`tracemalloc`).
 2. Download: a `--size-mib` file from the loopback fake hub through `download_files` (huggingface_hub's
    `hf_hub_download`: HEAD, redirect to the storage host, GET) against `curl` fetching the same URL to a file.
-3. Acquisition: the same file over HTTPS (a `trustme` certificate) through `ObjectStore.acquire` (durable chunks,
-   SHA-256 check, atomic publish) against `curl --cacert` to a file.
+3. Acquisition: the same file over HTTPS (a `trustme` certificate) through `ObjectStore.acquire` (the object's
+   lock, 16 MiB durable chunks, SHA-256 of the bytes as read back from the disk, atomic publish) against
+   `curl --cacert` to a file.
+
+The servers run in a child process, as they would on another host: in a thread of the measuring process they
+would share its interpreter lock with the client being measured (curl, a process of its own, never pays that).
 
     uv run python bench/models.py
     uv run python bench/models.py --repos 200 --files 5000 --size-mib 256 --repeat 3
@@ -19,9 +23,12 @@ Figures are the best of `--repeat` runs; they move with the machine, the ratios 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import hashlib
+import multiprocessing
 import os
+import resource
 import shutil
 import ssl
 import subprocess
@@ -29,7 +36,7 @@ import sys
 import tempfile
 import time
 import tracemalloc
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +63,16 @@ def best(fn: Callable[[], Any], repeat: int) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return min(times)
+
+
+def cpu_s(fn: Callable[[], Any]) -> float:
+    """CPU seconds (user and system) that one run of `fn` costs, in this process and the children it waited for:
+    what a transfer costs whatever else the machine runs (wall-clock ratios move with the machine's load)."""
+    before, children = time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    fn()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    waited = (after.ru_utime + after.ru_stime) - (children.ru_utime + children.ru_stime)
+    return time.process_time() - before + waited
 
 
 def peak_mib(fn: Callable[[], Any]) -> float:
@@ -106,6 +123,32 @@ def scan_bench(work: Path, *, repos: int, files: int, repeat: int) -> None:
     print(f"  scan_catalog warm   {warm_s * 1000:8.1f} ms                    x{warm_s / base:.2f} time")
 
 
+def _serve(make: Callable[[], Any], conn: Any) -> None:
+    server = make()
+    with server.running():
+        conn.send(getattr(server, "url", "") or f"{server.endpoint} {server.storage}")
+        conn.recv()  # until the parent says stop
+
+
+@contextlib.contextmanager
+def in_child(make: Callable[[], Any]) -> Iterator[str]:
+    """Run a test server (`FakeHub`, `FileServer`) in a child process, and yield its URL(s).
+
+    In a thread of this process it would share the interpreter lock with the client being measured, which curl,
+    another process, never does: the comparison would charge the server's Python to ours.
+    """
+    parent, child = multiprocessing.get_context("fork").Pipe()
+    process = multiprocessing.get_context("fork").Process(target=_serve, args=(make, child), daemon=True)
+    process.start()
+    try:
+        yield str(parent.recv())
+    finally:
+        parent.send("stop")
+        process.join(timeout=10)
+        if process.is_alive():
+            process.kill()
+
+
 def curl(url: str, target: Path, *extra: str) -> None:
     subprocess.run(["curl", "-sSfL", "--noproxy", "*", "-o", str(target), *extra, url], check=True)
 
@@ -125,15 +168,16 @@ def transfer_bench(work: Path, *, size_mib: int, repeat: int) -> None:
 
     hub = FakeHub()
     hub.add("bench/download-GGUF", "d" * 40, {"model.gguf": blob})
-    with hub.running():
+    with in_child(lambda: hub) as urls:
+        endpoint, storage = urls.split()
 
         def ours() -> None:
             cache = work / "dl-cache"
             shutil.rmtree(cache, ignore_errors=True)
             download = Download(id="dl_bench", repo_id="bench/download-GGUF", revision="main", files=("model.gguf",))
-            download_files(download, settings=ModelSettings(hub_endpoint=hub.endpoint), cache_dir=cache)
+            download_files(download, settings=ModelSettings(hub_endpoint=endpoint), cache_dir=cache)
 
-        url = f"{hub.storage}/blobs/{digest}"
+        url = f"{storage}/blobs/{digest}"
         base = best(lambda: curl(url, work / "curl.out"), repeat)
         mine = best(ours, repeat)
     print(f"hub download of {mib:.0f} MiB over loopback HTTP")
@@ -147,8 +191,8 @@ def transfer_bench(work: Path, *, size_mib: int, repeat: int) -> None:
     ca.cert_pem.write_to_path(str(bundle))
     server = FileServer(context)
     server.files["/model.gguf"] = blob
-    with server.running():
-        file = ManifestFile(name="model.gguf", digest=f"sha256:{digest}", bytes=size, url=server.url + "/model.gguf")
+    with in_child(lambda: server) as server_url:
+        file = ManifestFile(name="model.gguf", digest=f"sha256:{digest}", bytes=size, url=server_url + "/model.gguf")
 
         def acquire() -> None:
             store_dir = work / "store"
@@ -161,11 +205,17 @@ def transfer_bench(work: Path, *, size_mib: int, repeat: int) -> None:
                 verify=ssl.create_default_context(cafile=bundle),
             )
 
-        base = best(lambda: curl(file.url or "", work / "curl.out", "--cacert", str(bundle)), repeat)
+        fetch = lambda: curl(file.url or "", work / "curl.out", "--cacert", str(bundle))  # noqa: E731
+        base = best(fetch, repeat)
         mine = best(acquire, repeat)
-    print(f"acquisition of {mib:.0f} MiB over loopback HTTPS (16 MiB durable chunks, SHA-256 checked)")
-    print(f"  curl --cacert       {mib / base:8.1f} MiB/s   (baseline)")
-    print(f"  ObjectStore.acquire {mib / mine:8.1f} MiB/s   x{base / mine:.2f} of curl's throughput")
+        base_cpu, mine_cpu = min(cpu_s(fetch) for _ in range(repeat)), min(cpu_s(acquire) for _ in range(repeat))
+    gib = mib / 1024
+    print(f"acquisition of {mib:.0f} MiB over loopback HTTPS (16 MiB durable chunks, SHA-256 of the bytes on disk)")
+    print(f"  curl --cacert       {mib / base:8.1f} MiB/s   {base_cpu / gib:5.2f} CPU s/GiB   (baseline)")
+    print(
+        f"  ObjectStore.acquire {mib / mine:8.1f} MiB/s   {mine_cpu / gib:5.2f} CPU s/GiB   "
+        f"x{base / mine:.2f} of curl's throughput, x{mine_cpu / base_cpu:.2f} its CPU"
+    )
 
 
 def main() -> None:

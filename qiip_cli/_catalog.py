@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 
 __all__ = ["download", "list_models"]
 
+_STOP_WAIT_S = 2.0
+"""How long Ctrl-C waits for the transfer to stop at a chunk's end and clean up, in seconds."""
+
 
 def _size(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -88,14 +91,31 @@ def list_models(ctx: CliContext, as_json: bool) -> None:
 def download(ctx: CliContext, repo_id: str, revision: str | None, files: tuple[str, ...]) -> None:
     """Download REPO_ID (ORG/NAME) from the hub into the Hugging Face cache, with a progress bar.
 
-    The revision is resolved to its commit, which is printed with the new generations' artifact ids. An interrupted
-    download resumes where it stopped the next time.
+    The revision is resolved to its commit, which is printed with the new generations' artifact ids. Ctrl-C stops
+    the download: files already complete stay in the cache, the file in transfer is removed, and the same command
+    fetches the rest later.
     """
-    from qiip_core.catalog import Download, default_cache_dir, download_files, scan_catalog
+    from qiip_core.catalog import (
+        Download,
+        check_file_name,
+        check_revision,
+        default_cache_dir,
+        discard_partial,
+        download_files,
+        scan_catalog,
+    )
 
     settings = ctx.settings.models
     root = settings.hf_cache_dir or default_cache_dir()
-    record = Download(id="dl_cli", repo_id=repo_id, revision=revision or "main", files=tuple(sorted(set(files))))
+
+    def checked() -> tuple[str, tuple[str, ...]]:
+        try:
+            return check_revision(revision or "main"), tuple(sorted({check_file_name(f) for f in files}))
+        except ValueError as exc:
+            raise QiipError(f"{repo_id}: {exc}") from None
+
+    asked, names = run_or_exit(checked)
+    record = Download(id="dl_cli", repo_id=repo_id, revision=asked, files=names)
     failure: list[QiipError] = []
 
     def work() -> None:
@@ -106,17 +126,34 @@ def download(ctx: CliContext, repo_id: str, revision: str | None, files: tuple[s
 
     thread = threading.Thread(target=work, name="qiip-download", daemon=True)
     thread.start()
-    while record.bytes_total is None and thread.is_alive():
-        time.sleep(0.05)
-    if record.bytes_total:
-        with click.progressbar(length=record.bytes_total, label=repo_id, show_pos=True, file=sys.stderr) as bar:
-            shown = 0
-            while thread.is_alive():
+    try:
+        while record.bytes_total is None and thread.is_alive():
+            time.sleep(0.05)
+        for leftover in record.removed_incomplete:
+            click.echo(f"removed {leftover}, left by an earlier download that was killed", err=True)
+        if record.bytes_total:
+            with click.progressbar(length=record.bytes_total, label=repo_id, show_pos=True, file=sys.stderr) as bar:
+                shown = 0
+                while thread.is_alive():
+                    bar.update(record.bytes_done - shown)
+                    shown = record.bytes_done
+                    time.sleep(0.1)
                 bar.update(record.bytes_done - shown)
-                shown = record.bytes_done
-                time.sleep(0.1)
-            bar.update(record.bytes_done - shown)
-    thread.join()
+        thread.join()
+    except KeyboardInterrupt:
+        # The transfer stops at its next chunk and huggingface_hub removes its temporary blob; a stalled one is
+        # left to the next download's sweep.
+        record.cancel()
+        thread.join(timeout=_STOP_WAIT_S)
+        if thread.is_alive():
+            # Between two of huggingface_hub's 10 MiB chunks: this process ends now, its partial blob with it.
+            discard_partial(record, root)
+        click.echo(
+            f"stopped: {repo_id}@{record.revision}: files already complete are kept, the file in transfer was removed; "
+            "run the same command to fetch the rest",
+            err=True,
+        )
+        sys.exit(130)
     if failure:
 
         def fail() -> None:

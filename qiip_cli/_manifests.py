@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import sys
 import threading
 import time
@@ -176,20 +175,32 @@ def _print_downloads(ctx: CliContext, url: str | None) -> None:
 @click.argument("identifier")
 @pass_cli
 def verify(ctx: CliContext, identifier: str) -> None:
-    """Hash the files of a registered revision (rev_…) or a cache generation (an artifact id) again.
+    """Hash the files of a registered revision (rev_…) or a cache generation (an artifact id, or its first 8 or more
+    characters) again.
 
-    Exits 1 when a file does not match its digest.
+    Exits 1 when a file does not match its digest; a revision's file that does not is quarantined (never served; the
+    next acquisition fetches it again).
     """
     from qiip_core._errors import ArtifactNotFound
-    from qiip_core.catalog import default_cache_dir, model_store_for, scan_catalog, verify_generation
+    from qiip_core.catalog import (
+        default_cache_dir,
+        model_store_for,
+        resolve_artifact_id,
+        scan_catalog,
+        verify_generation,
+    )
 
     def run() -> dict[str, bool]:
         if identifier.startswith("rev_"):
             return model_store_for(ctx.settings).verify(identifier)
         root = ctx.settings.models.hf_cache_dir or default_cache_dir()
-        generation = scan_catalog(root).generation(identifier) if re.fullmatch(r"[0-9a-f]{64}", identifier) else None
+        whole = resolve_artifact_id(ctx.settings, identifier)
+        generation = scan_catalog(root).generation(whole)
         if generation is None:
-            raise ArtifactNotFound(identifier, root)
+            revision = next((m for m in model_store_for(ctx.settings).manifests() if m.artifact_id == whole), None)
+            if revision is not None:
+                return model_store_for(ctx.settings).verify(revision.id)
+            raise ArtifactNotFound(whole, root)
         return verify_generation(generation)
 
     results = run_or_exit(run)

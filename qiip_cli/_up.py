@@ -108,17 +108,17 @@ def _default_alias(path: Path) -> str:
     return re.sub(r"-\d{5}-of-\d{5}$", "", path.name.removesuffix(".gguf"))
 
 
-def _resolve_artifact(settings: Settings, artifact: str) -> Path:
-    """The entrypoint of `artifact`: an acquired manifest revision, else a generation of the Hugging Face cache.
+def _resolve_artifact(settings: Settings, artifact: str) -> tuple[str, Path]:
+    """The whole id and the entrypoint of `artifact` (an id, or its first 8 or more characters): an acquired
+    manifest revision, else a generation of the Hugging Face cache.
 
     Raises:
-        ArtifactNotFound: neither has it.
+        ArtifactIdInvalid, ArtifactAmbiguous, ArtifactNotFound: as `resolve_artifact_id` and `artifact_entrypoint`.
     """
-    from qiip_core.catalog import artifact_entrypoint
+    from qiip_core.catalog import artifact_entrypoint, resolve_artifact_id
 
-    if not re.fullmatch(r"[0-9a-f]{64}", artifact):
-        raise ConfigError(f"--artifact {artifact!r} is not an artifact id (64 hexadecimal characters).")
-    return artifact_entrypoint(settings, artifact)
+    whole = resolve_artifact_id(settings, artifact)
+    return whole, artifact_entrypoint(settings, whole)
 
 
 def _parse_model(value: str) -> tuple[str | None, Path]:
@@ -161,6 +161,11 @@ def _in_flags(message: str) -> str:
     message = re.sub(r"use cache_type '(\w+)'", r"use --cache-type \1", message)
     message = re.sub(r"\b(or slots\b|slots(?= must))", lambda m: m.group(1).replace("slots", "--slots"), message)
     return re.sub(r"\b(" + "|".join(_FLAGS) + r")\b", lambda m: _FLAGS[m.group(1)], message)
+
+
+def _one_line(message: str) -> str:
+    """A message as the one line `qiip up` prints for a model it refuses."""
+    return " ".join(part.strip() for part in message.splitlines() if part.strip())
 
 
 def _describe(planned: Plan) -> str:
@@ -212,8 +217,10 @@ def _preflight(
     the fit target, so that together they leave the target free, and is launched with exactly that sizing.
 
     Raises:
-        click.ClickException: one line naming the file and why it cannot be served (not a GGUF, truncated, a later
-            shard, a missing shard), or why its sizing is invalid or does not fit (with the plan's numbers).
+        click.ClickException: one line naming the file and why it cannot be served (`inspect_model`: not a GGUF,
+            truncated, a later shard, a missing shard, a shape out of bounds, an unknown architecture, a missing
+            tensor), or why its sizing is invalid or does not fit (with the plan's numbers); each is found in bounded
+            time and memory, before anything starts.
     """
     devices = read_devices(allow_cpu=engine.variant != "cuda")
     share = len(models) if sizing == "auto" and len(models) > 1 else 1
@@ -222,7 +229,7 @@ def _preflight(
         try:
             server = ManagedLlamaServer(engine, model_path=path, alias=alias, log_path=Path("/dev/null"))
         except ValueError as exc:
-            raise click.ClickException(str(exc)) from None
+            raise click.ClickException(_one_line(str(exc))) from None
         policy = _policy(
             server.shape.n_ctx_train,
             sizing=sizing,
@@ -235,7 +242,7 @@ def _preflight(
         try:
             planned = server.make_plan(policy, devices=budget)
         except PlanError as exc:
-            raise click.ClickException(f"{path.name}: {_in_flags(exc.message)}") from None
+            raise click.ClickException(_one_line(f"{path.name}: {_in_flags(exc.message)}")) from None
         devices = _left_after(devices, planned)
         if share > 1:
             # The daemon launches exactly this sizing: re-planning 'auto' there would take all that is left.
@@ -280,8 +287,8 @@ def _preflight(
     "artifacts",
     multiple=True,
     metavar="[ALIAS=]ID",
-    help="A GGUF generation to serve by its artifact id (`qiip model list`: the Hugging Face cache, or an acquired "
-    "manifest revision); repeatable. The node record carries the id.",
+    help="A GGUF generation to serve by its artifact id, or its first 8 or more characters (`qiip model list`: the "
+    "Hugging Face cache, or an acquired manifest revision); repeatable. The node record carries the whole id.",
 )
 @click.option("--alias", help="The model name clients use, with one --model (default: the file name without .gguf).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address the gateway binds.")
@@ -351,12 +358,12 @@ def up(
         served.append((alias or TEST_MODEL_ALIAS, run_or_exit(lambda: _test_model(settings))))
     for value in artifacts:
         named, _, artifact = value.rpartition("=")
-        entrypoint = run_or_exit(lambda: _resolve_artifact(settings, artifact))  # noqa: B023 - called at once
+        whole, entrypoint = run_or_exit(lambda: _resolve_artifact(settings, artifact))  # noqa: B023 - called at once
         label = named or alias or _default_alias(entrypoint)
         if any(label == other for other, _ in served):
             raise click.UsageError(f"Two models would be served as {label!r}; name them with --artifact ALIAS=ID.")
         served.append((label, entrypoint))
-        by_artifact[label] = artifact
+        by_artifact[label] = whole
     for value in models:
         given, path = _parse_model(value)
         if given is not None and alias is not None:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from qiip_core._errors import (
     AcquisitionPaused,
+    ArtifactAmbiguous,
+    ArtifactIdInvalid,
     ArtifactNotFound,
     AuthError,
     BmcTimeout,
@@ -89,6 +91,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AcquisitionPaused",
+    "ArtifactAmbiguous",
+    "ArtifactIdInvalid",
     "ArtifactNotFound",
     "AuthError",
     "BmcTimeout",

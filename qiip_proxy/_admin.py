@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import secrets
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -25,8 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import HTTPConnection
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from qiip_core import NodeNotFound, PlanError
-from qiip_core.catalog import ARTIFACT_ID_RE, artifact_entrypoint
+from qiip_core import ArtifactIdInvalid, NodeNotFound, PlanError, RelaunchError
+from qiip_core.catalog import artifact_entrypoint, resolve_artifact_id
 from qiip_core.lifecycle import (
     Operation,
     check_can_drain,
@@ -38,7 +38,7 @@ from qiip_core.lifecycle import (
     remove,
 )
 from qiip_core.nodes import Engine, Node, NodeCapabilities, NodeStatus
-from qiip_core.planner import parse_policy, read_devices, validate_policy
+from qiip_core.planner import parse_policy
 from qiip_core.routing import ChangeKind, NodeState, TableChange
 from qiip_proxy._auth_gate import basic_credentials
 from qiip_proxy._errors import RequestRefused
@@ -293,53 +293,60 @@ async def relaunch_node(request: Request, node_id: str) -> JSONResponse:
     `{"sizing": "custom", "fit_target_mib", "context_per_slot", "slots", "cache_type"}` (strict; 422 with
     every violation). 409 unless the node is healthy, managed, llama.cpp, with a runtime record.
 
-    `"artifact_id"` moves the node to another GGUF generation (an acquired revision, else the Hugging Face cache),
-    with the given sizing or, without one, the node's current one. Everything is checked before the node is
-    touched: a malformed id or a file that cannot be served here is 422, an unknown or unacquired one 404."""
+    `"artifact_id"` (the id, or its first 8 or more characters) moves the node to another GGUF generation (an
+    acquired revision, else the Hugging Face cache), with the given sizing or, without one, the node's current one.
+
+    Everything is checked before the node is touched, and a refusal leaves it serving: a malformed or ambiguous id
+    is 422, an unknown or unacquired one 404; a model file that cannot be served here (its own, read again, or the
+    new one) is 422 `invalid_model_file` with the reason; a sizing that is invalid, or that does not fit the memory
+    the node will have once its server stops, is 422 `invalid_policy` with the plan's numbers. A relaunch that fails
+    after that rolls back, and the node is probed at once, so it is routable as soon as the operation ends."""
     gateway = _gateway(request)
     state = _node_or_404(gateway, node_id)
     try:
         payload = json.loads(await request.body())
     except ValueError as exc:
         raise AdminError(400, f"The body is not valid JSON: {exc}.", "invalid_json") from None
-    artifact_id = payload.pop("artifact_id", None) if isinstance(payload, dict) else None
+    given = payload.pop("artifact_id", None) if isinstance(payload, dict) else None
     server = gateway.local_nodes.servers.get(node_id)
-    policy = server.policy if artifact_id is not None and payload == {} and server is not None else None
+    policy = server.policy if given is not None and payload == {} and server is not None else None
     policy = policy or parse_policy(payload)
     check_can_relaunch(gateway.table, node_id, server)
     assert server is not None
-    artifact = None
-    shape = server.shape
-    if artifact_id is not None:
-        if not isinstance(artifact_id, str) or not re.fullmatch(ARTIFACT_ID_RE, artifact_id):
-            raise AdminError(
-                422,
-                f"artifact_id {artifact_id!r} is not an artifact id (64 hexadecimal characters).",
-                "invalid_artifact_id",
-                "artifact_id",
-            )
-        path = await asyncio.to_thread(artifact_entrypoint, gateway.settings, artifact_id)
-        shape = await asyncio.to_thread(server.check_model, path)
-        artifact = (artifact_id, path)
-    devices = await asyncio.to_thread(read_devices, allow_cpu=server.cpu_mode)
-    violations = validate_policy(policy, train_context=shape.n_ctx_train, devices=devices, shape=shape)
-    if violations:
-        target = f"artifact {artifact_id}" if artifact_id else "this node"
-        raise PlanError(f"The sizing policy is not valid for {target}.", violations=violations)
+    artifact: tuple[str, Path] | None = None
+    if given is not None:
+        if not isinstance(given, str):
+            raise ArtifactIdInvalid(repr(given))
+        whole = await asyncio.to_thread(resolve_artifact_id, gateway.settings, given)
+        artifact = (whole, await asyncio.to_thread(artifact_entrypoint, gateway.settings, whole))
+    try:
+        await asyncio.to_thread(server.preflight, policy, model_path=artifact[1] if artifact else None)
+    except PlanError as exc:
+        target = f"artifact {artifact[0]}" if artifact else f"node {node_id}"
+        raise PlanError(
+            f"The relaunch is refused for {target}; node {node_id} was not touched: {exc.message}",
+            violations=exc.violations,
+        ) from exc
     node = state.effective_node()
 
     async def relaunch_and_record(op: Operation) -> dict[str, Any]:
-        result = await relaunch(
-            gateway.table,
-            gateway.fleet,
-            server,
-            node.model_copy(update={"status": NodeStatus.UNKNOWN}),
-            policy,
-            drain_timeout_s=gateway.settings.admin.drain_timeout_s,
-            startup_timeout_s=gateway.local_nodes.startup_timeout_s(node_id),
-            log=op.log,
-            artifact=artifact,
-        )
+        try:
+            result = await relaunch(
+                gateway.table,
+                gateway.fleet,
+                server,
+                node.model_copy(update={"status": NodeStatus.UNKNOWN}),
+                policy,
+                drain_timeout_s=gateway.settings.admin.drain_timeout_s,
+                startup_timeout_s=gateway.local_nodes.startup_timeout_s(node_id),
+                log=op.log,
+                artifact=artifact,
+            )
+        except RelaunchError as exc:
+            if exc.rolled_back:
+                # The previous sizing runs again: make it routable before the operation says it ended.
+                await gateway.health.probe(node_id)
+            raise
         # The node comes back as `unknown`: one probe now makes it routable when the operation says it
         # succeeded, not at the next health interval (requests in between would get 503).
         await gateway.health.probe(node_id)

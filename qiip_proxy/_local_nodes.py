@@ -20,7 +20,7 @@ import logging
 from pathlib import Path
 
 from qiip_core import ConfigError, PlanError, QiipError
-from qiip_core.catalog import artifact_entrypoint
+from qiip_core.catalog import artifact_entrypoint, resolve_artifact_id
 from qiip_core.config import LocalNodeConfig, Settings, StateDirLock
 from qiip_core.discovery import Registry
 from qiip_core.engines.llamacpp import LlamaCppInstaller, ManagedLlamaServer, default_local_policy
@@ -94,7 +94,7 @@ class LocalNodes:
                     "llama-server is not installed; run `qiip engine install llama.cpp` (add --cpu on a "
                     "machine without an NVIDIA GPU)."
                 )
-            model_path = await asyncio.to_thread(self._model_path, config)
+            artifact, model_path = await asyncio.to_thread(self._model_path, config)
             log_path = self.settings.state_dir / "logs" / f"{config.id}.log"
             log_path.parent.mkdir(parents=True, exist_ok=True)
             server = await asyncio.to_thread(
@@ -128,7 +128,7 @@ class LocalNodes:
             status=NodeStatus.UNKNOWN,
             capabilities=capabilities,
             llamacpp_runtime=runtime,
-            artifact_id=config.artifact_id,
+            artifact_id=artifact,
         )
         await self.registry.register(node, ephemeral=True)
         self.ready.add(config.id)
@@ -179,13 +179,15 @@ class LocalNodes:
             "local node %s: relaunch sizing recorded in %s; the next start uses it", node_id, self.relaunched.path
         )
 
-    def _model_path(self, config: LocalNodeConfig) -> Path:
-        """The GGUF to serve: the configured file, or the entrypoint of `artifact_id` (an acquired manifest revision,
-        else a generation of the Hugging Face cache)."""
+    def _model_path(self, config: LocalNodeConfig) -> tuple[str | None, Path]:
+        """The whole artifact id (None for a file) and the GGUF to serve: the configured file, or the entrypoint of
+        `artifact_id` (an id or its prefix: an acquired manifest revision, else a generation of the Hugging Face
+        cache)."""
         if config.gguf is not None:
-            return config.gguf
+            return None, config.gguf
         assert config.artifact_id is not None  # the settings require one of the two
-        return artifact_entrypoint(self.settings, config.artifact_id)
+        whole = resolve_artifact_id(self.settings, config.artifact_id)
+        return whole, artifact_entrypoint(self.settings, whole)
 
     def startup_timeout_s(self, node_id: str) -> float:
         """How long the node's llama-server may take to load (its `startup_timeout_s`)."""

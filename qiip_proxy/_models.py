@@ -13,11 +13,11 @@ import logging
 from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.responses import JSONResponse
 
 from qiip_core import ModelStoreError, QiipError
-from qiip_core.catalog import scan_catalog
+from qiip_core.catalog import check_file_name, check_revision, scan_catalog
 from qiip_proxy._admin import AdminError, require_admin
 
 if TYPE_CHECKING:
@@ -54,10 +54,21 @@ class DownloadRequest(_Strict):
 
     repo_id: str = Field(pattern=REPO_ID_PATTERN)
     """`ORG/NAME` on the hub."""
-    revision: str | None = Field(default=None, min_length=1, max_length=255, pattern=r"^[A-Za-z0-9._/-]+$")
-    """A branch, tag or commit; `main` when absent. A branch or tag is resolved to its commit and recorded."""
+    revision: str | None = Field(default=None, min_length=1, max_length=255)
+    """A branch, tag or commit; `main` when absent. A branch or tag is resolved to its commit and recorded
+    (`check_revision`: git's ref-name rules, or 40 hex)."""
     files: list[Annotated[str, Field(min_length=1, max_length=1024)]] | None = Field(default=None, max_length=10_000)
-    """File names in the repository; all of them when absent or empty."""
+    """File names in the repository, relative paths inside it; all of them when absent or empty."""
+
+    @field_validator("revision")
+    @classmethod
+    def _revision(cls, value: str | None) -> str | None:
+        return None if value is None else check_revision(value)
+
+    @field_validator("files")
+    @classmethod
+    def _files(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else [check_file_name(name) for name in value]
 
 
 @router.get("/catalog")

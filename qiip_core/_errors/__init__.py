@@ -66,6 +66,8 @@ QiipError                       (500 internal_error: only for a bare QiipError, 
 ├── PlanError                   422 invalid_policy: a sizing cannot be planned (`.violations`, if any)
 ├── ModelStoreError             503 model_store_error: the catalog, a download or an acquisition failed
 │   ├── ArtifactNotFound        404 artifact_not_found: no catalog generation has this id (`.artifact_id`)
+│   ├── ArtifactIdInvalid       422 invalid_artifact_id: not 8 to 64 hexadecimal characters (a prefix or a whole id)
+│   ├── ArtifactAmbiguous       422 ambiguous_artifact_id: a prefix of several ids (`.matches`)
 │   ├── RevisionNotFound        404 revision_not_found: no registered manifest has this id
 │   ├── ManifestInvalid         422 invalid_manifest: a manifest breaks a rule (`.violations`)
 │   ├── DownloadFailed          502 download_failed: the hub refused or the transfer broke
@@ -130,6 +132,8 @@ from qiip_core._errors._base import (
 )
 from qiip_core._errors._operations import (
     AcquisitionPaused,
+    ArtifactAmbiguous,
+    ArtifactIdInvalid,
     ArtifactNotFound,
     BmcTimeout,
     BmcUnauthorized,
@@ -172,6 +176,8 @@ from qiip_core._errors._operations import (
 
 __all__ = [
     "AcquisitionPaused",
+    "ArtifactAmbiguous",
+    "ArtifactIdInvalid",
     "ArtifactNotFound",
     "AuthError",
     "BmcTimeout",

@@ -360,6 +360,38 @@ class ArtifactNotFound(ModelStoreError):
         self.artifact_id = artifact_id
 
 
+class ArtifactIdInvalid(ModelStoreError):
+    """A string given as an `artifact_id` is not one: 8 to 64 lower-case hexadecimal characters (a whole id, or a
+    prefix of one)."""
+
+    status = 422
+    code = "invalid_artifact_id"
+    param = "artifact_id"
+
+    def __init__(self, artifact_id: str) -> None:
+        super().__init__(
+            f"artifact_id {artifact_id[:80]!r} is not an artifact id: give its 64 hexadecimal characters, or the first "
+            "8 or more of them (`qiip model list` shows them)."
+        )
+        self.artifact_id = artifact_id
+
+
+class ArtifactAmbiguous(ModelStoreError):
+    """An `artifact_id` prefix names more than one known artifact (`.matches`, every id it names)."""
+
+    status = 422
+    code = "ambiguous_artifact_id"
+    param = "artifact_id"
+
+    def __init__(self, artifact_id: str, matches: Sequence[str] = ()) -> None:
+        shown = ", ".join(matches[:10]) + (f" and {len(matches) - 10} more" if len(matches) > 10 else "")
+        super().__init__(
+            f"artifact_id {artifact_id} is the start of {len(matches)} artifact ids ({shown}); give more of it."
+        )
+        self.artifact_id = artifact_id
+        self.matches = tuple(matches)
+
+
 class RevisionNotFound(ModelStoreError):
     """No registered manifest has this revision id."""
 

@@ -10,6 +10,15 @@ requested branch or tag is pointed at the commit in `refs/`, as huggingface_hub 
 Requests are duplicate-safe: one for the same repository, revision and files while a download of them runs joins
 it (the same id); once it has finished (or failed) the same request starts a new one. Progress (bytes done and
 total, rate, ETA) is counted from huggingface_hub's progress callback, which this module supplies.
+
+Nothing the client or the hub says becomes a path unchecked: a revision is a branch or tag name (git's rules for a
+ref name: no `..`, no component starting with `.`, no empty component) or a 40-hex commit; the commit the hub names
+must be 40 hex; every file name, asked for or listed by the hub, must be a relative path inside the snapshot; and
+the ref written last must land inside the repository's `refs/`.
+
+A transfer stopped part-way leaves huggingface_hub's temporary blob (`blobs/<etag>.<id>.incomplete`) behind only when
+its process was killed; such a blob is removed by the next download of the repository, once no download holds
+the blob's lock (huggingface_hub's `.locks/`), and the download reports what it removed.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ import asyncio
 import collections
 import logging
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -31,11 +41,79 @@ from qiip_core._errors import DownloadFailed, QiipError
 if TYPE_CHECKING:
     from qiip_core.config import ModelSettings
 
-__all__ = ["Download", "DownloadManager", "DownloadState", "download_files"]
+__all__ = [
+    "Download",
+    "DownloadManager",
+    "DownloadState",
+    "check_file_name",
+    "check_revision",
+    "discard_partial",
+    "download_files",
+    "sweep_incomplete",
+]
 
 logger = logging.getLogger("qiip.catalog")
 
-_COMMIT_LENGTH = 40
+_COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+_REF_RE = re.compile(r"^[A-Za-z0-9._/-]{1,255}$")
+_MAX_FILE_NAME = 1024
+
+
+def check_revision(revision: str) -> str:
+    """Refuse a revision that is not a branch or tag name or a commit, before it becomes a path (`refs/<revision>`).
+
+    A ref name follows git's rules (`git check-ref-format`), restricted to the characters the hub uses: letters,
+    digits, `.`, `_`, `-` and `/`; no empty component (a leading, trailing or doubled `/`), no component starting
+    with `.` (so no `..`) or ending with `.lock`, and no trailing `.`. A commit is 40 lower-case hex characters.
+
+    Args:
+        revision: what the client asked for.
+
+    Returns:
+        The revision, unchanged.
+
+    Raises:
+        ValueError: the revision breaks a rule; the message names it.
+    """
+    if _COMMIT_RE.match(revision):
+        return revision
+    shown = revision[:80]
+    if not _REF_RE.match(revision):
+        raise ValueError(
+            f"revision {shown!r} is not a branch, tag or commit: use 1 to 255 letters, digits, '.', '_', '-' and '/'."
+        )
+    parts = revision.split("/")
+    if any(part == "" for part in parts):
+        raise ValueError(f"revision {shown!r} has an empty path component (a leading, trailing or doubled '/').")
+    if any(part.startswith(".") or part.endswith(".lock") for part in parts) or revision.endswith("."):
+        raise ValueError(
+            f"revision {shown!r} is not a valid ref name: a component starts with '.' (such as '..') or ends with "
+            "'.lock', or the name ends with '.'."
+        )
+    return revision
+
+
+def check_file_name(name: str) -> str:
+    """Refuse a repository file name that would not stay inside its snapshot (asked for, or listed by the hub).
+
+    Args:
+        name: a file's path in the repository (`sub/model.gguf`).
+
+    Returns:
+        The name, unchanged.
+
+    Raises:
+        ValueError: empty or too long, absolute, with a backslash or a control character, or with an empty, `.` or
+            `..` component.
+    """
+    shown = name[:80]
+    if not name or len(name) > _MAX_FILE_NAME or name.startswith("/"):
+        raise ValueError(f"file name {shown!r} is not a relative path of 1 to {_MAX_FILE_NAME} characters.")
+    if "\\" in name or any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise ValueError(f"file name {shown!r} holds a backslash or a control character.")
+    if any(part in ("", ".", "..") for part in name.split("/")):
+        raise ValueError(f"file name {shown!r} has an empty, '.' or '..' path component.")
+    return name
 
 
 class DownloadState(StrEnum):
@@ -66,6 +144,7 @@ class Download:
         resolved_files: the files being fetched, once known.
         bytes_done, bytes_total: progress in bytes (`bytes_total` is None until the sizes are known).
         current_file: the file in transfer.
+        removed_incomplete: leftovers of killed downloads it removed (`name (N bytes)`).
     """
 
     id: str
@@ -78,6 +157,10 @@ class Download:
     bytes_done: int = 0
     bytes_total: int | None = None
     current_file: str | None = None
+    current_etag: str | None = None
+    """The blob name (its ETag: SHA-256 for an LFS file, the git blob id else) of the file in transfer."""
+    removed_incomplete: tuple[str, ...] = ()
+    """Temporary blobs of earlier, killed downloads of the repository that this one removed."""
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     finished_at: datetime | None = None
     error: str | None = None
@@ -85,6 +168,10 @@ class Download:
     _finished_mono: float = 0.0
     _transferred: int = 0
     _cancel: threading.Event = field(default_factory=threading.Event)
+
+    def cancel(self) -> None:
+        """Stop the transfer at its next chunk (huggingface_hub then removes its temporary blob)."""
+        self._cancel.set()
 
     @property
     def key(self) -> tuple[str, str, tuple[str, ...]]:
@@ -118,6 +205,7 @@ class Download:
             "commit": self.commit,
             "resolved_files": list(self.resolved_files),
             "current_file": self.current_file,
+            "removed_incomplete": list(self.removed_incomplete),
             "bytes_done": self.bytes_done,
             "bytes_total": self.bytes_total,
             "rate_bytes_per_s": round(self.rate_bytes_per_s, 1),
@@ -184,15 +272,31 @@ def download_files(download: Download, *, settings: ModelSettings, cache_dir: Pa
 
     endpoint = settings.hub_endpoint
     token: str | bool = settings.hub_token.get_secret_value() if settings.hub_token else False
-    what = f"{download.repo_id}@{download.revision}"
+    what = f"{download.repo_id}@{download.revision[:80]}"
+    try:
+        check_revision(download.revision)
+        for name in download.files:
+            check_file_name(name)
+    except ValueError as exc:
+        raise DownloadFailed(f"The download of {download.repo_id} is refused: {exc}") from None
+    download.removed_incomplete = tuple(sweep_incomplete(cache_dir, download.repo_id))
     try:
         info = HfApi(endpoint=endpoint, token=token).model_info(
             download.repo_id, revision=download.revision, files_metadata=True
         )
-        if not info.sha:
-            raise DownloadFailed(f"The hub did not name the commit of {what}; it is not a Hugging Face hub.")
+        if not info.sha or not _COMMIT_RE.match(info.sha):
+            raise DownloadFailed(
+                f"The hub named the commit of {what} {str(info.sha)[:80]!r}, not 40 hexadecimal characters; it is "
+                "not a Hugging Face hub."
+            )
         download.commit = info.sha
         sizes = {s.rfilename: s.size for s in info.siblings or []}
+        etags = {s.rfilename: s.lfs.sha256 if s.lfs else s.blob_id for s in info.siblings or []}
+        for name in sizes:
+            try:
+                check_file_name(name)
+            except ValueError as exc:
+                raise DownloadFailed(f"The hub listed a file of {what} that cannot be stored: {exc}") from None
         files = download.files or tuple(sorted(sizes))
         unknown = [f for f in files if f not in sizes]
         if unknown:
@@ -205,7 +309,7 @@ def download_files(download: Download, *, settings: ModelSettings, cache_dir: Pa
         download.bytes_total = sum(s for s in known if s is not None) if all(s is not None for s in known) else None
         done = 0
         for name in files:
-            download.current_file = name
+            download.current_file, download.current_etag = name, etags.get(name)
 
             def progress(*args: Any, base: int = done, **kwargs: Any) -> _Progress:
                 return _Progress(download, base, **kwargs)
@@ -221,7 +325,7 @@ def download_files(download: Download, *, settings: ModelSettings, cache_dir: Pa
             )
             done += sizes[name] or os.path.getsize(path)
             download.bytes_done = done
-        download.current_file = None
+        download.current_file = download.current_etag = None
         if download.revision != info.sha:
             _write_ref(cache_dir, download.repo_id, download.revision, info.sha)
     except _Cancelled:
@@ -253,15 +357,85 @@ def _first(exc: Exception) -> str:
 
 
 def _write_ref(cache_dir: Path, repo_id: str, ref: str, commit: str) -> None:
-    """Point `refs/<ref>` at `commit` atomically, without a trailing newline (huggingface_hub's own format)."""
+    """Point `refs/<ref>` at `commit` atomically, without a trailing newline (huggingface_hub's own format).
+
+    Raises:
+        DownloadFailed: the ref would land outside the repository's `refs/` (a name `check_revision` lets through
+            never does; this guards the path itself).
+    """
     from huggingface_hub.file_download import repo_folder_name
 
-    path = cache_dir / repo_folder_name(repo_id=repo_id, repo_type="model") / "refs" / ref
+    refs = cache_dir / repo_folder_name(repo_id=repo_id, repo_type="model") / "refs"
+    path = refs / ref
+    if not path.resolve().is_relative_to(refs.resolve()) or not _COMMIT_RE.match(commit):
+        raise DownloadFailed(f"The ref {ref[:80]!r} of {repo_id} would be written outside {refs}; nothing was written.")
     path.parent.mkdir(parents=True, exist_ok=True)
     # A name of its own: two downloads of one repository may point the same ref at once.
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     tmp.write_text(commit)
     tmp.replace(path)
+
+
+def discard_partial(download: Download, cache_dir: Path) -> list[str]:
+    """Remove the temporary blob of the file `download` is transferring (after `cancel`, when the transfer has not
+    stopped by itself): what a process that is about to exit would otherwise leave behind.
+
+    Returns:
+        What was removed, as `name (N bytes)`.
+    """
+    from huggingface_hub.file_download import repo_folder_name
+
+    etag = download.current_etag
+    if not etag or not re.fullmatch(r"[0-9a-f]{40,64}", etag):
+        return []
+    blobs = cache_dir / repo_folder_name(repo_id=download.repo_id, repo_type="model") / "blobs"
+    removed = []
+    for blob in blobs.glob(f"{etag}.*.incomplete"):
+        try:
+            size = blob.stat().st_size
+            blob.unlink()
+        except OSError:
+            continue
+        removed.append(f"{blob.name} ({size:,} bytes)")
+    return removed
+
+
+def sweep_incomplete(cache_dir: Path, repo_id: str) -> list[str]:
+    """Remove the temporary blobs (`blobs/*.incomplete`) that killed downloads of `repo_id` left in the cache.
+
+    huggingface_hub writes a blob to `<etag>.<id>.incomplete` while it holds `.locks/<repo folder>/<etag>.lock`, and
+    removes it when the transfer ends, well or not; one is left only when its process died. A blob whose lock can be
+    taken at once is such a leftover; one whose lock is held belongs to a running download and is kept.
+
+    Args:
+        cache_dir: the hub cache.
+        repo_id: `ORG/NAME`.
+
+    Returns:
+        What was removed, as `name (N bytes)`.
+    """
+    from filelock import FileLock, Timeout
+    from huggingface_hub.file_download import repo_folder_name
+
+    folder = repo_folder_name(repo_id=repo_id, repo_type="model")
+    removed: list[str] = []
+    for blob in sorted((cache_dir / folder / "blobs").glob("*.incomplete")):
+        etag = blob.name.split(".", 1)[0]
+        lock = FileLock(cache_dir / ".locks" / folder / f"{etag}.lock", mode=0o664)
+        try:
+            lock.acquire(timeout=0)
+        except (Timeout, OSError):
+            continue
+        try:
+            size = blob.stat().st_size
+            blob.unlink()
+        except OSError:
+            continue
+        finally:
+            lock.release()
+        removed.append(f"{blob.name} ({size:,} bytes)")
+        logger.warning("removed %s of %s (%d bytes), left by a download that was killed", blob.name, repo_id, size)
+    return removed
 
 
 class DownloadManager:

@@ -3,8 +3,9 @@
 The layout is huggingface_hub's (`models--ORG--NAME/{blobs,snapshots/<commit>,refs}`), read with its own
 `scan_cache_dir`; completeness of a safetensors model is checked with its local-files-only resolution
 (`try_to_load_from_cache`), so the catalog sees exactly what a `from_pretrained(..., local_files_only=True)`
-would. GGUF headers are read with the engine's fast header reader (`read_gguf_metadata`), and the planner says
-whether it models the architecture.
+would. GGUF headers are read and checked as a launch checks them (`inspect_model`: whole, within bounds, an
+architecture llama.cpp loads, the tensors it needs), so a generation offered here is one a node can be launched on;
+the planner says whether it models the architecture.
 
 Grouping, per snapshot:
 
@@ -13,6 +14,12 @@ Grouping, per snapshot:
   generation whose entrypoint is shard 1; fewer is an `incomplete` issue, never offered;
 - a snapshot with `*.safetensors` (and its `model.safetensors.index.json`, when sharded) and `config.json` is one
   full model; a shard the index lists but the cache lacks makes it `incomplete`.
+
+A snapshot link whose blob is gone (pruned from a shared cache) makes huggingface_hub give up on the whole
+repository. The catalog reads such a repository again itself, file by file: every file whose blob is there is
+offered as usual, and each broken link is an `incomplete` issue naming the file, so one missing blob never hides
+the rest (nor marks the scan degraded). Only what cannot be read at all (a ref to a commit the cache does not hold,
+a snapshot that is a file) stays `corrupted`.
 
 Reading a header costs a few hundred microseconds; results are kept per blob (path, size, modification time), so
 a rescan of an unchanged cache reads nothing but directory entries.
@@ -23,6 +30,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import os
 import re
 import threading
 from dataclasses import dataclass
@@ -40,6 +48,8 @@ from qiip_core.catalog._types import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from huggingface_hub import CachedFileInfo, CachedRevisionInfo
 
 __all__ = ["default_cache_dir", "resolve_artifact", "scan_catalog", "verify_generation"]
@@ -99,17 +109,39 @@ def scan_catalog(cache_dir: Path | None = None) -> Catalog:
         raise OSError(f"The Hugging Face cache {root} is not a directory: {exc}") from exc
     generations: list[GgufGeneration] = []
     full: list[FullModel] = []
-    issues = [
-        CatalogIssue(IssueKind.CORRUPTED, _repo_of(str(w)), None, (), f"{w}".rstrip(".") + ".") for w in info.warnings
+    issues: list[CatalogIssue] = []
+    scanned: list[tuple[str, str, Iterable[CachedRevisionInfo]]] = [
+        (r.repo_id, r.repo_type, r.revisions) for r in info.repos
     ]
+    for warning in info.warnings:
+        repo_dir = _repo_dir_of(root, str(warning))
+        tolerant = _read_repo_tolerantly(repo_dir) if repo_dir is not None else None
+        if tolerant is None:
+            issues.append(
+                CatalogIssue(IssueKind.CORRUPTED, _repo_of(str(warning)), None, (), f"{warning}".rstrip(".") + ".")
+            )
+            continue
+        repo_id, revisions, broken = tolerant
+        scanned.append((repo_id, "model", revisions))
+        for commit, name, blob in broken:
+            issues.append(
+                CatalogIssue(
+                    IssueKind.INCOMPLETE,
+                    repo_id,
+                    commit,
+                    (name,),
+                    f"{name} links to the blob {blob}, which is missing (pruned from a shared cache?); the other "
+                    "files of the snapshot are offered. Download the file again to restore it.",
+                )
+            )
     repos = files = 0
-    for repo in sorted(info.repos, key=lambda r: r.repo_id):
-        if repo.repo_type != "model":
+    for repo_id, repo_type, repo_revisions in sorted(scanned, key=lambda r: r[0]):
+        if repo_type != "model":
             continue
         repos += 1
-        for revision in sorted(repo.revisions, key=lambda r: r.commit_hash):
+        for revision in sorted(repo_revisions, key=lambda r: r.commit_hash):
             files += len(revision.files)
-            _scan_revision(root, repo.repo_id, revision, generations, full, issues)
+            _scan_revision(root, repo_id, revision, generations, full, issues)
     return Catalog(
         cache_dir=root,
         gguf=tuple(generations),
@@ -118,6 +150,76 @@ def scan_catalog(cache_dir: Path | None = None) -> Catalog:
         repos=repos,
         files=files,
     )
+
+
+def _repo_dir_of(root: Path, warning: str) -> Path | None:
+    """The repository folder a "Blob missing (broken symlink)" warning is about, or None for any other warning."""
+    if "broken symlink" not in warning:
+        return None
+    match = re.search(r"/(models--[^/]+)/", warning)
+    return root / match.group(1) if match else None
+
+
+def _read_repo_tolerantly(
+    repo_dir: Path,
+) -> tuple[str, list[CachedRevisionInfo], list[tuple[str, str, str]]] | None:
+    """Read a model repository of the cache as huggingface_hub's `scan_cache_dir` does, but skip broken snapshot
+    links instead of giving up on the repository.
+
+    Returns:
+        `(repo_id, revisions, [(commit, file name, missing blob name)])`, or None when the layout is broken in
+        another way (no snapshots folder, a snapshot that is a file, a ref to a commit that is not cached).
+    """
+    from huggingface_hub import CachedFileInfo, CachedRevisionInfo
+
+    prefix, _, name = repo_dir.name.partition("--")
+    snapshots, refs = repo_dir / "snapshots", repo_dir / "refs"
+    if prefix != "models" or not name or not snapshots.is_dir():
+        return None
+    refs_by_commit: dict[str, set[str]] = collections.defaultdict(set)
+    try:
+        for ref in refs.glob("**/*") if refs.is_dir() else ():
+            if ref.is_file():
+                refs_by_commit[ref.read_text()].add(ref.relative_to(refs).as_posix())
+        revisions: list[CachedRevisionInfo] = []
+        broken: list[tuple[str, str, str]] = []
+        for snapshot in sorted(snapshots.iterdir()):
+            if not snapshot.is_dir():
+                return None
+            cached = []
+            for path in sorted(snapshot.glob("**/*")):
+                if path.is_dir():
+                    continue
+                blob = Path(os.path.abspath(path.parent / os.readlink(path))) if path.is_symlink() else path
+                if not blob.exists():
+                    broken.append((snapshot.name, path.relative_to(snapshot).as_posix(), blob.name))
+                    continue
+                stat = blob.stat()
+                cached.append(
+                    CachedFileInfo(
+                        file_name=path.name,
+                        file_path=path,
+                        blob_path=blob,
+                        size_on_disk=stat.st_size,
+                        blob_last_accessed=stat.st_atime,
+                        blob_last_modified=stat.st_mtime,
+                    )
+                )
+            revisions.append(
+                CachedRevisionInfo(
+                    commit_hash=snapshot.name,
+                    snapshot_path=snapshot,
+                    size_on_disk=sum(f.size_on_disk for f in cached),
+                    files=frozenset(cached),
+                    refs=frozenset(refs_by_commit.pop(snapshot.name, set())),
+                    last_modified=max((f.blob_last_modified for f in cached), default=0.0),
+                )
+            )
+    except OSError:
+        return None
+    if refs_by_commit:
+        return None
+    return name.replace("--", "/"), revisions, broken
 
 
 def _repo_of(warning: str) -> str:
@@ -294,16 +396,16 @@ def _summary(info: CachedFileInfo) -> _Summary | str:
 
 
 def _read_summary(path: Path) -> _Summary | str:
-    from qiip_core.engines.llamacpp import read_gguf_metadata
-    from qiip_core.planner import ModelShape, is_modelled
+    from qiip_core.engines.llamacpp import inspect_model
+    from qiip_core.planner import is_modelled
 
     try:
-        metadata = read_gguf_metadata(path)
+        metadata, shape = inspect_model(path)
     except ModelFileError as exc:
         return exc.message.replace(str(path.parent) + "/", "")
     try:
-        modelled = is_modelled(ModelShape.from_metadata(metadata))
-    except (ModelFileError, ValueError, KeyError, TypeError):
+        modelled = is_modelled(shape)
+    except (ValueError, KeyError, TypeError):
         modelled = False
     return _Summary(
         architecture=metadata.architecture,

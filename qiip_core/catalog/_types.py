@@ -8,23 +8,55 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from qiip_core._errors import ArtifactAmbiguous, ArtifactIdInvalid
+
 __all__ = [
     "ARTIFACT_ID_RE",
+    "ARTIFACT_PREFIX_RE",
     "Catalog",
     "CatalogIssue",
     "FullModel",
     "GgufGeneration",
     "IssueKind",
     "artifact_id",
+    "match_artifact_id",
 ]
 
 ARTIFACT_ID_RE = r"^[0-9a-f]{64}$"
 """An `artifact_id`: 64 lower-case hexadecimal characters."""
+
+ARTIFACT_PREFIX_RE = r"^[0-9a-f]{8,64}$"
+"""What every command and route takes for an `artifact_id`: the whole id, or its first 8 or more characters (as git
+and docker take an object's id)."""
+
+
+def match_artifact_id(given: str, known: Iterable[str]) -> str | None:
+    """The one id of `known` that `given` names: `given` itself, or the only one it is a prefix of.
+
+    Args:
+        given: what an operator typed: 8 to 64 lower-case hexadecimal characters.
+        known: every artifact id there is to name.
+
+    Returns:
+        The whole id, or None when none matches.
+
+    Raises:
+        ArtifactIdInvalid: `given` is not 8 to 64 lower-case hexadecimal characters.
+        ArtifactAmbiguous: `given` is a prefix of several ids (`.matches` lists them, sorted).
+    """
+    if not re.fullmatch(ARTIFACT_PREFIX_RE, given):
+        raise ArtifactIdInvalid(given)
+    matches = sorted({k for k in known if k.startswith(given)})
+    if len(matches) > 1:
+        raise ArtifactAmbiguous(given, matches)
+    return matches[0] if matches else None
 
 
 def artifact_id(*, repo_id: str, revision: str, files: list[str] | tuple[str, ...], entrypoint: str) -> str:
@@ -56,12 +88,14 @@ class IssueKind(StrEnum):
     """Why an entry of the cache is reported but not offered (or offered with a warning)."""
 
     INCOMPLETE = "incomplete"
-    """Files are missing: a split family without all its shards, a safetensors model without a shard it lists."""
+    """Files are missing: a split family without all its shards, a safetensors model without a shard it lists, a
+    snapshot link whose blob is gone (the issue names the file; the rest of the snapshot is offered)."""
     UNVERIFIABLE = "unverifiable"
     """The bytes cannot be checked: the snapshot holds a copy, not a link to a blob named by its SHA-256. Offered,
     flagged."""
     INVALID = "invalid"
-    """Present but unusable: not a GGUF, cut short, or missing a key llama-server needs."""
+    """Present but unusable, as a launch would refuse it (`inspect_model`): not a GGUF, cut short, missing a key
+    llama-server needs, out of bounds, an architecture llama.cpp does not load, or a tensor it needs missing."""
     CORRUPTED = "corrupted"
     """huggingface_hub could not read the repository's cache layout (a broken link, a ref to a missing commit);
     the scan is degraded."""

@@ -465,6 +465,11 @@ class LlamaCppEngineSettings(_Group):
     """Builds go to `<install_dir>/<version>-<variant>/bin`, with a `current` link to the newest."""
     server_binary: Path | None = None
     """Use this `llama-server` instead of the installed one."""
+    cuda_architectures: str | None = Field(
+        default=None, pattern=r"^(native|[0-9]{2,3}[af]?(-real|-virtual)?(;[0-9]{2,3}[af]?(-real|-virtual)?)*)$"
+    )
+    """The CUDA architectures a CUDA build compiles for (`CMAKE_CUDA_ARCHITECTURES`: `90`, `80;90`, or `native` for
+    the GPUs of the building host). None: llama.cpp's portable list (every GPU generation, a much longer build)."""
 
     @field_validator("sha256")
     @classmethod
@@ -549,8 +554,9 @@ class LocalNodeConfig(_Group):
     """Node name."""
     gguf: Path | None = None
     """The GGUF file (or the first shard of a split family) to serve; or give `artifact_id`."""
-    artifact_id: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
-    """A GGUF generation of the Hugging Face cache catalog to serve (`qiip model list`), instead of `gguf`."""
+    artifact_id: str | None = Field(default=None, pattern=r"^[0-9a-f]{8,64}$")
+    """A GGUF generation to serve (`qiip model list`: the Hugging Face cache, or an acquired manifest revision),
+    instead of `gguf`: its id, or its first 8 or more characters when they name one id only."""
     model: str = Field(min_length=1, max_length=512)
     """The alias clients use as `model`."""
     host: str = "127.0.0.1"

@@ -12,8 +12,9 @@ console agree:
 | remove | anything but relaunching or provisioning (`force` removes at once, without draining) |
 | relaunch | healthy, managed, llama.cpp, with a runtime record, launched by this daemon |
 
-A relaunch drains first; a drain that times out restores the node untouched. It may move the node to another
-GGUF generation (an `artifact_id`), under the same alias and endpoint. If the new sizing cannot
+A relaunch is checked before it starts (`ManagedLlamaServer.preflight`: the model file and a plan against the memory
+the node will have once its server stops), then drains; a drain that times out restores the node untouched. It may
+move the node to another GGUF generation (an `artifact_id`), under the same alias and endpoint. If the new sizing cannot
 start, the previous model and sizing are restored (automatic sizing recomputed, custom replayed); if that fails too the
 node is `relaunch_failed`, and only removal is left.
 """
@@ -397,7 +398,8 @@ async def relaunch(
         startup_timeout_s: how long the llama-server may take to become healthy, in seconds.
         log: the operation's log.
         artifact: `(artifact_id, entrypoint)` of the generation to serve instead; the record then carries that
-            `artifact_id`. Resolve and check it (`ManagedLlamaServer.check_model`) before calling.
+            `artifact_id`. Resolve it, and check the whole relaunch (`ManagedLlamaServer.preflight`: the file and
+            the fit) before calling: this drains first.
 
     Returns:
         `{"llamacpp_runtime": record, "artifact_id": id}`.

@@ -189,8 +189,10 @@ class FitParamsEstimator:
         except OSError as exc:
             raise PlanError(f"llama-fit-params cannot be run from {self.binary}: {exc}.") from exc
         if done.returncode != 0:
-            tail = "\n".join(done.stderr.strip().splitlines()[-5:])
-            raise PlanError(f"llama-fit-params exited with code {done.returncode} for {self.model_path}:\n{tail}")
+            raise PlanError(
+                f"llama-fit-params could not plan {self.model_path} (exit code {done.returncode}): "
+                f"{_reason(done.stderr)}"
+            )
         rows = parse_fit_print(done.stdout, device_count=len(devices), cpu_mode=cpu_mode)
         measured = tuple(
             DeviceEstimate(
@@ -246,3 +248,12 @@ class FitParamsEstimator:
         # The output buffer is not in llama-fit-params' rows; in CPU mode it is host memory the plan must count.
         measured = tuple(replace(m, output_mib=p.output_mib) for m, p in zip(measured, python.devices, strict=True))
         return MemoryEstimate(devices=measured, host=python.host, source=self.name, flash_attn=fa, caches=caches)
+
+
+def _reason(stderr: str) -> str:
+    """The one line of llama-fit-params' output that says why it failed: the last that names an error (llama.cpp's
+    `error loading model: …`), else the last, as printable text of at most 300 characters."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if "error" in line.lower() and not line.startswith("terminate called")]
+    chosen = (errors or lines or ["it printed nothing"])[-1]
+    return "".join(c if c.isprintable() else "?" for c in chosen)[:300]

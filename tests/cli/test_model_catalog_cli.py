@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,7 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from qiip_cli._main import cli
-from tests.support.daemon import free_port
+from tests.support.cli import QIIP, clean_environ
+from tests.support.daemon import free_port, wait_until
 from tests.support.fake_hub import FakeHub
 from tests.support.model_cache import GEMMA_REPO, ModelCache
 
@@ -118,3 +122,67 @@ def test_verify_a_cache_generation_and_an_unknown_id(
     assert runner.invoke(cli, ["model", "verify", tiny.artifact_id]).exit_code == 0
     unknown = runner.invoke(cli, ["model", "verify", "f" * 64])
     assert unknown.exit_code == 1 and "No GGUF generation with artifact_id ffff" in unknown.output
+
+
+def test_a_download_stopped_with_ctrl_c_or_killed_leaves_no_partial_blob(tmp_path: Path) -> None:
+    big = tmp_path / "big.gguf"
+    big.write_bytes(os.urandom(4 << 20))
+    hub = FakeHub()
+    hub.add("qiip-test/slow-GGUF", "5" * 40, {"big.gguf": big})
+    hub.blob_throttle_s = 0.05
+    cache = tmp_path / "hub"
+    blobs = cache / "models--qiip-test--slow-GGUF" / "blobs"
+    with hub.running():
+        env = clean_environ() | {
+            "QIIP_STATE_DIR": str(tmp_path / "state"),
+            "QIIP_MODELS__HF_CACHE_DIR": str(cache),
+            "QIIP_MODELS__HUB_ENDPOINT": hub.endpoint,
+            "HF_HUB_OFFLINE": "0",
+        }
+
+        def start() -> subprocess.Popen[str]:
+            process = subprocess.Popen(
+                [*QIIP, "model", "download", "qiip-test/slow-GGUF"],
+                env=env,
+                cwd=tmp_path,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            wait_until(lambda: any(blobs.glob("*.incomplete")), 60, "the transfer to start")
+            return process
+
+        stopped = start()
+        stopped.send_signal(signal.SIGINT)
+        _, err = stopped.communicate(timeout=60)
+        assert stopped.returncode == 130, err
+        assert "stopped: qiip-test/slow-GGUF@main: files already complete are kept" in err
+        assert list(blobs.glob("*.incomplete")) == []
+
+        # A killed download cannot clean up; the next one removes what it left, and completes.
+        killed = start()
+        killed.send_signal(signal.SIGKILL)
+        killed.communicate(timeout=60)
+        (leftover,) = blobs.glob("*.incomplete")
+        hub.blob_throttle_s = 0.0
+        done = subprocess.run(
+            [*QIIP, "model", "download", "qiip-test/slow-GGUF"],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        assert (
+            f"removed {leftover.name}" in done.stderr and "left by an earlier download that was killed" in done.stderr
+        )
+        assert list(blobs.glob("*.incomplete")) == []
+        snapshot = cache / "models--qiip-test--slow-GGUF" / "snapshots" / ("5" * 40) / "big.gguf"
+        assert snapshot.read_bytes() == big.read_bytes()
+
+
+def test_download_refuses_a_revision_that_is_not_a_ref(runner: CliRunner) -> None:
+    result = runner.invoke(cli, ["model", "download", "qiip-test/cli-GGUF", "--revision", "main/../../x"])
+    assert result.exit_code == 1
+    assert result.output.startswith("error: qiip-test/cli-GGUF: revision 'main/../../x' is not a valid ref name")

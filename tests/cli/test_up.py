@@ -17,6 +17,7 @@ import pytest
 
 from qiip_cli._up import _previous_credentials, _write_console_config
 from qiip_core.config import load_settings
+from tests.support.bad_models import BAD_MODELS, LLAMA_SERVER_REFUSES, write_bad_model
 from tests.support.cli import QIIP, clean_environ
 from tests.support.daemon import free_port
 from tests.support.openai_client import openai_client
@@ -155,34 +156,9 @@ def test_up_refuses_a_busy_port_and_a_missing_model(tmp_path: Path) -> None:
     assert missing.returncode == 1 and "does not exist" in missing.stderr
 
 
-def _gguf_without_tensors(path: Path) -> Path:
-    """A llama GGUF whose header is whole and right, with no weights at all: llama-server refuses to load it."""
-    from gguf import GGUFWriter
-
-    from qiip_core.engines.llamacpp._testmodel import build_vocab
-
-    tokens, scores, types = build_vocab(512)
-    writer = GGUFWriter(path, "llama")
-    writer.add_context_length(2048)
-    writer.add_embedding_length(64)
-    writer.add_block_count(2)
-    writer.add_feed_forward_length(256)
-    writer.add_head_count(4)
-    writer.add_head_count_kv(4)
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(tokens)
-    writer.add_token_scores(scores)
-    writer.add_token_types(types)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
 def test_up_fails_fast_when_its_model_cannot_load(tmp_path: Path, llama_server_binary: Path) -> None:
     # A file every check before the launch accepts, which llama-server itself refuses.
-    broken = _gguf_without_tensors(tmp_path / "broken.gguf")
+    broken, _ = write_bad_model(tmp_path / "broken.gguf", LLAMA_SERVER_REFUSES)
     env = _up_env(tmp_path, llama_server_binary)
     # A console file of a daemon already running on this state directory survives a start that fails.
     (tmp_path / "state").mkdir()
@@ -327,7 +303,9 @@ def test_up_names_the_file_and_the_reason_for_every_model_it_cannot_serve(
     truncated.write_bytes(data[: len(data) * 9 // 10])  # a download cut inside the weights
     shards = make_test_gguf(tmp_path / "family.gguf", split=3)
     good = make_test_gguf(tmp_path / "good.gguf")[0]
+    bad = {kind: write_bad_model(tmp_path / f"{kind}.gguf", kind) for kind in BAD_MODELS}
     cases = [
+        *((["--model", str(path)], reason) for path, reason in bad.values()),
         (["--model", str(text)], f"{text} is not a GGUF model: it starts with b'not '"),
         (["--model", str(truncated)], f"{truncated} is truncated: it has"),
         (["--model", str(shards[1])], "is shard 2 of 3 of a split GGUF; pass the first shard, family-00001-of-00003"),
@@ -357,6 +335,10 @@ def test_up_names_the_file_and_the_reason_for_every_model_it_cannot_serve(
         errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
         assert len(errors) == 1 and message in errors[0], (args, result.stderr)
         assert "Traceback" not in result.stderr
+        if args[0] == "--model" and len(args) == 2 and not args[1].startswith("name="):
+            # A file that cannot be served: exactly one line, the file and the reason, and exit 1.
+            assert result.returncode == 1 and result.stderr.count("\n") == 1, (args, result.stderr)
+            assert args[1] in errors[0], (args, result.stderr)
     # Nothing was started, and nothing was written under the state directory but what qiip up always writes.
     assert _processes_mentioning(str(tmp_path)) == []
     assert not (tmp_path / "state" / "logs").exists()

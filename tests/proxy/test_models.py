@@ -121,11 +121,20 @@ def test_model_status_lists_the_daemons_downloads(
 
 @pytest.mark.parametrize(
     "body",
-    [{"repo_id": "no-slash"}, {"repo_id": "a/b", "sneaky": 1}, {"repo_id": "a/b", "revision": "bad rev"}],
+    [
+        {"repo_id": "no-slash"},
+        {"repo_id": "a/b", "sneaky": 1},
+        {"repo_id": "a/b", "revision": "bad rev"},
+        {"repo_id": "a/b", "revision": "main/../../../../../tmp/x"},
+        {"repo_id": "a/b", "files": ["../../escape.gguf"]},
+    ],
 )
 def test_bad_download_requests_are_refused(models_daemon: Daemon, body: dict[str, object]) -> None:
     answer = models_daemon.admin.post("/admin/models/download", json=body)
-    assert answer.status_code == 422
+    assert answer.status_code == 422, answer.text
+    assert not any(
+        d["repo_id"] == "a/b" for d in models_daemon.admin.get("/admin/models/downloads").json()["downloads"]
+    )
     assert models_daemon.admin.get("/admin/models/downloads/dl_nope").status_code == 404
 
 

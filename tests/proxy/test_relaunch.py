@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from tests.support.bad_models import LLAMA_SERVER_REFUSES, write_bad_model
 from tests.support.daemon import Daemon, llama_daemon_with, wait_until
 from tests.support.openai_client import openai_client
 
@@ -103,20 +104,12 @@ def test_relaunch_custom_then_auto(relaunch_daemon: Daemon) -> None:
     relaunch_daemon.wait_status("small", "healthy", timeout_s=30)
 
 
-def test_a_sizing_that_cannot_fit_rolls_back(relaunch_daemon: Daemon) -> None:
-    before = runtime(relaunch_daemon, "small")
-    total_mib = before["gpus"][0]["total_mib"]
-    # Valid by the rules (the reserve is below the device's total), but nothing can fit beside it.
-    hopeless = {"sizing": "auto", "fit_target_mib": int(total_mib) - 1}
-    done = relaunch(relaunch_daemon, "small", hopeless)
-    assert done["state"] == "failed"
-    assert "previous sizing" in str(done["error"]) and "runs again" in str(done["error"])
-    relaunch_daemon.wait_status("small", "healthy", timeout_s=60)
-    assert runtime(relaunch_daemon, "small")["effective"] == before["effective"]
-
-
-def test_when_the_rollback_fails_too_only_removal_is_left(relaunch_daemon: Daemon, victim_model: Path) -> None:
-    victim_model.write_bytes(b"GGUF" + b"\0" * 64)
+def test_when_the_rollback_fails_too_only_removal_is_left(
+    relaunch_daemon: Daemon, victim_model: Path, tmp_path: Path
+) -> None:
+    # A file every check accepts and llama-server refuses, in place of the node's own: the rollback meets it too.
+    refused, _ = write_bad_model(tmp_path / "refused.gguf", LLAMA_SERVER_REFUSES)
+    os.replace(refused, victim_model)
     done = relaunch(
         relaunch_daemon,
         "victim",
@@ -125,8 +118,8 @@ def test_when_the_rollback_fails_too_only_removal_is_left(relaunch_daemon: Daemo
     assert done["state"] == "failed" and "so did the rollback" in str(done["error"])
     relaunch_daemon.wait_status("victim", "relaunch_failed", timeout_s=30)
     assert relaunch_daemon.admin.get("/admin/nodes/victim").json()["llamacpp_runtime"] is None
-    refused = relaunch_daemon.admin.post("/admin/nodes/victim/llamacpp/relaunch", json={"sizing": "auto"})
-    assert refused.status_code == 409
+    refusal = relaunch_daemon.admin.post("/admin/nodes/victim/llamacpp/relaunch", json={"sizing": "auto"})
+    assert refusal.status_code == 409
     assert relaunch_daemon.admin.post("/admin/nodes/victim/drain", json={}).status_code == 409
     removal = relaunch_daemon.admin.delete("/admin/nodes/victim")
     assert removal.status_code == 202

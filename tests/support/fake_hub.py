@@ -15,8 +15,9 @@ The storage host (http://127.0.0.2:Q, another origin, so huggingface_hub drops a
 the 302) serves `/blobs/<sha256>` with `Range` support.
 
 `FileServer` (https://127.0.0.1:R with a `trustme` certificate) serves files for manifest acquisitions and can drop
-the connection part-way, ignore `Range`, redirect elsewhere, or flip one byte; it records every request's `Range`
-and the bytes it sent.
+the connection part-way, ignore `Range`, redirect elsewhere, flip one byte, or answer fixed bytes with fixed headers
+(a compressed answer nobody asked for); it records every request's `Range` and `Accept-Encoding`, and the bytes it
+sent.
 """
 
 from __future__ import annotations
@@ -136,6 +137,8 @@ class FakeHub:
         self.repos: dict[str, _Repo] = {}
         self.drop_blob_at: int | None = None
         """Cut the next full (non-Range) blob response after this many bytes."""
+        self.blob_throttle_s = 0.0
+        """Pause between 64 KiB chunks of a blob (to stop a download part-way)."""
         self.renamed: dict[str, str] = {}
         """Old repository id → new: the hub answers 307 to the new name (API and resolve routes)."""
         self.blobs: dict[str, Path] = {}
@@ -207,7 +210,10 @@ class FakeHub:
                     drop_at = hub.drop_blob_at if start is None and not head else None
                     if drop_at is not None:
                         hub.drop_blob_at = None
-                    _send_file(self, blob, start=start, head=head, drop_at=drop_at)
+                    try:
+                        _send_file(self, blob, start=start, head=head, drop_at=drop_at, throttle_s=hub.blob_throttle_s)
+                    except (BrokenPipeError, ConnectionResetError):
+                        self.close_connection = True  # the client went away mid-blob
                     return
                 api = re.fullmatch(r"/api/models/(.+)/revision/([^/]+)", path)
                 if api:
@@ -311,6 +317,7 @@ class Served:
     range: str | None
     status: int
     body_bytes: int
+    accept_encoding: str | None = None
 
 
 class FileServer:
@@ -333,6 +340,8 @@ class FileServer:
         self.redirects: dict[str, str] = {}
         self.throttle_s = 0.0
         """Pause between 64 KiB chunks (to let a test pause an acquisition part-way)."""
+        self.fixed: dict[str, tuple[dict[str, str], bytes]] = {}
+        """Path → (headers, body): answered as given, whatever the request asked for."""
         self.url = ""
 
     @contextmanager
@@ -349,6 +358,17 @@ class FileServer:
             def do_GET(self) -> None:
                 path = self.path.split("?")[0]
                 requested = self.headers.get("Range")
+                encodings = self.headers.get("Accept-Encoding")
+                if path in server.fixed:
+                    headers, body = server.fixed[path]
+                    self.send_response(200)
+                    for name, value in headers.items():
+                        self.send_header(name, value)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    server.served.append(Served(path, requested, 200, len(body), encodings))
+                    return
                 if path in server.redirects:
                     self.send_response(302)
                     self.send_header("Location", server.redirects[path])
@@ -378,7 +398,7 @@ class FileServer:
                     flip_at=server.flip_byte_at,
                     throttle_s=server.throttle_s,
                 )
-                server.served.append(Served(path, requested, 206 if start is not None else 200, sent))
+                server.served.append(Served(path, requested, 206 if start is not None else 200, sent, encodings))
 
         with _serving(Handler, self.host, self.context) as url:
             self.url = url

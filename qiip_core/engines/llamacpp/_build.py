@@ -117,6 +117,8 @@ class CMakeBuild:
             archive's root); unused when `ccache` is not on PATH.
         progress: receives `configuring` and `building NN% (target)` lines.
         jobs: parallel compile jobs; default the number of CPUs this process may use.
+        cuda_architectures: `CMAKE_CUDA_ARCHITECTURES` of a CUDA build (`90`, `native`); None for llama.cpp's
+            portable list.
     """
 
     def __init__(
@@ -129,8 +131,10 @@ class CMakeBuild:
         ccache_basedir: Path,
         progress: Callable[[str], None],
         jobs: int | None = None,
+        cuda_architectures: str | None = None,
     ) -> None:
         self.source_dir = source_dir
+        self.cuda_architectures = cuda_architectures
         self.build_dir = build_dir
         self.variant: Variant = variant
         self.log_path = log_path
@@ -158,6 +162,8 @@ class CMakeBuild:
             nvcc = find_nvcc()
             if nvcc is not None and shutil.which("nvcc") is None:
                 args.append(f"-DCMAKE_CUDA_COMPILER={nvcc}")
+            if self.cuda_architectures:
+                args.append(f"-DCMAKE_CUDA_ARCHITECTURES={self.cuda_architectures}")
         if self.ccache:
             args += ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
             if self.variant == "cuda":

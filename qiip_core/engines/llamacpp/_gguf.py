@@ -8,7 +8,10 @@ one `GgufTensor` per tensor across all shards.
 
 A file is refused with `ModelFileError` naming the file and the reason when it is not a GGUF (wrong magic), is
 cut short (a tensor's data runs past the end of the file, or the header cannot be parsed), is a shard other than
-the first of a split family (`llama-server --model` takes shard 1), or is a shard whose siblings are missing.
+the first of a split family (`llama-server --model` takes shard 1), is a shard whose siblings are missing, or
+declares a shape no model has (`check_bounds`: 0 or more than 512 layers, a context length of 0 or past any
+model's, no attention heads in a model that attends, more K/V heads than heads). The bounds are checked before
+anything is sized by them, so a header that claims 100,000 layers costs no more to refuse than a good one to read.
 """
 
 from __future__ import annotations
@@ -22,10 +25,42 @@ from typing import Any
 from qiip_core._errors import ModelFileError
 from qiip_core.engines.llamacpp._gguf_header import GgufFormatError, GgufHeader, RawTensor, read_header
 
-__all__ = ["GgufMetadata", "GgufTensor", "read_gguf_metadata", "shard_paths"]
+__all__ = [
+    "MAX_CONTEXT_LENGTH",
+    "MAX_EXPERTS",
+    "MAX_LAYERS",
+    "GgufMetadata",
+    "GgufTensor",
+    "check_bounds",
+    "read_gguf_metadata",
+    "shard_paths",
+]
 
 GGUF_MAGIC = b"GGUF"
 """The first four bytes of every GGUF file (`GGUF_MAGIC` in gguf.h)."""
+
+MAX_LAYERS = 512
+"""Blocks llama.cpp loads at most (`LLAMA_MAX_LAYERS` in `src/llama-hparams.h`)."""
+
+MAX_EXPERTS = 1024
+"""Experts per block llama.cpp loads at most (`LLAMA_MAX_EXPERTS`)."""
+
+MAX_CONTEXT_LENGTH = 1 << 27
+"""The longest training context accepted, in tokens (134,217,728: ten times the longest of any published model);
+a larger `context_length` is a damaged header."""
+
+MAX_HEADS = 4096
+"""Attention heads per block accepted (the largest published models have 128)."""
+
+MAX_WIDTH = 1 << 20
+"""Embedding and feed-forward widths accepted (the largest published models are below 65,536)."""
+
+MAX_VOCAB = 1 << 24
+"""Vocabulary size accepted (the largest published vocabularies are about 262,144)."""
+
+RECURRENT_ONLY = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
+"""Architectures without attention in any block: their files may say 0 heads (the converter writes the keys,
+unused)."""
 
 _SHARD_RE = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
@@ -187,6 +222,57 @@ def _as_int(value: Any, key: str, path: Path) -> int:
     return int(value)
 
 
+def check_bounds(values: Mapping[str, Any], path: Path) -> None:
+    """Refuse a header whose shape no model has, before anything is sized by it.
+
+    Args:
+        values: the file's metadata values (`read_header`), `general.architecture` among them.
+        path: the file, for the message.
+
+    Raises:
+        ModelFileError: one sentence naming the file, the key and the bound: `declares 100,000 layers`, `context_length
+            is 0`, `head_count is 0`, …
+    """
+    arch = values.get("general.architecture")
+
+    def number(key: str) -> int | None:
+        raw = values.get(f"{arch}.{key}")
+        if isinstance(raw, list):
+            raw = max(raw) if raw and all(isinstance(v, int) for v in raw) else None
+        return raw if isinstance(raw, int) and not isinstance(raw, bool) else None
+
+    def refuse(reason: str) -> ModelFileError:
+        return ModelFileError(f"{path} cannot be served: {reason}; the header is damaged or not a model's.", path=path)
+
+    layers = number("block_count")
+    if layers is not None and not 1 <= layers <= MAX_LAYERS:
+        raise refuse(f"it declares {layers:,} layers (block_count), and llama.cpp loads 1 to {MAX_LAYERS}")
+    context = number("context_length")
+    if context == 0:
+        raise refuse("context_length is 0")
+    if context is not None and not 0 < context <= MAX_CONTEXT_LENGTH:
+        raise refuse(f"context_length is {context:,} tokens, past the longest accepted ({MAX_CONTEXT_LENGTH:,})")
+    heads, kv_heads = number("attention.head_count"), number("attention.head_count_kv")
+    if heads is not None and heads == 0 and arch not in RECURRENT_ONLY:
+        raise refuse("head_count is 0, and the model's blocks attend")
+    if heads is not None and heads > MAX_HEADS:
+        raise refuse(f"head_count is {heads:,}, past the most accepted ({MAX_HEADS:,})")
+    if heads and kv_heads is not None and kv_heads > heads:
+        raise refuse(f"head_count_kv ({kv_heads:,}) is more than head_count ({heads:,})")
+    for key in ("embedding_length", "feed_forward_length"):
+        width = number(key)
+        if width is not None and width > MAX_WIDTH:
+            raise refuse(f"{key} is {width:,}, past the widest accepted ({MAX_WIDTH:,})")
+    vocab = number("vocab_size")
+    if vocab is not None and not 0 < vocab <= MAX_VOCAB:
+        raise refuse(f"vocab_size is {vocab:,}, not between 1 and {MAX_VOCAB:,}")
+    experts, used = number("expert_count"), number("expert_used_count")
+    if experts is not None and experts > MAX_EXPERTS:
+        raise refuse(f"it declares {experts:,} experts (expert_count), and llama.cpp loads at most {MAX_EXPERTS}")
+    if experts and used is not None and not 0 < used <= experts:
+        raise refuse(f"expert_used_count is {used:,}, not between 1 and expert_count ({experts:,})")
+
+
 def read_gguf_metadata(path: Path) -> GgufMetadata:
     """Read the shape, metadata and tensors of a GGUF model, and check that llama-server could load the file.
 
@@ -199,7 +285,8 @@ def read_gguf_metadata(path: Path) -> GgufMetadata:
 
     Raises:
         ModelFileError: the file does not exist, is not a GGUF, is damaged or truncated, lacks a required key, is
-            not the first shard of its family, or a shard of its family is missing (`.path` names the file).
+            not the first shard of its family, a shard of its family is missing, or its shape is out of bounds
+            (`check_bounds`; `.path` names the file).
     """
     path = Path(path)
     first = _open(path)
@@ -232,6 +319,8 @@ def read_gguf_metadata(path: Path) -> GgufMetadata:
     arch = values.get("general.architecture")
     if not isinstance(arch, str) or not arch:
         raise ModelFileError(f"{paths[0]} has no general.architecture; it is not a model GGUF.", path=paths[0])
+
+    check_bounds(values, paths[0])
 
     def get(key: str) -> Any:
         return values.get(key.format(arch=arch))

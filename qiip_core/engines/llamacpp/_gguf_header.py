@@ -8,6 +8,11 @@ arrays are stepped over and only their length is kept. The type codes and block 
 package itself (`GGUFValueType`, `GGMLQuantizationType`, `GGML_QUANT_SIZES`), and the tests compare every value
 and tensor with `GGUFReader`'s on the same files.
 
+Reading a header costs bounded time and memory whatever it claims: every count is checked against what is left of
+the file before anything is built from it, a file may declare at most `MAX_TENSORS` tensors and `MAX_VALUES`
+metadata keys, an array of more than `MAX_KEPT_ARRAY` elements is kept as its length only (like the vocabulary),
+and the strings kept may take `MAX_KEPT_STRING_BYTES` in all.
+
 ```
 magic "GGUF" · u32 version · u64 tensor count · u64 metadata count
 metadata:  string key · u32 value type · value   (string = u64 length + bytes; array = u32 type · u64 count · items)
@@ -30,6 +35,19 @@ LENGTH_ONLY = frozenset(
     {"tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type", "tokenizer.ggml.merges"}
 )
 """Vocabulary arrays: hundreds of thousands of entries nobody sizes memory from; only their length is kept."""
+
+MAX_TENSORS = 65_536
+"""Tensors a file may declare: a 512-layer model with merged experts has about 10,000."""
+
+MAX_VALUES = 65_536
+"""Metadata keys a file may declare: real models have fewer than 100."""
+
+MAX_KEPT_ARRAY = 65_536
+"""Elements of an array kept as a list; a longer one (a tokenizer's `precompiled_charsmap`) is kept as its length.
+Per-layer arrays have at most 512 entries."""
+
+MAX_KEPT_STRING_BYTES = 64 * 1024 * 1024
+"""Bytes of metadata strings kept in all (chat templates are tens of KiB)."""
 
 DEFAULT_ALIGNMENT = 32
 """`GGUF_DEFAULT_ALIGNMENT`: where tensor data starts when `general.alignment` is absent."""
@@ -87,6 +105,7 @@ class _Cursor:
     def __init__(self, data: mmap.mmap | bytes) -> None:
         self.data = data
         self.at = 0
+        self.kept_bytes = 0
 
     def take(self, fmt: str) -> Any:
         size = struct.calcsize(fmt)
@@ -100,6 +119,9 @@ class _Cursor:
         length = self.take("<Q")
         if self.at + length > len(self.data):
             raise GgufFormatError(f"a string of {length:,} bytes at byte {self.at:,} runs past the end")
+        self.kept_bytes += length
+        if self.kept_bytes > MAX_KEPT_STRING_BYTES:
+            raise GgufFormatError(f"the header's strings take more than {MAX_KEPT_STRING_BYTES:,} bytes")
         raw = bytes(self.data[self.at : self.at + length])
         self.at += length
         return raw.decode("utf-8", errors="replace")
@@ -119,6 +141,11 @@ class _Cursor:
         if kind != _ARRAY:
             raise GgufFormatError(f"unknown value type {kind} at byte {self.at:,}")
         item, count = self.take("<I"), self.take("<Q")
+        if count > len(self.data) - self.at:
+            # Every element takes at least one byte: a count past the end of the file is a damaged header.
+            raise GgufFormatError(f"an array of {count:,} elements at byte {self.at:,} runs past the end")
+        if count > MAX_KEPT_ARRAY:
+            keep = False
         if not keep:
             if item == _STRING:
                 self.skip_strings(count)
@@ -155,6 +182,11 @@ def read_header(path: Path) -> GgufHeader:
         if version not in (2, 3):
             raise GgufFormatError(f"GGUF version {version} is not one llama.cpp reads (2 or 3; big-endian?)")
         n_tensors, n_values = cursor.take("<Q"), cursor.take("<Q")
+        if n_tensors > MAX_TENSORS or n_values > MAX_VALUES:
+            raise GgufFormatError(
+                f"the header declares {n_tensors:,} tensors and {n_values:,} metadata keys; a model has at most "
+                f"{MAX_TENSORS:,} and {MAX_VALUES:,}"
+            )
         values: dict[str, Any] = {}
         for _ in range(n_values):
             key = cursor.string()

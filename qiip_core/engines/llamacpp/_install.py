@@ -300,6 +300,7 @@ class LlamaCppInstaller:
                 log_path=log_path,
                 ccache_basedir=top,
                 progress=report,
+                cuda_architectures=self.settings.cuda_architectures,
             )
             build.configure()
             targets = build.available_targets(BUILD_TARGETS)

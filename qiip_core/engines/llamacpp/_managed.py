@@ -1,11 +1,13 @@
 """A llama-server that QIIP launches and owns: planned, launched, verified, and relaunched with rollback.
 
-    launch(policy):   read devices → plan (the planner's estimator, llama-fit-params when installed)
-                      → launch with every sizing flag → wait for /health → verify against the plan
-    relaunch(policy): stop → launch(new policy, on another GGUF when given); if that fails, launch(previous
-                      model and policy) again (automatic sizing is recomputed against the memory free now,
-                      custom sizing is replayed exactly); if that fails too, the server is down and
-                      `RelaunchError(rolled_back=False)` says so
+    launch(policy):    read devices → plan (the planner's estimator, llama-fit-params when installed)
+                       → launch with every sizing flag → wait for /health → verify against the plan
+    preflight(policy): everything about a relaunch that can be known before the server is touched: the model
+                       file (`inspect_model`) and a plan against the memory there will be once this server stops
+    relaunch(policy):  stop → launch(new policy, on another GGUF when given); if that fails, launch(previous
+                       model and policy) again (automatic sizing is recomputed against the memory free now,
+                       custom sizing is replayed exactly); if that fails too, the server is down and
+                       `RelaunchError(rolled_back=False)` says so
 
 Draining the node before a relaunch is the gateway's part (it owns the routing table); this class only
 ever touches the process. The server keeps its port across relaunches, so the node's endpoint does not
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from qiip_core._errors import (
@@ -27,9 +30,9 @@ from qiip_core._errors import (
     RelaunchError,
     VerificationError,
 )
-from qiip_core.engines.llamacpp._gguf import read_gguf_metadata
 from qiip_core.engines.llamacpp._install import InstalledEngine
 from qiip_core.engines.llamacpp._launch import launch_spec_for
+from qiip_core.engines.llamacpp._modelcheck import inspect_model
 from qiip_core.engines.llamacpp._server import LlamaServerProcess, free_port
 from qiip_core.nodes import LlamaCppRuntime
 from qiip_core.planner import (
@@ -83,8 +86,9 @@ class ManagedLlamaServer:
             or an encoder) is always served so.
 
     Raises:
-        ModelFileError: the model file cannot be served (missing, not a GGUF, truncated, a later shard of a split
-            family); it is also a ValueError.
+        ModelFileError: the model file cannot be served (`inspect_model`: missing, not a GGUF, truncated, a later
+            shard of a split family, out of bounds, an unknown architecture, a missing tensor); it is also a
+            ValueError.
     """
 
     def __init__(
@@ -106,7 +110,7 @@ class ManagedLlamaServer:
         self.host = host
         self.port = port or free_port(host)
         self.threads = threads
-        self.shape = ModelShape.from_metadata(read_gguf_metadata(model_path))
+        self.shape = inspect_model(model_path, engine_version=engine.version)[1]
         self._embeddings_asked = embeddings
         self.embeddings = embeddings or self.shape.embedding_model
         self.process: LlamaServerProcess | None = None
@@ -124,11 +128,12 @@ class ManagedLlamaServer:
         """True for a CPU build, which plans against system memory."""
         return self.engine.variant != "cuda"
 
-    def _estimator(self) -> Estimator:
+    def _estimator(self, shape: ModelShape | None = None, model_path: Path | None = None) -> Estimator:
         # Our estimate is exact for the architectures we model; llama-fit-params sizes 512 logit rows instead of
         # one per slot and one sliding window instead of one per slot, so it is the authority only for the rest.
-        if not is_modelled(self.shape) and self.engine.fit_params is not None:
-            return FitParamsEstimator(self.engine.fit_params, self.model_path)
+        shape, model_path = shape or self.shape, model_path or self.model_path
+        if not is_modelled(shape) and self.engine.fit_params is not None:
+            return FitParamsEstimator(self.engine.fit_params, model_path)
         return PythonEstimator(embeddings=self.embeddings)
 
     def make_plan(self, policy: AutoPolicy | CustomPolicy, *, devices: Sequence[DeviceMemory] | None = None) -> Plan:
@@ -203,7 +208,7 @@ class ManagedLlamaServer:
         self.runtime = None
 
     def check_model(self, model_path: Path) -> ModelShape:
-        """Read another GGUF this server could be relaunched on, without touching the running server.
+        """Read a GGUF this server could be relaunched on (its own, or another), without touching the running server.
 
         Args:
             model_path: the GGUF file (the first shard of a split family).
@@ -212,10 +217,10 @@ class ManagedLlamaServer:
             Its shape, to validate a sizing policy against.
 
         Raises:
-            ModelFileError: the file cannot be served (missing, not a GGUF, truncated, a later shard), or it would
-                be served the other way (an embedding model on a generation node, or the reverse).
+            ModelFileError: the file cannot be served (`inspect_model`), or it would be served the other way (an
+                embedding model on a generation node, or the reverse).
         """
-        shape = ModelShape.from_metadata(read_gguf_metadata(model_path))
+        shape = inspect_model(model_path, engine_version=self.engine.version)[1]
         if (self._embeddings_asked or shape.embedding_model) != self.embeddings:
             served, other = ("embeddings", "generation") if self.embeddings else ("generation", "embeddings")
             raise ModelFileError(
@@ -224,6 +229,42 @@ class ManagedLlamaServer:
                 path=model_path,
             )
         return shape
+
+    def devices_after_stop(self) -> list[DeviceMemory]:
+        """The devices as they will be once this server stops: what they have free now, plus what its plan holds
+        while it runs (a server that exited holds nothing). Reads NVML, or system memory in CPU mode.
+
+        Raises:
+            PlanError: the devices cannot be read (no GPU on a CUDA build, NVML failed).
+        """
+        devices = read_devices(allow_cpu=self.cpu_mode)
+        running = self.process is not None and self.process.pid is not None and self.process.returncode is None
+        if self.plan is None or not running:
+            return devices
+        held = {e.index: e.total_mib for e in self.plan.estimate.devices}
+        return [replace(d, free_mib=min(d.total_mib, d.free_mib + int(held.get(d.index, 0.0) + 0.5))) for d in devices]
+
+    def preflight(self, policy: AutoPolicy | CustomPolicy, *, model_path: Path | None = None) -> Plan:
+        """Check a relaunch before anything stops: the model file (`check_model`, bounded in time and memory) and a
+        plan of `policy` against the memory there will be once this server stops (`devices_after_stop`).
+
+        The relaunch plans again once the server is stopped (memory moves meanwhile); this says whether it can
+        fit at all, so that a sizing that cannot never drains a node.
+
+        Args:
+            policy: the new sizing.
+            model_path: another GGUF to serve; None checks the current one again (it may have changed on disk).
+
+        Returns:
+            The plan it would launch now.
+
+        Raises:
+            ModelFileError: the file cannot be served here.
+            PlanError: the policy does not fit (the plan's numbers per device), or the devices cannot be read.
+        """
+        path = model_path or self.model_path
+        shape = self.check_model(path)
+        return plan(shape, self.devices_after_stop(), policy, estimator=self._estimator(shape, path))
 
     async def relaunch(
         self,

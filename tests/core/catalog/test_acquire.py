@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
-import ssl
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import trustme
 
 from qiip_core import (
     AcquisitionPaused,
@@ -24,63 +20,8 @@ from qiip_core import (
 )
 from qiip_core.catalog import AcquisitionState, ModelStore, artifact_entrypoint
 from qiip_core.config import ModelSettings, Settings
+from tests.core.catalog.conftest import CHUNK, SIZE, manifest, visible
 from tests.support.fake_hub import FileServer
-
-SIZE = 1 << 20
-CHUNK = 64 * 1024
-
-
-@pytest.fixture(scope="module")
-def tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[ssl.SSLContext, Path]:
-    ca = trustme.CA()
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("127.0.0.1").configure_cert(context)
-    bundle = tmp_path_factory.mktemp("ca") / "ca.pem"
-    ca.cert_pem.write_to_path(str(bundle))
-    return context, bundle
-
-
-@pytest.fixture(scope="module")
-def blob(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("objects") / "model.gguf"
-    path.write_bytes(os.urandom(SIZE))
-    return path
-
-
-@pytest.fixture
-def server(tls: tuple[ssl.SSLContext, Path], blob: Path) -> Iterator[FileServer]:
-    fake = FileServer(tls[0])
-    fake.files["/model.gguf"] = blob
-    with fake.running():
-        yield fake
-
-
-@pytest.fixture
-def store(tmp_path: Path, tls: tuple[ssl.SSLContext, Path]) -> ModelStore:
-    return ModelStore(tmp_path / "store", allowed_hosts=["127.0.0.1"], chunk_bytes=CHUNK, ca_bundle=tls[1])
-
-
-def manifest(blob: Path, url: str | None, **changes: Any) -> dict[str, Any]:
-    data: dict[str, Any] = {
-        "name": "Test model",
-        "revision": "0" * 40,
-        "source": "publisher/model",
-        "licence": "Apache-2.0",
-        "format": "gguf",
-        "quantization": "F16",
-        "entrypoint": "model.gguf",
-        "capabilities": ["chat"],
-        "files": [
-            {"name": "model.gguf", "digest": "sha256:" + hashlib.sha256(blob.read_bytes()).hexdigest(), "bytes": SIZE}
-            | ({"url": url} if url else {})
-        ],
-    }
-    return data | changes
-
-
-def visible(store: ModelStore) -> list[str]:
-    """Every file under objects/ and revisions/ (what a node could load)."""
-    return sorted(str(p.relative_to(store.root)) for d in ("objects", "revisions") for p in (store.root / d).rglob("*"))
 
 
 def test_an_acquisition_is_verified_and_published_atomically(store: ModelStore, server: FileServer, blob: Path) -> None:
@@ -256,7 +197,7 @@ def test_an_artifact_resolves_only_once_its_revision_is_acquired(
     with pytest.raises(ArtifactNotFound) as refused:
         artifact_entrypoint(settings, registered.artifact_id)
     assert refused.value.message == (
-        f"Artifact {registered.artifact_id} is revision {registered.id}, which is registered, not acquired; "
+        f"Artifact {registered.artifact_id} is revision {registered.id}, which is registered, not available; "
         f"`qiip model acquire {registered.id}` completes it."
     )
     store.acquire(registered.id)

@@ -137,3 +137,48 @@ async def test_the_same_request_joins_the_running_download(tmp_path: Path, hub: 
     assert again.state is DownloadState.SUCCEEDED
     assert [d.id for d in manager.list()] == [again.id, other.id, first.id]
     await manager.aclose()
+
+
+@pytest.mark.parametrize(
+    ("revision", "reason"),
+    [
+        ("main/../../../../../escape", "a component starts with '.'"),
+        ("../refs", "a component starts with '.'"),
+        ("/etc/passwd", "empty path component"),
+        ("v1//x", "empty path component"),
+        ("main.lock", "ends with '.lock'"),
+        ("main\nx", "is not a branch, tag or commit"),
+    ],
+)
+def test_a_revision_that_is_not_a_ref_name_is_refused_before_any_request(
+    tmp_path: Path, hub: FakeHub, online: None, revision: str, reason: str
+) -> None:
+    before = len(hub.requests)
+    with pytest.raises(DownloadFailed, match="is refused") as info:
+        download_files(
+            _download(REPO, revision), settings=ModelSettings(hub_endpoint=hub.endpoint), cache_dir=tmp_path / "hub"
+        )
+    assert reason in info.value.message
+    assert len(hub.requests) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_paths_a_hostile_hub_names_are_refused(tmp_path: Path, hub: FakeHub, online: None) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("# hostile\n")
+    hub.add("qiip-test/escape-name-GGUF", "e5" * 20, {"../../../../escaped.md": readme})
+    hub.add("qiip-test/escape-commit-GGUF", "../../../../outside", {"README.md": readme})
+    cache = tmp_path / "hub"
+    with pytest.raises(
+        DownloadFailed, match="listed a file .* that cannot be stored: file name '../../../../escaped.md'"
+    ):
+        download_files(
+            _download("qiip-test/escape-name-GGUF"), settings=ModelSettings(hub_endpoint=hub.endpoint), cache_dir=cache
+        )
+    with pytest.raises(DownloadFailed, match="not 40 hexadecimal characters"):
+        download_files(
+            _download("qiip-test/escape-commit-GGUF"),
+            settings=ModelSettings(hub_endpoint=hub.endpoint),
+            cache_dir=cache,
+        )
+    assert not list(tmp_path.rglob("escaped.md")) and not (tmp_path / "outside").exists()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from qiip_core.catalog import IssueKind, artifact_id, scan_catalog
@@ -103,11 +102,21 @@ def test_a_missing_cache_is_empty_not_degraded(tmp_path: Path) -> None:
     assert not catalog.exists and not catalog.degraded and catalog.gguf == ()
 
 
-def test_a_broken_link_is_reported(tmp_path: Path, model_cache: ModelCache) -> None:
+def test_a_broken_link_hides_only_its_file(tmp_path: Path, model_cache: ModelCache) -> None:
     cache = HfCacheBuilder(tmp_path / "hub")
-    cache.add_file("x/y", COMMIT_A, "m.gguf", source=model_cache.tiny)
-    for blob in (cache.repo_dir("x/y") / "blobs").iterdir():
-        blob.unlink()
-    shutil.rmtree(tmp_path / "absent", ignore_errors=True)
+    cache.add_file("x/y", COMMIT_A, "good.gguf", source=model_cache.tiny)
+    cache.add_file("x/y", COMMIT_A, "pruned.gguf", data=b"GGUF pruned from a shared cache")
+    cache.add_file("x/y", COMMIT_A, "split/tiny-split-00001-of-00003.gguf", source=model_cache.split[0])
+    cache.set_ref("x/y", "main", COMMIT_A)
+    pruned = (cache.repo_dir("x/y") / "snapshots" / COMMIT_A / "pruned.gguf").resolve()
+    pruned.unlink()
     catalog = scan_catalog(cache.root)
-    assert catalog.degraded and catalog.gguf == ()
+    assert not catalog.degraded
+    assert [(g.repo_id, g.entrypoint, g.refs) for g in catalog.gguf] == [("x/y", "good.gguf", ("main",))]
+    broken = [i for i in catalog.issues if i.files == ("pruned.gguf",)]
+    assert [(i.kind, i.repo_id, i.revision) for i in broken] == [(IssueKind.INCOMPLETE, "x/y", COMMIT_A)]
+    assert f"pruned.gguf links to the blob {pruned.name}, which is missing" in broken[0].reason
+    # A ref to a commit that is not cached is still a repository that cannot be read.
+    cache.set_ref("x/y", "v2", COMMIT_B)
+    again = scan_catalog(cache.root)
+    assert again.degraded and again.gguf == ()

@@ -106,10 +106,18 @@ def test_compute_is_never_below_the_exact_graph(tmp_path):
     assert [d.index for d in floored.devices] == [0, 1] and floored.host == python.host
 
 
-def test_a_failing_run_is_a_plan_error(tmp_path):
-    binary = fake_fit_params(tmp_path, 'echo "error: invalid argument: --kv-unified" >&2; exit 1')
-    with pytest.raises(PlanError, match="exited with code 1 for m.gguf:\nerror: invalid argument: --kv-unified"):
+def test_a_failing_run_is_a_plan_error_of_one_line(tmp_path):
+    binary = fake_fit_params(
+        tmp_path,
+        "echo \"llama_model_load: error loading model: unknown model architecture: 'x'\" >&2; "
+        "echo \"terminate called after throwing an instance of 'std::runtime_error'\" >&2; exit 134",
+    )
+    with pytest.raises(PlanError) as info:
         run(FitParamsEstimator(binary, Path("m.gguf")), [cpu(10000)])
+    assert info.value.message == (
+        "llama-fit-params could not plan m.gguf (exit code 134): llama_model_load: error loading model: unknown model "
+        "architecture: 'x'"
+    )
 
 
 def test_a_slow_run_times_out(tmp_path):

@@ -263,6 +263,9 @@ def test_configure_command_spells_out_every_option(tmp_path, monkeypatch):
         assert flag in args
     assert "-DGGML_CUDA=ON" in args
     assert "-DBUILD_SHARED_LIBS=OFF" in args and "-DGGML_NATIVE=OFF" in args
+    assert not any(a.startswith("-DCMAKE_CUDA_ARCHITECTURES") for a in args)  # llama.cpp's portable list
+    build.cuda_architectures = "90"
+    assert "-DCMAKE_CUDA_ARCHITECTURES=90" in build.configure_args()
 
 
 # --- real CMake builds of tiny source trees ------------------------------------------------------------------
