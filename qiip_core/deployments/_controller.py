@@ -1,0 +1,397 @@
+"""The deployment controller: level-triggered, idempotent, one active per fleet.
+
+```
+every deployments.reconcile_interval_s, or at once after an apply, scale, rollout or delete:
+  campaign for the leader lease                    (not leading: do nothing; another gateway acts)
+  read every deployment and its stored status
+  observe the fleet once                           replicas by deployment, the host pool (`Observer`)
+  for each deployment, by name:
+      reconcile(...)                               pure: the next steps and the new status
+      act on each step through the `Actuator`      setup, teardown, forget, remove the record
+      store the status when it changed
+```
+
+It keeps nothing between passes that a restart would lose: a controller that starts (or takes over from a
+dead gateway) reads the same records and takes the same steps. Each step is idempotent at the actuator: a
+setup on a host another operation holds is refused (`HostBusy`) and tried again on a later pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Protocol
+
+from qiip_core._errors import HostBusy, PlanError, QiipError, TooManySetups
+from qiip_core.deployments._hosts import HostView, Occupant
+from qiip_core.deployments._leader import Leadership
+from qiip_core.deployments._placement import Fit
+from qiip_core.deployments._reconcile import (
+    Action,
+    Forget,
+    ObservedReplica,
+    Place,
+    ReconcileConfig,
+    RemoveDeployment,
+    Retire,
+    reconcile,
+)
+from qiip_core.deployments._resource import (
+    MAX_EVENTS,
+    Deployment,
+    DeploymentEvent,
+    DeploymentStatus,
+    Template,
+    utc_now,
+)
+from qiip_core.deployments._store import DeploymentStore
+from qiip_core.planner import CustomPolicy, DeviceMemory, ModelShape, PythonEstimator, is_modelled, plan
+
+__all__ = ["Actuator", "DeploymentController", "Observation", "Observer", "PlannerFit"]
+
+logger = logging.getLogger("qiip.deployments")
+
+
+@dataclass(frozen=True)
+class Observation:
+    """The fleet as one pass sees it."""
+
+    replicas: dict[str, list[ObservedReplica]]
+    """Every replica, by deployment name."""
+    hosts: Callable[[float], list[HostView]]
+    """The pool, with QUADS judged over a window of that many seconds from now."""
+
+
+class Observer(Protocol):
+    """Reads the fleet: nodes, provisioning tasks, the host pool, QUADS, telemetry."""
+
+    async def observe(self) -> Observation:
+        """The fleet now.
+
+        Raises:
+            QiipError: a backend cannot be read (the pass is skipped).
+        """
+        ...
+
+
+class Actuator(Protocol):
+    """Changes the fleet: the provisioning operations, or an in-memory stand-in in `bench/`."""
+
+    async def place(self, deployment: Deployment, host: str, template: Template) -> None:
+        """Start setting a replica up on `host` (returns once started).
+
+        Raises:
+            QiipError: refused before anything ran (`HostBusy`, `TooManySetups`, …).
+        """
+        ...
+
+    async def retire(self, host: str, *, reason: str, force: bool) -> None:
+        """Start draining and tearing down the replica on `host` (without the drain when `force`).
+
+        Raises:
+            QiipError: refused before anything ran.
+        """
+        ...
+
+    async def forget(self, host: str, *, reason: str) -> None:
+        """Deregister the node on `host` without reaching the host (it is gone).
+
+        Raises:
+            QiipError: the registry refused.
+        """
+        ...
+
+
+_ShapeOf = Callable[[Template], ModelShape]
+
+
+class PlannerFit:
+    """The planner's proof that a template fits a host's devices, cached per template and device signature.
+
+    Args:
+        shape_of: reads a template's model (the GGUF's metadata from the shared model cache).
+        size_of: a vLLM template's weights in bytes, when known (None: the fit cannot be proven).
+        cache_size: templates × device signatures kept.
+    """
+
+    def __init__(
+        self,
+        shape_of: _ShapeOf,
+        *,
+        size_of: Callable[[Template], int | None] | None = None,
+        cache_size: int = 4096,
+    ) -> None:
+        self.shape_of = shape_of
+        self.size_of = size_of or (lambda _t: None)
+        self._cache: OrderedDict[tuple[str, tuple[tuple[str, int, int], ...]], Fit] = OrderedDict()
+        self._shapes: OrderedDict[str, ModelShape | str] = OrderedDict()
+        self.cache_size = cache_size
+
+    def _shape(self, template: Template) -> ModelShape | str:
+        key = template.hash
+        if key not in self._shapes:
+            try:
+                self._shapes[key] = self.shape_of(template)
+            except QiipError as exc:
+                self._shapes[key] = f"its model cannot be read: {exc.message}"
+            while len(self._shapes) > 64:
+                self._shapes.popitem(last=False)
+        return self._shapes[key]
+
+    def __call__(self, template: Template, devices: tuple[DeviceMemory, ...]) -> Fit:
+        signature = tuple((d.name, d.total_mib, d.free_mib) for d in devices)
+        key = (template.hash, signature)
+        found = self._cache.get(key)
+        if found is None:
+            found = self._fit(template, devices)
+            self._cache[key] = found
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return found
+
+    def _fit(self, template: Template, devices: tuple[DeviceMemory, ...]) -> Fit:
+        total = float(sum(d.total_mib for d in devices))
+        if template.engine == "vllm":
+            size = self.size_of(template)
+            if size is None:
+                return Fit(
+                    False, "the model's size is unknown (it is not in the shared cache), so no fit can be proven"
+                )
+            # vLLM takes gpu_memory_utilization (0.9) of each GPU; the weights must leave room for a K/V cache.
+            need = size / 2**20 * 1.1
+            usable = sum(d.total_mib for d in devices) * 0.9
+            if need > usable:
+                return Fit(False, f"its weights need about {need:,.0f} MiB; 90% of the GPUs is {usable:,.0f} MiB")
+            return Fit(True, f"weights {need:,.0f} MiB of {usable:,.0f} MiB usable", used_mib=need, total_mib=total)
+        shape = self._shape(template)
+        if isinstance(shape, str):
+            return Fit(False, shape)
+        if not is_modelled(shape):
+            return Fit(
+                False, f"the planner does not model architecture {shape.architecture!r}, so no fit can be proven"
+            )
+        policy = template.runtime.policy()
+        estimator = PythonEstimator()
+        try:
+            result = plan(shape, devices, policy, estimator=estimator)
+        except PlanError as exc:
+            if (
+                isinstance(policy, CustomPolicy)
+                and template.runtime.capacity is not None
+                and policy.cache_type == "f16"
+            ):
+                try:
+                    result = plan(shape, devices, policy.model_copy(update={"cache_type": "q8_0"}), estimator=estimator)
+                except PlanError:
+                    return Fit(False, exc.message)
+            else:
+                return Fit(False, exc.message)
+        used = sum(d.total_mib for d in result.estimate.devices)
+        what = f"{result.slots} slot(s) × {result.context_per_slot:,} tokens, {result.cache_type_k} K/V"
+        return Fit(True, what, used_mib=used, total_mib=total)
+
+
+class DeploymentController:
+    """Runs reconcile passes while this gateway leads (see the module's map).
+
+    Args:
+        store: deployments and statuses.
+        observer: reads the fleet.
+        actuator: changes it.
+        leadership: the leader lease.
+        config: the pass's settings.
+        fit: the planner's fit check.
+        interval_s: seconds between passes (a change wakes it at once).
+        desired_of: the replica count a deployment holds now, given its status (the autoscaler in active mode);
+            None: `spec.replicas`.
+        clock: the current time (tests and the benchmark give their own).
+    """
+
+    def __init__(
+        self,
+        *,
+        store: DeploymentStore,
+        observer: Observer,
+        actuator: Actuator,
+        leadership: Leadership,
+        config: ReconcileConfig,
+        fit: Callable[[Template, tuple[DeviceMemory, ...]], Fit],
+        interval_s: float = 2.0,
+        desired_of: Callable[[Deployment, DeploymentStatus | None], int | None] | None = None,
+        clock: Callable[[], datetime] = utc_now,
+    ) -> None:
+        self.store = store
+        self.observer = observer
+        self.actuator = actuator
+        self.leadership = leadership
+        self.config = config
+        self.fit = fit
+        self.interval_s = interval_s
+        self.desired_of = desired_of
+        self.clock = clock
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.passes = 0
+        """Passes run while leading (for tests and the benchmark)."""
+
+    @property
+    def leading(self) -> bool:
+        """Whether this gateway led at its last campaign."""
+        return self.leadership.token > 0
+
+    def wake(self) -> None:
+        """Run a pass now (after an apply, scale, rollout or delete)."""
+        self._wake.set()
+
+    def start(self) -> None:
+        """Start the loop in the background."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self.run(), name="qiip-deployments")
+
+    async def run(self) -> None:
+        """Campaign and reconcile until cancelled."""
+        while True:
+            try:
+                await self.tick()
+            except QiipError as exc:
+                logger.warning("a deployment pass stopped: %s", exc.message)
+            except Exception:  # one broken pass must not end the controller
+                logger.exception("a deployment pass failed")
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.interval_s)
+
+    async def aclose(self) -> None:
+        """Stop the loop and give the leader lease up."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self.leadership.resign()
+
+    async def tick(self) -> bool:
+        """One pass over every deployment, if this gateway leads.
+
+        Returns:
+            Whether a pass ran (False: another gateway leads).
+
+        Raises:
+            QiipError: the store or the fleet cannot be read (nothing was changed).
+        """
+        if not await self.leadership.campaign():
+            return False
+        deployments = await self.store.deployments()
+        statuses = await self.store.statuses()
+        observation = await self.observer.observe()
+        taken: dict[str, str] = {}
+        for deployment in deployments:
+            await self._reconcile_one(deployment, statuses.get(deployment.name), observation, taken)
+        self.passes += 1
+        return True
+
+    def hosts_for(self, deployment: Deployment, observation: Observation, taken: dict[str, str]) -> list[HostView]:
+        """The pool as `deployment` sees it: QUADS over its window, hosts this pass placed on shown as busy."""
+        window = deployment.spec.placement.quads_free_for_s
+        hosts = observation.hosts(float(window if window is not None else self.config.quads_free_for_s))
+        return [
+            replace(h, occupant=Occupant("operation", f"a replica of {taken[h.name]!r} is being placed there"))
+            if h.name in taken and h.occupant is None
+            else h
+            for h in hosts
+        ]
+
+    async def _reconcile_one(
+        self,
+        deployment: Deployment,
+        previous: DeploymentStatus | None,
+        observation: Observation,
+        taken: dict[str, str],
+    ) -> None:
+        now = self.clock()
+        desired = self.desired_of(deployment, previous) if self.desired_of is not None else None
+        decision = reconcile(
+            deployment,
+            previous,
+            observation.replicas.get(deployment.name, []),
+            self.hosts_for(deployment, observation, taken),
+            now=now,
+            config=self.config,
+            fit=self.fit,
+            desired=desired,
+            owner=self.leadership.owner,
+        )
+        status = decision.status
+        assert status is not None
+        refusals: list[str] = []
+        for action in decision.actions:
+            if isinstance(action, RemoveDeployment):
+                await self.store.remove(deployment.name)
+                logger.info("deployment %r deleted: no replica is left", deployment.name)
+                return
+            refusal = await self._act(deployment, action)
+            if isinstance(action, Place) and refusal is None:
+                taken[action.host] = deployment.name
+            if refusal is not None:
+                refusals.append(refusal)
+        if refusals:
+            status = _with_events(status, now, refusals)
+        if previous is None or _changed(previous, status):
+            await self.store.put_status(status)
+
+    async def _act(self, deployment: Deployment, action: Action) -> str | None:
+        try:
+            if isinstance(action, Place):
+                await self.actuator.place(deployment, action.host, action.template)
+                logger.info("deployment %r: replica placed on %s (%s)", deployment.name, action.host, action.reason)
+            elif isinstance(action, Retire):
+                await self.actuator.retire(
+                    action.host, reason=f"deployment {deployment.name!r}: {action.reason}", force=action.force
+                )
+                logger.info(
+                    "deployment %r: retiring the replica on %s (%s)", deployment.name, action.host, action.reason
+                )
+            elif isinstance(action, Forget):
+                await self.actuator.forget(action.host, reason=action.reason)
+                logger.warning(
+                    "deployment %r: forgot the replica on %s (%s)", deployment.name, action.host, action.reason
+                )
+        except (HostBusy, TooManySetups) as exc:
+            return f"waiting: {exc.message}"
+        except QiipError as exc:
+            logger.warning(
+                "deployment %r: %s on %s refused: %s",
+                deployment.name,
+                type(action).__name__.lower(),
+                getattr(action, "host", "?"),
+                exc.message,
+            )
+            return f"{type(action).__name__.lower()} on {getattr(action, 'host', '?')} refused: {exc.message}"
+        return None
+
+
+def _with_events(status: DeploymentStatus, now: datetime, messages: Sequence[str]) -> DeploymentStatus:
+    seq = status.events[-1].seq if status.events else 0
+    extra = []
+    last = status.events[-1].message if status.events else None
+    for message in messages:
+        if message == last:
+            continue  # the same refusal pass after pass: said once
+        last = message
+        seq += 1
+        extra.append(
+            DeploymentEvent(
+                at=now, kind="waiting" if message.startswith("waiting") else "refused", message=message, seq=seq
+            )
+        )
+    return status.model_copy(update={"events": (status.events + tuple(extra))[-MAX_EVENTS:]})
+
+
+def _changed(before: DeploymentStatus, after: DeploymentStatus) -> bool:
+    skip = {"updated_at"}
+    return before.model_dump(exclude=skip) != after.model_dump(exclude=skip)
