@@ -16,6 +16,7 @@ Leadership (file lock, etcd lease)             one active controller per fleet, 
 
 from __future__ import annotations
 
+from qiip_core.deployments._apply import Resolve, apply, delete, resolve_source, rollout, scale, undo
 from qiip_core.deployments._controller import Actuator, DeploymentController, Observation, Observer, PlannerFit
 from qiip_core.deployments._hosts import GpuSpec, GpuView, HostSpec, HostView, Occupant, QuadsWindow, declared_gpus
 from qiip_core.deployments._leader import EtcdLeadership, FileLeadership, Leadership, create_leadership
@@ -111,6 +112,7 @@ __all__ = [
     "QuadsWindow",
     "ReconcileConfig",
     "RemoveDeployment",
+    "Resolve",
     "ReplicaState",
     "ReplicaStatus",
     "ResolvedSource",
@@ -120,11 +122,17 @@ __all__ = [
     "Source",
     "Template",
     "UpdateStrategy",
+    "apply",
     "create_deployment_store",
     "create_leadership",
     "declared_gpus",
+    "delete",
     "host_devices",
     "parse_spec",
     "place",
     "reconcile",
+    "resolve_source",
+    "rollout",
+    "scale",
+    "undo",
 ]

@@ -72,7 +72,8 @@ _LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
 _LABEL_VALUE_RE = re.compile(r"^[A-Za-z0-9._:/+-]{0,63}$")
 _PATTERN_RE = re.compile(r"^[A-Za-z0-9._:*?\[\]!-]{1,253}$")
 
-_STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+"""Unknown keys refused; numbers are strict per field (`"3"` is not 3), JSON arrays are read as tuples."""
 
 
 class HubSource(BaseModel):
@@ -125,9 +126,9 @@ class Capacity(BaseModel):
 
     model_config = _STRICT
 
-    sequences: int = Field(ge=1, le=MAX_SLOTS)
+    sequences: int = Field(strict=True, ge=1, le=MAX_SLOTS)
     """Parallel sequences (llama.cpp slots)."""
-    context_tokens: int = Field(ge=256, le=1_048_576)
+    context_tokens: int = Field(strict=True, ge=256, le=1_048_576)
     """Tokens each sequence is guaranteed."""
 
 
@@ -182,9 +183,9 @@ class Placement(BaseModel):
     """Labels the host must carry, each with this value."""
     gpu_product: str | None = Field(default=None, pattern=_PATTERN_RE.pattern)
     """A pattern (`fnmatch`, case-insensitive) every GPU's product name must match (`*A100*`)."""
-    min_gpu_memory_mib: int | None = Field(default=None, ge=1, le=16_777_216)
+    min_gpu_memory_mib: int | None = Field(strict=True, default=None, ge=1, le=16_777_216)
     """Each GPU's total memory must be at least this many MiB."""
-    quads_free_for_s: int | None = Field(default=None, ge=0, le=366 * 86_400)
+    quads_free_for_s: int | None = Field(strict=True, default=None, ge=0, le=366 * 86_400)
     """QUADS must leave the host free of any reservation for this many seconds from now (None:
     `quads.lookahead_s`); a replica whose host stops meeting it is moved, make-before-break."""
 
@@ -207,9 +208,9 @@ class UpdateStrategy(BaseModel):
 
     model_config = _STRICT
 
-    max_surge: int = Field(default=1, ge=0, le=100)
+    max_surge: int = Field(strict=True, default=1, ge=0, le=100)
     """Replicas a rollout may run above `replicas`."""
-    max_unavailable: int = Field(default=0, ge=0, le=100)
+    max_unavailable: int = Field(strict=True, default=0, ge=0, le=100)
     """Replicas a rollout may take away below `replicas`."""
 
     @model_validator(mode="after")
@@ -224,28 +225,28 @@ class Autoscale(BaseModel):
 
     model_config = _STRICT
 
-    min: int = Field(default=1, ge=0, le=1000)
+    min: int = Field(strict=True, default=1, ge=0, le=1000)
     """The fewest replicas; 0 releases every host while the model is idle (it starts on the next request)."""
-    max: int = Field(default=1, ge=1, le=1000)
+    max: int = Field(strict=True, default=1, ge=1, le=1000)
     """The most replicas."""
     metric: Literal["in_flight_per_slot", "in_flight_per_replica", "queued", "ttft_p90_s"] = "in_flight_per_slot"
     """What is compared with `target`: requests in flight per llama.cpp slot, per replica (vLLM), requests
     waiting at the gateway, or the 90th percentile of time to first token over the window, in seconds."""
-    target: float = Field(default=0.8, gt=0, le=1_000_000)
+    target: float = Field(strict=True, default=0.8, gt=0, le=1_000_000)
     """The value the metric is held at."""
-    tolerance: float = Field(default=0.1, ge=0, lt=1)
+    tolerance: float = Field(strict=True, default=0.1, ge=0, lt=1)
     """Scale down only below `target × (1 − tolerance)`."""
-    up_window_s: float = Field(default=30.0, ge=0, le=86_400)
+    up_window_s: float = Field(strict=True, default=30.0, ge=0, le=86_400)
     """The metric must stay above target this long before a scale-up."""
-    down_window_s: float = Field(default=300.0, ge=0, le=86_400)
+    down_window_s: float = Field(strict=True, default=300.0, ge=0, le=86_400)
     """…and below `target × (1 − tolerance)` this long before a scale-down."""
-    cooldown_s: float = Field(default=60.0, ge=0, le=86_400)
+    cooldown_s: float = Field(strict=True, default=60.0, ge=0, le=86_400)
     """At most one step per cooldown."""
     mode: Literal["off", "recommend", "active"] = "off"
     """`recommend`: compute and show the count, change nothing; `active`: scale."""
-    activation_timeout_s: float = Field(default=120.0, gt=0, le=3_600)
+    activation_timeout_s: float = Field(strict=True, default=120.0, gt=0, le=3_600)
     """With `min` 0: how long a request waits for the first replica before 503."""
-    activation_queue: int = Field(default=64, ge=1, le=100_000)
+    activation_queue: int = Field(strict=True, default=64, ge=1, le=100_000)
     """With `min` 0: how many requests may wait for the first replica at once; more get 503 at once."""
 
     @model_validator(mode="after")
@@ -268,7 +269,7 @@ class DeploymentSpec(BaseModel):
     """Where the model comes from."""
     runtime: Runtime = Field(default_factory=Runtime)
     """How each replica is sized (llama.cpp)."""
-    replicas: int = Field(default=1, ge=0, le=1000)
+    replicas: int = Field(strict=True, default=1, ge=0, le=1000)
     """How many replicas to keep (with autoscaling active: where it starts)."""
     placement: Placement = Field(default_factory=Placement)
     """Which hosts may hold a replica."""
