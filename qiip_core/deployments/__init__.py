@@ -49,6 +49,7 @@ from qiip_core.deployments._resource import (
     RolloutStatus,
     Template,
 )
+from qiip_core.deployments._service import DeploymentService, read_template_shape
 from qiip_core.deployments._spec import (
     DEPLOYMENT_NAME_RE,
     Autoscale,
@@ -82,6 +83,7 @@ __all__ = [
     "Deployment",
     "DeploymentController",
     "DeploymentEvent",
+    "DeploymentService",
     "DeploymentSpec",
     "DeploymentStatus",
     "DeploymentStore",
@@ -130,6 +132,7 @@ __all__ = [
     "host_devices",
     "parse_spec",
     "place",
+    "read_template_shape",
     "reconcile",
     "resolve_source",
     "rollout",
