@@ -18,7 +18,16 @@ from __future__ import annotations
 
 from qiip_core.deployments._apply import Resolve, apply, delete, resolve_source, rollout, scale, undo
 from qiip_core.deployments._controller import Actuator, DeploymentController, Observation, Observer, PlannerFit
-from qiip_core.deployments._hosts import GpuSpec, GpuView, HostSpec, HostView, Occupant, QuadsWindow, declared_gpus
+from qiip_core.deployments._hosts import (
+    GpuSpec,
+    GpuView,
+    HostPool,
+    HostSpec,
+    HostView,
+    Occupant,
+    QuadsWindow,
+    declared_gpus,
+)
 from qiip_core.deployments._leader import EtcdLeadership, FileLeadership, Leadership, create_leadership
 from qiip_core.deployments._placement import Fit, FitCheck, PlacementInput, host_devices, place
 from qiip_core.deployments._reconcile import (
@@ -98,6 +107,7 @@ __all__ = [
     "GpuView",
     "HostChoice",
     "HostFailure",
+    "HostPool",
     "HostSpec",
     "HostView",
     "HubSource",

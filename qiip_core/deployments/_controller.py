@@ -23,16 +23,17 @@ import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
 from qiip_core._errors import HostBusy, PlanError, QiipError, TooManySetups
-from qiip_core.deployments._hosts import HostView, Occupant
+from qiip_core.deployments._hosts import HostPool, HostView
 from qiip_core.deployments._leader import Leadership
 from qiip_core.deployments._placement import Fit
 from qiip_core.deployments._reconcile import (
     Action,
+    Decision,
     Forget,
     ObservedReplica,
     Place,
@@ -50,7 +51,7 @@ from qiip_core.deployments._resource import (
     utc_now,
 )
 from qiip_core.deployments._store import DeploymentStore
-from qiip_core.planner import CustomPolicy, DeviceMemory, ModelShape, PythonEstimator, is_modelled, plan
+from qiip_core.planner import DeviceMemory, ModelShape, PythonEstimator, is_modelled, plan
 
 __all__ = ["Actuator", "DeploymentController", "Observation", "Observer", "PlannerFit"]
 
@@ -171,6 +172,10 @@ class PlannerFit:
         shape = self._shape(template)
         if isinstance(shape, str):
             return Fit(False, shape)
+        weights_mib = shape.weights_bytes / 2**20
+        free = sum(d.free_mib for d in devices)
+        if weights_mib > free:  # no estimate needed: the weights alone do not fit
+            return Fit(False, f"its weights alone ({weights_mib:,.0f} MiB) exceed the {free:,} MiB free")
         if not is_modelled(shape):
             return Fit(
                 False, f"the planner does not model architecture {shape.architecture!r}, so no fit can be proven"
@@ -180,17 +185,7 @@ class PlannerFit:
         try:
             result = plan(shape, devices, policy, estimator=estimator)
         except PlanError as exc:
-            if (
-                isinstance(policy, CustomPolicy)
-                and template.runtime.capacity is not None
-                and policy.cache_type == "f16"
-            ):
-                try:
-                    result = plan(shape, devices, policy.model_copy(update={"cache_type": "q8_0"}), estimator=estimator)
-                except PlanError:
-                    return Fit(False, exc.message)
-            else:
-                return Fit(False, exc.message)
+            return Fit(False, exc.message)
         used = sum(d.total_mib for d in result.estimate.devices)
         what = f"{result.slots} slot(s) × {result.context_per_slot:,} tokens, {result.cache_type_k} K/V"
         return Fit(True, what, used_mib=used, total_mib=total)
@@ -289,43 +284,56 @@ class DeploymentController:
         deployments = await self.store.deployments()
         statuses = await self.store.statuses()
         observation = await self.observer.observe()
-        taken: dict[str, str] = {}
-        for deployment in deployments:
-            await self._reconcile_one(deployment, statuses.get(deployment.name), observation, taken)
+        # Deciding is CPU work (the planner proves fits): one trip off the event loop for the whole pass, so the
+        # daemon keeps answering. Acting (the actuator's I/O) comes back to the loop.
+        decided = await asyncio.to_thread(self._decide, deployments, statuses, observation, self.clock())
+        for deployment, previous, decision, now in decided:
+            await self._act_on(deployment, previous, decision, now)
         self.passes += 1
         return True
 
-    def hosts_for(self, deployment: Deployment, observation: Observation, taken: dict[str, str]) -> list[HostView]:
-        """The pool as `deployment` sees it: QUADS over its window, hosts this pass placed on shown as busy."""
+    def pool_for(self, deployment: Deployment, observation: Observation, pools: dict[float, HostPool]) -> HostPool:
+        """The pool as `deployment` sees it (QUADS over its window), built once per window and pass."""
         window = deployment.spec.placement.quads_free_for_s
-        hosts = observation.hosts(float(window if window is not None else self.config.quads_free_for_s))
-        return [
-            replace(h, occupant=Occupant("operation", f"a replica of {taken[h.name]!r} is being placed there"))
-            if h.name in taken and h.occupant is None
-            else h
-            for h in hosts
-        ]
+        seconds = float(window if window is not None else self.config.quads_free_for_s)
+        if seconds not in pools:
+            pools[seconds] = HostPool.of(observation.hosts(seconds))
+        return pools[seconds]
 
-    async def _reconcile_one(
+    def _decide(
         self,
-        deployment: Deployment,
-        previous: DeploymentStatus | None,
+        deployments: list[Deployment],
+        statuses: dict[str, DeploymentStatus],
         observation: Observation,
-        taken: dict[str, str],
+        now: datetime,
+    ) -> list[tuple[Deployment, DeploymentStatus | None, Decision, datetime]]:
+        taken: dict[str, str] = {}  # hosts this pass placed on, so the next deployment does not pick them too
+        pools: dict[float, HostPool] = {}
+        decided = []
+        for deployment in deployments:
+            previous = statuses.get(deployment.name)
+            desired = self.desired_of(deployment, previous) if self.desired_of is not None else None
+            decision = reconcile(
+                deployment,
+                previous,
+                observation.replicas.get(deployment.name, []),
+                self.pool_for(deployment, observation, pools),
+                now=now,
+                config=self.config,
+                fit=self.fit,
+                desired=desired,
+                owner=self.leadership.owner,
+                busy=taken,
+            )
+            for action in decision.actions:
+                if isinstance(action, Place):
+                    taken[action.host] = deployment.name
+            decided.append((deployment, previous, decision, now))
+        return decided
+
+    async def _act_on(
+        self, deployment: Deployment, previous: DeploymentStatus | None, decision: Decision, now: datetime
     ) -> None:
-        now = self.clock()
-        desired = self.desired_of(deployment, previous) if self.desired_of is not None else None
-        decision = reconcile(
-            deployment,
-            previous,
-            observation.replicas.get(deployment.name, []),
-            self.hosts_for(deployment, observation, taken),
-            now=now,
-            config=self.config,
-            fit=self.fit,
-            desired=desired,
-            owner=self.leadership.owner,
-        )
         status = decision.status
         assert status is not None
         refusals: list[str] = []
@@ -335,8 +343,6 @@ class DeploymentController:
                 logger.info("deployment %r deleted: no replica is left", deployment.name)
                 return
             refusal = await self._act(deployment, action)
-            if isinstance(action, Place) and refusal is None:
-                taken[action.host] = deployment.name
             if refusal is not None:
                 refusals.append(refusal)
         if refusals:
@@ -393,5 +399,5 @@ def _with_events(status: DeploymentStatus, now: datetime, messages: Sequence[str
 
 
 def _changed(before: DeploymentStatus, after: DeploymentStatus) -> bool:
-    skip = {"updated_at"}
-    return before.model_dump(exclude=skip) != after.model_dump(exclude=skip)
+    # Field-by-field equality of the models (no serialisation): a pass that changed nothing writes nothing.
+    return before.model_copy(update={"updated_at": after.updated_at}) != after

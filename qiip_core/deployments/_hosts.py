@@ -22,7 +22,7 @@ Nothing here does I/O: the controller's observer gathers the inputs (`qiip_core.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -33,6 +33,7 @@ __all__ = [
     "GpuSpec",
     "GpuView",
     "HostSpec",
+    "HostPool",
     "HostView",
     "Occupant",
     "QuadsWindow",
@@ -156,3 +157,19 @@ def declared_gpus(spec: HostSpec) -> tuple[GpuView, ...]:
         for _ in range(gpu.count):
             views.append(GpuView(len(views), gpu.product, gpu.memory_mib, gpu.memory_mib))
     return tuple(views)
+
+
+@dataclass(frozen=True)
+class HostPool:
+    """The pool as one pass sees it: every host in order, and by name (built once per pass, not per deployment)."""
+
+    hosts: tuple[HostView, ...]
+    """Every host, by name."""
+    by_name: Mapping[str, HostView]
+    """The same hosts, by name."""
+
+    @classmethod
+    def of(cls, hosts: Sequence[HostView]) -> HostPool:
+        """The pool of `hosts`."""
+        ordered = tuple(sorted(hosts, key=lambda h: h.name))
+        return cls(hosts=ordered, by_name={h.name: h for h in ordered})

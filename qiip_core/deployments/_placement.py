@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from qiip_core.deployments._hosts import HostView
@@ -64,6 +64,8 @@ class PlacementInput:
     """Hosts to avoid until their backoff ends."""
     holding: frozenset[str]
     """Hosts that hold a replica of this deployment already."""
+    busy: Mapping[str, str] = field(default_factory=dict)
+    """Hosts this pass placed a replica of another deployment on, by host: the deployment's name."""
 
 
 def host_devices(host: HostView, *, cpu_profile: bool) -> tuple[DeviceMemory, ...] | str:
@@ -120,6 +122,8 @@ def _filters(deployment: Deployment, host: HostView, given: PlacementInput, quad
         reasons.append("it holds a replica of this deployment already")
     elif host.occupant is not None:
         reasons.append(f"it is busy: {host.occupant.describe}")
+    elif host.name in given.busy:
+        reasons.append(f"a replica of {given.busy[host.name]!r} is being placed there")
     if host.quads is not None and host.quads.state != "free":
         if host.quads.state in ("broken", "retired"):
             reasons.append(f"QUADS marks it {host.quads.state}")

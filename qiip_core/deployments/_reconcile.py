@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from qiip_core.deployments._hosts import HostView
+from qiip_core.deployments._hosts import HostPool, HostView
 from qiip_core.deployments._placement import FitCheck, PlacementInput, place
 from qiip_core.deployments._resource import (
     MAX_EVENTS,
@@ -185,13 +185,14 @@ def reconcile(
     deployment: Deployment,
     previous: DeploymentStatus | None,
     observed: Sequence[ObservedReplica],
-    hosts: Sequence[HostView],
+    hosts: HostPool | Sequence[HostView],
     *,
     now: datetime,
     config: ReconcileConfig,
     fit: FitCheck,
     desired: int | None = None,
     owner: str | None = None,
+    busy: Mapping[str, str] | None = None,
 ) -> Decision:
     """Decide the next steps for one deployment.
 
@@ -200,6 +201,7 @@ def reconcile(
         previous: the status the last pass stored (None for a new deployment).
         observed: its replicas as the fleet shows them now.
         hosts: every host of the pool, observed (replicas of this deployment show as their hosts' occupant).
+        busy: hosts this pass placed another deployment's replica on (by host: that deployment).
         now: the current time (aware, UTC).
         config: the controller's settings.
         fit: the planner's check of a template on a host's devices.
@@ -214,7 +216,8 @@ def reconcile(
     want = spec.replicas if desired is None else desired
     prev = previous or DeploymentStatus(name=deployment.name)
     prev_replicas = {r.host: r for r in prev.replicas}
-    by_host = {h.name: h for h in hosts}
+    pool = hosts if isinstance(hosts, HostPool) else HostPool.of(hosts)
+    by_host = pool.by_name
     events: list[DeploymentEvent] = []
     seq = prev.events[-1].seq if prev.events else 0
     decision = Decision()
@@ -340,13 +343,14 @@ def reconcile(
                 cpu_profile=config.cpu_profile,
                 host_failures=failures,
                 holding=frozenset(r.host for r in observed),
+                busy=busy or {},
             )
             window = float(
                 spec.placement.quads_free_for_s
                 if spec.placement.quads_free_for_s is not None
                 else config.quads_free_for_s
             )
-            chosen, explain = place(deployment, hosts, wanted=need, given=given, fit=fit, quads_free_for_s=window)
+            chosen, explain = place(deployment, pool.hosts, wanted=need, given=given, fit=fit, quads_free_for_s=window)
             for host in chosen:
                 why = "rollout" if outdated else ("replacement" if broken else "scale up")
                 decision.actions.append(Place(host, template, why))

@@ -28,6 +28,7 @@ import hashlib
 import json
 from datetime import UTC, datetime
 from enum import StrEnum
+from functools import cached_property
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -96,7 +97,7 @@ class Template(BaseModel):
     written: dict[str, Any] = Field(default_factory=dict)
     """The `source` table as the operator wrote it (for `rollout undo` and display)."""
 
-    @property
+    @cached_property
     def hash(self) -> str:
         """12 hex characters of the SHA-256 of the engine, the resolved source's files and the runtime: replicas
         of another hash run something else and are replaced by a rollout."""
