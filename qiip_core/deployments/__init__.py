@@ -17,6 +17,7 @@ Leadership (file lock, etcd lease)             one active controller per fleet, 
 from __future__ import annotations
 
 from qiip_core.deployments._apply import Resolve, apply, delete, resolve_source, rollout, scale, undo
+from qiip_core.deployments._autoscale import Demand, autoscale, metric_of
 from qiip_core.deployments._controller import Actuator, DeploymentController, Observation, Observer, PlannerFit
 from qiip_core.deployments._hosts import (
     GpuSpec,
@@ -89,6 +90,7 @@ __all__ = [
     "Capacity",
     "Condition",
     "Decision",
+    "Demand",
     "Deployment",
     "DeploymentController",
     "DeploymentEvent",
@@ -135,11 +137,13 @@ __all__ = [
     "Template",
     "UpdateStrategy",
     "apply",
+    "autoscale",
     "create_deployment_store",
     "create_leadership",
     "declared_gpus",
     "delete",
     "host_devices",
+    "metric_of",
     "parse_spec",
     "place",
     "read_template_shape",

@@ -28,6 +28,7 @@ from datetime import datetime
 from typing import Protocol
 
 from qiip_core._errors import HostBusy, PlanError, QiipError, TooManySetups
+from qiip_core.deployments._autoscale import Demand, autoscale
 from qiip_core.deployments._hosts import HostPool, HostView
 from qiip_core.deployments._leader import Leadership
 from qiip_core.deployments._placement import Fit
@@ -44,6 +45,7 @@ from qiip_core.deployments._reconcile import (
 )
 from qiip_core.deployments._resource import (
     MAX_EVENTS,
+    AutoscaleStatus,
     Deployment,
     DeploymentEvent,
     DeploymentStatus,
@@ -202,8 +204,8 @@ class DeploymentController:
         config: the pass's settings.
         fit: the planner's fit check.
         interval_s: seconds between passes (a change wakes it at once).
-        desired_of: the replica count a deployment holds now, given its status (the autoscaler in active mode);
-            None: `spec.replicas`.
+        demand: a model's measured demand over every serving process and gateway, for autoscaling; None: no
+            deployment is autoscaled.
         clock: the current time (tests and the benchmark give their own).
     """
 
@@ -217,7 +219,7 @@ class DeploymentController:
         config: ReconcileConfig,
         fit: Callable[[Template, tuple[DeviceMemory, ...]], Fit],
         interval_s: float = 2.0,
-        desired_of: Callable[[Deployment, DeploymentStatus | None], int | None] | None = None,
+        demand: Callable[[str], Demand] | None = None,
         clock: Callable[[], datetime] = utc_now,
     ) -> None:
         self.store = store
@@ -227,7 +229,7 @@ class DeploymentController:
         self.config = config
         self.fit = fit
         self.interval_s = interval_s
-        self.desired_of = desired_of
+        self.demand = demand
         self.clock = clock
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -312,7 +314,9 @@ class DeploymentController:
         decided = []
         for deployment in deployments:
             previous = statuses.get(deployment.name)
-            desired = self.desired_of(deployment, previous) if self.desired_of is not None else None
+            replicas = observation.replicas.get(deployment.name, [])
+            scaling = self._autoscale(deployment, previous, replicas, now)
+            desired = scaling.desired if scaling is not None else None
             decision = reconcile(
                 deployment,
                 previous,
@@ -328,8 +332,26 @@ class DeploymentController:
             for action in decision.actions:
                 if isinstance(action, Place):
                     taken[action.host] = deployment.name
+            if scaling is not None and decision.status is not None:
+                decision.status = _with_autoscale(decision.status, previous, scaling, deployment, now)
             decided.append((deployment, previous, decision, now))
         return decided
+
+    def _autoscale(
+        self, deployment: Deployment, previous: DeploymentStatus | None, replicas: list[ObservedReplica], now: datetime
+    ) -> AutoscaleStatus | None:
+        policy = deployment.spec.autoscale
+        if policy.mode == "off" or self.demand is None or deployment.deleting:
+            return None
+        state = previous.autoscale if previous is not None else AutoscaleStatus()
+        held = state.desired
+        if held is None or previous is None or previous.observed_generation != deployment.generation:
+            held = deployment.spec.replicas  # a new spec (`qiip deploy scale`) sets the starting point
+        held = max(policy.min, min(policy.max, held))
+        if policy.mode == "active":
+            state = state.model_copy(update={"desired": held})
+        ready = sum(1 for r in replicas if r.serving)
+        return autoscale(policy, state, demand=self.demand(deployment.name), replicas=held, ready=ready, now=now)
 
     async def _act_on(
         self, deployment: Deployment, previous: DeploymentStatus | None, decision: Decision, now: datetime
@@ -396,6 +418,26 @@ def _with_events(status: DeploymentStatus, now: datetime, messages: Sequence[str
             )
         )
     return status.model_copy(update={"events": (status.events + tuple(extra))[-MAX_EVENTS:]})
+
+
+def _with_autoscale(
+    status: DeploymentStatus,
+    previous: DeploymentStatus | None,
+    scaling: AutoscaleStatus,
+    deployment: Deployment,
+    now: datetime,
+) -> DeploymentStatus:
+    before = previous.autoscale if previous is not None else AutoscaleStatus()
+    message = None
+    if scaling.desired is not None and before.desired is not None and scaling.desired != before.desired:
+        message = ("scaled", f"autoscaler: {before.desired} → {scaling.desired} replicas ({scaling.reason})")
+    elif deployment.spec.autoscale.mode == "recommend" and scaling.recommendation != before.recommendation:
+        message = ("recommendation", f"autoscaler recommends {scaling.recommendation} replicas ({scaling.reason})")
+    events = status.events
+    if message is not None:
+        seq = events[-1].seq if events else 0
+        events = (*events, DeploymentEvent(at=now, kind=message[0], message=message[1], seq=seq + 1))[-MAX_EVENTS:]
+    return status.model_copy(update={"autoscale": scaling, "events": events})
 
 
 def _changed(before: DeploymentStatus, after: DeploymentStatus) -> bool:
