@@ -3,6 +3,7 @@ from zero, and state that survives a controller's restart."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -28,7 +29,7 @@ def policy(**changes: Any) -> Autoscale:
 
 
 def run(
-    p: Autoscale, loads: list[tuple[float, int]], replicas: int = 1, slots_per_replica: int = 2
+    p: Autoscale, loads: Sequence[tuple[float, int]], replicas: int = 1, slots_per_replica: int = 2
 ) -> list[tuple[float, int, str]]:
     """Feed `(seconds from T0, requests in flight)` steps, applying `desired` as the new replica count at once."""
     state = AutoscaleStatus()
