@@ -315,7 +315,8 @@ class DeploymentController:
         for deployment in deployments:
             previous = statuses.get(deployment.name)
             replicas = observation.replicas.get(deployment.name, [])
-            scaling = self._autoscale(deployment, previous, replicas, now)
+            scaled = self._autoscale(deployment, previous, replicas, now)
+            scaling, held = scaled if scaled is not None else (None, 0)
             desired = scaling.desired if scaling is not None else None
             decision = reconcile(
                 deployment,
@@ -333,13 +334,13 @@ class DeploymentController:
                 if isinstance(action, Place):
                     taken[action.host] = deployment.name
             if scaling is not None and decision.status is not None:
-                decision.status = _with_autoscale(decision.status, previous, scaling, deployment, now)
+                decision.status = _with_autoscale(decision.status, previous, scaling, held, deployment, now)
             decided.append((deployment, previous, decision, now))
         return decided
 
     def _autoscale(
         self, deployment: Deployment, previous: DeploymentStatus | None, replicas: list[ObservedReplica], now: datetime
-    ) -> AutoscaleStatus | None:
+    ) -> tuple[AutoscaleStatus, int] | None:
         policy = deployment.spec.autoscale
         if policy.mode == "off" or self.demand is None or deployment.deleting:
             return None
@@ -351,7 +352,8 @@ class DeploymentController:
         if policy.mode == "active":
             state = state.model_copy(update={"desired": held})
         ready = sum(1 for r in replicas if r.serving)
-        return autoscale(policy, state, demand=self.demand(deployment.name), replicas=held, ready=ready, now=now)
+        demand = self.demand(deployment.name)
+        return autoscale(policy, state, demand=demand, replicas=held, ready=ready, now=now), held
 
     async def _act_on(
         self, deployment: Deployment, previous: DeploymentStatus | None, decision: Decision, now: datetime
@@ -359,6 +361,7 @@ class DeploymentController:
         status = decision.status
         assert status is not None
         refusals: list[str] = []
+        unplaced: set[str] = set()
         for action in decision.actions:
             if isinstance(action, RemoveDeployment):
                 await self.store.remove(deployment.name)
@@ -367,8 +370,10 @@ class DeploymentController:
             refusal = await self._act(deployment, action)
             if refusal is not None:
                 refusals.append(refusal)
+                if isinstance(action, Place):
+                    unplaced.add(action.host)
         if refusals:
-            status = _with_events(status, now, refusals)
+            status = _with_refusals(status, now, refusals, unplaced)
         if previous is None or _changed(previous, status):
             await self.store.put_status(status)
 
@@ -403,34 +408,36 @@ class DeploymentController:
         return None
 
 
-def _with_events(status: DeploymentStatus, now: datetime, messages: Sequence[str]) -> DeploymentStatus:
+def _with_refusals(
+    status: DeploymentStatus, now: datetime, messages: Sequence[str], unplaced: set[str]
+) -> DeploymentStatus:
+    # A placement the actuator refused did not happen: its `placed` event goes; the refusal is said instead, once
+    # while it stays the same pass after pass.
+    events = [e for e in status.events if not (e.kind == "placed" and e.at == now and e.host in unplaced)]
+    said = {e.message for e in events if e.kind in ("waiting", "refused")}
     seq = status.events[-1].seq if status.events else 0
-    extra = []
-    last = status.events[-1].message if status.events else None
     for message in messages:
-        if message == last:
-            continue  # the same refusal pass after pass: said once
-        last = message
+        if message in said:
+            continue
+        said.add(message)
         seq += 1
-        extra.append(
-            DeploymentEvent(
-                at=now, kind="waiting" if message.startswith("waiting") else "refused", message=message, seq=seq
-            )
-        )
-    return status.model_copy(update={"events": (status.events + tuple(extra))[-MAX_EVENTS:]})
+        kind = "waiting" if message.startswith("waiting") else "refused"
+        events.append(DeploymentEvent(at=now, kind=kind, message=message, seq=seq))
+    return status.model_copy(update={"events": tuple(events[-MAX_EVENTS:])})
 
 
 def _with_autoscale(
     status: DeploymentStatus,
     previous: DeploymentStatus | None,
     scaling: AutoscaleStatus,
+    held: int,
     deployment: Deployment,
     now: datetime,
 ) -> DeploymentStatus:
     before = previous.autoscale if previous is not None else AutoscaleStatus()
     message = None
-    if scaling.desired is not None and before.desired is not None and scaling.desired != before.desired:
-        message = ("scaled", f"autoscaler: {before.desired} → {scaling.desired} replicas ({scaling.reason})")
+    if scaling.desired is not None and scaling.desired != held:
+        message = ("scaled", f"autoscaler: {held} → {scaling.desired} replicas ({scaling.reason})")
     elif deployment.spec.autoscale.mode == "recommend" and scaling.recommendation != before.recommendation:
         message = ("recommendation", f"autoscaler recommends {scaling.recommendation} replicas ({scaling.reason})")
     events = status.events
