@@ -17,6 +17,7 @@ from qiip_cli._catalog import download, list_models
 from qiip_cli._client_config import client_config
 from qiip_cli._console import console
 from qiip_cli._context import CliContext
+from qiip_cli._deploy import deploy, host
 from qiip_cli._engine import engine
 from qiip_cli._manifests import acquire, pause, register, status, verify
 from qiip_cli._model import model
@@ -51,7 +52,9 @@ def cli(ctx: click.Context, config: Path | None) -> None:
 cli.add_command(agent)
 cli.add_command(client_config)
 cli.add_command(console)
+cli.add_command(deploy)
 cli.add_command(engine)
+cli.add_command(host)
 cli.add_command(model)
 model.add_command(list_models)
 model.add_command(download)

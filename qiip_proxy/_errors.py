@@ -20,7 +20,15 @@ from typing import Any, NamedTuple
 from starlette.responses import Response
 from starlette.types import Send
 
-from qiip_core import AuthError, FailoverExhausted, ManifestInvalid, PlanError, QiipError, UpstreamError
+from qiip_core import (
+    AuthError,
+    DeploymentInvalid,
+    FailoverExhausted,
+    ManifestInvalid,
+    PlanError,
+    QiipError,
+    UpstreamError,
+)
 
 __all__ = [
     "SSE_DONE",
@@ -125,7 +133,7 @@ def describe_error(exc: QiipError) -> ErrorAnswer:
         kind = _TYPES.get(status) or ("invalid_request_error" if status < 500 else "server_error")
         if isinstance(exc, AuthError) and status == 401:
             headers = {"WWW-Authenticate": 'Bearer realm="qiip"'}
-        elif isinstance(exc, PlanError | ManifestInvalid):
+        elif isinstance(exc, PlanError | ManifestInvalid | DeploymentInvalid):
             extra = {"violations": [{"field": v.field, "message": v.message} for v in exc.violations]}
     if exc.retry_after_s is not None:
         # Whole seconds (RFC 9110 §10.2.3), rounded up, and never 0: a client must not retry in a busy loop.

@@ -63,6 +63,12 @@ QiipError                       (500 internal_error: only for a bare QiipError, 
 │   │                           is not `recommend --json`'s (`.host`)
 │   └── LlmfitNotInstalled      503 llmfit_not_installed: the gateway's environment lacks the pinned binary
 ├── QuadsUnavailable            503 quads_unavailable: QUADS is configured but cannot be read
+├── DeploymentError             503 deployment_error: a deployment could not be read, written or changed
+│   ├── DeploymentInvalid       422 invalid_deployment: the spec breaks a rule (`.violations`, param the first)
+│   ├── DeploymentNotFound      404 deployment_not_found (param name)
+│   └── DeploymentConflict      409 conflict: a stale generation, a taken name, a deployment being deleted
+├── HostPoolError               503 host_pool_error: the host pool could not be read or changed
+│   └── HostNotInPool           404 host_not_in_pool (param name)
 ├── PlanError                   422 invalid_policy: a sizing cannot be planned (`.violations`, if any)
 ├── ModelStoreError             503 model_store_error: the catalog, a download or an acquisition failed
 │   ├── ArtifactNotFound        404 artifact_not_found: no catalog generation has this id (`.artifact_id`)
@@ -130,6 +136,14 @@ from qiip_core._errors._base import (
     escape_controls,
     safe_text,
 )
+from qiip_core._errors._deployments import (
+    DeploymentConflict,
+    DeploymentError,
+    DeploymentInvalid,
+    DeploymentNotFound,
+    HostNotInPool,
+    HostPoolError,
+)
 from qiip_core._errors._operations import (
     AcquisitionPaused,
     ArtifactAmbiguous,
@@ -184,6 +198,10 @@ __all__ = [
     "BmcUnauthorized",
     "BmcUnreachable",
     "ConfigError",
+    "DeploymentConflict",
+    "DeploymentError",
+    "DeploymentInvalid",
+    "DeploymentNotFound",
     "DigestMismatch",
     "DownloadFailed",
     "EndpointError",
@@ -198,6 +216,8 @@ __all__ = [
     "HostKeyMismatch",
     "HostNotAllowed",
     "HostNotFound",
+    "HostNotInPool",
+    "HostPoolError",
     "HostReserved",
     "LeaseLost",
     "LlmfitError",

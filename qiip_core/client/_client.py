@@ -22,6 +22,7 @@ import json
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 import httpx
 import httpx_sse
@@ -512,6 +513,92 @@ class QiipClient:
                     yield delta
         except httpx.HTTPError as exc:
             raise DaemonUnreachable(f"The stream from {self.url} broke: {exc!r}.") from exc
+
+    # -- deployments and the host pool --------------------------------------------------------------------
+
+    async def deployments(self) -> list[dict[str, Any]]:
+        """Every deployment with its status (`GET /admin/deployments`), by name."""
+        payload = await self._admin_json("GET", "/admin/deployments")
+        return list(payload.get("deployments", []))
+
+    async def deployment(self, name: str) -> dict[str, Any]:
+        """One deployment with its status: `{name, generation, spec, template, history, deleting, status}`.
+
+        Raises:
+            ApiError: 404 `deployment_not_found`.
+        """
+        return dict(await self._admin_json("GET", f"/admin/deployments/{quote(name, safe='/')}"))
+
+    async def apply_deployment(self, spec: Mapping[str, Any], *, generation: int | None = None) -> dict[str, Any]:
+        """Create or replace a deployment (`PUT /admin/deployments/{name}`), only over `generation` when given
+        (0: only if it does not exist). Returns the stored deployment with `changed`.
+
+        Raises:
+            ApiError: 422 `invalid_deployment` (its `violations` name every field at fault), 409 `conflict` (a
+                stale generation, a deployment being deleted, a name other nodes serve).
+        """
+        name = str(spec.get("name", ""))
+        path = f"/admin/deployments/{quote(name, safe='/')}"
+        if generation is not None:
+            path += f"?generation={generation}"
+        return dict(await self._admin_json("PUT", path, spec))
+
+    async def scale_deployment(self, name: str, replicas: int, *, generation: int | None = None) -> dict[str, Any]:
+        """Set a deployment's replica count (`POST …/scale`)."""
+        body: dict[str, Any] = {"replicas": replicas}
+        if generation is not None:
+            body["generation"] = generation
+        return dict(await self._admin_json("POST", f"/admin/deployments/{quote(name, safe='/')}/scale", body))
+
+    async def rollout(self, name: str, changes: Mapping[str, Any]) -> dict[str, Any]:
+        """Roll out a new `source`, `engine` or `runtime` (`POST …/rollout`)."""
+        return dict(await self._admin_json("POST", f"/admin/deployments/{quote(name, safe='/')}/rollout", changes))
+
+    async def rollout_undo(self, name: str) -> dict[str, Any]:
+        """Go back to the previous template (`POST …/rollout/undo`; 409 when there is none)."""
+        return dict(await self._admin_json("POST", f"/admin/deployments/{quote(name, safe='/')}/rollout/undo", {}))
+
+    async def explain(self, name: str) -> dict[str, Any]:
+        """The last placement decision of a deployment (`GET …/explain`; `{"explain": null}` before any)."""
+        return dict(await self._admin_json("GET", f"/admin/deployments/{quote(name, safe='/')}/explain"))
+
+    async def delete_deployment(self, name: str) -> dict[str, Any]:
+        """Delete a deployment: its replicas drain and are torn down, then it goes (`DELETE`, 202)."""
+        return dict(await self._admin_json("DELETE", f"/admin/deployments/{quote(name, safe='/')}"))
+
+    async def deployment_events(
+        self, name: str, *, follow: bool = True, after: int = 0
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        """A deployment's events (`GET …/events`), kept then (with `follow`) live: `{at, kind, message, host, seq}`;
+        the iterator ends when the deployment is removed.
+
+        Raises:
+            DaemonUnreachable, Unauthorized: the stream could not be opened or broke.
+            ApiError: 404 `deployment_not_found`.
+        """
+        params = {"follow": "true" if follow else "false", "after": str(after)}
+        path = f"/admin/deployments/{quote(name, safe='/')}/events"
+        async for event, data in self._sse_stream(path, params, frozenset({"deployment", "gone"})):
+            if event == "gone":
+                return
+            yield data
+
+    async def hosts(self) -> list[dict[str, Any]]:
+        """The host pool (`GET /admin/hosts`): each host with what the daemon knows of it."""
+        payload = await self._admin_json("GET", "/admin/hosts")
+        return list(payload.get("hosts", []))
+
+    async def add_host(self, host: Mapping[str, Any]) -> dict[str, Any]:
+        """Add a host to the pool (`POST /admin/hosts`): `{name, labels?, gpus?, memory_mib?}`."""
+        return dict(await self._admin_json("POST", "/admin/hosts", host))
+
+    async def remove_host(self, name: str) -> None:
+        """Remove an added host from the pool (`DELETE /admin/hosts/{name}`)."""
+        try:
+            response = await self._admin.request("DELETE", f"/admin/hosts/{quote(name, safe='')}")
+        except httpx.HTTPError as exc:
+            raise DaemonUnreachable(f"The daemon at {self.url} does not answer: {exc!r}.") from exc
+        _raise_for(response, self.url)
 
 
 def _lent_only(item: Any) -> bool:

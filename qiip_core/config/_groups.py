@@ -356,6 +356,9 @@ class EtcdSettings(_Group):
     """Key prefix of invoke tokens (`registry.backend = "etcd"`): `<tokens_prefix><token_id>`."""
     telemetry_prefix: str = "/telemetry/"
     """Key prefix of live GPU readings `qiip agent` publishes: `<telemetry_prefix><node_id>`, under a lease."""
+    deployments_prefix: str = "/deployments/"
+    """Key prefix of deployments (`spec/<name>`), their statuses (`status/<name>`), the pool's added hosts
+    (`hosts/<name>`) and the controller's leader lease (`leader`)."""
     lease_ttl_s: int = Field(default=600, gt=300, le=86_400)
     """Lease of a managed node's key; refreshed after each successful health probe of the node, so a node
     nobody can reach expires by itself. Must exceed 300 s and three health intervals."""
@@ -376,7 +379,7 @@ class EtcdSettings(_Group):
     password: SecretStr | None = None
     """Password of `username`; never logged."""
 
-    @field_validator("prefix", "provisioning_prefix", "tokens_prefix", "telemetry_prefix")
+    @field_validator("prefix", "provisioning_prefix", "tokens_prefix", "telemetry_prefix", "deployments_prefix")
     @classmethod
     def _prefix(cls, value: str) -> str:
         if not value.startswith("/") or not value.endswith("/"):
@@ -413,6 +416,18 @@ class EtcdSettings(_Group):
                 raise ValueError(
                     f"etcd.telemetry_prefix ({self.telemetry_prefix}) and etcd.{name} ({other}) overlap; "
                     "give GPU readings a key prefix of their own, such as /telemetry/"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _deployments_apart(self) -> EtcdSettings:
+        # A deployment record under another prefix would be read as a (malformed) registration, token or task.
+        for name in ("prefix", "provisioning_prefix", "tokens_prefix", "telemetry_prefix"):
+            other: str = getattr(self, name)
+            if self.deployments_prefix.startswith(other) or other.startswith(self.deployments_prefix):
+                raise ValueError(
+                    f"etcd.deployments_prefix ({self.deployments_prefix}) and etcd.{name} ({other}) overlap; "
+                    "give deployments a key prefix of their own, such as /deployments/"
                 )
         return self
 

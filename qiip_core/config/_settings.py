@@ -30,6 +30,7 @@ from pydantic_settings import (
 
 from qiip_core._errors import ConfigError
 from qiip_core.config._admission import AdmissionSettings, ModelAdmission
+from qiip_core.config._deployments import DeploymentSettings, GpuSpec, HostSpec
 from qiip_core.config._groups import (
     AdminSettings,
     AttachedProfile,
@@ -60,8 +61,11 @@ __all__ = [
     "AttachedProfile",
     "AuthSettings",
     "BreakerSettings",
+    "DeploymentSettings",
     "EtcdSettings",
+    "GpuSpec",
     "HealthSettings",
+    "HostSpec",
     "LlamaCppEngineSettings",
     "LocalNodeConfig",
     "LoggingSettings",
@@ -119,12 +123,15 @@ class Settings(BaseSettings):
     redfish: RedfishSettings = Field(default_factory=RedfishSettings)
     quads: QuadsSettings = Field(default_factory=QuadsSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+    deployments: DeploymentSettings = Field(default_factory=DeploymentSettings)
     nodes: list[NodeConfig] = Field(default_factory=list)
     """Nodes declared in the config file."""
     local_nodes: list[LocalNodeConfig] = Field(default_factory=list)
     """llama.cpp nodes this daemon launches itself."""
     attached: list[AttachedProfile] = Field(default_factory=list)
     """Approved existing OpenAI-compatible servers that may be attached as nodes."""
+    hosts: list[HostSpec] = Field(default_factory=list)
+    """The host pool deployments may place replicas on (besides `qiip host add` and QUADS-lent hosts)."""
 
     @field_validator("state_dir", mode="before")
     @classmethod

@@ -1,0 +1,155 @@
+"""Deployments: declare a model and its replicas; QIIP places them on fitting hosts, provisions them, and keeps
+them through failures, QUADS reclaims and rollouts.
+
+```
+DeploymentSpec / parse_spec(data)              what an operator writes (TOML or JSON), checked field by field
+Deployment, Template, DeploymentStatus         the stored record (with its generation and resolved template)
+                                               and what the controller observed and decided
+HostSpec / HostView                            the host pool: declared, added, QUADS-lent; and what is known now
+place(deployment, hosts, …)                    filter, score, choose; an explain for every host
+reconcile(deployment, status, replicas, …)     one pure pass: the next idempotent steps and the new status
+DeploymentController                           the loop: leader lease, observe, reconcile, act, store status
+DeploymentStore (embedded, etcd)               records, statuses and added hosts in the registry's backend
+Leadership (file lock, etcd lease)             one active controller per fleet, with a fencing token
+```
+"""
+
+from __future__ import annotations
+
+from qiip_core.deployments._apply import Resolve, apply, delete, resolve_source, rollout, scale, undo
+from qiip_core.deployments._autoscale import Demand, autoscale, metric_of
+from qiip_core.deployments._controller import Actuator, DeploymentController, Observation, Observer, PlannerFit
+from qiip_core.deployments._hosts import (
+    GpuSpec,
+    GpuView,
+    HostPool,
+    HostSpec,
+    HostView,
+    Occupant,
+    QuadsWindow,
+    declared_gpus,
+)
+from qiip_core.deployments._leader import EtcdLeadership, FileLeadership, Leadership, create_leadership
+from qiip_core.deployments._placement import Fit, FitCheck, PlacementInput, host_devices, place
+from qiip_core.deployments._reconcile import (
+    Action,
+    Decision,
+    Forget,
+    ObservedReplica,
+    Place,
+    ReconcileConfig,
+    RemoveDeployment,
+    Retire,
+    reconcile,
+)
+from qiip_core.deployments._resource import (
+    MAX_EVENTS,
+    MAX_HISTORY,
+    AutoscaleStatus,
+    Condition,
+    Deployment,
+    DeploymentEvent,
+    DeploymentStatus,
+    HostChoice,
+    HostFailure,
+    PlacementExplain,
+    ReplicaState,
+    ReplicaStatus,
+    ResolvedSource,
+    RolloutStatus,
+    Template,
+)
+from qiip_core.deployments._service import DeploymentService, read_template_shape
+from qiip_core.deployments._spec import (
+    DEPLOYMENT_NAME_RE,
+    Autoscale,
+    Capacity,
+    DeploymentSpec,
+    HubSource,
+    Placement,
+    Runtime,
+    Source,
+    UpdateStrategy,
+    parse_spec,
+)
+from qiip_core.deployments._store import (
+    DeploymentStore,
+    EmbeddedDeploymentStore,
+    EtcdDeploymentStore,
+    create_deployment_store,
+)
+
+__all__ = [
+    "DEPLOYMENT_NAME_RE",
+    "MAX_EVENTS",
+    "MAX_HISTORY",
+    "Action",
+    "Actuator",
+    "Autoscale",
+    "AutoscaleStatus",
+    "Capacity",
+    "Condition",
+    "Decision",
+    "Demand",
+    "Deployment",
+    "DeploymentController",
+    "DeploymentEvent",
+    "DeploymentService",
+    "DeploymentSpec",
+    "DeploymentStatus",
+    "DeploymentStore",
+    "EmbeddedDeploymentStore",
+    "EtcdDeploymentStore",
+    "EtcdLeadership",
+    "FileLeadership",
+    "Fit",
+    "FitCheck",
+    "Forget",
+    "GpuSpec",
+    "GpuView",
+    "HostChoice",
+    "HostFailure",
+    "HostPool",
+    "HostSpec",
+    "HostView",
+    "HubSource",
+    "Leadership",
+    "Observation",
+    "ObservedReplica",
+    "Observer",
+    "Occupant",
+    "Place",
+    "Placement",
+    "PlacementExplain",
+    "PlacementInput",
+    "PlannerFit",
+    "QuadsWindow",
+    "ReconcileConfig",
+    "RemoveDeployment",
+    "Resolve",
+    "ReplicaState",
+    "ReplicaStatus",
+    "ResolvedSource",
+    "Retire",
+    "RolloutStatus",
+    "Runtime",
+    "Source",
+    "Template",
+    "UpdateStrategy",
+    "apply",
+    "autoscale",
+    "create_deployment_store",
+    "create_leadership",
+    "declared_gpus",
+    "delete",
+    "host_devices",
+    "metric_of",
+    "parse_spec",
+    "place",
+    "read_template_shape",
+    "reconcile",
+    "resolve_source",
+    "rollout",
+    "scale",
+    "undo",
+]

@@ -1,0 +1,137 @@
+"""The controller's loop over an in-memory fleet: one leader per state directory (another takes over when it
+resigns or dies), statuses written only when they change, refusals said once, autoscaled counts applied."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from qiip_core import HostBusy
+from qiip_core.deployments import (
+    Demand,
+    Deployment,
+    DeploymentController,
+    FileLeadership,
+    Fit,
+    GpuView,
+    HostView,
+    ReconcileConfig,
+    ReplicaState,
+    ResolvedSource,
+    Template,
+    parse_spec,
+)
+from qiip_core.planner import DeviceMemory
+from tests.support.deployments import InMemoryDeploymentStore, InMemoryFleet
+
+
+def fits(template: Template, devices: tuple[DeviceMemory, ...]) -> Fit:
+    return Fit(True, "fits", used_mib=1, total_mib=sum(d.total_mib for d in devices))
+
+
+def hosts(n: int) -> list[HostView]:
+    return [HostView(name=f"h{i}", origin="config", gpus=(GpuView(0, "NVIDIA L4", 23_034),)) for i in range(n)]
+
+
+def a_deployment(name: str = "coder", replicas: int = 2, **spec: object) -> Deployment:
+    parsed = parse_spec({"name": name, "source": {"artifact": "aaaaaaaa"}, "replicas": replicas, **spec})
+    return Deployment(spec=parsed, template=Template(engine="llama_cpp", source=ResolvedSource(model="m.gguf")))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = datetime(2026, 12, 1, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def controller(
+    store: InMemoryDeploymentStore, fleet: InMemoryFleet, leadership: FileLeadership, clock: Clock, **kw: object
+) -> DeploymentController:
+    return DeploymentController(
+        store=store,
+        observer=fleet,
+        actuator=fleet,
+        leadership=leadership,
+        config=ReconcileConfig(),
+        fit=fits,
+        clock=clock,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+async def test_only_the_leader_acts_and_another_takes_over_when_it_resigns(tmp_path: Path) -> None:
+    store, fleet, clock = InMemoryDeploymentStore(), InMemoryFleet(hosts(4)), Clock()
+    await store.write(a_deployment(), expected_generation=None)
+    first = controller(store, fleet, FileLeadership(tmp_path, "gw-a:8080"), clock)
+    second = controller(store, fleet, FileLeadership(tmp_path, "gw-b:8080"), clock)
+    assert await first.tick() and not await second.tick()
+    assert second.leadership.leader == "gw-a:8080"
+    assert len(fleet.replicas) == 2
+    await first.aclose()
+    assert await second.tick()
+    assert second.leadership.token == first.leadership.token + 1 or second.leadership.token > 0
+    assert len(fleet.replicas) == 2  # the new leader sees the same replicas and places nothing more
+
+
+def test_a_leader_killed_with_sigkill_frees_the_lease_for_another_gateway(tmp_path: Path) -> None:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from qiip_core.deployments import "
+         "FileLeadership; import asyncio; l = FileLeadership(Path(sys.argv[1]), 'gw-a'); "
+         "assert asyncio.run(l.campaign()); print('leading', flush=True); time.sleep(600)", str(tmp_path)],
+        stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])},
+    )  # fmt: skip
+    assert holder.stdout is not None and holder.stdout.readline() == b"leading\n"
+    import asyncio
+
+    other = FileLeadership(tmp_path, "gw-b")
+    assert not asyncio.run(other.campaign())
+    holder.kill()
+    holder.wait()
+    holder.stdout.close()
+    assert asyncio.run(other.campaign()) and other.token == 2
+
+
+async def test_a_pass_that_changes_nothing_writes_no_status_and_a_refusal_is_said_once(tmp_path: Path) -> None:
+    store, fleet, clock = InMemoryDeploymentStore(), InMemoryFleet(hosts(3)), Clock()
+    await store.write(a_deployment(replicas=1), expected_generation=None)
+    ctl = controller(store, fleet, FileLeadership(tmp_path, "gw"), clock)
+    await ctl.tick()
+    fleet.advance()
+    await ctl.tick()
+    written = store.status_records["coder"]
+    clock.now += timedelta(seconds=2)
+    await ctl.tick()
+    assert store.status_records["coder"] is written  # nothing changed: not rewritten
+
+    async def busy(deployment: Deployment, host: str, template: Template) -> None:
+        raise HostBusy(f"Host {host} is busy", host=host)
+
+    fleet.place = busy  # type: ignore[method-assign]
+    await ctl.store.write(a_deployment(replicas=2), expected_generation=None)
+    for _ in range(3):
+        clock.now += timedelta(seconds=2)
+        await ctl.tick()
+    waiting = [e for e in store.status_records["coder"].events if e.kind == "waiting"]
+    assert len(waiting) == 1 and "is busy" in waiting[0].message
+
+
+async def test_an_active_autoscaler_sets_the_count_the_controller_holds(tmp_path: Path) -> None:
+    store, fleet, clock = InMemoryDeploymentStore(), InMemoryFleet(hosts(4)), Clock()
+    autoscale = {"min": 1, "max": 3, "target": 1.0, "up_window_s": 0, "cooldown_s": 0, "mode": "active"}
+    await store.write(a_deployment(replicas=1, autoscale=autoscale), expected_generation=None)
+    load = {"coder": Demand(in_flight=6, slots=2)}
+    ctl = controller(store, fleet, FileLeadership(tmp_path, "gw"), clock, demand=lambda name: load[name])
+    await ctl.tick()
+    fleet.advance()
+    clock.now += timedelta(seconds=2)
+    await ctl.tick()
+    fleet.advance()
+    status = store.status_records["coder"]
+    assert status.autoscale.desired == 3 and status.desired == 3
+    assert sum(1 for r in fleet.replicas.values() if r.state is ReplicaState.READY) == 3
+    assert any(e.kind == "scaled" and "1 → 3" in e.message for e in status.events)
