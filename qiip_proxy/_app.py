@@ -21,6 +21,7 @@ from qiip_proxy._auth_gate import AdminGate
 from qiip_proxy._chat_page import add_chat_page
 from qiip_proxy._client_api import router as client_router
 from qiip_proxy._client_configs import router as client_configs_router
+from qiip_proxy._deployments import router as deployments_router
 from qiip_proxy._errors import RequestRefused, error_response
 from qiip_proxy._gateway import Gateway
 from qiip_proxy._http import HeadAsGet, with_allowed_hosts, with_cors
@@ -71,6 +72,7 @@ def create_app(settings: Settings, *, board: InFlightBoard | None = None) -> Fas
         app.include_router(admin_router)
         app.include_router(journal_router)
         app.include_router(models_router)
+        app.include_router(deployments_router)
 
     add_error_handlers(app)
 

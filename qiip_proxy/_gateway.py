@@ -17,6 +17,13 @@ from qiip_core import NodeNotFound, QiipError
 from qiip_core.auth import AuthThrottle, TokenStore, create_token_store
 from qiip_core.catalog import DownloadManager, default_cache_dir, model_store_for
 from qiip_core.config import Settings
+from qiip_core.deployments import (
+    DeploymentService,
+    FleetObserver,
+    ProvisioningActuator,
+    create_deployment_store,
+    create_leadership,
+)
 from qiip_core.discovery import (
     Registry,
     RegistryEvent,
@@ -29,7 +36,7 @@ from qiip_core.health import HealthChecker
 from qiip_core.journal import Journal
 from qiip_core.lifecycle import OperationRunner
 from qiip_core.nodes import Node, NodeStatus
-from qiip_core.provisioning import Provisioner
+from qiip_core.provisioning import Provisioner, gateway_owner
 from qiip_core.quads import QuadsService
 from qiip_core.recommendations import Recommender
 from qiip_core.routing import (
@@ -161,6 +168,24 @@ class Gateway:
             QuadsService(settings.quads, self.provisioner, self.table) if settings.quads.enabled else None
         )
         """The QUADS scheduler's hosts, reservations and schedule enforcement (`[quads]`); None without it."""
+        deployment_store = create_deployment_store(settings)
+        self.deployments = DeploymentService(
+            settings,
+            store=deployment_store,
+            observer=FleetObserver(
+                settings,
+                store=deployment_store,
+                table=self.table,
+                provisioner=self.provisioner,
+                quads=lambda: self.quads.poller.snapshot if self.quads is not None else None,
+                telemetry=self.telemetry,
+            ),
+            actuator=ProvisioningActuator(self.provisioner, self.fleet),
+            leadership=create_leadership(settings, gateway_owner(settings)),
+            models_in_use=self._models_without_deployment,
+        )
+        """Deployments: their records, the host pool, and the controller that keeps their replicas (`[deployments]`;
+        it runs in the primary process, and with etcd in the one gateway that leads)."""
         self.tokens: TokenStore = create_token_store(settings)
         # Streams running on each invoke token, ended at once when the token is revoked or expires.
         self.streams_by_token: dict[str, set[Callable[[], None]]] = {}
@@ -183,6 +208,15 @@ class Gateway:
         self.journal.close()
         for end in list(self.on_shutdown_begun):
             end()
+
+    def _models_without_deployment(self) -> dict[str, list[str]]:
+        """The models nodes serve that no deployment owns, with those nodes' ids."""
+        found: dict[str, list[str]] = {}
+        for state in self.table:
+            node = state.effective_node()
+            if node.deployment is None and not state.removed:
+                found.setdefault(node.model, []).append(node.id)
+        return found
 
     def quads_view(self, node_id: str) -> dict[str, Any] | None:
         """The `quads` key of a node's view: what QUADS says of its host (None without QUADS, or for a host QUADS
@@ -280,6 +314,7 @@ class Gateway:
         self.local_nodes.start()
         if self.quads is not None:
             self.quads.start()
+        self.deployments.start()
         if self.table.board is not None:
             self._sweep = asyncio.create_task(sweep_removed(self.table), name="qiip-sweep")
         if self.workers is not None:
@@ -298,6 +333,7 @@ class Gateway:
             if not task.done():
                 await asyncio.to_thread(self.model_store.pause, revision_id)
         await asyncio.gather(*self.acquisitions.values(), return_exceptions=True)
+        await self.deployments.aclose()
         if self.quads is not None:
             await self.quads.aclose()
         await self.provisioner.aclose()

@@ -34,6 +34,10 @@ class QuadsSettings(_Group):
     lookahead_s: float = Field(default=86_400.0, gt=0, le=30 * 86_400)
     """How far ahead a reservation counts: a host reserved within it is not set up, and a managed node on it is
     torn down (default 24 h)."""
+    replica_teardown_before_s: float = Field(default=900.0, gt=0, le=30 * 86_400)
+    """For a deployment's replica, how long before the reservation starts the enforcement tears it down if it is
+    still there (15 min): from the lookahead on, its deployment replaces it elsewhere first (make-before-break), and
+    this is the backstop. Other managed nodes are torn down as soon as the reservation is within the lookahead."""
     enforce_interval_s: PositiveSeconds = 300.0
     """Seconds between checks of the managed nodes against the schedule."""
     backoff_initial_s: PositiveSeconds = 60.0

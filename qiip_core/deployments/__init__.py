@@ -19,6 +19,7 @@ from __future__ import annotations
 from qiip_core.deployments._apply import Resolve, apply, delete, resolve_source, rollout, scale, undo
 from qiip_core.deployments._autoscale import Demand, autoscale, metric_of
 from qiip_core.deployments._controller import Actuator, DeploymentController, Observation, Observer, PlannerFit
+from qiip_core.deployments._fleet import FleetObserver, ProvisioningActuator, gpu_memory_from_name
 from qiip_core.deployments._hosts import (
     GpuSpec,
     GpuView,
@@ -104,6 +105,7 @@ __all__ = [
     "FileLeadership",
     "Fit",
     "FitCheck",
+    "FleetObserver",
     "Forget",
     "GpuSpec",
     "GpuView",
@@ -123,6 +125,7 @@ __all__ = [
     "PlacementExplain",
     "PlacementInput",
     "PlannerFit",
+    "ProvisioningActuator",
     "QuadsWindow",
     "ReconcileConfig",
     "RemoveDeployment",
@@ -142,6 +145,7 @@ __all__ = [
     "create_leadership",
     "declared_gpus",
     "delete",
+    "gpu_memory_from_name",
     "host_devices",
     "metric_of",
     "parse_spec",

@@ -77,6 +77,9 @@ class ObservedReplica:
     """Its last teardown failed (the host is unreachable): the node is forgotten instead."""
     serving: bool = False
     """Whether it is routable (ready)."""
+    registered: bool = True
+    """Whether a node is registered for it; False for an operation that has not registered one (yet): a failed
+    setup that never did leaves nothing to tear down, only a failure to count."""
 
 
 @dataclass(frozen=True)
@@ -261,6 +264,9 @@ def reconcile(
     for host in prev_replicas:
         if host not in seen:
             seq = _event(events, seq, now, "torn_down", f"replica on {host} is gone", host)
+    # A setup that failed before registering its node left nothing behind: its failure is counted above, and it
+    # is no replica any more.
+    observed = [r for r in observed if r.registered or r.state is not ReplicaState.FAILED]
     failures = {h: f for h, f in failures.items() if f.until > now - timedelta(hours=6)}
 
     if not rollout.paused and rollout.failures >= config.rollout_max_failures:

@@ -21,6 +21,7 @@ __all__ = [
     "LIFECYCLE_STATUSES",
     "LIVENESS_STATUSES",
     "ApiName",
+    "DeploymentRef",
     "Engine",
     "LlamaCppRuntime",
     "Node",
@@ -128,6 +129,21 @@ class LlamaCppRuntime(BaseModel):
         return value
 
 
+class DeploymentRef(BaseModel):
+    """The deployment a node is a replica of (`qiip_core.deployments`): the node was created by its controller, which
+    alone changes or removes it.
+
+    Attributes:
+        name: the deployment's name (the model the node serves).
+        template: the hash of the template the replica runs (another hash: an old replica a rollout replaces).
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    name: str = Field(min_length=1, max_length=128)
+    template: str = Field(pattern=r"^[0-9a-f]{12}$")
+
+
 class Node(BaseModel):
     """A registered inference node.
 
@@ -143,6 +159,7 @@ class Node(BaseModel):
         capabilities: what the node serves.
         managed: True when QIIP launched the node and owns its lifecycle.
         last_heartbeat: the last successful health observation (UTC).
+        deployment: the deployment the node is a replica of, when a deployment's controller created it.
     """
 
     model_config = ConfigDict(extra="ignore", frozen=True)
@@ -157,6 +174,7 @@ class Node(BaseModel):
     capabilities: NodeCapabilities = Field(default_factory=NodeCapabilities)
     managed: bool = False
     last_heartbeat: datetime | None = None
+    deployment: DeploymentRef | None = None
 
     @field_validator("model")
     @classmethod

@@ -39,7 +39,7 @@ from qiip_core.config import Settings
 from qiip_core.discovery import read_token_file
 from qiip_core.engines.llamacpp import LlamaCppInstaller, fetch_archive, launch_spec_for, read_gguf_metadata
 from qiip_core.lifecycle import Fleet
-from qiip_core.nodes import Engine, Node, NodeCapabilities, NodeStatus
+from qiip_core.nodes import DeploymentRef, Engine, Node, NodeCapabilities, NodeStatus
 from qiip_core.planner import (
     AutoPolicy,
     CustomPolicy,
@@ -136,6 +136,7 @@ class SetupRequest:
         managed: register the node as managed (leased; torn down by QIIP).
         sizing: llama.cpp's sizing policy (default: automatic).
         artifact_id: the catalog generation `model` was resolved from (llama.cpp), carried by the node record.
+        deployment: the deployment the node will be a replica of (its controller asked for the setup).
     """
 
     hostname: str
@@ -145,6 +146,7 @@ class SetupRequest:
     managed: bool = True
     sizing: AutoPolicy | CustomPolicy | None = None
     artifact_id: str | None = None
+    deployment: DeploymentRef | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -620,6 +622,7 @@ async def _setup(setup: _Setup, power_on: PowerOn | None) -> dict[str, Any]:
             status=NodeStatus.PROVISIONING,
             capabilities=NodeCapabilities(endpoints=("chat", "completions")),
             artifact_id=setup.request.artifact_id,
+            deployment=setup.request.deployment,
         )
         setup.node = node
         try:

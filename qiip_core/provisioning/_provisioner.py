@@ -189,6 +189,7 @@ class Provisioner:
             operation_id=operation_id,
             owner=self.store.owner,
             generation=lease.generation,
+            deployment=request.deployment,
         )
 
         async def work(operation: Operation) -> dict[str, Any]:
@@ -338,6 +339,7 @@ class Provisioner:
         task = ProvisioningTask(
             hostname=host, kind="teardown", engine=engine.value, current_step="draining", operation_id=operation_id,
             owner=self.store.owner, generation=lease.generation,
+            deployment=state.effective_node().deployment if state is not None else None,
         )  # fmt: skip
 
         async def work(operation: Operation) -> dict[str, Any]:

@@ -50,6 +50,7 @@ from etcd3gw.lease import Lease
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from qiip_core._errors import HostBusy, LeaseLost, RegistryUnavailable
+from qiip_core.nodes import DeploymentRef
 from qiip_core.storage import EtcdClient, LockedJsonFile, b64, load_json_object, unb64
 
 if TYPE_CHECKING:
@@ -127,6 +128,8 @@ class ProvisioningTask(BaseModel):
     generation: int | None = None
     """The fencing generation of the host lease the operation held when it wrote the record; None: a record of
     an older gateway, never fenced."""
+    deployment: DeploymentRef | None = None
+    """The deployment whose replica the operation sets up or tears down, when its controller started it."""
 
     @property
     def id(self) -> str:

@@ -64,6 +64,10 @@ class QuadsEnforcer:
                 found[normalise_host(state.id)] = state.id
         return found
 
+    def _replica(self, node_id: str) -> bool:
+        state = self.table.get(node_id)
+        return state is not None and state.effective_node().deployment is not None
+
     def _collect(self, now: datetime) -> None:
         """Count the teardowns that ended since the last tick: a failure backs off, a success forgets the host."""
         for host, operation in list(self.running.items()):
@@ -92,13 +96,27 @@ class QuadsEnforcer:
         if snapshot is None:
             return []
         managed = await self.managed_hosts()
-        plans = plan_teardowns(
-            managed,
-            snapshot,
-            now,
-            lookahead_s=self.settings.lookahead_s,
-            backoffs=self.backoffs,
-            busy=self.running,
+        # A deployment's replica is moved make-before-break by its controller from the lookahead on; the enforcement
+        # tears it down only `replica_teardown_before_s` before the reservation, if it is still there.
+        replicas = {h for h, node_id in managed.items() if self._replica(node_id)}
+        plans = sorted(
+            plan_teardowns(
+                [h for h in managed if h not in replicas],
+                snapshot,
+                now,
+                lookahead_s=self.settings.lookahead_s,
+                backoffs=self.backoffs,
+                busy=self.running,
+            )
+            + plan_teardowns(
+                replicas,
+                snapshot,
+                now,
+                lookahead_s=min(self.settings.lookahead_s, self.settings.replica_teardown_before_s),
+                backoffs=self.backoffs,
+                busy=self.running,
+            ),
+            key=lambda t: (t.conflict_at, t.host),
         )
         started: list[Teardown] = []
         for plan in plans:

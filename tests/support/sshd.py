@@ -158,6 +158,15 @@ class FakeHost:
     def path_env(self) -> str:
         return f"{self.bin}:/usr/local/bin:/usr/bin:/bin"
 
+    @property
+    def authorized_keys(self) -> Path:
+        """The keys sshd accepts for this host alone (`AuthorizedKeysFile` in its `Match` block)."""
+        return self.root / "etc" / "ssh" / "authorized_keys"
+
+    def refuse_ssh(self) -> None:
+        """From now on, sshd refuses every login to this host (as a host whose sshd is down would be unusable)."""
+        self.authorized_keys.unlink(missing_ok=True)
+
     def hold(self, name: str) -> None:
         """Hold the next run of `name` (`lspci`, `iptables`, `llama-server`) until `release(name)`."""
         (self.root / "etc" / "hold").mkdir(parents=True, exist_ok=True)
@@ -297,9 +306,12 @@ class SshHosts:
             f"LogLevel {self.log_level}",
         ]
         for host in self.hosts:
+            host.authorized_keys.parent.mkdir(parents=True, exist_ok=True)
+            host.authorized_keys.write_text(authorized.read_text())
             lines += [
                 f"Match LocalAddress {host.address}",
                 f"  SetEnv QIIPNODE_ROOT={host.root} QIIPNODE_BIND={host.address} PATH={host.path_env()}",
+                f"  AuthorizedKeysFile {host.authorized_keys}",
             ]
         config = self.base / "sshd_config"
         config.write_text("\n".join(lines) + "\n")

@@ -1,0 +1,257 @@
+"""The admin API of deployments and the host pool.
+
+```
+GET    /admin/deployments                                every deployment with its status
+POST   /admin/deployments                                create (409 when the name is taken)        → 201
+PUT    /admin/deployments/{name}?generation=N            create or replace; with `generation`, only if the stored
+                                                         one is at N (0: only if absent)            → 200 / 201
+GET    /admin/deployments/{name}                         {name, generation, spec, template, history, status}
+DELETE /admin/deployments/{name}                         drain and tear down every replica, then the record → 202
+POST   /admin/deployments/{name}/scale                   {"replicas": N, "generation"?: G}
+POST   /admin/deployments/{name}/rollout                 {"source"?, "engine"?, "runtime"?, "generation"?}
+POST   /admin/deployments/{name}/rollout/undo            {"generation"?}
+GET    /admin/deployments/{name}/explain                 the last placement: every host, chosen or not, and why
+GET    /admin/deployments/{name}/events?follow=true      server-sent `event: deployment` per event, kept then live
+GET    /admin/hosts                                      the host pool and what is known of each host
+POST   /admin/hosts                                      add a host {name, labels?, gpus?, memory_mib?}   → 201
+DELETE /admin/hosts/{name}                               remove an added host                       → 204
+```
+
+A refused spec answers 422 `invalid_deployment` with `param` naming the first field at fault and every violation
+in `violations`; a stale generation 409 `conflict`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from qiip_core import DeploymentInvalid, QiipError
+from qiip_core._violation import Violation
+from qiip_proxy._admin import AdminError, require_admin
+from qiip_proxy._sse import SSE_HEADERS
+
+if TYPE_CHECKING:
+    from qiip_core.deployments import DeploymentService
+    from qiip_proxy._gateway import Gateway
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/admin", tags=["deployments"], dependencies=[Depends(require_admin)])
+
+_Generation = Annotated[int | None, Query(ge=0, description="Apply only if the stored generation is this (0: absent).")]
+
+
+class _Scale(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    replicas: int = Field(ge=0, le=1000)
+    generation: int | None = Field(default=None, ge=1)
+
+
+class _Undo(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    generation: int | None = Field(default=None, ge=1)
+
+
+def _service(request: Request) -> DeploymentService:
+    gateway: Gateway = request.app.state.gateway
+    return gateway.deployments
+
+
+async def _json(request: Request) -> Any:
+    raw = await request.body()
+    try:
+        return json.loads(raw) if raw else {}
+    except ValueError as exc:
+        raise AdminError(400, f"The body is not JSON: {exc}.", "invalid_json") from None
+
+
+async def _object(request: Request) -> dict[str, Any]:
+    data = await _json(request)
+    if not isinstance(data, dict):
+        raise AdminError(400, "The body must be a JSON object.", "invalid_json")
+    return data
+
+
+def _model(model: type[BaseModel], data: dict[str, Any]) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "body"
+        raise DeploymentInvalid(f"{field}: {first['msg']}.", violations=[Violation(field, first["msg"])]) from None
+
+
+@router.get("/deployments")
+async def list_deployments(request: Request) -> JSONResponse:
+    """Every deployment with its status: `{deployments: [...]}`, by name."""
+    return JSONResponse({"deployments": await _service(request).views()})
+
+
+@router.post("/deployments", status_code=201)
+async def create_deployment(request: Request) -> JSONResponse:
+    """Create a deployment from its spec (JSON); 409 when one of that name exists, 422 with the field at fault."""
+    service = _service(request)
+    deployment, _ = await service.apply(await _object(request), expected_generation=0)
+    return JSONResponse(await service.view(deployment.name), status_code=201)
+
+
+@router.get("/deployments/{name:path}/explain")
+async def explain(request: Request, name: str) -> JSONResponse:
+    """The last placement decision: `{at, template, wanted, hosts: [{host, eligible, chosen, score, reasons}]}`,
+    or `{"explain": null}` before the controller placed anything."""
+    service = _service(request)
+    await service.store.get(name)
+    status = await service.status(name)
+    if status is None or status.explain is None:
+        return JSONResponse({"explain": None})
+    return JSONResponse(status.explain.model_dump(mode="json"))
+
+
+@router.get("/deployments/{name:path}/events", response_class=StreamingResponse)
+async def events(
+    request: Request,
+    name: str,
+    follow: Annotated[bool, Query(description="Keep streaming new events.")] = True,
+    after: Annotated[int, Query(ge=0, description="Only events with a sequence number above this.")] = 0,
+    heartbeat_s: Annotated[float, Query(gt=0, le=300)] = 15.0,
+) -> Response:
+    """Server-sent events of a deployment: `event: deployment` with `{at, kind, message, host, seq}`, the kept ones
+    first, then each new one as the controller records it (from any gateway sharing etcd); `event: gone` when the
+    deployment is removed. The stream ends when the daemon shuts down."""
+    service = _service(request)
+    gateway: Gateway = request.app.state.gateway
+    first = await service.events(name, after=after)
+
+    async def stream() -> AsyncIterator[bytes]:
+        ended = asyncio.Event()
+        gateway.on_shutdown_begun.add(ended.set)
+        try:
+            seq = after
+            for event in first:
+                seq = event.seq
+                yield _event(event.model_dump(mode="json"))
+            quiet = 0.0
+            while follow and not ended.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(ended.wait(), 0.5)
+                try:
+                    fresh = await service.events(name, after=seq)
+                except QiipError:  # the deployment is gone (or the store is down): say so and end
+                    yield b"event: gone\ndata: {}\n\n"
+                    return
+                for event in fresh:
+                    seq = event.seq
+                    yield _event(event.model_dump(mode="json"))
+                quiet = 0.0 if fresh else quiet + 0.5
+                if quiet >= heartbeat_s:
+                    quiet = 0.0
+                    yield b": heartbeat\n\n"
+        finally:
+            gateway.on_shutdown_begun.discard(ended.set)
+
+    return StreamingResponse(stream(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+def _event(data: dict[str, Any]) -> bytes:
+    return b"event: deployment\ndata: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+
+
+@router.post("/deployments/{name:path}/scale")
+async def scale(request: Request, name: str) -> JSONResponse:
+    """Set the replica count: `{"replicas": N}` (0–1000), with `generation` as a precondition if given."""
+    body: _Scale = _model(_Scale, await _object(request))
+    service = _service(request)
+    await service.scale(name, body.replicas, expected_generation=body.generation)
+    return JSONResponse(await service.view(name))
+
+
+@router.post("/deployments/{name:path}/rollout/undo")
+async def rollout_undo(request: Request, name: str) -> JSONResponse:
+    """Go back to the previous template (409 when there is none)."""
+    body: _Undo = _model(_Undo, await _object(request))
+    service = _service(request)
+    await service.undo(name, expected_generation=body.generation)
+    return JSONResponse(await service.view(name))
+
+
+@router.post("/deployments/{name:path}/rollout")
+async def rollout(request: Request, name: str) -> JSONResponse:
+    """Roll out a new `source`, `engine` or `runtime` (any of them), with `generation` as a precondition if given."""
+    data = await _object(request)
+    generation = data.pop("generation", None)
+    if generation is not None and (not isinstance(generation, int) or isinstance(generation, bool) or generation < 1):
+        raise DeploymentInvalid(
+            "generation must be a whole number from 1.", violations=[Violation("generation", "not a generation")]
+        )
+    service = _service(request)
+    await service.rollout(name, data, expected_generation=generation)
+    return JSONResponse(await service.view(name))
+
+
+@router.get("/deployments/{name:path}")
+async def get_deployment(request: Request, name: str) -> JSONResponse:
+    """One deployment: `{name, generation, spec, template, history, deleting, status}` (404 when absent)."""
+    return JSONResponse(await _service(request).view(name))
+
+
+@router.put("/deployments/{name:path}")
+async def put_deployment(request: Request, name: str, generation: _Generation = None) -> JSONResponse:
+    """Create or replace a deployment from its spec (JSON); the body's `name`, if given, must be the path's.
+    Answers 201 when created, 200 with `changed` false when the spec is the stored one."""
+    data = await _object(request)
+    if data.setdefault("name", name) != name:
+        raise DeploymentInvalid(
+            f"The body names deployment {data['name']!r} but the path {name!r}.",
+            violations=[Violation("name", "differs from the path")],
+        )
+    service = _service(request)
+    before = {d["name"] for d in await service.views()}
+    deployment, changed = await service.apply(data, expected_generation=generation)
+    view = await service.view(deployment.name)
+    view["changed"] = changed
+    return JSONResponse(view, status_code=201 if deployment.name not in before else 200)
+
+
+@router.delete("/deployments/{name:path}", status_code=202)
+async def delete_deployment(request: Request, name: str) -> JSONResponse:
+    """Delete a deployment: its replicas are drained and torn down, then the record goes (follow its events)."""
+    service = _service(request)
+    await service.delete(name)
+    return JSONResponse(await service.view(name), status_code=202)
+
+
+@router.get("/hosts")
+async def list_hosts(request: Request) -> JSONResponse:
+    """The host pool: `{hosts: [{name, origin, labels, gpus, gpus_from, memory_mib, quads, occupant, engines, models,
+    failure}]}`."""
+    hosts = await _service(request).pool()
+    return JSONResponse({"hosts": [h.view() for h in hosts]})
+
+
+@router.post("/hosts", status_code=201)
+async def add_host(request: Request) -> JSONResponse:
+    """Add a host to the pool: `{name, labels?, gpus?: [{product, memory_mib, count}], memory_mib?}`."""
+    try:
+        host = await _service(request).add_host(await _object(request))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "body"
+        raise AdminError(422, f"Not a host: {field}: {first['msg']}.", "invalid_host", field) from None
+    return JSONResponse(host.model_dump(mode="json"), status_code=201)
+
+
+@router.delete("/hosts/{name}", status_code=204)
+async def remove_host(request: Request, name: str) -> Response:
+    """Remove an added host; a replica on it is moved to another host by its deployment."""
+    await _service(request).remove_host(name)
+    return Response(status_code=204)
