@@ -1,8 +1,10 @@
-"""What the console remembers between runs (the theme), in `$XDG_CONFIG_HOME/qiip/console-state.json`.
+"""What the console remembers between runs (the theme, each screen's sort and filter), in
+`$XDG_CONFIG_HOME/qiip/console-state.json`.
 
 The file holds no secrets. It is written atomically (`qiip_core.storage.atomic_write`: a temporary file in the
 same directory, fsynced, then a rename), so a console killed mid-write leaves the previous state, and a state file
-that cannot be read is ignored: losing a preference must never keep the console from starting.
+that cannot be read is ignored: losing a preference must never keep the console from starting. `Preferences` is
+the app's holder of the state: it writes each change in a thread worker, so no disk I/O runs on the UI thread.
 """
 
 from __future__ import annotations
@@ -11,13 +13,19 @@ import json
 import logging
 import os
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from qiip_core.storage import atomic_write
 
-__all__ = ["ConsoleState", "default_state_path", "load_state", "save_state"]
+if TYPE_CHECKING:
+    from textual.app import App
+    from textual.worker import Worker
+
+__all__ = ["ConsoleState", "Preferences", "default_state_path", "load_state", "save_state"]
 
 logger = logging.getLogger("qiip.console")
 
@@ -56,3 +64,37 @@ def save_state(path: Path, state: ConsoleState) -> None:
         OSError: the directory cannot be created or written.
     """
     atomic_write(path, (json.dumps(state.model_dump(mode="json"), indent=2) + "\n").encode())
+
+
+class Preferences:
+    """The app's remembered preferences: read once at start, written after each change.
+
+    Args:
+        app: the app whose thread worker writes the file, and which says when it cannot.
+        path: the state file.
+    """
+
+    def __init__(self, app: App[Any], path: Path) -> None:
+        self._app = app
+        self.path = path
+        """The state file."""
+        self.state = load_state(path)
+        """The preferences as they are now."""
+
+    def remember(self, **changes: Any) -> None:
+        """Change some preferences (`ConsoleState` fields) and write them; the same values again write nothing."""
+        state = self.state.model_copy(update=changes)
+        if state != self.state:
+            self.state = state
+            self._save(state)
+
+    def _save(self, state: ConsoleState) -> Worker[None]:
+        return self._app.run_worker(
+            partial(self._write, state), group="state", exclusive=True, thread=True, exit_on_error=False
+        )
+
+    def _write(self, state: ConsoleState) -> None:
+        try:
+            save_state(self.path, state)
+        except OSError as exc:
+            self._app.call_from_thread(self._app.notify, f"Cannot remember the preferences in {self.path}: {exc}.")

@@ -111,7 +111,7 @@ class ChatScreen(ConsoleScreen[None]):
     def on_mount(self) -> None:
         self._load_models()
         self.query_one("#prompt", Input).focus()
-        self.console.connection_signal.subscribe(self, self._connection_changed)
+        self.console.connection.signal.subscribe(self, self._connection_changed)
         self.console.fleet_signal.subscribe(self, self._fleet_changed)
         self.watch(self.query_one("#model", Select), "expanded", self._model_list_toggled, init=False)
 
@@ -127,7 +127,7 @@ class ChatScreen(ConsoleScreen[None]):
             self.call_after_refresh(self.query_one("#prompt", Input).focus)
 
     def _connection_changed(self, _: object) -> None:
-        if self.console.connected:
+        if self.console.connection.connected:
             self._load_models()  # the daemon may serve other models after it comes back
 
     # -- models ------------------------------------------------------------------------------------------
@@ -258,7 +258,7 @@ class ChatScreen(ConsoleScreen[None]):
         if self.conversation.streaming is not None:
             self.workers.cancel_group(self, "chat")
         else:
-            self.console.switch_mode("fleet")
+            self.app.switch_mode("fleet")
 
     def action_clear(self) -> None:
         """Stop any answer and forget the conversation."""

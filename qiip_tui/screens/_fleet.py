@@ -18,7 +18,7 @@ __all__ = ["FleetScreen"]
 
 class FleetScreen(ConsoleScreen[None]):
     """Nodes, their state and load; Enter opens one. The app keeps the fleet current and publishes its changes
-    on `QiipConsole.fleet_signal`, which this screen hands to its table."""
+    on `ConsoleContext.fleet_signal`, which this screen hands to its table."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("slash", "filter", "Filter"),
@@ -55,9 +55,9 @@ class FleetScreen(ConsoleScreen[None]):
     def on_mount(self) -> None:
         self.query_one("#filter", Input).display = False
         self.query_one("#fleet-empty", Static).display = False
-        self.table.set_stale(not self.console.connected)
+        self.table.set_stale(not self.console.connection.connected)
         self.console.fleet_signal.subscribe(self, self._fleet_changed)
-        self.console.connection_signal.subscribe(self, self._connection_changed)
+        self.console.connection.signal.subscribe(self, self._connection_changed)
         self._show_summary()
 
     @property
@@ -74,14 +74,14 @@ class FleetScreen(ConsoleScreen[None]):
         self._show_summary()
 
     def _connection_changed(self, _: object) -> None:
-        self.table.set_stale(not self.console.connected)
+        self.table.set_stale(not self.console.connection.connected)
         self._show_summary()
 
     def _show_summary(self) -> None:
         console, table = self.console, self.table
         view = SummaryView(
-            connected=console.connected,
-            connection=console.connection_text,
+            connected=console.connection.connected,
+            connection=console.connection.text,
             updated_at=console.last_update,
             now=console.wall_clock(),
             shown=table.shown_count,

@@ -253,7 +253,7 @@ class LogsScreen(ConsoleScreen[None]):
 
     def on_data_table_row_highlighted(self, message: DataTable.RowHighlighted) -> None:
         if message.row_key.value is not None and message.data_table.id == "tasks":
-            self.console.selected_host = message.row_key.value
+            self.console.selection.host = message.row_key.value
 
     def on_data_table_row_selected(self, message: DataTable.RowSelected) -> None:
         if message.row_key.value is None:
@@ -269,7 +269,7 @@ class LogsScreen(ConsoleScreen[None]):
         if not isinstance(client, ProvisioningSource):
             return
         self.host = host
-        self.console.selected_host = host
+        self.console.selection.host = host
         self.query_one("#log-title", Static).update(f"Log of {host}")
         view = self.query_one("#log-view", LogView)
         view.clear()
@@ -278,7 +278,7 @@ class LogsScreen(ConsoleScreen[None]):
     def action_host(self, action: str) -> None:
         """Run a host action on the highlighted host, with the provisioning pane shown."""
         self.action_pane("provisioning")
-        self.console.host_action(action, self.console.selected_host)
+        self.console.host_action(action, self.console.selection.host)
 
     def on_log_view_source_ended(self, message: LogView.SourceEnded) -> None:
         origin = message.control.id if message.control is not None else None

@@ -130,7 +130,7 @@ class NodeScreen(ConsoleScreen[None]):
 
     def on_mount(self) -> None:
         self.console.fleet_signal.subscribe(self, self._fleet_changed)
-        self.console.operation_signal.subscribe(self, self._operation_changed)
+        self.console.operations.signal.subscribe(self, self._operation_changed)
         node = self.console.fleet.nodes.get(self.node_id)
         if node is not None:
             self._sample(node)

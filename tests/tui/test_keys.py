@@ -108,7 +108,7 @@ async def test_table_keys_move_the_cursor_first_last_and_by_one(console_daemon: 
             await pilot.press(key)
             assert table.cursor_row == row, key
         assert table.scroll_x == 0
-        await wait_for(pilot, lambda: app.selected_node == "chat-b", what="chat-b selected")
+        await wait_for(pilot, lambda: app.selection.node == "chat-b", what="chat-b selected")
 
 
 @pytest.mark.integration

@@ -84,12 +84,12 @@ async def test_refused_host_actions_name_the_host_and_the_reason(refusing_daemon
     async with app.run_test(size=(120, 36)) as pilot:
         await pilot.press("l")
         screen = await screen_of(pilot, LogsScreen)
-        app.selected_host = HOST
+        app.selection.host = HOST
         names = {command.name for command in console_commands(app)}
         assert {f"Cancel provisioning {HOST}", f"Tear down {HOST}", f"Power off {HOST}", "Set up a host"} <= names
 
         screen.query_one("#tasks", DataTable).focus()
-        app.selected_host = HOST
+        app.selection.host = HOST
         await pilot.press("o")
         assert (await screen_of(pilot, ConfirmModal)).question == f"Power on {HOST}?"
         await pilot.press("y")

@@ -76,7 +76,7 @@ async def fleet_ready(pilot: Pilot[Any]) -> None:
     await screen_of(pilot, FleetScreen)
     await wait_for(pilot, lambda: len(app.fleet.nodes) == 8 and bool(app.fleet.ttft_p50_s), what="the fleet")
     # The second poll, which gives the rates.
-    app._poll_metrics()
+    app.feed.poll_metrics()
     await wait_for(pilot, lambda: app.fleet.requests_per_s is not None, what="the rates")
     await pilot.pause()
 
@@ -137,7 +137,7 @@ def test_fleet_stale_after_a_disconnect(snap_compare: Snap, size: tuple[int, int
     async def disconnect(pilot: Pilot[Any]) -> None:
         app = pilot.app
         assert isinstance(app, QiipConsole)
-        app.retry_delays_s = (60.0,)
+        app.connection.retry_delays_s = (60.0,)
         client = app.client
         assert isinstance(client, FakeClient)
         client.fail = DaemonUnreachable("The daemon at http://127.0.0.1:8080 does not answer.")
@@ -331,7 +331,7 @@ def test_connection(snap_compare: Snap, size: tuple[int, int], error: ClientErro
         screen = await screen_of(pilot, ConnectionScreen)
         await wait_for(pilot, lambda: bool(str(screen.query_one("#problem-retry").render())))
 
-    app.retry_delays_s = (60.0,)
+    app.connection.retry_delays_s = (60.0,)
     assert snap_compare(app, terminal_size=size, run_before=problem)
 
 
