@@ -24,7 +24,7 @@ from qiip_core.client import ChatDelta, ClientError
 from qiip_tui._chat import Conversation, ModelChoice, Turn, TurnState, model_choices
 from qiip_tui._fleet import FleetDelta
 from qiip_tui.screens._base import ConsoleScreen
-from qiip_tui.widgets import Transcript
+from qiip_tui.widgets import ConsoleInput, Transcript
 
 __all__ = ["ChatScreen"]
 
@@ -102,10 +102,10 @@ class ChatScreen(ConsoleScreen[None]):
         yield Header()
         with Horizontal(id="chat-options"):
             yield Select[str]([], prompt="model", id="model", compact=True)
-            yield Input(placeholder="system prompt (optional)", id="system", compact=True)
+            yield ConsoleInput(placeholder="system prompt (optional)", id="system", compact=True)
         yield Transcript(id="transcript")
         yield Label("", id="chat-status")
-        yield Input(placeholder="message: Enter sends, Esc stops", id="prompt", compact=True)
+        yield ConsoleInput(placeholder="message: Enter sends, Esc stops", id="prompt", compact=True)
         yield Footer()
 
     def on_mount(self) -> None:

@@ -19,6 +19,7 @@ from textual.widgets import Input, Label
 from qiip_tui._command_line import Command, CommandError, complete, parse
 from qiip_tui._context import command_context
 from qiip_tui.screens._fleet import FleetScreen
+from qiip_tui.widgets import ConsoleInput
 
 if TYPE_CHECKING:
     from textual.app import App
@@ -100,7 +101,7 @@ class CommandLine(ModalScreen[Command | None]):
             yield Label(HINT, id="command-hint", markup=False)
             with Horizontal(id="command-row"):
                 yield Label(":", id="command-prompt")
-                yield Input(id="command-input", compact=True, select_on_focus=False)
+                yield ConsoleInput(id="command-input", compact=True, select_on_focus=False)
 
     @property
     def field(self) -> Input:

@@ -17,6 +17,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Header, Input, Label, Static
 
 from qiip_tui.screens._base import ConsoleScreen
+from qiip_tui.widgets import ConsoleInput
 
 __all__ = ["ConnectionScreen"]
 
@@ -47,10 +48,10 @@ class ConnectionScreen(ConsoleScreen[None]):
             with Vertical(id="login"):
                 with Horizontal(classes="login-row"):
                     yield Label("User     ", classes="login-label")
-                    yield Input(id="login-username", compact=True)
+                    yield ConsoleInput(id="login-username", compact=True)
                 with Horizontal(classes="login-row"):
                     yield Label("Password ", classes="login-label")
-                    yield Input(id="login-password", password=True, compact=True)
+                    yield ConsoleInput(id="login-password", password=True, compact=True)
             yield Static("", id="problem-checks", markup=False)
         yield Footer()
 

@@ -11,7 +11,7 @@ from textual.widgets import Footer, Header, Input, Static
 
 from qiip_tui._fleet import FleetDelta
 from qiip_tui.screens._base import ConsoleScreen
-from qiip_tui.widgets import FleetSummary, FleetTable, SummaryView
+from qiip_tui.widgets import ConsoleInput, FleetSummary, FleetTable, SummaryView
 
 __all__ = ["FleetScreen"]
 
@@ -49,7 +49,7 @@ class FleetScreen(ConsoleScreen[None]):
         yield FleetSummary(id="summary")
         yield FleetTable(self.console.fleet, now=self.console.wall_clock, id="fleet")
         yield Static("", id="fleet-empty", markup=False)
-        yield Input(placeholder="filter: id, model, status or engine", id="filter", compact=True)
+        yield ConsoleInput(placeholder="filter: id, model, status or engine", id="filter", compact=True)
         yield Footer()
 
     def on_mount(self) -> None:

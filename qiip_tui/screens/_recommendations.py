@@ -18,7 +18,7 @@ from qiip_core.client import ClientError
 from qiip_tui._recommendations import RECOMMENDATION_COLUMNS, hardware_line, recommendation_rows
 from qiip_tui._types import RecommendationSource
 from qiip_tui.screens._base import ConsoleScreen
-from qiip_tui.widgets import ConsoleTable
+from qiip_tui.widgets import ConsoleInput, ConsoleTable
 
 if TYPE_CHECKING:
     from qiip_core.recommendations import HostRecommendations
@@ -64,7 +64,7 @@ class RecommendationsScreen(ConsoleScreen[None]):
         yield Header()
         yield Label(f"What fits {self.host}", classes="section")
         yield Static("", id="recommendations-status", markup=False)
-        yield Input(placeholder="hardware profile (empty: the host itself)", id="profile", compact=True)
+        yield ConsoleInput(placeholder="hardware profile (empty: the host itself)", id="profile", compact=True)
         yield ConsoleTable(id="recommendations", cursor_type="row", zebra_stripes=True)
         yield Footer()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from qiip_tui.widgets._console_input import ConsoleInput
 from qiip_tui.widgets._console_table import ConsoleTable
 from qiip_tui.widgets._fleet_summary import FleetSummary, SummaryView
 from qiip_tui.widgets._fleet_table import FleetTable
@@ -15,6 +16,7 @@ from qiip_tui.widgets._transcript import Transcript
 from qiip_tui.widgets._versioned_table import VersionedTable
 
 __all__ = [
+    "ConsoleInput",
     "ConsoleTable",
     "FleetSummary",
     "FleetTable",

@@ -25,6 +25,7 @@ from textual.widgets import Input, Label, RichLog
 from qiip_core import QiipError
 from qiip_tui._render import Palette
 from qiip_tui._types import LogRecord
+from qiip_tui.widgets._console_input import ConsoleInput
 
 __all__ = ["LogView"]
 
@@ -105,7 +106,7 @@ class LogView(Vertical):
         self._failed_sources: set[str] = set()
 
     def compose(self) -> ComposeResult:
-        yield Input(placeholder="search", id="log-search", compact=True)
+        yield ConsoleInput(placeholder="search", id="log-search", compact=True)
         yield RichLog(max_lines=self.max_lines, wrap=False, markup=False, highlight=False, id="log-lines")
         yield Label("", id="log-status")
 
