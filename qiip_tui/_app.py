@@ -30,6 +30,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from textual import events
 from textual.app import App, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
@@ -42,6 +43,7 @@ from qiip_tui._connection_watch import ConnectionWatch
 from qiip_tui._context import CommandContext, Selection
 from qiip_tui._fleet_feed import FleetFeed
 from qiip_tui._host_actions import HostActions
+from qiip_tui._key_router import KeyRouter
 from qiip_tui._messages import (
     ConnectionLost,
     FleetLoaded,
@@ -188,6 +190,7 @@ class QiipConsole(App[None]):
         """Drain, undrain, remove, relaunch, power and open a node."""
         self.host_actions = HostActions(self, self.client, self.operations, self.selection)
         """Set up, cancel, tear down and power a host."""
+        self._keys = KeyRouter(self)
         self._frozen = False
         self.preferences = Preferences(self, state_path or default_state_path())
         """The theme and each screen's sort and filter, remembered between runs."""
@@ -240,6 +243,19 @@ class QiipConsole(App[None]):
 
     def _remember_theme(self, theme: Theme) -> None:
         self.preferences.remember(theme=theme.name)
+
+    # -- keys ----------------------------------------------------------------------------------------------
+
+    async def on_event(self, event: events.Event) -> None:
+        if isinstance(event, events.Key) and not event.is_forwarded:
+            self._keys.handed(event)
+        await super().on_event(event)
+
+    async def _on_key(self, event: events.Key) -> None:
+        # A key no widget used: where the focus moved since it arrived, it belongs to the widget focused now, and
+        # `App._on_key` (next in the MRO: Textual calls each class's handler) does not run its bindings.
+        if self._keys.returned(event):
+            event.prevent_default()
 
     # -- what the workers post ----------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from textual.binding import Binding, BindingType
 from textual.widgets import Footer, Header, Input, Static
 
 from qiip_tui._fleet import FleetDelta
+from qiip_tui._key_router import focus_now
 from qiip_tui.screens._base import ConsoleScreen
 from qiip_tui.widgets import ConsoleInput, FleetSummary, FleetTable, SummaryView
 
@@ -118,7 +119,7 @@ class FleetScreen(ConsoleScreen[None]):
         """Show the filter and focus it."""
         field = self.query_one("#filter", Input)
         field.display = True
-        field.focus()
+        focus_now(field)
 
     def action_clear_filter(self) -> None:
         """Clear and hide the filter."""
@@ -128,7 +129,7 @@ class FleetScreen(ConsoleScreen[None]):
         field.value = ""
         field.display = False
         self.table.set_filter("")
-        self.table.focus()
+        focus_now(self.table)
         self._show_summary()
 
     @on(Input.Changed, "#filter")
@@ -140,7 +141,7 @@ class FleetScreen(ConsoleScreen[None]):
     def _filter_submitted(self, event: Input.Submitted) -> None:
         field = self.query_one("#filter", Input)
         field.display = bool(event.value.strip())
-        self.table.focus()
+        focus_now(self.table)
 
     # -- nodes -------------------------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from rich.text import Text
-from textual import work
+from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.message import Message
@@ -27,6 +27,7 @@ from textual.widgets import DataTable, Footer, Header, Static, TabbedContent, Ta
 
 from qiip_core.client import ClientError
 from qiip_tui._journal import engine_records, journal_records
+from qiip_tui._key_router import focus_now
 from qiip_tui._provisioning import TASK_COLUMNS, log_records, task_cells
 from qiip_tui._render import Palette, status_text
 from qiip_tui._types import JournalSource, ProvisioningSource
@@ -47,6 +48,7 @@ NO_JOURNAL = (
 _STATE_STYLES = {"running": "provisioning", "succeeded": "healthy", "failed": "failed", "cancelled": "unknown"}
 _PANES = ("timeline", "engine", "provisioning")
 _NODE_COLUMNS = ("Node", "Status", "Engine", "Source")
+_PANE_LOGS = {"timeline": "#timeline-view", "engine": "#engine-log", "provisioning": "#log-view"}
 
 
 class LogsScreen(ConsoleScreen[None]):
@@ -57,6 +59,8 @@ class LogsScreen(ConsoleScreen[None]):
         Binding("1", "pane('timeline')", "Timeline"),
         Binding("2", "pane('engine')", "Engine log"),
         Binding("3", "pane('provisioning')", "Provisioning"),
+        Binding("slash", "search", "Search the log"),
+        Binding("space", "toggle_follow", "Pause/follow"),
         Binding("s", "host('setup')", "Set up", show=False),
         Binding("x", "host('cancel')", "Cancel", show=False),
         Binding("t", "host('teardown')", "Tear down", show=False),
@@ -70,13 +74,15 @@ class LogsScreen(ConsoleScreen[None]):
     | :- | :- |
     | 1, 2, 3 | Show the timeline, the engine log, or the provisioning pane. |
     | enter | Follow the highlighted node's engine log, or host's provisioning log. |
-    | s | Set up a host (a form, then a confirmation). |
-    | x | Cancel the highlighted host's running setup or teardown (asks first). |
-    | t | Tear the highlighted host's node down (asks first). |
-    | o, O, r | Power the highlighted host on, off, or restart it (asks first). |
-    | space | Pause or resume following the log. |
-    | / | Search the log. |
+    | s | Provisioning pane: set up a host (a form, then a confirmation). |
+    | x | Provisioning pane: cancel the highlighted host's running setup or teardown (asks first). |
+    | t | Provisioning pane: tear the highlighted host's node down (asks first). |
+    | o, O, r | Provisioning pane: power the highlighted host on, off, or restart it (asks first). |
+    | space | Pause or resume following the log of the pane shown. |
+    | / | Search the log of the pane shown (from its table too). |
     | q | Back to the fleet. |
+
+    Keys act on the pane shown only: the host keys do nothing on the timeline or engine-log pane.
     """
 
     class Loaded(Message):
@@ -160,16 +166,49 @@ class LogsScreen(ConsoleScreen[None]):
             self._poll() if isinstance(self.console.client, ProvisioningSource) else self._show_nodes()
             self._timer.resume()
 
+    @property
+    def pane(self) -> str:
+        """The pane shown: `timeline`, `engine` or `provisioning`."""
+        return self.query_one("#logs-panes", TabbedContent).active
+
+    def _pane_log(self) -> LogView:
+        return self.query_one(_PANE_LOGS.get(self.pane, "#timeline-view"), LogView)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "host":
+            # The host keys are the provisioning pane's: hidden (and inert) on the others.
+            return self.pane == "provisioning"
+        if action in ("search", "toggle_follow"):
+            # In the log itself, its own keys answer (and the key map lists them there).
+            focused = self.focused
+            return not (focused is not None and self._pane_log() in focused.ancestors_with_self)
+        return True
+
+    def action_search(self) -> None:
+        """Search the log of the pane shown."""
+        self._pane_log().action_search()
+
+    def action_toggle_follow(self) -> None:
+        """Pause or resume following the log of the pane shown."""
+        self._pane_log().action_toggle_follow()
+
     def action_pane(self, pane: str) -> None:
         """Show one pane: `timeline`, `engine` or `provisioning`."""
         if pane in _PANES:
             self.query_one("#logs-panes", TabbedContent).active = pane
-            # The pane's own keys (the cursor, Enter, `/`) work at once, without tabbing into it.
-            self.call_after_refresh(self._focus_pane, pane)
+            # The pane's own keys (the cursor, Enter, `/`) work at once, without tabbing into it, and a key typed
+            # right after this one already goes there.
+            self._focus_pane(pane)
+            self.refresh_bindings()
+
+    @on(TabbedContent.TabActivated, "#logs-panes")
+    def _pane_shown(self) -> None:
+        # A click on a tab too: the footer and the key map show the keys of the pane shown.
+        self.refresh_bindings()
 
     def _focus_pane(self, pane: str) -> None:
         selector = {"timeline": "#timeline-view #log-lines", "engine": "#engine-nodes", "provisioning": "#tasks"}
-        self.query_one(selector[pane]).focus()
+        focus_now(self.query_one(selector[pane]))
 
     # -- the timeline ------------------------------------------------------------------------------------
 
@@ -276,8 +315,7 @@ class LogsScreen(ConsoleScreen[None]):
         view.follow_source(log_records(client.host_log(host)))
 
     def action_host(self, action: str) -> None:
-        """Run a host action on the highlighted host, with the provisioning pane shown."""
-        self.action_pane("provisioning")
+        """Run a host action on the highlighted host (the provisioning pane's keys)."""
         self.console.host_action(action, self.console.selection.host)
 
     def on_log_view_source_ended(self, message: LogView.SourceEnded) -> None:

@@ -15,6 +15,7 @@ from textual.binding import Binding, BindingType
 from textual.widgets import Footer, Header, Input, Label, Static
 
 from qiip_core.client import ClientError
+from qiip_tui._key_router import focus_now
 from qiip_tui._recommendations import RECOMMENDATION_COLUMNS, hardware_line, recommendation_rows
 from qiip_tui._types import RecommendationSource
 from qiip_tui.screens._base import ConsoleScreen
@@ -86,11 +87,11 @@ class RecommendationsScreen(ConsoleScreen[None]):
         """Show the profile field and put the cursor there."""
         field = self.query_one("#profile", Input)
         field.display = True
-        field.focus()
+        focus_now(field)
 
     @on(Input.Submitted, "#profile")
     def _profile_submitted(self) -> None:
-        self.query_one("#recommendations", ConsoleTable).focus()
+        focus_now(self.query_one("#recommendations", ConsoleTable))
         self.action_run()
 
     @work(exclusive=True, group="recommendations", exit_on_error=False)

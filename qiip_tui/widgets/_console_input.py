@@ -1,23 +1,19 @@
-"""`ConsoleInput`: Textual's `Input`, whose editing keys act in the order they were typed.
+"""`ConsoleInput`: Textual's `Input`, whose keys act in the order they were typed.
 
-Textual's `Input` inserts a printable key in its own `_on_key`, but its bound keys (Backspace, the arrows,
-Ctrl+W, …) bubble up to the app, which runs their action only when the key reaches it. A key typed right after
-one of them, in the same read from the terminal (a fast typist, a key-repeat burst, a paste through a slow
-link), is inserted first, and the action then applies to the wrong text: `abc`, then Backspace and `d` in one
-read leaves `abc` — both keys lost (Textualize/textual#6605, fix proposed in Textualize/textual#6631, not in the
-pinned release). `ConsoleInput` runs its own bindings in its `_on_key`, so every key acts in the order it
-arrived. The focused widget's bindings come first in Textual's binding chain, so what runs is what the app
-would have run.
+Textual's `Input` inserts a printable key in its own `_on_key`, but every other key (Backspace, the arrows,
+Ctrl+W, its screen's Esc) bubbles up to the app, which runs the key's binding only when the key reaches it. A key
+typed right after one of them, in the same read from the terminal (a fast typist, key repeat, a slow link), is
+inserted first, and the binding then applies to the wrong text: `abc`, then Backspace and `d` in one read leaves
+`abc`, both keys lost (Textualize/textual#6605; a fix for the field's own keys is proposed in
+Textualize/textual#6631, not in the pinned release). `ConsoleInput` runs the binding of each key in its own
+`_on_key`, from itself up (its own first, then its screen's: the order Textual's binding chain has), so every key
+acts in the order it arrived; a key that waited behind one that moved the focus away goes where the focus went.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from textual import events
 from textual.widgets import Input
-
-if TYPE_CHECKING:
-    from textual import events
 
 __all__ = ["ConsoleInput"]
 
@@ -26,13 +22,24 @@ class ConsoleInput(Input):
     """A text field whose keys act in the order typed, at any typing speed; otherwise Textual's `Input`."""
 
     async def _on_key(self, event: events.Key) -> None:
-        await super()._on_key(event)
+        focused = self.app.focused
+        if focused is not None and focused is not self:
+            # A key before this one moved the focus away (Enter, Esc): this one is the widget's focused now.
+            event.stop()
+            event.prevent_default()
+            self._read_again(event)
+            return
         if event.is_printable:
-            return  # inserted
-        # `_bindings` is the map Textual's own binding chain reads (`Screen._modal_binding_chain`).
-        for binding in self._bindings.key_to_bindings.get(event.key, ()):
-            # Priority bindings ran before the key reached the field, as they do for every widget.
-            if not binding.priority and await self.app.run_action(binding.action, self):
-                event.stop()
-                event.prevent_default()
-                return
+            return  # `Input._on_key`, next in the MRO (Textual calls each class's handler), inserts it
+        # The binding the app would run once the key reached it, run now, before the next key is inserted.
+        # Priority bindings ran before the key reached the field, as they do for every widget.
+        if await self.app._check_bindings(event.key):
+            self._restart_blink()
+            event.stop()
+            event.prevent_default()
+
+    def _read_again(self, event: events.Key) -> None:
+        # As if the app read it now: it goes to the widget focused now, through the app's priority bindings.
+        again = events.Key(event.key, event.character)
+        again.set_sender(self.app)
+        self.app.post_message(again)

@@ -23,6 +23,7 @@ from textual.theme import Theme
 from textual.widgets import Input, Label, RichLog
 
 from qiip_core import QiipError
+from qiip_tui._key_router import focus_now
 from qiip_tui._render import Palette
 from qiip_tui._types import LogRecord
 from qiip_tui.widgets._console_input import ConsoleInput
@@ -217,14 +218,14 @@ class LogView(Vertical):
         """Show the search field."""
         field = self.query_one("#log-search", Input)
         field.add_class("-shown")
-        field.focus()
+        focus_now(field)
 
     def action_clear_search(self) -> None:
         """Clear the search and show every record."""
         field = self.query_one("#log-search", Input)
         field.value = ""
         field.remove_class("-shown")
-        self.query_one(RichLog).focus()
+        focus_now(self.query_one(RichLog))
 
     @on(Input.Changed, "#log-search")
     def _search_changed(self, event: Input.Changed) -> None:
@@ -235,4 +236,4 @@ class LogView(Vertical):
     @on(Input.Submitted, "#log-search")
     def _search_submitted(self, event: Input.Submitted) -> None:
         event.stop()
-        self.query_one(RichLog).focus()
+        focus_now(self.query_one(RichLog))

@@ -266,7 +266,7 @@ def test_provisioning_log_search(snap_compare: Snap, size: tuple[int, int]) -> N
 def test_setup_form(snap_compare: Snap, size: tuple[int, int]) -> None:
     async def form(pilot: Pilot[Any]) -> None:
         await screen_of(pilot, LogsScreen)
-        await pilot.press("s")
+        await pilot.press("3", "s")
         await screen_of(pilot, SetupModal)
 
     client = FakeProvisioningClient(sample_fleet(), metrics=SAMPLE_METRICS)

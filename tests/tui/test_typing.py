@@ -65,6 +65,21 @@ async def test_the_fleet_filter_the_command_line_and_the_sizing_editor_keep_ever
         assert editor.values.slots == "12"
 
 
+async def test_keys_typed_after_one_that_moves_the_focus_go_where_the_focus_went() -> None:
+    app = _console()
+    async with app.run_test(size=(120, 36)) as pilot:
+        screen = await screen_of(pilot, FleetScreen)
+        table = screen.query_one(FleetTable)
+        await wait_for(pilot, lambda: table.row_count == 8, what="the fleet")
+        # `p` and `u` are the fleet screen's power and undrain keys: typed right after `/`, they are the filter's.
+        await burst(pilot, "slash", "g", "p", "u", "0", "3")
+        assert screen.query_one("#filter", Input).value == "gpu03"
+        assert len(app.screen_stack) == 1 and not app._notifications  # no power, no undrain
+        await burst(pilot, "escape", "colon", "f", "l", "e", "e", "t")
+        line = await screen_of(pilot, CommandLine)
+        assert line.field.value == "fleet"
+
+
 def test_every_text_field_of_the_console_is_a_console_input() -> None:
     plain: list[str] = []
     for path in Path(qiip_tui.__file__).parent.rglob("*.py"):
