@@ -25,6 +25,7 @@ __all__ = ["ConsoleCommands", "PaletteCommand"]
 
 _NODE_ACTIONS = (
     ("open", "Open node", "Show its devices, runtime record and errors"),
+    ("describe", "Describe node", "Everything about it as text: state, errors, events, record; y copies it (d)"),
     ("drain", "Drain node", "Send it nothing new and let its requests finish (asks first)"),
     ("undrain", "Undrain node", "Take it back into rotation"),
     ("remove", "Remove node", "Drain, then remove it from the fleet (asks first)"),

@@ -1,4 +1,4 @@
-"""Node actions, for every screen and the command palette: drain, undrain, remove, relaunch, power, open.
+"""Node actions, for every screen and the command palette: drain, undrain, remove, relaunch, power, open, describe.
 
 `NodeActions` is the part of the console that acts on nodes: it asks before anything destructive, calls the
 daemon in a worker, hands a started operation to the `OperationTracker`, and reports a refusal with `notify()`.
@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 from qiip_core.client import ClientError, OperationInfo
 from qiip_tui._serving import last_healthy_warning
 from qiip_tui._types import ProvisioningSource
-from qiip_tui.screens import ConfirmModal, NodeScreen, SizingScreen
+from qiip_tui.screens import ConfirmModal, DescribeScreen, NodeScreen, SizingScreen
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
@@ -32,7 +32,7 @@ __all__ = ["NODE_ACTIONS", "POWER_NOT_AVAILABLE", "NodeActions"]
 
 logger = logging.getLogger("qiip.console")
 
-NODE_ACTIONS = ("open", "drain", "undrain", "remove", "relaunch", "power")
+NODE_ACTIONS = ("open", "describe", "drain", "undrain", "remove", "relaunch", "power")
 """What `NodeActions.node_action` does."""
 
 POWER_NOT_AVAILABLE = "Power control is not available on this daemon: it does not provision hosts."
@@ -72,7 +72,7 @@ class NodeActions:
         self.node_poll_s = node_poll_s
 
     def node_action(self, action: str, node_id: str | None) -> None:
-        """Act on a node: `open`, `drain`, `undrain`, `remove`, `relaunch` or `power`.
+        """Act on a node: `open`, `describe`, `drain`, `undrain`, `remove`, `relaunch` or `power`.
 
         Drain and remove ask first; relaunch opens the sizing editor, which asks before it applies. Each
         confirmation warns when the node is the last healthy one of its model (`last_healthy_warning`).
@@ -95,6 +95,8 @@ class NodeActions:
         last = f"\n\n{warning}" if warning else ""
         if action == "open":
             self.open_node(node_id)
+        elif action == "describe":
+            app.push_screen(DescribeScreen(node_id))
         elif action == "drain":
 
             def drain(answer: bool | None) -> None:

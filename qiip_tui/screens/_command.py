@@ -170,7 +170,7 @@ async def run_command(app: App[Any], command: Command | None) -> None:
         return
     console = command_context(app)
     name, argument = command.name, command.argument
-    if name in ("drain", "undrain", "remove", "relaunch"):
+    if name in ("drain", "undrain", "remove", "relaunch", "describe"):
         console.node_action(name, argument)
     elif name == "node" and argument is not None:
         console.open_node(argument)

@@ -25,7 +25,8 @@ class FleetScreen(ConsoleScreen[None]):
         Binding("slash", "filter", "Filter"),
         Binding("escape", "clear_filter", "Clear filter", show=False),
         Binding("e", "problems", "Problems"),
-        Binding("d", "node('drain')", "Drain"),
+        Binding("d", "node('describe')", "Describe"),
+        Binding("D", "node('drain')", "Drain"),
         Binding("u", "node('undrain')", "Undrain"),
         Binding("x", "node('remove')", "Remove"),
         Binding("r", "node('relaunch')", "Relaunch"),
@@ -41,7 +42,8 @@ class FleetScreen(ConsoleScreen[None]):
     | e | Show only the nodes that need attention, or every node again. |
     | s / S | Sort by the next column / reverse the sort (the default: status, problems first). |
     | ← → | Scroll the columns sideways, one at a time (the node column stays). |
-    | d u x r p | Drain, undrain, remove, relaunch, power the highlighted node. |
+    | d | Describe the highlighted node: its state, errors, events and record, as text (`y` copies it). |
+    | D u x r p | Drain, undrain, remove, relaunch, power the highlighted node. |
     | q | Quit. |
     """
 
@@ -150,5 +152,6 @@ class FleetScreen(ConsoleScreen[None]):
         self.console.open_node(event.node_id)
 
     def action_node(self, action: str) -> None:
-        """Run a node action (`drain`, `undrain`, `remove`, `relaunch`, `power`) on the highlighted node."""
+        """Run a node action (`describe`, `drain`, `undrain`, `remove`, `relaunch`, `power`) on the highlighted
+        node."""
         self.console.node_action(action, self.table.highlighted_node)

@@ -85,6 +85,16 @@ def sample_fleet() -> list[NodeInfo]:
             breaker={"state": "open", "consecutive_failures": 5},
             last_error="connect failed: connection refused",
             last_error_at="2026-11-29T12:02:00+00:00",
+            recent_errors=[
+                {
+                    "at": "2026-11-29T12:02:00+00:00",
+                    "first_at": "2026-11-29T12:01:10+00:00",
+                    "status": None,
+                    "error": "connect failed: connection refused",
+                    "count": 4,
+                },
+                {"at": "2026-11-29T11:58:30+00:00", "status": 503, "error": "the node answered HTTP 503.", "count": 1},
+            ],
             llamacpp_runtime=runtime(gpus=((12000, 24576),)),
         ),
         node("gpu05", status="relaunching", model="meta/Llama-3.1-70B", llamacpp_runtime=None),

@@ -59,7 +59,7 @@ async def test_drain_from_the_node_screen_after_confirming(console_daemon: Daemo
         screen = app.screen
         assert isinstance(screen, NodeScreen) and screen.node_id == "chat-b" and app.selection.node == "chat-b"
 
-        await pilot.press("d")
+        await pilot.press("D")
         await screen_of(pilot, ConfirmModal)
         await pilot.press("n")
         await pilot.pause(0.3)
@@ -124,7 +124,8 @@ async def test_keyboard_first_palette_key_map_and_screen_keys(console_daemon: Da
         assert keys.title_text == "fleet"
         for row in [
             ("/", "Filter", "this screen"),
-            ("d", "Drain", "this screen"),
+            ("d", "Describe", "this screen"),
+            ("D", "Drain", "this screen"),
             ("s", "Sort", "this table"),
             ("⏎", "Open", "this table"),
             ("↓ / j", "Down", "this table"),

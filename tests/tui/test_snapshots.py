@@ -163,7 +163,7 @@ def test_node_with_an_error(snap_compare: Snap, size: tuple[int, int]) -> None:
 
 @pytest.mark.parametrize("size", SIZES)
 def test_confirm_drain(snap_compare: Snap, size: tuple[int, int]) -> None:
-    steps = then(keys("slash", *"gpu02", "enter", "enter"), shows(NodeScreen), keys("d"), shows(ConfirmModal))
+    steps = then(keys("slash", *"gpu02", "enter", "enter"), shows(NodeScreen), keys("D"), shows(ConfirmModal))
     assert snap_compare(console(), terminal_size=size, run_before=steps)
 
 
