@@ -357,6 +357,14 @@ class QiipConsole(App[None]):
         """
         self.actions.node_action(action, node_id)
 
+    def nodes_action(self, action: str, node_ids: Sequence[str], *, then: Callable[[], object] | None = None) -> None:
+        """Drain, undrain or remove several nodes after one confirmation (`NodeActions.nodes_action`).
+
+        Raises:
+            ValueError: another action.
+        """
+        self.actions.nodes_action(action, node_ids, then=then)
+
     def open_node(self, node_id: str) -> None:
         """Show the node screen of `node_id` (in the fleet mode)."""
         self.actions.open_node(node_id)

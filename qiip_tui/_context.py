@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Mapping, Sequence
     from datetime import datetime
 
     from textual.app import App
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from qiip_tui._connection_watch import ConnectionWatch
     from qiip_tui._fleet import Fleet, FleetDelta
     from qiip_tui._operations import OperationTracker
+    from qiip_tui._state import Preferences
     from qiip_tui._types import Clock, ConsoleClient
 
 __all__ = ["CommandContext", "ConsoleContext", "Selection", "command_context"]
@@ -73,6 +74,10 @@ class ConsoleContext(Protocol):
         """The node and host the palette's commands act on."""
 
     @property
+    def preferences(self) -> Preferences:
+        """What the console remembers between runs: each screen's sort and filter."""
+
+    @property
     def clock(self) -> Clock:
         """A monotonic clock in seconds."""
 
@@ -97,6 +102,9 @@ class ConsoleContext(Protocol):
 
     def node_action(self, action: str, node_id: str | None) -> None:
         """Act on a node (`NodeActions.node_action`)."""
+
+    def nodes_action(self, action: str, node_ids: Sequence[str], *, then: Callable[[], object] | None = None) -> None:
+        """Drain, undrain or remove several nodes after one confirmation (`NodeActions.nodes_action`)."""
 
     def host_action(self, action: str, host: str | None = None) -> None:
         """Act on a host (`HostActions.host_action`)."""

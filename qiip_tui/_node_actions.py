@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from qiip_core.client import ClientError, OperationInfo
-from qiip_tui._serving import last_healthy_warning
+from qiip_tui._serving import last_healthy_warning, unserved_models_warning
 from qiip_tui._types import ProvisioningSource
 from qiip_tui.screens import ConfirmModal, DescribeScreen, NodeScreen, SizingScreen
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Coroutine
+    from collections.abc import Callable, Coroutine, Sequence
 
     from textual.app import App
     from textual.worker import Worker
@@ -34,6 +34,9 @@ logger = logging.getLogger("qiip.console")
 
 NODE_ACTIONS = ("open", "describe", "drain", "undrain", "remove", "relaunch", "power")
 """What `NodeActions.node_action` does."""
+
+MANY_ACTIONS = ("drain", "undrain", "remove")
+"""What `NodeActions.nodes_action` does to several nodes at once."""
 
 POWER_NOT_AVAILABLE = "Power control is not available on this daemon: it does not provision hosts."
 """What the power action says."""
@@ -145,6 +148,63 @@ class NodeActions:
                 app.notify(POWER_NOT_AVAILABLE, title=f"Power {node_id}", severity="warning")
                 return
             self._run(self._show_power, node_id, host, group="host-actions")
+
+    def nodes_action(self, action: str, node_ids: Sequence[str], *, then: Callable[[], object] | None = None) -> None:
+        """Drain, undrain or remove several nodes, after one confirmation that lists them.
+
+        Args:
+            action: `drain`, `undrain` or `remove`.
+            node_ids: the nodes; those no longer in the fleet are left out (and the rest named).
+            then: called once the operator confirmed (the marks can go), not when they cancelled.
+
+        Raises:
+            ValueError: an action other than those three.
+        """
+        if action not in MANY_ACTIONS:
+            raise ValueError(f"{action!r} does not act on several nodes; those that do are {', '.join(MANY_ACTIONS)}.")
+        app = self._app
+        nodes = [self._fleet.nodes[node_id] for node_id in node_ids if node_id in self._fleet.nodes]
+        if not nodes:
+            app.notify("None of the marked nodes is in the fleet any more.", severity="warning")
+            return
+        if len(nodes) == 1 and then is None:
+            self.node_action(action, nodes[0].id)
+            return
+        ids = [node.id for node in nodes]
+        listed = "\n".join(f"  {node.id}  {node.status}  {node.model}" for node in nodes)
+        warning = unserved_models_warning(nodes, self._fleet.nodes.values()) if action != "undrain" else None
+        last = f"\n\n{warning}" if warning else ""
+        count = f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}"
+        in_flight = sum(node.in_flight for node in nodes)
+        bodies = {
+            "drain": f"These get no new requests; the {in_flight} in flight finish, up to the daemon's drain timeout. "
+            "Undrain (u) takes them back.",
+            "undrain": "These are back in rotation.",
+            "remove": "These are drained, then removed from the fleet; a llama-server this daemon launched is stopped.",
+        }
+
+        def answered(answer: bool | None) -> None:
+            if answer is None:
+                return
+            for node_id in ids:
+                if action == "drain":
+                    self._run(self._drain, node_id)
+                elif action == "undrain":
+                    self._run(self._undrain, node_id)
+                else:
+                    self._run(self._remove, node_id, answer)
+            if then is not None:
+                then()
+
+        app.push_screen(
+            ConfirmModal(
+                f"{action.capitalize()} {count}?",
+                f"{listed}\n\n{bodies[action]}{last}",
+                confirm=action.capitalize(),
+                option="Force: remove at once, without draining" if action == "remove" else None,
+            ),
+            callback=answered,
+        )
 
     def open_node(self, node_id: str) -> None:
         """Show the node screen of `node_id` (in the fleet mode)."""

@@ -17,7 +17,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from qiip_core.storage import atomic_write
 
@@ -25,9 +25,24 @@ if TYPE_CHECKING:
     from textual.app import App
     from textual.worker import Worker
 
-__all__ = ["ConsoleState", "Preferences", "default_state_path", "load_state", "save_state"]
+__all__ = ["ConsoleState", "Preferences", "ViewState", "default_state_path", "load_state", "save_state"]
 
 logger = logging.getLogger("qiip.console")
+
+
+class ViewState(BaseModel):
+    """How the operator left one screen (or one pane of it): its sort and its filter."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    sort: str | None = Field(default=None, max_length=64)
+    """The key of the column sorted by; None: the screen's default."""
+    reverse: bool = False
+    """Whether the sort is descending."""
+    filter: str = Field(default="", max_length=200)
+    """The filter or search typed; empty: none."""
+    problems_only: bool = False
+    """The fleet's problems-only switch (`e`)."""
 
 
 class ConsoleState(BaseModel):
@@ -37,6 +52,8 @@ class ConsoleState(BaseModel):
 
     theme: str | None = None
     """The last theme chosen, by name."""
+    views: dict[str, ViewState] = Field(default_factory=dict)
+    """Each screen's sort and filter, by screen (`fleet`) or pane (`logs.timeline`)."""
 
 
 def default_state_path(env: Mapping[str, str] | None = None) -> Path:
@@ -80,6 +97,18 @@ class Preferences:
         """The state file."""
         self.state = load_state(path)
         """The preferences as they are now."""
+
+    def view(self, name: str) -> ViewState:
+        """How the screen or pane `name` was left (the defaults when it never was)."""
+        return self.state.views.get(name) or ViewState()
+
+    def remember_view(self, name: str, **changes: Any) -> None:
+        """Change how the screen or pane `name` is left (`ViewState` fields), and write it."""
+        if "filter" in changes:
+            changes["filter"] = str(changes["filter"])[:200]  # what the file accepts back
+        view = self.view(name).model_copy(update=changes)
+        if view != self.view(name):
+            self.remember(views={**self.state.views, name: view})
 
     def remember(self, **changes: Any) -> None:
         """Change some preferences (`ConsoleState` fields) and write them; the same values again write nothing."""

@@ -10,16 +10,21 @@ from textual.binding import Binding, BindingType
 from textual.widgets import Footer, Header, Input, Static
 
 from qiip_tui._fleet import FleetDelta
+from qiip_tui._fleet_cells import COLUMN_KEYS
 from qiip_tui._key_router import focus_now
 from qiip_tui.screens._base import ConsoleScreen
 from qiip_tui.widgets import ConsoleInput, FleetSummary, FleetTable, SummaryView
 
 __all__ = ["FleetScreen"]
 
+VIEW = "fleet"
+"""The name the screen's sort and filter are remembered under."""
+
 
 class FleetScreen(ConsoleScreen[None]):
     """Nodes, their state and load; Enter opens one. The app keeps the fleet current and publishes its changes
-    on `ConsoleContext.fleet_signal`, which this screen hands to its table."""
+    on `ConsoleContext.fleet_signal`, which this screen hands to its table. The sort, the filter and problems-only
+    are remembered between runs (`Preferences`, view `fleet`)."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("slash", "filter", "Filter"),
@@ -38,7 +43,8 @@ class FleetScreen(ConsoleScreen[None]):
     | :- | :- |
     | enter | Open the highlighted node. |
     | / | Filter by id, model, status or engine. |
-    | escape | Clear the filter. |
+    | escape | Clear the filter; without one, unmark the marked nodes. |
+    | space | Mark the highlighted node (D u x then act on every marked node, after one confirmation). |
     | e | Show only the nodes that need attention, or every node again. |
     | s / S | Sort by the next column / reverse the sort (the default: status, problems first). |
     | ← → | Scroll the columns sideways, one at a time (the node column stays). |
@@ -56,12 +62,24 @@ class FleetScreen(ConsoleScreen[None]):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one("#filter", Input).display = False
+        field = self.query_one("#filter", Input)
+        field.display = False
         self.query_one("#fleet-empty", Static).display = False
+        self._restore(field)
         self.table.set_stale(not self.console.connection.connected)
         self.console.fleet_signal.subscribe(self, self._fleet_changed)
         self.console.connection.signal.subscribe(self, self._connection_changed)
         self._show_summary()
+
+    def _restore(self, field: Input) -> None:
+        """Sort and filter as the operator left them."""
+        view, table = self.console.preferences.view(VIEW), self.table
+        if view.sort in COLUMN_KEYS:
+            table.sort_by(view.sort, reverse=view.reverse)
+        table.set_problems_only(view.problems_only)
+        if view.filter:
+            field.value = view.filter
+            field.display = True
 
     @property
     def table(self) -> FleetTable:
@@ -90,6 +108,7 @@ class FleetScreen(ConsoleScreen[None]):
             shown=table.shown_count,
             filter_text=table.filter_text,
             problems_only=table.problems_only,
+            marked=len(table.marked),
         )
         self.query_one("#summary", FleetSummary).show(console.fleet, view)
         empty = self.query_one("#fleet-empty", Static)
@@ -113,6 +132,7 @@ class FleetScreen(ConsoleScreen[None]):
     def action_problems(self) -> None:
         """Show only the nodes that need attention (not healthy, breaker not closed, failing), or all again."""
         self.table.set_problems_only(not self.table.problems_only)
+        self.console.preferences.remember_view(VIEW, problems_only=self.table.problems_only)
         self._show_summary()
 
     # -- filter ------------------------------------------------------------------------------------------
@@ -127,6 +147,7 @@ class FleetScreen(ConsoleScreen[None]):
         """Clear and hide the filter."""
         field = self.query_one("#filter", Input)
         if not field.display and not field.value:
+            self.table.clear_marks()
             return
         field.value = ""
         field.display = False
@@ -137,6 +158,7 @@ class FleetScreen(ConsoleScreen[None]):
     @on(Input.Changed, "#filter")
     def _filter_changed(self, event: Input.Changed) -> None:
         self.table.set_filter(event.value.strip())
+        self.console.preferences.remember_view(VIEW, filter=event.value.strip())
         self._show_summary()
 
     @on(Input.Submitted, "#filter")
@@ -153,5 +175,16 @@ class FleetScreen(ConsoleScreen[None]):
 
     def action_node(self, action: str) -> None:
         """Run a node action (`describe`, `drain`, `undrain`, `remove`, `relaunch`, `power`) on the highlighted
-        node."""
-        self.console.node_action(action, self.table.highlighted_node)
+        node; drain, undrain and remove act on every marked node instead when some are marked (one confirmation
+        lists them)."""
+        table = self.table
+        if action in ("drain", "undrain", "remove") and table.marked:
+            self.console.nodes_action(action, sorted(table.marked), then=table.clear_marks)
+        else:
+            self.console.node_action(action, table.highlighted_node)
+
+    @on(FleetTable.Changed, "#fleet")
+    def _table_changed(self) -> None:
+        table = self.table
+        self.console.preferences.remember_view(VIEW, sort=table.sort_column, reverse=table.sort_reverse)
+        self._show_summary()

@@ -133,6 +133,10 @@ class LogsScreen(ConsoleScreen[None]):
         yield Footer()
 
     def on_mount(self) -> None:
+        for pane, selector in _PANE_LOGS.items():
+            search = self.console.preferences.view(f"logs.{pane}").filter
+            if search:
+                self.query_one(selector, LogView).set_search(search)
         self.query_one("#tasks", DataTable).add_columns(*TASK_COLUMNS)
         self.query_one("#engine-nodes", DataTable).add_columns(*_NODE_COLUMNS)
         journal = isinstance(self.console.client, JournalSource)
@@ -200,6 +204,12 @@ class LogsScreen(ConsoleScreen[None]):
             # right after this one already goes there.
             self._focus_pane(pane)
             self.refresh_bindings()
+
+    def on_log_view_searched(self, message: LogView.Searched) -> None:
+        # Each pane's search is remembered between runs, as the fleet's filter is.
+        pane = next((pane for pane, selector in _PANE_LOGS.items() if selector == f"#{message.view.id}"), None)
+        if pane is not None:
+            self.console.preferences.remember_view(f"logs.{pane}", filter=message.text)
 
     @on(TabbedContent.TabActivated, "#logs-panes")
     def _pane_shown(self) -> None:

@@ -9,6 +9,9 @@ Rendering follows the same idea: `VersionedTable` re-renders only the rows whose
 
 Columns are as wide as their content (between each column's minimum and maximum), the last error taking what is
 left. The node column stays fixed while the others scroll sideways, a column per ← or →, on a narrow terminal.
+
+Space marks rows (`✓` before the node's id) for the screen's actions on several nodes at once; a mark stays
+through filters and sorts, and goes with its node when the node leaves the fleet.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ class FleetTable(ConsoleTable[Text], VersionedTable):
         Binding("enter", "select_cursor", "Open", tooltip="Open the highlighted node"),
         Binding("s", "next_sort", "Sort", tooltip="Sort by the next column"),
         Binding("S", "reverse_sort", "Reverse", tooltip="Reverse the sort direction"),
+        Binding("space", "toggle_mark", "Mark", tooltip="Mark or unmark the highlighted node, then move down"),
     ]
     """
     | Key | Action |
@@ -65,6 +69,7 @@ class FleetTable(ConsoleTable[Text], VersionedTable):
     | enter | Open the highlighted node. |
     | s | Sort by the next column. |
     | S | Reverse the sort direction. |
+    | space | Mark or unmark the highlighted node (for drain, undrain, remove of all marked), then move down. |
     """
 
     class NodeHighlighted(Message):
@@ -77,6 +82,22 @@ class FleetTable(ConsoleTable[Text], VersionedTable):
             super().__init__()
             self.node_id = node_id
             """The node under the cursor; None when no row is shown."""
+
+    class Changed(Message):
+        """The operator changed the sort or the marks (the filter is the screen's own field).
+
+        Posted by `FleetTable.sort_by` and `FleetTable.toggle_mark`. Handled by `on_fleet_table_changed`.
+        """
+
+        def __init__(self, table: FleetTable) -> None:
+            super().__init__()
+            self.table = table
+            """The table, with its `sort_column`, `sort_reverse` and `marked`."""
+
+        @property
+        def control(self) -> FleetTable:
+            """The table (for `@on(FleetTable.Changed, "#id")`)."""
+            return self.table
 
     class NodeChosen(Message):
         """The operator chose a node (Enter, or a click on the highlighted row).
@@ -103,6 +124,8 @@ class FleetTable(ConsoleTable[Text], VersionedTable):
         """The key of the column the rows are sorted by: by default the status, problems first."""
         self.sort_reverse = False
         """Whether the sort is descending."""
+        self.marked: set[str] = set()
+        """The nodes marked with Space, by id."""
         self._widths: tuple[int, ...] = ()
         self._cells: dict[str, list[Text]] = {}
         self._row_cells = RowCells()
@@ -168,7 +191,47 @@ class FleetTable(ConsoleTable[Text], VersionedTable):
             return None
 
     def _render_row(self, node: NodeInfo, now: datetime, old: list[Text] | None = None) -> list[Text]:
-        return self._row_cells.render(node, self.fleet.rates.nodes.get(node.id), now, old)
+        cells = self._row_cells.render(node, self.fleet.rates.nodes.get(node.id), now, old)
+        marked = node.id in self.marked
+        if marked != (cells[0].plain != node.id):
+            cells = list(cells)
+            cells[0] = self._id_cell(node.id)
+        return cells
+
+    def _id_cell(self, node_id: str) -> Text:
+        return Text(f"✓ {node_id}", style="bold reverse") if node_id in self.marked else Text(node_id)
+
+    # -- marks -------------------------------------------------------------------------------------------
+
+    def toggle_mark(self, node_id: str) -> None:
+        """Mark `node_id`, or unmark it when it is marked."""
+        if node_id in self.marked:
+            self.marked.discard(node_id)
+        elif node_id in self.fleet.nodes:
+            self.marked.add(node_id)
+        else:
+            return
+        cells = self._cells.get(node_id)
+        if cells is not None:
+            cells[0] = self._id_cell(node_id)
+            self.write_cell(node_id, COLUMN_KEYS[0], cells[0])
+            self.bump_row(node_id, (0,))
+            self._apply_widths()
+            self.refresh()
+        self.post_message(self.Changed(self))
+
+    def clear_marks(self) -> None:
+        """Unmark every node."""
+        for node_id in sorted(self.marked):
+            self.toggle_mark(node_id)
+
+    def action_toggle_mark(self) -> None:
+        """Mark or unmark the highlighted node, then move to the next row."""
+        node_id = self.highlighted_node
+        if node_id is None:
+            return
+        self.toggle_mark(node_id)
+        self.action_cursor_down()
 
     def _shown(self, node: NodeInfo) -> bool:
         return matches(node, self.filter_text) and (not self.problems_only or self.fleet.is_problem(node))
@@ -210,6 +273,9 @@ class FleetTable(ConsoleTable[Text], VersionedTable):
         self.add_row(*cells, key=node.id)
 
     def _remove(self, node_id: str) -> None:
+        if node_id not in self.fleet.nodes and node_id in self.marked:
+            self.marked.discard(node_id)  # it left the fleet
+            self.post_message(self.Changed(self))
         self._row_cells.forget(node_id)
         if self._cells.pop(node_id, None) is not None:
             self.remove_row(node_id)
@@ -336,6 +402,7 @@ class FleetTable(ConsoleTable[Text], VersionedTable):
             self.columns[ColumnKey(key)].label = self._header(index)
         self._sort(self.highlighted_node)
         self._show_column(COLUMN_KEYS.index(column))
+        self.post_message(self.Changed(self))
 
     def _show_column(self, index: int) -> None:
         """Scroll sideways so column `index` (and its sort marker) is on screen."""

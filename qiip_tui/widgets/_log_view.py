@@ -95,6 +95,25 @@ class LogView(Vertical):
             """The log view whose source ended (for `@on(LogView.SourceEnded, "#id")`)."""
             return self.view
 
+    class Searched(Message):
+        """The operator changed the search.
+
+        Posted by `LogView` as the search is typed or cleared. Handled by `on_log_view_searched` (bubbles to the
+        screen, which remembers it).
+        """
+
+        def __init__(self, view: LogView, text: str) -> None:
+            super().__init__()
+            self.view = view
+            """The log view searched."""
+            self.text = text
+            """The search; empty when cleared."""
+
+        @property
+        def control(self) -> LogView:
+            """The log view searched (for `@on(LogView.Searched, "#id")`)."""
+            return self.view
+
     def __init__(self, *, max_lines: int = 5000, id: str | None = None) -> None:
         super().__init__(id=id)
         self.max_lines = max_lines
@@ -227,11 +246,20 @@ class LogView(Vertical):
         field.remove_class("-shown")
         focus_now(self.query_one(RichLog))
 
+    def set_search(self, text: str) -> None:
+        """Search for `text` (shown in the search field), as if typed; empty clears the search."""
+        field = self.query_one("#log-search", Input)
+        field.set_class(bool(text), "-shown")
+        field.value = text
+
     @on(Input.Changed, "#log-search")
     def _search_changed(self, event: Input.Changed) -> None:
         event.stop()
-        self.search_text = event.value.strip()
-        self._redraw()
+        text = event.value.strip()
+        if text != self.search_text:
+            self.search_text = text
+            self._redraw()
+            self.post_message(self.Searched(self, text))
 
     @on(Input.Submitted, "#log-search")
     def _search_submitted(self, event: Input.Submitted) -> None:
