@@ -13,6 +13,7 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -178,12 +179,13 @@ def _print_downloads(ctx: CliContext, url: str | None) -> None:
 def verify(ctx: CliContext, identifier: str) -> None:
     """Hash the files of a registered revision (rev_…) or a cache generation (an artifact id) again.
 
-    Exits 1 when a file does not match its digest.
+    Exits 1 when a file does not match its digest, 2 when none does not but some cannot be checked (a cache
+    file that is not a link to a blob named by its SHA-256).
     """
     from qiip_core._errors import ArtifactNotFound
     from qiip_core.catalog import default_cache_dir, model_store_for, scan_catalog, verify_generation
 
-    def run() -> dict[str, bool]:
+    def run() -> Mapping[str, bool | None]:
         if identifier.startswith("rev_"):
             return model_store_for(ctx.settings).verify(identifier)
         root = ctx.settings.models.hf_cache_dir or default_cache_dir()
@@ -194,7 +196,16 @@ def verify(ctx: CliContext, identifier: str) -> None:
 
     results = run_or_exit(run)
     for name, ok in results.items():
-        click.echo(f"{'ok  ' if ok else 'FAIL'}  {name}")
-    if not all(results.values()):
-        click.echo(f"error: {identifier}: {sum(not ok for ok in results.values())} file(s) do not match", err=True)
+        click.echo(f"{'ok  ' if ok else 'FAIL' if ok is False else '??  '}  {name}")
+    failed = sum(ok is False for ok in results.values())
+    unchecked = [name for name, ok in results.items() if ok is None]
+    if failed:
+        click.echo(f"error: {identifier}: {failed} file(s) do not match", err=True)
         sys.exit(1)
+    if unchecked:
+        click.echo(
+            f"warning: {identifier}: {len(unchecked)} file(s) cannot be checked ({', '.join(unchecked)}): the cache "
+            "holds a copy, not a link to a blob named by its SHA-256; download it again to check it.",
+            err=True,
+        )
+        sys.exit(2)

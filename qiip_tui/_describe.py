@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from qiip_core.client import NodeErrorView, NodeInfo
-from qiip_tui._render import age_text
+from qiip_tui._render import age_text, plural
 from qiip_tui._types import LogRecord
 
 __all__ = ["ShownError", "describe_node", "error_line", "node_errors"]
@@ -88,11 +88,11 @@ def describe_node(
         f"Source:       {node.source or '—'} ({'managed by this daemon' if node.managed else 'external'})",
         f"In flight:    {node.in_flight}" + (f" (slots {node.slots.busy}/{node.slots.total})" if node.slots else ""),
         f"Breaker:      {breaker.state.replace('_', '-')}"
-        + (f" ({breaker.consecutive_failures} consecutive failures)" if breaker.consecutive_failures else ""),
+        + (f" ({plural(breaker.consecutive_failures, 'consecutive failure')})" if breaker.consecutive_failures else ""),
         "Health:       "
         + ("observed" if health.observed else "not probed by this daemon yet")
         + (f", last probe {_utc(health.last_probe_at)}" if health.last_probe_at else "")
-        + (f", {health.consecutive_failures} failed probes in a row" if health.consecutive_failures else ""),
+        + (f", {plural(health.consecutive_failures, 'failed probe')} in a row" if health.consecutive_failures else ""),
         f"Heard from:   {_utc(node.last_heartbeat) if node.last_heartbeat else '—'}",
     ]
     if node.artifact_id:

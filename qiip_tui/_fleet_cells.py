@@ -12,7 +12,7 @@ from datetime import datetime
 from rich.text import Text
 
 from qiip_core.client import NodeInfo
-from qiip_tui._fleet import FLEET_COLUMNS, gpu_totals, slots_of
+from qiip_tui._fleet import FLEET_COLUMNS, gpu_totals, on_cpu, slots_of
 from qiip_tui._rates import NodeRates
 from qiip_tui._render import (
     Palette,
@@ -98,7 +98,7 @@ class RowCells:
                 cells[_RETRIES] = rate_text(rates.retries_per_s if rates else None)
                 cells[_TTFT] = ttft_text(rates.ttft_p50_s if rates else None)
             if source[0] is not node:
-                cells[_GPU] = gpu_text(_GPU_WIDTH, palette, gpu_totals(node))
+                cells[_GPU] = gpu_text(_GPU_WIDTH, palette, gpu_totals(node), ram=on_cpu(node))
             return cells
         return [
             Text(node.id),
@@ -110,7 +110,7 @@ class RowCells:
             slots_text(*slots_of(node)),
             ttft_text(rates.ttft_p50_s if rates else None),
             breaker_text(node.breaker.state, palette),
-            gpu_text(_GPU_WIDTH, palette, gpu_totals(node)),
+            gpu_text(_GPU_WIDTH, palette, gpu_totals(node), ram=on_cpu(node)),
             engine_text(node.engine, _ENGINE_WIDTH),
             self.error(node, now),
         ]

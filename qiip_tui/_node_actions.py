@@ -41,6 +41,28 @@ MANY_ACTIONS = ("drain", "undrain", "remove")
 POWER_NOT_AVAILABLE = "Power control is not available on this daemon: it does not provision hosts."
 """What the power action says."""
 
+CONFIG_SOURCE = "config"
+"""The source of a node declared in the daemon's config file (`[[nodes]]`): the daemon refuses to remove it."""
+
+LOCAL_SOURCE = "local"
+"""The source of a node the daemon launches from its config (`[[local_nodes]]`): removed, it comes back at the
+daemon's next start."""
+
+
+def config_node_note(node_id: str) -> str:
+    """Why a node declared in the config file is not removed from here (the daemon's own refusal, with the way)."""
+    return (
+        f"{node_id} is declared in the daemon's config file ([[nodes]]), so the daemon does not remove it: delete "
+        "it there and restart the daemon, or drain it (D) to take it out of service."
+    )
+
+
+def _comes_back(source: str) -> str:
+    if source == LOCAL_SOURCE:
+        return "It comes back when the daemon next starts: it is declared in [[local_nodes]] of its config."
+    return "It does not come back by itself."
+
+
 FLEET_MODE = "fleet"
 """The app mode whose screen stack holds the node screens."""
 
@@ -118,6 +140,9 @@ class NodeActions:
         elif action == "undrain":
             self._run(self._undrain, node_id)
         elif action == "remove":
+            if node.source == CONFIG_SOURCE:
+                app.notify(config_node_note(node_id), title=f"Remove {node_id}", severity="warning", timeout=12)
+                return
 
             def remove(force: bool | None) -> None:
                 if force is not None:
@@ -127,7 +152,7 @@ class NodeActions:
                 ConfirmModal(
                     f"Remove {node_id}?",
                     f"{node_id} is drained, then removed from the fleet; a llama-server this daemon launched is "
-                    f"stopped. It does not come back by itself.{last}",
+                    f"stopped. {_comes_back(node.source)}{last}",
                     confirm="Remove",
                     option="Force: remove at once, without draining",
                 ),
@@ -164,23 +189,53 @@ class NodeActions:
             raise ValueError(f"{action!r} does not act on several nodes; those that do are {', '.join(MANY_ACTIONS)}.")
         app = self._app
         nodes = [self._fleet.nodes[node_id] for node_id in node_ids if node_id in self._fleet.nodes]
+        kept: list[str] = []
+        if action == "remove":
+            kept = [node.id for node in nodes if node.source == CONFIG_SOURCE]
+            nodes = [node for node in nodes if node.source != CONFIG_SOURCE]
         if not nodes:
-            app.notify("None of the marked nodes is in the fleet any more.", severity="warning")
+            if kept:
+                note = (
+                    config_node_note(kept[0])
+                    if len(kept) == 1
+                    else (
+                        f"{', '.join(kept)} are declared in the daemon's config file ([[nodes]]), so the daemon "
+                        "does not remove them: delete them there and restart the daemon, or drain them (D)."
+                    )
+                )
+                app.notify(note, title=f"Remove {len(kept)} node{'s' if len(kept) != 1 else ''}", severity="warning")
+            else:
+                app.notify("None of the marked nodes is in the fleet any more.", severity="warning")
             return
-        if len(nodes) == 1 and then is None:
+        if len(nodes) == 1 and then is None and not kept:
             self.node_action(action, nodes[0].id)
             return
         ids = [node.id for node in nodes]
         listed = "\n".join(f"  {node.id}  {node.status}  {node.model}" for node in nodes)
         warning = unserved_models_warning(nodes, self._fleet.nodes.values()) if action != "undrain" else None
         last = f"\n\n{warning}" if warning else ""
+        if kept:
+            last += (
+                f"\n\nNot removed: {', '.join(kept)} (declared in the daemon's config file; delete "
+                f"{'it' if len(kept) == 1 else 'them'} there)."
+            )
+        if kept:
+            last += (
+                f"\n\nNot removed: {', '.join(kept)} (declared in the daemon's config file; delete "
+                f"{'it' if len(kept) == 1 else 'them'} there)."
+            )
         count = f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}"
         in_flight = sum(node.in_flight for node in nodes)
         bodies = {
             "drain": f"These get no new requests; the {in_flight} in flight finish, up to the daemon's drain timeout. "
             "Undrain (u) takes them back.",
             "undrain": "These are back in rotation.",
-            "remove": "These are drained, then removed from the fleet; a llama-server this daemon launched is stopped.",
+            "remove": "These are drained, then removed from the fleet; a llama-server this daemon launched is stopped. "
+            + (
+                "Those declared in [[local_nodes]] come back when the daemon next starts."
+                if any(node.source == LOCAL_SOURCE for node in nodes)
+                else "They do not come back by themselves."
+            ),
         }
 
         def answered(answer: bool | None) -> None:

@@ -29,7 +29,7 @@ from qiip_tui._recommendations import host_of
 from qiip_tui._render import Palette, age_text
 from qiip_tui.screens._base import ConsoleScreen
 from qiip_tui.screens._recommendations import RecommendationsScreen
-from qiip_tui.widgets import GpuMeter, NodeHeader, OperationPanel, RuntimeView, TrafficPanel
+from qiip_tui.widgets import GpuMeter, HistorySparkline, NodeHeader, OperationPanel, RuntimeView, TrafficPanel
 
 __all__ = ["NodeScreen"]
 
@@ -112,7 +112,7 @@ class NodeScreen(ConsoleScreen[None]):
                     yield Label("Devices", classes="section", id="devices-label")
                     yield Vertical(id="meters")
                     yield Label("In flight", classes="section", id="in-flight-label")
-                    yield Sparkline([], id="in-flight")
+                    yield HistorySparkline(capacity=HISTORY_SAMPLES, id="in-flight")
                     yield Label("Recent errors", classes="section")
                     yield Static("none", id="errors", markup=False)
                 with Vertical(id="runtime"):
@@ -233,7 +233,11 @@ class NodeScreen(ConsoleScreen[None]):
         for device in devices:
             history = self._memory.get(device.index, deque())
             found = meters.query(f"#gpu-{device.index}")
-            meter = found.first(GpuMeter) if found else GpuMeter(_device_label(device), id=f"gpu-{device.index}")
+            meter = (
+                found.first(GpuMeter)
+                if found
+                else GpuMeter(_device_label(device), capacity=HISTORY_SAMPLES, id=f"gpu-{device.index}")
+            )
             utilization, detail = _live_detail(node, device.index)
             meter.show(device.used_mib, device.total_mib, history, utilization_pct=utilization, detail=detail)
             if not found:

@@ -116,7 +116,7 @@ class RecommendationsScreen(ConsoleScreen[None]):
         rows = recommendation_rows(found)
         for row in rows:
             table.add_row(*row)
-        held = sum(1 for row in rows if row[-1])
+        held = sum(1 for row in rows if row[-1] in ("in catalog", "GGUF in catalog"))
         summary = f"{len(rows)} recommended, {held} already in the catalog" if rows else "llmfit recommends nothing"
         self._status(f"{hardware_line(found)}\n{summary}")
 

@@ -7,6 +7,7 @@ from qiip_tui.widgets._console_table import ConsoleTable
 from qiip_tui.widgets._fleet_summary import FleetSummary, SummaryView
 from qiip_tui.widgets._fleet_table import FleetTable
 from qiip_tui.widgets._gpu_meter import GpuMeter
+from qiip_tui.widgets._history_sparkline import HistorySparkline
 from qiip_tui.widgets._log_view import LogView
 from qiip_tui.widgets._node_header import NodeHeader
 from qiip_tui.widgets._operation_panel import OperationPanel
@@ -21,6 +22,7 @@ __all__ = [
     "FleetSummary",
     "FleetTable",
     "GpuMeter",
+    "HistorySparkline",
     "LogView",
     "NodeHeader",
     "OperationPanel",

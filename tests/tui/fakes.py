@@ -440,7 +440,7 @@ def sample_journal() -> list[dict[str, Any]]:
             "gpu02",
             "status",
             "healthy → unhealthy",
-            "1 failed health probes: GET /health: connection refused",
+            "1 failed health probe: GET /health: connection refused",
             {"from": "healthy", "to": "unhealthy"},
         ),
         ("gpu04", "operation_failed", "relaunch failed", "llama-server exited with code 1 while loading", {}),

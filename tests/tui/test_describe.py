@@ -42,7 +42,7 @@ async def test_d_describes_the_highlighted_node_with_its_journal_and_y_copies_it
         view = await screen_of(pilot, DescribeScreen)
         assert view.node_id == "gpu02"
         await wait_for(pilot, lambda: "breaker open" in view.text, what="the journal's events")
-        assert "healthy → unhealthy — 1 failed health probes" in view.text
+        assert "healthy → unhealthy — 1 failed health probe" in view.text
         assert "gpu01" not in view.text.split("Record")[0]  # only its own events
         await pilot.press("y")
         assert app.clipboard == view.text
