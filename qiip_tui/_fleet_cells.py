@@ -7,6 +7,7 @@ live GPU reading alone is new (`qiip agent`, every second) its GPU cell.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 
 from rich.text import Text
@@ -118,3 +119,20 @@ class RowCells:
     def error(self, node: NodeInfo, now: datetime) -> Text:
         """The last-error cell: its age, dimmed once the node has recovered."""
         return error_text(node.last_error, node.last_error_at, now, current=not _recovered(node), palette=self.palette)
+
+    def aged(self, rows: Mapping[str, list[Text]], nodes: Mapping[str, NodeInfo], now: datetime) -> list[str]:
+        """Re-render the last-error cells of `rows` whose text changed with time (their age), in place.
+
+        Returns:
+            The ids of the rows changed.
+        """
+        changed = []
+        for node_id, cells in rows.items():
+            node = nodes.get(node_id)
+            if node is None or not node.last_error or node.last_error_at is None:
+                continue
+            after = self.error(node, now)
+            if not same_cell(cells[ERROR_CELL], after):
+                cells[ERROR_CELL] = after
+                changed.append(node_id)
+        return changed

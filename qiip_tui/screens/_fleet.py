@@ -183,8 +183,7 @@ class FleetScreen(ConsoleScreen[None]):
         else:
             self.console.node_action(action, table.highlighted_node)
 
-    @on(FleetTable.Changed, "#fleet")
-    def _table_changed(self) -> None:
+    def on_fleet_table_changed(self) -> None:
         table = self.table
         self.console.preferences.remember_view(VIEW, sort=table.sort_column, reverse=table.sort_reverse)
         self._show_summary()

@@ -7,8 +7,8 @@ operator does (a new filter, problems only); a resize or a cell that outgrows it
 
 Rendering follows the same idea: `VersionedTable` re-renders only the rows whose version `sync` bumped.
 
-Columns are as wide as their content (between each column's minimum and maximum), the last error taking what is
-left. The node column stays fixed while the others scroll sideways, a column per ← or →, on a narrow terminal.
+Columns are as wide as their content, the last error taking what is left, and the node column stays fixed while the
+others scroll sideways on a narrow terminal (`qiip_tui.widgets._fleet_layout`).
 
 Space marks rows (`✓` before the node's id) for the screen's actions on several nodes at once; a mark stays
 through filters and sorts, and goes with its node when the node leaves the fleet.
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from rich.text import Text
 from textual.binding import Binding, BindingType
@@ -26,19 +26,17 @@ from textual.events import Resize
 from textual.message import Message
 from textual.theme import Theme
 from textual.widgets import DataTable
-from textual.widgets.data_table import ColumnKey, RowDoesNotExist
+from textual.widgets.data_table import ColumnKey
 
 from qiip_core.client import NodeInfo
 from qiip_tui._fleet import FLEET_COLUMNS, Fleet, FleetDelta, matches
 from qiip_tui._fleet_cells import COLUMN_KEYS, ERROR_CELL, RowCells, same_cell
 from qiip_tui._render import Palette
 from qiip_tui.widgets._console_table import ConsoleTable
+from qiip_tui.widgets._fleet_layout import column_widths, header, id_cell, scroll_stop, shown_scroll, sort_key
 from qiip_tui.widgets._versioned_table import VersionedTable
 
 __all__ = ["FleetTable"]
-
-_SORT_MARKER_CELLS = 2
-"""Room every header keeps for ` ▲`, so the marker is never cut."""
 
 
 class FleetTable(ConsoleTable[Text], VersionedTable):
@@ -94,11 +92,6 @@ class FleetTable(ConsoleTable[Text], VersionedTable):
             self.table = table
             """The table, with its `sort_column`, `sort_reverse` and `marked`."""
 
-        @property
-        def control(self) -> FleetTable:
-            """The table (for `@on(FleetTable.Changed, "#id")`)."""
-            return self.table
-
     class NodeChosen(Message):
         """The operator chose a node (Enter, or a click on the highlighted row).
 
@@ -130,8 +123,6 @@ class FleetTable(ConsoleTable[Text], VersionedTable):
         self._cells: dict[str, list[Text]] = {}
         self._row_cells = RowCells()
 
-    # -- life --------------------------------------------------------------------------------------------
-
     def on_mount(self) -> None:
         self._row_cells.palette = Palette.from_variables(self.app.theme_variables)
         self.app.theme_changed_signal.subscribe(self, self._theme_changed)
@@ -147,17 +138,7 @@ class FleetTable(ConsoleTable[Text], VersionedTable):
             self._apply_widths()
 
     def _layout(self, width: int) -> tuple[int, ...]:
-        """Each column as wide as its widest cell or its header with the sort marker, within its bounds; the
-        last one takes what is left of `width`."""
-        widths = []
-        for index, column in enumerate(FLEET_COLUMNS[:-1]):
-            content = max((cells[index].cell_len for cells in self._cells.values()), default=0)
-            widths.append(min(max(content, len(column.label) + _SORT_MARKER_CELLS, column.min_width), column.max_width))
-        last = FLEET_COLUMNS[-1]
-        # Each column has one cell of padding on each side; the scrollbar takes two more.
-        spare = width - sum(widths) - 2 * len(FLEET_COLUMNS) - 2
-        widths.append(max(last.min_width, spare))
-        return tuple(widths)
+        return column_widths(self._cells.values(), width)
 
     def _apply_widths(self) -> None:
         """Give the columns the widths their content needs now (no rebuild: DataTable re-lays out)."""
@@ -178,30 +159,16 @@ class FleetTable(ConsoleTable[Text], VersionedTable):
         """Dim the table while its data may be out of date (the daemon cannot be reached)."""
         self.set_class(stale, "-stale")
 
-    # -- contents ----------------------------------------------------------------------------------------
-
     @property
     def highlighted_node(self) -> str | None:
         """The id of the node under the cursor, if a row is shown."""
-        if not self.row_count:
-            return None
-        try:
-            return self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
-        except RowDoesNotExist:
-            return None
+        return self.highlighted_key
 
     def _render_row(self, node: NodeInfo, now: datetime, old: list[Text] | None = None) -> list[Text]:
         cells = self._row_cells.render(node, self.fleet.rates.nodes.get(node.id), now, old)
-        marked = node.id in self.marked
-        if marked != (cells[0].plain != node.id):
-            cells = list(cells)
-            cells[0] = self._id_cell(node.id)
+        if (node.id in self.marked) != (cells[0].plain != node.id):
+            cells = [id_cell(node.id, marked=node.id in self.marked), *cells[1:]]
         return cells
-
-    def _id_cell(self, node_id: str) -> Text:
-        return Text(f"✓ {node_id}", style="bold reverse") if node_id in self.marked else Text(node_id)
-
-    # -- marks -------------------------------------------------------------------------------------------
 
     def toggle_mark(self, node_id: str) -> None:
         """Mark `node_id`, or unmark it when it is marked."""
@@ -213,7 +180,7 @@ class FleetTable(ConsoleTable[Text], VersionedTable):
             return
         cells = self._cells.get(node_id)
         if cells is not None:
-            cells[0] = self._id_cell(node_id)
+            cells[0] = id_cell(node_id, marked=node_id in self.marked)
             self.write_cell(node_id, COLUMN_KEYS[0], cells[0])
             self.bump_row(node_id, (0,))
             self._apply_widths()
@@ -242,10 +209,7 @@ class FleetTable(ConsoleTable[Text], VersionedTable):
         return len(self._cells)
 
     def _header(self, index: int) -> Text:
-        column = FLEET_COLUMNS[index]
-        if column.key != self.sort_column:
-            return Text(column.label)
-        return Text(f"{column.label} {'▼' if self.sort_reverse else '▲'}", style="bold")
+        return header(index, self.sort_column, self.sort_reverse)
 
     def _rebuild(self) -> None:
         """Build the columns and rows from scratch (after a filter change)."""
@@ -347,29 +311,13 @@ class FleetTable(ConsoleTable[Text], VersionedTable):
 
     def refresh_ages(self) -> None:
         """Re-render the last-error cells, whose age grows with time (the owner calls it on each metrics poll)."""
-        now = self.now()
-        index = ERROR_CELL
-        for node_id, cells in self._cells.items():
-            node = self.fleet.nodes.get(node_id)
-            if node is None or not node.last_error or node.last_error_at is None:
-                continue
-            after = self._row_cells.error(node, now)
-            if not same_cell(cells[index], after):
-                cells[index] = after
-                self.write_cell(node_id, COLUMN_KEYS[-1], after)
-                self.bump_row(node_id, (index,))
+        for node_id in self._row_cells.aged(self._cells, self.fleet.nodes, self.now()):
+            self.write_cell(node_id, COLUMN_KEYS[-1], self._cells[node_id][ERROR_CELL])
+            self.bump_row(node_id, (ERROR_CELL,))
         self.refresh()
 
     def _sort(self, keep: str | None) -> None:
-        fleet, column = self.fleet, FLEET_COLUMNS[COLUMN_KEYS.index(self.sort_column)]
-        # DataTable hands the key the id cells; finding their node by the cell object is cheaper than by its text.
-        by_cell = {id(cells[0]): node_id for node_id, cells in self._cells.items()}
-
-        def key(cell: Any) -> Any:
-            node = fleet.nodes[by_cell[id(cell)]]
-            return (column.sort_key(node, fleet), node.id)
-
-        self.sort("id", key=key, reverse=self.sort_reverse)
+        self.sort("id", key=sort_key(self._cells, self.fleet, self.sort_column), reverse=self.sort_reverse)
         if keep is not None and keep in self._cells:
             row = self.get_row_index(keep)
             if row != self.cursor_row:
@@ -408,15 +356,12 @@ class FleetTable(ConsoleTable[Text], VersionedTable):
         """Scroll sideways so column `index` (and its sort marker) is on screen."""
         if index < self.fixed_columns:
             return
-        columns = self.ordered_columns
-        left = sum(column.get_render_width(self) for column in columns[self.fixed_columns : index])
-        fixed = sum(column.get_render_width(self) for column in columns[: self.fixed_columns])
-        width = columns[index].get_render_width(self)
-        visible = self.scrollable_content_region.width - fixed
-        if left < self.scroll_x or left + width > self.scroll_x + visible:
-            self.scroll_to(x=min(left, self.max_scroll_x), animate=False)
-
-    # -- input -------------------------------------------------------------------------------------------
+        widths = [column.get_render_width(self) for column in self.ordered_columns]
+        fixed = sum(widths[: self.fixed_columns])
+        left = sum(widths[self.fixed_columns : index])
+        target = shown_scroll(left, widths[index], self.scroll_x, self.scrollable_content_region.width - fixed)
+        if target is not None:
+            self.scroll_to(x=min(target, self.max_scroll_x), animate=False)
 
     def action_next_sort(self) -> None:
         """Sort by the column right of the current one (wrapping), ascending."""
@@ -435,17 +380,8 @@ class FleetTable(ConsoleTable[Text], VersionedTable):
         self._scroll_columns(-1)
 
     def _scroll_columns(self, step: int) -> None:
-        # The left edges of the scrolling columns, as scroll offsets.
-        edges, x = [0], 0
-        columns = self.ordered_columns
-        for column in columns[self.fixed_columns : -1]:
-            x += column.get_render_width(self)
-            edges.append(x)
-        current = round(self.scroll_x)
-        if step > 0:
-            target = next((edge for edge in edges if edge > current), edges[-1])
-        else:
-            target = next((edge for edge in reversed(edges) if edge < current), 0)
+        widths = [column.get_render_width(self) for column in self.ordered_columns[self.fixed_columns :]]
+        target = scroll_stop(widths, round(self.scroll_x), step)
         self.scroll_to(x=min(target, self.max_scroll_x), animate=False)
 
     def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:

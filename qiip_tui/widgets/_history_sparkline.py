@@ -13,7 +13,14 @@ from textual.app import RenderResult
 from textual.renderables.sparkline import Sparkline as SparklineRenderable
 from textual.widgets import Sparkline
 
-__all__ = ["HistorySparkline"]
+__all__ = ["HistorySparkline", "drawn_columns"]
+
+
+def drawn_columns(width: int, samples: int, capacity: int) -> int:
+    """Columns the newest `samples` take in a sparkline `width` columns wide that holds `capacity` samples: the
+    same share of the width each, at least one column when there is a sample."""
+    samples = min(samples, capacity)
+    return min(width, max(1, round(width * samples / capacity))) if samples else 0
 
 
 class HistorySparkline(Sparkline):
@@ -31,7 +38,7 @@ class HistorySparkline(Sparkline):
     def render(self) -> RenderResult:
         data = list(self.data or [])[-self.capacity :]
         width = self.size.width
-        columns = min(width, max(1, round(width * len(data) / self.capacity))) if data else 0
+        columns = drawn_columns(width, len(data), self.capacity)
         if not columns:
             return ""
         _, base = self.background_colors
