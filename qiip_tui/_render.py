@@ -125,7 +125,8 @@ def gpu_text(width: int, palette: Palette, totals: tuple[int, int] | None, *, ra
     if totals is None:
         return Text(DASH)
     used, total = totals
-    label = ("RAM " if ram else "") + f"{_gib(used)}/{_gib(total)}G".rjust(9)
+    figures = f"{_gib(used)}/{_gib(total)}G"
+    label = (f"RAM {figures}" if ram else figures).rjust(9)
     bar_width = max(width - len(label), 3)
     return meter_text(used, total, bar_width, palette).append(label)
 

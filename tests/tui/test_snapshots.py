@@ -23,6 +23,7 @@ from qiip_tui.screens import (
     CommandLine,
     ConfirmModal,
     ConnectionScreen,
+    DescribeScreen,
     DownloadModal,
     FleetScreen,
     HelpScreen,
@@ -158,6 +159,18 @@ def test_node(snap_compare: Snap, size: tuple[int, int]) -> None:
 @pytest.mark.parametrize("size", SIZES)
 def test_node_with_an_error(snap_compare: Snap, size: tuple[int, int]) -> None:
     steps = then(keys("slash", *"gpu04", "enter", "enter"), shows(NodeScreen))
+    assert snap_compare(console(), terminal_size=size, run_before=steps)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_describe(snap_compare: Snap, size: tuple[int, int]) -> None:
+    steps = then(keys("slash", *"gpu04", "enter", "d"), shows(DescribeScreen))
+    assert snap_compare(console(), terminal_size=size, run_before=steps)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_fleet_marked_and_one_confirmation_for_all(snap_compare: Snap, size: tuple[int, int]) -> None:
+    steps = then(keys("space", "space", "down", "space"), keys("D"), shows(ConfirmModal))
     assert snap_compare(console(), terminal_size=size, run_before=steps)
 
 
