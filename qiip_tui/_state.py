@@ -80,7 +80,8 @@ def save_state(path: Path, state: ConsoleState) -> None:
     Raises:
         OSError: the directory cannot be created or written.
     """
-    atomic_write(path, (json.dumps(state.model_dump(mode="json"), indent=2) + "\n").encode())
+    # Only what was chosen: the defaults stay out of the file.
+    atomic_write(path, (json.dumps(state.model_dump(mode="json", exclude_defaults=True), indent=2) + "\n").encode())
 
 
 class Preferences:

@@ -179,6 +179,8 @@ class LogsScreen(ConsoleScreen[None]):
         return self.query_one(_PANE_LOGS.get(self.pane, "#timeline-view"), LogView)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if not self.is_mounted:
+            return True
         if action == "host":
             # The host keys are the provisioning pane's: hidden (and inert) on the others.
             return self.pane == "provisioning"
