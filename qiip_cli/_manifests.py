@@ -12,6 +12,7 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -178,8 +179,9 @@ def verify(ctx: CliContext, identifier: str) -> None:
     """Hash the files of a registered revision (rev_…) or a cache generation (an artifact id, or its first 8 or more
     characters) again.
 
-    Exits 1 when a file does not match its digest; a revision's file that does not is quarantined (never served; the
-    next acquisition fetches it again).
+    Exits 1 when a file does not match its digest (a revision's file that does not is quarantined: never served,
+    the next acquisition fetches it again); 2 when none fails but some cannot be checked (a cache file that is not a
+    link to a blob named by its SHA-256).
     """
     from qiip_core._errors import ArtifactNotFound
     from qiip_core.catalog import (
@@ -190,7 +192,7 @@ def verify(ctx: CliContext, identifier: str) -> None:
         verify_generation,
     )
 
-    def run() -> dict[str, bool]:
+    def run() -> Mapping[str, bool | None]:
         if identifier.startswith("rev_"):
             return model_store_for(ctx.settings).verify(identifier)
         root = ctx.settings.models.hf_cache_dir or default_cache_dir()
@@ -205,7 +207,16 @@ def verify(ctx: CliContext, identifier: str) -> None:
 
     results = run_or_exit(run)
     for name, ok in results.items():
-        click.echo(f"{'ok  ' if ok else 'FAIL'}  {name}")
-    if not all(results.values()):
-        click.echo(f"error: {identifier}: {sum(not ok for ok in results.values())} file(s) do not match", err=True)
+        click.echo(f"{'ok  ' if ok else 'FAIL' if ok is False else '??  '}  {name}")
+    failed = sum(ok is False for ok in results.values())
+    unchecked = [name for name, ok in results.items() if ok is None]
+    if failed:
+        click.echo(f"error: {identifier}: {failed} file(s) do not match", err=True)
         sys.exit(1)
+    if unchecked:
+        click.echo(
+            f"warning: {identifier}: {len(unchecked)} file(s) cannot be checked ({', '.join(unchecked)}): the cache "
+            "holds a copy, not a link to a blob named by its SHA-256; download it again to check it.",
+            err=True,
+        )
+        sys.exit(2)

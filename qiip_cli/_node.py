@@ -250,14 +250,17 @@ def recommendations(
         return
     system = found.system
     scored = f"profile {found.profile}" if found.profile else "its own hardware"
-    gpus = f"{system.gpu_count} GPU ({system.gpu_name}, {system.gpu_vram_gib} GiB)" if system.gpu_count else "no GPU"
-    click.echo(f"{found.host}: llmfit {found.llmfit_version} on {scored}: {system.total_ram_gib} GiB RAM, {gpus}")
+    vram = f", {system.gpu_vram_gib} GiB" if system.gpu_vram_gib is not None else ""
+    gpus = f"{system.gpu_count} GPU ({system.gpu_name or 'unnamed'}{vram})" if system.gpu_count else "no GPU"
+    ram = f"{system.total_ram_gib} GiB RAM" if system.total_ram_gib is not None else "RAM unknown"
+    click.echo(f"{found.host}: llmfit {found.llmfit_version} on {scored}: {ram}, {gpus}")
     if not found.recommendations:
         click.echo("no model fits")
         return
     rows = [("#", "MODEL", "RUNTIME", "FIT", "TOK/S", "MEM GIB", "QUANT", "CATALOG")]
     for r in found.recommendations:
         cached = "yes" if r.in_catalog else ("gguf" if any(s.in_catalog for s in r.gguf_sources) else "")
+        cached = cached or ("no GGUF source" if r.lacks_gguf else "")
         rows.append(
             (
                 str(r.rank),

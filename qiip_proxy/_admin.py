@@ -160,6 +160,7 @@ def node_view(
             "breaker": {"state": state.breaker.state.value, "consecutive_failures": state.breaker.consecutive_failures},
             "last_error": state.last_error,
             "last_error_at": state.last_error_at.isoformat() if state.last_error_at else None,
+            "recent_errors": state.error_views(),
             "slots": {"busy": state.slots[0], "total": state.slots[1]} if state.slots is not None else None,
             "health": {
                 "consecutive_failures": state.health_failures,

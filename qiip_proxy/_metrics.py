@@ -372,8 +372,9 @@ class GatewayMetrics:
         counts}}`. Every count is a total since the daemon started; rates are the growth between two reads.
 
         A model's and a node's counts: `requests` (client requests answered, by the node that answered),
-        `errors` (those that failed, mid-stream cuts included), `retries` (attempts that failed on the node and
-        went to another), `prompt_tokens` and `completion_tokens` (the nodes' `usage`). A node's also carry
+        `errors` (those that failed, mid-stream cuts included; not those the client itself stopped,
+        `client_disconnected`, which `qiip_request_errors_total` still counts), `retries` (attempts that failed on
+        the node and went to another), `prompt_tokens` and `completion_tokens` (the nodes' `usage`). A node's also carry
         `failures` (its failed attempts, every kind of `qiip_upstream_errors_total`), `attempts` (requests it
         answered plus attempts that failed before an answer: `failures / attempts` is its error ratio) and,
         once it has served a stream, `ttft_p50_s` and `ttft_p95_s`: time to first token in seconds over its last
@@ -398,6 +399,8 @@ class GatewayMetrics:
         )
         for metric, key in counters:
             for labels, value in _totals(metric):
+                if key == "errors" and labels.get("code") == "client_disconnected":
+                    continue  # the client's choice (a stopped chat answer), not the model's failure
                 add(labels, key, value)
         for labels, value in _totals(self.upstream_errors):
             node = labels.get("node", "")

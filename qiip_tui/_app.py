@@ -3,14 +3,20 @@
 ```
 QiipConsole(config)                        the app; talks to the daemon only (ConsoleClient)
 ├── modes: fleet (FleetScreen → NodeScreen → SizingScreen), chat, logs, models, connection
-├── _follow_events   worker: nodes(), then events(); retries with backoff   → FleetLoaded, NodeChanged, ConnectionLost
-├── _poll_metrics    worker, every metrics_interval_s: metrics() + nodes()   → MetricsPolled
-├── _poll_lent_hosts worker, with each metrics poll: lent_hosts()            → LentHostsPolled
-└── fleet_signal     the fleet's changes, batched, for the screens          (FleetDelta)
+├── connection      ConnectionWatch: nodes(), then events(); retries with backoff → FleetLoaded, NodeChanged,
+│                                                                                  ConnectionLost
+├── operations      OperationTracker: polls the operations the console started   → OperationUpdated
+├── actions         NodeActions: drain, undrain, remove, relaunch, power, open
+├── host_actions    HostActions: set up, cancel, tear down, power a host
+├── feed            FleetFeed: the metrics and QUADS polls                        → MetricsPolled,
+│                   the fleet and its batched changes for the screens (FleetDelta)   LentHostsPolled
+└── preferences     Preferences: the theme, each screen's sort and filter, between runs
 ```
 
-Workers only await the client and post messages (`qiip_tui._messages`); the handlers here update `fleet` and
-the connection state and publish them, so no screen polls and no I/O runs on the UI thread.
+The app holds its collaborators; the screens see it through `ConsoleContext`, a protocol of what they use, so
+no screen imports this module. Workers only await the client and post messages (`qiip_tui._messages`); the
+handlers here hand each to the collaborator it concerns, in the order posted, so no screen polls and no I/O runs
+on the UI thread.
 """
 
 from __future__ import annotations
@@ -22,30 +28,36 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from textual import work
+from textual import events
 from textual.app import App, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
-from textual.signal import Signal
 from textual.theme import Theme
 
-from qiip_core.client import (
-    DEFAULT_URL,
-    ClientError,
-    ConsoleConfig,
-    OperationInfo,
-    QiipClient,
-)
-from qiip_tui._app_connection import ConnectionWatch
+from qiip_core.client import DEFAULT_URL, ConsoleConfig, QiipClient
 from qiip_tui._commands import ConsoleCommands
-from qiip_tui._connection import RETRY_DELAYS_S, ConnectionProblem
-from qiip_tui._fleet import Fleet, FleetDelta
-from qiip_tui._messages import FleetLoaded, LentHostsPolled, MetricsPolled, NodeChanged, NodePolled
-from qiip_tui._state import ConsoleState, default_state_path, load_state, save_state
+from qiip_tui._connection import RETRY_DELAYS_S
+from qiip_tui._connection_watch import ConnectionWatch
+from qiip_tui._context import CommandContext, Selection
+from qiip_tui._fleet_feed import FleetFeed
+from qiip_tui._host_actions import HostActions
+from qiip_tui._key_router import KeyRouter
+from qiip_tui._messages import (
+    ConnectionLost,
+    FleetLoaded,
+    LentHostsPolled,
+    MetricsPolled,
+    NodeChanged,
+    NodePolled,
+    OperationUpdated,
+)
+from qiip_tui._node_actions import NodeActions
+from qiip_tui._operations import OperationTracker
+from qiip_tui._state import Preferences, default_state_path
 from qiip_tui._themes import THEME_DIRS, ThemeFileError, console_variable_defaults, load_themes
-from qiip_tui._types import Clock, ConsoleClient, LentHostSource
+from qiip_tui._types import Clock, ConsoleClient
 from qiip_tui.screens import (
     ChatScreen,
     CommandLine,
@@ -82,7 +94,7 @@ def _user_theme_dir() -> Path:
     return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "qiip" / "themes"
 
 
-class QiipConsole(ConnectionWatch):
+class QiipConsole(App[None]):
     """The operator console.
 
     Args:
@@ -149,49 +161,39 @@ class QiipConsole(ConnectionWatch):
         chat_max_tokens: int | None = 512,
     ) -> None:
         super().__init__()
-        self.config = config or ConsoleConfig(url=url or DEFAULT_URL)
-        """Where the daemon is, and where the credentials came from."""
+        config = config or ConsoleConfig(url=url or DEFAULT_URL)
         self._owns_client = client is None
-        self.client: ConsoleClient = client or QiipClient.from_config(self.config)
+        self.client: ConsoleClient = client or QiipClient.from_config(config)
         self.clock = clock
         self.wall_clock: Callable[[], datetime] = wall_clock or (lambda: datetime.now(UTC))
         """The time of day (UTC) ages are measured against."""
-        self.last_update: datetime | None = None
-        """When the daemon last told the console something (a snapshot, an event, a poll), UTC."""
-        self.retry_delays_s = tuple(retry_delays_s)
         self.metrics_interval_s = metrics_interval_s
-        self.operation_poll_s = operation_poll_s
         self.node_poll_s = node_poll_s
         self.chat_max_tokens = chat_max_tokens
-        self.fleet = Fleet()
-        """Every node the daemon reported, kept current by the workers."""
-        self.fleet_signal: Signal[FleetDelta] = Signal(self, "fleet")
-        """Published with the nodes that changed, at most once per batch of messages."""
-        self.connection_signal: Signal[None] = Signal(self, "connection")
-        """Published when the connection's state changes."""
-        self.operation_signal: Signal[OperationInfo] = Signal(self, "operation")
-        """Published when an operation the console follows changes."""
-        self.operations: dict[str, OperationInfo] = {}
-        """Operations started from this console, by id."""
-        self.selected_node: str | None = None
-        """The node the palette's node commands act on: highlighted in the fleet table or open."""
-        self.selected_host: str | None = None
-        """The host the palette's host commands act on: highlighted in the provisioning table."""
+        self.selection = Selection()
+        """The node and host the palette's commands act on."""
         self.engine_log_node: str | None = None
         """A node whose engine log the logs screen opens next (`l` on a node's screen)."""
-        self.connected = False
-        """Whether the daemon answered the last attempt."""
-        self.connection_problem: ConnectionProblem | None = None
-        """Why the last attempt failed."""
-        self.connection_attempt: tuple[int, float | None] = (0, 0.0)
-        """Failed attempts in a row, and seconds until the next (None: the console waits for the operator)."""
-        self._mode_before_problem = "fleet"
-        self._reads_quads: bool | None = None  # None: not asked since connecting
-        self._pending = FleetDelta()
-        self._flush_scheduled = False
+        self.connection = ConnectionWatch(self, self.client, config, retry_delays_s=retry_delays_s)
+        """The connection's state, the worker that keeps it, and new credentials."""
+        self.feed = FleetFeed(self, self.client, self.connection, clock=clock, wall_clock=self.wall_clock)
+        """The fleet, kept current from the daemon's events and the metrics polls."""
+        self.fleet = self.feed.fleet
+        """Every node the daemon reported, kept current by the feed."""
+        self.fleet_signal = self.feed.signal
+        """Published with the nodes that changed, at most once per batch of messages."""
+        self.operations = OperationTracker(self, self.client, poll_s=operation_poll_s)
+        """The operations started from this console, by id, followed to their end."""
+        self.actions = NodeActions(
+            self, self.client, self.fleet, self.operations, self.selection, node_poll_s=node_poll_s
+        )
+        """Drain, undrain, remove, relaunch, power and open a node."""
+        self.host_actions = HostActions(self, self.client, self.operations, self.selection)
+        """Set up, cancel, tear down and power a host."""
+        self._keys = KeyRouter(self)
         self._frozen = False
-        self.state_path = state_path or default_state_path()
-        self._state = load_state(self.state_path)
+        self.preferences = Preferences(self, state_path or default_state_path())
+        """The theme and each screen's sort and filter, remembered between runs."""
         dirs = list(theme_dirs) if theme_dirs is not None else [*THEME_DIRS, _user_theme_dir()]
         themes, self.theme_errors = load_themes(dirs)
         self.console_themes: dict[str, Theme] = {theme.name: theme for theme in themes}
@@ -207,7 +209,7 @@ class QiipConsole(ConnectionWatch):
 
     def on_mount(self) -> None:
         self.sub_title = self.client.url
-        wanted = self._state.theme
+        wanted = self.preferences.state.theme
         for name in (wanted, DEFAULT_THEME):
             if name and name in self.available_themes:
                 self.theme = name
@@ -222,8 +224,8 @@ class QiipConsole(ConnectionWatch):
         else:
             for error in self.theme_errors:
                 self.notify(error.message, title="Theme file skipped", severity="warning", timeout=10)
-        self._follow_events()
-        self.set_interval(self.metrics_interval_s, self._poll_metrics)
+        self.connection.follow()
+        self.set_interval(self.metrics_interval_s, self.feed.poll_metrics)
 
     async def on_unmount(self) -> None:
         if self._owns_client:
@@ -236,104 +238,58 @@ class QiipConsole(ConnectionWatch):
             ThemeFileError: no theme has that name.
         """
         if name not in self.available_themes:
-            raise ThemeFileError(f"There is no theme named {name!r}.", path=self.state_path)
+            raise ThemeFileError(f"There is no theme named {name!r}.", path=self.preferences.path)
         self.theme = name
 
     def _remember_theme(self, theme: Theme) -> None:
-        if theme.name != self._state.theme:
-            self._state = ConsoleState(theme=theme.name)
-            self._save_state(self._state)
+        self.preferences.remember(theme=theme.name)
 
-    @work(thread=True, exclusive=True, group="state", exit_on_error=False)
-    def _save_state(self, state: ConsoleState) -> None:
-        try:
-            save_state(self.state_path, state)
-        except OSError as exc:
-            self.call_from_thread(self.notify, f"Cannot remember the theme in {self.state_path}: {exc}.")
+    # -- keys ----------------------------------------------------------------------------------------------
 
-    # -- the connection ----------------------------------------------------------------------------------
+    async def on_event(self, event: events.Event) -> None:
+        if isinstance(event, events.Key) and not event.is_forwarded:
+            self._keys.handed(event)
+        await super().on_event(event)
+
+    async def _on_key(self, event: events.Key) -> None:
+        # A key no widget used: where the focus moved since it arrived, it belongs to the widget focused now, and
+        # `App._on_key` (next in the MRO: Textual calls each class's handler) does not run its bindings.
+        if self._keys.returned(event):
+            event.prevent_default()
+
+    # -- what the workers post ----------------------------------------------------------------------------
+
     def on_fleet_loaded(self, message: FleetLoaded) -> None:
-        self.last_update = self.wall_clock()
-        self._publish(self.fleet.load(message.nodes))
+        self.feed.loaded(message.nodes)
         if not self._frozen:
             # After the screens have built their rows from this first fleet.
             self._frozen = True
             self.set_timer(1.0, _freeze_long_lived)
-        if not self.connected:
-            self.connected, self.connection_problem, self.connection_attempt = True, None, (0, 0.0)
-            self._reads_quads = None  # the daemon may have restarted with other settings
-            self.connection_signal.publish(None)
-            if self.current_mode == "connection":
-                self.switch_mode(self._mode_before_problem)
-            # Rates and TTFT at once, rather than one interval after connecting.
-            self._poll_metrics()
+        if self.connection.answered():
+            self.feed.reconnected()
+
+    def on_connection_lost(self, message: ConnectionLost) -> None:
+        self.connection.lost(message)
 
     def on_node_changed(self, message: NodeChanged) -> None:
-        self.last_update = self.wall_clock()
-        self._publish(self.fleet.apply(message.event))
-
-    @work(exclusive=True, group="metrics", exit_on_error=False)
-    async def _poll_metrics(self) -> None:
-        if not self.connected:
-            return
-        try:
-            payload = await self.client.metrics()
-            nodes = await self.client.nodes()
-        except ClientError:
-            # The event stream may be stuck on a dead connection: start over, which reports the outage.
-            self._follow_events()
-            return
-        self.post_message(MetricsPolled(payload, nodes, at_s=self.clock()))
-        if self._reads_quads is not False and isinstance(self.client, LentHostSource):
-            self._poll_lent_hosts(self.client)
-
-    @work(exclusive=True, group="quads", exit_on_error=False)
-    async def _poll_lent_hosts(self, client: LentHostSource) -> None:
-        # Its own worker: a slow answer must not hold up (or, overlapping the next, cancel) the metrics poll.
-        try:
-            lent = await client.lent_hosts()
-        except ClientError:
-            return  # the metrics poll reports an outage
-        self.post_message(LentHostsPolled(lent))
-
-    def on_lent_hosts_polled(self, message: LentHostsPolled) -> None:
-        # A daemon without [quads] is not asked again until the console reconnects.
-        self._reads_quads = message.lent.freshness is not None
-        self.fleet.lent = message.lent if self._reads_quads else None
-        self.fleet_signal.publish(FleetDelta())
+        self.feed.changed(message.event)
 
     def on_metrics_polled(self, message: MetricsPolled) -> None:
-        self.last_update = self.wall_clock()
-        changed = set(self.fleet.apply_metrics(message.payload, at_s=message.at_s).changed)
-        update = self.fleet.update
-        for node in message.nodes:
-            changed.update(update(node).changed)
-        if changed:
-            self._publish(FleetDelta(changed=frozenset(changed)))
-        # An empty change says a poll happened: the summary's rate and the errors' ages move on.
-        self.fleet_signal.publish(FleetDelta())
+        self.feed.metrics_polled(message)
+
+    def on_lent_hosts_polled(self, message: LentHostsPolled) -> None:
+        self.feed.lent_polled(message.lent)
 
     def on_node_polled(self, message: NodePolled) -> None:
-        if message.node.id in self.fleet.nodes:
-            self._publish(self.fleet.update(message.node))
+        self.feed.node_polled(message.node)
 
-    def _publish(self, delta: FleetDelta) -> None:
-        """Queue a change; the screens hear of all changes queued by the same batch of messages at once."""
-        self._pending = self._pending.merge(delta)
-        if delta and not self._flush_scheduled:
-            self._flush_scheduled = True
-            self.call_later(self._flush_fleet)
-
-    def _flush_fleet(self) -> None:
-        self._flush_scheduled = False
-        delta, self._pending = self._pending, FleetDelta()
-        if delta:
-            self.fleet_signal.publish(delta)
+    def on_operation_updated(self, message: OperationUpdated) -> None:
+        self.operations.updated(message.operation)
 
     # -- navigation --------------------------------------------------------------------------------------
 
     def on_fleet_table_node_highlighted(self, message: FleetTable.NodeHighlighted) -> None:
-        self.selected_node = message.node_id
+        self.selection.node = message.node_id
 
     def action_fleet(self) -> None:
         """Show the fleet (from the node screen too)."""
@@ -376,3 +332,54 @@ class QiipConsole(ConnectionWatch):
         """Open the `:` command line over a main screen (not over the sizing editor, a dialog or the key map)."""
         if isinstance(self.screen, ConsoleScreen) and not isinstance(self.screen, SizingScreen):
             self.push_screen(CommandLine(self.fleet), partial(run_command, self))
+
+    # -- what the screens and commands use (`ConsoleContext`, `CommandContext`) ------------------------------
+
+    @property
+    def last_update(self) -> datetime | None:
+        """When the daemon last told the console something (a snapshot, an event, a poll), UTC."""
+        return self.feed.last_update
+
+    @property
+    def config(self) -> ConsoleConfig:
+        """Where the daemon is, and where the credentials came from (the password typed here, once typed)."""
+        return self.connection.config
+
+    def action_reconnect(self) -> None:
+        """Try the daemon again now."""
+        self.connection.follow()
+
+    def node_action(self, action: str, node_id: str | None) -> None:
+        """Act on a node (`NodeActions.node_action`): `open`, `drain`, `undrain`, `remove`, `relaunch`, `power`.
+
+        Raises:
+            ValueError: an unknown action.
+        """
+        self.actions.node_action(action, node_id)
+
+    def nodes_action(self, action: str, node_ids: Sequence[str], *, then: Callable[[], object] | None = None) -> None:
+        """Drain, undrain or remove several nodes after one confirmation (`NodeActions.nodes_action`).
+
+        Raises:
+            ValueError: another action.
+        """
+        self.actions.nodes_action(action, node_ids, then=then)
+
+    def open_node(self, node_id: str) -> None:
+        """Show the node screen of `node_id` (in the fleet mode)."""
+        self.actions.open_node(node_id)
+
+    def host_action(self, action: str, host: str | None = None) -> None:
+        """Act on a host (`HostActions.host_action`): `setup`, `cancel`, `teardown`, `power_on`, `power_off`,
+        `power_restart`.
+
+        Raises:
+            ValueError: an unknown action.
+        """
+        self.host_actions.host_action(action, host)
+
+
+if TYPE_CHECKING:
+    # The app is what its screens and commands are typed against; mypy checks that it still is.
+    def _implements(app: QiipConsole) -> CommandContext:
+        return app

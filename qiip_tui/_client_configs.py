@@ -10,7 +10,7 @@ user's other providers. The rendering and the limits are the core's (`qiip_core.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from qiip_core import QiipError
 from qiip_core.client import ClientError
@@ -22,11 +22,15 @@ from qiip_core.clientconfig import (
     resolve_target,
     write_client_config,
 )
+from qiip_tui._context import command_context
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from qiip_tui._app import QiipConsole
+    from textual.app import App
+
+    from qiip_tui._context import CommandContext
+    from qiip_tui._fleet import Fleet
 
 __all__ = ["served_models", "write_client_config_for"]
 
@@ -38,21 +42,22 @@ class TokenProbe(Protocol):
     async def tokens_required(self) -> bool: ...
 
 
-def served_models(app: QiipConsole) -> list[str]:
+def served_models(fleet: Fleet) -> list[str]:
     """The models of the fleet's nodes, sorted: the palette offers a config for each."""
-    return sorted({node.model for node in app.fleet.nodes.values()})
+    return sorted({node.model for node in fleet.nodes.values()})
 
 
-def write_client_config_for(app: QiipConsole, client: ClientKind, model: str) -> None:
+def write_client_config_for(app: App[Any], client: ClientKind, model: str) -> None:
     """Write `client`'s config for `model` through the gateway, in a worker; a notification says where, or why
     not."""
     app.run_worker(_write(app, client, model), group="client-config", exit_on_error=False)
 
 
-async def _write(app: QiipConsole, client: ClientKind, model: str) -> None:
+async def _write(app: App[Any], client: ClientKind, model: str) -> None:
+    console = command_context(app)
     try:
-        target = resolve_target(list(app.fleet.nodes.values()), model=model, gateway_url=app.client.url)
-        key = ApiKey.for_gateway(tokens_required=await _tokens_required(app))
+        target = resolve_target(list(console.fleet.nodes.values()), model=model, gateway_url=console.client.url)
+        key = ApiKey.for_gateway(tokens_required=await _tokens_required(console))
         rendered = render_target(target, client, key)
         path: Path = generated_config_path(client, model, rendered.file_name)
         written = await asyncio.to_thread(write_client_config, rendered, path, force=True, parents=True)
@@ -73,11 +78,11 @@ async def _write(app: QiipConsole, client: ClientKind, model: str) -> None:
     )
 
 
-async def _tokens_required(app: QiipConsole) -> bool:
+async def _tokens_required(console: CommandContext) -> bool:
     # A client that cannot ask (a test's fake) or a failed probe: the console's own token says tokens are on.
-    if isinstance(app.client, TokenProbe):
+    if isinstance(console.client, TokenProbe):
         try:
-            return await app.client.tokens_required()
+            return await console.client.tokens_required()
         except ClientError:
             pass
-    return app.config.token is not None
+    return console.config.token is not None

@@ -1,7 +1,7 @@
 """The `:` command line's language: parsing, checking against the fleet, and Tab completion.
 
 ```
-:drain NODE   :undrain NODE   :remove NODE   :relaunch NODE   :node NODE   :model MODEL
+:drain NODE   :undrain NODE   :remove NODE   :relaunch NODE   :node NODE   :describe NODE   :model MODEL
 :fleet   :chat   :logs   :models   :help   :quit (:q)
 ```
 
@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[ArgumentKind | None, str]] = {
     "remove": ("node", "remove a node (asks first)"),
     "relaunch": ("node", "open a node's sizing editor"),
     "node": ("node", "open a node's screen"),
+    "describe": ("node", "everything about a node, as text"),
     "model": ("model", "the fleet, filtered to a model's nodes"),
     "fleet": (None, "the fleet"),
     "chat": (None, "chat"),

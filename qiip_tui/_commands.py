@@ -10,20 +10,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 from qiip_core.clientconfig import ClientKind
 from qiip_tui._client_configs import served_models, write_client_config_for
+from qiip_tui._context import command_context
 
 if TYPE_CHECKING:
-    from qiip_tui._app import QiipConsole
+    from textual.app import App
 
 __all__ = ["ConsoleCommands", "PaletteCommand"]
 
 _NODE_ACTIONS = (
     ("open", "Open node", "Show its devices, runtime record and errors"),
+    ("describe", "Describe node", "Everything about it as text: state, errors, events, record; y copies it (d)"),
     ("drain", "Drain node", "Send it nothing new and let its requests finish (asks first)"),
     ("undrain", "Undrain node", "Take it back into rotation"),
     ("remove", "Remove node", "Drain, then remove it from the fleet (asks first)"),
@@ -52,29 +54,30 @@ class PaletteCommand:
     """The line under it."""
 
 
-def console_commands(app: QiipConsole) -> list[PaletteCommand]:
+def console_commands(app: App[Any]) -> list[PaletteCommand]:
     """Every console command available now: screens, the selected node's actions, client configs, themes."""
+    console = command_context(app)
     commands = [
-        PaletteCommand("Fleet", app.action_fleet, "The fleet table (f)"),
-        PaletteCommand("Chat", app.action_chat, "Talk to a model through the daemon (c)"),
+        PaletteCommand("Fleet", console.action_fleet, "The fleet table (f)"),
+        PaletteCommand("Chat", console.action_chat, "Talk to a model through the daemon (c)"),
         PaletteCommand(
-            "Logs", app.action_logs, "The fleet's timeline, engine logs, and provisioning as they happen (l)"
+            "Logs", console.action_logs, "The fleet's timeline, engine logs, and provisioning as they happen (l)"
         ),
-        PaletteCommand("Set up a host", partial(app.host_action, "setup", None), "Install an engine over SSH (s)"),
-        PaletteCommand("Models", app.action_models, "The model cache catalog and downloads (m)"),
-        PaletteCommand("Keys", app.action_help, "The key map of this screen (?)"),
-        PaletteCommand("Command line", app.action_command_line, "drain NODE, node NODE, model M, … (:)"),
-        PaletteCommand("Reconnect", app.action_reconnect, f"Connect to {app.client.url} again now"),
+        PaletteCommand("Set up a host", partial(console.host_action, "setup", None), "Install an engine over SSH (s)"),
+        PaletteCommand("Models", console.action_models, "The model cache catalog and downloads (m)"),
+        PaletteCommand("Keys", console.action_help, "The key map of this screen (?)"),
+        PaletteCommand("Command line", console.action_command_line, "drain NODE, node NODE, model M, … (:)"),
+        PaletteCommand("Reconnect", console.action_reconnect, f"Connect to {console.client.url} again now"),
     ]
-    node = app.selected_node
-    if node is not None and node in app.fleet.nodes:
+    node = console.selection.node
+    if node is not None and node in console.fleet.nodes:
         for action, label, help_text in _NODE_ACTIONS:
-            commands.append(PaletteCommand(f"{label} {node}", partial(app.node_action, action, node), help_text))
-    host = app.selected_host
+            commands.append(PaletteCommand(f"{label} {node}", partial(console.node_action, action, node), help_text))
+    host = console.selection.host
     if host is not None:
         for action, label, help_text in _HOST_ACTIONS:
-            commands.append(PaletteCommand(f"{label} {host}", partial(app.host_action, action, host), help_text))
-    for model in served_models(app):
+            commands.append(PaletteCommand(f"{label} {host}", partial(console.host_action, action, host), help_text))
+    for model in served_models(console.fleet):
         for kind in ClientKind:
             commands.append(
                 PaletteCommand(
@@ -83,8 +86,10 @@ def console_commands(app: QiipConsole) -> list[PaletteCommand]:
                     "Write the file the coding agent reads to use this model through the gateway",
                 )
             )
-    for name in sorted(app.console_themes):
-        commands.append(PaletteCommand(f"Theme: {name}", partial(app.set_theme, name), "Switch the console's theme"))
+    for name in sorted(console.console_themes):
+        commands.append(
+            PaletteCommand(f"Theme: {name}", partial(console.set_theme, name), "Switch the console's theme")
+        )
     return commands
 
 
@@ -92,12 +97,12 @@ class ConsoleCommands(Provider):
     """The console's commands for the command palette."""
 
     async def discover(self) -> Hits:
-        for command in console_commands(cast("QiipConsole", self.app)):
+        for command in console_commands(self.app):
             yield DiscoveryHit(command.name, command.run, help=command.help)
 
     async def search(self, query: str) -> Hits:
         matcher = self.matcher(query)
-        for command in console_commands(cast("QiipConsole", self.app)):
+        for command in console_commands(self.app):
             score = matcher.match(command.name)
             if score > 0:
                 yield Hit(score, matcher.highlight(command.name), command.run, text=command.name, help=command.help)

@@ -40,6 +40,7 @@ __all__ = [
     "gpu_totals",
     "live_readings",
     "matches",
+    "on_cpu",
     "shown_devices",
     "slots_of",
     "training_context",
@@ -248,6 +249,12 @@ def gpu_totals(node: NodeInfo) -> tuple[int, int] | None:
     return used, total
 
 
+def on_cpu(node: NodeInfo) -> bool:
+    """Whether the node runs on the CPU (`effective.device_mode == "cpu"`): its memory is the host's RAM."""
+    runtime = node.llamacpp_runtime
+    return runtime is not None and runtime.effective.get("device_mode") == "cpu" and not live_readings(node)
+
+
 def training_context(node: NodeInfo) -> int | None:
     """The model's training context in tokens, from `llamacpp_runtime.effective["train_context"]`."""
     runtime = node.llamacpp_runtime
@@ -356,7 +363,7 @@ FLEET_COLUMNS: tuple[FleetColumn, ...] = (
     FleetColumn("slots", "Slots", _slots_key),
     FleetColumn("ttft", "TTFT p50", _rate_key(lambda r: r.ttft_p50_s)),
     FleetColumn("breaker", "Breaker", lambda n, f: n.breaker.state),
-    FleetColumn("gpu", "GPU memory", _gpu_key, min_width=18, max_width=18),
+    FleetColumn("gpu", "Memory", _gpu_key, min_width=18, max_width=18),
     FleetColumn("engine", "Engine", lambda n, f: n.engine, max_width=9),
     FleetColumn("error", "Last error", lambda n, f: n.last_error or "", min_width=24, max_width=10_000),
 )

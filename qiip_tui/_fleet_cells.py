@@ -7,12 +7,13 @@ live GPU reading alone is new (`qiip agent`, every second) its GPU cell.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 
 from rich.text import Text
 
 from qiip_core.client import NodeInfo
-from qiip_tui._fleet import FLEET_COLUMNS, gpu_totals, slots_of
+from qiip_tui._fleet import FLEET_COLUMNS, gpu_totals, on_cpu, slots_of
 from qiip_tui._rates import NodeRates
 from qiip_tui._render import (
     Palette,
@@ -98,7 +99,7 @@ class RowCells:
                 cells[_RETRIES] = rate_text(rates.retries_per_s if rates else None)
                 cells[_TTFT] = ttft_text(rates.ttft_p50_s if rates else None)
             if source[0] is not node:
-                cells[_GPU] = gpu_text(_GPU_WIDTH, palette, gpu_totals(node))
+                cells[_GPU] = gpu_text(_GPU_WIDTH, palette, gpu_totals(node), ram=on_cpu(node))
             return cells
         return [
             Text(node.id),
@@ -110,7 +111,7 @@ class RowCells:
             slots_text(*slots_of(node)),
             ttft_text(rates.ttft_p50_s if rates else None),
             breaker_text(node.breaker.state, palette),
-            gpu_text(_GPU_WIDTH, palette, gpu_totals(node)),
+            gpu_text(_GPU_WIDTH, palette, gpu_totals(node), ram=on_cpu(node)),
             engine_text(node.engine, _ENGINE_WIDTH),
             self.error(node, now),
         ]
@@ -118,3 +119,20 @@ class RowCells:
     def error(self, node: NodeInfo, now: datetime) -> Text:
         """The last-error cell: its age, dimmed once the node has recovered."""
         return error_text(node.last_error, node.last_error_at, now, current=not _recovered(node), palette=self.palette)
+
+    def aged(self, rows: Mapping[str, list[Text]], nodes: Mapping[str, NodeInfo], now: datetime) -> list[str]:
+        """Re-render the last-error cells of `rows` whose text changed with time (their age), in place.
+
+        Returns:
+            The ids of the rows changed.
+        """
+        changed = []
+        for node_id, cells in rows.items():
+            node = nodes.get(node_id)
+            if node is None or not node.last_error or node.last_error_at is None:
+                continue
+            after = self.error(node, now)
+            if not same_cell(cells[ERROR_CELL], after):
+                cells[ERROR_CELL] = after
+                changed.append(node_id)
+        return changed

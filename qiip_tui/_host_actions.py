@@ -1,27 +1,30 @@
 """Host actions: set a host up, cancel its running operation, tear its node down, power it — each asked first.
 
-`HostActions` is the part of the app that provisions: the provisioning screen's keys and the command palette
+`HostActions` is the part of the console that provisions: the provisioning screen's keys and the command palette
 call `host_action`, which asks (`ConfirmModal`, after the `SetupModal` form for a setup), calls the daemon in a
 worker, and reports a refusal as one line naming the host and the daemon's reason. A started operation is
-followed like the node actions' (`track_operation`).
+followed like the node actions' (`OperationTracker.track`). The app holds one.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from textual import work
-from textual.app import App
-
-from qiip_core.client import ClientError, OperationInfo
+from qiip_core.client import ClientError
 from qiip_tui._provisioning import ENGINES, POWER_ACTIONS
 from qiip_tui._types import ProvisioningSource
 from qiip_tui.screens import ConfirmModal, LogsScreen
 from qiip_tui.screens._setup import SetupModal, SetupRequest
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Coroutine
 
+    from textual.app import App
+    from textual.worker import Worker
+
+    from qiip_tui._context import Selection
+    from qiip_tui._operations import OperationTracker
     from qiip_tui._types import ConsoleClient
 
 __all__ = ["HOST_ACTIONS", "HostActions"]
@@ -36,15 +39,23 @@ _POWER_BODIES = {
 }
 
 
-class HostActions(App[None]):
-    """The app's host actions. Subclasses set `client` and `selected_host`, and follow operations."""
+class HostActions:
+    """The console's host actions.
 
-    client: ConsoleClient
-    selected_host: str | None
+    Args:
+        app: the app that shows the dialogs and notifications and runs the workers.
+        client: the daemon's client; without provisioning (`ProvisioningSource`) every action says so.
+        operations: where a started operation is followed.
+        selection: the selection a started setup moves to its host.
+    """
 
-    def track_operation(self, operation: OperationInfo) -> None:  # pragma: no cover - ConsoleActions has it
-        """Show an operation the console started, and follow it to its end."""
-        raise NotImplementedError
+    def __init__(
+        self, app: App[Any], client: ConsoleClient, operations: OperationTracker, selection: Selection
+    ) -> None:
+        self._app = app
+        self._client = client
+        self._operations = operations
+        self._selection = selection
 
     def host_action(self, action: str, host: str | None = None) -> None:
         """Act on a host: `setup`, `cancel`, `teardown`, `power_on`, `power_off` or `power_restart`.
@@ -56,14 +67,15 @@ class HostActions(App[None]):
         """
         if action not in HOST_ACTIONS:
             raise ValueError(f"Unknown host action {action!r}; the actions are {', '.join(HOST_ACTIONS)}.")
-        if not isinstance(self.client, ProvisioningSource):
-            self.notify(f"{self.client.url} does not provision hosts.", severity="warning")
+        app = self._app
+        if not isinstance(self._client, ProvisioningSource):
+            app.notify(f"{self._client.url} does not provision hosts.", severity="warning")
             return
         if action == "setup":
-            self.push_screen(SetupModal(host or ""), callback=self._confirm_setup)
+            app.push_screen(SetupModal(host or ""), callback=self._confirm_setup)
             return
         if host is None:
-            self.notify("No host is selected: pick one in the provisioning table first.", severity="warning")
+            app.notify("No host is selected: pick one in the provisioning table first.", severity="warning")
             return
         if action == "cancel":
             self._ask(
@@ -71,26 +83,26 @@ class HostActions(App[None]):
                 f"The setup or teardown running on {host} stops; its remote command is stopped and the host is left "
                 "as it was then.",
                 "Cancel it",
-                lambda: self._cancel(host),
+                partial(self._run, self._cancel, host),
             )
         elif action == "teardown":
             self._ask(
                 f"Tear {host} down?",
                 f"The node on {host} is drained and removed, and the engine this daemon set up there is stopped.",
                 "Tear down",
-                lambda: self._teardown(host),
+                partial(self._run, self._teardown, host),
             )
         else:
             name = action.removeprefix("power_")
             label = POWER_ACTIONS[name][1]
-            self._ask(f"{label} {host}?", _POWER_BODIES[name], label, lambda: self._power(host, name))
+            self._ask(f"{label} {host}?", _POWER_BODIES[name], label, partial(self._run, self._power, host, name))
 
     def _ask(self, title: str, body: str, confirm: str, then: Callable[[], object]) -> None:
         def answered(answer: bool | None) -> None:
             if answer is not None:
                 then()
 
-        self.push_screen(ConfirmModal(title, body, confirm=confirm), callback=answered)
+        self._app.push_screen(ConfirmModal(title, body, confirm=confirm), callback=answered)
 
     def _confirm_setup(self, request: SetupRequest | None) -> None:
         if request is None:
@@ -106,22 +118,26 @@ class HostActions(App[None]):
             f"{host} is reached over SSH, {engine} is installed and started serving {model}{sized}, and the node "
             "joins the fleet. Its log shows on the provisioning screen.",
             "Set up",
-            lambda: self._setup(host, engine, model, sizing),
+            partial(self._run, self._setup, host, engine, model, sizing),
         )
 
     # -- workers -----------------------------------------------------------------------------------------
 
+    def _run(self, work: Callable[..., Coroutine[Any, Any, None]], *args: object) -> Worker[None]:
+        return self._app.run_worker(partial(work, *args), group="host-actions", exit_on_error=False)
+
     def _refused(self, what: str, host: str, error: ClientError) -> None:
-        self.notify(f"{what} {host} refused: {error.message}", title=f"{what} {host}", severity="error")
+        self._app.notify(f"{what} {host} refused: {error.message}", title=f"{what} {host}", severity="error")
 
     def _tasks_changed(self) -> None:
         # The screen polls anyway; asking now shows the new task without waiting for the next poll.
-        if isinstance(self.screen, LogsScreen):
-            self.screen.refresh_tasks()
+        screen = self._app.screen
+        if isinstance(screen, LogsScreen):
+            screen.refresh_tasks()
 
-    @work(group="host-actions", exit_on_error=False)
     async def _setup(self, host: str, engine: str, model: str, sizing: dict[str, Any] | None = None) -> None:
-        assert isinstance(self.client, ProvisioningSource)
+        client = self._client
+        assert isinstance(client, ProvisioningSource)
         body: dict[str, Any] = {
             "hostname": host,
             "engine": ENGINES.get(engine, engine),
@@ -131,43 +147,44 @@ class HostActions(App[None]):
         if sizing is not None:
             body["sizing"] = sizing
         try:
-            operation = await self.client.setup(body)
+            operation = await client.setup(body)
         except ClientError as exc:
             self._refused("Set up", host, exc)
             return
-        self.selected_host = host
-        self.track_operation(operation)
+        self._selection.host = host
+        self._operations.track(operation)
         self._tasks_changed()
 
-    @work(group="host-actions", exit_on_error=False)
     async def _cancel(self, host: str) -> None:
-        assert isinstance(self.client, ProvisioningSource)
+        client = self._client
+        assert isinstance(client, ProvisioningSource)
         try:
-            operation = await self.client.cancel_provisioning(host)
+            operation = await client.cancel_provisioning(host)
         except ClientError as exc:
             self._refused("Cancel", host, exc)
             return
-        self.track_operation(operation)
+        self._operations.track(operation)
         self._tasks_changed()
 
-    @work(group="host-actions", exit_on_error=False)
     async def _teardown(self, host: str) -> None:
         try:
-            operation = await self.client.remove(host)
+            operation = await self._client.remove(host)
         except ClientError as exc:
             self._refused("Tear down", host, exc)
             return
-        self.track_operation(operation)
+        self._operations.track(operation)
         self._tasks_changed()
 
-    @work(group="host-actions", exit_on_error=False)
     async def _power(self, host: str, name: str) -> None:
-        assert isinstance(self.client, ProvisioningSource)
+        client = self._client
+        assert isinstance(client, ProvisioningSource)
         reset, label = POWER_ACTIONS[name]
         try:
-            answer = await self.client.power(host, reset)
+            answer = await client.power(host, reset)
         except ClientError as exc:
             self._refused(label, host, exc)
             return
         state = answer.get("power_state")
-        self.notify(f"{label} {host}: asked" + (f"; the host was {state}." if state else "."), title=f"{label} {host}")
+        self._app.notify(
+            f"{label} {host}: asked" + (f"; the host was {state}." if state else "."), title=f"{label} {host}"
+        )

@@ -1,8 +1,8 @@
 """Messages the app's workers post to the app.
 
-Workers only await the client and post one of these; the app's handlers update its state (`QiipConsole.fleet`,
-the connection) and publish it to the screens through `QiipConsole.fleet_signal`. Widget messages are nested
-in the widget that posts them (`FleetTable.NodeChosen`, …).
+Workers only await the client and post one of these; the app hands each to the collaborator it concerns
+(`FleetFeed`, `ConnectionWatch`, `OperationTracker`), which publishes the change to the screens on its signal.
+Widget messages are nested in the widget that posts them (`FleetTable.NodeChosen`, …).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ __all__ = [
 class FleetLoaded(Message):
     """The daemon answered with its whole fleet: the console is connected (again).
 
-    Posted by `QiipConsole._follow_events` after `client.nodes()`, before it opens the event stream.
-    Handled by `QiipConsole.on_fleet_loaded`.
+    Posted by `ConnectionWatch.follow`'s worker after `client.nodes()`, before it opens the event stream.
+    Handled by `QiipConsole.on_fleet_loaded`, which hands it to `FleetFeed.loaded` and `ConnectionWatch.answered`.
     """
 
     def __init__(self, nodes: list[NodeInfo]) -> None:
@@ -41,8 +41,8 @@ class FleetLoaded(Message):
 class NodeChanged(Message):
     """One change from the daemon's event stream.
 
-    Posted by `QiipConsole._follow_events` for every `client.events()` item.
-    Handled by `QiipConsole.on_node_changed`.
+    Posted by `ConnectionWatch.follow`'s worker for every `client.events()` item.
+    Handled by `QiipConsole.on_node_changed`, which hands it to `FleetFeed.changed`.
     """
 
     def __init__(self, event: NodeEvent) -> None:
@@ -55,8 +55,8 @@ class ConnectionLost(Message):
     """The daemon could not be reached or refused the credentials; the worker retries after `retry_in_s`, or
     waits for new credentials when they were refused (`retry_in_s` None).
 
-    Posted by `QiipConsole._follow_events` after each failed attempt.
-    Handled by `QiipConsole.on_connection_lost`.
+    Posted by `ConnectionWatch.follow`'s worker after each failed attempt.
+    Handled by `QiipConsole.on_connection_lost`, which hands it to `ConnectionWatch.lost`.
     """
 
     def __init__(self, error: ClientError, *, attempt: int, retry_in_s: float | None) -> None:
@@ -72,8 +72,8 @@ class ConnectionLost(Message):
 class MetricsPolled(Message):
     """The periodic poll read the request counters and the nodes' live values (in-flight, GPU memory).
 
-    Posted by `QiipConsole._poll_metrics` every `metrics_interval_s`.
-    Handled by `QiipConsole.on_metrics_polled`.
+    Posted by `FleetFeed.poll_metrics`'s worker every `metrics_interval_s`.
+    Handled by `QiipConsole.on_metrics_polled`, which hands it to `FleetFeed.metrics_polled`.
     """
 
     def __init__(self, payload: dict[str, Any], nodes: list[NodeInfo], *, at_s: float) -> None:
@@ -90,8 +90,8 @@ class LentHostsPolled(Message):
     """The periodic poll read the GPU hosts QUADS lends that are not nodes, and the freshness of the daemon's read
     of QUADS.
 
-    Posted by `QiipConsole._poll_lent_hosts`, started by each metrics poll while the daemon may read QUADS.
-    Handled by `QiipConsole.on_lent_hosts_polled`.
+    Posted by `FleetFeed`'s QUADS worker, started by each metrics poll while the daemon may read QUADS.
+    Handled by `QiipConsole.on_lent_hosts_polled`, which hands it to `FleetFeed.lent_polled`.
     """
 
     def __init__(self, lent: LentHosts) -> None:
@@ -103,8 +103,9 @@ class LentHostsPolled(Message):
 class OperationUpdated(Message):
     """A background operation (drain, remove, relaunch) the console follows changed state or logged.
 
-    Posted by `QiipConsole._follow_operation` on each poll of `client.operation(id)` that differs.
-    Handled by `QiipConsole.on_operation_updated`, which republishes it on `QiipConsole.operation_signal`.
+    Posted by `OperationTracker.track`, then by its worker on each poll of `client.operation(id)` that differs.
+    Handled by `QiipConsole.on_operation_updated`, which hands it to `OperationTracker.updated` (it republishes
+    it on `OperationTracker.signal`).
     """
 
     def __init__(self, operation: OperationInfo) -> None:
@@ -117,8 +118,8 @@ class NodePolled(Message):
     """A poll read one node (its memory and in-flight count change without an event).
 
     Posted by `NodeScreen._poll` to the node screen. Handled by `NodeScreen.on_node_polled`, which records the
-    reading for its sparklines and lets the message bubble on to `QiipConsole.on_node_polled`, which updates the
-    fleet.
+    reading for its sparklines and lets the message bubble on to `QiipConsole.on_node_polled`, which hands it to
+    `FleetFeed.node_polled`.
     """
 
     def __init__(self, node: NodeInfo) -> None:

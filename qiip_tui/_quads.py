@@ -17,6 +17,7 @@ QUADS torn down at 14:14 UTC, in 2h 14m · reserved from 2026-12-02 14:14 UTC fo
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
@@ -62,9 +63,27 @@ def short_host(name: str) -> str:
     return name
 
 
+_BRANDS = frozenset({"instinct", "geforce", "tesla", "quadro", "radeon", "data", "center", "gpu", "graphics"})
+"""Product-line words that name no model (`AMD Instinct MI300X` is an `MI300X`)."""
+
+_VARIANT = re.compile(r"^(\d+(gb|g|gib)|hbm\d*e?|sxm\d*|pcie|nvl|oam)$", re.IGNORECASE)
+"""Words after the model: memory size, memory type, form factor (`H100 80GB HBM3` is an `H100`)."""
+
+
+def _model_words(product: str, vendor: str) -> str:
+    words = [w for w in product.split() if w.casefold() != vendor.casefold() and w.casefold() not in _BRANDS]
+    model: list[str] = []
+    for word in words:
+        if _VARIANT.match(word) or len(model) == 3:
+            break
+        model.append(word)
+    return " ".join(model)
+
+
 def gpus_label(gpus: Mapping[str, Any], *, full: bool = False) -> str:
-    """A host's GPUs as QUADS lists them (`{vendor, product, count}`): `8× H100`, the product's first word after
-    the vendor's name; `full`: `8× NVIDIA H100 80GB HBM3`. Empty when QUADS names none."""
+    """A host's GPUs as QUADS lists them (`{vendor, product, count}`): `8× H100`, `2× MI300X`, `4× RTX 4090`, the
+    product's model without the vendor, the product line, the memory or the form factor; `full`:
+    `8× NVIDIA H100 80GB HBM3`. Empty when QUADS names none."""
     count, vendor, product = gpus.get("count"), str(gpus.get("vendor") or ""), str(gpus.get("product") or "")
     if not count:
         return ""
@@ -72,9 +91,13 @@ def gpus_label(gpus: Mapping[str, Any], *, full: bool = False) -> str:
         # A product named after its vendor (`NVIDIA A100 80GB`) is not prefixed twice.
         name = product if product.casefold().startswith(vendor.casefold()) else f"{vendor} {product}".strip()
     else:
-        words = [word for word in product.split() if word.casefold() != vendor.casefold()]
-        name = words[0] if words else vendor
+        name = _model_words(product, vendor) or vendor
     return f"{count}× {name}" if name else f"{count} GPUs"
+
+
+def _reserved(view: QuadsView) -> str:
+    owner = view.next_reservation.owner if view.next_reservation is not None else None
+    return f"{short_host(view.host)} ({owner})" if owner else short_host(view.host)
 
 
 def _next_return(nodes: Iterable[NodeInfo]) -> tuple[NodeInfo, QuadsView, datetime] | None:
@@ -122,12 +145,17 @@ def quads_summary(lent: LentHosts | None, nodes: Iterable[NodeInfo], now: dateti
         parts.append((f"next return {short_host(node.id)} {words}", style))
     elif any(node.quads is not None for node in nodes):
         parts.append(("no node's host reserved", ""))
-    hosts = lent.hosts
-    if hosts:
-        listed = ", ".join(f"{short_host(h.host)} {gpus_label(h.gpus)}".rstrip() for h in hosts)
-        parts.append((f"{len(hosts)} host{'s' if len(hosts) != 1 else ''} not provisioned: {listed}", ""))
-    else:
+    # A host reserved for another tenant (now or within the lookahead) is no host to set up: listed apart.
+    free = [h for h in lent.hosts if h.available]
+    taken = [h for h in lent.hosts if not h.available]
+    if free:
+        listed = ", ".join(f"{short_host(h.host)} {gpus_label(h.gpus)}".rstrip() for h in free)
+        parts.append((f"{len(free)} host{'s' if len(free) != 1 else ''} not provisioned: {listed}", ""))
+    elif not taken:
         parts.append(("every lent host is a node" if freshness.hosts else "no GPU host lent", ""))
+    if taken:
+        listed = ", ".join(_reserved(h) for h in taken)
+        parts.append((f"{len(taken)} reserved for others: {listed}", "dim"))
     if freshness.stale:
         text.append(f"QUADS data {_age(freshness.age_s or 0.0)} old", style=warning)
         text.append(" · ")

@@ -32,11 +32,14 @@ def host_of(node: NodeInfo) -> str | None:
 
 def catalog_mark(recommendation: Recommendation) -> str:
     """`in catalog` when the recommended repository is in the catalog, `GGUF in catalog` when one of its GGUF
-    repositories is, else empty."""
+    repositories is, `no GGUF source` for a llama.cpp model with no GGUF to serve it from
+    (`Recommendation.lacks_gguf`), else empty."""
     if recommendation.in_catalog:
         return "in catalog"
     if any(source.in_catalog for source in recommendation.gguf_sources):
         return "GGUF in catalog"
+    if recommendation.lacks_gguf:
+        return "no GGUF source"
     return ""
 
 

@@ -30,6 +30,7 @@ __all__ = [
     "engine_text",
     "format_mib",
     "gpu_text",
+    "plural",
     "age_text",
     "error_text",
     "meter_text",
@@ -118,12 +119,14 @@ def _gib(mib: float) -> str:
     return f"{gib:.1f}" if gib < 10 else f"{gib:.0f}"
 
 
-def gpu_text(width: int, palette: Palette, totals: tuple[int, int] | None) -> Text:
-    """The fleet table's GPU cell: a bar and `used/total` in GiB, or a dash when the node reports no devices."""
+def gpu_text(width: int, palette: Palette, totals: tuple[int, int] | None, *, ram: bool = False) -> Text:
+    """The fleet table's memory cell: a bar and `used/total` in GiB (`RAM` before the figures when the node runs on
+    the CPU, where the memory is the host's), or a dash when the node reports no devices."""
     if totals is None:
         return Text(DASH)
     used, total = totals
-    label = f"{_gib(used)}/{_gib(total)}G".rjust(9)
+    figures = f"{_gib(used)}/{_gib(total)}G"
+    label = (f"RAM {figures}" if ram else figures).rjust(9)
     bar_width = max(width - len(label), 3)
     return meter_text(used, total, bar_width, palette).append(label)
 
@@ -175,6 +178,11 @@ def slots_text(busy: int, total: int | None) -> Text:
     return _cell(f"{busy}/{total}" if total else str(busy), "right")
 
 
+def plural(count: int, noun: str, nouns: str | None = None) -> str:
+    """`count` and the noun, singular for one: `1 failure`, `3 failures` (`nouns`: an irregular plural)."""
+    return f"{count} {noun if count == 1 else (nouns or noun + 's')}"
+
+
 def age_text(at: datetime, now: datetime) -> str:
     """How long ago `at` was, in its largest unit: `now`, `42s ago`, `3m ago`, `5h ago`, `2d ago`."""
     seconds = max((now - at).total_seconds(), 0.0)
@@ -192,6 +200,7 @@ def error_text(error: str | None, at: datetime | None, now: datetime, *, current
     if not error:
         return Text(DASH)
     first = error.splitlines()[0]
-    text = Text(f"{age_text(at, now)} · {first}" if at is not None else first)
+    # One line, cut with an ellipsis where the column ends (the describe view, `d`, has it all).
+    text = Text(f"{age_text(at, now)} · {first}" if at is not None else first, no_wrap=True, overflow="ellipsis")
     text.stylize(palette.status("unhealthy") if current else "dim")
     return text

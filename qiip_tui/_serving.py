@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from qiip_core.client import NodeInfo
 from qiip_core.nodes import NodeStatus
 
-__all__ = ["last_healthy_warning"]
+__all__ = ["last_healthy_warning", "unserved_models_warning"]
 
 
 def _serving(node: NodeInfo) -> bool:
@@ -39,4 +39,30 @@ def last_healthy_warning(node: NodeInfo, nodes: Iterable[NodeInfo]) -> str | Non
     return (
         f"{node.id} is the last healthy node of {node.model}: clients of that model will get 503 until another "
         "node serves it."
+    )
+
+
+def unserved_models_warning(taken: Iterable[NodeInfo], nodes: Iterable[NodeInfo]) -> str | None:
+    """The warning for taking several nodes out of service at once, naming each model they leave without a healthy
+    node.
+
+    Args:
+        taken: the nodes the action takes out of service.
+        nodes: every node of the fleet.
+
+    Returns:
+        One sentence, or None when every model of `taken` keeps a node that serves it (healthy, its breaker not
+        open) or lost none that did.
+    """
+    taken = list(taken)
+    ids = {node.id for node in taken}
+    serving_before = {node.model for node in taken if _serving(node)}
+    still_served = {node.model for node in nodes if node.id not in ids and _serving(node)}
+    left = sorted(serving_before - still_served)
+    if not left:
+        return None
+    which = "that model" if len(left) == 1 else "those models"
+    return (
+        f"No healthy node would be left for {', '.join(left)}: clients of {which} will get 503 until another node "
+        "serves it."
     )

@@ -449,21 +449,23 @@ def resolve_artifact(artifact: str, cache_dir: Path | None = None) -> Path:
     return generation.entrypoint_path
 
 
-def verify_generation(generation: GgufGeneration) -> dict[str, bool]:
+def verify_generation(generation: GgufGeneration) -> dict[str, bool | None]:
     """Hash each file of a generation and compare with the SHA-256 its blob is named by.
 
     Args:
         generation: a generation from `scan_catalog`.
 
     Returns:
-        `{file name: matches}`; a file whose blob is not named by a SHA-256 (`verifiable` False) is False.
+        `{file name: matches}`: True when its bytes hash to the SHA-256 its blob is named by, False when they do
+        not (or it cannot be read), None when it cannot be checked (its blob is not named by a SHA-256: an
+        `unverifiable` entry of the catalog).
     """
     import hashlib
 
-    results = {}
+    results: dict[str, bool | None] = {}
     for name, blob in zip(generation.files, generation.blobs, strict=True):
         if not _SHA256_RE.match(blob.name):
-            results[name] = False
+            results[name] = None
             continue
         digest = hashlib.sha256()
         try:

@@ -19,6 +19,7 @@ __all__ = [
     "HealthObservation",
     "HealthView",
     "LentHosts",
+    "NodeErrorView",
     "NodeEvent",
     "NodeInfo",
     "OperationInfo",
@@ -136,6 +137,22 @@ class LentHosts(_View):
     """None: the daemon does not read QUADS (no `[quads]`)."""
 
 
+class NodeErrorView(_View):
+    """One failure seen on a node (`recent_errors[]` of a node): a failed attempt of a request, whether or not
+    another node then answered it, a stream the node broke off, or a failed health probe."""
+
+    at: datetime
+    """When it was last seen (UTC)."""
+    first_at: datetime | None = None
+    """When the first of `count` in a row was seen (UTC)."""
+    status: int | None = None
+    """The node's HTTP status (a 5xx answer); None for a transport error, a timeout or a probe."""
+    error: str
+    """What happened, as the daemon logs it (secrets redacted, control characters escaped)."""
+    count: int = 1
+    """Times it was seen in a row, up to `at`."""
+
+
 class NodeInfo(_View):
     """A node as `GET /admin/nodes` shows it."""
 
@@ -154,6 +171,8 @@ class NodeInfo(_View):
     breaker: BreakerView = Field(default_factory=BreakerView)
     last_error: str | None = None
     last_error_at: datetime | None = None
+    recent_errors: list[NodeErrorView] = Field(default_factory=list)
+    """The node's last failures, newest first (at most 20; the same error in a row counts once)."""
     slots: SlotsView | None = None
     health: HealthObservation = Field(default_factory=HealthObservation)
     quads: QuadsView | None = None

@@ -109,7 +109,9 @@ def apply_probe(
     state.slots = None
     if state.health_failures >= failure_threshold and state.liveness is not NodeStatus.UNHEALTHY:
         table.set_liveness(
-            node_id, NodeStatus.UNHEALTHY, reason=f"{state.health_failures} failed health probes: {error}"
+            node_id,
+            NodeStatus.UNHEALTHY,
+            reason=f"{state.health_failures} failed health probe{'s' if state.health_failures != 1 else ''}: {error}",
         )
     elif state.health_failures < failure_threshold:
         # Still counts as an observation, so the registry's liveness no longer applies.

@@ -171,7 +171,7 @@ class QuadsService:
             return []
         now = now or self.clock()
         taken = {normalise_host(n) for n in registered}
-        entries = []
+        entries: list[dict[str, Any]] = []
         for host in sorted(snapshot.hosts):
             if host in taken or not snapshot.hosts[host].lendable:
                 continue
@@ -192,6 +192,7 @@ class QuadsService:
                     "breaker": None,
                     "last_error": None,
                     "last_error_at": None,
+                    "recent_errors": [],
                     "slots": None,
                     "health": None,
                     "quads": self.host_view(host, now),

@@ -147,6 +147,10 @@ class Recommender:
         return parse_recommendations(stdout, host=host, profile=profile, catalog_repos=catalog_repos)
 
 
+_GLIBC_NOTE = re.compile(r"version [`']GLIBC_[\d.]+' not found|\bGLIBC_[\d.]+\b.*\bweak\b", re.IGNORECASE)
+"""The C library's version note llmfit's binary triggers on older systems (harmless, not its reason to fail)."""
+
+
 async def _run(ssh: SshConnection, path: str, *, profile: str | None, limit: int, timeout_s: float) -> str:
     """llmfit's stdout; a non-zero exit is an `LlmfitError` with its last lines of stderr."""
     args = [path]
@@ -173,7 +177,10 @@ async def _run(ssh: SshConnection, path: str, *, profile: str | None, limit: int
         shlex.join(args), on_line=keep, total_timeout_s=timeout_s, idle_timeout_s=timeout_s, what="llmfit"
     )
     if result.exit_status != 0:
-        reason = " | ".join(line for line in list(stderr)[-3:] if line.strip()) or "no message"
+        # The C library's weak-version note (`… version `GLIBC_2.39' not found (required by …)`, which llmfit prints
+        # on every run on an older system) says nothing about why it failed: its own message follows it.
+        said = [line for line in stderr if line.strip() and not _GLIBC_NOTE.search(line)]
+        reason = " | ".join(said[-3:]) or "no message"
         raise LlmfitError(
             f"llmfit on {ssh.target.host} exited with {result.exit_status}: {reason}", host=ssh.target.host
         )

@@ -115,6 +115,18 @@ class Recommendation(_View):
     in_catalog: bool = False
     """True when `repo` is exactly a model of QIIP's catalog."""
 
+    @property
+    def lacks_gguf(self) -> bool:
+        """True for a llama.cpp recommendation with no GGUF to serve it from: llmfit names no GGUF repository
+        (`gguf_sources`), the recommended repository is not one (its id does not end in `GGUF`), and the catalog
+        does not hold it. QIIP can neither download nor launch it as it stands."""
+        return (
+            self.runtime == "llama_cpp"
+            and not self.gguf_sources
+            and not self.in_catalog
+            and not self.repo.upper().endswith("GGUF")
+        )
+
 
 class HardwareSummary(_View):
     """The hardware llmfit scored against: the host's own, or the named profile's (llmfit's `system`)."""

@@ -28,6 +28,7 @@ from qiip_core.routing._breaker import BreakerPolicy, BreakerState, CircuitBreak
 from qiip_core.routing._forward import Forwarder
 from qiip_core.routing._response import HOP_BY_HOP_HEADERS, UpstreamResponse
 from qiip_core.routing._sse import EventFramer, event_boundary
+from qiip_core.routing._state import RECENT_ERRORS, NodeError
 from qiip_core.routing._table import (
     ChangeKind,
     ExpectedModel,
@@ -52,6 +53,7 @@ __all__ = [
     "MAX_BLOCKS",
     "PROMPT_BLOCK_CHARS",
     "PROMPT_BLOCK_TOKENS",
+    "RECENT_ERRORS",
     "RECORDED_BLOCKS",
     "SAMPLED_MESSAGE_CHARS",
     "Admission",
@@ -67,6 +69,7 @@ __all__ = [
     "ExpectedModel",
     "Forwarder",
     "InFlightBoard",
+    "NodeError",
     "NodeState",
     "PrefixAffinity",
     "Reservation",

@@ -69,6 +69,11 @@ _NEUTRAL_STATUSES = frozenset({501, 505})
 never counted against the node."""
 
 
+def _status_of(error: UpstreamError) -> int | None:
+    """The node's own HTTP status in a failure, when it answered with one."""
+    return error.status if isinstance(error, UpstreamStatusError) else None
+
+
 class Forwarder:
     """Sends client requests to nodes with least-connections selection and failover.
 
@@ -169,15 +174,19 @@ class Forwarder:
             except UpstreamError as exc:
                 failures.append(exc)
                 logger.warning("attempt %d on node %s failed: %s", len(tried), node_id, exc.log_text)
+                # Every failed attempt is in the node's record, for operators, whether or not it counts against
+                # its breaker below (a 5xx counts only once another node answers).
+                if not exc.local:
+                    reservation.note_error(exc.log_text, status=_status_of(exc))
                 # Counted before the release, so a failed breaker trial reopens the breaker for longer.
                 if isinstance(exc, UpstreamTimeout):
                     if not timeout_counted or reservation.state.health_failures > 0:
-                        reservation.record_failure(exc.log_text)
+                        reservation.record_failure(exc.log_text, noted=True)
                     timeout_counted = True
                 elif not isinstance(exc, UpstreamStatusError) and not exc.local:
                     # The node could not be reached or broke off: its fault, whatever the request (unless the
                     # gateway itself ran out of file descriptors).
-                    reservation.record_failure(exc.log_text)
+                    reservation.record_failure(exc.log_text, noted=True)
                 reservation.release()
                 if isinstance(exc, UpstreamTimeout):
                     if exc.request_sent and not self.retry_after_timeout:
@@ -220,7 +229,7 @@ class Forwarder:
                 and failure.node_id is not None
                 and failure.status not in _NEUTRAL_STATUSES
             ):
-                self.table.record_failure(failure.node_id, failure.log_text)
+                self.table.record_failure(failure.node_id, failure.log_text, noted=True)
 
     async def _attempt(self, reservation: Reservation, request: UpstreamRequest, deadline: float) -> UpstreamResponse:
         """One attempt on one node: send, and wait for the answer's first token (or all of a plain one).

@@ -299,14 +299,17 @@ class UpstreamResponse:
         except UpstreamError as exc:
             # The node broke off its answer: its fault, whatever the request. (This try is free in the relay's
             # hot loop: since Python 3.11 a try costs nothing until it catches.)
-            if self._committed and not (
-                # A node that still passes its health probes is charged one timeout per request at most: a
-                # request too big for the limits times out wherever it goes.
-                self.timeout_counted
-                and isinstance(exc, UpstreamTimeout)
-                and self.reservation.state.health_failures == 0
-            ):
-                self.reservation.record_failure(exc.log_text)
+            if self._committed:
+                # In the node's record whether or not it counts (before commit the forwarder keeps it).
+                self.reservation.note_error(exc.log_text)
+                if not (
+                    # A node that still passes its health probes is charged one timeout per request at most: a
+                    # request too big for the limits times out wherever it goes.
+                    self.timeout_counted
+                    and isinstance(exc, UpstreamTimeout)
+                    and self.reservation.state.health_failures == 0
+                ):
+                    self.reservation.record_failure(exc.log_text, noted=True)
             raise
 
     def _end_of_stream(self) -> bytes:

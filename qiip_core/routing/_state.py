@@ -1,15 +1,52 @@
-"""A node as the routing table holds it (`NodeState`), and least-connections selection among nodes."""
+"""A node as the routing table holds it (`NodeState`), its record of recent errors (`NodeError`), and
+least-connections selection among nodes."""
 
 from __future__ import annotations
 
 import random
+from collections import deque
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from qiip_core.nodes import LIFECYCLE_STATUSES, Node, NodeStatus
 from qiip_core.routing._board import InFlightBoard
 from qiip_core.routing._breaker import BreakerPolicy, BreakerState, CircuitBreaker
 
-__all__ = ["NodeState", "select_least_connections"]
+__all__ = ["RECENT_ERRORS", "NodeError", "NodeState", "select_least_connections"]
+
+RECENT_ERRORS = 20
+"""Errors a node keeps (`NodeState.recent_errors`); the same error seen again in a row counts, and takes no room."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeError:
+    """One failure seen on a node: a failed attempt of a request (whether or not another node then answered it),
+    a stream the node broke off, or a failed health probe.
+
+    Attributes:
+        at: when it was last seen (UTC).
+        first_at: when the first of the `count` in a row was seen (UTC).
+        message: what happened, as the daemon logs it: the gateway's words with what the node or the transport
+            said, secrets redacted and control characters escaped (`UpstreamError.log_text`).
+        status: the node's HTTP status (a 5xx answer); None for a transport error, a timeout or a probe.
+        count: times it was seen in a row, up to `at`.
+    """
+
+    at: datetime
+    first_at: datetime
+    message: str
+    status: int | None = None
+    count: int = 1
+
+    def view(self) -> dict[str, object]:
+        """The error as the admin API shows it (`recent_errors[]` of a node)."""
+        return {
+            "at": self.at.isoformat(),
+            "first_at": self.first_at.isoformat(),
+            "status": self.status,
+            "error": self.message,
+            "count": self.count,
+        }
 
 
 class NodeState:
@@ -27,6 +64,7 @@ class NodeState:
         observed: True once this gateway has probed the node itself.
         last_error: the last failure seen (probe or request), for operators.
         last_error_at: when `last_error` was seen (UTC).
+        recent_errors: the last `RECENT_ERRORS` failures, oldest first (`NodeError`).
         last_probe_at: when the last health probe finished (UTC).
         slots: llama-server's slots as its last probe read them (`GET /slots`): busy and total; None when the
             node is not a llama.cpp node or does not expose them.
@@ -47,6 +85,7 @@ class NodeState:
         "liveness",
         "node",
         "observed",
+        "recent_errors",
         "removed",
         "slots",
         "source",
@@ -64,6 +103,7 @@ class NodeState:
         self.observed = False
         self.last_error: str | None = None
         self.last_error_at: datetime | None = None
+        self.recent_errors: deque[NodeError] = deque(maxlen=RECENT_ERRORS)
         self.last_probe_at: datetime | None = None
         self.slots: tuple[int, int] | None = None
         self.removed = False
@@ -106,10 +146,29 @@ class NodeState:
         self._board, self._column = board, column
         board.put(column, self._local)
 
-    def note_error(self, error: str | None) -> None:
-        """Record the node's latest failure, and when it was seen (now)."""
+    def note_error(self, error: str | None, *, status: int | None = None) -> None:
+        """Record a failure seen on the node now: its last error, and one more of its recent errors (the same
+        error as the newest counts in it); None forgets the last error and keeps the record.
+
+        Args:
+            error: what happened, already sanitized (`UpstreamError.log_text`, a probe's description).
+            status: the node's HTTP status when it answered with an error; None otherwise.
+        """
+        now = datetime.now(UTC)
         self.last_error = error
-        self.last_error_at = datetime.now(UTC) if error is not None else None
+        self.last_error_at = now if error is not None else None
+        if error is None:
+            return
+        errors = self.recent_errors
+        newest = errors[-1] if errors else None
+        if newest is not None and newest.message == error and newest.status == status:
+            errors[-1] = replace(newest, at=now, count=newest.count + 1)
+        else:
+            errors.append(NodeError(at=now, first_at=now, message=error, status=status))
+
+    def error_views(self) -> list[dict[str, object]]:
+        """The recent errors as the admin API shows them, newest first."""
+        return [error.view() for error in reversed(self.recent_errors)]
 
     @property
     def status(self) -> NodeStatus:

@@ -125,14 +125,23 @@ class Reservation:
         """The request succeeded on this node: its breaker closes (`RoutingTable.record_success`)."""
         self._table.record_success(self.state.id)
 
-    def record_failure(self, error: str) -> bool:
+    def record_failure(self, error: str, *, noted: bool = False) -> bool:
         """The request failed on this node with a connect error, timeout or broken answer
         (`RoutingTable.record_failure`).
+
+        Args:
+            error: what went wrong, for operators.
+            noted: the failure is in the node's error record already (`note_error`).
 
         Returns:
             True when the failure opened (or kept open) the node's breaker.
         """
-        return self._table.record_failure(self.state.id, error, started_at=self.started_at)
+        return self._table.record_failure(self.state.id, error, started_at=self.started_at, noted=noted)
+
+    def note_error(self, error: str, *, status: int | None = None) -> None:
+        """Keep a failure of this request in the node's error record, without counting it against the node's
+        breaker (`NodeState.note_error`)."""
+        self.state.note_error(error, status=status)
 
     def release(self) -> None:
         """Give the slot back (and an unfinished breaker trial). Calling it again does nothing."""
@@ -462,7 +471,7 @@ class RoutingTable:
             logger.info("node %s: breaker closed (a request succeeded)", node_id)
             self._notify(ChangeKind.UPDATED, state, "a request succeeded")
 
-    def record_failure(self, node_id: str, error: str, *, started_at: float | None = None) -> bool:
+    def record_failure(self, node_id: str, error: str, *, started_at: float | None = None, noted: bool = False) -> bool:
         """A request to the node failed with a connect error, timeout, broken answer or 5xx
         (`CircuitBreaker.record_failure`). The node's liveness is the health checker's: an open breaker only
         keeps ordinary traffic away until its trial.
@@ -472,6 +481,7 @@ class RoutingTable:
             error: what went wrong, for operators.
             started_at: when the request was sent (`time.monotonic()` seconds), so concurrent failures are
                 one signal; None counts it.
+            noted: the failure is in the node's error record already (`NodeState.note_error`).
 
         Returns:
             True when the breaker is open after this failure.
@@ -479,7 +489,8 @@ class RoutingTable:
         state = self._states.get(node_id)
         if state is None:
             return False
-        state.note_error(error)
+        if not noted:
+            state.note_error(error)
         was_closed = state.breaker.state is BreakerState.CLOSED
         opened = state.breaker.record_failure(started_at)
         if opened and was_closed:

@@ -6,6 +6,7 @@ from qiip_tui.screens._chat import ChatScreen
 from qiip_tui.screens._command import CommandLine, run_command
 from qiip_tui.screens._confirm import ConfirmModal
 from qiip_tui.screens._connection import ConnectionScreen
+from qiip_tui.screens._describe import DescribeScreen
 from qiip_tui.screens._download import DownloadModal
 from qiip_tui.screens._fleet import FleetScreen
 from qiip_tui.screens._help import HelpScreen, key_map, screen_name
@@ -23,6 +24,7 @@ __all__ = [
     "CommandLine",
     "ConfirmModal",
     "ConnectionScreen",
+    "DescribeScreen",
     "DownloadModal",
     "FleetScreen",
     "HelpScreen",

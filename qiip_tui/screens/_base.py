@@ -9,7 +9,7 @@ from textual.screen import Screen
 if TYPE_CHECKING:
     from textual.binding import ActiveBinding
 
-    from qiip_tui._app import QiipConsole
+    from qiip_tui._context import ConsoleContext
 
 __all__ = ["FOOTER_FIRST", "ConsoleScreen"]
 
@@ -23,9 +23,9 @@ class ConsoleScreen(Screen[ResultT]):
     """A screen of the console, which reaches the app's fleet, client and actions through `console`."""
 
     @property
-    def console(self) -> QiipConsole:
-        """The app, typed."""
-        return cast("QiipConsole", self.app)
+    def console(self) -> ConsoleContext:
+        """The app, as the protocol of what a screen uses of it (the app module is never imported here)."""
+        return cast("ConsoleContext", self.app)
 
     @property
     def active_bindings(self) -> dict[str, ActiveBinding]:

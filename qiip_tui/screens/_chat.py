@@ -24,7 +24,7 @@ from qiip_core.client import ChatDelta, ClientError
 from qiip_tui._chat import Conversation, ModelChoice, Turn, TurnState, model_choices
 from qiip_tui._fleet import FleetDelta
 from qiip_tui.screens._base import ConsoleScreen
-from qiip_tui.widgets import Transcript
+from qiip_tui.widgets import ConsoleInput, Transcript
 
 __all__ = ["ChatScreen"]
 
@@ -102,16 +102,16 @@ class ChatScreen(ConsoleScreen[None]):
         yield Header()
         with Horizontal(id="chat-options"):
             yield Select[str]([], prompt="model", id="model", compact=True)
-            yield Input(placeholder="system prompt (optional)", id="system", compact=True)
+            yield ConsoleInput(placeholder="system prompt (optional)", id="system", compact=True)
         yield Transcript(id="transcript")
         yield Label("", id="chat-status")
-        yield Input(placeholder="message: Enter sends, Esc stops", id="prompt", compact=True)
+        yield ConsoleInput(placeholder="message: Enter sends, Esc stops", id="prompt", compact=True)
         yield Footer()
 
     def on_mount(self) -> None:
         self._load_models()
         self.query_one("#prompt", Input).focus()
-        self.console.connection_signal.subscribe(self, self._connection_changed)
+        self.console.connection.signal.subscribe(self, self._connection_changed)
         self.console.fleet_signal.subscribe(self, self._fleet_changed)
         self.watch(self.query_one("#model", Select), "expanded", self._model_list_toggled, init=False)
 
@@ -127,7 +127,7 @@ class ChatScreen(ConsoleScreen[None]):
             self.call_after_refresh(self.query_one("#prompt", Input).focus)
 
     def _connection_changed(self, _: object) -> None:
-        if self.console.connected:
+        if self.console.connection.connected:
             self._load_models()  # the daemon may serve other models after it comes back
 
     # -- models ------------------------------------------------------------------------------------------
@@ -258,7 +258,7 @@ class ChatScreen(ConsoleScreen[None]):
         if self.conversation.streaming is not None:
             self.workers.cancel_group(self, "chat")
         else:
-            self.console.switch_mode("fleet")
+            self.app.switch_mode("fleet")
 
     def action_clear(self) -> None:
         """Stop any answer and forget the conversation."""

@@ -7,7 +7,7 @@ a typo stays on the line with the reason under it, and nothing typed is lost.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual import on
 from textual.app import ComposeResult
@@ -17,10 +17,13 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, Label
 
 from qiip_tui._command_line import Command, CommandError, complete, parse
+from qiip_tui._context import command_context
 from qiip_tui.screens._fleet import FleetScreen
+from qiip_tui.widgets import ConsoleInput
 
 if TYPE_CHECKING:
-    from qiip_tui._app import QiipConsole
+    from textual.app import App
+
     from qiip_tui._fleet import Fleet
 
 __all__ = ["CommandLine", "run_command"]
@@ -98,7 +101,7 @@ class CommandLine(ModalScreen[Command | None]):
             yield Label(HINT, id="command-hint", markup=False)
             with Horizontal(id="command-row"):
                 yield Label(":", id="command-prompt")
-                yield Input(id="command-input", compact=True, select_on_focus=False)
+                yield ConsoleInput(id="command-input", compact=True, select_on_focus=False)
 
     @property
     def field(self) -> Input:
@@ -160,29 +163,30 @@ class CommandLine(ModalScreen[Command | None]):
         self.dismiss(command)
 
 
-async def run_command(app: QiipConsole, command: Command | None) -> None:
-    """Do what a checked command says, through the app's own actions (drain and remove still ask first); None
+async def run_command(app: App[Any], command: Command | None) -> None:
+    """Do what a checked command says, through the console's own actions (drain and remove still ask first); None
     (the line was closed) does nothing."""
     if command is None:
         return
+    console = command_context(app)
     name, argument = command.name, command.argument
-    if name in ("drain", "undrain", "remove", "relaunch"):
-        app.node_action(name, argument)
+    if name in ("drain", "undrain", "remove", "relaunch", "describe"):
+        console.node_action(name, argument)
     elif name == "node" and argument is not None:
-        app.open_node(argument)
+        console.open_node(argument)
     elif name == "model" and argument is not None:
         await _show_model(app, argument)
     elif name == "fleet":
-        app.action_fleet()
+        console.action_fleet()
     elif name in ("chat", "logs", "models"):
         app.switch_mode(name)
     elif name == "help":
-        app.action_help()
+        console.action_help()
     elif name == "quit":
         app.exit()
 
 
-async def _show_model(app: QiipConsole, model: str) -> None:
+async def _show_model(app: App[Any], model: str) -> None:
     if app.current_mode != "fleet":
         await app.switch_mode("fleet")
     while len(app.screen_stack) > 1:

@@ -17,12 +17,13 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Header, Input, Label, Static
 
 from qiip_tui.screens._base import ConsoleScreen
+from qiip_tui.widgets import ConsoleInput
 
 __all__ = ["ConnectionScreen"]
 
 
 class ConnectionScreen(ConsoleScreen[None]):
-    """Why the console cannot use its daemon. Shows `QiipConsole.connection_problem`."""
+    """Why the console cannot use its daemon. Shows `ConnectionWatch.problem`."""
 
     AUTO_FOCUS = ""
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -47,19 +48,19 @@ class ConnectionScreen(ConsoleScreen[None]):
             with Vertical(id="login"):
                 with Horizontal(classes="login-row"):
                     yield Label("User     ", classes="login-label")
-                    yield Input(id="login-username", compact=True)
+                    yield ConsoleInput(id="login-username", compact=True)
                 with Horizontal(classes="login-row"):
                     yield Label("Password ", classes="login-label")
-                    yield Input(id="login-password", password=True, compact=True)
+                    yield ConsoleInput(id="login-password", password=True, compact=True)
             yield Static("", id="problem-checks", markup=False)
         yield Footer()
 
     def on_mount(self) -> None:
-        self.console.connection_signal.subscribe(self, self._changed)
+        self.console.connection.signal.subscribe(self, self._changed)
         self._changed(None)
 
     def _changed(self, _: object) -> None:
-        problem = self.console.connection_problem
+        problem = self.console.connection.problem
         login = self.query_one("#login")
         if problem is None:
             self._hide_login()
@@ -77,7 +78,7 @@ class ConnectionScreen(ConsoleScreen[None]):
         for check in problem.checks:
             checks.append(f"\n • {check}")
         self.query_one("#problem-checks", Static).update(checks)
-        attempt, delay = self.console.connection_attempt
+        attempt, delay = self.console.connection.attempt
         retry = self.query_one("#problem-retry", Static)
         if delay is None:
             retry.update(
@@ -85,7 +86,7 @@ class ConnectionScreen(ConsoleScreen[None]):
             )
             if not login.display:
                 login.display = True
-                self.query_one("#login-username", Input).value = self.console.config.username or "admin"
+                self.query_one("#login-username", Input).value = self.console.connection.config.username or "admin"
                 password = self.query_one("#login-password", Input)
                 password.value = ""
                 password.focus()
@@ -113,5 +114,5 @@ class ConnectionScreen(ConsoleScreen[None]):
         if not username or not password:
             self.notify("Type both the admin user and the password.", severity="warning")
             return
-        if not self.console.retry_with(username, password):
+        if not self.console.connection.retry_with(username, password):
             self.notify("This console's client cannot change its credentials; restart it with others.")

@@ -16,6 +16,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label
 
+from qiip_tui.widgets import ConsoleInput
+
 __all__ = ["DownloadModal", "DownloadRequest"]
 
 DownloadRequest = tuple[str, str | None]
@@ -45,8 +47,8 @@ class DownloadModal(ModalScreen[DownloadRequest | None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
             yield Label("Download a model from the hub", id="question")
-            yield Input(placeholder="Repository id, ORG/NAME", id="repo-id")
-            yield Input(placeholder="Revision: branch, tag or commit (default: main)", id="revision")
+            yield ConsoleInput(placeholder="Repository id, ORG/NAME", id="repo-id")
+            yield ConsoleInput(placeholder="Revision: branch, tag or commit (default: main)", id="revision")
             yield Label("Enter submits · Esc cancels", id="confirm-keys")
             with Horizontal(id="buttons"):
                 yield Button("Cancel", id="cancel", compact=True)

@@ -10,21 +10,28 @@ from textual.binding import Binding, BindingType
 from textual.widgets import Footer, Header, Input, Static
 
 from qiip_tui._fleet import FleetDelta
+from qiip_tui._fleet_cells import COLUMN_KEYS
+from qiip_tui._key_router import focus_now
 from qiip_tui.screens._base import ConsoleScreen
-from qiip_tui.widgets import FleetSummary, FleetTable, SummaryView
+from qiip_tui.widgets import ConsoleInput, FleetSummary, FleetTable, SummaryView
 
 __all__ = ["FleetScreen"]
+
+VIEW = "fleet"
+"""The name the screen's sort and filter are remembered under."""
 
 
 class FleetScreen(ConsoleScreen[None]):
     """Nodes, their state and load; Enter opens one. The app keeps the fleet current and publishes its changes
-    on `QiipConsole.fleet_signal`, which this screen hands to its table."""
+    on `ConsoleContext.fleet_signal`, which this screen hands to its table. The sort, the filter and problems-only
+    are remembered between runs (`Preferences`, view `fleet`)."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("slash", "filter", "Filter"),
         Binding("escape", "clear_filter", "Clear filter", show=False),
         Binding("e", "problems", "Problems"),
-        Binding("d", "node('drain')", "Drain"),
+        Binding("d", "node('describe')", "Describe"),
+        Binding("D", "node('drain')", "Drain"),
         Binding("u", "node('undrain')", "Undrain"),
         Binding("x", "node('remove')", "Remove"),
         Binding("r", "node('relaunch')", "Relaunch"),
@@ -36,11 +43,13 @@ class FleetScreen(ConsoleScreen[None]):
     | :- | :- |
     | enter | Open the highlighted node. |
     | / | Filter by id, model, status or engine. |
-    | escape | Clear the filter. |
+    | escape | Clear the filter; without one, unmark the marked nodes. |
+    | space | Mark the highlighted node (D u x then act on every marked node, after one confirmation). |
     | e | Show only the nodes that need attention, or every node again. |
     | s / S | Sort by the next column / reverse the sort (the default: status, problems first). |
     | ← → | Scroll the columns sideways, one at a time (the node column stays). |
-    | d u x r p | Drain, undrain, remove, relaunch, power the highlighted node. |
+    | d | Describe the highlighted node: its state, errors, events and record, as text (`y` copies it). |
+    | D u x r p | Drain, undrain, remove, relaunch, power the highlighted node. |
     | q | Quit. |
     """
 
@@ -49,16 +58,28 @@ class FleetScreen(ConsoleScreen[None]):
         yield FleetSummary(id="summary")
         yield FleetTable(self.console.fleet, now=self.console.wall_clock, id="fleet")
         yield Static("", id="fleet-empty", markup=False)
-        yield Input(placeholder="filter: id, model, status or engine", id="filter", compact=True)
+        yield ConsoleInput(placeholder="filter: id, model, status or engine", id="filter", compact=True)
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one("#filter", Input).display = False
+        field = self.query_one("#filter", Input)
+        field.display = False
         self.query_one("#fleet-empty", Static).display = False
-        self.table.set_stale(not self.console.connected)
+        self._restore(field)
+        self.table.set_stale(not self.console.connection.connected)
         self.console.fleet_signal.subscribe(self, self._fleet_changed)
-        self.console.connection_signal.subscribe(self, self._connection_changed)
+        self.console.connection.signal.subscribe(self, self._connection_changed)
         self._show_summary()
+
+    def _restore(self, field: Input) -> None:
+        """Sort and filter as the operator left them."""
+        view, table = self.console.preferences.view(VIEW), self.table
+        if view.sort in COLUMN_KEYS:
+            table.sort_by(view.sort, reverse=view.reverse)
+        table.set_problems_only(view.problems_only)
+        if view.filter:
+            field.value = view.filter
+            field.display = True
 
     @property
     def table(self) -> FleetTable:
@@ -74,19 +95,20 @@ class FleetScreen(ConsoleScreen[None]):
         self._show_summary()
 
     def _connection_changed(self, _: object) -> None:
-        self.table.set_stale(not self.console.connected)
+        self.table.set_stale(not self.console.connection.connected)
         self._show_summary()
 
     def _show_summary(self) -> None:
         console, table = self.console, self.table
         view = SummaryView(
-            connected=console.connected,
-            connection=console.connection_text,
+            connected=console.connection.connected,
+            connection=console.connection.text,
             updated_at=console.last_update,
             now=console.wall_clock(),
             shown=table.shown_count,
             filter_text=table.filter_text,
             problems_only=table.problems_only,
+            marked=len(table.marked),
         )
         self.query_one("#summary", FleetSummary).show(console.fleet, view)
         empty = self.query_one("#fleet-empty", Static)
@@ -110,6 +132,7 @@ class FleetScreen(ConsoleScreen[None]):
     def action_problems(self) -> None:
         """Show only the nodes that need attention (not healthy, breaker not closed, failing), or all again."""
         self.table.set_problems_only(not self.table.problems_only)
+        self.console.preferences.remember_view(VIEW, problems_only=self.table.problems_only)
         self._show_summary()
 
     # -- filter ------------------------------------------------------------------------------------------
@@ -118,29 +141,31 @@ class FleetScreen(ConsoleScreen[None]):
         """Show the filter and focus it."""
         field = self.query_one("#filter", Input)
         field.display = True
-        field.focus()
+        focus_now(field)
 
     def action_clear_filter(self) -> None:
         """Clear and hide the filter."""
         field = self.query_one("#filter", Input)
         if not field.display and not field.value:
+            self.table.clear_marks()
             return
         field.value = ""
         field.display = False
         self.table.set_filter("")
-        self.table.focus()
+        focus_now(self.table)
         self._show_summary()
 
     @on(Input.Changed, "#filter")
     def _filter_changed(self, event: Input.Changed) -> None:
         self.table.set_filter(event.value.strip())
+        self.console.preferences.remember_view(VIEW, filter=event.value.strip())
         self._show_summary()
 
     @on(Input.Submitted, "#filter")
     def _filter_submitted(self, event: Input.Submitted) -> None:
         field = self.query_one("#filter", Input)
         field.display = bool(event.value.strip())
-        self.table.focus()
+        focus_now(self.table)
 
     # -- nodes -------------------------------------------------------------------------------------------
 
@@ -149,5 +174,16 @@ class FleetScreen(ConsoleScreen[None]):
         self.console.open_node(event.node_id)
 
     def action_node(self, action: str) -> None:
-        """Run a node action (`drain`, `undrain`, `remove`, `relaunch`, `power`) on the highlighted node."""
-        self.console.node_action(action, self.table.highlighted_node)
+        """Run a node action (`describe`, `drain`, `undrain`, `remove`, `relaunch`, `power`) on the highlighted
+        node; drain, undrain and remove act on every marked node instead when some are marked (one confirmation
+        lists them)."""
+        table = self.table
+        if action in ("drain", "undrain", "remove") and table.marked:
+            self.console.nodes_action(action, sorted(table.marked), then=table.clear_marks)
+        else:
+            self.console.node_action(action, table.highlighted_node)
+
+    def on_fleet_table_changed(self) -> None:
+        table = self.table
+        self.console.preferences.remember_view(VIEW, sort=table.sort_column, reverse=table.sort_reverse)
+        self._show_summary()

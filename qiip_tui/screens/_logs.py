@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from rich.text import Text
-from textual import work
+from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.message import Message
@@ -27,6 +27,7 @@ from textual.widgets import DataTable, Footer, Header, Static, TabbedContent, Ta
 
 from qiip_core.client import ClientError
 from qiip_tui._journal import engine_records, journal_records
+from qiip_tui._key_router import focus_now
 from qiip_tui._provisioning import TASK_COLUMNS, log_records, task_cells
 from qiip_tui._render import Palette, status_text
 from qiip_tui._types import JournalSource, ProvisioningSource
@@ -47,6 +48,7 @@ NO_JOURNAL = (
 _STATE_STYLES = {"running": "provisioning", "succeeded": "healthy", "failed": "failed", "cancelled": "unknown"}
 _PANES = ("timeline", "engine", "provisioning")
 _NODE_COLUMNS = ("Node", "Status", "Engine", "Source")
+_PANE_LOGS = {"timeline": "#timeline-view", "engine": "#engine-log", "provisioning": "#log-view"}
 
 
 class LogsScreen(ConsoleScreen[None]):
@@ -57,6 +59,8 @@ class LogsScreen(ConsoleScreen[None]):
         Binding("1", "pane('timeline')", "Timeline"),
         Binding("2", "pane('engine')", "Engine log"),
         Binding("3", "pane('provisioning')", "Provisioning"),
+        Binding("slash", "search", "Search the log"),
+        Binding("space", "toggle_follow", "Pause/follow"),
         Binding("s", "host('setup')", "Set up", show=False),
         Binding("x", "host('cancel')", "Cancel", show=False),
         Binding("t", "host('teardown')", "Tear down", show=False),
@@ -70,13 +74,15 @@ class LogsScreen(ConsoleScreen[None]):
     | :- | :- |
     | 1, 2, 3 | Show the timeline, the engine log, or the provisioning pane. |
     | enter | Follow the highlighted node's engine log, or host's provisioning log. |
-    | s | Set up a host (a form, then a confirmation). |
-    | x | Cancel the highlighted host's running setup or teardown (asks first). |
-    | t | Tear the highlighted host's node down (asks first). |
-    | o, O, r | Power the highlighted host on, off, or restart it (asks first). |
-    | space | Pause or resume following the log. |
-    | / | Search the log. |
+    | s | Provisioning pane: set up a host (a form, then a confirmation). |
+    | x | Provisioning pane: cancel the highlighted host's running setup or teardown (asks first). |
+    | t | Provisioning pane: tear the highlighted host's node down (asks first). |
+    | o, O, r | Provisioning pane: power the highlighted host on, off, or restart it (asks first). |
+    | space | Pause or resume following the log of the pane shown. |
+    | / | Search the log of the pane shown (from its table too). |
     | q | Back to the fleet. |
+
+    Keys act on the pane shown only: the host keys do nothing on the timeline or engine-log pane.
     """
 
     class Loaded(Message):
@@ -127,6 +133,10 @@ class LogsScreen(ConsoleScreen[None]):
         yield Footer()
 
     def on_mount(self) -> None:
+        for pane, selector in _PANE_LOGS.items():
+            search = self.console.preferences.view(f"logs.{pane}").filter
+            if search:
+                self.query_one(selector, LogView).set_search(search)
         self.query_one("#tasks", DataTable).add_columns(*TASK_COLUMNS)
         self.query_one("#engine-nodes", DataTable).add_columns(*_NODE_COLUMNS)
         journal = isinstance(self.console.client, JournalSource)
@@ -160,16 +170,57 @@ class LogsScreen(ConsoleScreen[None]):
             self._poll() if isinstance(self.console.client, ProvisioningSource) else self._show_nodes()
             self._timer.resume()
 
+    @property
+    def pane(self) -> str:
+        """The pane shown: `timeline`, `engine` or `provisioning`."""
+        return self.query_one("#logs-panes", TabbedContent).active
+
+    def _pane_log(self) -> LogView:
+        return self.query_one(_PANE_LOGS.get(self.pane, "#timeline-view"), LogView)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if not self.is_mounted:
+            return True
+        if action == "host":
+            # The host keys are the provisioning pane's: hidden (and inert) on the others.
+            return self.pane == "provisioning"
+        if action in ("search", "toggle_follow"):
+            # In the log itself, its own keys answer (and the key map lists them there).
+            focused = self.focused
+            return not (focused is not None and self._pane_log() in focused.ancestors_with_self)
+        return True
+
+    def action_search(self) -> None:
+        """Search the log of the pane shown."""
+        self._pane_log().action_search()
+
+    def action_toggle_follow(self) -> None:
+        """Pause or resume following the log of the pane shown."""
+        self._pane_log().action_toggle_follow()
+
     def action_pane(self, pane: str) -> None:
         """Show one pane: `timeline`, `engine` or `provisioning`."""
         if pane in _PANES:
             self.query_one("#logs-panes", TabbedContent).active = pane
-            # The pane's own keys (the cursor, Enter, `/`) work at once, without tabbing into it.
-            self.call_after_refresh(self._focus_pane, pane)
+            # The pane's own keys (the cursor, Enter, `/`) work at once, without tabbing into it, and a key typed
+            # right after this one already goes there.
+            self._focus_pane(pane)
+            self.refresh_bindings()
+
+    def on_log_view_searched(self, message: LogView.Searched) -> None:
+        # Each pane's search is remembered between runs, as the fleet's filter is.
+        pane = next((pane for pane, selector in _PANE_LOGS.items() if selector == f"#{message.view.id}"), None)
+        if pane is not None:
+            self.console.preferences.remember_view(f"logs.{pane}", filter=message.text)
+
+    @on(TabbedContent.TabActivated, "#logs-panes")
+    def _pane_shown(self) -> None:
+        # A click on a tab too: the footer and the key map show the keys of the pane shown.
+        self.refresh_bindings()
 
     def _focus_pane(self, pane: str) -> None:
         selector = {"timeline": "#timeline-view #log-lines", "engine": "#engine-nodes", "provisioning": "#tasks"}
-        self.query_one(selector[pane]).focus()
+        focus_now(self.query_one(selector[pane]))
 
     # -- the timeline ------------------------------------------------------------------------------------
 
@@ -253,7 +304,7 @@ class LogsScreen(ConsoleScreen[None]):
 
     def on_data_table_row_highlighted(self, message: DataTable.RowHighlighted) -> None:
         if message.row_key.value is not None and message.data_table.id == "tasks":
-            self.console.selected_host = message.row_key.value
+            self.console.selection.host = message.row_key.value
 
     def on_data_table_row_selected(self, message: DataTable.RowSelected) -> None:
         if message.row_key.value is None:
@@ -269,16 +320,15 @@ class LogsScreen(ConsoleScreen[None]):
         if not isinstance(client, ProvisioningSource):
             return
         self.host = host
-        self.console.selected_host = host
+        self.console.selection.host = host
         self.query_one("#log-title", Static).update(f"Log of {host}")
         view = self.query_one("#log-view", LogView)
         view.clear()
         view.follow_source(log_records(client.host_log(host)))
 
     def action_host(self, action: str) -> None:
-        """Run a host action on the highlighted host, with the provisioning pane shown."""
-        self.action_pane("provisioning")
-        self.console.host_action(action, self.console.selected_host)
+        """Run a host action on the highlighted host (the provisioning pane's keys)."""
+        self.console.host_action(action, self.console.selection.host)
 
     def on_log_view_source_ended(self, message: LogView.SourceEnded) -> None:
         origin = message.control.id if message.control is not None else None

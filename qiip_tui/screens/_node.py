@@ -22,13 +22,14 @@ from textual.widgets import Button, Footer, Header, Label, Sparkline, Static
 
 from qiip_core.client import ClientError, NodeInfo, OperationInfo
 from qiip_core.planner import DeviceMemory
+from qiip_tui._describe import error_line, node_errors
 from qiip_tui._fleet import FleetDelta, live_readings, shown_devices, slots_of
 from qiip_tui._messages import NodePolled
 from qiip_tui._recommendations import host_of
 from qiip_tui._render import Palette, age_text
 from qiip_tui.screens._base import ConsoleScreen
 from qiip_tui.screens._recommendations import RecommendationsScreen
-from qiip_tui.widgets import GpuMeter, NodeHeader, OperationPanel, RuntimeView, TrafficPanel
+from qiip_tui.widgets import GpuMeter, HistorySparkline, NodeHeader, OperationPanel, RuntimeView, TrafficPanel
 
 __all__ = ["NodeScreen"]
 
@@ -36,7 +37,7 @@ HISTORY_SAMPLES = 60
 """Readings kept per sparkline (two minutes at the default poll interval)."""
 
 RECENT_ERRORS = 5
-"""Errors listed under the record."""
+"""Errors listed under the record (the describe view, `d`, lists all the daemon keeps)."""
 
 
 def _device_label(device: DeviceMemory) -> str:
@@ -73,7 +74,8 @@ class NodeScreen(ConsoleScreen[None]):
     """
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("d", "node('drain')", "Drain"),
+        Binding("d", "node('describe')", "Describe"),
+        Binding("D", "node('drain')", "Drain"),
         Binding("u", "node('undrain')", "Undrain"),
         Binding("x", "node('remove')", "Remove"),
         Binding("r", "node('relaunch')", "Relaunch"),
@@ -84,7 +86,8 @@ class NodeScreen(ConsoleScreen[None]):
     """
     | Key | Action |
     | :- | :- |
-    | d u x r p | Drain, undrain, remove, relaunch (sizing editor), power. |
+    | d | Describe the node: its state, all its errors, its events and record, as text (`y` copies it). |
+    | D u x r p | Drain, undrain, remove, relaunch (sizing editor), power. |
     | w | What fits the node's host: llmfit's recommendations, marked when the catalog holds them. |
     | escape, q | Back to the fleet. |
     """
@@ -95,7 +98,7 @@ class NodeScreen(ConsoleScreen[None]):
         self.poll_interval_s = poll_interval_s
         self._memory: dict[int, deque[float]] = {}
         self._in_flight: deque[float] = deque(maxlen=HISTORY_SAMPLES)
-        self._errors: deque[tuple[datetime, str]] = deque(maxlen=RECENT_ERRORS)
+        self._operation_errors: deque[tuple[datetime, str]] = deque(maxlen=RECENT_ERRORS)
         self._gpu_indexes: tuple[int, ...] | None = None
 
     def compose(self) -> ComposeResult:
@@ -109,7 +112,7 @@ class NodeScreen(ConsoleScreen[None]):
                     yield Label("Devices", classes="section", id="devices-label")
                     yield Vertical(id="meters")
                     yield Label("In flight", classes="section", id="in-flight-label")
-                    yield Sparkline([], id="in-flight")
+                    yield HistorySparkline(capacity=HISTORY_SAMPLES, id="in-flight")
                     yield Label("Recent errors", classes="section")
                     yield Static("none", id="errors", markup=False)
                 with Vertical(id="runtime"):
@@ -130,7 +133,7 @@ class NodeScreen(ConsoleScreen[None]):
 
     def on_mount(self) -> None:
         self.console.fleet_signal.subscribe(self, self._fleet_changed)
-        self.console.operation_signal.subscribe(self, self._operation_changed)
+        self.console.operations.signal.subscribe(self, self._operation_changed)
         node = self.console.fleet.nodes.get(self.node_id)
         if node is not None:
             self._sample(node)
@@ -162,26 +165,12 @@ class NodeScreen(ConsoleScreen[None]):
         for device in shown_devices(node):
             self._memory.setdefault(device.index, deque(maxlen=HISTORY_SAMPLES)).append(device.used_mib)
         self._in_flight.append(node.in_flight)
-        self._note_error(node)
-
-    def _note_error(self, node: NodeInfo) -> None:
-        if not node.last_error:
-            return
-        at = node.last_error_at or self.console.wall_clock()
-        if (
-            not self._errors
-            or self._errors[-1][1] != node.last_error
-            or (node.last_error_at is not None and self._errors[-1][0] != node.last_error_at)
-        ):
-            self._errors.append((at, node.last_error))
 
     def _fleet_changed(self, delta: FleetDelta) -> None:
         if self.node_id in delta.removed:
             self._show(None)
         elif self.node_id in delta.changed:
-            node = self.console.fleet.nodes[self.node_id]
-            self._note_error(node)
-            self._show(node)
+            self._show(self.console.fleet.nodes[self.node_id])
         elif not delta:
             # A metrics poll: new rates, and the errors' ages moved on.
             polled = self.console.fleet.nodes.get(self.node_id)
@@ -196,7 +185,7 @@ class NodeScreen(ConsoleScreen[None]):
             return
         self.query_one("#operation", OperationPanel).show(operation)
         if operation.state == "failed" and operation.error:
-            self._errors.append((self.console.wall_clock(), f"{operation.kind} failed: {operation.error}"))
+            self._operation_errors.append((self.console.wall_clock(), f"{operation.kind} failed: {operation.error}"))
             self._show_errors(self.console.fleet.nodes.get(self.node_id))
 
     # -- view --------------------------------------------------------------------------------------------
@@ -244,25 +233,32 @@ class NodeScreen(ConsoleScreen[None]):
         for device in devices:
             history = self._memory.get(device.index, deque())
             found = meters.query(f"#gpu-{device.index}")
-            meter = found.first(GpuMeter) if found else GpuMeter(_device_label(device), id=f"gpu-{device.index}")
+            meter = (
+                found.first(GpuMeter)
+                if found
+                else GpuMeter(_device_label(device), capacity=HISTORY_SAMPLES, id=f"gpu-{device.index}")
+            )
             utilization, detail = _live_detail(node, device.index)
             meter.show(device.used_mib, device.total_mib, history, utilization_pct=utilization, detail=detail)
             if not found:
                 meters.mount(meter)
 
     def _show_errors(self, node: NodeInfo | None) -> None:
-        """The recent errors, newest first, each with its time and age; dimmed once the node is healthy again."""
+        """The recent errors (the daemon's record of the node, and operations started here that failed), newest
+        first, each with its time, age and count; dimmed once the node is healthy again."""
         errors = self.query_one("#errors", Static)
-        if not self._errors:
+        shown = node_errors(node, self._operation_errors)[:RECENT_ERRORS]
+        if not shown:
             errors.update("none")
             return
         now = self.console.wall_clock()
         recovered = node is not None and node.status == "healthy" and node.breaker.state == "closed"
         text = Text()
-        for at, message in reversed(self._errors):
+        for error in shown:
             if text:
                 text.append("\n")
-            text.append(f"{at:%H:%M:%S} ({age_text(at, now)}) ", style="bold")
+            when, message = error_line(error, now)
+            text.append(when + " ", style="bold")
             text.append(message)
         if recovered:
             text.stylize("dim")
@@ -272,7 +268,7 @@ class NodeScreen(ConsoleScreen[None]):
     # -- actions -----------------------------------------------------------------------------------------
 
     def action_node(self, action: str) -> None:
-        """Run a node action (`drain`, `undrain`, `remove`, `relaunch`, `power`) on this node."""
+        """Run a node action (`describe`, `drain`, `undrain`, `remove`, `relaunch`, `power`) on this node."""
         self.console.node_action(action, self.node_id)
 
     @on(Button.Pressed, "#actions Button")

@@ -15,10 +15,11 @@ from textual.binding import Binding, BindingType
 from textual.widgets import Footer, Header, Input, Label, Static
 
 from qiip_core.client import ClientError
+from qiip_tui._key_router import focus_now
 from qiip_tui._recommendations import RECOMMENDATION_COLUMNS, hardware_line, recommendation_rows
 from qiip_tui._types import RecommendationSource
 from qiip_tui.screens._base import ConsoleScreen
-from qiip_tui.widgets import ConsoleTable
+from qiip_tui.widgets import ConsoleInput, ConsoleTable
 
 if TYPE_CHECKING:
     from qiip_core.recommendations import HostRecommendations
@@ -64,7 +65,7 @@ class RecommendationsScreen(ConsoleScreen[None]):
         yield Header()
         yield Label(f"What fits {self.host}", classes="section")
         yield Static("", id="recommendations-status", markup=False)
-        yield Input(placeholder="hardware profile (empty: the host itself)", id="profile", compact=True)
+        yield ConsoleInput(placeholder="hardware profile (empty: the host itself)", id="profile", compact=True)
         yield ConsoleTable(id="recommendations", cursor_type="row", zebra_stripes=True)
         yield Footer()
 
@@ -86,11 +87,11 @@ class RecommendationsScreen(ConsoleScreen[None]):
         """Show the profile field and put the cursor there."""
         field = self.query_one("#profile", Input)
         field.display = True
-        field.focus()
+        focus_now(field)
 
     @on(Input.Submitted, "#profile")
     def _profile_submitted(self) -> None:
-        self.query_one("#recommendations", ConsoleTable).focus()
+        focus_now(self.query_one("#recommendations", ConsoleTable))
         self.action_run()
 
     @work(exclusive=True, group="recommendations", exit_on_error=False)
@@ -115,7 +116,7 @@ class RecommendationsScreen(ConsoleScreen[None]):
         rows = recommendation_rows(found)
         for row in rows:
             table.add_row(*row)
-        held = sum(1 for row in rows if row[-1])
+        held = sum(1 for row in rows if row[-1] in ("in catalog", "GGUF in catalog"))
         summary = f"{len(rows)} recommended, {held} already in the catalog" if rows else "llmfit recommends nothing"
         self._status(f"{hardware_line(found)}\n{summary}")
 

@@ -12,6 +12,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select
 
 from qiip_tui._provisioning import ENGINES, setup_sizing
+from qiip_tui.widgets import ConsoleInput
 
 __all__ = ["SetupModal", "SetupRequest"]
 
@@ -52,10 +53,10 @@ class SetupModal(ModalScreen[SetupRequest | None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
             yield Label("Set up a host", id="question")
-            yield Input(self.hostname, placeholder="hostname", id="setup-host", compact=True)
+            yield ConsoleInput(self.hostname, placeholder="hostname", id="setup-host", compact=True)
             yield Select([(name, name) for name in ENGINES], value="vllm", allow_blank=False, id="setup-engine")
-            yield Input(placeholder="model (Qwen/Qwen3-8B, tiny.gguf)", id="setup-model", compact=True)
-            yield Input(
+            yield ConsoleInput(placeholder="model (Qwen/Qwen3-8B, tiny.gguf)", id="setup-model", compact=True)
+            yield ConsoleInput(
                 placeholder="sizing: auto, or SLOTSxCONTEXT (2x4096; llama.cpp)", id="setup-sizing", compact=True
             )
             yield Label("", id="setup-problem")

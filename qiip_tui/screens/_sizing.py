@@ -28,6 +28,7 @@ from qiip_tui._serving import last_healthy_warning
 from qiip_tui._sizing import SizingValues, check_sizing, forecast_lines, sizing_preview
 from qiip_tui.screens._base import ConsoleScreen
 from qiip_tui.screens._confirm import ConfirmModal
+from qiip_tui.widgets import ConsoleInput
 
 __all__ = ["SizingScreen"]
 
@@ -88,7 +89,7 @@ class SizingScreen(ConsoleScreen[OperationInfo | None]):
                         options = [("F16", "f16"), ("Q8_0", "q8_0")]
                         yield Select(options, allow_blank=False, value=self.values.cache_type, id=field, compact=True)
                     else:
-                        yield Input(getattr(self.values, field), id=field, compact=True, type="text")
+                        yield ConsoleInput(getattr(self.values, field), id=field, compact=True, type="text")
                     yield Label("", id=f"{field}-message", classes="violation")
             yield Label("", id="sizing-message", classes="violation")
             yield Static("", id="effective", markup=False)

@@ -12,6 +12,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from textual.binding import Binding, BindingType
 from textual.widgets import DataTable
+from textual.widgets.data_table import RowDoesNotExist
 
 __all__ = ["ConsoleTable"]
 
@@ -58,6 +59,16 @@ class ConsoleTable(DataTable[CellType], Generic[CellType]):
         if enter is not None:
             # Per instance: the same class serves tables whose Enter means different things.
             self._bindings.key_to_bindings["enter"] = [Binding("enter", "select_cursor", enter, show=False)]
+
+    @property
+    def highlighted_key(self) -> str | None:
+        """The key of the row under the cursor, if a row is shown."""
+        if not self.row_count:
+            return None
+        try:
+            return self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
+        except RowDoesNotExist:
+            return None
 
     def show_rows(self, rows: Sequence[tuple[str, Sequence[CellType]]]) -> None:
         """Show `rows` (key and cells, in order): rebuilt when the keys or their order changed, otherwise updated

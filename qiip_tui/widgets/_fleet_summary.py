@@ -34,6 +34,8 @@ class SummaryView:
     """The table's filter."""
     problems_only: bool = False
     """Whether the table shows only the nodes that need attention."""
+    marked: int = 0
+    """Nodes marked in the table (Space) for an action on all of them."""
 
 
 class FleetSummary(Static):
@@ -105,6 +107,9 @@ class FleetSummary(Static):
                 text.append(" · problems only", style="italic")
             if view.filter_text:
                 text.append(f" · filter: {view.filter_text}", style="italic")
+            text.append(" │")
+        if view.marked:
+            text.append(f" {view.marked} marked", style="bold reverse")
             text.append(" │")
         for status, number in fleet.status_counts():
             text.append(" ")

@@ -7,15 +7,18 @@ operator does (a new filter, problems only); a resize or a cell that outgrows it
 
 Rendering follows the same idea: `VersionedTable` re-renders only the rows whose version `sync` bumped.
 
-Columns are as wide as their content (between each column's minimum and maximum), the last error taking what is
-left. The node column stays fixed while the others scroll sideways, a column per ← or →, on a narrow terminal.
+Columns are as wide as their content, the last error taking what is left, and the node column stays fixed while the
+others scroll sideways on a narrow terminal (`qiip_tui.widgets._fleet_layout`).
+
+Space marks rows (`✓` before the node's id) for the screen's actions on several nodes at once; a mark stays
+through filters and sorts, and goes with its node when the node leaves the fleet.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from rich.text import Text
 from textual.binding import Binding, BindingType
@@ -23,19 +26,17 @@ from textual.events import Resize
 from textual.message import Message
 from textual.theme import Theme
 from textual.widgets import DataTable
-from textual.widgets.data_table import ColumnKey, RowDoesNotExist
+from textual.widgets.data_table import ColumnKey
 
 from qiip_core.client import NodeInfo
 from qiip_tui._fleet import FLEET_COLUMNS, Fleet, FleetDelta, matches
 from qiip_tui._fleet_cells import COLUMN_KEYS, ERROR_CELL, RowCells, same_cell
 from qiip_tui._render import Palette
 from qiip_tui.widgets._console_table import ConsoleTable
+from qiip_tui.widgets._fleet_layout import column_widths, header, id_cell, scroll_stop, shown_scroll, sort_key
 from qiip_tui.widgets._versioned_table import VersionedTable
 
 __all__ = ["FleetTable"]
-
-_SORT_MARKER_CELLS = 2
-"""Room every header keeps for ` ▲`, so the marker is never cut."""
 
 
 class FleetTable(ConsoleTable[Text], VersionedTable):
@@ -58,6 +59,7 @@ class FleetTable(ConsoleTable[Text], VersionedTable):
         Binding("enter", "select_cursor", "Open", tooltip="Open the highlighted node"),
         Binding("s", "next_sort", "Sort", tooltip="Sort by the next column"),
         Binding("S", "reverse_sort", "Reverse", tooltip="Reverse the sort direction"),
+        Binding("space", "toggle_mark", "Mark", tooltip="Mark or unmark the highlighted node, then move down"),
     ]
     """
     | Key | Action |
@@ -65,6 +67,7 @@ class FleetTable(ConsoleTable[Text], VersionedTable):
     | enter | Open the highlighted node. |
     | s | Sort by the next column. |
     | S | Reverse the sort direction. |
+    | space | Mark or unmark the highlighted node (for drain, undrain, remove of all marked), then move down. |
     """
 
     class NodeHighlighted(Message):
@@ -77,6 +80,17 @@ class FleetTable(ConsoleTable[Text], VersionedTable):
             super().__init__()
             self.node_id = node_id
             """The node under the cursor; None when no row is shown."""
+
+    class Changed(Message):
+        """The operator changed the sort or the marks (the filter is the screen's own field).
+
+        Posted by `FleetTable.sort_by` and `FleetTable.toggle_mark`. Handled by `on_fleet_table_changed`.
+        """
+
+        def __init__(self, table: FleetTable) -> None:
+            super().__init__()
+            self.table = table
+            """The table, with its `sort_column`, `sort_reverse` and `marked`."""
 
     class NodeChosen(Message):
         """The operator chose a node (Enter, or a click on the highlighted row).
@@ -103,11 +117,11 @@ class FleetTable(ConsoleTable[Text], VersionedTable):
         """The key of the column the rows are sorted by: by default the status, problems first."""
         self.sort_reverse = False
         """Whether the sort is descending."""
+        self.marked: set[str] = set()
+        """The nodes marked with Space, by id."""
         self._widths: tuple[int, ...] = ()
         self._cells: dict[str, list[Text]] = {}
         self._row_cells = RowCells()
-
-    # -- life --------------------------------------------------------------------------------------------
 
     def on_mount(self) -> None:
         self._row_cells.palette = Palette.from_variables(self.app.theme_variables)
@@ -124,17 +138,7 @@ class FleetTable(ConsoleTable[Text], VersionedTable):
             self._apply_widths()
 
     def _layout(self, width: int) -> tuple[int, ...]:
-        """Each column as wide as its widest cell or its header with the sort marker, within its bounds; the
-        last one takes what is left of `width`."""
-        widths = []
-        for index, column in enumerate(FLEET_COLUMNS[:-1]):
-            content = max((cells[index].cell_len for cells in self._cells.values()), default=0)
-            widths.append(min(max(content, len(column.label) + _SORT_MARKER_CELLS, column.min_width), column.max_width))
-        last = FLEET_COLUMNS[-1]
-        # Each column has one cell of padding on each side; the scrollbar takes two more.
-        spare = width - sum(widths) - 2 * len(FLEET_COLUMNS) - 2
-        widths.append(max(last.min_width, spare))
-        return tuple(widths)
+        return column_widths(self._cells.values(), width)
 
     def _apply_widths(self) -> None:
         """Give the columns the widths their content needs now (no rebuild: DataTable re-lays out)."""
@@ -155,20 +159,46 @@ class FleetTable(ConsoleTable[Text], VersionedTable):
         """Dim the table while its data may be out of date (the daemon cannot be reached)."""
         self.set_class(stale, "-stale")
 
-    # -- contents ----------------------------------------------------------------------------------------
-
     @property
     def highlighted_node(self) -> str | None:
         """The id of the node under the cursor, if a row is shown."""
-        if not self.row_count:
-            return None
-        try:
-            return self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
-        except RowDoesNotExist:
-            return None
+        return self.highlighted_key
 
     def _render_row(self, node: NodeInfo, now: datetime, old: list[Text] | None = None) -> list[Text]:
-        return self._row_cells.render(node, self.fleet.rates.nodes.get(node.id), now, old)
+        cells = self._row_cells.render(node, self.fleet.rates.nodes.get(node.id), now, old)
+        if (node.id in self.marked) != (cells[0].plain != node.id):
+            cells = [id_cell(node.id, marked=node.id in self.marked), *cells[1:]]
+        return cells
+
+    def toggle_mark(self, node_id: str) -> None:
+        """Mark `node_id`, or unmark it when it is marked."""
+        if node_id in self.marked:
+            self.marked.discard(node_id)
+        elif node_id in self.fleet.nodes:
+            self.marked.add(node_id)
+        else:
+            return
+        cells = self._cells.get(node_id)
+        if cells is not None:
+            cells[0] = id_cell(node_id, marked=node_id in self.marked)
+            self.write_cell(node_id, COLUMN_KEYS[0], cells[0])
+            self.bump_row(node_id, (0,))
+            self._apply_widths()
+            self.refresh()
+        self.post_message(self.Changed(self))
+
+    def clear_marks(self) -> None:
+        """Unmark every node."""
+        for node_id in sorted(self.marked):
+            self.toggle_mark(node_id)
+
+    def action_toggle_mark(self) -> None:
+        """Mark or unmark the highlighted node, then move to the next row."""
+        node_id = self.highlighted_node
+        if node_id is None:
+            return
+        self.toggle_mark(node_id)
+        self.action_cursor_down()
 
     def _shown(self, node: NodeInfo) -> bool:
         return matches(node, self.filter_text) and (not self.problems_only or self.fleet.is_problem(node))
@@ -179,10 +209,7 @@ class FleetTable(ConsoleTable[Text], VersionedTable):
         return len(self._cells)
 
     def _header(self, index: int) -> Text:
-        column = FLEET_COLUMNS[index]
-        if column.key != self.sort_column:
-            return Text(column.label)
-        return Text(f"{column.label} {'▼' if self.sort_reverse else '▲'}", style="bold")
+        return header(index, self.sort_column, self.sort_reverse)
 
     def _rebuild(self) -> None:
         """Build the columns and rows from scratch (after a filter change)."""
@@ -210,6 +237,9 @@ class FleetTable(ConsoleTable[Text], VersionedTable):
         self.add_row(*cells, key=node.id)
 
     def _remove(self, node_id: str) -> None:
+        if node_id not in self.fleet.nodes and node_id in self.marked:
+            self.marked.discard(node_id)  # it left the fleet
+            self.post_message(self.Changed(self))
         self._row_cells.forget(node_id)
         if self._cells.pop(node_id, None) is not None:
             self.remove_row(node_id)
@@ -281,29 +311,13 @@ class FleetTable(ConsoleTable[Text], VersionedTable):
 
     def refresh_ages(self) -> None:
         """Re-render the last-error cells, whose age grows with time (the owner calls it on each metrics poll)."""
-        now = self.now()
-        index = ERROR_CELL
-        for node_id, cells in self._cells.items():
-            node = self.fleet.nodes.get(node_id)
-            if node is None or not node.last_error or node.last_error_at is None:
-                continue
-            after = self._row_cells.error(node, now)
-            if not same_cell(cells[index], after):
-                cells[index] = after
-                self.write_cell(node_id, COLUMN_KEYS[-1], after)
-                self.bump_row(node_id, (index,))
+        for node_id in self._row_cells.aged(self._cells, self.fleet.nodes, self.now()):
+            self.write_cell(node_id, COLUMN_KEYS[-1], self._cells[node_id][ERROR_CELL])
+            self.bump_row(node_id, (ERROR_CELL,))
         self.refresh()
 
     def _sort(self, keep: str | None) -> None:
-        fleet, column = self.fleet, FLEET_COLUMNS[COLUMN_KEYS.index(self.sort_column)]
-        # DataTable hands the key the id cells; finding their node by the cell object is cheaper than by its text.
-        by_cell = {id(cells[0]): node_id for node_id, cells in self._cells.items()}
-
-        def key(cell: Any) -> Any:
-            node = fleet.nodes[by_cell[id(cell)]]
-            return (column.sort_key(node, fleet), node.id)
-
-        self.sort("id", key=key, reverse=self.sort_reverse)
+        self.sort("id", key=sort_key(self._cells, self.fleet, self.sort_column), reverse=self.sort_reverse)
         if keep is not None and keep in self._cells:
             row = self.get_row_index(keep)
             if row != self.cursor_row:
@@ -336,20 +350,18 @@ class FleetTable(ConsoleTable[Text], VersionedTable):
             self.columns[ColumnKey(key)].label = self._header(index)
         self._sort(self.highlighted_node)
         self._show_column(COLUMN_KEYS.index(column))
+        self.post_message(self.Changed(self))
 
     def _show_column(self, index: int) -> None:
         """Scroll sideways so column `index` (and its sort marker) is on screen."""
         if index < self.fixed_columns:
             return
-        columns = self.ordered_columns
-        left = sum(column.get_render_width(self) for column in columns[self.fixed_columns : index])
-        fixed = sum(column.get_render_width(self) for column in columns[: self.fixed_columns])
-        width = columns[index].get_render_width(self)
-        visible = self.scrollable_content_region.width - fixed
-        if left < self.scroll_x or left + width > self.scroll_x + visible:
-            self.scroll_to(x=min(left, self.max_scroll_x), animate=False)
-
-    # -- input -------------------------------------------------------------------------------------------
+        widths = [column.get_render_width(self) for column in self.ordered_columns]
+        fixed = sum(widths[: self.fixed_columns])
+        left = sum(widths[self.fixed_columns : index])
+        target = shown_scroll(left, widths[index], self.scroll_x, self.scrollable_content_region.width - fixed)
+        if target is not None:
+            self.scroll_to(x=min(target, self.max_scroll_x), animate=False)
 
     def action_next_sort(self) -> None:
         """Sort by the column right of the current one (wrapping), ascending."""
@@ -368,17 +380,8 @@ class FleetTable(ConsoleTable[Text], VersionedTable):
         self._scroll_columns(-1)
 
     def _scroll_columns(self, step: int) -> None:
-        # The left edges of the scrolling columns, as scroll offsets.
-        edges, x = [0], 0
-        columns = self.ordered_columns
-        for column in columns[self.fixed_columns : -1]:
-            x += column.get_render_width(self)
-            edges.append(x)
-        current = round(self.scroll_x)
-        if step > 0:
-            target = next((edge for edge in edges if edge > current), edges[-1])
-        else:
-            target = next((edge for edge in reversed(edges) if edge < current), 0)
+        widths = [column.get_render_width(self) for column in self.ordered_columns[self.fixed_columns :]]
+        target = scroll_stop(widths, round(self.scroll_x), step)
         self.scroll_to(x=min(target, self.max_scroll_x), animate=False)
 
     def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:

@@ -10,6 +10,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Label, ProgressBar, Sparkline
 
 from qiip_tui._render import format_mib
+from qiip_tui.widgets._history_sparkline import HistorySparkline
 
 __all__ = ["GpuMeter"]
 
@@ -19,6 +20,7 @@ class GpuMeter(Vertical):
 
     Args:
         label: what to call the device (`GPU 0`, `CPU (system memory)`).
+        capacity: the readings the history sparkline's width stands for (a fixed time axis).
     """
 
     DEFAULT_CSS = """
@@ -38,9 +40,10 @@ class GpuMeter(Vertical):
     }
     """
 
-    def __init__(self, label: str, *, id: str | None = None) -> None:
+    def __init__(self, label: str, *, capacity: int = 60, id: str | None = None) -> None:
         super().__init__(id=id)
         self.label = label
+        self.capacity = capacity
         self._reading: tuple[int, int, list[float], int | None, str] | None = None
 
     def compose(self) -> ComposeResult:
@@ -48,7 +51,7 @@ class GpuMeter(Vertical):
             yield Label(self.label, classes="gpu-label")
             yield ProgressBar(total=1, show_eta=False, show_percentage=True)
         with Horizontal():
-            yield Sparkline([])
+            yield HistorySparkline(capacity=self.capacity)
             yield Label("", classes="gpu-figures")
         yield Label("", classes="gpu-detail")
 

@@ -23,8 +23,10 @@ from textual.theme import Theme
 from textual.widgets import Input, Label, RichLog
 
 from qiip_core import QiipError
+from qiip_tui._key_router import focus_now
 from qiip_tui._render import Palette
 from qiip_tui._types import LogRecord
+from qiip_tui.widgets._console_input import ConsoleInput
 
 __all__ = ["LogView"]
 
@@ -93,6 +95,25 @@ class LogView(Vertical):
             """The log view whose source ended (for `@on(LogView.SourceEnded, "#id")`)."""
             return self.view
 
+    class Searched(Message):
+        """The operator changed the search.
+
+        Posted by `LogView` as the search is typed or cleared. Handled by `on_log_view_searched` (bubbles to the
+        screen, which remembers it).
+        """
+
+        def __init__(self, view: LogView, text: str) -> None:
+            super().__init__()
+            self.view = view
+            """The log view searched."""
+            self.text = text
+            """The search; empty when cleared."""
+
+        @property
+        def control(self) -> LogView:
+            """The log view searched (for `@on(LogView.Searched, "#id")`)."""
+            return self.view
+
     def __init__(self, *, max_lines: int = 5000, id: str | None = None) -> None:
         super().__init__(id=id)
         self.max_lines = max_lines
@@ -105,7 +126,7 @@ class LogView(Vertical):
         self._failed_sources: set[str] = set()
 
     def compose(self) -> ComposeResult:
-        yield Input(placeholder="search", id="log-search", compact=True)
+        yield ConsoleInput(placeholder="search", id="log-search", compact=True)
         yield RichLog(max_lines=self.max_lines, wrap=False, markup=False, highlight=False, id="log-lines")
         yield Label("", id="log-status")
 
@@ -216,22 +237,31 @@ class LogView(Vertical):
         """Show the search field."""
         field = self.query_one("#log-search", Input)
         field.add_class("-shown")
-        field.focus()
+        focus_now(field)
 
     def action_clear_search(self) -> None:
         """Clear the search and show every record."""
         field = self.query_one("#log-search", Input)
         field.value = ""
         field.remove_class("-shown")
-        self.query_one(RichLog).focus()
+        focus_now(self.query_one(RichLog))
+
+    def set_search(self, text: str) -> None:
+        """Search for `text` (shown in the search field), as if typed; empty clears the search."""
+        field = self.query_one("#log-search", Input)
+        field.set_class(bool(text), "-shown")
+        field.value = text
 
     @on(Input.Changed, "#log-search")
     def _search_changed(self, event: Input.Changed) -> None:
         event.stop()
-        self.search_text = event.value.strip()
-        self._redraw()
+        text = event.value.strip()
+        if text != self.search_text:
+            self.search_text = text
+            self._redraw()
+            self.post_message(self.Searched(self, text))
 
     @on(Input.Submitted, "#log-search")
     def _search_submitted(self, event: Input.Submitted) -> None:
         event.stop()
-        self.query_one(RichLog).focus()
+        focus_now(self.query_one(RichLog))

@@ -11,7 +11,7 @@ from textual.widgets import Static
 
 from qiip_core.client import NodeInfo
 from qiip_tui._quads import quads_line
-from qiip_tui._render import DASH, ENGINE_LABELS, Palette, breaker_text, status_text
+from qiip_tui._render import DASH, ENGINE_LABELS, Palette, breaker_text, plural, status_text
 
 __all__ = ["NodeHeader"]
 
@@ -65,7 +65,7 @@ class NodeHeader(Static):
         text.append(f"\n{node.endpoint} · {owner} · breaker ")
         text.append_text(breaker_text(node.breaker.state, self._palette))
         if node.breaker.consecutive_failures:
-            text.append(f" ({node.breaker.consecutive_failures} failures)")
+            text.append(f" ({plural(node.breaker.consecutive_failures, 'failure')})")
         # A registry update (a drain, an undrain) carries no heartbeat: the last one known still holds, and so
         # does the gateway's own last probe when it succeeded.
         probed = node.health.last_probe_at if node.health.consecutive_failures == 0 else None

@@ -17,8 +17,9 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Label, Sparkline, Static
 
-from qiip_tui._rates import NodeRates
+from qiip_tui._rates import HISTORY_SAMPLES, NodeRates
 from qiip_tui._render import DASH, Palette, percent_text, rate_text, ttft_text
+from qiip_tui.widgets._history_sparkline import HistorySparkline
 
 __all__ = ["TrafficPanel"]
 
@@ -49,7 +50,7 @@ class TrafficPanel(Vertical):
         for key, label, _ in _SERIES:
             with Horizontal():
                 yield Label(label, classes="traffic-label")
-                yield Sparkline([], id=f"traffic-{key}")
+                yield HistorySparkline(capacity=HISTORY_SAMPLES, id=f"traffic-{key}")
 
     def show(
         self,

@@ -122,6 +122,11 @@ def test_verify_a_cache_generation_and_an_unknown_id(
     assert runner.invoke(cli, ["model", "verify", tiny.artifact_id]).exit_code == 0
     unknown = runner.invoke(cli, ["model", "verify", "f" * 64])
     assert unknown.exit_code == 1 and "No GGUF generation with artifact_id ffff" in unknown.output
+    # A copied file (not a link to a blob named by its SHA-256) cannot be checked: that is said, not a FAIL.
+    copied = next(g for g in scan_catalog(model_cache.root).gguf if g.entrypoint == "copied.gguf")
+    unchecked = runner.invoke(cli, ["model", "verify", copied.artifact_id])
+    assert unchecked.exit_code == 2 and "FAIL" not in unchecked.output
+    assert "??    copied.gguf" in unchecked.output and "1 file(s) cannot be checked (copied.gguf)" in unchecked.output
 
 
 def test_a_download_stopped_with_ctrl_c_or_killed_leaves_no_partial_blob(tmp_path: Path) -> None:

@@ -119,6 +119,9 @@ def test_a_client_leaving_mid_stream_counts_neither_way(fault_daemon: Daemon, ba
     labels = {"model": model, "node": node}
     assert fault_daemon.counter("qiip_request_errors_total", code="client_disconnected", **labels) == 1
     assert fault_daemon.counter("qiip_time_to_first_token_seconds_count", **labels) == 2
+    # The console's error share: the cut stream is the model's error, a client that went away is not.
+    by_model = fault_daemon.admin.get("/admin/metrics").json()["by_model"][model]
+    assert by_model["requests"] == 2 and by_model["errors"] == 1
 
 
 def test_refusals_are_accounted_without_the_model_or_a_node(

@@ -211,6 +211,28 @@ def test_metrics_count_a_nodes_failed_attempts_and_when_its_last_error_was_seen(
     assert view["slots"] is None  # not a llama.cpp node
 
 
+def test_the_only_node_of_a_model_keeps_every_failed_attempt_with_its_status_and_text(
+    fault_daemon: Daemon, backends: Backends, model: str
+) -> None:
+    node = backends()
+    fault_daemon.add_node(f"{model}-only", node.url, model)
+    node.push(Status(500, body=b"boom\x1b[31m"), Status(503), Status(503))
+    body = {"model": model, "messages": []}
+    # No other node answers: the 5xx count against no breaker, but each one is the node's error.
+    statuses = [
+        httpx.post(fault_daemon.url + "/v1/chat/completions", json=body, timeout=30).status_code for _ in range(4)
+    ]
+    assert statuses == [500, 503, 503, 200]
+    view = fault_daemon.admin.get(f"/admin/nodes/{model}-only").json()
+    assert view["breaker"]["state"] == "closed" and view["last_error_at"] is not None
+    assert [(e["status"], e["count"]) for e in view["recent_errors"]] == [(503, 2), (500, 1)]  # newest first
+    newest, oldest = view["recent_errors"]
+    assert newest["first_at"] <= newest["at"] and "HTTP 503" in newest["error"]
+    assert "boom\\x1b[31m" in oldest["error"] and "\x1b" not in oldest["error"]  # the node's text, escaped
+    listed = next(n for n in fault_daemon.admin.get("/admin/nodes").json()["nodes"] if n["id"] == f"{model}-only")
+    assert listed["recent_errors"] == view["recent_errors"]
+
+
 def test_openapi_describes_client_and_admin_apis(fault_daemon: Daemon) -> None:
     spec = httpx.get(fault_daemon.url + "/openapi.json", timeout=30).json()
     for path in ("/v1/chat/completions", "/v1/models", "/admin/nodes", "/admin/nodes/{node_id}/drain"):

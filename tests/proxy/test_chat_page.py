@@ -413,3 +413,90 @@ def test_with_client_tokens_the_page_asks_for_one_and_keeps_it_in_the_tab(
             assert f"{daemon.url}/v1" in config and '"scripted"' in config and secret not in config
         finally:
             context.close()
+
+
+LONG_TASKS = """
+window.__longTasks = [];
+new PerformanceObserver((list) => {
+  for (const entry of list.getEntries()) window.__longTasks.push(entry.duration);
+}).observe({ type: "longtask", buffered: true });
+"""
+"""Records every task that held the page's main thread more than 50 ms (the Long Tasks API)."""
+
+EXTREME_TASK_MS = 400
+"""A task that holds the page this long (24 frames) is one a reader sees as a freeze."""
+
+
+def _long_answer(target_bytes: int) -> list[str]:
+    """Pieces of a Markdown answer of about `target_bytes`: paragraphs, lists, and code blocks with blank lines in
+    them, cut into pieces of about 100 bytes as a model streams them."""
+    section = (
+        "## Step {n}\n\nThe node answers **every** request, and the gateway relays it to the client as it comes; "
+        "a slow node holds only its own slot.\n\n- first, the request is read\n- then a node is chosen\n- then "
+        "it is forwarded\n\n```python\ndef step_{n}(request):\n    node = choose(request)\n\n    return forward("
+        "node, request)\n```\n\n"
+    )
+    text = ""
+    n = 0
+    while len(text) < target_bytes:
+        text += section.format(n=n)
+        n += 1
+    return [text[i : i + 100] for i in range(0, len(text), 100)]
+
+
+def test_a_200_kb_answer_renders_as_it_streams_without_holding_the_page(
+    page: Page, daemon: Daemon, fault: FaultBackend
+) -> None:
+    pieces = _long_answer(200_000)
+    fault.reset()
+    fault.push(Sse(events=events(*pieces), delay_between_s=0.004))
+    page.add_init_script(LONG_TASKS)
+    open_chat(page, daemon, "scripted")
+    send(page, "explain the gateway at length")
+    # A cheap check twice a second: Playwright's polling of a locator forces style and layout in the page, which
+    # would count among the page's long tasks.
+    page.wait_for_function(
+        "() => document.querySelector('#messages .turn:last-child')?.classList.contains('done')",
+        polling=500,
+        timeout=120_000,
+    )
+    markdown = page.locator("#messages .turn").last.locator(".markdown")
+    answer = "".join(pieces)
+    assert markdown.locator("h2").count() == answer.count("## ")
+    assert markdown.locator("pre code").count() == answer.count("```") // 2
+    assert (markdown.locator("pre code").first.text_content() or "").startswith("def step_0(request):\n")
+    long_tasks: list[float] = page.evaluate("window.__longTasks")
+    # Re-rendering the whole answer on every frame held the page in tasks of seconds by the end (15 over 300 ms,
+    # the longest 3.3 s, on this machine); rendering only what changed leaves none that long.
+    extreme = [round(duration) for duration in long_tasks if duration > EXTREME_TASK_MS]
+    assert extreme == [], f"{len(long_tasks)} long tasks, the longest {sorted(long_tasks)[-5:]} ms"
+
+
+def test_escape_stops_the_answer_being_written(page: Page, daemon: Daemon, fault: FaultBackend) -> None:
+    fault.reset()
+    fault.push(Sse(events=events("never ", "shown"), delay_first_event_s=60))
+    open_chat(page, daemon, "scripted")
+    send(page, "a question")
+    fault.wait_for_requests(1, path="/v1/chat/completions")
+    page.keyboard.press("Escape")
+    stopped = page.locator("#messages .turn").last
+    expect(stopped).to_have_class(re.compile(r"\bstopped\b"))
+    expect(page.locator("#stop")).to_be_disabled()
+
+
+def test_the_model_list_follows_the_fleet_without_a_reload(page: Page, daemon: Daemon) -> None:
+    with FaultBackend(model="joining") as joining:
+        open_chat(page, daemon, "scripted")
+        daemon.add_node("joining", joining.url, "joining")
+        # The page reads the list every five seconds: the new model joins it.
+        expect(page.locator("#model option[value='joining']")).to_have_count(1, timeout=30_000)
+        page.select_option("#model", "joining")
+        daemon.remove_node("joining")
+        daemon.wait_gone("joining")
+        expect(page.locator("#model option[value='joining']")).to_have_count(0, timeout=30_000)
+        expect(page.locator("#notice")).to_have_text("joining is no longer served; choose a model.")
+        page.fill("#prompt", "to nobody")
+        expect(page.locator("#send")).to_be_disabled()  # never to another model behind the reader's back
+        page.select_option("#model", "scripted")
+        expect(page.locator("#send")).to_be_enabled()
+        expect(page.locator("#notice")).to_be_hidden()

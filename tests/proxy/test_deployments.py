@@ -302,3 +302,5 @@ def test_deleting_drains_and_tears_down_every_replica(fleet: Fleet) -> None:
         if host.address in hosts:
             pid = host.engine_pid("llamacpp")
             assert pid is None or not alive(pid), f"{host.address}'s engine still runs"
+    log = fleet.daemon.log()
+    assert "Traceback" not in log and "a deployment pass failed" not in log, log[-4000:]

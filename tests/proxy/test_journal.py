@@ -89,7 +89,7 @@ def test_a_node_whose_backend_dies_turns_unhealthy_with_the_probe_failure(daemon
         backend.close()
     change = wait_entry(daemon, node="ext-dying", event="status", to="unhealthy")
     assert change["from"] == "healthy"
-    assert "failed health probes" in change["reason"]
+    assert "failed health probe" in change["reason"]
     daemon.remove_node("ext-dying")
 
 

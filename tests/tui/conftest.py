@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 import pytest
 from pydantic import SecretStr
+from textual import events
 from textual.pilot import Pilot
 from textual.screen import Screen
 from textual.widgets import Input
@@ -96,3 +97,22 @@ async def screen_of(pilot: Pilot[Any], kind: type[ScreenT], timeout_s: float = 1
     screen = app.screen
     assert isinstance(screen, kind)
     return screen
+
+
+_CHARACTERS = {"backspace": "\x7f", "space": " ", "enter": "\r", "tab": "\t", "escape": "\x1b"}
+
+
+async def burst(pilot: Pilot[Any], *keys: str) -> None:
+    """Send `keys` the way one read from the terminal delivers them: all at once, with no pause between them for
+    the app to act on the first before the next arrives (`Pilot.press` waits after each). Then let the app finish.
+    """
+    app = pilot.app
+    driver = app._driver
+    assert driver is not None
+    for key in keys:
+        character = _CHARACTERS.get(key, key if len(key) == 1 else None)
+        event = events.Key(key, character)
+        event.set_sender(app)
+        driver.send_message(event)
+    await pilot.pause()
+    await pilot.pause()

@@ -33,7 +33,7 @@ async def open_chat(pilot: Pilot[None], model: str) -> ChatScreen:
 async def test_a_turn_streams_from_a_llama_cpp_node(console_daemon: Daemon) -> None:
     app = QiipConsole(config_for(console_daemon), chat_max_tokens=12)
     async with app.run_test(size=(100, 30)) as pilot:
-        await wait_for(pilot, lambda: app.connected, what="the connection")
+        await wait_for(pilot, lambda: app.connection.connected, what="the connection")
         screen = await open_chat(pilot, "tiny-chat")
         await pilot.press(*"Say hello", "enter")
         await wait_for(pilot, lambda: bool(screen.conversation.turns), what="the turn to start")
@@ -56,7 +56,7 @@ async def test_escape_cancels_a_running_stream_and_the_node_sees_the_disconnect(
     slow_backend.push(Sse(n_events=100, delay_between_s=0.1))
     app = QiipConsole(config_for(console_daemon))
     async with app.run_test(size=(100, 30)) as pilot:
-        await wait_for(pilot, lambda: app.connected, what="the connection")
+        await wait_for(pilot, lambda: app.connection.connected, what="the connection")
         screen = await open_chat(pilot, "slow-model")
         await pilot.press(*"count to a hundred", "enter")
         await wait_for(pilot, lambda: bool(screen.conversation.turns), what="the turn to start")
@@ -108,7 +108,7 @@ async def test_the_model_list_follows_the_fleet_live(console_daemon: Daemon) -> 
         try:
             app = QiipConsole(config_for(console_daemon))
             async with app.run_test(size=(100, 30)) as pilot:
-                await wait_for(pilot, lambda: app.connected, what="the connection")
+                await wait_for(pilot, lambda: app.connection.connected, what="the connection")
                 screen = await open_chat(pilot, "passing-model")
                 select = screen.query_one("#model", Select)
 
@@ -139,7 +139,7 @@ async def test_the_model_list_follows_the_fleet_live(console_daemon: Daemon) -> 
 async def test_the_message_box_keeps_the_focus(console_daemon: Daemon) -> None:
     app = QiipConsole(config_for(console_daemon), chat_max_tokens=4)
     async with app.run_test(size=(100, 30)) as pilot:
-        await wait_for(pilot, lambda: app.connected, what="the connection")
+        await wait_for(pilot, lambda: app.connection.connected, what="the connection")
         await pilot.press("c")
         screen = await screen_of(pilot, ChatScreen)
         prompt = screen.query_one("#prompt", Input)

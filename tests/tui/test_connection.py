@@ -50,17 +50,17 @@ async def test_wrong_credentials_say_so_stop_retrying_and_ask_for_the_password(t
             assert "does not try these credentials again" in _text(app, "#problem-retry")
             # With a retry delay of 50 ms, a console that kept retrying would have tried many times by now.
             await pilot.pause(0.5)
-            assert app.connection_attempt == (1, None)
+            assert app.connection.attempt == (1, None)
             password = app.screen.query_one("#login-password", Input)
             assert password.has_focus and app.screen.query_one("#login-username", Input).value == "admin"
 
             await pilot.press(*"still-wrong", "enter")
-            await wait_for(pilot, lambda: app.connection_attempt == (1, None) and _problem(app), what="a refusal")
+            await wait_for(pilot, lambda: app.connection.attempt == (1, None) and _problem(app), what="a refusal")
             assert "the password typed here" in _text(app, "#problem-title")
 
             await pilot.press(*"test-password", "enter")
             await wait_for(pilot, lambda: isinstance(app.screen, FleetScreen), what="the fleet screen")
-            assert app.connected and app.connection_problem is None
+            assert app.connection.connected and app.connection.problem is None
 
 
 async def test_the_console_recovers_by_itself_when_the_daemon_comes_up(tmp_path: Path) -> None:
@@ -73,7 +73,7 @@ async def test_the_console_recovers_by_itself_when_the_daemon_comes_up(tmp_path:
             starter.start()
             await wait_for(pilot, lambda: not starter.is_alive(), timeout_s=40, what="the daemon to start")
             await wait_for(pilot, lambda: isinstance(app.screen, FleetScreen), what="the fleet screen")
-            assert app.connected and app.connection_problem is None
+            assert app.connection.connected and app.connection.problem is None
     finally:
         daemon.close()
 

@@ -57,9 +57,9 @@ async def test_drain_from_the_node_screen_after_confirming(console_daemon: Daemo
         await pilot.press("down", "enter")
         await screen_of(pilot, NodeScreen)
         screen = app.screen
-        assert isinstance(screen, NodeScreen) and screen.node_id == "chat-b" and app.selected_node == "chat-b"
+        assert isinstance(screen, NodeScreen) and screen.node_id == "chat-b" and app.selection.node == "chat-b"
 
-        await pilot.press("d")
+        await pilot.press("D")
         await screen_of(pilot, ConfirmModal)
         await pilot.press("n")
         await pilot.pause(0.3)
@@ -100,7 +100,7 @@ async def test_keyboard_first_palette_key_map_and_screen_keys(console_daemon: Da
     async with app.run_test(size=(120, 36)) as pilot:
         await wait_for(pilot, lambda: len(rows(app)) == 3, what="the nodes")
         await pilot.press("down")
-        await wait_for(pilot, lambda: app.selected_node == "chat-b", what="chat-b selected")
+        await wait_for(pilot, lambda: app.selection.node == "chat-b", what="chat-b selected")
 
         titles = [c.title for c in app.get_system_commands(app.screen)]
         titles += [c.name for c in console_commands(app)]
@@ -124,7 +124,8 @@ async def test_keyboard_first_palette_key_map_and_screen_keys(console_daemon: Da
         assert keys.title_text == "fleet"
         for row in [
             ("/", "Filter", "this screen"),
-            ("d", "Drain", "this screen"),
+            ("d", "Describe", "this screen"),
+            ("D", "Drain", "this screen"),
             ("s", "Sort", "this table"),
             ("⏎", "Open", "this table"),
             ("↓ / j", "Down", "this table"),

@@ -151,7 +151,7 @@ async def test_stale_data_is_dimmed_and_dated_and_refreshed_after_reconnecting(
         assert "● live" in _summary(app) and not table.has_class("-stale")
 
         await in_thread(daemon.stop)
-        await wait_for(pilot, lambda: not app.connected, what="the outage")
+        await wait_for(pilot, lambda: not app.connection.connected, what="the outage")
         app.switch_mode("fleet")
         await wait_for(pilot, lambda: "○ not connected · data from" in _summary(app), what="the stale summary")
         table = app.screen.query_one(FleetTable)
@@ -163,7 +163,7 @@ async def test_stale_data_is_dimmed_and_dated_and_refreshed_after_reconnecting(
         starter = threading.Thread(target=daemon.start)
         starter.start()
         await wait_for(pilot, lambda: not starter.is_alive(), timeout_s=40, what="the daemon to start")
-        await wait_for(pilot, lambda: app.connected, timeout_s=20, what="the reconnection")
+        await wait_for(pilot, lambda: app.connection.connected, timeout_s=20, what="the reconnection")
         app.switch_mode("fleet")
         table = app.screen.query_one(FleetTable)
         await wait_for(pilot, lambda: "dead" not in _rows(table), what="the refreshed fleet")

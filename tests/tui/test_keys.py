@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 from textual.pilot import Pilot
-from textual.widgets import DataTable, Input
+from textual.widgets import DataTable, Input, RichLog
 from textual.widgets._footer import FooterKey
 
 from qiip_tui import QiipConsole
@@ -21,10 +21,10 @@ from qiip_tui.screens import (
     ModelsScreen,
     NodeScreen,
 )
-from qiip_tui.widgets import ConsoleTable, FleetTable
+from qiip_tui.widgets import ConsoleTable, FleetTable, LogView
 from tests.support.daemon import Daemon
-from tests.tui.conftest import config_for, screen_of, wait_for
-from tests.tui.fakes import SAMPLE_METRICS, FakeModelsClient, FakeProvisioningClient, sample_fleet
+from tests.tui.conftest import burst, config_for, screen_of, wait_for
+from tests.tui.fakes import SAMPLE_METRICS, FakeLogsClient, FakeModelsClient, FakeProvisioningClient, sample_fleet
 from tests.tui.test_fleet import rows
 
 NODES = ["chat-a", "chat-b", "slow"]
@@ -108,7 +108,7 @@ async def test_table_keys_move_the_cursor_first_last_and_by_one(console_daemon: 
             await pilot.press(key)
             assert table.cursor_row == row, key
         assert table.scroll_x == 0
-        await wait_for(pilot, lambda: app.selected_node == "chat-b", what="chat-b selected")
+        await wait_for(pilot, lambda: app.selection.node == "chat-b", what="chat-b selected")
 
 
 @pytest.mark.integration
@@ -271,3 +271,34 @@ async def test_home_and_end_move_the_cursor_and_do_not_scroll_a_wide_table_sidew
         assert (table.cursor_row, table.scroll_x) == (7, 0)
         await pilot.press("home")
         assert (table.cursor_row, table.scroll_x) == (0, 0)
+
+
+async def test_keys_act_on_the_pane_shown_and_each_panes_key_map_lists_its_own() -> None:
+    app = canned(FakeLogsClient(sample_fleet(), metrics=SAMPLE_METRICS))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await screen_of(pilot, FleetScreen)
+        await wait_for(pilot, lambda: len(app.fleet.nodes) == 8, what="the fleet")
+        await pilot.press("l")
+        logs = await screen_of(pilot, LogsScreen)
+        # The engine pane, its first node's log, and a search typed in one burst: `s` is no setup here.
+        await burst(pilot, "2", "enter", "slash", "s", "l", "o", "t")
+        engine = logs.query_one("#engine-log", LogView)
+        await wait_for(pilot, lambda: engine.search_text == "slot", what="the search")
+        assert app.screen is logs and len(engine.query_one(RichLog).lines) == 1
+
+        async def key_map() -> set[str]:
+            await pilot.press("question_mark")
+            shown = await screen_of(pilot, HelpScreen)
+            await pilot.press("escape")
+            await screen_of(pilot, LogsScreen)
+            return {action for _, action, _ in shown.rows}
+
+        await pilot.press("escape", "1")
+        timeline = await key_map()
+        assert "Set up" not in timeline and "Power off" not in timeline
+        await pilot.press("s", "t")
+        assert app.screen is logs  # the provisioning pane's keys do nothing on the timeline
+        await pilot.press("3")
+        provisioning = await key_map()
+        assert {"Set up", "Cancel", "Tear down", "Power on", "Power off", "Restart"} <= provisioning
+        assert {"Search the log", "Pause/follow"} <= provisioning  # the host log's, from its table

@@ -55,7 +55,9 @@ async def test_a_setup_from_the_console_shows_its_task_and_live_log(refusing_dae
     async with app.run_test(size=(120, 36)) as pilot:
         await pilot.press("l")
         screen = await screen_of(pilot, LogsScreen)
-        await pilot.press("s")
+        await pilot.press("s")  # the provisioning pane's key: nothing on the timeline
+        assert isinstance(app.screen, LogsScreen)
+        await pilot.press("3", "s")
         form = await screen_of(pilot, SetupModal)
         form.query_one("#setup-host", Input).value = HOST
         form.query_one("#setup-model", Input).value = "tiny.gguf"
@@ -104,7 +106,7 @@ async def test_the_setup_form_sends_its_sizing_and_the_daemon_answers_with_the_f
     async with app.run_test(size=(120, 36)) as pilot:
         await pilot.press("l")
         await screen_of(pilot, LogsScreen)
-        await pilot.press("s")
+        await pilot.press("3", "s")  # host keys act on the provisioning pane
         form = await screen_of(pilot, SetupModal)
         form.query_one("#setup-host", Input).value = HOST
         form.query_one("#setup-engine", Select).value = "llama.cpp"
@@ -127,13 +129,13 @@ async def test_refused_host_actions_name_the_host_and_the_reason(refusing_daemon
     app = QiipConsole(config_for(refusing_daemon), node_poll_s=0.2)
     async with app.run_test(size=(120, 36)) as pilot:
         await pilot.press("l")
-        screen = await screen_of(pilot, LogsScreen)
-        app.selected_host = HOST
+        await screen_of(pilot, LogsScreen)
+        app.selection.host = HOST
         names = {command.name for command in console_commands(app)}
         assert {f"Cancel provisioning {HOST}", f"Tear down {HOST}", f"Power off {HOST}", "Set up a host"} <= names
 
-        screen.query_one("#tasks", DataTable).focus()
-        app.selected_host = HOST
+        await pilot.press("3")
+        app.selection.host = HOST
         await pilot.press("o")
         assert (await screen_of(pilot, ConfirmModal)).question == f"Power on {HOST}?"
         await pilot.press("y")

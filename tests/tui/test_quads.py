@@ -81,6 +81,15 @@ def test_host_names_and_gpus_are_shortened_for_the_summary() -> None:
     named = {"vendor": "NVIDIA", "product": "NVIDIA A100 80GB", "count": 4}
     assert (gpus_label(named), gpus_label(named, full=True)) == ("4× A100", "4× NVIDIA A100 80GB")
     assert gpus_label({"count": 2}) == "2 GPUs" and gpus_label({}) == ""
+    # The model stays: not the product line's name, the memory or the form factor.
+    for vendor, product, short in [
+        ("AMD", "Instinct MI300X", "2× MI300X"),
+        ("NVIDIA", "GeForce RTX 4090", "2× RTX 4090"),
+        ("NVIDIA", "RTX A6000", "2× RTX A6000"),
+        ("NVIDIA", "H100 NVL", "2× H100"),
+        ("AMD", "AMD Instinct MI210 64GB", "2× MI210"),
+    ]:
+        assert gpus_label({"vendor": vendor, "product": product, "count": 2}) == short
 
 
 def test_the_summary_line_names_the_next_return_then_the_hosts_not_provisioned() -> None:
@@ -98,6 +107,17 @@ def test_the_summary_line_names_the_next_return_then_the_hosts_not_provisioned()
     line = quads_summary(lent(), urgent, NOW, PALETTE)
     assert line is not None
     assert line.plain == "QUADS: next return gpu03 in 2h 14m, inside the lookahead · every lent host is a node"
+
+    # A host reserved for another tenant is no host to set up: listed apart, with whom it goes to.
+    taken = view(
+        "gpu09.lab",
+        available=False,
+        next_reservation={"start": NOW.isoformat(), "end": NOW.isoformat(), "owner": "erin"},
+    )
+    line = quads_summary(lent(view("gpu07.lab"), taken), urgent, NOW, PALETTE)
+    assert line is not None and line.plain.endswith(
+        "· 1 host not provisioned: gpu07 8× H100 · 1 reserved for others: gpu09 (erin)"
+    )
     assert styles_of(line, "next return") == {"yellow"}
     line = quads_summary(lent(), urgent, NOW + timedelta(hours=3), PALETTE)
     assert line is not None and "next return gpu03 now" in line.plain and styles_of(line, "next return") == {"red"}

@@ -48,8 +48,15 @@ def test_rows_follow_llmfits_ranking_and_mark_the_catalog() -> None:
     first = dict(zip(RECOMMENDATION_COLUMNS, rows[0], strict=True))
     assert first["Model"] == "mattbucci/gemma-4-12B-AWQ" and first["Runtime"] == "vLLM"
     assert first["Memory"] == "9.5 GiB" and first["Catalog"] == "in catalog"
-    assert rows[1][2] == "llama.cpp" and rows[1][6] == "—" and rows[1][7] == ""
+    second = marked.recommendations[1]
+    assert rows[1][2] == "llama.cpp" and rows[1][6] == "—"
+    assert rows[1][7] == ("no GGUF source" if second.lacks_gguf else "")
     assert catalog_mark(marked.recommendations[4]) == "GGUF in catalog"
+    # A llama.cpp model with no GGUF to serve it from is flagged; one whose repository is a GGUF one is not.
+    bare = second.model_copy(update={"runtime": "llama_cpp", "gguf_sources": (), "repo": "org/model"})
+    assert catalog_mark(bare) == "no GGUF source"
+    assert catalog_mark(bare.model_copy(update={"repo": "org/model-GGUF"})) == ""
+    assert catalog_mark(bare.model_copy(update={"runtime": "vllm"})) == ""
     line = hardware_line(marked)
     assert line.startswith(f"Profile {GPU_PROFILE} · ") and "RAM 115/128 GiB unified" in line
     assert "1 × User-specified GPU, VRAM 128 GiB" in line and line.endswith("llmfit 1.1.17")

@@ -23,6 +23,7 @@ from qiip_tui.screens import (
     CommandLine,
     ConfirmModal,
     ConnectionScreen,
+    DescribeScreen,
     DownloadModal,
     FleetScreen,
     HelpScreen,
@@ -76,7 +77,7 @@ async def fleet_ready(pilot: Pilot[Any]) -> None:
     await screen_of(pilot, FleetScreen)
     await wait_for(pilot, lambda: len(app.fleet.nodes) == 8 and bool(app.fleet.ttft_p50_s), what="the fleet")
     # The second poll, which gives the rates.
-    app._poll_metrics()
+    app.feed.poll_metrics()
     await wait_for(pilot, lambda: app.fleet.requests_per_s is not None, what="the rates")
     await pilot.pause()
 
@@ -137,7 +138,7 @@ def test_fleet_stale_after_a_disconnect(snap_compare: Snap, size: tuple[int, int
     async def disconnect(pilot: Pilot[Any]) -> None:
         app = pilot.app
         assert isinstance(app, QiipConsole)
-        app.retry_delays_s = (60.0,)
+        app.connection.retry_delays_s = (60.0,)
         client = app.client
         assert isinstance(client, FakeClient)
         client.fail = DaemonUnreachable("The daemon at http://127.0.0.1:8080 does not answer.")
@@ -162,8 +163,20 @@ def test_node_with_an_error(snap_compare: Snap, size: tuple[int, int]) -> None:
 
 
 @pytest.mark.parametrize("size", SIZES)
+def test_describe(snap_compare: Snap, size: tuple[int, int]) -> None:
+    steps = then(keys("slash", *"gpu04", "enter", "d"), shows(DescribeScreen))
+    assert snap_compare(console(), terminal_size=size, run_before=steps)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_fleet_marked_and_one_confirmation_for_all(snap_compare: Snap, size: tuple[int, int]) -> None:
+    steps = then(keys("space", "space", "down", "space"), keys("D"), shows(ConfirmModal))
+    assert snap_compare(console(), terminal_size=size, run_before=steps)
+
+
+@pytest.mark.parametrize("size", SIZES)
 def test_confirm_drain(snap_compare: Snap, size: tuple[int, int]) -> None:
-    steps = then(keys("slash", *"gpu02", "enter", "enter"), shows(NodeScreen), keys("d"), shows(ConfirmModal))
+    steps = then(keys("slash", *"gpu02", "enter", "enter"), shows(NodeScreen), keys("D"), shows(ConfirmModal))
     assert snap_compare(console(), terminal_size=size, run_before=steps)
 
 
@@ -266,7 +279,7 @@ def test_provisioning_log_search(snap_compare: Snap, size: tuple[int, int]) -> N
 def test_setup_form(snap_compare: Snap, size: tuple[int, int]) -> None:
     async def form(pilot: Pilot[Any]) -> None:
         await screen_of(pilot, LogsScreen)
-        await pilot.press("s")
+        await pilot.press("3", "s")
         await screen_of(pilot, SetupModal)
 
     client = FakeProvisioningClient(sample_fleet(), metrics=SAMPLE_METRICS)
@@ -331,7 +344,7 @@ def test_connection(snap_compare: Snap, size: tuple[int, int], error: ClientErro
         screen = await screen_of(pilot, ConnectionScreen)
         await wait_for(pilot, lambda: bool(str(screen.query_one("#problem-retry").render())))
 
-    app.retry_delays_s = (60.0,)
+    app.connection.retry_delays_s = (60.0,)
     assert snap_compare(app, terminal_size=size, run_before=problem)
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from qiip_core import ModelNotFound, ModelUnavailable, NoNodes
 from qiip_core.nodes import Node, NodeCapabilities, NodeStatus
-from qiip_core.routing import BreakerPolicy, ChangeKind, ExpectedModel, RoutingTable, TableChange
+from qiip_core.routing import RECENT_ERRORS, BreakerPolicy, ChangeKind, ExpectedModel, RoutingTable, TableChange
 
 
 def node(node_id: str, model: str = "m", status: NodeStatus = NodeStatus.HEALTHY, **kw: object) -> Node:
@@ -106,6 +106,28 @@ def test_delete_drains_until_the_last_request_ends() -> None:
     assert [c.kind for c in changes] == [ChangeKind.UPDATED, ChangeKind.REMOVED]
     table.apply_delete("b")
     assert len(table) == 0
+
+
+def test_a_nodes_error_record_counts_repeats_keeps_the_newest_and_is_shared_with_the_breaker() -> None:
+    table = table_with(node("a"))
+    state = table.get("a")
+    assert state is not None
+    state.note_error("the node answered HTTP 500.", status=500)
+    state.note_error("the node answered HTTP 500.", status=500)
+    table.record_failure("a", "connection refused")
+    with table.reserve("m") as reservation:
+        reservation.note_error("the node answered HTTP 503.", status=503)
+        reservation.record_failure("the node answered HTTP 503.", noted=True)  # counted, not noted twice
+    views = state.error_views()
+    assert [(v["status"], v["error"], v["count"]) for v in views] == [
+        (503, "the node answered HTTP 503.", 1),
+        (None, "connection refused", 1),
+        (500, "the node answered HTTP 500.", 2),
+    ]
+    assert state.breaker.consecutive_failures == 2 and state.last_error == "the node answered HTTP 503."
+    for n in range(RECENT_ERRORS + 5):
+        state.note_error(f"error {n}")
+    assert len(state.recent_errors) == RECENT_ERRORS and state.error_views()[0]["error"] == f"error {RECENT_ERRORS + 4}"
 
 
 def test_an_open_breaker_keeps_ordinary_traffic_away_without_demoting_the_node() -> None:
