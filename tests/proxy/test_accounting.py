@@ -113,7 +113,7 @@ def test_a_client_leaving_mid_stream_counts_neither_way(fault_daemon: Daemon, ba
             piece = sock.recv(65536)
             assert piece, received
             received += piece
-    backend.wait_for_disconnect(timeout_s=5)
+    backend.wait_for_disconnect()
     wait_until(lambda: fault_daemon.in_flight(node) == 0, 5, "the reservation to be released")
     assert failures(fault_daemon, node) == 1
     labels = {"model": model, "node": node}

@@ -76,6 +76,7 @@ _ARGUMENTS: dict[str, Any] = {
     "expected": "a",
     "actual": "b",
     "field": "slots",
+    "name": "qwen",
     "path": Path("model.gguf"),
     "rolled_back": False,
     "attempts": 2,

@@ -16,6 +16,7 @@ from textual.screen import Screen
 from textual.widgets import Input
 
 from qiip_core.client import ConsoleConfig
+from qiip_tui import QiipConsole
 from tests.support.daemon import Daemon, llama_daemon_with
 from tests.support.fault_backend import FaultBackend
 
@@ -37,6 +38,12 @@ def config_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def steady_cursor(monkeypatch: pytest.MonkeyPatch) -> None:
     """Inputs show their cursor without blinking, so a screenshot does not depend on when it is taken."""
     monkeypatch.setattr(Input, "_toggle_cursor", lambda self: None)
+
+
+@pytest.fixture(autouse=True)
+def lasting_notifications(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Notifications stay until the test looks: on a busy machine a test may reach its check after 5 s."""
+    monkeypatch.setattr(QiipConsole, "NOTIFICATION_TIMEOUT", 3600.0)
 
 
 def config_for(daemon: Daemon, *, password: str = "test-password") -> ConsoleConfig:

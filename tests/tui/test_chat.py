@@ -65,7 +65,7 @@ async def test_escape_cancels_a_running_stream_and_the_node_sees_the_disconnect(
         await pilot.press("escape")
         await wait_for(pilot, lambda: turn.state is TurnState.CANCELLED, what="the turn to be cancelled")
         chat = next(i for i, r in enumerate(slow_backend.requests) if r.path == "/v1/chat/completions")
-        await in_thread(lambda: slow_backend.wait_for_disconnect(chat, timeout_s=10))
+        await in_thread(lambda: slow_backend.wait_for_disconnect(chat))
         partial = turn.answer
         assert partial.startswith("tok0 tok1 tok2 ") and len(partial.split()) < 100
         shown = str(screen.query_one(Transcript).children[0].render())

@@ -70,7 +70,7 @@ async def test_chat_streams_and_cancelling_closes_the_node_request(daemon: tuple
         assert "".join(d.content for d in deltas) == "tok0 tok1 tok2 tok3 tok4 "
         # The first piece names the node that answered (X-QIIP-Node); the others do not repeat it.
         assert [d.node for d in deltas] == ["n1"] + [None] * (len(deltas) - 1)
-        backend.push(Sse(n_events=100, delay_between_s=0.1))
+        backend.push(Sse(n_events=1_000, delay_between_s=0.1))  # outlasts any wait for the disconnect
         stream = qiip.chat_stream("m", [{"role": "user", "content": "hi"}])
         assert (await anext(stream)).content
         await stream.aclose()

@@ -158,12 +158,13 @@ class FaultBackend:
                 raise TimeoutError(f"The backend received {got} of the {n} awaited requests in {timeout_s} s.")
             return [replace(record) for record in matching()]
 
-    def wait_for_disconnect(self, index: int = -1, timeout_s: float = 5.0) -> float:
-        """Wait until the client of request `index` goes away while the backend is answering it.
+    def wait_for_disconnect(self, index: int | None = None, timeout_s: float = 30.0) -> float:
+        """Wait until the client of a request goes away while the backend is answering it.
 
         Args:
-            index: position in `requests` (-1 is the latest request at each check).
-            timeout_s: seconds to wait at most.
+            index: position in `requests`; None (the default) is the latest inference request at each check, so
+                the gateway's health probes arriving meanwhile do not count.
+            timeout_s: seconds to wait at most (a bound for a busy machine, not an expectation).
 
         Returns:
             The `time.monotonic()` of the disconnect.
@@ -173,6 +174,9 @@ class FaultBackend:
         """
 
         def disconnected_at() -> float | None:
+            if index is None:
+                inference = [r for r in self._records if r.path.split("?", 1)[0] in INFERENCE_PATHS]
+                return inference[-1].disconnected_at if inference else None
             try:
                 return self._records[index].disconnected_at
             except IndexError:
@@ -180,7 +184,8 @@ class FaultBackend:
 
         with self._cond:
             if not self._cond.wait_for(lambda: disconnected_at() is not None, timeout_s):
-                raise TimeoutError(f"The client of request {index} did not disconnect within {timeout_s} s.")
+                which = "the latest inference request" if index is None else f"request {index}"
+                raise TimeoutError(f"The client of {which} did not disconnect within {timeout_s} s.")
             at = disconnected_at()
             assert at is not None
             return at
