@@ -51,7 +51,7 @@ class Demand:
 
 def metric_of(policy: Autoscale, demand: Demand, replicas: int) -> float | None:
     """The value of `policy.metric` for `demand` over `replicas` ready replicas (None when it cannot be measured:
-    no replica, or no slot reported for a per-slot metric).
+    no replica ready, or no slot reported for a per-slot metric).
 
     Args:
         policy: the deployment's autoscale settings.
@@ -61,14 +61,16 @@ def metric_of(policy: Autoscale, demand: Demand, replicas: int) -> float | None:
     Returns:
         The metric.
     """
+    if replicas == 0:
+        return None  # nothing serves: the load cannot be read against capacity (scale from zero asks for one)
     if policy.metric == "queued":
         return float(demand.queued)
     if policy.metric == "ttft_p90_s":
         return demand.ttft_p90_s
     waiting = demand.in_flight + demand.queued
     if policy.metric == "in_flight_per_slot":
-        return waiting / demand.slots if demand.slots > 0 else (float(waiting) if replicas == 0 else None)
-    return waiting / replicas if replicas > 0 else float(waiting)
+        return waiting / demand.slots if demand.slots > 0 else None
+    return waiting / replicas
 
 
 def autoscale(
@@ -106,7 +108,11 @@ def autoscale(
     if policy.min == 0 and replicas == 0 and (demand.queued > 0 or demand.in_flight > 0):
         count, reason = 1, f"{demand.queued + demand.in_flight} request(s) wait for a model at zero replicas"
     elif metric is None:
-        reason = "no measurement yet (no replica serves, or none reports its slots)"
+        reason = (
+            "replicas are starting: the load is measured once one serves"
+            if replicas > 0 and ready == 0
+            else "no measurement (no replica serves, or none reports its slots)"
+        )
     elif above_since is not None:
         wanted = min(policy.max, max(replicas + 1, math.ceil(max(replicas, 1) * metric / policy.target)))
         held = (now - above_since).total_seconds()
