@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+from pydantic import ValidationError
 
 from qiip_cli._context import CliContext, pass_cli
 from qiip_core import DeploymentInvalid, QiipError
 from qiip_core.client import ApiError, QiipClient, load_console_config
+from qiip_core.config import HostSpec
 from qiip_core.deployments import parse_spec
 
 __all__ = ["deploy", "host"]
@@ -52,9 +54,7 @@ def _call(
 
         return asyncio.run(run())
     except ApiError as exc:
-        if exc.violations:
-            _fail([f"{v.get('field')}: {v.get('message')}" for v in exc.violations])
-        _fail([exc.message])
+        _fail(exc.lines())
     except QiipError as exc:
         _fail([exc.message])
     raise AssertionError("unreachable")  # pragma: no cover
@@ -96,7 +96,7 @@ def apply(ctx: CliContext, path: Path, generation: int | None, url: str | None) 
     try:
         parse_spec(data)
     except DeploymentInvalid as exc:
-        _fail([f"{path}: {v.field}: {v.message}" for v in exc.violations] or [exc.message])
+        _fail([f"{path}: {v.line()}" for v in exc.violations] or [f"{path}: {exc.message}"])
     result = _call(ctx, url, lambda c: c.apply_deployment(data, generation=generation), timeout_s=120.0)
     name, gen = result["name"], result["generation"]
     if not result.get("changed", True):
@@ -323,6 +323,14 @@ def host() -> None:
     """The host pool deployments place replicas on."""
 
 
+def _field_line(error: Any) -> str:
+    """One line of a pydantic error: the field (as the option that sets it) and the reason."""
+    field = ".".join(str(p) for p in error["loc"]) or "host"
+    option = {"name": "NAME", "labels": "--label", "gpus": "--gpu", "memory_mib": "--memory-mib"}
+    head = option.get(str(error["loc"][0]), field) if error["loc"] else field
+    return f"{head} ({field}): {str(error['msg']).removeprefix('Value error, ')}"
+
+
 def _gpus(values: tuple[str, ...]) -> list[dict[str, Any]]:
     found = []
     for value in values:
@@ -358,6 +366,10 @@ def add_host(
         body["gpus"] = _gpus(gpus)
     if memory_mib is not None:
         body["memory_mib"] = memory_mib
+    try:
+        HostSpec.model_validate(body)  # the daemon's rules, checked before anything is sent
+    except ValidationError as exc:
+        _fail([_field_line(error) for error in exc.errors()])
     added = _call(ctx, url, lambda c: c.add_host(body))
     click.echo(f"{added['name']} is in the pool")
 

@@ -20,3 +20,11 @@ class Violation:
     """The policy field at fault (`context_per_slot`, …)."""
     message: str
     """A full sentence: what is wrong and what is allowed."""
+
+    def line(self) -> str:
+        """One line naming the field once: the message when it starts with the field (`replicas: …`, `name must
+        be …`), else `field: message`."""
+        message = " ".join(self.message.split())
+        if message == self.field or message.startswith((f"{self.field} ", f"{self.field}:")):
+            return message
+        return f"{self.field}: {message}"

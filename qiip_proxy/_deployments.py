@@ -246,7 +246,8 @@ async def add_host(request: Request) -> JSONResponse:
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"]) or "body"
-        raise AdminError(422, f"Not a host: {field}: {first['msg']}.", "invalid_host", field) from None
+        reason = str(first["msg"]).removeprefix("Value error, ")
+        raise AdminError(422, f"Not a host: {field}: {reason}.", "invalid_host", field) from None
     return JSONResponse(host.model_dump(mode="json"), status_code=201)
 
 

@@ -28,6 +28,7 @@ import httpx
 import httpx_sse
 
 from qiip_core._errors import QiipError
+from qiip_core._violation import Violation
 from qiip_core.client._config import ConsoleConfig
 from qiip_core.client._views import ChatDelta, HealthView, LentHosts, NodeEvent, NodeInfo, OperationInfo
 
@@ -98,6 +99,15 @@ class ApiError(ClientError):
         self.code = code
         self.violations = violations
         self.param = param
+
+    def lines(self) -> list[str]:
+        """One line per field at fault, the field named once (`source.artifact: No GGUF generation …`), or the
+        message when the daemon gave no violations (led by the field it named when it refused the input itself,
+        400 or 422; a missing thing, 404, is named by its message)."""
+        if self.violations:
+            return [Violation(str(v.get("field", "?")), str(v.get("message", ""))).line() for v in self.violations]
+        message = " ".join(self.message.split())
+        return [Violation(self.param, message).line() if self.param and self.status in (400, 422) else message]
 
 
 class QiipClient:
