@@ -128,6 +128,18 @@ def test_a_rollout_surges_one_replica_and_retires_an_old_one_only_once_the_new_o
     assert len(retired) == 1 and not retired[0].force and "rollout" in retired[0].reason
 
 
+def test_a_rollout_counts_a_draining_replica_against_the_surge_until_it_is_gone() -> None:
+    old = deployment(2, artifact="a" * 64)
+    new = deployment(2, artifact="b" * 64, generation=2)
+    hosts = [host("h1"), host("h2"), host("h3"), host("h4")]
+    draining = replica("h1", old.template.hash, ReplicaState.DRAINING)
+    serving = [replica("h2", old.template.hash), replica("h3", new.template.hash)]
+    actions, status = run(new, [draining, *serving], hosts)
+    assert actions == []  # 2 replicas + 1 surge held: the next one waits for the teardown
+    actions, status = run(new, serving, hosts, status)
+    assert [a.host for a in actions if isinstance(a, Place)] == ["h1"]
+
+
 def test_a_host_entering_the_quads_window_is_replaced_before_its_replica_is_taken_away() -> None:
     dep = deployment(1)
     soon = QuadsWindow(state="reserved", conflict_at=NOW + timedelta(hours=2), describe="cloud03")
