@@ -80,6 +80,9 @@ class ObservedReplica:
     registered: bool = True
     """Whether a node is registered for it; False for an operation that has not registered one (yet): a failed
     setup that never did leaves nothing to tear down, only a failure to count."""
+    interrupted: bool = False
+    """Its setup failed because the gateway running it died, not because of the host or the template: it is torn
+    down as any failed replica, but counts against neither the rollout nor the host."""
 
 
 @dataclass(frozen=True)
@@ -252,7 +255,7 @@ def reconcile(
                     f"replica on {replica.host}: {replica.reason or 'unhealthy'}",
                     replica.host,
                 )
-        if replica.state is ReplicaState.FAILED and replica.failed_at is not None:
+        if replica.state is ReplicaState.FAILED and replica.failed_at is not None and not replica.interrupted:
             known = failures.get(replica.host)
             if known is None or replica.failed_at > known.at:
                 failures[replica.host] = _backoff(

@@ -147,6 +147,8 @@ def test_the_other_gateway_completes_a_rollout_whose_controller_was_killed_mid_s
         QIIP_DEPLOYMENTS__LEADER_TTL_S=str(LEADER_TTL_S),
         QIIP_DEPLOYMENTS__RECONCILE_INTERVAL_S="0.3",
         QIIP_DEPLOYMENTS__FAILURE_BACKOFF_S="1",
+        # One failed replica of the new template would pause the rollout: the setup the kill cut must not count.
+        QIIP_DEPLOYMENTS__ROLLOUT_MAX_FAILURES="1",
         QIIP_HEALTH__INTERVAL_S="0.3",
         QIIP_HEALTH__FAILURE_THRESHOLD="2",
     )
@@ -204,6 +206,7 @@ def test_the_other_gateway_completes_a_rollout_whose_controller_was_killed_mid_s
             wait_until(lambda: settled(survivor, "coder", REPLICAS), 300, "the rollout to complete")
             assert status_of(survivor, "coder")["controller"] == f"{socket.gethostname()}:{survivor.port}"
         final = status_of(survivor, "coder")
+        assert final["rollout"]["failures"] == 0 and held.address not in final["host_failures"], final["rollout"]
         assert {r["template"] for r in final["replicas"]} == {new}
         # The sampler saw the operations it judges: the dead gateway's held setup, then the survivor's.
         assert sampler.seen.get(held.address) and sum(map(len, sampler.seen.values())) >= 4, sampler.seen

@@ -174,6 +174,28 @@ def test_a_rollout_whose_replicas_keep_failing_pauses_and_the_old_replicas_keep_
     assert status.condition("Progressing").reason == "RolloutPaused"
 
 
+def test_setups_cut_by_their_gateways_death_count_against_neither_the_rollout_nor_the_host() -> None:
+    old = deployment(1, artifact="a" * 64)
+    new = deployment(1, artifact="b" * 64, generation=2)
+    hosts = [host("h1"), host("h2"), host("h3")]
+    serving = replica("h1", old.template.hash)
+    status = None
+    for attempt in range(2):  # CONFIG pauses a rollout at 2 failures
+        cut = ObservedReplica(
+            host="h2",
+            template=new.template.hash,
+            state=ReplicaState.FAILED,
+            reason="preflight: The gateway gw1:8080 stopped during step preflight (its host lease expired)",
+            failed_at=NOW + timedelta(seconds=attempt),
+            registered=False,
+            interrupted=True,
+        )
+        actions, status = run(new, [serving, cut], hosts, status, NOW + timedelta(seconds=attempt + 1))
+    assert not status.rollout.paused and status.rollout.failures == 0
+    assert "h2" not in status.host_failures
+    assert [a.host for a in actions if isinstance(a, Place)] == ["h2"]
+
+
 def test_scale_down_takes_the_replica_quads_wants_back_soonest_first() -> None:
     dep = deployment(1)
     h = dep.template.hash
