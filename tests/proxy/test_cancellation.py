@@ -56,12 +56,12 @@ def test_client_disconnect_reaches_the_node(
             piece = sock.recv(65536)
             assert piece, received
             received += piece
-    wait_until(lambda: fault_daemon.in_flight(node_id) == 1, 5, "the request to be in flight")
+    wait_until(lambda: fault_daemon.in_flight(node_id) == 1, what="the request to be in flight")
     left_at = time.monotonic()
     sock.close()
     seen_at = backend.wait_for_disconnect()
     assert record.received_at < seen_at and left_at < seen_at + 5
-    wait_until(lambda: fault_daemon.in_flight(node_id) == 0, 5, "the reservation to be released")
+    wait_until(lambda: fault_daemon.in_flight(node_id) == 0, what="the reservation to be released")
     assert fault_daemon.node_statuses()[node_id] == "healthy"
     assert fault_daemon.counter("qiip_request_errors_total", model=model, code="client_disconnected") == 1
 
