@@ -1,12 +1,18 @@
-"""The deployments screen: its pure parts, and the screen driven with the core's own deployment records."""
+"""The deployments screen: its pure parts, the screen driven with the core's own deployment records, and the screen
+against a real daemon holding a deployment no host of its pool can take."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import pytest
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, Label, Static
 
+from qiip_core.catalog import scan_catalog
 from qiip_core.client import ApiError
 from qiip_tui import QiipConsole
 from qiip_tui._deployments import (
@@ -20,7 +26,9 @@ from qiip_tui._deployments import (
 from qiip_tui.screens import DEPLOYMENTS_NOT_AVAILABLE, ConfirmModal, DeploymentsScreen, ScaleModal
 from qiip_tui.widgets import LogView, TargetSparkline
 from qiip_tui.widgets._target_sparkline import target_bars
-from tests.tui.conftest import screen_of, wait_for
+from tests.support.daemon import Daemon
+from tests.support.hf_cache import HfCacheBuilder
+from tests.tui.conftest import config_for, screen_of, wait_for
 from tests.tui.fakes import FakeClient, FakeDeploymentsClient, sample_deployments, sample_fleet
 
 
@@ -62,18 +70,21 @@ def test_the_sparkline_draws_the_target_and_marks_what_is_above_it() -> None:
     assert target_bars([], 1.0, width=0, height=3) == []
 
 
-async def test_a_daemon_without_the_deployments_api_is_said_so() -> None:
-    class OldDaemon(FakeDeploymentsClient):
-        async def deployments(self) -> list[dict[str, Any]]:
-            raise ApiError("Not Found", status=404, code=None, violations=[])
+class _OldDaemon(FakeDeploymentsClient):
+    """A daemon that predates deployments: `GET /admin/deployments` answers 404."""
 
-    for client in (FakeClient(sample_fleet()), OldDaemon(sample_fleet())):
-        app = QiipConsole(client=client, metrics_interval_s=3600)
-        async with app.run_test(size=(120, 36)) as pilot:
-            await pilot.press("a")
-            screen = await screen_of(pilot, DeploymentsScreen)
-            summary = screen.query_one("#deployments-summary", Static)
-            await wait_for(pilot, lambda: str(summary.render()) == DEPLOYMENTS_NOT_AVAILABLE, what="the 404 said")
+    async def deployments(self) -> list[dict[str, Any]]:
+        raise ApiError("Not Found", status=404, code=None, violations=[])
+
+
+@pytest.mark.parametrize("kind", [FakeClient, _OldDaemon], ids=["client-without-the-api", "daemon-answers-404"])
+async def test_a_daemon_without_the_deployments_api_is_said_so(kind: type[FakeClient]) -> None:
+    app = QiipConsole(client=kind(sample_fleet()), metrics_interval_s=3600)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await pilot.press("a")
+        screen = await screen_of(pilot, DeploymentsScreen)
+        summary = screen.query_one("#deployments-summary", Static)
+        await wait_for(pilot, lambda: str(summary.render()) == DEPLOYMENTS_NOT_AVAILABLE, what="the 404 said")
 
 
 async def _opened(pilot: Pilot[Any]) -> DeploymentsScreen:
@@ -121,7 +132,9 @@ async def test_a_scale_is_asked_confirmed_and_a_refused_count_comes_back_as_type
         await pilot.press("enter")
         problem = modal.query_one("#scale-problem", Label)
         assert app.screen is modal and field.value == "three"
-        assert str(problem.render()) == "replicas: 'three' is not a whole number; type the count of replicas, such as 3."
+        assert (
+            str(problem.render()) == "replicas: 'three' is not a whole number; type the count of replicas, such as 3."
+        )
         field.value = "5000"
         await pilot.press("enter")
         await screen_of(pilot, ConfirmModal)
@@ -136,7 +149,9 @@ async def test_a_scale_is_asked_confirmed_and_a_refused_count_comes_back_as_type
         await screen_of(pilot, ConfirmModal)
         await pilot.press("y")
         await wait_for(pilot, lambda: client.changes == [("scale", "coder", 4)], what="the scale sent")
-        await wait_for(pilot, lambda: any(n.message == "coder: 4 replica(s) (generation 5)" for n in app._notifications))
+        await wait_for(
+            pilot, lambda: any(n.message == "coder: 4 replica(s) (generation 5)" for n in app._notifications)
+        )
 
 
 async def test_rollout_undo_and_delete_ask_first() -> None:
@@ -162,3 +177,57 @@ async def test_rollout_undo_and_delete_ask_first() -> None:
         assert modal.question == "Delete coder?" and "3 replica(s) drain" in modal.body
         await pilot.press("y")
         await wait_for(pilot, lambda: client.changes[-1] == ("delete", "coder", None), what="the delete sent")
+
+
+@pytest.fixture(scope="module")
+def unplaceable(tmp_path_factory: pytest.TempPathFactory, tiny_gguf: Path) -> Iterator[Daemon]:
+    """A daemon whose pool cannot hold a replica (one host too small by the planner's numbers, one of unknown
+    memory), holding the deployment `tiny` of the tiny model."""
+    models = tmp_path_factory.mktemp("console-deploy-models")
+    HfCacheBuilder(models).add_file("qiip-test/tiny-GGUF", "a" * 40, "tiny-Q8_0.gguf", source=tiny_gguf)
+    (artifact,) = [g.artifact_id for g in scan_catalog(models).gguf]
+    env = {
+        "QIIP_PROVISIONING__PROFILE": "cpu",
+        "QIIP_PROVISIONING__MODEL_CACHE_DIR": str(models),
+        "QIIP_HOSTS": json.dumps([{"name": "cpu-small", "memory_mib": 32}, {"name": "cpu-unknown"}]),
+        "QIIP_DEPLOYMENTS__RECONCILE_INTERVAL_S": "0.3",
+    }
+    with Daemon(tmp_path_factory.mktemp("console-deploy-state"), env=env) as daemon:
+        spec = {
+            "name": "tiny",
+            "replicas": 1,
+            "source": {"artifact": artifact},
+            "runtime": {"capacity": {"sequences": 1, "context_tokens": 512}},
+        }
+        daemon.admin.put("/admin/deployments/tiny", json=spec).raise_for_status()
+        yield daemon
+
+
+@pytest.mark.integration
+async def test_a_deployment_no_host_fits_is_listed_degraded_with_the_reason(unplaceable: Daemon) -> None:
+    app = QiipConsole(config_for(unplaceable))
+    async with app.run_test(size=(160, 40)) as pilot:
+        await pilot.press("a")
+        screen = await screen_of(pilot, DeploymentsScreen)
+        table = screen.query_one("#deployments", DataTable)
+        await wait_for(
+            pilot,
+            lambda: table.row_count == 1 and table.get_row_at(0)[5] == "NoFittingHost",
+            timeout_s=30,
+            what="tiny listed as NoFittingHost",
+        )
+        state = str(screen.query_one("#deployment-state", Static).render())
+        assert "\nDegraded NoFittingHost: " in state
+        events = screen.query_one("#deployment-events", LogView)
+        await wait_for(pilot, lambda: any(r.tag == "unplaceable" for r in events.records), what="the unplaceable event")
+        # The daemon's own refusal of a count, one line, and the dialog back with what was typed.
+        await pilot.press("s")
+        modal = await screen_of(pilot, ScaleModal)
+        modal.query_one("#replicas", Input).value = "5000"
+        await pilot.press("enter")
+        await screen_of(pilot, ConfirmModal)
+        await pilot.press("y")
+        again = await screen_of(pilot, ScaleModal)
+        problem = str(again.query_one("#scale-problem", Label).render())
+        assert problem.startswith("tiny: replicas: ") and "1000" in problem and "\n" not in problem
+        assert again.query_one("#replicas", Input).value == "5000"
