@@ -2,7 +2,7 @@
 
 ```
 QiipConsole(config)                        the app; talks to the daemon only (ConsoleClient)
-├── modes: fleet (FleetScreen → NodeScreen → SizingScreen), chat, logs, models, connection
+├── modes: fleet (FleetScreen → NodeScreen → SizingScreen), chat, logs, models, deployments, connection
 ├── connection      ConnectionWatch: nodes(), then events(); retries with backoff → FleetLoaded, NodeChanged,
 │                                                                                  ConnectionLost
 ├── operations      OperationTracker: polls the operations the console started   → OperationUpdated
@@ -62,6 +62,7 @@ from qiip_tui.screens import (
     ChatScreen,
     CommandLine,
     ConnectionScreen,
+    DeploymentsScreen,
     FleetScreen,
     HelpScreen,
     LogsScreen,
@@ -120,6 +121,7 @@ class QiipConsole(App[None]):
         "chat": ChatScreen,
         "logs": LogsScreen,
         "models": ModelsScreen,
+        "deployments": DeploymentsScreen,
         "connection": ConnectionScreen,
     }
     DEFAULT_MODE = "fleet"
@@ -129,6 +131,7 @@ class QiipConsole(App[None]):
         Binding("c", "chat", "Chat"),
         Binding("l", "logs", "Logs"),
         Binding("m", "models", "Models"),
+        Binding("a", "deployments", "Deployments"),
         Binding("question_mark", "help", "Keys"),
         Binding("colon", "command_line", "Command"),
     ]
@@ -139,6 +142,7 @@ class QiipConsole(App[None]):
     | c | Chat. |
     | l | Logs: the fleet's timeline, engine logs (of the open node, on a node's screen), provisioning. |
     | m | Models: the cache catalog and downloads. |
+    | a | Deployments: replicas, events, autoscaling; scale, rollout undo, delete. |
     | ? | The keys of this screen. |
     | : | The command line (`:drain NODE`, `:node NODE`, `:model M`, …). |
     | ctrl+p | The command palette. |
@@ -313,6 +317,10 @@ class QiipConsole(App[None]):
     def action_models(self) -> None:
         """Show the models: the cache catalog and downloads."""
         self.switch_mode("models")
+
+    def action_deployments(self) -> None:
+        """Show the deployments: their replicas, events and autoscaling."""
+        self.switch_mode("deployments")
 
     def get_system_commands(self, screen: Screen[object]) -> Iterable[SystemCommand]:
         # Textual's "Keys" (its help panel) would sit beside the console's own key map under the same name.

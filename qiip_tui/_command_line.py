@@ -2,7 +2,7 @@
 
 ```
 :drain NODE   :undrain NODE   :remove NODE   :relaunch NODE   :node NODE   :describe NODE   :model MODEL
-:fleet   :chat   :logs   :models   :help   :quit (:q)
+:fleet   :chat   :logs   :models   :deployments   :help   :quit (:q)
 ```
 
 Everything here is plain functions over the node ids and model names the fleet holds, so the rules are tested
@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[ArgumentKind | None, str]] = {
     "chat": (None, "chat"),
     "logs": (None, "logs: the fleet's timeline, engine logs, provisioning"),
     "models": (None, "the model catalog and downloads"),
+    "deployments": (None, "deployments: replicas, events, autoscaling"),
     "help": (None, "the key map of this screen"),
     "quit": (None, "quit the console"),
 }

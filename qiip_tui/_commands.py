@@ -65,6 +65,9 @@ def console_commands(app: App[Any]) -> list[PaletteCommand]:
         ),
         PaletteCommand("Set up a host", partial(console.host_action, "setup", None), "Install an engine over SSH (s)"),
         PaletteCommand("Models", console.action_models, "The model cache catalog and downloads (m)"),
+        PaletteCommand(
+            "Deployments", console.action_deployments, "Replicas, events and autoscaling; scale, undo, delete (a)"
+        ),
         PaletteCommand("Keys", console.action_help, "The key map of this screen (?)"),
         PaletteCommand("Command line", console.action_command_line, "drain NODE, node NODE, model M, … (:)"),
         PaletteCommand("Reconnect", console.action_reconnect, f"Connect to {console.client.url} again now"),

@@ -139,6 +139,9 @@ class CommandContext(ConsoleContext, Protocol):
     def action_models(self) -> None:
         """Show the models."""
 
+    def action_deployments(self) -> None:
+        """Show the deployments."""
+
     def action_help(self) -> None:
         """Show the key map."""
 

@@ -20,6 +20,7 @@ __all__ = [
     "Clock",
     "ConsoleClient",
     "CredentialsHolder",
+    "DeploymentSource",
     "JournalSource",
     "LentHostSource",
     "LogRecord",
@@ -104,6 +105,25 @@ class ProvisioningSource(Protocol):
     async def power(self, host: str, action: str) -> dict[str, Any]: ...
 
     async def power_state(self, host: str) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class DeploymentSource(Protocol):
+    """A daemon with deployments (`/admin/deployments/*`); `QiipClient` is one. The deployments screen needs it.
+
+    Each method raises `qiip_core.client.ApiError` as the daemon answers: 404 from a daemon without the API (or
+    for a deployment that is gone), 409 and 422 with the field at fault for a refused change.
+    """
+
+    async def deployments(self) -> list[dict[str, Any]]: ...
+
+    def deployment_events(self, name: str, *, follow: bool = True, after: int = 0) -> AsyncIterator[dict[str, Any]]: ...
+
+    async def scale_deployment(self, name: str, replicas: int, *, generation: int | None = None) -> dict[str, Any]: ...
+
+    async def rollout_undo(self, name: str) -> dict[str, Any]: ...
+
+    async def delete_deployment(self, name: str) -> dict[str, Any]: ...
 
 
 @runtime_checkable

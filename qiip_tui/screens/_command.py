@@ -178,7 +178,7 @@ async def run_command(app: App[Any], command: Command | None) -> None:
         await _show_model(app, argument)
     elif name == "fleet":
         console.action_fleet()
-    elif name in ("chat", "logs", "models"):
+    elif name in ("chat", "logs", "models", "deployments"):
         app.switch_mode(name)
     elif name == "help":
         console.action_help()

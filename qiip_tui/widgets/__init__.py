@@ -12,6 +12,7 @@ from qiip_tui.widgets._log_view import LogView
 from qiip_tui.widgets._node_header import NodeHeader
 from qiip_tui.widgets._operation_panel import OperationPanel
 from qiip_tui.widgets._runtime_view import RuntimeView
+from qiip_tui.widgets._target_sparkline import TargetSparkline
 from qiip_tui.widgets._traffic_panel import TrafficPanel
 from qiip_tui.widgets._transcript import Transcript
 from qiip_tui.widgets._versioned_table import VersionedTable
@@ -28,6 +29,7 @@ __all__ = [
     "OperationPanel",
     "RuntimeView",
     "SummaryView",
+    "TargetSparkline",
     "TrafficPanel",
     "Transcript",
     "VersionedTable",

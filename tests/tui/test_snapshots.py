@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from textual.pilot import Pilot
-from textual.widgets import Input
+from textual.widgets import DataTable, Input
 
 from qiip_core.client import ClientError, DaemonUnreachable, NodeInfo, Unauthorized
 from qiip_tui import QiipConsole
@@ -23,6 +23,7 @@ from qiip_tui.screens import (
     CommandLine,
     ConfirmModal,
     ConnectionScreen,
+    DeploymentsScreen,
     DescribeScreen,
     DownloadModal,
     FleetScreen,
@@ -39,6 +40,7 @@ from tests.tui.conftest import screen_of, wait_for
 from tests.tui.fakes import (
     SAMPLE_METRICS,
     FakeClient,
+    FakeDeploymentsClient,
     FakeLogsClient,
     FakeModelsClient,
     FakeProvisioningClient,
@@ -295,6 +297,21 @@ def test_models(snap_compare: Snap, size: tuple[int, int]) -> None:
 
     client = FakeModelsClient(sample_fleet(), metrics=SAMPLE_METRICS)
     assert snap_compare(console(client), terminal_size=size, run_before=then(keys("m"), loaded))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_deployments(snap_compare: Snap, size: tuple[int, int]) -> None:
+    async def coder(pilot: Pilot[Any]) -> None:
+        screen = await screen_of(pilot, DeploymentsScreen)
+        table = screen.query_one("#deployments", DataTable)
+        await wait_for(pilot, lambda: table.row_count == 3, what="the deployments")
+        await pilot.press("down")
+        events = screen.query_one("#deployment-events", LogView)
+        await wait_for(pilot, lambda: screen.selected == "coder" and len(events.records) == 7, what="coder's events")
+        await pilot.pause()
+
+    client = FakeDeploymentsClient(sample_fleet(), metrics=SAMPLE_METRICS)
+    assert snap_compare(console(client), terminal_size=size, run_before=then(keys("a"), coder))
 
 
 @pytest.mark.parametrize("size", SIZES)
