@@ -26,8 +26,8 @@ from qiip_core import AuthError
 from qiip_core.auth import InvokeToken, parse_bearer
 from qiip_core.nodes import ApiName
 from qiip_core.routing import PrefixAffinity, UpstreamRequest
-from qiip_proxy._auth_gate import header, logged_path, peer_of, too_many_failures
 from qiip_proxy._errors import TOO_DEEP, RequestRefused
+from qiip_proxy.layers._auth_gate import header, logged_path, peer_of, too_many_failures
 
 if TYPE_CHECKING:
     from qiip_proxy._gateway import Gateway

@@ -35,14 +35,9 @@ from qiip_core.config import Settings
 from qiip_core.nodes import Node
 from qiip_core.routing import DEFAULT_COLUMNS, HOP_BY_HOP_HEADERS, ExpectedModel, InFlightBoard
 from qiip_proxy._app import add_error_handlers, wrap_serving
-from qiip_proxy._auth_gate import header, logged_path
-from qiip_proxy._client_api import router as client_router
 from qiip_proxy._errors import RequestRefused, error_response
 from qiip_proxy._gateway import Gateway, sweep_removed
-from qiip_proxy._http import HeadAsGet
-from qiip_proxy._limits import client_connection_cap, raise_open_file_limit
 from qiip_proxy._metrics import Accounted, GatewayMetrics
-from qiip_proxy._server import Server, server_config
 from qiip_proxy._workers import (
     ADMIN_SOCKET,
     BOARD_FILE,
@@ -53,6 +48,11 @@ from qiip_proxy._workers import (
     learn_shared,
     take_shared,
 )
+from qiip_proxy.layers._auth_gate import header, logged_path
+from qiip_proxy.layers._http import HeadAsGet
+from qiip_proxy.routes._client_api import router as client_router
+from qiip_proxy.server._limits import client_connection_cap, raise_open_file_limit
+from qiip_proxy.server._server import Server, server_config
 
 __all__ = ["FLUSH_S", "HEARTBEAT_S", "PRIMARY_TIMEOUT_S", "READY_TIMEOUT_S", "WorkerMetrics", "run_worker"]
 

@@ -44,8 +44,8 @@ from qiip_core.nodes import Engine
 from qiip_core.planner import parse_policy
 from qiip_core.provisioning import LogEntry, ResetType, SetupRequest
 from qiip_core.recommendations import DEFAULT_LIMIT, MAX_LIMIT, PROFILE_PATTERN, catalog_repos
-from qiip_proxy._admin import AdminError, require_admin
-from qiip_proxy._sse import kept_then_live
+from qiip_proxy.routes._admin import AdminError, require_admin
+from qiip_proxy.routes._log_stream import kept_then_live
 
 if TYPE_CHECKING:
     from qiip_proxy._gateway import Gateway

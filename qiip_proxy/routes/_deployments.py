@@ -35,8 +35,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from qiip_core import DeploymentInvalid, QiipError
 from qiip_core._violation import Violation
-from qiip_proxy._admin import AdminError, require_admin
-from qiip_proxy._sse import SSE_HEADERS
+from qiip_proxy.routes._admin import AdminError, require_admin
+from qiip_proxy.routes._log_stream import SSE_HEADERS
 
 if TYPE_CHECKING:
     from qiip_core.deployments import DeploymentService

@@ -40,8 +40,8 @@ from qiip_core.lifecycle import (
 from qiip_core.nodes import Engine, Node, NodeCapabilities, NodeStatus
 from qiip_core.planner import parse_policy
 from qiip_core.routing import ChangeKind, NodeState, TableChange
-from qiip_proxy._auth_gate import basic_credentials
 from qiip_proxy._errors import RequestRefused
+from qiip_proxy.layers._auth_gate import basic_credentials
 
 if TYPE_CHECKING:
     from qiip_core.telemetry import TelemetryStore
@@ -101,7 +101,7 @@ async def require_admin(request: Request, credentials: Annotated[HTTPBasicCreden
 
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(require_admin)])
-"""The admin routes; the provisioning ones are `qiip_proxy._provisioning`'s."""
+"""The admin routes; the provisioning ones are `qiip_proxy.routes._provisioning`'s."""
 
 
 class _Strict(BaseModel):

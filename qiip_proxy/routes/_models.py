@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse
 
 from qiip_core import ModelStoreError, QiipError
 from qiip_core.catalog import check_file_name, check_revision, scan_catalog
-from qiip_proxy._admin import AdminError, require_admin
+from qiip_proxy.routes._admin import AdminError, require_admin
 
 if TYPE_CHECKING:
     from qiip_proxy._gateway import Gateway

@@ -26,8 +26,8 @@ from starlette.responses import Response, StreamingResponse
 
 from qiip_core import NodeNotFound
 from qiip_core.journal import JournalEntry
-from qiip_proxy._admin import AdminError, require_admin
-from qiip_proxy._sse import SSE_HEADERS, kept_then_live
+from qiip_proxy.routes._admin import AdminError, require_admin
+from qiip_proxy.routes._log_stream import SSE_HEADERS, kept_then_live
 
 if TYPE_CHECKING:
     from qiip_proxy._gateway import Gateway
