@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from qiip_core.planner._arch import POOLING_TYPES, MemoryKind, Pooling, rules_for, swa_pattern
-from qiip_core.planner._types import MIB, CacheType, ModelMetadata
+from qiip_core.planner._types import CacheType, ModelMetadata
 
 __all__ = ["ModelShape", "SsmShape", "StoredTensor", "WeightMatrix", "kv_bytes_per_token", "row_bytes"]
 
@@ -333,11 +333,6 @@ class ModelShape:
         to models that declare none, generative models among them.
         """
         return self.pooling if self.pooling != "none" else "mean"
-
-    @property
-    def weights_mib(self) -> float:
-        """All tensor bytes in MiB."""
-        return self.weights_bytes / MIB
 
     def layer_bytes(self) -> tuple[int, ...]:
         """Bytes of each block: `block_bytes`, or an even share of the non-embedding bytes when unknown."""
