@@ -215,7 +215,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=7)
     args = parser.parse_args()
 
-    from qiip_core.routing import UpstreamResponse
+    from qiip_core.upstream import UpstreamResponse
     from qiip_proxy import _metrics, _relay
 
     old_relay, old_metrics = load("_relay", args.baseline), load("_metrics", args.baseline)

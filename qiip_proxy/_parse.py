@@ -25,7 +25,8 @@ from starlette.types import Receive, Scope
 from qiip_core import AuthError
 from qiip_core.auth import InvokeToken, parse_bearer
 from qiip_core.nodes import ApiName
-from qiip_core.routing import PrefixAffinity, UpstreamRequest
+from qiip_core.routing import PrefixAffinity
+from qiip_core.upstream import UpstreamRequest
 from qiip_proxy._errors import TOO_DEEP, RequestRefused
 from qiip_proxy.layers._auth_gate import header, logged_path, peer_of, too_many_failures
 

@@ -33,7 +33,8 @@ from qiip_core._errors import safe_text
 from qiip_core._logging import configure_logging
 from qiip_core.config import Settings
 from qiip_core.nodes import Node
-from qiip_core.routing import DEFAULT_COLUMNS, HOP_BY_HOP_HEADERS, ExpectedModel, InFlightBoard
+from qiip_core.routing import DEFAULT_COLUMNS, ExpectedModel, InFlightBoard
+from qiip_core.upstream import HOP_BY_HOP_HEADERS
 from qiip_proxy._app import add_error_handlers, wrap_serving
 from qiip_proxy._errors import RequestRefused, error_response
 from qiip_proxy._gateway import Gateway, sweep_removed

@@ -43,8 +43,8 @@ import aiohttp
 
 from qiip_core._errors import UpstreamError, UpstreamStatusError, UpstreamTimeout, UpstreamTransportError
 from qiip_core.config import UpstreamSettings
-from qiip_core.routing._sse import EventFramer, ends_with_done, first_data_event
-from qiip_core.routing._upstream import TRANSPORT_ERRORS, map_transport_error
+from qiip_core.upstream._client import TRANSPORT_ERRORS, map_transport_error
+from qiip_core.upstream._sse import EventFramer, ends_with_done, first_data_event
 
 __all__ = ["ABORT_GRACE_S", "HOP_BY_HOP_HEADERS", "OutcomeSink", "UpstreamResponse"]
 
