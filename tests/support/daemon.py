@@ -140,7 +140,12 @@ class Daemon:
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.state_dir)
         log.close()
-        wait_until(self._up, 30.0, "the daemon to listen")
+        try:
+            wait_until(self._up, 30.0, "the daemon to listen")
+        except BaseException:
+            # `__exit__` does not run when `__enter__` raises: never leave a daemon behind that later listens.
+            self.stop()
+            raise
         return self
 
     def _up(self) -> bool:
