@@ -16,8 +16,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
-import re
 from typing import TYPE_CHECKING
 
 from starlette.types import Receive, Scope
@@ -28,7 +26,8 @@ from qiip_core.nodes import ApiName
 from qiip_core.routing import PrefixAffinity
 from qiip_core.upstream import UpstreamRequest
 from qiip_proxy._errors import TOO_DEEP, RequestRefused
-from qiip_proxy.layers._auth_gate import header, logged_path, peer_of, too_many_failures
+from qiip_proxy._scope import header, logged_path, peer_of
+from qiip_proxy.layers._auth_gate import too_many_failures
 
 if TYPE_CHECKING:
     from qiip_proxy._gateway import Gateway
@@ -44,7 +43,6 @@ __all__ = [
     "is_json",
     "parse_request",
     "read_request",
-    "request_id_for",
 ]
 
 logger = logging.getLogger("qiip.auth")
@@ -62,17 +60,6 @@ CLIENT_CLOSED_REQUEST = 499
 _INT32_MAX = 2**31 - 1
 
 _FORWARDED_HEADERS = frozenset({b"accept", b"traceparent", b"tracestate"})
-
-_REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:/+=-]{1,128}$")
-
-
-def request_id_for(scope: Scope) -> str:
-    """The client's `X-Request-Id` when it is a sane token (up to 128 characters of `[A-Za-z0-9._:/+=-]`),
-    else a new random one. Every answer carries it, and the node gets it too."""
-    given = header(scope, b"x-request-id")
-    if given is not None and _REQUEST_ID.match(given):
-        return given.decode("ascii")
-    return os.urandom(12).hex()
 
 
 async def parse_request(

@@ -39,6 +39,7 @@ from qiip_proxy._app import add_error_handlers, wrap_serving
 from qiip_proxy._errors import RequestRefused, error_response
 from qiip_proxy._gateway import Gateway, sweep_removed
 from qiip_proxy._metrics import Accounted, GatewayMetrics
+from qiip_proxy._scope import header, logged_path
 from qiip_proxy._workers import (
     ADMIN_SOCKET,
     BOARD_FILE,
@@ -49,7 +50,6 @@ from qiip_proxy._workers import (
     learn_shared,
     take_shared,
 )
-from qiip_proxy.layers._auth_gate import header, logged_path
 from qiip_proxy.layers._http import HeadAsGet
 from qiip_proxy.routes._client_api import router as client_router
 from qiip_proxy.server._limits import client_connection_cap, raise_open_file_limit

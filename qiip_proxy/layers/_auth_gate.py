@@ -30,30 +30,16 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from qiip_core._errors import safe_text
 from qiip_core.auth import AuthThrottle
 from qiip_proxy._errors import RequestRefused, describe_error
+from qiip_proxy._scope import header, logged_path, peer_of
 
 __all__ = [
     "AdminGate",
     "AuthThrottle",
     "basic_credentials",
-    "header",
-    "logged_path",
-    "peer_of",
     "too_many_failures",
 ]
 
 logger = logging.getLogger("qiip.auth")
-
-
-def peer_of(scope: Scope) -> str:
-    """The client's address, as the server saw it (`unknown` for a Unix socket or a test client)."""
-    client = scope.get("client")
-    return str(client[0]) if client else "unknown"
-
-
-def logged_path(scope: Scope) -> str:
-    """The request's path as a log line may quote it: control characters escaped, at most 200 characters (a
-    `%0a` in the path would otherwise start a forged line)."""
-    return safe_text(str(scope.get("path", "")), limit=200)
 
 
 def basic_credentials(value: bytes | None) -> tuple[bytes, bytes] | None:
@@ -187,11 +173,3 @@ async def _refuse(send: Send, refusal: RequestRefused) -> None:
     raw += [(name.lower().encode(), value.encode()) for name, value in headers.items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
-
-
-def header(scope: Scope, name: bytes) -> bytes | None:
-    """The value of request header `name` (lower-case bytes, as ASGI gives names), or None."""
-    for key, value in scope["headers"]:
-        if key == name:
-            return bytes(value)
-    return None
