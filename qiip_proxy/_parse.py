@@ -25,7 +25,7 @@ from qiip_core.auth import InvokeToken, parse_bearer
 from qiip_core.nodes import ApiName
 from qiip_core.routing import PrefixAffinity
 from qiip_core.upstream import UpstreamRequest
-from qiip_proxy._errors import TOO_DEEP, RequestRefused
+from qiip_proxy._errors import TOO_DEEP, RequestRefused, body_too_large
 from qiip_proxy._scope import header, logged_path, peer_of
 from qiip_proxy.layers._auth_gate import too_many_failures
 
@@ -166,9 +166,7 @@ async def read_request(
             "The request body must be JSON, sent with 'Content-Type: application/json'.",
             "unsupported_media_type",
         )
-    too_large = RequestRefused(
-        413, f"The request body is larger than the limit of {max_body_bytes} bytes.", "request_too_large"
-    )
+    too_large = body_too_large(max_body_bytes, "server.max_body_bytes")
     declared = header(scope, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
         raise too_large

@@ -29,7 +29,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from qiip_core._errors import safe_text
 from qiip_core.auth import AuthThrottle
-from qiip_proxy._errors import RequestRefused, describe_error
+from qiip_proxy._errors import RequestRefused, body_too_large, describe_error
 from qiip_proxy._scope import header, logged_path, peer_of
 
 __all__ = [
@@ -127,11 +127,7 @@ class AdminGate:
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_body_bytes):
             await _refuse(
                 send,
-                RequestRefused(
-                    413,
-                    f"Admin request bodies are limited to {self.max_body_bytes} bytes (admin.max_body_bytes).",
-                    "request_too_large",
-                ),
+                body_too_large(self.max_body_bytes, "admin.max_body_bytes"),
             )
             return
         if declared is None and header(scope, b"transfer-encoding") is not None:
