@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -42,7 +41,7 @@ from qiip_core.nodes import Engine, Node, NodeCapabilities, NodeStatus
 from qiip_core.planner import parse_policy
 from qiip_core.routing import ChangeKind, NodeState, TableChange
 from qiip_proxy._errors import RequestRefused
-from qiip_proxy.layers._auth_gate import basic_credentials
+from qiip_proxy.layers._auth_gate import admin_credentials_ok, admin_unauthorized, basic_credentials
 from qiip_proxy.routes._common import gateway_of
 
 if TYPE_CHECKING:
@@ -76,21 +75,9 @@ async def require_admin(request: Request, credentials: Annotated[HTTPBasicCreden
     settings = gateway_of(request).settings.admin
     expected_user = (settings.username or "").encode("utf-8")
     expected_password = settings.password.get_secret_value().encode("utf-8") if settings.password else b""
-    given_user = credentials.username.encode("utf-8") if credentials else b""
-    given_password = credentials.password.encode("utf-8") if credentials else b""
-    # Both comparisons always run, so timing says nothing about which part was wrong.
-    user_ok = secrets.compare_digest(given_user, expected_user)
-    password_ok = secrets.compare_digest(given_password, expected_password)
-    if credentials is None or not (user_ok and password_ok) or not expected_user:
-        raise AdminError(
-            401,
-            "Admin credentials are required (HTTP Basic)."
-            if credentials is None
-            else "The admin credentials were refused: wrong username or password (HTTP Basic).",
-            "unauthorized",
-            type="authentication_error",
-            headers={"WWW-Authenticate": 'Basic realm="qiip-admin", charset="UTF-8"'},
-        )
+    given = (credentials.username.encode("utf-8"), credentials.password.encode("utf-8")) if credentials else None
+    if not admin_credentials_ok(given, (expected_user, expected_password)):
+        raise admin_unauthorized(presented=credentials is not None)
     if request.method in ("POST", "PUT", "PATCH"):
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if content_type != "application/json":
