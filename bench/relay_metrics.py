@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import importlib
 import json
 import subprocess
 import sys
@@ -110,8 +111,10 @@ class _AiohttpResponse:
 
 
 class _Reservation:
-    """A node's reservation as the response reports to it."""
+    """A node's reservation as the response reports to it (an `OutcomeSink`; `state` for revisions before it)."""
 
+    node_id = "bench"
+    health_failures = 0
     state = types.SimpleNamespace(id="bench", health_failures=0)
     released = False
 
@@ -208,6 +211,33 @@ def accounting(metrics_module: types.ModuleType) -> dict[str, Callable[[], objec
     }
 
 
+def _load_response(revision: str) -> types.ModuleType:
+    """`UpstreamResponse`'s module at `revision`: in `qiip_core.upstream`, or in `qiip_core.routing` before sending
+    moved out of routing."""
+    try:
+        return load("_response", revision, "qiip_core.upstream")
+    except subprocess.CalledProcessError:
+        return load("_response", revision, "qiip_core.routing")
+
+
+def _serve_the_old_layout(revision: str) -> None:
+    """Before `qiip_core.upstream`, the modules of `revision` import the sending names and modules from routing:
+    in this process only, let those imports find them where they are now."""
+    found = subprocess.run(
+        ["git", "cat-file", "-e", f"{revision}:qiip_core/upstream"], cwd=ROOT, capture_output=True, check=False
+    )
+    if found.returncode == 0:
+        return
+    import qiip_core.routing as routing
+    import qiip_core.upstream as upstream
+
+    for name in upstream.__all__:
+        if not hasattr(routing, name):
+            setattr(routing, name, getattr(upstream, name))
+    for old, new in (("_sse", "_sse"), ("_upstream", "_client"), ("_response", "_response")):
+        sys.modules.setdefault(f"qiip_core.routing.{old}", importlib.import_module(f"qiip_core.upstream.{new}"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", default="HEAD", help="the revision to compare with (default HEAD)")
@@ -215,11 +245,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=7)
     args = parser.parse_args()
 
-    from qiip_core.routing import UpstreamResponse
+    from qiip_core.upstream import UpstreamResponse
     from qiip_proxy import _metrics, _relay
 
+    _serve_the_old_layout(args.baseline)
     old_relay, old_metrics = load("_relay", args.baseline), load("_metrics", args.baseline)
-    old_response = load("_response", args.baseline, "qiip_core.routing")
+    old_response = _load_response(args.baseline)
     print(f"relay, ns per event (best of {args.repeat} streams of {args.events:,} events):")
     base = ns_per_event(old_relay.relay, args.events, args.repeat)
     now = ns_per_event(_relay.relay, args.events, args.repeat)

@@ -25,6 +25,7 @@ from qiip_core import DeploymentInvalid, QiipError
 from qiip_core.client import ApiError, QiipClient, load_console_config
 from qiip_core.config import HostSpec
 from qiip_core.deployments import parse_spec
+from qiip_core.nodes import PROVISIONED_ENGINES
 
 __all__ = ["deploy", "host"]
 
@@ -230,7 +231,7 @@ def scale(ctx: CliContext, name: str, replicas: int, url: str | None) -> None:
     default=None,
     help='The runtime as JSON, e.g. \'{"capacity": {"sequences": 4, "context_tokens": 8192}}\'.',
 )
-@click.option("--engine", type=click.Choice(["llama_cpp", "vllm"]), default=None)
+@click.option("--engine", type=click.Choice([engine.value for engine in PROVISIONED_ENGINES]), default=None)
 @_URL
 @pass_cli
 def rollout(

@@ -23,7 +23,7 @@ from qiip_cli._context import CliContext, pass_cli, run_or_exit
 from qiip_core import QiipError
 from qiip_core.client import ConsoleConfig, LentHosts, NodeInfo, QiipClient, load_console_config
 from qiip_core.discovery import add_registration, list_all_registrations, registry_status, remove_registration
-from qiip_core.nodes import Engine, Node
+from qiip_core.nodes import PROVISIONED_ENGINES, Engine, Node
 
 if TYPE_CHECKING:
     from qiip_core.recommendations import HostRecommendations
@@ -123,7 +123,12 @@ def status(ctx: CliContext) -> None:
 
 @node.command("setup")
 @click.argument("host")
-@click.option("--engine", type=click.Choice(["llama_cpp", "vllm"]), required=True, help="The engine to install.")
+@click.option(
+    "--engine",
+    type=click.Choice([engine.value for engine in PROVISIONED_ENGINES]),
+    required=True,
+    help="The engine to install.",
+)
 @click.option("--model", required=True, help="vLLM: the model repo id; llama.cpp: the GGUF's path in the model cache.")
 @click.option("--alias", default=None, help="The model name clients send (default: --model).")
 @click.option("--sizing", default=None, help='llama.cpp sizing policy as JSON (default {"sizing": "auto"}).')

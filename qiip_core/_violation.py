@@ -8,8 +8,12 @@ the error tree, never the reverse.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-__all__ = ["Violation"]
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+__all__ = ["Violation", "first_violation"]
 
 
 @dataclass(frozen=True)
@@ -28,3 +32,17 @@ class Violation:
         if message == self.field or message.startswith((f"{self.field} ", f"{self.field}:")):
             return message
         return f"{self.field}: {message}"
+
+
+def first_violation(exc: ValidationError) -> Violation:
+    """The first error of a pydantic validation, as a `Violation`.
+
+    Args:
+        exc: a validation that failed (pydantic gives at least one error).
+
+    Returns:
+        Its field as a dotted path (`gpus.0.memory_mib`; "" when the whole value is at fault) and pydantic's
+        message for it, unchanged.
+    """
+    first = exc.errors()[0]
+    return Violation(".".join(str(part) for part in first["loc"]), str(first["msg"]))

@@ -16,19 +16,19 @@ import qiip_core
 from qiip_core import QiipError
 from qiip_core.config import Settings
 from qiip_core.routing import InFlightBoard
-from qiip_proxy._admin import router as admin_router
-from qiip_proxy._auth_gate import AdminGate
-from qiip_proxy._chat_page import add_chat_page
-from qiip_proxy._client_api import router as client_router
-from qiip_proxy._client_configs import router as client_configs_router
-from qiip_proxy._deployments import router as deployments_router
 from qiip_proxy._errors import RequestRefused, error_response
 from qiip_proxy._gateway import Gateway
-from qiip_proxy._http import HeadAsGet, with_allowed_hosts, with_cors
 from qiip_proxy._inference import ProxyRoutes
-from qiip_proxy._journal import router as journal_router
-from qiip_proxy._models import router as models_router
-from qiip_proxy._provisioning import router as provisioning_router
+from qiip_proxy.layers._auth_gate import AdminGate
+from qiip_proxy.layers._http import HeadAsGet, with_allowed_hosts, with_cors
+from qiip_proxy.routes._admin import router as admin_router
+from qiip_proxy.routes._chat_page import add_chat_page
+from qiip_proxy.routes._client_api import router as client_router
+from qiip_proxy.routes._client_configs import router as client_configs_router
+from qiip_proxy.routes._deployments import router as deployments_router
+from qiip_proxy.routes._journal import router as journal_router
+from qiip_proxy.routes._models import router as models_router
+from qiip_proxy.routes._provisioning import router as provisioning_router
 
 __all__ = ["add_error_handlers", "create_app", "serving_app", "wrap_serving"]
 

@@ -27,10 +27,10 @@ from qiip_core.config import bind_listener, load_settings
 from qiip_core.routing import InFlightBoard
 from qiip_proxy._app import create_app, serving_app
 from qiip_proxy._gateway import Gateway
-from qiip_proxy._limits import client_connection_cap, raise_open_file_limit
-from qiip_proxy._server import Server, server_config
 from qiip_proxy._worker import run_worker
 from qiip_proxy._workers import ADMIN_SOCKET, BOARD_FILE, WorkerPeer, WorkerPool, create_runtime_dir
+from qiip_proxy.server._limits import client_connection_cap, raise_open_file_limit
+from qiip_proxy.server._server import Server, server_config
 
 __all__ = ["main"]
 

@@ -35,6 +35,7 @@ __all__ = [
     "TOO_DEEP",
     "ErrorAnswer",
     "RequestRefused",
+    "body_too_large",
     "describe_error",
     "error_body",
     "error_response",
@@ -85,6 +86,19 @@ class RequestRefused(QiipError):
         self.type = type
         self.headers = headers or {}
         self.extra = extra or {}
+
+
+def body_too_large(limit_bytes: int, setting: str) -> RequestRefused:
+    """The refusal of a request body over its limit: 413 `request_too_large` (RFC 9110 §15.5.14), one wording for
+    the client API, the admin API and the workers.
+
+    Args:
+        limit_bytes: the largest body accepted, in bytes.
+        setting: the setting that sets it (`server.max_body_bytes`, `admin.max_body_bytes`).
+    """
+    return RequestRefused(
+        413, f"The request body is larger than the limit of {limit_bytes} bytes ({setting}).", "request_too_large"
+    )
 
 
 class ErrorAnswer(NamedTuple):

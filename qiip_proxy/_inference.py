@@ -44,11 +44,12 @@ from qiip_core import (
     UpstreamError,
 )
 from qiip_core.auth import InvokeToken
-from qiip_core.routing import UpstreamRequest
+from qiip_core.upstream import UpstreamRequest
 from qiip_proxy._errors import RequestRefused, send_error, sse_error_event
 from qiip_proxy._metrics import Outcome
-from qiip_proxy._parse import CLIENT_CLOSED_REQUEST, PROXY_PATHS, parse_request, request_id_for
+from qiip_proxy._parse import CLIENT_CLOSED_REQUEST, PROXY_PATHS, parse_request
 from qiip_proxy._relay import SHUTDOWN_EVENT, end_stream, relay
+from qiip_proxy._scope import request_id_for
 
 if TYPE_CHECKING:
     from qiip_proxy._gateway import Gateway

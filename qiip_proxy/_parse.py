@@ -16,8 +16,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
-import re
 from typing import TYPE_CHECKING
 
 from starlette.types import Receive, Scope
@@ -25,9 +23,11 @@ from starlette.types import Receive, Scope
 from qiip_core import AuthError
 from qiip_core.auth import InvokeToken, parse_bearer
 from qiip_core.nodes import ApiName
-from qiip_core.routing import PrefixAffinity, UpstreamRequest
-from qiip_proxy._auth_gate import header, logged_path, peer_of, too_many_failures
-from qiip_proxy._errors import TOO_DEEP, RequestRefused
+from qiip_core.routing import PrefixAffinity
+from qiip_core.upstream import UpstreamRequest
+from qiip_proxy._errors import TOO_DEEP, RequestRefused, body_too_large
+from qiip_proxy._scope import header, logged_path, peer_of
+from qiip_proxy.layers._auth_gate import too_many_failures
 
 if TYPE_CHECKING:
     from qiip_proxy._gateway import Gateway
@@ -43,7 +43,6 @@ __all__ = [
     "is_json",
     "parse_request",
     "read_request",
-    "request_id_for",
 ]
 
 logger = logging.getLogger("qiip.auth")
@@ -61,17 +60,6 @@ CLIENT_CLOSED_REQUEST = 499
 _INT32_MAX = 2**31 - 1
 
 _FORWARDED_HEADERS = frozenset({b"accept", b"traceparent", b"tracestate"})
-
-_REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:/+=-]{1,128}$")
-
-
-def request_id_for(scope: Scope) -> str:
-    """The client's `X-Request-Id` when it is a sane token (up to 128 characters of `[A-Za-z0-9._:/+=-]`),
-    else a new random one. Every answer carries it, and the node gets it too."""
-    given = header(scope, b"x-request-id")
-    if given is not None and _REQUEST_ID.match(given):
-        return given.decode("ascii")
-    return os.urandom(12).hex()
 
 
 async def parse_request(
@@ -178,9 +166,7 @@ async def read_request(
             "The request body must be JSON, sent with 'Content-Type: application/json'.",
             "unsupported_media_type",
         )
-    too_large = RequestRefused(
-        413, f"The request body is larger than the limit of {max_body_bytes} bytes.", "request_too_large"
-    )
+    too_large = body_too_large(max_body_bytes, "server.max_body_bytes")
     declared = header(scope, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
         raise too_large

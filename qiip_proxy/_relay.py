@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from starlette.types import Send
 
 from qiip_core import UpstreamError
-from qiip_core.routing import UpstreamResponse
+from qiip_core.upstream import UpstreamResponse
 from qiip_proxy._errors import SSE_DONE, error_body, sse_error_event
 
 if TYPE_CHECKING:

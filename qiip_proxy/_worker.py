@@ -33,16 +33,13 @@ from qiip_core._errors import safe_text
 from qiip_core._logging import configure_logging
 from qiip_core.config import Settings
 from qiip_core.nodes import Node
-from qiip_core.routing import DEFAULT_COLUMNS, HOP_BY_HOP_HEADERS, ExpectedModel, InFlightBoard
+from qiip_core.routing import DEFAULT_COLUMNS, ExpectedModel, InFlightBoard
+from qiip_core.upstream import HOP_BY_HOP_HEADERS
 from qiip_proxy._app import add_error_handlers, wrap_serving
-from qiip_proxy._auth_gate import header, logged_path
-from qiip_proxy._client_api import router as client_router
-from qiip_proxy._errors import RequestRefused, error_response
+from qiip_proxy._errors import RequestRefused, body_too_large, error_response
 from qiip_proxy._gateway import Gateway, sweep_removed
-from qiip_proxy._http import HeadAsGet
-from qiip_proxy._limits import client_connection_cap, raise_open_file_limit
 from qiip_proxy._metrics import Accounted, GatewayMetrics
-from qiip_proxy._server import Server, server_config
+from qiip_proxy._scope import header, logged_path
 from qiip_proxy._workers import (
     ADMIN_SOCKET,
     BOARD_FILE,
@@ -53,6 +50,10 @@ from qiip_proxy._workers import (
     learn_shared,
     take_shared,
 )
+from qiip_proxy.layers._http import HeadAsGet
+from qiip_proxy.routes._client_api import router as client_router
+from qiip_proxy.server._limits import client_connection_cap, raise_open_file_limit
+from qiip_proxy.server._server import Server, server_config
 
 __all__ = ["FLUSH_S", "HEARTBEAT_S", "PRIMARY_TIMEOUT_S", "READY_TIMEOUT_S", "WorkerMetrics", "run_worker"]
 
@@ -317,8 +318,12 @@ class _PrimaryPassage:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        limit = self.max_admin_body_bytes if scope["path"].startswith("/admin") else self.max_body_bytes
-        too_large = RequestRefused(413, f"The request body is larger than {limit} bytes.", "request_too_large")
+        if scope["path"].startswith("/admin"):
+            too_large = body_too_large(self.max_admin_body_bytes, "admin.max_body_bytes")
+            limit = self.max_admin_body_bytes
+        else:
+            too_large = body_too_large(self.max_body_bytes, "server.max_body_bytes")
+            limit = self.max_body_bytes
         declared = header(scope, b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             await error_response(too_large)(scope, receive, send)

@@ -42,20 +42,24 @@ from collections.abc import Callable
 from dataclasses import asdict
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from qiip_core.routing import InFlightBoard, TableChange
 
 if TYPE_CHECKING:
-    from qiip_proxy._gateway import Gateway
+    from qiip_core.auth import AuthThrottle
+    from qiip_core.config import Settings
+    from qiip_core.routing import RoutingTable
+    from qiip_proxy._metrics import GatewayMetrics
 
 __all__ = [
     "ADMIN_SOCKET",
     "BOARD_FILE",
     "CONTROL_SOCKET",
     "PEER_HEADER",
+    "PoolGateway",
     "WorkerPeer",
     "WorkerPool",
     "SHARED",
@@ -64,6 +68,27 @@ __all__ = [
     "learn_shared",
     "take_shared",
 ]
+
+
+class PoolGateway(Protocol):
+    """What the worker pool and the shared-state exchange use of a gateway (`qiip_proxy._gateway.Gateway` is one):
+    its settings, routing table, metrics and authentication throttles."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def table(self) -> RoutingTable: ...
+
+    @property
+    def metrics(self) -> GatewayMetrics: ...
+
+    @property
+    def admin_throttle(self) -> AuthThrottle: ...
+
+    @property
+    def client_throttle(self) -> AuthThrottle: ...
+
 
 logger = logging.getLogger("qiip.proxy")
 
@@ -116,7 +141,7 @@ def create_runtime_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="qiip-proxy-", dir=base))
 
 
-def keep_shared(gateway: Gateway) -> None:
+def keep_shared(gateway: PoolGateway) -> None:
     """Start keeping, in this process, what the others must learn (`take_shared`)."""
     if gateway.table.affinity is not None:
         gateway.table.affinity.recorded = []
@@ -124,7 +149,7 @@ def keep_shared(gateway: Gateway) -> None:
     gateway.client_throttle.recorded = []
 
 
-def take_shared(gateway: Gateway) -> dict[str, list[Any]]:
+def take_shared(gateway: PoolGateway) -> dict[str, list[Any]]:
     """What this process learned since the last call that the others must learn too, by `SHARED` key (a key
     with nothing new is left out)."""
     affinity = gateway.table.affinity
@@ -136,7 +161,7 @@ def take_shared(gateway: Gateway) -> dict[str, list[Any]]:
     return {kind: items for kind, items in taken.items() if items}
 
 
-def learn_shared(gateway: Gateway, message: dict[str, Any]) -> None:
+def learn_shared(gateway: PoolGateway, message: dict[str, Any]) -> None:
     """Learn what another process passed on (`take_shared`'s keys in `message`), without keeping it to pass on.
 
     Raises:
@@ -207,7 +232,7 @@ class WorkerPool:
 
     def __init__(
         self,
-        gateway: Gateway,
+        gateway: PoolGateway,
         listener: socket.socket,
         runtime_dir: Path,
         workers: int,

@@ -20,6 +20,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.color import Color, ColorParseError
 
+from qiip_core.nodes import Engine
 from qiip_tui._themes import CONSOLE_VARIABLES
 
 __all__ = [
@@ -131,7 +132,7 @@ def gpu_text(width: int, palette: Palette, totals: tuple[int, int] | None, *, ra
     return meter_text(used, total, bar_width, palette).append(label)
 
 
-ENGINE_LABELS = {"llama_cpp": "llama.cpp", "vllm": "vLLM", "attached": "attached"}
+ENGINE_LABELS = {engine.value: engine.label for engine in Engine}
 """How engines are named on screen."""
 
 

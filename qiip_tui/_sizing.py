@@ -23,14 +23,12 @@ from qiip_core.planner import (
     RecordedServer,
     SizingForecast,
     Violation,
+    bytes_per_element,
     validate_policy,
 )
 from qiip_tui._fleet import devices_of, training_context
 
-__all__ = ["CACHE_BYTES_PER_ELEMENT", "SizingValues", "check_sizing", "forecast_lines", "sizing_preview"]
-
-CACHE_BYTES_PER_ELEMENT: dict[str, float] = {"f16": 2.0, "q8_0": 34 / 32}
-"""ggml's element sizes: F16 is 2 bytes; a Q8_0 block stores 32 elements in 34 bytes. For the preview only."""
+__all__ = ["SizingValues", "check_sizing", "forecast_lines", "sizing_preview"]
 
 Sizing = Literal["auto", "custom"]
 
@@ -129,8 +127,8 @@ def sizing_preview(values: SizingValues, runtime: LlamaCppRuntime | None) -> lis
     if aggregate > MAX_AGGREGATE_CONTEXT:
         return [*lines, f"llama.cpp's largest context is {MAX_AGGREGATE_CONTEXT:,} tokens: no K/V cache to compare."]
     current, current_type = effective.get("aggregate_context"), effective.get("cache_type_k")
-    new_bytes = CACHE_BYTES_PER_ELEMENT.get(values.cache_type)
-    old_bytes = CACHE_BYTES_PER_ELEMENT.get(str(current_type))
+    new_bytes = bytes_per_element(values.cache_type)
+    old_bytes = bytes_per_element(str(current_type))
     if isinstance(current, int) and current > 0 and new_bytes and old_bytes:
         ratio = aggregate * new_bytes / (current * old_bytes)
         kinds = {str(cache.get("kind")) for cache in runtime.memory} if runtime is not None else set()

@@ -12,19 +12,25 @@ PACKAGES = [
     "qiip_core",
     "qiip_core.auth",
     "qiip_core.catalog",
+    "qiip_core.client",
     "qiip_core.clientconfig",
     "qiip_core.config",
+    "qiip_core.deployments",
     "qiip_core.discovery",
+    "qiip_core.engines",
     "qiip_core.engines.llamacpp",
     "qiip_core.health",
     "qiip_core.journal",
     "qiip_core.lifecycle",
     "qiip_core.nodes",
     "qiip_core.planner",
+    "qiip_core.provisioning",
+    "qiip_core.quads",
     "qiip_core.recommendations",
     "qiip_core.routing",
     "qiip_core.storage",
     "qiip_core.telemetry",
+    "qiip_core.upstream",
 ]
 
 
@@ -44,7 +50,8 @@ def test_all_is_sorted_and_complete(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["qiip_core", "qiip_core.routing", "qiip_core.health", "qiip_proxy._app", "qiip_proxy._cli"]
+    "name",
+    ["qiip_core", "qiip_core.routing", "qiip_core.upstream", "qiip_core.health", "qiip_proxy._app", "qiip_proxy._cli"],
 )
 def test_headless_imports_load_no_terminal_ui(name: str) -> None:
     # Rich may still arrive through structlog, which imports it for tracebacks when it is installed; our own

@@ -31,6 +31,7 @@ from etcd3gw.lease import Lease
 from pydantic import ValidationError
 
 from qiip_core._errors import RegistryUnavailable, TokenNotFound, TokenStoreUnavailable
+from qiip_core._violation import first_violation
 from qiip_core.auth._base import TokenStore
 from qiip_core.auth._token import InvokeToken, utc_now
 from qiip_core.storage import EtcdClient, PrefixFollower, b64, load_json_object, unb64
@@ -62,8 +63,8 @@ def decode_token(token_id: str, value: bytes, *, max_value_bytes: int) -> Invoke
     try:
         return InvokeToken.model_validate({**data, "id": token_id})
     except ValidationError as exc:
-        first = exc.errors()[0]
-        raise ValueError(f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
+        error = first_violation(exc)
+        raise ValueError(f"{error.field}: {error.message}") from None
 
 
 class EtcdTokenStore(TokenStore):

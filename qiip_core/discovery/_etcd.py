@@ -38,6 +38,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from qiip_core._errors import EndpointError, NodeConflict, NodeNotFound, RegistryUnavailable
+from qiip_core._violation import first_violation
 from qiip_core.config import Settings
 from qiip_core.discovery._base import (
     RegisteredNode,
@@ -80,9 +81,8 @@ def decode_node(node_id: str, value: bytes, policy: EndpointPolicy, *, max_value
         node = Node.model_validate({**data, "id": node_id})
         return node.model_copy(update={"endpoint": policy.check(node.endpoint).url})
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ValueError(f"{where}: {first['msg']}") from None
+        error = first_violation(exc)
+        raise ValueError(f"{error.field}: {error.message}") from None
     except EndpointError as exc:
         raise ValueError(exc.message) from None
 

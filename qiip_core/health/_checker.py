@@ -29,16 +29,8 @@ import aiohttp
 from qiip_core._errors import safe_text
 from qiip_core.config import HealthSettings
 from qiip_core.nodes import EndpointPolicy, Engine, NodeStatus
-from qiip_core.routing import (
-    AllowlistResolver,
-    BreakerState,
-    ChangeKind,
-    NodeState,
-    RoutingTable,
-    TableChange,
-    describe_client_error,
-    is_local_exhaustion,
-)
+from qiip_core.routing import BreakerState, ChangeKind, NodeState, RoutingTable, TableChange
+from qiip_core.upstream import AllowlistResolver, describe_client_error, is_local_exhaustion
 
 __all__ = ["HealthChecker", "ProbeOutcome", "apply_probe", "classify_health"]
 

@@ -12,6 +12,7 @@ from qiip_core.nodes._endpoint import (
 from qiip_core.nodes._node import (
     LIFECYCLE_STATUSES,
     LIVENESS_STATUSES,
+    PROVISIONED_ENGINES,
     ApiName,
     DeploymentRef,
     Engine,
@@ -26,6 +27,7 @@ __all__ = [
     "DEFAULT_ALLOWED_NETWORKS",
     "LIFECYCLE_STATUSES",
     "LIVENESS_STATUSES",
+    "PROVISIONED_ENGINES",
     "ApiName",
     "DeploymentRef",
     "Endpoint",

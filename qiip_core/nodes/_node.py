@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 __all__ = [
     "LIFECYCLE_STATUSES",
     "LIVENESS_STATUSES",
+    "PROVISIONED_ENGINES",
     "ApiName",
     "DeploymentRef",
     "Engine",
@@ -67,6 +68,17 @@ class Engine(StrEnum):
     """llama.cpp's `llama-server`."""
     ATTACHED = "attached"
     """An existing OpenAI-compatible server attached by an administrator."""
+
+    @property
+    def label(self) -> str:
+        """The engine's name as operators read it: `vLLM`, `llama.cpp`, `attached`."""
+        return _ENGINE_LABELS[self]
+
+
+_ENGINE_LABELS = {Engine.VLLM: "vLLM", Engine.LLAMA_CPP: "llama.cpp", Engine.ATTACHED: "attached"}
+
+PROVISIONED_ENGINES = (Engine.LLAMA_CPP, Engine.VLLM)
+"""The engines QIIP installs and starts on a host (`qiip node setup`, deployments); `attached` servers are not."""
 
 
 ApiName = Literal["chat", "completions", "embeddings"]

@@ -46,7 +46,7 @@ from qiip_core.planner._policy import (
     validate_custom,
     validate_policy,
 )
-from qiip_core.planner._shape import ModelShape, kv_bytes_per_token
+from qiip_core.planner._shape import ModelShape, bytes_per_element, kv_bytes_per_token
 from qiip_core.planner._types import (
     CONTEXT_FLOOR,
     CONTEXT_STEP,
@@ -89,6 +89,7 @@ __all__ = [
     "TensorMetadata",
     "Violation",
     "auto_search",
+    "bytes_per_element",
     "estimate",
     "fits",
     "is_modelled",

@@ -17,9 +17,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from qiip_core.planner._arch import POOLING_TYPES, MemoryKind, Pooling, rules_for, swa_pattern
-from qiip_core.planner._types import MIB, CacheType, ModelMetadata
+from qiip_core.planner._types import CacheType, ModelMetadata
 
-__all__ = ["ModelShape", "SsmShape", "StoredTensor", "WeightMatrix", "kv_bytes_per_token", "row_bytes"]
+__all__ = [
+    "ModelShape",
+    "SsmShape",
+    "StoredTensor",
+    "WeightMatrix",
+    "bytes_per_element",
+    "kv_bytes_per_token",
+    "row_bytes",
+]
 
 _TYPE_LAYOUT: dict[str, tuple[int, int]] = {
     "f32": (4, 1),
@@ -32,6 +40,13 @@ _TYPE_LAYOUT: dict[str, tuple[int, int]] = {
 
 Q8_0_BLOCK = 32
 """Elements per Q8_0 block (`QK8_0`); a quantised row must be a whole number of blocks."""
+
+
+def bytes_per_element(dtype: str) -> float | None:
+    """Bytes per value of a ggml type, blocks included (`ggml_type_size / ggml_blck_size`: 2 for `f16`, 34/32 for
+    `q8_0`), or None for a type the planner does not model."""
+    layout = _TYPE_LAYOUT.get(dtype)
+    return None if layout is None else layout[0] / layout[1]
 
 
 def row_bytes(dtype: str, elements: int) -> int:
@@ -333,11 +348,6 @@ class ModelShape:
         to models that declare none, generative models among them.
         """
         return self.pooling if self.pooling != "none" else "mean"
-
-    @property
-    def weights_mib(self) -> float:
-        """All tensor bytes in MiB."""
-        return self.weights_bytes / MIB
 
     def layer_bytes(self) -> tuple[int, ...]:
         """Bytes of each block: `block_bytes`, or an even share of the non-embedding bytes when unknown."""

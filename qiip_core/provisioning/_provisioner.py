@@ -471,10 +471,6 @@ class Provisioner:
             return False
         return task is not None
 
-    def running_setups(self) -> int:
-        """Setups running now."""
-        return len(self._setups)
-
     async def tasks(self) -> list[ProvisioningTask]:
         """Every task record, sorted by host."""
         return await self.store.list_tasks()

@@ -25,6 +25,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from qiip_core._errors import LlmfitError
+from qiip_core._violation import first_violation
 
 __all__ = [
     "LLMFIT_VERSION",
@@ -221,10 +222,11 @@ def parse_recommendations(
     try:
         output = _LlmfitOutput.model_validate_json(stdout)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "the output"
+        error = first_violation(exc)
         raise LlmfitError(
-            f"llmfit on {host} printed what `recommend --json` does not ({where}: {first['msg']}).", host=host
+            f"llmfit on {host} printed what `recommend --json` does not ({error.field or 'the output'}: "
+            f"{error.message}).",
+            host=host,
         ) from None
     in_catalog = frozenset(catalog_repos)
     items = []

@@ -220,10 +220,6 @@ class PrefixAffinity:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def policy_for(self, model: str) -> RoutingPolicy:
-        """The model's policy: its override, else the default."""
-        return self.model_policy.get(model, self.policy)
-
     def prefix_of(self, model: str, api: str | None, payload: Mapping[str, Any]) -> tuple[int, ...]:
         """`prefix_hashes` of a request whose model routes by prefix affinity; () for any other."""
         if self.model_policy.get(model, self.policy) is not RoutingPolicy.PREFIX_AFFINITY:

@@ -96,12 +96,6 @@ class InFlightBoard:
         for column in range(self.columns):
             self._cells[column * self.rows + row] = 0
 
-    def clear_column(self, column: int) -> None:
-        """Zero the node of `column` in every row (a column handed to another node)."""
-        start = column * self.rows
-        for index in range(start, start + self.rows):
-            self._cells[index] = 0
-
     def close(self) -> None:
         """Unmap the board (the file stays; the primary removes it)."""
         self._cells.release()

@@ -50,15 +50,15 @@ from qiip_core._errors import (
 )
 from qiip_core.config import UpstreamSettings
 from qiip_core.nodes import EndpointPolicy, NodeStatus
-from qiip_core.routing._response import UpstreamResponse
 from qiip_core.routing._table import ChangeKind, Reservation, RoutingTable, TableChange
-from qiip_core.routing._upstream import (
+from qiip_core.upstream._client import (
     TRANSPORT_ERRORS,
     SendProgress,
     UpstreamClient,
     UpstreamRequest,
     map_transport_error,
 )
+from qiip_core.upstream._response import UpstreamResponse
 
 __all__ = ["Forwarder"]
 

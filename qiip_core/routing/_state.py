@@ -58,7 +58,6 @@ class NodeState:
         liveness: healthy, unhealthy or unknown: observed by this gateway, or the registry's until then.
         in_flight: requests currently reserved on the node: by every serving process when the table counts on
             a shared board (`server.workers`), else by this one.
-        local_in_flight: requests this process has reserved on the node.
         breaker: the node's circuit breaker.
         health_failures: consecutive failed health probes.
         observed: True once this gateway has probed the node itself.
@@ -119,11 +118,6 @@ class NodeState:
         """Requests reserved on the node: over every serving process on a shared board, else by this one."""
         board = self._board
         return self._local if board is None else board.total(self._column)
-
-    @property
-    def local_in_flight(self) -> int:
-        """Requests this process has reserved on the node."""
-        return self._local
 
     @property
     def column(self) -> int | None:

@@ -90,7 +90,8 @@ class ExpectedModel:
 
 
 class Reservation:
-    """One request's claim on one node. `release()` is idempotent; the table counts it exactly once.
+    """One request's claim on one node. `release()` is idempotent; the table counts it exactly once. A
+    committed response reports the node's outcome to it (it is the response's `OutcomeSink`).
 
     Use it as a context manager, or call `release()` in a `finally`.
 
@@ -115,6 +116,16 @@ class Reservation:
     def node(self) -> Node:
         """The reserved node's registration."""
         return self.state.node
+
+    @property
+    def node_id(self) -> str:
+        """The reserved node's id."""
+        return self.state.id
+
+    @property
+    def health_failures(self) -> int:
+        """The reserved node's consecutive failed health probes (0 while it passes them)."""
+        return self.state.health_failures
 
     @property
     def released(self) -> bool:

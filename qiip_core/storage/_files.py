@@ -33,6 +33,7 @@ from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar
 from pydantic import ValidationError
 
 from qiip_core._errors import QiipError
+from qiip_core._violation import first_violation
 
 __all__ = ["LockedJsonFile", "atomic_write"]
 
@@ -179,14 +180,14 @@ class LockedJsonFile(Generic[_T]):
                 item = self.model.model_validate(entry)
             except ValidationError as exc:
                 name = entry.get("id") if isinstance(entry, dict) else None
-                first = exc.errors()[0]
+                error = first_violation(exc)
                 self.log.warning(
                     "%s: %s %s is invalid and is ignored (kept in the file): %s: %s",
                     self.path,
                     self.entry_noun,
                     repr(name) if isinstance(name, str) else f"#{index}",
-                    ".".join(str(p) for p in first["loc"]),
-                    first["msg"],
+                    error.field,
+                    error.message,
                 )
                 invalid.append(entry)
                 continue

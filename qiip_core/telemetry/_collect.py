@@ -31,6 +31,7 @@ import httpx
 from pydantic import ValidationError
 
 from qiip_core._errors import ConfigError
+from qiip_core._violation import first_violation
 from qiip_core.config import Settings, TelemetryAgentConfig
 from qiip_core.discovery import read_token_file
 from qiip_core.storage import EtcdClient, PrefixFollower, load_json_object, unb64
@@ -68,8 +69,8 @@ def decode_reading(value: bytes, node_id: str) -> NodeTelemetry:
     try:
         reading = NodeTelemetry.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        raise ValueError(f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
+        error = first_violation(exc)
+        raise ValueError(f"{error.field}: {error.message}") from None
     if reading.node_id != node_id:
         raise ValueError(f"the reading is of node {reading.node_id!r}, published as {node_id!r}")
     return reading

@@ -25,7 +25,7 @@ from qiip_core.config import load_settings
 from qiip_core.engines.llamacpp import LaunchSpec, free_port
 from qiip_core.nodes import Engine
 from qiip_proxy._app import create_app, serving_app
-from qiip_proxy._chat_page import CONTENT_SECURITY_POLICY
+from qiip_proxy.routes._chat_page import CONTENT_SECURITY_POLICY
 from tests.support.daemon import Daemon, wait_until
 from tests.support.fault_backend import FaultBackend, Json, Sse
 from tests.support.fault_backend._payloads import chat_chunk, error_body, sse_event

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qiip_proxy._journal import _read_from, tail_lines
+from qiip_proxy.routes._journal import _read_from, tail_lines
 
 
 def test_the_tail_is_the_last_complete_lines(tmp_path: Path) -> None:

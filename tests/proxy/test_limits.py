@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from qiip_core.config import load_settings
-from qiip_core.routing import is_local_exhaustion, map_transport_error
-from qiip_proxy._limits import MARGIN_FDS, client_connection_cap
+from qiip_core.upstream import is_local_exhaustion, map_transport_error
+from qiip_proxy.server._limits import MARGIN_FDS, client_connection_cap
 from tests.support.daemon import Daemon, closed_by_server, wait_until
 from tests.support.fault_backend import Completion, FaultBackend, Gated
 

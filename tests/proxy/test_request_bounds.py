@@ -12,7 +12,7 @@ from starlette.types import Receive, Scope, Send
 
 import qiip_proxy._parse as parse
 from qiip_proxy._errors import RequestRefused
-from qiip_proxy._http import AllowedHosts
+from qiip_proxy.layers._http import AllowedHosts
 
 
 def _random_value(rng: random.Random, depth: int = 0) -> Any:

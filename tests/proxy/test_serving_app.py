@@ -10,8 +10,8 @@ from starlette.types import ASGIApp
 
 from qiip_core.config import load_settings
 from qiip_proxy._app import create_app, serving_app
-from qiip_proxy._http import AllowedHosts
 from qiip_proxy._inference import ProxyRoutes
+from qiip_proxy.layers._http import AllowedHosts
 
 ORIGIN = "https://app.example.com"
 

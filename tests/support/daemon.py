@@ -154,6 +154,7 @@ class Daemon:
             # Python's start-up alone takes seconds when other processes share the cores.
             wait_until(self._up, 2 * WAIT_S, "the daemon to listen")
         except BaseException:
+            # `__exit__` does not run when `__enter__` raises: never leave a daemon behind that later listens.
             self.stop()
             raise
         return self

@@ -1,4 +1,5 @@
-"""llama.cpp: install `llama-server` from a pinned source, write test GGUF models, launch and stop servers.
+"""llama.cpp: install `llama-server` from a pinned source, write test GGUF models (`testmodels`), launch and
+stop servers.
 
 ```
 LlamaCppInstaller(settings)        find_installed() / install(cpu=…, force=…, archive=…, progress=…)
@@ -34,10 +35,10 @@ if TYPE_CHECKING:
     from qiip_core.engines.llamacpp._launch import launch_spec_for
     from qiip_core.engines.llamacpp._managed import ManagedLlamaServer, default_local_policy
     from qiip_core.engines.llamacpp._modelcheck import LLAMA_CPP_ARCHITECTURES, inspect_model
-    from qiip_core.engines.llamacpp._published import GEMMA3_270M, PublishedModel, fetch_test_model
     from qiip_core.engines.llamacpp._server import LaunchSpec, LlamaServerProcess, free_port
     from qiip_core.engines.llamacpp._source import SourceSpec, fetch_archive, resolve_source
-    from qiip_core.engines.llamacpp._testmodel import TEST_ARCHITECTURES, make_test_gguf
+    from qiip_core.engines.llamacpp.testmodels._generate import TEST_ARCHITECTURES, make_test_gguf
+    from qiip_core.engines.llamacpp.testmodels._published import GEMMA3_270M, PublishedModel, fetch_test_model
 
 __all__ = [
     "GEMMA3_270M",
@@ -66,7 +67,7 @@ __all__ = [
 ]
 
 _MODULES = {
-    "GEMMA3_270M": "_published",
+    "GEMMA3_270M": "testmodels._published",
     "LLAMA_CPP_ARCHITECTURES": "_modelcheck",
     "GgufMetadata": "_gguf",
     "GgufTensor": "_gguf",
@@ -76,16 +77,16 @@ _MODULES = {
     "LlamaServerProcess": "_server",
     "ManagedLlamaServer": "_managed",
     "ProgressCallback": "_install",
-    "PublishedModel": "_published",
+    "PublishedModel": "testmodels._published",
     "SourceSpec": "_source",
-    "TEST_ARCHITECTURES": "_testmodel",
+    "TEST_ARCHITECTURES": "testmodels._generate",
     "default_local_policy": "_managed",
     "fetch_archive": "_source",
-    "fetch_test_model": "_published",
+    "fetch_test_model": "testmodels._published",
     "free_port": "_server",
     "inspect_model": "_modelcheck",
     "launch_spec_for": "_launch",
-    "make_test_gguf": "_testmodel",
+    "make_test_gguf": "testmodels._generate",
     "nvidia_gpu_count": "_build",
     "read_gguf_metadata": "_gguf",
     "resolve_source": "_source",

@@ -1,7 +1,8 @@
 """Mixture-of-experts models (qwen3moe, Mixtral-style llama, qwen2moe) run by real llama-server processes, and
 the planner's estimates measured against what they log.
 
-Each model is a generated test model (`_testarch_moe.py`); the server runs it on the CPU with `--threads 1`.
+Each model is a generated test model (`engines/llamacpp/testmodels/_moe.py`); the server runs it on the CPU with
+`--threads 1`.
 Besides the three sizes (K/V, compute, weights) within 2%, the graph we rebuild must have as many nodes as the
 one llama.cpp reserved (`sched_reserve: graph…: nodes = N`): the cheapest proof that the expert block is built
 op for op.

@@ -12,7 +12,8 @@ import pytest
 from qiip_core import FailoverExhausted, UpstreamTimeout, UpstreamTransportError
 from qiip_core.config import UpstreamSettings
 from qiip_core.nodes import Node, NodeStatus
-from qiip_core.routing import BreakerPolicy, Forwarder, RoutingTable, UpstreamRequest
+from qiip_core.routing import BreakerPolicy, Forwarder, RoutingTable
+from qiip_core.upstream import UpstreamRequest
 from tests.support.fault_backend import FaultBackend, Hang, Json, Sse, Status
 
 pytestmark = pytest.mark.integration

@@ -7,7 +7,7 @@ import pytest
 from gguf import GGUFReader, TokenType
 
 from qiip_core.engines.llamacpp import LaunchSpec, make_test_gguf, read_gguf_metadata
-from qiip_core.engines.llamacpp._testmodel import TEST_ARCHITECTURES
+from qiip_core.engines.llamacpp.testmodels._generate import TEST_ARCHITECTURES
 from qiip_core.planner import ModelShape
 
 

@@ -7,7 +7,7 @@ import pytest
 from gguf import GGUFReader, GGUFWriter, TokenType
 
 from qiip_core.engines.llamacpp import make_test_gguf, read_gguf_metadata
-from qiip_core.engines.llamacpp._testmodel import CHAT_TEMPLATE, MIN_VOCAB, build_vocab
+from qiip_core.engines.llamacpp.testmodels._generate import CHAT_TEMPLATE, MIN_VOCAB, build_vocab
 
 
 def _digest(path: Path) -> str:

@@ -4,8 +4,8 @@ import aiohttp
 import pytest
 
 from qiip_core import UpstreamError, UpstreamTimeout, UpstreamTransportError
-from qiip_core.routing import map_transport_error
-from qiip_core.routing._upstream import _TRANSPORT_ERRORS
+from qiip_core.upstream import map_transport_error
+from qiip_core.upstream._client import _TRANSPORT_ERRORS
 
 
 def _subclasses(cls: type) -> set[type]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -26,6 +25,7 @@ from starlette.requests import HTTPConnection
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from qiip_core import ArtifactIdInvalid, NodeNotFound, PlanError, RelaunchError
+from qiip_core._violation import first_violation
 from qiip_core.catalog import artifact_entrypoint, resolve_artifact_id
 from qiip_core.lifecycle import (
     Operation,
@@ -40,8 +40,9 @@ from qiip_core.lifecycle import (
 from qiip_core.nodes import Engine, Node, NodeCapabilities, NodeStatus
 from qiip_core.planner import parse_policy
 from qiip_core.routing import ChangeKind, NodeState, TableChange
-from qiip_proxy._auth_gate import basic_credentials
 from qiip_proxy._errors import RequestRefused
+from qiip_proxy.layers._auth_gate import admin_credentials_ok, admin_unauthorized, basic_credentials
+from qiip_proxy.routes._common import gateway_of
 
 if TYPE_CHECKING:
     from qiip_core.telemetry import TelemetryStore
@@ -69,31 +70,14 @@ class AdminError(RequestRefused):
     """An admin API refusal of its own: 400, 401, 404, 409, 415, 422 with an OpenAI-shaped error body."""
 
 
-def _gateway(request: Request) -> Gateway:
-    gateway: Gateway = request.app.state.gateway
-    return gateway
-
-
 async def require_admin(request: Request, credentials: Annotated[HTTPBasicCredentials | None, Depends(_basic)]) -> None:
     """Check the HTTP Basic credentials; state-changing methods must also send JSON."""
-    settings = _gateway(request).settings.admin
+    settings = gateway_of(request).settings.admin
     expected_user = (settings.username or "").encode("utf-8")
     expected_password = settings.password.get_secret_value().encode("utf-8") if settings.password else b""
-    given_user = credentials.username.encode("utf-8") if credentials else b""
-    given_password = credentials.password.encode("utf-8") if credentials else b""
-    # Both comparisons always run, so timing says nothing about which part was wrong.
-    user_ok = secrets.compare_digest(given_user, expected_user)
-    password_ok = secrets.compare_digest(given_password, expected_password)
-    if credentials is None or not (user_ok and password_ok) or not expected_user:
-        raise AdminError(
-            401,
-            "Admin credentials are required (HTTP Basic)."
-            if credentials is None
-            else "The admin credentials were refused: wrong username or password (HTTP Basic).",
-            "unauthorized",
-            type="authentication_error",
-            headers={"WWW-Authenticate": 'Basic realm="qiip-admin", charset="UTF-8"'},
-        )
+    given = (credentials.username.encode("utf-8"), credentials.password.encode("utf-8")) if credentials else None
+    if not admin_credentials_ok(given, (expected_user, expected_password)):
+        raise admin_unauthorized(presented=credentials is not None)
     if request.method in ("POST", "PUT", "PATCH"):
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if content_type != "application/json":
@@ -101,7 +85,7 @@ async def require_admin(request: Request, credentials: Annotated[HTTPBasicCreden
 
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(require_admin)])
-"""The admin routes; the provisioning ones are `qiip_proxy._provisioning`'s."""
+"""The admin routes; the provisioning ones are `qiip_proxy.routes._provisioning`'s."""
 
 
 class _Strict(BaseModel):
@@ -187,7 +171,7 @@ async def list_nodes(request: Request) -> JSONResponse:
     breaker, last error, last health observation, live GPUs (`gpus_live`, from `qiip agent`), and what QUADS says
     of its host (`quads`). With QUADS configured, the GPU hosts it lends that are not nodes follow, with the status
     `not_provisioned`, and `quads` says how fresh QIIP's read of QUADS is (null without QUADS)."""
-    gateway = _gateway(request)
+    gateway = gateway_of(request)
     nodes = [
         node_view(s, gateway.quads_view(s.id), gateway.telemetry) for s in sorted(gateway.table, key=lambda s: s.id)
     ]
@@ -201,22 +185,21 @@ async def list_nodes(request: Request) -> JSONResponse:
 @router.get("/nodes/{node_id}")
 async def get_node(request: Request, node_id: str) -> JSONResponse:
     """One node (404 when unknown)."""
-    gateway = _gateway(request)
+    gateway = gateway_of(request)
     return JSONResponse(node_view(_node_or_404(gateway, node_id), gateway.quads_view(node_id), gateway.telemetry))
 
 
 @router.post("/nodes", status_code=201)
 async def register_node(request: Request, body: RegisterNode) -> JSONResponse:
     """Register an external node in the registry (400 outside the endpoint allowlist, 409 for a config node)."""
-    gateway = _gateway(request)
+    gateway = gateway_of(request)
     try:
         node = Node(
             id=body.id, endpoint=body.endpoint, model=body.model, engine=body.engine, capabilities=body.capabilities
         )
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"])
-        raise AdminError(422, f"{field}: {first['msg']}.", "invalid_node", field) from None
+        error = first_violation(exc)
+        raise AdminError(422, f"{error.field}: {error.message}.", "invalid_node", error.field) from None
     stored = await gateway.registry.register(node)
     return JSONResponse(stored.model_dump(mode="json"), status_code=201)
 
@@ -224,7 +207,7 @@ async def register_node(request: Request, body: RegisterNode) -> JSONResponse:
 @router.post("/nodes/{node_id}/drain", status_code=202)
 async def drain_node(request: Request, node_id: str, body: DrainRequest) -> JSONResponse:
     """Send the node nothing new and wait for its in-flight requests (202: follow the operation)."""
-    gateway = _gateway(request)
+    gateway = gateway_of(request)
     _node_or_404(gateway, node_id)
     timeout_s = body.timeout_s or gateway.settings.admin.drain_timeout_s
     check_can_drain(gateway.table, node_id)
@@ -239,7 +222,7 @@ async def drain_node(request: Request, node_id: str, body: DrainRequest) -> JSON
 @router.post("/nodes/{node_id}/undrain")
 async def undrain_node(request: Request, node_id: str, body: Empty) -> JSONResponse:
     """Take a drained node back into rotation (409 when it is not draining)."""
-    gateway = _gateway(request)
+    gateway = gateway_of(request)
     state = _node_or_404(gateway, node_id)
     check_can_undrain(gateway.table, node_id)
     gateway.journal.record(node_id, "note", "undrain asked", "an operator took the node back into rotation")
@@ -259,7 +242,7 @@ async def delete_node(
     """Drain the node, then remove it (`?force=true`: at once). A node this daemon launched is stopped too; a node
     set up over SSH is torn down (drain, stop its engine, deregister). `?force=true&recovery_engine=vllm|llama_cpp`
     tears down a host whose registration was lost."""
-    gateway = _gateway(request)
+    gateway = gateway_of(request)
     state = gateway.table.get(node_id)
     provisioned = await gateway.provisioner.is_provisioned(node_id)
     if state is None and not (force and recovery_engine is not None):
@@ -302,7 +285,7 @@ async def relaunch_node(request: Request, node_id: str) -> JSONResponse:
     new one) is 422 `invalid_model_file` with the reason; a sizing that is invalid, or that does not fit the memory
     the node will have once its server stops, is 422 `invalid_policy` with the plan's numbers. A relaunch that fails
     after that rolls back, and the node is probed at once, so it is routable as soon as the operation ends."""
-    gateway = _gateway(request)
+    gateway = gateway_of(request)
     state = _node_or_404(gateway, node_id)
     try:
         payload = json.loads(await request.body())
@@ -364,7 +347,7 @@ async def relaunch_node(request: Request, node_id: str) -> JSONResponse:
 @router.get("/attached")
 async def list_attached(request: Request) -> JSONResponse:
     """The approved attached profiles (never their tokens), and whether each is attached now."""
-    gateway = _gateway(request)
+    gateway = gateway_of(request)
     profiles = [
         {
             "name": p.name,
@@ -384,7 +367,7 @@ async def list_attached(request: Request) -> JSONResponse:
 @router.post("/attached/{name}", status_code=201)
 async def attach(request: Request, name: str, body: Empty) -> JSONResponse:
     """Attach an approved profile as a node (404 for a name not in `[[attached]]`, 409 when attached)."""
-    gateway = _gateway(request)
+    gateway = gateway_of(request)
     if name not in gateway.profiles:
         raise AdminError(404, f"No attached profile is named {name!r}.", "profile_not_found", "name")
     if name in gateway.table:
@@ -396,7 +379,7 @@ async def attach(request: Request, name: str, body: Empty) -> JSONResponse:
 @router.post("/tokens", status_code=201)
 async def create_token(request: Request, body: CreateToken) -> JSONResponse:
     """Create an invoke token. The answer carries its secret, shown this once and stored only as a hash."""
-    gateway = _gateway(request)
+    gateway = gateway_of(request)
     token, secret = await gateway.tokens.create(model=body.model, ttl_s=body.ttl_s, description=body.description)
     if gateway.workers is not None:
         gateway.workers.tokens_changed()
@@ -406,14 +389,14 @@ async def create_token(request: Request, body: CreateToken) -> JSONResponse:
 @router.get("/tokens")
 async def list_tokens(request: Request) -> JSONResponse:
     """Live invoke tokens (not expired, not revoked), without their secrets."""
-    tokens = await _gateway(request).tokens.list()
+    tokens = await gateway_of(request).tokens.list()
     return JSONResponse({"tokens": [t.public() for t in tokens]})
 
 
 @router.delete("/tokens/{token_id}")
 async def revoke_token(request: Request, token_id: str) -> JSONResponse:
     """Revoke an invoke token; requests running on it end at once (streams with an in-band error)."""
-    gateway = _gateway(request)
+    gateway = gateway_of(request)
     token = await gateway.tokens.revoke(token_id)
     if gateway.workers is not None:
         gateway.workers.tokens_changed()
@@ -423,13 +406,13 @@ async def revoke_token(request: Request, token_id: str) -> JSONResponse:
 @router.get("/operations")
 async def list_operations(request: Request) -> JSONResponse:
     """Recent background operations, newest first."""
-    return JSONResponse({"operations": [op.view() for op in _gateway(request).operations.list()]})
+    return JSONResponse({"operations": [op.view() for op in gateway_of(request).operations.list()]})
 
 
 @router.get("/operations/{operation_id}")
 async def get_operation(request: Request, operation_id: str) -> JSONResponse:
     """One operation: state, result, error and its log."""
-    operation = _gateway(request).operations.get(operation_id)
+    operation = gateway_of(request).operations.get(operation_id)
     if operation is None:
         raise AdminError(404, f"No operation has id {operation_id!r}.", "operation_not_found", "operation_id")
     return JSONResponse(operation.view())
@@ -438,7 +421,7 @@ async def get_operation(request: Request, operation_id: str) -> JSONResponse:
 @router.get("/metrics")
 async def admin_metrics(request: Request) -> JSONResponse:
     """Request counters by model and by node, as JSON."""
-    return JSONResponse(_gateway(request).metrics.snapshot())
+    return JSONResponse(gateway_of(request).metrics.snapshot())
 
 
 @router.get("/events", response_class=StreamingResponse)
@@ -449,7 +432,7 @@ async def events(
     """Server-sent events of node changes: `event: node` with `{"change": "added"|"updated"|"removed", "node":
     {...}}`, starting with every current node as `added`, and a `: heartbeat` comment when idle. The stream
     ends when the daemon begins to shut down (a client reconnects to the next one)."""
-    gateway = _gateway(request)
+    gateway = gateway_of(request)
     queue: asyncio.Queue[TableChange | None] = asyncio.Queue(maxsize=1024)
 
     def listener(change: TableChange | None) -> None:

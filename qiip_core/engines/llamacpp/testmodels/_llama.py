@@ -2,7 +2,7 @@
 
 `llama` is the default test model: RMS norms, separate Q/K/V projections, a SwiGLU feed-forward and an untied
 output, the tensors `src/models/llama.cpp` loads. With expert options it is a Mixtral-style mixture of experts,
-written by `_testarch_moe.llama_moe_writer`. `granite` is llama's tensors with a logit scale: an architecture
+written by `_moe.llama_moe_writer`. `granite` is llama's tensors with a logit scale: an architecture
 llama.cpp serves and the planner does not model.
 """
 
@@ -12,8 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from qiip_core.engines.llamacpp._testarch_moe import MOE_OPTIONS, llama_moe_writer
-from qiip_core.engines.llamacpp._testmodel import (
+from qiip_core.engines.llamacpp.testmodels._generate import (
     Option,
     Tensors,
     TestModelSpec,
@@ -21,6 +20,7 @@ from qiip_core.engines.llamacpp._testmodel import (
     add_attention_metadata,
     check_options,
 )
+from qiip_core.engines.llamacpp.testmodels._moe import MOE_OPTIONS, llama_moe_writer
 
 __all__ = ["granite_writer", "llama_writer"]
 
@@ -29,7 +29,7 @@ def llama_writer(spec: TestModelSpec, w: Weights) -> tuple[Tensors, Callable[[An
     """llama: RMS norms, separate Q/K/V projections, SwiGLU feed-forward, an untied output.
 
     With expert options (`n_expert`, `n_expert_used`, `n_ff_expert`) it is a Mixtral-style mixture of experts,
-    written by `_testarch_moe.llama_moe_writer`; without, the dense model.
+    written by `_moe.llama_moe_writer`; without, the dense model.
     """
     if spec.options:
         if set(spec.options) & MOE_OPTIONS:

@@ -34,13 +34,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from qiip_core import DeploymentInvalid, QiipError
-from qiip_core._violation import Violation
-from qiip_proxy._admin import AdminError, require_admin
-from qiip_proxy._sse import SSE_HEADERS
+from qiip_core._violation import Violation, first_violation
+from qiip_proxy.routes._admin import AdminError, require_admin
+from qiip_proxy.routes._common import gateway_of
+from qiip_proxy.routes._log_stream import SSE_HEADERS
 
 if TYPE_CHECKING:
     from qiip_core.deployments import DeploymentService
-    from qiip_proxy._gateway import Gateway
 
 __all__ = ["router"]
 
@@ -63,7 +63,7 @@ class _Undo(BaseModel):
 
 
 def _service(request: Request) -> DeploymentService:
-    gateway: Gateway = request.app.state.gateway
+    gateway = gateway_of(request)
     return gateway.deployments
 
 
@@ -86,9 +86,9 @@ def _model(model: type[BaseModel], data: dict[str, Any]) -> Any:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "body"
-        raise DeploymentInvalid(f"{field}: {first['msg']}.", violations=[Violation(field, first["msg"])]) from None
+        error = first_violation(exc)
+        field = error.field or "body"
+        raise DeploymentInvalid(f"{field}: {error.message}.", violations=[Violation(field, error.message)]) from None
 
 
 @router.get("/deployments")
@@ -129,7 +129,7 @@ async def events(
     first, then each new one as the controller records it (from any gateway sharing etcd); `event: gone` when the
     deployment is removed. The stream ends when the daemon shuts down."""
     service = _service(request)
-    gateway: Gateway = request.app.state.gateway
+    gateway = gateway_of(request)
     first = await service.events(name, after=after)
 
     async def stream() -> AsyncIterator[bytes]:
@@ -244,9 +244,9 @@ async def add_host(request: Request) -> JSONResponse:
     try:
         host = await _service(request).add_host(await _object(request))
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "body"
-        reason = str(first["msg"]).removeprefix("Value error, ")
+        error = first_violation(exc)
+        field = error.field or "body"
+        reason = error.message.removeprefix("Value error, ")
         raise AdminError(422, f"Not a host: {field}: {reason}.", "invalid_host", field) from None
     return JSONResponse(host.model_dump(mode="json"), status_code=201)
 

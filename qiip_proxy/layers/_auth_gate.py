@@ -29,31 +29,19 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from qiip_core._errors import safe_text
 from qiip_core.auth import AuthThrottle
-from qiip_proxy._errors import RequestRefused, describe_error
+from qiip_proxy._errors import RequestRefused, body_too_large, describe_error
+from qiip_proxy._scope import header, logged_path, peer_of
 
 __all__ = [
     "AdminGate",
     "AuthThrottle",
+    "admin_credentials_ok",
+    "admin_unauthorized",
     "basic_credentials",
-    "header",
-    "logged_path",
-    "peer_of",
     "too_many_failures",
 ]
 
 logger = logging.getLogger("qiip.auth")
-
-
-def peer_of(scope: Scope) -> str:
-    """The client's address, as the server saw it (`unknown` for a Unix socket or a test client)."""
-    client = scope.get("client")
-    return str(client[0]) if client else "unknown"
-
-
-def logged_path(scope: Scope) -> str:
-    """The request's path as a log line may quote it: control characters escaped, at most 200 characters (a
-    `%0a` in the path would otherwise start a forged line)."""
-    return safe_text(str(scope.get("path", "")), limit=200)
 
 
 def basic_credentials(value: bytes | None) -> tuple[bytes, bytes] | None:
@@ -69,6 +57,38 @@ def basic_credentials(value: bytes | None) -> tuple[bytes, bytes] | None:
         return None
     user, colon, password = decoded.partition(b":")
     return (user, password) if colon else None
+
+
+def admin_credentials_ok(given: tuple[bytes, bytes] | None, expected: tuple[bytes, bytes]) -> bool:
+    """Whether HTTP Basic credentials are the admin's: the one check of the admin gate and the admin routes.
+
+    Args:
+        given: the user name and password presented, as UTF-8 bytes (`basic_credentials`); None: none.
+        expected: `admin.username` and `admin.password`, as UTF-8 bytes.
+
+    Returns:
+        True when both match and an admin user name is configured (with none, nothing is accepted).
+    """
+    given_user, given_password = given or (b"", b"")
+    expected_user, expected_password = expected
+    # Both comparisons always run, so timing says nothing about which part was wrong.
+    user_ok = secrets.compare_digest(given_user, expected_user)
+    password_ok = secrets.compare_digest(given_password, expected_password)
+    return user_ok and password_ok and bool(expected_user)
+
+
+def admin_unauthorized(*, presented: bool) -> RequestRefused:
+    """The admin API's 401, with its HTTP Basic challenge (RFC 7617): credentials required when none were
+    presented (`presented` False), else refused."""
+    return RequestRefused(
+        401,
+        "The admin credentials were refused: wrong username or password (HTTP Basic)."
+        if presented
+        else "Admin credentials are required (HTTP Basic).",
+        "unauthorized",
+        type="authentication_error",
+        headers={"WWW-Authenticate": 'Basic realm="qiip-admin", charset="UTF-8"'},
+    )
 
 
 def too_many_failures(retry_after_s: float) -> RequestRefused:
@@ -141,11 +161,7 @@ class AdminGate:
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_body_bytes):
             await _refuse(
                 send,
-                RequestRefused(
-                    413,
-                    f"Admin request bodies are limited to {self.max_body_bytes} bytes (admin.max_body_bytes).",
-                    "request_too_large",
-                ),
+                body_too_large(self.max_body_bytes, "admin.max_body_bytes"),
             )
             return
         if declared is None and header(scope, b"transfer-encoding") is not None:
@@ -155,28 +171,11 @@ class AdminGate:
         await self.app(scope, receive, send)
 
     def _authenticated(self, value: bytes | None) -> bool:
-        given_user, given_password = basic_credentials(value) or (b"", b"")
-        expected_user, expected_password = self._expected
-        # Both comparisons always run, so timing says nothing about which part was wrong.
-        user_ok = secrets.compare_digest(given_user, expected_user)
-        password_ok = secrets.compare_digest(given_password, expected_password)
-        return user_ok and password_ok and bool(expected_user)
+        return admin_credentials_ok(basic_credentials(value), self._expected)
 
 
-_UNAUTHORIZED = RequestRefused(
-    401,
-    "Admin credentials are required (HTTP Basic).",
-    "unauthorized",
-    type="authentication_error",
-    headers={"WWW-Authenticate": 'Basic realm="qiip-admin", charset="UTF-8"'},
-)
-_REFUSED = RequestRefused(
-    401,
-    "The admin credentials were refused: wrong username or password (HTTP Basic).",
-    "unauthorized",
-    type="authentication_error",
-    headers={"WWW-Authenticate": 'Basic realm="qiip-admin", charset="UTF-8"'},
-)
+_UNAUTHORIZED = admin_unauthorized(presented=False)
+_REFUSED = admin_unauthorized(presented=True)
 _LENGTH_REQUIRED = RequestRefused(411, "Admin requests with a body must declare its Content-Length.", "length_required")
 
 
@@ -187,11 +186,3 @@ async def _refuse(send: Send, refusal: RequestRefused) -> None:
     raw += [(name.lower().encode(), value.encode()) for name, value in headers.items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
-
-
-def header(scope: Scope, name: bytes) -> bytes | None:
-    """The value of request header `name` (lower-case bytes, as ASGI gives names), or None."""
-    for key, value in scope["headers"]:
-        if key == name:
-            return bytes(value)
-    return None

@@ -22,7 +22,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from qiip_proxy._errors import RequestRefused, send_error
-from qiip_proxy._parse import request_id_for
+from qiip_proxy._scope import request_id_for
 
 __all__ = [
     "CORS_ALLOW_HEADERS",

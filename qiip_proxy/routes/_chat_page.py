@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = ["CHAT_PAGE_HEADERS", "CONTENT_SECURITY_POLICY", "STATIC_DIR", "add_chat_page"]
 
-STATIC_DIR = Path(__file__).parent / "static" / "chat"
+STATIC_DIR = Path(__file__).parent.parent / "static" / "chat"
 """The page's files: `index.html`, its scripts and stylesheet, and `vendor/`."""
 
 CONTENT_SECURITY_POLICY = "; ".join(

@@ -26,8 +26,9 @@ from starlette.responses import Response, StreamingResponse
 
 from qiip_core import NodeNotFound
 from qiip_core.journal import JournalEntry
-from qiip_proxy._admin import AdminError, require_admin
-from qiip_proxy._sse import SSE_HEADERS, kept_then_live
+from qiip_proxy.routes._admin import AdminError, require_admin
+from qiip_proxy.routes._common import gateway_of
+from qiip_proxy.routes._log_stream import SSE_HEADERS, kept_then_live
 
 if TYPE_CHECKING:
     from qiip_proxy._gateway import Gateway
@@ -43,11 +44,6 @@ _MAX_LINE_CHARS = 4_096
 _POLL_S = 0.25
 
 
-def _gateway(request: Request) -> Gateway:
-    gateway: Gateway = request.app.state.gateway
-    return gateway
-
-
 def _sse(event: str, data: dict[str, Any]) -> bytes:
     return f"event: {event}\ndata: ".encode() + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
 
@@ -60,7 +56,7 @@ async def journal(
 ) -> Response:
     """Server-sent events of the fleet journal: `event: entry` with `{seq, at, node, event, summary, reason, …}`
     (`qiip_core.journal.JournalEntry`), first the last 2,000 kept, then each new one, and `: heartbeat` when idle."""
-    gateway = _gateway(request)
+    gateway = gateway_of(request)
 
     return kept_then_live(gateway, gateway.journal.follow(), _entry, follow=follow, heartbeat_s=heartbeat_s)
 
@@ -163,7 +159,7 @@ async def engine_log(
     """Server-sent events of a local node's engine log (llama-server's output): `event: line` with `{line}`, the last
     `lines` lines (at most 10,000), then with `follow` each new one; `event: reset` with `{reason}` when the file
     starts again (a relaunch). 404 for an unknown node, 409 for a node whose engine log this daemon does not keep."""
-    gateway = _gateway(request)
+    gateway = gateway_of(request)
     path = engine_log_path(gateway, node_id)
 
     async def stream() -> AsyncIterator[bytes]:

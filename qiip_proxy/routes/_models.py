@@ -18,7 +18,8 @@ from starlette.responses import JSONResponse
 
 from qiip_core import ModelStoreError, QiipError
 from qiip_core.catalog import check_file_name, check_revision, scan_catalog
-from qiip_proxy._admin import AdminError, require_admin
+from qiip_proxy.routes._admin import AdminError, require_admin
+from qiip_proxy.routes._common import gateway_of
 
 if TYPE_CHECKING:
     from qiip_proxy._gateway import Gateway
@@ -34,11 +35,6 @@ REPO_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0
 logger = logging.getLogger("qiip.proxy")
 
 router = APIRouter(prefix="/admin/models", tags=["models"], dependencies=[Depends(require_admin)])
-
-
-def _gateway(request: Request) -> Gateway:
-    gateway: Gateway = request.app.state.gateway
-    return gateway
 
 
 class _Strict(BaseModel):
@@ -75,7 +71,7 @@ class DownloadRequest(_Strict):
 async def catalog(request: Request) -> JSONResponse:
     """The Hugging Face cache: GGUF generations (with the nodes serving each), full safetensors models, the
     entries not offered, counters, and whether the scan is degraded."""
-    gateway = _gateway(request)
+    gateway = gateway_of(request)
     try:
         scanned = await asyncio.to_thread(scan_catalog, gateway.cache_dir)
     except OSError as exc:
@@ -94,20 +90,20 @@ async def catalog(request: Request) -> JSONResponse:
 @router.post("/download", status_code=202)
 async def start_download(request: Request, body: DownloadRequest) -> JSONResponse:
     """Start a download (202), or join the running one for the same repository, revision and files."""
-    download = _gateway(request).downloads.start(body.repo_id, revision=body.revision, files=body.files)
+    download = gateway_of(request).downloads.start(body.repo_id, revision=body.revision, files=body.files)
     return JSONResponse(download.view(), status_code=202)
 
 
 @router.get("/downloads")
 async def list_downloads(request: Request) -> JSONResponse:
     """Recent downloads, newest first, with bytes done and total, rate and ETA."""
-    return JSONResponse({"downloads": [d.view() for d in _gateway(request).downloads.list()]})
+    return JSONResponse({"downloads": [d.view() for d in gateway_of(request).downloads.list()]})
 
 
 @router.get("/downloads/{download_id}")
 async def get_download(request: Request, download_id: str) -> JSONResponse:
     """One download."""
-    download = _gateway(request).downloads.get(download_id)
+    download = gateway_of(request).downloads.get(download_id)
     if download is None:
         raise AdminError(404, f"No download has id {download_id!r}.", "download_not_found", "download_id")
     return JSONResponse(download.view())
@@ -121,7 +117,7 @@ def _revision_or_404(gateway: Gateway, revision_id: str) -> None:
 async def register_manifest(request: Request, body: dict[str, Any]) -> JSONResponse:
     """Register a model revision from its manifest: 201 when new, 200 when the same manifest was registered
     already; 422 with `violations`; 409 when another manifest holds the same source and revision."""
-    store = _gateway(request).model_store
+    store = gateway_of(request).model_store
     manifest, new = await asyncio.to_thread(store.register, body)
     status = await asyncio.to_thread(store.status, manifest.id)
     return JSONResponse(status.view(), status_code=201 if new else 200)
@@ -130,7 +126,7 @@ async def register_manifest(request: Request, body: dict[str, Any]) -> JSONRespo
 @router.get("/manifests")
 async def list_manifests(request: Request) -> JSONResponse:
     """Every registered revision with its acquisition state and bytes done."""
-    store = _gateway(request).model_store
+    store = gateway_of(request).model_store
 
     def views() -> list[dict[str, Any]]:
         return [store.status(m.id).view() for m in store.manifests()]
@@ -141,14 +137,14 @@ async def list_manifests(request: Request) -> JSONResponse:
 @router.get("/manifests/{revision_id}")
 async def get_manifest(request: Request, revision_id: str) -> JSONResponse:
     """One registered revision (404 when unknown)."""
-    status = await asyncio.to_thread(_gateway(request).model_store.status, revision_id)
+    status = await asyncio.to_thread(gateway_of(request).model_store.status, revision_id)
     return JSONResponse(status.view())
 
 
 @router.post("/manifests/{revision_id}/acquire", status_code=202)
 async def acquire(request: Request, revision_id: str, body: Empty) -> JSONResponse:
     """Acquire (or resume) every file over HTTPS in the background: 202 with the revision; joins a running one."""
-    gateway = _gateway(request)
+    gateway = gateway_of(request)
     await asyncio.to_thread(_revision_or_404, gateway, revision_id)
     running = gateway.acquisitions.get(revision_id)
     if running is None or running.done():
@@ -169,12 +165,12 @@ async def _acquire(gateway: Gateway, revision_id: str) -> None:
 @router.post("/manifests/{revision_id}/pause")
 async def pause(request: Request, revision_id: str, body: Empty) -> JSONResponse:
     """Pause an acquisition at its next chunk; its offset stays durable and `acquire` resumes it."""
-    status = await asyncio.to_thread(_gateway(request).model_store.pause, revision_id)
+    status = await asyncio.to_thread(gateway_of(request).model_store.pause, revision_id)
     return JSONResponse(status.view())
 
 
 @router.post("/manifests/{revision_id}/verify")
 async def verify(request: Request, revision_id: str, body: Empty) -> JSONResponse:
     """Hash every object of the revision again: `{"ok": bool, "files": {name: matches}}`."""
-    files = await asyncio.to_thread(_gateway(request).model_store.verify, revision_id)
+    files = await asyncio.to_thread(gateway_of(request).model_store.verify, revision_id)
     return JSONResponse({"ok": all(files.values()), "files": files})

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from qiip_core.engines.llamacpp._testmodel import Option, Tensors, TestModelSpec, Weights, check_options
+from qiip_core.engines.llamacpp.testmodels._generate import Option, Tensors, TestModelSpec, Weights, check_options
 
 __all__ = ["gemma2_writer", "gemma3_writer"]
 

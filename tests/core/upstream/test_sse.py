@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from hypothesis import given, strategies as st
 
-from qiip_core.routing import EventFramer, event_boundary
-from qiip_core.routing._sse import ends_with_done, first_data_event
+from qiip_core.upstream import EventFramer, event_boundary
+from qiip_core.upstream._sse import ends_with_done, first_data_event
 
 
 def test_boundaries() -> None:

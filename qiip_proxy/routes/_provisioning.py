@@ -39,13 +39,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from qiip_core import ModelStoreError, PlanError
+from qiip_core._violation import first_violation
 from qiip_core.catalog import resolve_artifact, scan_catalog
 from qiip_core.nodes import Engine
 from qiip_core.planner import parse_policy
 from qiip_core.provisioning import LogEntry, ResetType, SetupRequest
 from qiip_core.recommendations import DEFAULT_LIMIT, MAX_LIMIT, PROFILE_PATTERN, catalog_repos
-from qiip_proxy._admin import AdminError, require_admin
-from qiip_proxy._sse import kept_then_live
+from qiip_proxy.routes._admin import AdminError, require_admin
+from qiip_proxy.routes._common import gateway_of
+from qiip_proxy.routes._log_stream import kept_then_live
 
 if TYPE_CHECKING:
     from qiip_proxy._gateway import Gateway
@@ -119,25 +121,20 @@ def _path_in_cache(artifact: str, cache: Path) -> str:
     return os.path.relpath(resolve_artifact(artifact, cache), cache)
 
 
-def _gateway(request: Request) -> Gateway:
-    gateway: Gateway = request.app.state.gateway
-    return gateway
-
-
 @router.post("/nodes/setup", status_code=202)
 async def setup_node(request: Request) -> JSONResponse:
     """Set a host up as a node (202: follow the operation, the task and the host's log). 400 for a body that is not
     a setup, a host outside the allowlist or one QUADS reserves within the lookahead, 503 when QUADS cannot be
     read, 409 while the host is busy, 429 above the concurrent-setup limit."""
-    gateway = _gateway(request)
+    gateway = gateway_of(request)
     try:
         body = SetupBody.model_validate_json(await request.body())
         sizing = parse_policy(body.sizing) if body.sizing is not None else None
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or None
+        error = first_violation(exc)
+        field = error.field or None
         raise AdminError(
-            400, f"Not a setup request: {field or 'body'}: {first['msg']}.", "invalid_setup", field
+            400, f"Not a setup request: {field or 'body'}: {error.message}.", "invalid_setup", field
         ) from None
     except PlanError as exc:
         field = f"sizing.{exc.violations[0].field}" if exc.violations else "sizing"
@@ -164,7 +161,7 @@ async def setup_node(request: Request) -> JSONResponse:
 async def power_state(request: Request, host: str) -> JSONResponse:
     """The host's power state through its BMC: `{host, system_id, power_state}` (400 outside the allowlist, 409 no
     BMC configured, 404 no system, 502 the BMC unreachable or refusing the credentials, 504 it did not answer)."""
-    status = await _gateway(request).provisioner.power_state(host)
+    status = await gateway_of(request).provisioner.power_state(host)
     return JSONResponse(status.view())
 
 
@@ -176,12 +173,12 @@ async def power_action(request: Request, host: str) -> JSONResponse:
     try:
         body = PowerBody.model_validate_json(await request.body())
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or None
+        error = first_violation(exc)
+        field = error.field or None
         raise AdminError(
-            400, f"Not a power action: {field or 'body'}: {first['msg']}.", "invalid_power_action", field
+            400, f"Not a power action: {field or 'body'}: {error.message}.", "invalid_power_action", field
         ) from None
-    status = await _gateway(request).provisioner.power(host, ResetType(body.action))
+    status = await gateway_of(request).provisioner.power(host, ResetType(body.action))
     return JSONResponse(
         {
             "host": status.host,
@@ -211,7 +208,7 @@ async def recommendations(
     repository is exactly a model of the catalog. llmfit is installed on the host first when missing or altered.
     400 outside the allowlist, 404 a name that does not resolve, 502 SSH or llmfit failing, 503 no llmfit in the
     gateway's environment, 504 past `provisioning.llmfit_timeout_s`."""
-    gateway = _gateway(request)
+    gateway = gateway_of(request)
     gateway.provisioner.check_host(host)  # refuse before scanning the cache
     try:
         catalog = await asyncio.to_thread(scan_catalog, gateway.cache_dir)
@@ -226,7 +223,7 @@ async def recommendations(
 async def forget_host_key(request: Request, host: str) -> JSONResponse:
     """Remove the host's entries from the known-hosts file (`provisioning.known_hosts_file`), as after a re-install
     its key changed and SSH refuses it: `{host, removed}` (0 when it had none). 400 outside the allowlist."""
-    provisioner = _gateway(request).provisioner
+    provisioner = gateway_of(request).provisioner
     name = provisioner.check_host(host)
     return JSONResponse({"host": name, "removed": await provisioner.forget_host_key(name)})
 
@@ -234,7 +231,7 @@ async def forget_host_key(request: Request, host: str) -> JSONResponse:
 @router.get("/provisioning/tasks")
 async def list_tasks(request: Request) -> JSONResponse:
     """Every host's last provisioning task: host, kind, engine, state, current and failed step, elapsed, error."""
-    tasks = await _gateway(request).provisioner.tasks()
+    tasks = await gateway_of(request).provisioner.tasks()
     return JSONResponse({"tasks": [t.view() for t in tasks]})
 
 
@@ -242,7 +239,7 @@ async def list_tasks(request: Request) -> JSONResponse:
 async def cancel(request: Request, host: str) -> JSONResponse:
     """Cancel the operation running on `host`: its remote command is stopped and the host's lease released (404
     when none runs here)."""
-    operation = _gateway(request).provisioner.cancel(host)
+    operation = gateway_of(request).provisioner.cancel(host)
     return JSONResponse(operation.view(), status_code=202)
 
 
@@ -256,7 +253,7 @@ async def logs(
     """Server-sent events of a host's provisioning log: `event: log` with `{ts, level, msg, stream, step}`, first the
     entries kept, then each new one, and `: heartbeat` when idle. The stream ends when the daemon shuts down. 404
     for a host with no task record and no log: nothing is kept for it."""
-    gateway = _gateway(request)
+    gateway = gateway_of(request)
     provisioner = gateway.provisioner
     if not provisioner.logs.entries(host) and not await provisioner.is_provisioned(host):
         raise AdminError(404, f"Host {host!r} has no provisioning task or log.", "host_not_found", "host")

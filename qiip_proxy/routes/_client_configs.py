@@ -17,6 +17,7 @@ from starlette.responses import Response
 from qiip_core.clientconfig import ApiKey, ClientKind, render_target, resolve_target
 from qiip_proxy._errors import RequestRefused
 from qiip_proxy._parse import check_invoke_token
+from qiip_proxy.routes._common import gateway_of
 
 if TYPE_CHECKING:
     from qiip_proxy._gateway import Gateway
@@ -49,7 +50,7 @@ async def client_config(
     came in on plus `/v1`; its context window and longest answer the smallest over the model's healthy nodes'
     verified runtimes (left out when one is unknown). 404 `client_not_found` for another client, 404
     `model_not_found` when no node serves the model; 401 without an invoke token when the daemon requires one."""
-    gateway: Gateway = request.app.state.gateway
+    gateway = gateway_of(request)
     _authenticate(gateway, request, model)
     try:
         kind = ClientKind(client)

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from qiip_core.engines.llamacpp._testmodel import (
+from qiip_core.engines.llamacpp.testmodels._generate import (
     Option,
     Tensors,
     TestModelSpec,

@@ -2,7 +2,7 @@
 
 The test models exist so the whole path (launch, health, routing, chat, slots, metrics) runs against the
 real engine without downloading weights, and so the sizing planner can be checked on every architecture family
-it models. Each architecture has a writer (`_WRITERS`, in the `_testarch_*.py` modules, imported when used)
+it models. Each architecture has a writer (`_WRITERS`, in the architecture modules beside this one, imported when used)
 that returns its tensors and metadata keys; this module holds what every writer shares and adds what every model
 shares. The writers import this module, never the reverse. Weights are F16 matrices and F32 norms, with a
 SentencePiece ("llama") vocabulary: `<unk>`, `<s>`, `</s>`, the 256 byte-fallback tokens `<0x00>`…`<0xFF>`,
@@ -268,19 +268,19 @@ ArchitectureWriter = Callable[[TestModelSpec, Weights], tuple[Tensors, Callable[
 """Writes one architecture: its tensors, and a function adding its metadata keys to a `gguf.GGUFWriter`."""
 
 _WRITERS: dict[str, str] = {
-    "llama": "qiip_core.engines.llamacpp._testarch_llama:llama_writer",
-    "granite": "qiip_core.engines.llamacpp._testarch_llama:granite_writer",
-    "gemma2": "qiip_core.engines.llamacpp._testarch_gemma:gemma2_writer",
-    "gemma3": "qiip_core.engines.llamacpp._testarch_gemma:gemma3_writer",
-    "qwen2moe": "qiip_core.engines.llamacpp._testarch_moe:qwen2moe_writer",
-    "qwen3moe": "qiip_core.engines.llamacpp._testarch_moe:qwen3moe_writer",
-    "lfm2": "qiip_core.engines.llamacpp._testarch_recurrent:lfm2_writer",
-    "granitehybrid": "qiip_core.engines.llamacpp._testarch_recurrent:granitehybrid_writer",
-    "mamba2": "qiip_core.engines.llamacpp._testarch_recurrent:mamba2_writer",
-    "mamba": "qiip_core.engines.llamacpp._testarch_recurrent:mamba_writer",
-    "bert": "qiip_core.engines.llamacpp._testarch_embed:bert_writer",
-    "nomic-bert": "qiip_core.engines.llamacpp._testarch_embed:nomic_bert_writer",
-    "qwen3": "qiip_core.engines.llamacpp._testarch_embed:qwen3_writer",
+    "llama": "qiip_core.engines.llamacpp.testmodels._llama:llama_writer",
+    "granite": "qiip_core.engines.llamacpp.testmodels._llama:granite_writer",
+    "gemma2": "qiip_core.engines.llamacpp.testmodels._gemma:gemma2_writer",
+    "gemma3": "qiip_core.engines.llamacpp.testmodels._gemma:gemma3_writer",
+    "qwen2moe": "qiip_core.engines.llamacpp.testmodels._moe:qwen2moe_writer",
+    "qwen3moe": "qiip_core.engines.llamacpp.testmodels._moe:qwen3moe_writer",
+    "lfm2": "qiip_core.engines.llamacpp.testmodels._recurrent:lfm2_writer",
+    "granitehybrid": "qiip_core.engines.llamacpp.testmodels._recurrent:granitehybrid_writer",
+    "mamba2": "qiip_core.engines.llamacpp.testmodels._recurrent:mamba2_writer",
+    "mamba": "qiip_core.engines.llamacpp.testmodels._recurrent:mamba_writer",
+    "bert": "qiip_core.engines.llamacpp.testmodels._embed:bert_writer",
+    "nomic-bert": "qiip_core.engines.llamacpp.testmodels._embed:nomic_bert_writer",
+    "qwen3": "qiip_core.engines.llamacpp.testmodels._embed:qwen3_writer",
 }
 """`general.architecture` → the writer (`module:function`, imported when used)."""
 

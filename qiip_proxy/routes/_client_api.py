@@ -20,6 +20,7 @@ from qiip_core.discovery import RegistryHealth
 from qiip_core.nodes import NodeStatus
 from qiip_proxy._inference import serve_inference
 from qiip_proxy._parse import check_invoke_token
+from qiip_proxy.routes._common import gateway_of
 
 if TYPE_CHECKING:
     from qiip_proxy._gateway import Gateway
@@ -48,11 +49,6 @@ _REQUEST_SCHEMA: dict[str, Any] = {
 }
 
 
-def _gateway(request: Request) -> Gateway:
-    gateway: Gateway = request.app.state.gateway
-    return gateway
-
-
 class _Inference(Response):
     """Serves an inference request through the same code as `ProxyRoutes` (see `_inference`)."""
 
@@ -67,19 +63,19 @@ class _Inference(Response):
 @router.post("/v1/chat/completions", tags=["client"], openapi_extra=_REQUEST_SCHEMA)
 async def chat_completions(request: Request) -> Response:
     """Create a chat completion (OpenAI `POST /v1/chat/completions`), streamed with `"stream": true`."""
-    return _Inference(_gateway(request))
+    return _Inference(gateway_of(request))
 
 
 @router.post("/v1/completions", tags=["client"], openapi_extra=_REQUEST_SCHEMA)
 async def completions(request: Request) -> Response:
     """Create a text completion (OpenAI `POST /v1/completions`)."""
-    return _Inference(_gateway(request))
+    return _Inference(gateway_of(request))
 
 
 @router.post("/v1/embeddings", tags=["client"], openapi_extra=_REQUEST_SCHEMA)
 async def embeddings(request: Request) -> Response:
     """Create embeddings (OpenAI `POST /v1/embeddings`)."""
-    return _Inference(_gateway(request))
+    return _Inference(gateway_of(request))
 
 
 def _model_object(model: str, owned_by: str) -> dict[str, Any]:
@@ -92,7 +88,7 @@ def _token(request: Request) -> InvokeToken | None:
     Raises:
         AuthError: the token is missing, unknown, expired or revoked.
     """
-    gateway = _gateway(request)
+    gateway = gateway_of(request)
     secret = check_invoke_token(gateway, request.scope)
     return gateway.tokens.authenticate(secret, model=None) if secret is not None else None
 
@@ -103,7 +99,7 @@ async def list_models(request: Request) -> Response:
     model, only that one."""
     token = _token(request)
     only = token.model if token is not None else None
-    served = _gateway(request).table.models()
+    served = gateway_of(request).table.models()
     data = [_model_object(model, engine.value) for model, engine in sorted(served.items()) if only in (None, model)]
     return JSONResponse({"object": "list", "data": data})
 
@@ -114,7 +110,7 @@ async def retrieve_model(request: Request, model: str) -> Response:
     token = _token(request)
     if token is not None and not token.allows(model):
         raise TokenScopeError(f"This invoke token may not use the model {model!r}.", token_id=token.id, model=model)
-    table = _gateway(request).table
+    table = gateway_of(request).table
     served = table.models()
     if model not in served:
         raise table.routing_error(model)
@@ -128,7 +124,7 @@ async def health(request: Request) -> JSONResponse:
     knew; `unavailable`, with status 503, when the registry is failing and no node is routable), `nodes_registered`,
     `nodes_healthy`, the registry's state (with `last_known_at` when it serves a saved fleet), and the launch state
     of the daemon's own llama.cpp nodes."""
-    gateway = _gateway(request)
+    gateway = gateway_of(request)
     counts = gateway.table.count_by_status()
     healthy = counts.get(NodeStatus.HEALTHY, 0)
     registry = gateway.registry.status()

@@ -37,16 +37,16 @@ import asyncio
 import json
 import zlib
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import aiohttp
 
 from qiip_core._errors import UpstreamError, UpstreamStatusError, UpstreamTimeout, UpstreamTransportError
 from qiip_core.config import UpstreamSettings
-from qiip_core.routing._sse import EventFramer, ends_with_done, first_data_event
-from qiip_core.routing._table import Reservation
-from qiip_core.routing._upstream import TRANSPORT_ERRORS, map_transport_error
+from qiip_core.upstream._client import TRANSPORT_ERRORS, map_transport_error
+from qiip_core.upstream._sse import EventFramer, ends_with_done, first_data_event
 
-__all__ = ["ABORT_GRACE_S", "HOP_BY_HOP_HEADERS", "UpstreamResponse"]
+__all__ = ["ABORT_GRACE_S", "HOP_BY_HOP_HEADERS", "OutcomeSink", "UpstreamResponse"]
 
 ABORT_GRACE_S = 1.0
 """How long an answer whose node failed its health probes may still wait for its next bytes (`abort`)."""
@@ -81,12 +81,45 @@ _ERROR_BODY_BYTES = 4096
 """How much of a 5xx answer's body is kept for the error message."""
 
 
+class OutcomeSink(Protocol):
+    """Where a response reports how its node behaved, and gives the node back at its end.
+
+    The routing table's `Reservation` implements it; the response needs nothing else of routing, so sending
+    never depends on deciding.
+    """
+
+    @property
+    def node_id(self) -> str:
+        """The node the request was sent to."""
+
+    @property
+    def health_failures(self) -> int:
+        """The node's consecutive failed health probes (0 while it passes them)."""
+
+    @property
+    def released(self) -> bool:
+        """True once `release()` was called."""
+
+    def record_success(self) -> None:
+        """The request succeeded on the node: its breaker closes."""
+
+    def record_failure(self, error: str, *, noted: bool = False) -> bool:
+        """The request failed on the node (counted against its breaker); True when the breaker is open."""
+
+    def note_error(self, error: str, *, status: int | None = None) -> None:
+        """Keep a failure in the node's error record without counting it against the node's breaker."""
+
+    def release(self) -> None:
+        """Give the node's slot back. Idempotent."""
+
+
 @dataclass(slots=True, eq=False)
 class UpstreamResponse:
     """A node's response that the gateway has committed to relaying.
 
     Attributes:
-        reservation: the node's reservation, released by `aclose()`.
+        reservation: where the node's outcome is reported (the routing table's reservation), released by
+            `aclose()`.
         status_code: the node's status.
         headers: response headers to relay: hop-by-hop, CORS and the gateway's own (server, date, request id)
             removed; for SSE also content-encoding and cache-control.
@@ -100,7 +133,7 @@ class UpstreamResponse:
             of this node then counts only if the node fails its health probes.
     """
 
-    reservation: Reservation
+    reservation: OutcomeSink
     status_code: int
     headers: list[tuple[bytes, bytes]]
     prefix: bytes
@@ -134,7 +167,7 @@ class UpstreamResponse:
     @classmethod
     async def receive(
         cls,
-        reservation: Reservation,
+        reservation: OutcomeSink,
         response: aiohttp.ClientResponse,
         settings: UpstreamSettings,
         *,
@@ -159,7 +192,7 @@ class UpstreamResponse:
             aiohttp.ClientError, zlib.error, TimeoutError, OSError: reading a non-streaming body failed (the
                 forwarder translates these with `map_transport_error`).
         """
-        node_id = reservation.state.id
+        node_id = reservation.node_id
         status = response.status
         if status >= 500:
             body = await _read_at_most(response, _ERROR_BODY_BYTES)
@@ -218,7 +251,7 @@ class UpstreamResponse:
     @property
     def node_id(self) -> str:
         """The node serving this response."""
-        return self.reservation.state.id
+        return self.reservation.node_id
 
     async def _first_data_events(self) -> bytes:
         """Read a stream up to its first event with data; what comes before it is dropped."""
@@ -305,9 +338,7 @@ class UpstreamResponse:
                 if not (
                     # A node that still passes its health probes is charged one timeout per request at most: a
                     # request too big for the limits times out wherever it goes.
-                    self.timeout_counted
-                    and isinstance(exc, UpstreamTimeout)
-                    and self.reservation.state.health_failures == 0
+                    self.timeout_counted and isinstance(exc, UpstreamTimeout) and self.reservation.health_failures == 0
                 ):
                     self.reservation.record_failure(exc.log_text, noted=True)
             raise

@@ -21,7 +21,7 @@ Options (`make_test_gguf(..., options=...)`):
   experts from `feed_forward_length`);
 - `n_ff_shared_expert` (qwen2moe only, default `n_ff`): the shared expert's width.
 
-The `llama` writer (`_testarch_llama.llama_writer`) hands over to `llama_moe_writer` when any of these options is
+The `llama` writer (`_llama.llama_writer`) hands over to `llama_moe_writer` when any of these options is
 given, and writes the dense model otherwise.
 """
 
@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from qiip_core.engines.llamacpp._testmodel import (
+from qiip_core.engines.llamacpp.testmodels._generate import (
     Option,
     Tensors,
     TestModelSpec,

@@ -19,9 +19,9 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from qiip_core.config import Settings
-from qiip_proxy._connection_cap import capped_protocol
-from qiip_proxy._gc import tune_gc
-from qiip_proxy._transport import guarded_protocol
+from qiip_proxy.server._connection_cap import capped_protocol
+from qiip_proxy.server._gc import tune_gc
+from qiip_proxy.server._transport import guarded_protocol
 
 if TYPE_CHECKING:
     from qiip_proxy._gateway import Gateway

@@ -1,0 +1,36 @@
+"""Sending to the nodes: the HTTP client, the request it sends and its errors translated, and the node's answer as
+the relay reads it (SSE framing included).
+
+`_client` (`UpstreamClient`: one aiohttp session over the nodes, `AllowlistResolver`, transport errors mapped to
+the error tree), `_response` (`UpstreamResponse`: the committed answer, read to its end; it reports the node's
+outcome to an `OutcomeSink`, which the routing table's reservation implements), `_sse` (event framing).
+
+Deciding where a request goes is `qiip_core.routing`'s: it imports this package, never the other way round.
+"""
+
+from __future__ import annotations
+
+from qiip_core.upstream._client import (
+    AllowlistResolver,
+    UpstreamClient,
+    UpstreamRequest,
+    describe_client_error,
+    is_local_exhaustion,
+    map_transport_error,
+)
+from qiip_core.upstream._response import HOP_BY_HOP_HEADERS, OutcomeSink, UpstreamResponse
+from qiip_core.upstream._sse import EventFramer, event_boundary
+
+__all__ = [
+    "HOP_BY_HOP_HEADERS",
+    "AllowlistResolver",
+    "EventFramer",
+    "OutcomeSink",
+    "UpstreamClient",
+    "UpstreamRequest",
+    "UpstreamResponse",
+    "describe_client_error",
+    "event_boundary",
+    "is_local_exhaustion",
+    "map_transport_error",
+]
