@@ -10,6 +10,8 @@ place(deployment, hosts, …)                    filter, score, choose; an expla
 reconcile(deployment, status, replicas, …)     one pure pass: the next idempotent steps and the new status
 DeploymentController                           the loop: leader lease, observe, reconcile, act, store status
 DeploymentStore (embedded, etcd)               records, statuses and added hosts in the registry's backend
+autoscale(policy, state, demand, …)            the replica count a deployment's load needs (pure)
+DemandMeter, DemandExchange, merge_demands     what each gateway measures of a model's traffic, shared over etcd
 Leadership (file lock, etcd lease)             one active controller per fleet, with a fencing token
 ```
 """
@@ -19,6 +21,14 @@ from __future__ import annotations
 from qiip_core.deployments._apply import Resolve, apply, delete, resolve_source, rollout, scale, undo
 from qiip_core.deployments._autoscale import Demand, autoscale, metric_of
 from qiip_core.deployments._controller import Actuator, DeploymentController, Observation, Observer, PlannerFit
+from qiip_core.deployments._demand import (
+    DemandExchange,
+    DemandMeter,
+    EtcdDemandExchange,
+    LocalDemandExchange,
+    create_demand_exchange,
+    merge_demands,
+)
 from qiip_core.deployments._fleet import FleetObserver, ProvisioningActuator, gpu_memory_from_name
 from qiip_core.deployments._hosts import (
     GpuSpec,
@@ -60,7 +70,7 @@ from qiip_core.deployments._resource import (
     RolloutStatus,
     Template,
 )
-from qiip_core.deployments._service import DeploymentService, read_template_shape
+from qiip_core.deployments._service import DeploymentService, expected_models, read_template_shape
 from qiip_core.deployments._spec import (
     DEPLOYMENT_NAME_RE,
     Autoscale,
@@ -92,6 +102,8 @@ __all__ = [
     "Condition",
     "Decision",
     "Demand",
+    "DemandExchange",
+    "DemandMeter",
     "Deployment",
     "DeploymentController",
     "DeploymentEvent",
@@ -100,6 +112,7 @@ __all__ = [
     "DeploymentStatus",
     "DeploymentStore",
     "EmbeddedDeploymentStore",
+    "EtcdDemandExchange",
     "EtcdDeploymentStore",
     "EtcdLeadership",
     "FileLeadership",
@@ -116,6 +129,7 @@ __all__ = [
     "HostView",
     "HubSource",
     "Leadership",
+    "LocalDemandExchange",
     "Observation",
     "ObservedReplica",
     "Observer",
@@ -129,9 +143,9 @@ __all__ = [
     "QuadsWindow",
     "ReconcileConfig",
     "RemoveDeployment",
-    "Resolve",
     "ReplicaState",
     "ReplicaStatus",
+    "Resolve",
     "ResolvedSource",
     "Retire",
     "RolloutStatus",
@@ -141,12 +155,15 @@ __all__ = [
     "UpdateStrategy",
     "apply",
     "autoscale",
+    "create_demand_exchange",
     "create_deployment_store",
     "create_leadership",
     "declared_gpus",
     "delete",
+    "expected_models",
     "gpu_memory_from_name",
     "host_devices",
+    "merge_demands",
     "metric_of",
     "parse_spec",
     "place",

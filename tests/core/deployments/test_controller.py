@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -125,7 +126,11 @@ async def test_an_active_autoscaler_sets_the_count_the_controller_holds(tmp_path
     autoscale = {"min": 1, "max": 3, "target": 1.0, "up_window_s": 0, "cooldown_s": 0, "mode": "active"}
     await store.write(a_deployment(replicas=1, autoscale=autoscale), expected_generation=None)
     load = {"coder": Demand(in_flight=6, slots=2)}
-    ctl = controller(store, fleet, FileLeadership(tmp_path, "gw"), clock, demand=lambda name: load[name])
+
+    async def demand(names: Sequence[str]) -> dict[str, Demand]:
+        return load
+
+    ctl = controller(store, fleet, FileLeadership(tmp_path, "gw"), clock, demand=demand)
     await ctl.tick()
     fleet.advance()
     clock.now += timedelta(seconds=2)
