@@ -205,7 +205,7 @@ def _replicas(
         kind = _LIFECYCLE.get(state.status, ReplicaState.STARTING)
         reason = state.last_error
         failed_at = None
-        teardown_failed = False
+        teardown_failed = interrupted = False
         if task is not None and task.deployment == node.deployment:
             if task.state is TaskState.RUNNING:
                 kind = ReplicaState.TERMINATING if task.kind == "teardown" else ReplicaState.PROVISIONING
@@ -214,6 +214,7 @@ def _replicas(
                 kind, teardown_failed, reason = ReplicaState.TERMINATING, True, task.error
             elif task.kind == "setup" and task.state is TaskState.FAILED:
                 failed_at, reason = task.updated_at, f"{task.failed_step or task.current_step}: {task.error}"
+                interrupted = task.interrupted
         if kind is ReplicaState.FAILED and failed_at is None:
             failed_at = state.last_error_at or (task.updated_at if task is not None else None)
         if kind is ReplicaState.READY and not state.eligible and not state.last_chance:
@@ -227,6 +228,7 @@ def _replicas(
                 failed_at=failed_at,
                 teardown_failed=teardown_failed,
                 serving=kind is ReplicaState.READY,
+                interrupted=interrupted,
             )
         )
     for host, task in tasks.items():
@@ -250,6 +252,7 @@ def _replicas(
                 reason=reason,
                 failed_at=failed_at,
                 registered=False,
+                interrupted=task.interrupted,
             )
         )
     return found

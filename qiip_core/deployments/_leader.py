@@ -23,6 +23,7 @@ import fcntl
 import json
 import logging
 import os
+import threading
 import time
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -116,6 +117,10 @@ class EtcdLeadership(Leadership):
         self.ttl_s = settings.deployments.leader_ttl_s
         self._lease_id = 0
         self._refreshed = 0.0
+        # A campaign runs in a thread that a shutdown's cancellation does not stop: resigning waits for it, and no
+        # campaign runs after, so a resigned gateway never takes the lease again behind its own back.
+        self._lock = threading.Lock()
+        self._resigned = False
 
     def _holder(self) -> dict[str, Any] | None:
         result = self.client.call(lambda c: c.post(c.get_url("/kv/range"), json={"key": b64(self.key)}))
@@ -131,6 +136,10 @@ class EtcdLeadership(Leadership):
         return holder
 
     def _campaign(self) -> bool:
+        with self._lock:
+            return False if self._resigned else self._campaign_locked()
+
+    def _campaign_locked(self) -> bool:
         if self._lease_id:
             ttl = self.client.refresh(self._lease_id)
             holder = self._holder()
@@ -180,14 +189,17 @@ class EtcdLeadership(Leadership):
             self._lease_id = 0
             return False
 
+    def _resign(self) -> None:
+        with self._lock:
+            self._resigned = True
+            lease_id, self._lease_id, self.token = self._lease_id, 0, 0
+            if lease_id:
+                with contextlib.suppress(RegistryUnavailable):
+                    self.client.call(lambda c: c.post(c.get_url("/lease/revoke"), json={"ID": lease_id}))
+            self.client.close()
+
     async def resign(self) -> None:
-        lease_id, self._lease_id, self.token = self._lease_id, 0, 0
-        if lease_id:
-            with contextlib.suppress(RegistryUnavailable):
-                await asyncio.to_thread(
-                    self.client.call, lambda c: c.post(c.get_url("/lease/revoke"), json={"ID": lease_id})
-                )
-        await asyncio.to_thread(self.client.close)
+        await asyncio.to_thread(self._resign)
 
 
 def create_leadership(settings: Settings, owner: str) -> Leadership:

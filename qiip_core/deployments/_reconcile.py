@@ -11,8 +11,8 @@ classify    broken    failed, unhealthy past `replace_after_s`, starting past `s
 decide      deleting      → retire every replica, then remove the record
             broken        → retire it (teardown; forget the node when the teardown failed: the host is gone);
                             its host is avoided for a while, its failures may pause the rollout
-            create        → place `desired - current` replicas, with at most `desired + max_surge` in all while
-                            outdated ones remain (none while the rollout is paused)
+            create        → place `desired - current` replicas, with at most `desired + max_surge` in all (leaving
+                            and broken ones included) while outdated ones remain (none while the rollout is paused)
             remove        → outdated ones not serving; then outdated serving ones while at least
                             `desired - max_unavailable` would still serve; then current ones above `desired`
                             (those QUADS wants back soonest first)
@@ -80,6 +80,9 @@ class ObservedReplica:
     registered: bool = True
     """Whether a node is registered for it; False for an operation that has not registered one (yet): a failed
     setup that never did leaves nothing to tear down, only a failure to count."""
+    interrupted: bool = False
+    """Its setup failed because the gateway running it died, not because of the host or the template: it is torn
+    down as any failed replica, but counts against neither the rollout nor the host."""
 
 
 @dataclass(frozen=True)
@@ -252,7 +255,7 @@ def reconcile(
                     f"replica on {replica.host}: {replica.reason or 'unhealthy'}",
                     replica.host,
                 )
-        if replica.state is ReplicaState.FAILED and replica.failed_at is not None:
+        if replica.state is ReplicaState.FAILED and replica.failed_at is not None and not replica.interrupted:
             known = failures.get(replica.host)
             if known is None or replica.failed_at > known.at:
                 failures[replica.host] = _backoff(
@@ -339,7 +342,9 @@ def reconcile(
         # -- create ------------------------------------------------------------------------------------------
         need = want - len(current)
         if outdated:
-            room = want + spec.update.max_surge - len(current) - len(outdated)
+            # Every replica held counts against the surge, those still draining or being torn down and broken ones
+            # included: each keeps its host (and its memory) until its teardown ends.
+            room = want + spec.update.max_surge - len(current) - len(outdated) - len(leaving) - len(broken)
             need = min(need, room)
         if rollout.paused:
             need = 0

@@ -560,6 +560,7 @@ class Provisioner:
                 "error": message,
                 "updated_at": utc_now(),
                 "generation": lease.generation,
+                "interrupted": True,
             }
         )
         await self.store.put(failed)

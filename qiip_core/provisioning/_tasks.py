@@ -130,6 +130,9 @@ class ProvisioningTask(BaseModel):
     an older gateway, never fenced."""
     deployment: DeploymentRef | None = None
     """The deployment whose replica the operation sets up or tears down, when its controller started it."""
+    interrupted: bool = False
+    """It failed because its gateway died (or restarted) and another gateway took the host over, not because of the
+    host or what it was asked to run."""
 
     @property
     def id(self) -> str:

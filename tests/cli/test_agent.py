@@ -41,7 +41,7 @@ def gpus_live(daemon: Daemon, node_id: str) -> Any:
 def register(daemon: Daemon, node_id: str) -> None:
     body = {"id": node_id, "endpoint": f"http://127.0.0.1:{free_port()}", "model": "m"}
     assert daemon.admin.post("/admin/nodes", json=body).status_code == 201
-    wait_until(lambda: daemon.admin.get(f"/admin/nodes/{node_id}").status_code == 200, 10, f"node {node_id}")
+    wait_until(lambda: daemon.admin.get(f"/admin/nodes/{node_id}").status_code == 200, what=f"node {node_id}")
 
 
 def gauge(daemon: Daemon, name: str, node: str, gpu: str) -> float | None:
@@ -59,7 +59,7 @@ def test_the_agent_publishes_into_etcd_and_the_daemon_shows_it(etcd: EtcdServer,
         assert gpus_live(daemon, "gpu-node-1") is None
         env = etcd_env(etcd) | INTERVAL | {"LD_LIBRARY_PATH": str(nvml_stub)}
         with Agent(tmp_path / "agent", env=env, args=("--node-id", "gpu-node-1")) as agent:
-            wait_until(lambda: gpus_live(daemon, "gpu-node-1") is not None, 20, "the first reading")
+            wait_until(lambda: gpus_live(daemon, "gpu-node-1") is not None, what="the first reading")
             live = gpus_live(daemon, "gpu-node-1")
             assert live["gpus"] == list(STUB_GPUS)
             assert live["driver_version"] == "580.126.09" and live["stale"] is False
@@ -82,7 +82,7 @@ def test_the_agent_publishes_into_etcd_and_the_daemon_shows_it(etcd: EtcdServer,
             # A clean stop revokes the lease: the reading goes at once, not a TTL later.
             assert agent.stop() == 0
         assert telemetry_keys(etcd) == []
-        wait_until(lambda: gpus_live(daemon, "gpu-node-1") is None, 10, "the reading to go")
+        wait_until(lambda: gpus_live(daemon, "gpu-node-1") is None, what="the reading to go")
         assert gauge(daemon, "qiip_gpu_memory_total_bytes", "gpu-node-1", "0") is None
         assert agent.log().count("publishing 2 GPU(s) of node gpu-node-1") == 1
 
@@ -90,9 +90,9 @@ def test_the_agent_publishes_into_etcd_and_the_daemon_shows_it(etcd: EtcdServer,
 def test_a_killed_agent_s_reading_expires_with_its_lease(etcd: EtcdServer, nvml_stub: Path, tmp_path: Path):
     env = etcd_env(etcd) | INTERVAL | {"LD_LIBRARY_PATH": str(nvml_stub)}
     with Agent(tmp_path / "agent", env=env, args=("--node-id", "gpu-node-9")) as agent:
-        wait_until(lambda: len(telemetry_keys(etcd)) == 1, 20, "the first reading")
+        wait_until(lambda: len(telemetry_keys(etcd)) == 1, what="the first reading")
         agent.stop(signal.SIGKILL)
-    wait_until(lambda: telemetry_keys(etcd) == [], 15, "the lease to expire")
+    wait_until(lambda: telemetry_keys(etcd) == [], what="the lease to expire")
 
 
 def test_the_agent_serves_http_and_the_embedded_daemon_polls_it(nvml_stub: Path, tmp_path: Path):
@@ -117,7 +117,7 @@ def test_the_agent_serves_http_and_the_embedded_daemon_polls_it(nvml_stub: Path,
             except httpx.TransportError:
                 return False
 
-        wait_until(answers, 20, "the agent's endpoint")
+        wait_until(answers, what="the agent's endpoint")
         refused = client.get("/v1/telemetry")
         assert refused.status_code == 401 and refused.headers["www-authenticate"].startswith("Bearer")
         assert refused.json()["error"]["code"] == "unauthorized"
@@ -131,14 +131,14 @@ def test_the_agent_serves_http_and_the_embedded_daemon_polls_it(nvml_stub: Path,
         }
         with Daemon(tmp_path / "gateway", env=daemon_env) as daemon:
             register(daemon, "gpu-node-2")
-            wait_until(lambda: gpus_live(daemon, "gpu-node-2") is not None, 20, "the first poll")
+            wait_until(lambda: gpus_live(daemon, "gpu-node-2") is not None, what="the first poll")
             assert gpus_live(daemon, "gpu-node-2")["gpus"] == list(STUB_GPUS)
             listed = daemon.admin.get("/admin/nodes").json()["nodes"]
             assert [n["gpus_live"]["gpus"][1]["name"] for n in listed] == ["NVIDIA Stub L4"]
             assert gauge(daemon, "qiip_gpu_memory_total_bytes", "gpu-node-2", "1") == 23034 * 1024 * 1024
             assert agent.stop() == 0
             # The daemon keeps the last reading with its age; once stale, Prometheus no longer gets it.
-            wait_until(lambda: gpus_live(daemon, "gpu-node-2")["stale"], 20, "the reading to go stale")
+            wait_until(lambda: gpus_live(daemon, "gpu-node-2")["stale"], what="the reading to go stale")
             assert gauge(daemon, "qiip_gpu_memory_total_bytes", "gpu-node-2", "1") is None
             assert "no reading from the agent of gpu-node-2" in daemon.log()
 
@@ -167,7 +167,7 @@ def test_the_agent_s_endpoint_holds_to_the_daemon_s_limits(tmp_path: Path):
             except httpx.TransportError:
                 return False
 
-        wait_until(answers, 20, "the agent's endpoint")
+        wait_until(answers, what="the agent's endpoint")
         # No token at all is refused without counting; wrong ones are logged and, past the burst, throttled.
         assert [client.get("/v1/telemetry").status_code for _ in range(6)] == [401] * 6
         wrong = {"Authorization": "Bearer nope"}
@@ -204,7 +204,7 @@ def test_a_reading_is_judged_by_the_agent_s_own_interval_not_the_gateway_s(
         Agent(tmp_path / "agent", env=agent_env, args=("--node-id", "gpu-node-3")),
     ):
         register(daemon, "gpu-node-3")
-        wait_until(lambda: gpus_live(daemon, "gpu-node-3") is not None, 20, "the first reading")
+        wait_until(lambda: gpus_live(daemon, "gpu-node-3") is not None, what="the first reading")
         first = gpus_live(daemon, "gpu-node-3")["read_at"]
         deadline = time.monotonic() + 30
         # From one reading to the next, the GPUs never vanish.
@@ -216,7 +216,7 @@ def test_a_reading_is_judged_by_the_agent_s_own_interval_not_the_gateway_s(
 
 def test_without_nvml_the_agent_says_so_once_and_publishes_nothing(etcd: EtcdServer, tmp_path: Path):
     with Agent(tmp_path / "agent", env=etcd_env(etcd) | INTERVAL, args=("--node-id", "cpu-node")) as agent:
-        wait_until(lambda: "NVML cannot be used" in agent.log(), 20, "the agent to report no NVML")
+        wait_until(lambda: "NVML cannot be used" in agent.log(), what="the agent to report no NVML")
         time.sleep(1.0)  # several more intervals, each trying NVML again
         assert agent.process is not None and agent.process.poll() is None  # it keeps running
         assert telemetry_keys(etcd) == []

@@ -19,7 +19,7 @@ from qiip_cli._up import _previous_credentials, _write_console_config
 from qiip_core.config import load_settings
 from tests.support.bad_models import BAD_MODELS, LLAMA_SERVER_REFUSES, write_bad_model
 from tests.support.cli import QIIP, clean_environ
-from tests.support.daemon import free_port
+from tests.support.daemon import free_port, wait_until
 from tests.support.openai_client import openai_client
 
 pytestmark = pytest.mark.integration
@@ -134,10 +134,7 @@ def test_up_serves_until_ctrl_c_and_leaves_nothing_behind(tmp_path: Path, llama_
         # The gateway's port is the daemon's alone: a llama-server holding it would keep it after a stop.
         assert not set(servers) & _listening_pids(port)
     assert up.returncode == 0
-    deadline = time.monotonic() + 10
-    while _processes_mentioning(str(tmp_path / "state")) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _processes_mentioning(str(tmp_path / "state")) == []
+    wait_until(lambda: _processes_mentioning(str(tmp_path / "state")) == [], what="the node processes to end")
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"http://127.0.0.1:{port}/health")
 

@@ -75,7 +75,7 @@ def test_a_cut_body_breaks_the_connection_and_counts_against_its_node(
     )
     with pytest.raises(httpx.HTTPError):
         httpx.post(fault_daemon.url + CHAT, json={"model": model, "messages": []}, timeout=30)
-    wait_until(lambda: fault_daemon.in_flight(node) == 0, 5, "the reservation to be released")
+    wait_until(lambda: fault_daemon.in_flight(node) == 0, what="the reservation to be released")
     assert failures(fault_daemon, node) == 1
     labels = {"model": model, "node": node}
     assert fault_daemon.counter("qiip_requests_total", status="200", **labels) == 1
@@ -114,7 +114,7 @@ def test_a_client_leaving_mid_stream_counts_neither_way(fault_daemon: Daemon, ba
             assert piece, received
             received += piece
     backend.wait_for_disconnect()
-    wait_until(lambda: fault_daemon.in_flight(node) == 0, 5, "the reservation to be released")
+    wait_until(lambda: fault_daemon.in_flight(node) == 0, what="the reservation to be released")
     assert failures(fault_daemon, node) == 1
     labels = {"model": model, "node": node}
     assert fault_daemon.counter("qiip_request_errors_total", code="client_disconnected", **labels) == 1

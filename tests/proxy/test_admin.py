@@ -131,7 +131,7 @@ def test_drain_under_load_lets_streams_finish_and_sends_nothing_new(
     threads = [threading.Thread(target=stream) for _ in range(3)]
     for thread in threads:
         thread.start()
-    wait_until(lambda: fault_daemon.in_flight(f"{model}-slow") == 3, 10, "three streams in flight")
+    wait_until(lambda: fault_daemon.in_flight(f"{model}-slow") == 3, what="three streams in flight")
     fault_daemon.add_node(f"{model}-other", other.url, model)
     operation = fault_daemon.admin.post(f"/admin/nodes/{model}-slow/drain", json={"timeout_s": 20}).json()
     before = sum(1 for r in slow.requests if r.path.startswith("/v1/"))
@@ -264,10 +264,10 @@ def test_shutting_down_ends_the_event_streams_instead_of_waiting_for_them(tmp_pa
     follower = threading.Thread(target=follow, daemon=True)
     try:
         follower.start()
-        wait_until(lambda: "<status 200>" in ended, 10, "the stream to start")
+        wait_until(lambda: "<status 200>" in ended, what="the stream to start")
         # The daemon's grace period is a minute: had it waited for the stream, stop() would kill it at 30 s.
         assert daemon.stop(signal.SIGTERM) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it caught
-        follower.join(10)
+        follower.join(60)
         assert ended[-1] == "<end>"
         assert "Exception in ASGI application" not in daemon.log()
         assert "Waiting for connections to close" not in daemon.log()

@@ -79,7 +79,7 @@ def test_past_the_bound_requests_are_shed_with_429_and_pass_again_once_the_load_
         assert "2 requests are in flight" in refused.message and "admission.max_in_flight" in refused.message
     # The shed requests never reached the node.
     assert len([r for r in backend.requests if r.path == "/v1/chat/completions"]) == 2
-    wait_until(lambda: shedding.in_flight(f"{model}-n") == 0, 10, "the held requests to end")
+    wait_until(lambda: shedding.in_flight(f"{model}-n") == 0, what="the held requests to end")
     answer = client.chat.completions.create(model=model, messages=messages)
     assert answer.choices[0].message.content
     assert shedding.counter("qiip_requests_shed_total", model=model, reason="max_in_flight") == 2
@@ -99,5 +99,5 @@ def test_a_models_own_bound_beats_the_default(shedding: Daemon, backends: Callab
     assert refused.status_code == 429 and refused.headers["Retry-After"] == "3"
     assert refused.json()["error"]["code"] == "model_overloaded"
     assert "(1: admission.max_in_flight)" in refused.json()["error"]["message"]
-    wait_until(lambda: shedding.in_flight("one-at-a-time-n") == 0, 10, "the held request to end")
+    wait_until(lambda: shedding.in_flight("one-at-a-time-n") == 0, what="the held request to end")
     assert httpx.post(shedding.url + "/v1/chat/completions", json=body, timeout=30).status_code == 200

@@ -118,12 +118,12 @@ def test_concurrency_caps_what_the_router_sends(attached_daemon: tuple[Daemon, F
     holder = threading.Thread(target=lambda: _quiet(client, daemon.url, body), daemon=True)
     holder.start()
     try:
-        wait_until(lambda: daemon.in_flight("redirecting") == 1, 10, "one request in flight")
+        wait_until(lambda: daemon.in_flight("redirecting") == 1, what="one request in flight")
         second = httpx.post(daemon.url + "/v1/chat/completions", json=body, timeout=30)
         assert second.status_code == 503 and second.json()["error"]["code"] == "model_unavailable"
     finally:
         client.close()
-        holder.join(10)
+        holder.join(60)
 
 
 def _quiet(client: httpx.Client, url: str, body: dict[str, Any]) -> None:
@@ -155,7 +155,7 @@ def test_health_needs_the_model_in_the_server_list(attached_daemon: tuple[Daemon
     assert daemon.admin.post("/admin/attached/lying", json={}).status_code == 201
     assert daemon.admin.post("/admin/attached/lying", json={}).status_code == 409
     assert daemon.admin.post("/admin/attached/nobody", json={}).status_code == 404
-    daemon.wait_status("lying", "unhealthy", timeout_s=10)
+    daemon.wait_status("lying", "unhealthy")
     error = daemon.admin.get("/admin/nodes/lying").json()["last_error"]
     assert "does not list the model 'not-listed'" in error
     removal = daemon.admin.delete("/admin/nodes/lying", params={"force": "true"})
@@ -235,7 +235,7 @@ def test_an_attached_profile_name_is_reserved_and_its_token_follows_no_name(
         assert answer.status_code == 201, answer.text
     # The name written straight into the registry (by hand, or another gateway) is ignored.
     daemon.add_node("keyed", fault.url, "keyed", wait=False)
-    wait_until(lambda: "reserved for the attached profile" in daemon.log(), 10, "the reserved id to be refused")
+    wait_until(lambda: "reserved for the attached profile" in daemon.log(), what="the reserved id to be refused")
     try:
         for _ in range(6):
             body = {"model": "keyed", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}

@@ -248,11 +248,10 @@ def test_stop_closes_the_stream_and_the_node_sees_it(page: Page, daemon: Daemon,
     # and its slot is free again.
     wait_until(
         lambda: daemon.counter("qiip_request_errors_total", node="gemma", code="client_disconnected") > disconnects,
-        10,
-        "the daemon to count the disconnect",
+        what="the daemon to count the disconnect",
     )
-    wait_until(lambda: gemma.cancelled_tasks() > cancels, 10, "llama-server to cancel the task")
-    wait_until(gemma.idle, 10, "llama-server's slot to be free")
+    wait_until(lambda: gemma.cancelled_tasks() > cancels, what="llama-server to cancel the task")
+    wait_until(gemma.idle, what="llama-server's slot to be free")
     # The stopped answer stays as it was.
     assert turn.locator(".markdown").inner_text() == partial
 

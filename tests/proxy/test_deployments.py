@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from qiip_core.catalog import scan_catalog
@@ -29,6 +27,7 @@ from tests.support.daemon import Daemon, free_port, wait_until
 from tests.support.hf_cache import HfCacheBuilder
 from tests.support.provisioning import TINY_SIZING, cpu_hosts, daemon_env
 from tests.support.quads import QuadsServer
+from tests.support.rollouts import ClientLoop, deployment, ready_hosts, settled, status_of
 from tests.support.sshd import SshHosts, alive
 
 pytestmark = pytest.mark.integration
@@ -49,78 +48,6 @@ class Fleet:
 
     def address(self, index: int) -> str:
         return self.hosts[index].address
-
-
-@dataclass
-class ClientLoop:
-    """Requests through the gateway one after another, on a thread, counting every answer by status."""
-
-    url: str
-    model: str
-    statuses: dict[int, int] = field(default_factory=dict)
-    errors: list[str] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def __enter__(self) -> ClientLoop:
-        def run() -> None:
-            with httpx.Client(base_url=self.url, timeout=60, trust_env=False) as client:
-                while not self._stop.is_set():
-                    body = {"model": self.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-                    try:
-                        answer = client.post("/v1/chat/completions", json=body)
-                        status = answer.status_code
-                        if status != 200:
-                            self.errors.append(answer.text[:300])
-                    except httpx.HTTPError as exc:
-                        status = 0
-                        self.errors.append(repr(exc))
-                    self.statuses[status] = self.statuses.get(status, 0) + 1
-
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
-        wait_until(lambda: self.statuses.get(200, 0) >= 3, 60, "the client loop's first answers")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        assert self._thread is not None
-        self._thread.join(60)
-
-    @property
-    def failed(self) -> int:
-        return sum(n for status, n in self.statuses.items() if status != 200)
-
-
-def deployment(fleet: Fleet, name: str) -> dict[str, Any]:
-    answer = fleet.daemon.admin.get(f"/admin/deployments/{name}")
-    assert answer.status_code == 200, answer.text
-    return dict(answer.json())
-
-
-def status_of(fleet: Fleet, name: str) -> dict[str, Any]:
-    return deployment(fleet, name).get("status") or {}
-
-
-def ready_hosts(fleet: Fleet, name: str, template: str | None = None) -> set[str]:
-    return {
-        r["host"]
-        for r in status_of(fleet, name).get("replicas", [])
-        if r["state"] == "ready" and (template is None or r["template"] == template)
-    }
-
-
-def settled(fleet: Fleet, name: str, replicas: int) -> bool:
-    """`replicas` replicas of the current template ready and nothing else left."""
-    view = deployment(fleet, name)
-    status = view.get("status") or {}
-    current = view["template"]["hash"]
-    kept = status.get("replicas", [])
-    return (
-        status.get("observed_generation") == view["generation"]
-        and len(kept) == replicas
-        and all(r["state"] == "ready" and r["template"] == current for r in kept)
-    )
 
 
 @pytest.fixture(scope="module")
@@ -181,8 +108,8 @@ def test_a_deployment_is_placed_on_fitting_hosts_and_explains_the_others(fleet: 
     assert answer.status_code == 201, answer.text
     created = answer.json()
     assert created["generation"] == 1 and created["template"]["source"]["artifact_id"] == fleet.artifacts["a"]
-    wait_until(lambda: settled(fleet, "coder", 3), 240, "three ready replicas")
-    placed = ready_hosts(fleet, "coder")
+    wait_until(lambda: settled(fleet.daemon, "coder", 3), 240, "three ready replicas")
+    placed = ready_hosts(fleet.daemon, "coder")
     assert placed <= {fleet.address(i) for i in range(4)}
     explain = fleet.daemon.admin.get("/admin/deployments/coder/explain").json()
     reasons = {h["host"]: " ".join(h["reasons"]) for h in explain["hosts"] if not h["eligible"]}
@@ -192,7 +119,7 @@ def test_a_deployment_is_placed_on_fitting_hosts_and_explains_the_others(fleet: 
     with ClientLoop(fleet.daemon.url, "coder") as loop:
         wait_until(lambda: loop.statuses.get(200, 0) >= 10, 60, "ten answers")
     assert loop.failed == 0, loop.errors
-    conditions = {c["type"]: c for c in status_of(fleet, "coder")["conditions"]}
+    conditions = {c["type"]: c for c in status_of(fleet.daemon, "coder")["conditions"]}
     assert conditions["Available"]["status"] and not conditions["Degraded"]["status"]
 
 
@@ -204,11 +131,11 @@ def test_a_stale_generation_and_a_broken_field_are_refused_before_anything_chang
     assert bad.status_code == 422 and bad.json()["error"]["param"] == "placement.min_gpu_memory_mib", bad.text
     unknown = fleet.daemon.admin.put("/admin/deployments/coder", json={**spec, "source": {"artifact": "0" * 12}})
     assert unknown.status_code == 422 and unknown.json()["error"]["param"] == "source.artifact", unknown.text
-    assert deployment(fleet, "coder")["generation"] == 1
+    assert deployment(fleet.daemon, "coder")["generation"] == 1
 
 
 def test_a_rollout_under_load_replaces_every_replica_with_no_failed_request(fleet: Fleet) -> None:
-    old = deployment(fleet, "coder")["template"]["hash"]
+    old = deployment(fleet.daemon, "coder")["template"]["hash"]
     with ClientLoop(fleet.daemon.url, "coder") as loop:
         answer = fleet.daemon.admin.post(
             "/admin/deployments/coder/rollout", json={"source": {"artifact": fleet.artifacts["b"]}}
@@ -216,14 +143,14 @@ def test_a_rollout_under_load_replaces_every_replica_with_no_failed_request(flee
         assert answer.status_code == 200, answer.text
         new = answer.json()["template"]["hash"]
         assert new != old and answer.json()["history"][0]["hash"] == old
-        wait_until(lambda: settled(fleet, "coder", 3), 600, "the rollout to finish")
+        wait_until(lambda: settled(fleet.daemon, "coder", 3), 600, "the rollout to finish")
     assert loop.failed == 0, loop.errors
-    events = [e["kind"] for e in status_of(fleet, "coder")["events"]]
+    events = [e["kind"] for e in status_of(fleet.daemon, "coder")["events"]]
     assert events.count("rollout") == 3 and "torn_down" in events
 
 
 def test_a_rollout_that_cannot_start_pauses_and_the_old_replicas_serve_until_undone(fleet: Fleet) -> None:
-    serving = deployment(fleet, "coder")["template"]["hash"]
+    serving = deployment(fleet.daemon, "coder")["template"]["hash"]
     with ClientLoop(fleet.daemon.url, "coder") as loop:
         answer = fleet.daemon.admin.post(
             "/admin/deployments/coder/rollout", json={"source": {"artifact": fleet.artifacts["bad"]}}
@@ -231,19 +158,19 @@ def test_a_rollout_that_cannot_start_pauses_and_the_old_replicas_serve_until_und
         assert answer.status_code == 200, answer.text
 
         def paused() -> bool:
-            progressing = next(c for c in status_of(fleet, "coder")["conditions"] if c["type"] == "Progressing")
+            progressing = next(c for c in status_of(fleet.daemon, "coder")["conditions"] if c["type"] == "Progressing")
             return not progressing["status"] and progressing["reason"] == "RolloutPaused"
 
         wait_until(paused, 300, "the rollout to pause")
-        assert ready_hosts(fleet, "coder", serving) and len(ready_hosts(fleet, "coder", serving)) == 3
+        assert ready_hosts(fleet.daemon, "coder", serving) and len(ready_hosts(fleet.daemon, "coder", serving)) == 3
         undone = fleet.daemon.admin.post("/admin/deployments/coder/rollout/undo", json={})
         assert undone.status_code == 200 and undone.json()["template"]["hash"] == serving, undone.text
-        wait_until(lambda: settled(fleet, "coder", 3), 300, "the undo to settle")
+        wait_until(lambda: settled(fleet.daemon, "coder", 3), 300, "the undo to settle")
     assert loop.failed == 0, loop.errors
 
 
 def test_a_dead_replica_is_replaced_on_a_spare_host(fleet: Fleet) -> None:
-    victim = sorted(ready_hosts(fleet, "coder"))[0]
+    victim = sorted(ready_hosts(fleet.daemon, "coder"))[0]
     host = next(h for h in fleet.hosts.hosts if h.address == victim)
     with ClientLoop(fleet.daemon.url, "coder") as loop:
         host.refuse_ssh()
@@ -251,25 +178,29 @@ def test_a_dead_replica_is_replaced_on_a_spare_host(fleet: Fleet) -> None:
         assert pid is not None and alive(pid)
         os.killpg(pid, signal.SIGKILL)
         wait_until(
-            lambda: victim not in {r["host"] for r in status_of(fleet, "coder")["replicas"]}, 300, "the dead one gone"
+            lambda: victim not in {r["host"] for r in status_of(fleet.daemon, "coder")["replicas"]},
+            300,
+            "the dead one gone",
         )
-        wait_until(lambda: settled(fleet, "coder", 3), 300, "a replacement ready")
-    assert victim not in ready_hosts(fleet, "coder")
+        wait_until(lambda: settled(fleet.daemon, "coder", 3), 300, "a replacement ready")
+    assert victim not in ready_hosts(fleet.daemon, "coder")
     assert loop.failed <= 1, loop.errors  # at most the request the dead replica held
-    kinds = [e["kind"] for e in status_of(fleet, "coder")["events"] if e.get("host") == victim]
+    kinds = [e["kind"] for e in status_of(fleet.daemon, "coder")["events"] if e.get("host") == victim]
     assert "replaced" in kinds, kinds
     host.authorized_keys.write_text((fleet.hosts.base / "authorized_keys").read_text())  # the host comes back
 
 
 def test_a_host_quads_takes_back_is_replaced_before_its_replica_leaves(fleet: Fleet) -> None:
-    reclaimed = sorted(ready_hosts(fleet, "coder"))[0]
+    reclaimed = sorted(ready_hosts(fleet.daemon, "coder"))[0]
     now = datetime.now(UTC)
     with ClientLoop(fleet.daemon.url, "coder") as loop:
         fleet.quads.reserve(reclaimed, now + timedelta(minutes=30), now + timedelta(hours=3), owner="frank")
-        wait_until(lambda: reclaimed not in {r["host"] for r in status_of(fleet, "coder")["replicas"]}, 300, "the move")
-        wait_until(lambda: settled(fleet, "coder", 3), 300, "three ready again")
+        wait_until(
+            lambda: reclaimed not in {r["host"] for r in status_of(fleet.daemon, "coder")["replicas"]}, 300, "the move"
+        )
+        wait_until(lambda: settled(fleet.daemon, "coder", 3), 300, "three ready again")
     assert loop.failed == 0, loop.errors
-    events = status_of(fleet, "coder")["events"]
+    events = status_of(fleet.daemon, "coder")["events"]
     placed = max(e["seq"] for e in events if e["kind"] == "placed")
     left = min(e["seq"] for e in events if e["kind"] == "reclaim" and e.get("host") == reclaimed)
     assert placed < left, "the replacement was placed before the reclaimed replica was taken away"
@@ -280,20 +211,22 @@ def test_a_deployment_no_host_can_hold_is_degraded_with_each_hosts_reason(fleet:
     assert fleet.daemon.admin.put("/admin/deployments/big", json=spec).status_code == 201
 
     def degraded() -> bool:
-        condition = next((c for c in status_of(fleet, "big").get("conditions", []) if c["type"] == "Degraded"), None)
+        condition = next(
+            (c for c in status_of(fleet.daemon, "big").get("conditions", []) if c["type"] == "Degraded"), None
+        )
         return condition is not None and condition["reason"] == "NoFittingHost"
 
     wait_until(degraded, 60, "Degraded NoFittingHost")
     explain = fleet.daemon.admin.get("/admin/deployments/big/explain").json()
     assert all(not h["eligible"] for h in explain["hosts"])
     assert all(any("label gpu" in r or "busy" in r or "QUADS" in r for r in h["reasons"]) for h in explain["hosts"])
-    assert status_of(fleet, "big")["replicas"] == []
+    assert status_of(fleet.daemon, "big")["replicas"] == []
     assert fleet.daemon.admin.delete("/admin/deployments/big").status_code == 202
     wait_until(lambda: fleet.daemon.admin.get("/admin/deployments/big").status_code == 404, 60, "big removed")
 
 
 def test_deleting_drains_and_tears_down_every_replica(fleet: Fleet) -> None:
-    hosts = ready_hosts(fleet, "coder")
+    hosts = ready_hosts(fleet.daemon, "coder")
     assert fleet.daemon.admin.delete("/admin/deployments/coder").status_code == 202
     wait_until(lambda: fleet.daemon.admin.get("/admin/deployments/coder").status_code == 404, 300, "coder removed")
     nodes = {n["id"] for n in fleet.daemon.admin.get("/admin/nodes").json()["nodes"] if n.get("engine")}

@@ -38,7 +38,7 @@ def test_two_gateways_converge_on_puts_and_deletes(
     added = run_qiip(tmp_path, "node", "add", "gpu01", backend.url, "--model", "shared/model", env=etcd_env(etcd))
     assert added.returncode == 0, added.stderr
     for gateway in gateways:
-        gateway.wait_status("gpu01", "healthy", timeout_s=5)
+        gateway.wait_status("gpu01", "healthy")
         answer = httpx.post(gateway.url + "/v1/chat/completions", json={"model": "shared/model", "messages": []})
         assert answer.status_code == 200
     listed = json.loads(run_qiip(tmp_path, "node", "list", "--json", env=etcd_env(etcd)).stdout)
@@ -46,7 +46,7 @@ def test_two_gateways_converge_on_puts_and_deletes(
     removed = run_qiip(tmp_path, "node", "remove", "gpu01", env=etcd_env(etcd))
     assert removed.returncode == 0, removed.stderr
     for gateway in gateways:
-        gateway.wait_gone("gpu01", timeout_s=5)
+        gateway.wait_gone("gpu01")
 
 
 def test_requests_are_served_through_an_etcd_outage(
@@ -55,7 +55,7 @@ def test_requests_are_served_through_an_etcd_outage(
     one, two = gateways
     backend = backends()
     assert run_qiip(tmp_path, "node", "add", "gpu01", backend.url, "--model", "m", env=etcd_env(etcd)).returncode == 0
-    one.wait_status("gpu01", "healthy", timeout_s=5)
+    one.wait_status("gpu01", "healthy")
     failures: list[int] = []
     stop = threading.Event()
 
@@ -70,11 +70,11 @@ def test_requests_are_served_through_an_etcd_outage(
     thread.start()
     try:
         etcd.stop()
-        wait_until(lambda: one.client.get("/health").json()["status"] == "degraded", 10, "a degraded registry")
+        wait_until(lambda: one.client.get("/health").json()["status"] == "degraded", what="a degraded registry")
         status = run_qiip(tmp_path, "registry", "status", env=etcd_env(etcd))
         assert status.returncode == 1 and "degraded" in status.stdout
         etcd.start()
-        wait_until(lambda: one.client.get("/health").json()["status"] == "ok", 20, "the registry to recover")
+        wait_until(lambda: one.client.get("/health").json()["status"] == "ok", what="the registry to recover")
     finally:
         stop.set()
         thread.join(30)
@@ -82,7 +82,7 @@ def test_requests_are_served_through_an_etcd_outage(
     other = backends()
     assert run_qiip(tmp_path, "node", "add", "gpu02", other.url, "--model", "m", env=etcd_env(etcd)).returncode == 0
     for gateway in (one, two):
-        gateway.wait_status("gpu02", "healthy", timeout_s=20)
+        gateway.wait_status("gpu02", "healthy")
     status = run_qiip(tmp_path, "registry", "status", env=etcd_env(etcd))
     assert status.returncode == 0 and "backend: etcd" in status.stdout and "nodes:   2" in status.stdout
 
@@ -95,8 +95,8 @@ def test_a_gateway_started_while_etcd_is_down_serves_the_fleet_it_last_knew(
     assert run_qiip(tmp_path, "node", "add", "gpu01", first.url, "--model", "m", env=env).returncode == 0
     saved = tmp_path / "gw" / "etcd-fleet.json"
     with Daemon(tmp_path / "gw", env=env) as gateway:
-        gateway.wait_status("gpu01", "healthy", timeout_s=10)
-        wait_until(lambda: saved.exists() and '"gpu01"' in saved.read_text(), 10, "the fleet to be saved")
+        gateway.wait_status("gpu01", "healthy")
+        wait_until(lambda: saved.exists() and '"gpu01"' in saved.read_text(), what="the fleet to be saved")
     # While the gateway is down the fleet changes; then etcd goes down too.
     assert run_qiip(tmp_path, "node", "remove", "gpu01", env=env).returncode == 0
     assert run_qiip(tmp_path, "node", "add", "gpu02", second.url, "--model", "m", env=env).returncode == 0
@@ -111,7 +111,7 @@ def test_a_gateway_started_while_etcd_is_down_serves_the_fleet_it_last_knew(
         fresh.close()
     # The one that did serves what it last knew, and says so.
     with Daemon(tmp_path / "gw", env=env) as gateway:
-        gateway.wait_status("gpu01", "healthy", timeout_s=10)
+        gateway.wait_status("gpu01", "healthy")
         assert httpx.post(gateway.url + "/v1/chat/completions", json={"model": "m", "messages": []}).status_code == 200
         health = gateway.client.get("/health").json()
         assert health["status"] == "degraded" and health["registry"]["last_known_at"] is not None
@@ -119,11 +119,11 @@ def test_a_gateway_started_while_etcd_is_down_serves_the_fleet_it_last_knew(
         assert "Serving the last known fleet until it answers: 1 node(s)" in gateway.log()
         # etcd back: its fleet replaces the saved one.
         etcd.start()
-        gateway.wait_status("gpu02", "healthy", timeout_s=20)
-        gateway.wait_gone("gpu01", timeout_s=10)
+        gateway.wait_status("gpu02", "healthy")
+        gateway.wait_gone("gpu01")
         health = gateway.client.get("/health").json()
         assert health["status"] == "ok" and health["registry"]["last_known_at"] is None
-        wait_until(lambda: '"gpu02"' in saved.read_text() and '"gpu01"' not in saved.read_text(), 10, "a new save")
+        wait_until(lambda: '"gpu02"' in saved.read_text() and '"gpu01"' not in saved.read_text(), what="a new save")
 
 
 def test_a_managed_node_nobody_can_reach_expires(
@@ -140,10 +140,10 @@ def test_a_managed_node_nobody_can_reach_expires(
     lease_dead = client.lease(ttl=3)
     client.put("/nodes/dead", json.dumps({"endpoint": "http://127.0.0.1:1", **managed}), lease=lease_dead)
     for gateway in (one, two):
-        gateway.wait_status("alive", "healthy", timeout_s=5)
-        wait_until(lambda g=gateway: "dead" in g.node_statuses(), 5, "the dead node to appear")  # type: ignore[misc]
+        gateway.wait_status("alive", "healthy")
+        wait_until(lambda g=gateway: "dead" in g.node_statuses(), what="the dead node to appear")  # type: ignore[misc]
     for gateway in (one, two):
-        gateway.wait_gone("dead", timeout_s=20)
+        gateway.wait_gone("dead")
     # The reachable node's lease was refreshed by the gateways' probes: it outlives its 6 s TTL.
     assert lease_alive.ttl() > 3
     assert "alive" in one.node_statuses() and "alive" in two.node_statuses()

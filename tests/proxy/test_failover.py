@@ -207,7 +207,7 @@ def test_routing_errors(fault_daemon: Daemon, backends: Backends, model: str) ->
     down.health = Status(500)
     down.stop_listening()
     fault_daemon.add_node(f"{model}-down", down.url.replace(str(down.port), "1"), model, wait=False)
-    wait_until(lambda: fault_daemon.node_statuses().get(f"{model}-down") == "unknown", 10, "the node to be unknown")
+    wait_until(lambda: fault_daemon.node_statuses().get(f"{model}-down") == "unknown", what="the node to be unknown")
     unavailable = httpx.post(fault_daemon.url + CHAT, json=body(model), timeout=30)
     assert unavailable.status_code == 503 and unavailable.json()["error"]["code"] == "model_unavailable"
     models = httpx.get(fault_daemon.url + "/v1/models", timeout=30).json()["data"]

@@ -25,7 +25,7 @@ def test_loading_node_is_not_routable_until_ready(health_daemon: Daemon, backend
     backend.health = LoadingThenOk(loading_s=1.5)
     node_id = f"{model}-n"
     health_daemon.add_node(node_id, backend.url, model, wait=False)
-    wait_until(lambda: sum(r.path == "/health" for r in backend.requests) >= 3, 5, "a few loading probes")
+    wait_until(lambda: sum(r.path == "/health" for r in backend.requests) >= 3, what="a few loading probes")
     assert health_daemon.node_statuses()[node_id] == "unknown"
     answer = chat(health_daemon, model)
     assert answer.status_code == 503 and answer.json()["error"]["code"] == "model_unavailable"
@@ -66,14 +66,14 @@ def test_open_breaker_closes_only_after_a_real_completion(
         assert chat(health_daemon, model).status_code == 200
         if breaker_open():
             break
-    wait_until(breaker_open, 10, "the broken node's breaker to open")
+    wait_until(breaker_open, what="the broken node's breaker to open")
     # /health keeps answering 200, but the recovery probe (a one-token completion) still fails.
-    wait_until(lambda: any(r.path == "/v1/completions" for r in broken.requests), 5, "a recovery probe")
+    wait_until(lambda: any(r.path == "/v1/completions" for r in broken.requests), what="a recovery probe")
     assert breaker_open()
     probe = next(r for r in broken.requests if r.path == "/v1/completions")
     assert probe.json == {"model": model, "prompt": "ping", "max_tokens": 1}
     broken.default = Json(200, {"object": "text_completion", "choices": []})
-    wait_until(lambda: not breaker_open(), 10, "the breaker to close")
+    wait_until(lambda: not breaker_open(), what="the breaker to close")
     assert health_daemon.node_statuses()[node_id] == "healthy"
 
 

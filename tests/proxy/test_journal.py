@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.daemon import Daemon, llama_daemon_with, wait_until
+from tests.support.daemon import WAIT_S, Daemon, llama_daemon_with, wait_until
 from tests.support.fault_backend import FaultBackend
 
 pytestmark = pytest.mark.integration
@@ -52,7 +52,7 @@ def wait_entry(daemon: Daemon, **wanted: Any) -> dict[str, Any]:
         found[:] = [entry] if entry else []
         return bool(found)
 
-    wait_until(seen, 15.0, f"a journal entry {wanted}")
+    wait_until(seen, what=f"a journal entry {wanted}")
     return found[0]
 
 
@@ -105,10 +105,10 @@ def test_the_journal_follows_new_entries_live(daemon: Daemon) -> None:
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    wait_until(lambda: len(seen) > 0, 10.0, "the backlog")
+    wait_until(lambda: len(seen) > 0, what="the backlog")
     with FaultBackend(model="live-model") as backend:
         daemon.add_node("ext-live", backend.url, "live-model", wait=False)
-        reader.join(10.0)
+        reader.join(60)
         assert find(seen, node="ext-live", event="added") is not None
         daemon.remove_node("ext-live")
 
@@ -121,9 +121,11 @@ def test_the_engine_log_has_llama_server_lines_and_follows_new_ones(daemon: Daem
     assert any("server" in line for line in lines), lines[-5:]
 
     fresh: list[str] = []
+    following = threading.Event()
 
     def read() -> None:
         with daemon.admin.stream("GET", "/admin/nodes/chat-a/log", params={"lines": 0}) as response:
+            following.set()
             for _event, data in sse(response):
                 fresh.append(data.get("line", ""))
                 if any("completion" in line or "slot" in line for line in fresh):
@@ -131,10 +133,13 @@ def test_the_engine_log_has_llama_server_lines_and_follows_new_ones(daemon: Daem
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    time.sleep(0.5)
+    assert following.wait(60)
+    # The stream's head can come before the daemon reaches the log's end: ask again until a fresh line arrives.
     body = {"model": "tiny-chat", "prompt": "hello", "max_tokens": 2}
-    assert daemon.client.post("/v1/completions", json=body).status_code == 200
-    reader.join(15.0)
+    deadline = time.monotonic() + WAIT_S
+    while reader.is_alive() and time.monotonic() < deadline:
+        assert daemon.client.post("/v1/completions", json=body).status_code == 200
+        reader.join(1)
     assert not reader.is_alive(), fresh
     assert fresh
 

@@ -57,7 +57,7 @@ def test_idle_connections_over_the_cap_make_room_and_busy_ones_refuse_the_next_a
     # Silent connections: past the cap of 4, each new one takes the place of the one silent longest.
     idle = [socket.create_connection((host, int(port)), timeout=10) for _ in range(10)]
     try:
-        wait_until(lambda: sum(not closed_by_server(sock) for sock in idle) == 4, 10, "all but 4 closed")
+        wait_until(lambda: sum(not closed_by_server(sock) for sock in idle) == 4, what="all but 4 closed")
         assert not any(closed_by_server(sock) for sock in idle[-4:])
         assert _health_status(capped) == 200
     finally:
@@ -79,13 +79,13 @@ def test_idle_connections_over_the_cap_make_room_and_busy_ones_refuse_the_next_a
             answer = refused.makefile("rb").read()
         assert answer.startswith(b"HTTP/1.1 503 ") and b"\r\nretry-after: 1\r\n" in answer.lower(), answer
         probes = len([r for r in backend.requests if r.path == "/health"])
-        wait_until(lambda: len([r for r in backend.requests if r.path == "/health"]) > probes + 3, 10, "more probes")
+        wait_until(lambda: len([r for r in backend.requests if r.path == "/health"]) > probes + 3, what="more probes")
     finally:
         gate.set()
     assert [connection.getresponse().status for connection in held] == [200] * 4
     for connection in held:
         connection.close()
-    wait_until(lambda: _health_status(capped) == 200, 10, "service once the requests are done")
+    wait_until(lambda: _health_status(capped) == 200, what="service once the requests are done")
     # The probes kept their descriptors all along: the node never went down.
     assert capped.node_statuses()[f"{model}-n"] == "healthy" and "-n: healthy -> unhealthy" not in capped.log()
     assert "serving at most 4 client connections" in capped.log()

@@ -114,7 +114,7 @@ def test_a_body_cut_after_its_headers_is_truncated(fault_daemon: Daemon, backend
     backend.push(Sse(writes=[piece, piece, piece], reset_after_events=2, delay_between_s=0.2, headers=headers))
     with pytest.raises(httpx.HTTPError):
         chat(fault_daemon, model)
-    wait_until(lambda: fault_daemon.in_flight(node) == 0, 5, "the reservation to be released")
+    wait_until(lambda: fault_daemon.in_flight(node) == 0, what="the reservation to be released")
     assert fault_daemon.counter("qiip_upstream_errors_total", model=model, node=node, kind="truncated") == 1
 
 

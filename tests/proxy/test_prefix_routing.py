@@ -90,7 +90,7 @@ def affinity_count(daemon: Daemon, model: str, result: str) -> float:
 
 
 def idle(daemon: Daemon, *nodes: str) -> None:
-    wait_until(lambda: all(daemon.in_flight(n) == 0 for n in nodes), 10, f"{nodes} to have nothing in flight")
+    wait_until(lambda: all(daemon.in_flight(n) == 0 for n in nodes), what=f"{nodes} to have nothing in flight")
 
 
 def test_a_conversation_keeps_its_node_whose_cache_holds_its_prefix(daemon: Daemon) -> None:

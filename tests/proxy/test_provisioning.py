@@ -100,7 +100,7 @@ def test_setup_serves_through_the_gateway_then_teardown_removes_it(cpu_hosts: Ss
         assert teardown.status_code == 202, teardown.text
         assert wait_operation(daemon, teardown.json()["id"])["state"] == "succeeded"
         daemon.wait_gone(host.address)
-        wait_until(lambda: not alive(engine_pid), 20, "llama-server to stop")
+        wait_until(lambda: not alive(engine_pid), what="llama-server to stop")
         assert task_of(daemon, host.address)["current_step"] == "teardown_complete"
         # The host's lease is free again: a new setup is accepted.
         hang(cpu_hosts, 0, True)

@@ -118,8 +118,8 @@ def test_the_fleet_view_setup_refusals_and_quads_down_then_back(
 
             # The fleet view: QUADS' hosts that are not nodes, without engine or artifact; a node keeps its shape.
             daemon.add_node(LENT, f"http://{LENT}:8000", "org/m", wait=False)
-            wait_until(lambda: {RESERVED, LENT} <= set(entries(daemon)), 10, "the QUADS hosts in the view")
-            wait_until(lambda: entries(daemon)[LENT]["engine"] == "vllm", 10, "the node to be registered")
+            wait_until(lambda: {RESERVED, LENT} <= set(entries(daemon)), what="the QUADS hosts in the view")
+            wait_until(lambda: entries(daemon)[LENT]["engine"] == "vllm", what="the node to be registered")
             view = entries(daemon)
             reserved = view[RESERVED]
             assert (reserved["status"], reserved["engine"], reserved["artifact_id"], reserved["endpoint"]) == (
@@ -173,7 +173,7 @@ def test_the_fleet_view_setup_refusals_and_quads_down_then_back(
                 assert down.status_code == 503, down.text
                 assert down.json()["error"]["code"] == "quads_unavailable" and down.headers["retry-after"] == "30"
                 assert f"QUADS cannot say whether {host} is free" in down.json()["error"]["message"]
-            wait_until(lambda: entries(daemon)[RESERVED]["quads"]["stale"], 10, "the data to be stale")
+            wait_until(lambda: entries(daemon)[RESERVED]["quads"]["stale"], what="the data to be stale")
             freshness = daemon.admin.get("/admin/nodes").json()["quads"]
             assert freshness["stale"] and freshness["age_s"] > 0 and freshness["hosts"] == 2
             assert "cannot be reached" in freshness["last_error"]
@@ -183,12 +183,12 @@ def test_the_fleet_view_setup_refusals_and_quads_down_then_back(
             assert ssh.accepted == [] and bmc.accepted == []  # no power, no SSH
 
             quads.start()
-            wait_until(lambda: entries(daemon)[RESERVED]["quads"]["last_error"] is None, 10, "QUADS to be back")
+            wait_until(lambda: entries(daemon)[RESERVED]["quads"]["last_error"] is None, what="QUADS to be back")
 
             # A host QUADS does not lend passes the check: the setup goes on to power and SSH (the listeners
             # hear it), which shows the refusals above stopped before them.
             accepted = setup(daemon, UNKNOWN)
             assert accepted.status_code == 202, accepted.text
-            wait_until(lambda: bool(bmc.accepted or ssh.accepted), 20, "the setup to reach the host")
+            wait_until(lambda: bool(bmc.accepted or ssh.accepted), what="the setup to reach the host")
             assert set(bmc.accepted + ssh.accepted) == {UNKNOWN}  # nothing reached the broken host either
             assert daemon.admin.post(f"/admin/provisioning/{UNKNOWN}/cancel", json={}).status_code == 202

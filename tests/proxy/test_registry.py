@@ -44,7 +44,7 @@ def test_cli_changes_a_running_daemon_and_survive_a_restart(tmp_path: Path, back
             target=lambda: answers.append(httpx.post(daemon.url + "/v1/chat/completions", json=body, timeout=30))
         )
         thread.start()
-        wait_until(lambda: daemon.in_flight("gpu01") == 1, 10, "the request to be in flight")
+        wait_until(lambda: daemon.in_flight("gpu01") == 1, what="the request to be in flight")
         removed = run_qiip(tmp_path, "node", "remove", "gpu01")
         assert removed.returncode == 0, removed.stderr
         daemon.wait_status("gpu01", "draining")

@@ -126,8 +126,7 @@ def test_when_the_rollback_fails_too_only_removal_is_left(
     relaunch_daemon.wait_gone("victim", timeout_s=30)
     wait_until(
         lambda: relaunch_daemon.client.get("/health").json()["local_nodes"]["victim"] == "removed",
-        10,
-        "/health to say the local node was removed",
+        what="/health to say the local node was removed",
     )
 
 

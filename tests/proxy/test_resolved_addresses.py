@@ -32,7 +32,9 @@ def test_a_name_that_resolves_to_loopback_gets_nothing(
     backend = backends()
     port = backend.url.rsplit(":", 1)[1]
     lab_daemon.add_node(f"{model}-n", f"http://localhost:{port}", model, wait=False)
-    wait_until(lambda: "resolves only to addresses the endpoint allowlist refuses" in lab_daemon.log(), 10, "a refusal")
+    wait_until(
+        lambda: "resolves only to addresses the endpoint allowlist refuses" in lab_daemon.log(), what="a refusal"
+    )
     answer = httpx.post(lab_daemon.url + "/v1/chat/completions", json={"model": model, "messages": []}, timeout=30)
     assert answer.status_code in (502, 503)
     assert backend.requests == []  # neither a probe nor a request reached it

@@ -139,8 +139,7 @@ def test_failures_of_one_credential_never_throttle_the_other_and_missing_ones_ne
         assert get(connections.on(pid, source="127.0.0.23"), "/admin/nodes", **ADMIN)[0] == 200
     wait_until(
         lambda: get(connections.on(connections.pids[0], source="127.0.0.23"), "/v1/models", **bearer)[0] == 429,
-        5,
-        "the primary to learn the worker's failures",
+        what="the primary to learn the worker's failures",
     )
 
 
@@ -151,7 +150,7 @@ def test_no_client_value_forges_a_log_line(daemon: Daemon, connections: Connecti
         # Starlette's routes match no newline; an escape sequence they do.
         terminal = "/x%1b[2J%e2%80%a8"
         assert get(connections.on(pid, source="127.0.0.24"), "/v1/models" + terminal, **WRONG_TOKEN)[0] == 401
-    wait_until(lambda: daemon.log().count("from 127.0.0.24") >= 4, 10, "the failures to be logged")
+    wait_until(lambda: daemon.log().count("from 127.0.0.24") >= 4, what="the failures to be logged")
     log = daemon.log()
     assert "\x1b" not in log and "\u2028" not in log
     assert not [line for line in log.splitlines() if line.startswith("node n1")], log[-2000:]
@@ -274,7 +273,7 @@ def test_the_daemon_believes_forwarded_headers_from_the_addresses_listed(tmp_pat
         for pid in connections.pids:
             connection = connections.on(pid)
             assert get(connection, "/admin/nodes", **WRONG_ADMIN, **{"X-Forwarded-For": "10.2.2.2"})[0] == 401
-        wait_until(lambda: daemon.log().count("admin authentication failed from 10.2.2.2") == 2, 10, "two lines")
+        wait_until(lambda: daemon.log().count("admin authentication failed from 10.2.2.2") == 2, what="two lines")
     finally:
         connections.close()
         daemon.close()

@@ -4,41 +4,37 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from qiip_core.engines.llamacpp import make_test_gguf
-from tests.support.daemon import Daemon, llama_daemon_with
-from tests.support.fault_backend import FaultBackend
+from tests.support.daemon import Daemon, llama_daemon_with, wait_until
+from tests.support.fault_backend import FaultBackend, Trickle
 from tests.support.openai_client import openai_client
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def token_daemon(tmp_path_factory: pytest.TempPathFactory, llama_server_binary: Path) -> Iterator[Daemon]:
-    """Tokens required; a real llama-server on a model slow enough to revoke a token mid-stream, and a
-    second model on a fault backend."""
-    slowish = make_test_gguf(
-        tmp_path_factory.mktemp("slowish") / "slowish.gguf",
-        n_layers=4,
-        n_embd=512,
-        n_head=8,
-        n_vocab=1000,
-        n_ctx_train=4096,
-    )[0]
-    local = [{"id": "llama", "gguf": str(slowish), "model": "llama", "slots": 2, "threads": 1}]
+def other() -> Iterator[FaultBackend]:
+    """The node of the second model, `other`: a fault backend, so a test can script a stream that lasts."""
+    with FaultBackend(model="other") as backend:
+        yield backend
+
+
+@pytest.fixture(scope="module")
+def token_daemon(
+    tmp_path_factory: pytest.TempPathFactory, tiny_gguf: Path, llama_server_binary: Path, other: FaultBackend
+) -> Iterator[Daemon]:
+    """Tokens required; a real llama-server on the tiny model, and the second model on a fault backend."""
+    local = [{"id": "llama", "gguf": str(tiny_gguf), "model": "llama", "slots": 2, "threads": 1}]
     env = {"QIIP_AUTH__CLIENT_TOKENS": "required"}
     state_dir = tmp_path_factory.mktemp("token-daemon")
-    with (
-        FaultBackend(model="other") as other,
-        llama_daemon_with(state_dir, llama_server_binary, local, env=env) as daemon,
-    ):
+    with llama_daemon_with(state_dir, llama_server_binary, local, env=env) as daemon:
         daemon.add_node("other-node", other.url, "other")
         yield daemon
 
@@ -90,9 +86,11 @@ def test_scoped_and_unscoped_tokens(token_daemon: Daemon) -> None:
 
 
 def test_tokens_expire(token_daemon: Daemon) -> None:
-    short = new_token(token_daemon, ttl_s=1.0)
+    # Long enough to be used once on a busy machine; then its expiry, as the daemon reads the same clock.
+    short = new_token(token_daemon, ttl_s=3.0)
     assert chat(token_daemon, "other", short["secret"]).status_code == 200
-    time.sleep(1.5)
+    expires_at = datetime.fromisoformat(short["expires_at"])
+    wait_until(lambda: datetime.now(UTC) > expires_at, 30, "the token's expiry")
     expired = chat(token_daemon, "other", short["secret"])
     assert expired.status_code == 401 and expired.json()["error"]["code"] in ("token_expired", "token_revoked")
 
@@ -108,20 +106,23 @@ def test_token_limits_and_admin_boundary(token_daemon: Daemon) -> None:
     assert token_daemon.admin.delete("/admin/tokens/tok_0000000000000000").status_code == 404
 
 
-def test_revoking_a_token_ends_its_live_stream(token_daemon: Daemon) -> None:
-    token = new_token(token_daemon, model="llama")
-    received: list[bytes] = []
+def test_revoking_a_token_ends_its_live_stream(token_daemon: Daemon, other: FaultBackend) -> None:
+    token = new_token(token_daemon, model="other")
+    # A stream that lasts until the gateway hangs up: it cannot end before the revocation does, however slow.
+    other.push(Trickle())
+    received: list[str] = []
     first_event = threading.Event()
 
     def stream() -> None:
-        body = {"model": "llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3000, "stream": True}
+        body = {"model": "other", "messages": [{"role": "user", "content": "hi"}], "stream": True}
         headers = {"authorization": f"Bearer {token['secret']}"}
         with httpx.stream(
             "POST", token_daemon.url + "/v1/chat/completions", json=body, headers=headers, timeout=60
         ) as r:
-            for chunk in r.iter_raw():
-                received.append(chunk)
-                first_event.set()
+            for line in r.iter_lines():
+                received.append(line)
+                if line.startswith("data: "):
+                    first_event.set()
 
     thread = threading.Thread(target=stream)
     thread.start()
@@ -129,9 +130,10 @@ def test_revoking_a_token_ends_its_live_stream(token_daemon: Daemon) -> None:
     revoked = token_daemon.admin.delete(f"/admin/tokens/{token['id']}")
     assert revoked.status_code == 200 and revoked.json()["revoked_at"]
     thread.join(60)
-    text = b"".join(received).decode()
-    events = [e for e in text.split("\n\n") if e]
+    assert not thread.is_alive()
+    events = [line for line in received if line]
     assert events[-1] == "data: [DONE]"
     error = json.loads(events[-2].removeprefix("data: "))["error"]
     assert error["code"] == "token_revoked"
-    assert chat(token_daemon, "llama", token["secret"]).status_code == 401
+    other.wait_for_disconnect()  # the node's request closed too
+    assert chat(token_daemon, "other", token["secret"]).status_code == 401

@@ -96,4 +96,4 @@ def test_an_address_holding_too_many_connections_gets_503(strict: Daemon) -> Non
                 b"HTTP/1.1 200"
             )
 
-    wait_until(served, 10, "a connection once the others closed")
+    wait_until(served, what="a connection once the others closed")

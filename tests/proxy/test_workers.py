@@ -88,7 +88,7 @@ def test_both_processes_serve_the_client_api_and_pass_everything_else_to_the_pri
         status, _, body = get(connection, "/v1/nowhere")
         assert status == 404 and json.loads(body)["error"]["code"] == "not_found"
     # Every request reaches the primary's metrics, whichever process served it.
-    wait_until(lambda: daemon.counter("qiip_requests_total", model=model, status="200") == 4, 5, "4 requests counted")
+    wait_until(lambda: daemon.counter("qiip_requests_total", model=model, status="200") == 4, what="4 requests counted")
 
 
 def test_every_answer_from_either_process_carries_one_date_header(
@@ -175,7 +175,7 @@ def test_requests_in_flight_are_counted_over_both_processes(
     held, gate = hold(connections, backend, model, connections.pids)
     try:
         # Each process holds one request: the bound of 2 is reached only over both.
-        wait_until(lambda: daemon.in_flight(f"{model}-n") == 2, 5, "2 requests in flight")
+        wait_until(lambda: daemon.in_flight(f"{model}-n") == 2, what="2 requests in flight")
         for pid in connections.pids:
             connection = connections.on(pid)
             ask(connection, model)
@@ -185,8 +185,8 @@ def test_requests_in_flight_are_counted_over_both_processes(
     finally:
         gate.set()
     assert [answer(connection)[0] for connection in held] == [200, 200]
-    wait_until(lambda: daemon.in_flight(f"{model}-n") == 0, 5, "no request in flight")
-    wait_until(lambda: daemon.counter("qiip_requests_total", model=model, status="429") == 2, 5, "2 shed counted")
+    wait_until(lambda: daemon.in_flight(f"{model}-n") == 0, what="no request in flight")
+    wait_until(lambda: daemon.counter("qiip_requests_total", model=model, status="429") == 2, what="2 shed counted")
     assert daemon.counter("qiip_requests_shed_total", model=model) == 2
 
 
@@ -217,12 +217,12 @@ def test_a_killed_worker_is_started_again_and_its_requests_stop_counting(
     daemon.add_node(f"{model}-n", backend.url, model)
     primary, worker = connections.pids
     held, gate = hold(connections, backend, model, [worker])
-    wait_until(lambda: daemon.in_flight(f"{model}-n") == 1, 5, "1 request in flight")
+    wait_until(lambda: daemon.in_flight(f"{model}-n") == 1, what="1 request in flight")
     os.kill(worker, signal.SIGKILL)
     try:
         # Its request died with it: the board row is zeroed, and a new worker takes its place.
-        wait_until(lambda: daemon.in_flight(f"{model}-n") == 0, 10, "the dead worker's request to stop counting")
-        wait_until(lambda: len(processes(daemon)) == 2 and worker not in processes(daemon), 15, "a new worker")
+        wait_until(lambda: daemon.in_flight(f"{model}-n") == 0, what="the dead worker's request to stop counting")
+        wait_until(lambda: len(processes(daemon)) == 2 and worker not in processes(daemon), what="a new worker")
         wait_until(lambda: daemon.log().count("worker 1 serving") >= 2, 30, "the new worker to serve")
     finally:
         gate.set()
@@ -245,7 +245,7 @@ def test_a_worker_that_falls_silent_is_killed_and_replaced_and_its_requests_rele
     daemon.add_node(f"{model}-n", backend.url, model)
     primary, worker = connections.pids
     held, gate = hold(connections, backend, model, [worker])
-    wait_until(lambda: daemon.in_flight(f"{model}-n") == 1, 5, "1 request in flight")
+    wait_until(lambda: daemon.in_flight(f"{model}-n") == 1, what="1 request in flight")
     started = daemon.log().count("worker 1 serving")
     os.kill(worker, signal.SIGSTOP)
 
@@ -332,7 +332,7 @@ def test_silent_connections_take_no_more_than_the_cap_in_either_process_and_neve
             return sum(held) + sum(closed_by_server(sock) for sock in silent) == 60
 
         # Every one accepted: each process closed the ones silent longest to stay at its cap.
-        wait_until(settled, 15, "every silent connection to be accepted, and the oldest closed")
+        wait_until(settled, what="every silent connection to be accepted, and the oldest closed")
         assert all(connections_held(pid, daemon.port) <= 8 for pid in pids)
         # A client with something to ask gets in, in either process.
         connections = Connections(daemon)
@@ -412,7 +412,7 @@ def test_on_sigterm_every_process_stops_accepting_at_once_and_finishes_its_reque
             return False
 
         # The port closes in both processes long before the 20 s grace ends, while the worker's request runs on.
-        wait_until(refused, 10, "the port to close")
+        wait_until(refused, what="the port to close")
         gate.set()
         status, _, _ = answer(held[0])
         assert status == 200

@@ -75,8 +75,11 @@ def test_a_conversation_keeps_its_node_whichever_process_serves_each_turn(daemon
                 assert usage["prompt_tokens_details"]["cached_tokens"] >= 0.9 * previous_prompt
     finally:
         connections.close()
-    # Every later turn was a hit, counted by whichever process routed it.
-    time.sleep(0.3)
+    # Every later turn was a hit, counted by whichever process routed it (a worker's counts reach the primary).
+    wait_until(
+        lambda: daemon.counter("qiip_prefix_affinity_total", model=MODEL, result="hit") - hits >= 8,
+        what="the hits to be counted",
+    )
     assert daemon.counter("qiip_prefix_affinity_total", model=MODEL, result="hit") - hits == 8
 
 
@@ -89,7 +92,7 @@ def test_a_worker_started_again_begins_with_the_prefixes_already_routed(daemon: 
         messages.append({"role": "user", "content": "Begin."})
         first, usage = turn(connections, primary, messages)
         os.kill(worker, signal.SIGKILL)
-        wait_until(lambda: daemon.log().count("worker 1 serving") >= 2, 30, "the worker to be started again")
+        wait_until(lambda: daemon.log().count("worker 1 serving") >= 2, what="the worker to be started again")
     finally:
         connections.close()
     renewed = Connections(daemon)
@@ -99,7 +102,10 @@ def test_a_worker_started_again_begins_with_the_prefixes_already_routed(daemon: 
         node, later = turn(renewed, renewed.pids[1], messages)
         assert node == first
         assert later["prompt_tokens_details"]["cached_tokens"] >= 0.9 * usage["prompt_tokens"]
-        time.sleep(0.3)
+        wait_until(
+            lambda: daemon.counter("qiip_prefix_affinity_total", model=MODEL, result="hit") - hits >= 1,
+            what="the hit to be counted",
+        )
         assert daemon.counter("qiip_prefix_affinity_total", model=MODEL, result="hit") - hits == 1
     finally:
         renewed.close()

@@ -17,7 +17,7 @@ from textual.widgets import Input
 
 from qiip_core.client import ConsoleConfig
 from qiip_tui import QiipConsole
-from tests.support.daemon import Daemon, llama_daemon_with
+from tests.support.daemon import WAIT_S, Daemon, llama_daemon_with
 from tests.support.fault_backend import FaultBackend
 
 ADMIN = ConsoleConfig(url="http://127.0.0.1:1", username="admin", password="test-password", source="the test")
@@ -51,7 +51,9 @@ def config_for(daemon: Daemon, *, password: str = "test-password") -> ConsoleCon
     return ADMIN.model_copy(update={"url": daemon.url, "password": SecretStr(password)})
 
 
-async def wait_for(pilot: Pilot[Any], predicate: Callable[[], object], timeout_s: float = 15.0, what: str = "") -> None:
+async def wait_for(
+    pilot: Pilot[Any], predicate: Callable[[], object], timeout_s: float = WAIT_S, what: str = ""
+) -> None:
     """Let the app run until `predicate()` is true.
 
     Raises:
@@ -96,7 +98,7 @@ def console_daemon(
 ScreenT = TypeVar("ScreenT", bound=Screen[Any])
 
 
-async def screen_of(pilot: Pilot[Any], kind: type[ScreenT], timeout_s: float = 15.0) -> ScreenT:
+async def screen_of(pilot: Pilot[Any], kind: type[ScreenT], timeout_s: float = WAIT_S) -> ScreenT:
     """Wait until the app shows a mounted screen of type `kind`, and return it."""
     app = pilot.app
     await wait_for(pilot, lambda: isinstance(app.screen, kind) and app.screen.is_mounted, timeout_s, kind.__name__)

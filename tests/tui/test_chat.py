@@ -38,7 +38,7 @@ async def test_a_turn_streams_from_a_llama_cpp_node(console_daemon: Daemon) -> N
         await pilot.press(*"Say hello", "enter")
         await wait_for(pilot, lambda: bool(screen.conversation.turns), what="the turn to start")
         turn = screen.conversation.turns[0]
-        await wait_for(pilot, lambda: turn.state is not TurnState.STREAMING, timeout_s=30, what="the answer")
+        await wait_for(pilot, lambda: turn.state is not TurnState.STREAMING, what="the answer")
         assert turn.state is TurnState.DONE, turn.error
         # Sampled from random weights: usually all 12 tokens, now and then an end-of-sequence, which may be the 12th.
         assert turn.answer and (
@@ -169,7 +169,7 @@ async def test_the_message_box_keeps_the_focus(console_daemon: Daemon) -> None:
         await pilot.press(*"hi", "enter")
         await wait_for(pilot, lambda: bool(screen.conversation.turns), what="the turn to start")
         turn = screen.conversation.turns[0]
-        await wait_for(pilot, lambda: turn.state is not TurnState.STREAMING, timeout_s=30, what="the answer")
+        await wait_for(pilot, lambda: turn.state is not TurnState.STREAMING, what="the answer")
         assert turn.node in {"chat-a", "chat-b"} and turn.ttft_s is not None
         shown = str(screen.query_one(Transcript).children[0].render())
         assert f"answered by {turn.node} · TTFT {ttft_text(turn.ttft_s)}" in shown

@@ -71,7 +71,7 @@ async def test_the_console_recovers_by_itself_when_the_daemon_comes_up(tmp_path:
             await wait_for(pilot, lambda: isinstance(app.screen, ConnectionScreen), what="the connection screen")
             starter = threading.Thread(target=daemon.start)
             starter.start()
-            await wait_for(pilot, lambda: not starter.is_alive(), timeout_s=40, what="the daemon to start")
+            await wait_for(pilot, lambda: not starter.is_alive(), timeout_s=150, what="the daemon to start")
             await wait_for(pilot, lambda: isinstance(app.screen, FleetScreen), what="the fleet screen")
             assert app.connection.connected and app.connection.problem is None
     finally:

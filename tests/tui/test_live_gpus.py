@@ -47,7 +47,8 @@ async def test_the_console_shows_an_agents_live_gpus(etcd: EtcdServer, nvml_stub
         agent_env = env | {"LD_LIBRARY_PATH": str(nvml_stub)}
         with Agent(tmp_path / "agent", env=agent_env, args=("--node-id", "gpu-node-1")):
             wait_until(
-                lambda: daemon.admin.get("/admin/nodes/gpu-node-1").json().get("gpus_live") is not None, 20, "a reading"
+                lambda: daemon.admin.get("/admin/nodes/gpu-node-1").json().get("gpus_live") is not None,
+                what="a reading",
             )
             app = QiipConsole(config_for(daemon), metrics_interval_s=0.5, node_poll_s=0.5)
             async with app.run_test(size=(160, 48)) as pilot:

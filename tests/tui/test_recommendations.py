@@ -104,7 +104,7 @@ async def test_w_shows_what_fits_the_nodes_host(daemon: Daemon, hosts: SshHosts)
     daemon.add_node("lab-gpu", f"http://{host}:9", "m", wait=False)
     app = QiipConsole(config_for(daemon))
     async with app.run_test(size=(160, 48)) as pilot:
-        await wait_for(pilot, lambda: "lab-gpu" in app.fleet.nodes, timeout_s=30, what="the node")
+        await wait_for(pilot, lambda: "lab-gpu" in app.fleet.nodes, what="the node")
         app.push_screen(NodeScreen("lab-gpu"))
         await screen_of(pilot, NodeScreen)
         await pilot.press("w")

@@ -128,6 +128,18 @@ def test_a_rollout_surges_one_replica_and_retires_an_old_one_only_once_the_new_o
     assert len(retired) == 1 and not retired[0].force and "rollout" in retired[0].reason
 
 
+def test_a_rollout_counts_a_draining_replica_against_the_surge_until_it_is_gone() -> None:
+    old = deployment(2, artifact="a" * 64)
+    new = deployment(2, artifact="b" * 64, generation=2)
+    hosts = [host("h1"), host("h2"), host("h3"), host("h4")]
+    draining = replica("h1", old.template.hash, ReplicaState.DRAINING)
+    serving = [replica("h2", old.template.hash), replica("h3", new.template.hash)]
+    actions, status = run(new, [draining, *serving], hosts)
+    assert actions == []  # 2 replicas + 1 surge held: the next one waits for the teardown
+    actions, status = run(new, serving, hosts, status)
+    assert [a.host for a in actions if isinstance(a, Place)] == ["h1"]
+
+
 def test_a_host_entering_the_quads_window_is_replaced_before_its_replica_is_taken_away() -> None:
     dep = deployment(1)
     soon = QuadsWindow(state="reserved", conflict_at=NOW + timedelta(hours=2), describe="cloud03")
@@ -160,6 +172,28 @@ def test_a_rollout_whose_replicas_keep_failing_pauses_and_the_old_replicas_keep_
     assert not any(isinstance(a, Place) for a in actions)
     assert not any(isinstance(a, Retire) and a.host == "h1" for a in actions)
     assert status.condition("Progressing").reason == "RolloutPaused"
+
+
+def test_setups_cut_by_their_gateways_death_count_against_neither_the_rollout_nor_the_host() -> None:
+    old = deployment(1, artifact="a" * 64)
+    new = deployment(1, artifact="b" * 64, generation=2)
+    hosts = [host("h1"), host("h2"), host("h3")]
+    serving = replica("h1", old.template.hash)
+    status = None
+    for attempt in range(2):  # CONFIG pauses a rollout at 2 failures
+        cut = ObservedReplica(
+            host="h2",
+            template=new.template.hash,
+            state=ReplicaState.FAILED,
+            reason="preflight: The gateway gw1:8080 stopped during step preflight (its host lease expired)",
+            failed_at=NOW + timedelta(seconds=attempt),
+            registered=False,
+            interrupted=True,
+        )
+        actions, status = run(new, [serving, cut], hosts, status, NOW + timedelta(seconds=attempt + 1))
+    assert not status.rollout.paused and status.rollout.failures == 0
+    assert "h2" not in status.host_failures
+    assert [a.host for a in actions if isinstance(a, Place)] == ["h2"]
 
 
 def test_scale_down_takes_the_replica_quads_wants_back_soonest_first() -> None:

@@ -27,7 +27,7 @@ async def test_quads_down_then_back_keeps_the_last_data_reports_its_age_and_reco
     quads.add_host("gpu01", gpus=8)
     quads.add_host("gpu02", gpus=4)
     quads.reserve("gpu02", quads.now + timedelta(hours=3), quads.now + timedelta(hours=9))
-    client = QuadsClient(quads.url, "UTC", timeout_s=2)
+    client = QuadsClient(quads.url, "UTC", timeout_s=30)
     poller = QuadsPoller(client, lookahead_s=86_400, interval_s=300, clock=clock)
     try:
         assert poller.age_s() is None and poller.stale()
@@ -122,7 +122,7 @@ async def test_each_failed_poll_is_one_log_line_and_an_empty_host_list_waits_for
     assert quads.now is not None
     quads.add_host("gpu01", gpus=8)
     quads.add_host("gpu02", gpus=4)
-    client = QuadsClient(quads.url, "UTC", timeout_s=2)
+    client = QuadsClient(quads.url, "UTC", timeout_s=30)
     poller = QuadsPoller(client, lookahead_s=86_400, interval_s=300, clock=lambda: quads.now)  # type: ignore[arg-type,return-value]
     try:
         first = await poller.poll()

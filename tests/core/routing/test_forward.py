@@ -45,7 +45,7 @@ def table(backend: FaultBackend) -> RoutingTable:
 
 @pytest.fixture
 async def forwarder(table: RoutingTable) -> AsyncIterator[Forwarder]:
-    forwarder = Forwarder(table, UpstreamSettings(idle_timeout_s=2, ttfb_timeout_s=2), max_attempts=1)
+    forwarder = Forwarder(table, UpstreamSettings(idle_timeout_s=30, ttfb_timeout_s=30), max_attempts=1)
     yield forwarder
     await forwarder.aclose()
 

@@ -25,7 +25,7 @@ subclassing `Behaviour`. The modules, by fault family:
 - `_exchange`: `RequestRecord`, `Exchange` and `Behaviour`; the connection faults (`reset()`, `close()`).
 - `_status`: status faults: `Json`, `UnframedJson`, `Status`, `LoadingThenOk`.
 - `_stream`: stream faults: `Sse`, `big_line_event`.
-- `_gates`: delays and gates: `Hang`, `Gated`.
+- `_gates`: delays and gates: `Hang`, `Gated`, `Trickle`.
 - `_answers`: valid answers: `Completion` (the default), `Embeddings`.
 - `_backend`: `FaultBackend`, the control surface a test holds.
 - `_http`: the server plumbing: one connection, its reader task and the request parser.
@@ -37,7 +37,7 @@ from __future__ import annotations
 from tests.support.fault_backend._answers import Completion, Embeddings
 from tests.support.fault_backend._backend import FaultBackend
 from tests.support.fault_backend._exchange import Behaviour, ClientGone, Exchange, RequestRecord
-from tests.support.fault_backend._gates import Gated, Hang
+from tests.support.fault_backend._gates import Gated, Hang, Trickle
 from tests.support.fault_backend._status import Json, LoadingThenOk, Status, UnframedJson
 from tests.support.fault_backend._stream import Sse, big_line_event
 
@@ -55,6 +55,7 @@ __all__ = [
     "RequestRecord",
     "Sse",
     "Status",
+    "Trickle",
     "UnframedJson",
     "big_line_event",
 ]

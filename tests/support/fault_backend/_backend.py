@@ -134,12 +134,12 @@ class FaultBackend:
             self._queue.clear()
             self._records.clear()
 
-    def wait_for_requests(self, n: int, timeout_s: float = 5.0, *, path: str | None = None) -> list[RequestRecord]:
+    def wait_for_requests(self, n: int, timeout_s: float = 30.0, *, path: str | None = None) -> list[RequestRecord]:
         """Wait until at least `n` requests (to `path`, when given, query string ignored) have been received.
 
         Args:
             n: how many requests to wait for.
-            timeout_s: seconds to wait at most.
+            timeout_s: seconds to wait at most (a bound for a busy machine, not an expectation).
             path: count only requests to this path, for example "/v1/chat/completions".
 
         Returns:
