@@ -424,6 +424,24 @@ class GatewayMetrics:
                 by_node[node]["ttft_p95_s"] = ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
         return {"by_model": by_model, "by_node": by_node}
 
+    def decode_rate(self, model: str) -> tuple[float, int] | None:
+        """How fast the fleet answered `model` since the daemon started: completion tokens its nodes reported over
+        the seconds those requests took (prompt processing included: a conservative tokens/s of one sequence), and
+        how many requests that is over; None before any request of it was answered with usage."""
+        tokens = sum(v for labels, v in _totals(self.completion_tokens) if labels.get("model") == model)
+        seconds = requests = 0.0
+        for family in self.latency.collect():
+            for sample in family.samples:
+                if sample.labels.get("model") != model:
+                    continue
+                if sample.name.endswith("_sum"):
+                    seconds += sample.value
+                elif sample.name.endswith("_count"):
+                    requests += sample.value
+        if tokens <= 0 or seconds <= 0:
+            return None
+        return tokens / seconds, int(requests)
+
     def account(self, outcome: Outcome) -> None:
         """Record one finished client request (`summarize`, then `record`).
 

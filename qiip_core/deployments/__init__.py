@@ -12,6 +12,7 @@ DeploymentController                           the loop: leader lease, observe, 
 DeploymentStore (embedded, etcd)               records, statuses and added hosts in the registry's backend
 autoscale(policy, state, demand, …)            the replica count a deployment's load needs (pure)
 DemandMeter, DemandExchange, merge_demands     what each gateway measures of a model's traffic, shared over etcd
+plan_capacity(deployment, hosts, load, …)      the replicas and hosts a stated load needs (`qiip deploy plan`)
 Leadership (file lock, etcd lease)             one active controller per fleet, with a fencing token
 ```
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 from qiip_core.deployments._apply import Resolve, apply, delete, resolve_source, rollout, scale, undo
 from qiip_core.deployments._autoscale import Demand, autoscale, metric_of
+from qiip_core.deployments._capacity import CapacityPlan, Decode, Load, PlannedReplica, plan_capacity
 from qiip_core.deployments._controller import Actuator, DeploymentController, Observation, Observer, PlannerFit
 from qiip_core.deployments._demand import (
     DemandExchange,
@@ -99,8 +101,10 @@ __all__ = [
     "Autoscale",
     "AutoscaleStatus",
     "Capacity",
+    "CapacityPlan",
     "Condition",
     "Decision",
+    "Decode",
     "Demand",
     "DemandExchange",
     "DemandMeter",
@@ -129,6 +133,7 @@ __all__ = [
     "HostView",
     "HubSource",
     "Leadership",
+    "Load",
     "LocalDemandExchange",
     "Observation",
     "ObservedReplica",
@@ -138,6 +143,7 @@ __all__ = [
     "Placement",
     "PlacementExplain",
     "PlacementInput",
+    "PlannedReplica",
     "PlannerFit",
     "ProvisioningActuator",
     "QuadsWindow",
@@ -167,6 +173,7 @@ __all__ = [
     "metric_of",
     "parse_spec",
     "place",
+    "plan_capacity",
     "read_template_shape",
     "reconcile",
     "resolve_source",

@@ -190,7 +190,14 @@ class PlannerFit:
             return Fit(False, exc.message)
         used = sum(d.total_mib for d in result.estimate.devices)
         what = f"{result.slots} slot(s) × {result.context_per_slot:,} tokens, {result.cache_type_k} K/V"
-        return Fit(True, what, used_mib=used, total_mib=total)
+        return Fit(
+            True,
+            what,
+            used_mib=used,
+            total_mib=total,
+            slots=result.slots,
+            context_per_slot=result.context_per_slot,
+        )
 
 
 class DeploymentController:

@@ -27,12 +27,14 @@ from qiip_core.catalog import scan_catalog
 from qiip_core.config import HostSpec, Settings
 from qiip_core.deployments._apply import apply, delete, resolve_source, rollout, scale, undo
 from qiip_core.deployments._autoscale import Demand
+from qiip_core.deployments._capacity import CapacityPlan, Decode, Load, plan_capacity
 from qiip_core.deployments._controller import Actuator, DeploymentController, Observer, PlannerFit
 from qiip_core.deployments._demand import DemandExchange, DemandMeter, LocalDemandExchange, merge_demands
 from qiip_core.deployments._hosts import HostView
 from qiip_core.deployments._leader import Leadership
+from qiip_core.deployments._placement import PlacementInput
 from qiip_core.deployments._reconcile import ReconcileConfig
-from qiip_core.deployments._resource import Deployment, DeploymentEvent, DeploymentStatus, Template
+from qiip_core.deployments._resource import Deployment, DeploymentEvent, DeploymentStatus, Template, utc_now
 from qiip_core.deployments._spec import DeploymentSpec, parse_spec
 from qiip_core.deployments._store import DeploymentStore
 from qiip_core.planner import ModelShape, validate_policy
@@ -272,6 +274,33 @@ class DeploymentService:
         result = await apply(self.store, spec, resolve=self._resolve, expected_generation=expected_generation)
         self.controller.wake()
         return result
+
+    async def plan(self, data: Mapping[str, Any], *, load: Load, decode: Decode) -> CapacityPlan:
+        """Plan the replicas a deployment document needs for `load` on the pool as it is now, applying nothing
+        (`qiip deploy plan`; see `_capacity`).
+
+        Raises:
+            DeploymentInvalid: as `apply` (the document is checked and its source resolved the same way).
+            QiipError: the fleet cannot be read.
+        """
+        spec = parse_spec(data)
+        template = await self._resolve(spec)
+        deployment = Deployment(spec=spec, template=template)
+        hosts = await self.pool()
+        given = PlacementInput(
+            now=utc_now(), cpu_profile=self.config.cpu_profile, host_failures={}, holding=frozenset()
+        )
+        window = spec.placement.quads_free_for_s
+        return await asyncio.to_thread(  # the planner proves fits: CPU work, off the event loop
+            plan_capacity,
+            deployment,
+            hosts,
+            load=load,
+            decode=decode,
+            fit=self.fit,
+            given=given,
+            quads_free_for_s=float(window if window is not None else self.config.quads_free_for_s),
+        )
 
     async def scale(self, name: str, replicas: int, *, expected_generation: int | None = None) -> Deployment:
         """Set the replica count (see `_apply.scale`)."""
