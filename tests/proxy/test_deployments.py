@@ -284,8 +284,9 @@ def test_load_scales_a_deployment_up_and_back_down_and_recommend_mode_only_says_
         wait_until(lambda: settled(fleet.daemon, "surge", 3), 300, "three replicas under load")
     assert load.failed == 0, load.errors
     assert scaled(fleet, "surge")[0] == "1 → 3", scaled(fleet, "surge")
-    # The load falls to one client: one step down per cooldown, each replica drained first, no request lost.
-    with ClientLoop(fleet.daemon.url, "surge") as light:
+    # The load falls to one client resting between requests: one step down per cooldown, each replica drained
+    # first, no request lost.
+    with ClientLoop(fleet.daemon.url, "surge", pause_s=0.5) as light:
         wait_until(lambda: settled(fleet.daemon, "surge", 1), 300, "back to one replica")
     assert light.failed == 0, light.errors
     assert scaled(fleet, "surge") == ["1 → 3", "3 → 2", "2 → 1"]

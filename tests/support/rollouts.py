@@ -16,13 +16,15 @@ __all__ = ["ClientLoop", "deployment", "ready_hosts", "settled", "status_of"]
 
 @dataclass
 class ClientLoop:
-    """Requests through the gateway one after another on each of `threads` threads, counting every answer by
-    status."""
+    """Requests through the gateway one after another on each of `threads` threads (resting `pause_s` between
+    two), counting every answer by status."""
 
     url: str
     model: str
     threads: int = 1
     max_tokens: int = 4
+    pause_s: float = 0.0
+    """Seconds each thread rests between requests (a light load)."""
     statuses: dict[int, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -50,6 +52,7 @@ class ClientLoop:
                         self.statuses[status] = self.statuses.get(status, 0) + 1
                         if error is not None:
                             self.errors.append(error)
+                    self._stop.wait(self.pause_s)
 
         self._threads = [threading.Thread(target=run, daemon=True) for _ in range(self.threads)]
         for thread in self._threads:
