@@ -205,16 +205,28 @@ class DeploymentService:
         request for one waits for its replica, or is told it starts), and publish this gateway's demand."""
         while True:
             try:
-                deployments = await self.store.deployments()
-                statuses = await self.store.statuses()
-                assert self.table is not None
-                self.table.expect("deployments", expected_models(deployments, statuses))
-                self._seen = [(d, statuses[d.name]) for d in deployments if d.name in statuses]
-                if self.meter is not None:
+                deployments = await self._expect()
+                if self.meter is not None and self.table is not None:
                     await self.exchange.publish(self.meter.snapshot(self.table, [d.name for d in deployments]))
             except QiipError as exc:
                 logger.warning("the deployments' demand could not be shared: %s", exc.message)
             await asyncio.sleep(self.settings.deployments.reconcile_interval_s)
+
+    async def _expect(self) -> list[Deployment]:
+        """Read the deployments and their statuses; expect their models in the table (`expected_models`)."""
+        deployments = await self.store.deployments()
+        statuses = await self.store.statuses()
+        if self.table is not None:
+            self.table.expect("deployments", expected_models(deployments, statuses))
+        self._seen = [(d, statuses[d.name]) for d in deployments if d.name in statuses]
+        return deployments
+
+    async def _changed(self) -> None:
+        """A deployment changed here: run a controller pass now, and expect its model at once in this gateway
+        (the others within a reconcile interval)."""
+        self.controller.wake()
+        if self._share_task is not None:
+            await self._expect()
 
     # -- changes ---------------------------------------------------------------------------------------------
 
@@ -272,7 +284,7 @@ class DeploymentService:
         spec = parse_spec(data)
         self._check_name(spec.name)
         result = await apply(self.store, spec, resolve=self._resolve, expected_generation=expected_generation)
-        self.controller.wake()
+        await self._changed()
         return result
 
     async def plan(self, data: Mapping[str, Any], *, load: Load, decode: Decode) -> CapacityPlan:
@@ -305,7 +317,7 @@ class DeploymentService:
     async def scale(self, name: str, replicas: int, *, expected_generation: int | None = None) -> Deployment:
         """Set the replica count (see `_apply.scale`)."""
         result = await scale(self.store, name, replicas, expected_generation=expected_generation)
-        self.controller.wake()
+        await self._changed()
         return result
 
     async def rollout(
@@ -315,19 +327,19 @@ class DeploymentService:
         result = await rollout(
             self.store, name, resolve=self._resolve, changes=changes, expected_generation=expected_generation
         )
-        self.controller.wake()
+        await self._changed()
         return result
 
     async def undo(self, name: str, *, expected_generation: int | None = None) -> Deployment:
         """Go back to the previous template (see `_apply.undo`)."""
         result = await undo(self.store, name, expected_generation=expected_generation)
-        self.controller.wake()
+        await self._changed()
         return result
 
     async def delete(self, name: str) -> Deployment:
         """Delete: drain and tear down every replica, then the record (see `_apply.delete`)."""
         result = await delete(self.store, name)
-        self.controller.wake()
+        await self._changed()
         return result
 
     # -- reads -----------------------------------------------------------------------------------------------

@@ -253,7 +253,8 @@ def autoscaled(fleet: Fleet, name: str, **policy: object) -> dict[str, Any]:
 def scaled(fleet: Fleet, name: str) -> list[str]:
     """The autoscaler's steps, as its events say them (`autoscaler: 1 → 3 replicas (…)` is `1 → 3`)."""
     events = status_of(fleet.daemon, name).get("events", [])
-    return [e["message"].removeprefix("autoscaler: ").split(" replicas")[0] for e in events if e["kind"] == "scaled"]
+    steps = [e["message"] for e in events if e["kind"] == "scaled" and e["message"].startswith("autoscaler: ")]
+    return [step.removeprefix("autoscaler: ").split(" replicas")[0] for step in steps]
 
 
 @pytest.mark.timeout(900)  # provisions several replicas in turn
