@@ -126,6 +126,65 @@ def _health(status: dict[str, Any] | None) -> str:
     return "Available"
 
 
+@deploy.command("plan")
+@click.option(
+    "-f", "--file", "path", type=click.Path(path_type=Path, dir_okay=False), required=True, help="TOML or JSON."
+)
+@click.option("--requests-per-s", type=click.FloatRange(min=0, min_open=True), required=True, help="Average load.")
+@click.option("--prompt-tokens", type=click.IntRange(1), required=True, help="Tokens of a typical prompt.")
+@click.option("--answer-tokens", type=click.IntRange(1), required=True, help="Tokens of a typical answer.")
+@click.option(
+    "--tokens-per-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Answer tokens per second of one sequence (default: measured on the running fleet's replicas).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the daemon's JSON.")
+@_URL
+@pass_cli
+def plan(
+    ctx: CliContext,
+    path: Path,
+    requests_per_s: float,
+    prompt_tokens: int,
+    answer_tokens: int,
+    tokens_per_s: float | None,
+    as_json: bool,
+    url: str | None,
+) -> None:
+    """How many replicas, on which hosts of the pool, FILE's deployment needs for a load; applies nothing."""
+    data = _read_document(path)
+    try:
+        parse_spec(data)
+    except DeploymentInvalid as exc:
+        _fail([f"{path}: {v.line()}" for v in exc.violations] or [f"{path}: {exc.message}"])
+    load = {"requests_per_s": requests_per_s, "prompt_tokens": prompt_tokens, "answer_tokens": answer_tokens}
+    result = _call(ctx, url, lambda c: c.plan_deployment(data, load, tokens_per_s=tokens_per_s), timeout_s=300.0)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    else:
+        _print_plan(result, requests_per_s)
+    for line in [*result["warnings"], *([result["shortfall"]] if result["shortfall"] else [])]:
+        click.echo(f"warning: {line}", err=True)
+    if result["shortfall"]:
+        sys.exit(1)
+
+
+def _print_plan(result: dict[str, Any], requests_per_s: float) -> None:
+    decode = result["decode"]
+    click.echo(
+        f"{result['name']}: {result['replicas']} replica(s), {result['slots']} slot(s) for "
+        f"{result['sequences']:g} sequence(s) in flight ({requests_per_s:g} request(s)/s × "
+        f"{result['seconds_per_request']:g} s each at {decode['tokens_per_s']:g} tokens/s ({decode['source']}), "
+        f"{result['target']:g} of each slot busy)"
+    )
+    for host in result["hosts"]:
+        context = f" × {host['context_per_slot']:,} tokens" if host["context_per_slot"] else ""
+        click.echo(f"  ✔ {host['host']}  {host['slots']} slot(s){context}")
+    for name, reasons in sorted(result["refused"].items()):
+        click.echo(f"  ✘ {name}  {'; '.join(reasons)}")
+
+
 @deploy.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print the daemon's JSON.")
 @_URL

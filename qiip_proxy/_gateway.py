@@ -18,9 +18,11 @@ from qiip_core.auth import AuthThrottle, TokenStore, create_token_store
 from qiip_core.catalog import DownloadManager, default_cache_dir, model_store_for
 from qiip_core.config import Settings
 from qiip_core.deployments import (
+    DemandMeter,
     DeploymentService,
     FleetObserver,
     ProvisioningActuator,
+    create_demand_exchange,
     create_deployment_store,
     create_leadership,
 )
@@ -53,7 +55,7 @@ from qiip_core.routing import (
 from qiip_core.telemetry import TelemetrySource, TelemetryStore, create_telemetry_source
 from qiip_proxy._gpu_metrics import GpuCollector
 from qiip_proxy._local_nodes import LocalNodes
-from qiip_proxy._metrics import GatewayMetrics
+from qiip_proxy._metrics import DeploymentCollector, GatewayMetrics
 
 if TYPE_CHECKING:
     from qiip_proxy._workers import WorkerPool
@@ -127,7 +129,10 @@ class Gateway:
             policy=settings.routing.endpoint_policy(),
         )
         self.fleet = _Fleet(self)
-        self.metrics = GatewayMetrics(self.table)
+        self.demand_meter = DemandMeter()
+        """What this process measures of each model's traffic for the autoscaler (in the primary: every process's
+        finished requests and waiting ones)."""
+        self.metrics = GatewayMetrics(self.table, on_finished=self.demand_meter.finished)
         self.telemetry = TelemetryStore(
             expire_after_intervals=settings.telemetry.expire_after_intervals,
             # Polled agents' readings are renewed once a poll at most; etcd pushes each as it is published.
@@ -183,9 +188,13 @@ class Gateway:
             actuator=ProvisioningActuator(self.provisioner, self.fleet),
             leadership=create_leadership(settings, gateway_owner(settings)),
             models_in_use=self._models_without_deployment,
+            table=self.table,
+            meter=self.demand_meter,
+            exchange=create_demand_exchange(settings, gateway_owner(settings)) if primary else None,
         )
         """Deployments: their records, the host pool, and the controller that keeps their replicas (`[deployments]`;
         it runs in the primary process, and with etcd in the one gateway that leads)."""
+        self.metrics.registry.register(DeploymentCollector(self.deployments.seen))
         self.tokens: TokenStore = create_token_store(settings)
         # Streams running on each invoke token, ended at once when the token is revoked or expires.
         self.streams_by_token: dict[str, set[Callable[[], None]]] = {}

@@ -37,6 +37,7 @@ from qiip_core import (
     FailoverExhausted,
     ModelNotFound,
     ModelOverloaded,
+    ModelUnavailable,
     NoNodes,
     QiipError,
     RoutingError,
@@ -44,7 +45,8 @@ from qiip_core import (
     UpstreamError,
 )
 from qiip_core.auth import InvokeToken
-from qiip_core.upstream import UpstreamRequest
+from qiip_core.routing import ExpectedModel
+from qiip_core.upstream import UpstreamRequest, UpstreamResponse
 from qiip_proxy._errors import RequestRefused, send_error, sse_error_event
 from qiip_proxy._metrics import Outcome
 from qiip_proxy._parse import CLIENT_CLOSED_REQUEST, PROXY_PATHS, parse_request
@@ -54,9 +56,33 @@ from qiip_proxy._scope import request_id_for
 if TYPE_CHECKING:
     from qiip_proxy._gateway import Gateway
 
-__all__ = ["ProxyRoutes", "serve_inference"]
+__all__ = ["ProxyRoutes", "serve_inference", "wait_for_replica"]
 
 logger = logging.getLogger("qiip.proxy")
+
+
+async def wait_for_replica(gateway: Gateway, model: str, expected: ExpectedModel) -> None:
+    """Hold a request for `model` until a node serving it is routable, for at most `expected.wait_s` seconds, with
+    at most `expected.queue` requests waiting in this process; it counts as queued meanwhile (`DemandMeter`), and
+    the controller is woken to start a replica.
+
+    Raises:
+        ModelUnavailable: the queue is full, or no replica became routable in time (503, with `Retry-After`).
+    """
+    meter = gateway.demand_meter
+    if meter.queued(model) >= expected.queue:
+        raise _not_started(model, expected, f"{expected.queue} request(s) already wait for it")
+    with meter.waiting(model):
+        gateway.deployments.controller.wake()
+        if await gateway.table.wait_routable(model, expected.wait_s):
+            return
+    raise _not_started(model, expected, f"no replica became ready within {expected.wait_s:g} s")
+
+
+def _not_started(model: str, expected: ExpectedModel, why: str) -> ModelUnavailable:
+    error = ModelUnavailable(f"The model {model!r} is not served yet: {expected.why}; {why}; retry later.", model=model)
+    error.retry_after_s = expected.retry_after_s if expected.retry_after_s is not None else 10.0
+    return error
 
 
 class ProxyRoutes:
@@ -172,7 +198,7 @@ class _InferenceRequest:
         outcome = self.outcome
         # 2. select and 3. forward
         try:
-            upstream = await self.gateway.forwarder.open(request)
+            upstream = await self._open(request)
         except asyncio.CancelledError:
             if self._ended is not None:
                 await send_error(send, self._ended, self.request_id)
@@ -226,6 +252,20 @@ class _InferenceRequest:
             raise
         finally:
             await upstream.aclose()
+
+    async def _open(self, request: UpstreamRequest) -> UpstreamResponse:
+        """3. forward. A request for a model nothing serves yet that a deployment starts on demand (scaled to
+        zero: `ExpectedModel.wait_s`) first waits for a replica, counted as queued for the autoscaler; nothing
+        reaches the client meanwhile, so a stream is not committed before the node's first token."""
+        gateway = self.gateway
+        try:
+            return await gateway.forwarder.open(request)
+        except (ModelNotFound, NoNodes, ModelUnavailable):
+            expected = gateway.table.expected.get(request.model)
+            if expected is None or expected.wait_s <= 0:
+                raise
+        await wait_for_replica(gateway, request.model, expected)
+        return await gateway.forwarder.open(request)
 
     def end_for_revocation(self) -> None:
         """The request's invoke token was revoked or expired: end the request now (in-band for a stream)."""

@@ -240,7 +240,7 @@ class LocalNodes:
 
     def _expect(self) -> None:
         if self.table is not None:
-            self.table.expected = self.expected_models()
+            self.table.expect("local_nodes", self.expected_models())
 
     @property
     def starting(self) -> bool:

@@ -24,7 +24,7 @@ import math
 import re
 import statistics
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -33,6 +33,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from qiip_core import UpstreamConnectError, UpstreamError, UpstreamStatusError, UpstreamTimeout
+from qiip_core.deployments import Deployment, DeploymentStatus, ReplicaState
 from qiip_core.nodes import NodeStatus
 from qiip_core.routing import AffinityResult, RoutingTable
 
@@ -289,10 +290,13 @@ class GatewayMetrics:
 
     Args:
         table: the routing table, read at scrape time for per-node gauges.
+        on_finished: called with the model and the time to first token (seconds, or None) of every request a
+            node answered, in any serving process (the autoscaler's `DemandMeter.finished`).
     """
 
-    def __init__(self, table: RoutingTable) -> None:
+    def __init__(self, table: RoutingTable, *, on_finished: Callable[[str, float | None], None] | None = None) -> None:
         self._table = table
+        self._on_finished = on_finished
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "qiip_requests",
@@ -420,6 +424,24 @@ class GatewayMetrics:
                 by_node[node]["ttft_p95_s"] = ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
         return {"by_model": by_model, "by_node": by_node}
 
+    def decode_rate(self, model: str) -> tuple[float, int] | None:
+        """How fast the fleet answered `model` since the daemon started: completion tokens its nodes reported over
+        the seconds those requests took (prompt processing included: a conservative tokens/s of one sequence), and
+        how many requests that is over; None before any request of it was answered with usage."""
+        tokens = sum(v for labels, v in _totals(self.completion_tokens) if labels.get("model") == model)
+        seconds = requests = 0.0
+        for family in self.latency.collect():
+            for sample in family.samples:
+                if sample.labels.get("model") != model:
+                    continue
+                if sample.name.endswith("_sum"):
+                    seconds += sample.value
+                elif sample.name.endswith("_count"):
+                    requests += sample.value
+        if tokens <= 0 or seconds <= 0:
+            return None
+        return tokens / seconds, int(requests)
+
     def account(self, outcome: Outcome) -> None:
         """Record one finished client request (`summarize`, then `record`).
 
@@ -448,6 +470,8 @@ class GatewayMetrics:
         if relay_kind is not None:
             self.upstream_errors.labels(model, node, relay_kind).inc()
         if node:
+            if self._on_finished is not None:
+                self._on_finished(model, ttft_s)
             self.latency.labels(model, node).observe(duration_s)
             if usage is not None:
                 self.prompt_tokens.labels(model, node).inc(usage[0])
@@ -523,3 +547,55 @@ class GatewayMetrics:
         for target in tried[1:]:
             if target:
                 self.failover_attempts.labels(model, target).inc()
+
+
+class DeploymentCollector(Collector):
+    """Each deployment's replicas by state, the replicas it wants, and its autoscaling metric, as the controller
+    last stored them (`DeploymentService.seen`, refreshed every reconcile interval).
+
+    Args:
+        seen: the deployments with their latest statuses.
+    """
+
+    def __init__(self, seen: Callable[[], Sequence[tuple[Deployment, DeploymentStatus]]]) -> None:
+        self._seen = seen
+
+    def collect(self) -> Iterator[Metric]:
+        """`qiip_deployment_replicas{deployment,state}`, `qiip_deployment_desired_replicas{deployment}`,
+        `qiip_deployment_autoscale_metric{deployment,metric}` and
+        `qiip_deployment_autoscale_recommendation{deployment}`."""
+        replicas = GaugeMetricFamily(
+            "qiip_deployment_replicas", "Replicas of each deployment, by state.", labels=["deployment", "state"]
+        )
+        desired = GaugeMetricFamily(
+            "qiip_deployment_desired_replicas",
+            "Replicas each deployment wants now (its spec's, or its autoscaler's in active mode).",
+            labels=["deployment"],
+        )
+        metric = GaugeMetricFamily(
+            "qiip_deployment_autoscale_metric",
+            "The autoscaling metric's latest value, over every serving process and gateway.",
+            labels=["deployment", "metric"],
+        )
+        recommendation = GaugeMetricFamily(
+            "qiip_deployment_autoscale_recommendation",
+            "The replica count the autoscaler would choose now (recommend and active modes).",
+            labels=["deployment"],
+        )
+        for deployment, status in self._seen():
+            name = deployment.name
+            counts = dict.fromkeys(ReplicaState, 0)
+            for replica in status.replicas:
+                counts[replica.state] += 1
+            for state, count in counts.items():
+                replicas.add_metric([name, state.value], count)
+            desired.add_metric([name], status.desired)
+            scaling = status.autoscale
+            if scaling.metric is not None:
+                metric.add_metric([name, deployment.spec.autoscale.metric], scaling.metric)
+            if scaling.recommendation is not None:
+                recommendation.add_metric([name], scaling.recommendation)
+        yield replicas
+        yield desired
+        yield metric
+        yield recommendation

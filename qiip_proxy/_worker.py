@@ -4,8 +4,9 @@ A worker serves the inference paths and `GET /v1/models` itself, from a routing 
 primary's (`_workers`: the control channel), counting its reservations on the shared board; every other
 request (the admin API, after the same credential check the primary makes; `/health`; `/metrics`; the chat
 page) is passed to the primary over its Unix socket and its answer relayed back as it comes (event streams
-included). The requests it finishes, its counters and the prefixes it routed go to the primary every `FLUSH_S`;
-the prefixes the other processes routed come back from it as often.
+included). The requests it finishes, its counters, the prefixes it routed and its requests waiting for a first
+replica (scale from zero) go to the primary every `FLUSH_S`; the prefixes the other processes routed come back from
+it as often.
 """
 
 from __future__ import annotations
@@ -152,6 +153,7 @@ class _WorkerRuntime:
         self._tasks: list[asyncio.Task[None]] = []
         self._writer: asyncio.StreamWriter | None = None
         self._sent_counters: dict[str, float] = {}
+        self._sent_queued: dict[str, int] = {}
         self._sent_at = 0.0
         self._refreshes: set[asyncio.Task[None]] = set()
 
@@ -267,6 +269,9 @@ class _WorkerRuntime:
         counters = metrics.counted()
         if counters != self._sent_counters:
             message["counters"] = self._sent_counters = counters
+        queued = self.gateway.demand_meter.local_queued()
+        if queued != self._sent_queued:
+            message["queued"] = self._sent_queued = queued
         now = time.monotonic()
         if not message and now - self._sent_at < HEARTBEAT_S:
             return

@@ -334,6 +334,7 @@ class WorkerPool:
                     worker.process = None
                     released = self.board.row_total(worker.row)
                     self.board.clear_row(worker.row)
+                    self.gateway.demand_meter.set_queued(f"worker-{worker.row}", {})
                     ran_s = now - worker.started_at
                     worker.quick_exits = 0 if ran_s >= _STABLE_AFTER_S else worker.quick_exits + 1
                     wait_s = (
@@ -464,6 +465,13 @@ class WorkerPool:
                 if other is not worker and other.writer is not None:
                     for kind, items in shared.items():
                         other.pending.setdefault(kind, []).extend(items)
+        queued = message.get("queued")
+        if isinstance(queued, dict):
+            # Requests waiting in the worker for a deployment's first replica: the autoscaler counts them, and a
+            # first one wakes the controller (scale from zero).
+            self.gateway.demand_meter.set_queued(f"worker-{worker.row}", queued)
+            if queued:
+                self.gateway.deployments.controller.wake()
         metrics = self.gateway.metrics
         for item in message.get("requests", ()):
             metrics.record_json(item)

@@ -553,6 +553,20 @@ class QiipClient:
             path += f"?generation={generation}"
         return dict(await self._admin_json("PUT", path, spec))
 
+    async def plan_deployment(
+        self, spec: Mapping[str, Any], load: Mapping[str, Any], *, tokens_per_s: float | None = None
+    ) -> dict[str, Any]:
+        """The replicas and hosts a deployment document needs for `load` (`{requests_per_s, prompt_tokens,
+        answer_tokens}`), applying nothing (`POST /admin/deployments/plan`).
+
+        Raises:
+            ApiError: 422 `invalid_deployment` (the document), `invalid_plan` (no speed measured or stated).
+        """
+        body: dict[str, Any] = {"spec": dict(spec), "load": dict(load)}
+        if tokens_per_s is not None:
+            body["tokens_per_s"] = tokens_per_s
+        return dict(await self._admin_json("POST", "/admin/deployments/plan", body))
+
     async def scale_deployment(self, name: str, replicas: int, *, generation: int | None = None) -> dict[str, Any]:
         """Set a deployment's replica count (`POST …/scale`)."""
         body: dict[str, Any] = {"replicas": replicas}

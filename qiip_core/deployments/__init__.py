@@ -10,6 +10,9 @@ place(deployment, hosts, …)                    filter, score, choose; an expla
 reconcile(deployment, status, replicas, …)     one pure pass: the next idempotent steps and the new status
 DeploymentController                           the loop: leader lease, observe, reconcile, act, store status
 DeploymentStore (embedded, etcd)               records, statuses and added hosts in the registry's backend
+autoscale(policy, state, demand, …)            the replica count a deployment's load needs (pure)
+DemandMeter, DemandExchange, merge_demands     what each gateway measures of a model's traffic, shared over etcd
+plan_capacity(deployment, hosts, load, …)      the replicas and hosts a stated load needs (`qiip deploy plan`)
 Leadership (file lock, etcd lease)             one active controller per fleet, with a fencing token
 ```
 """
@@ -18,7 +21,16 @@ from __future__ import annotations
 
 from qiip_core.deployments._apply import Resolve, apply, delete, resolve_source, rollout, scale, undo
 from qiip_core.deployments._autoscale import Demand, autoscale, metric_of
+from qiip_core.deployments._capacity import CapacityPlan, Decode, Load, PlannedReplica, plan_capacity
 from qiip_core.deployments._controller import Actuator, DeploymentController, Observation, Observer, PlannerFit
+from qiip_core.deployments._demand import (
+    DemandExchange,
+    DemandMeter,
+    EtcdDemandExchange,
+    LocalDemandExchange,
+    create_demand_exchange,
+    merge_demands,
+)
 from qiip_core.deployments._fleet import FleetObserver, ProvisioningActuator, gpu_memory_from_name
 from qiip_core.deployments._hosts import (
     GpuSpec,
@@ -60,7 +72,7 @@ from qiip_core.deployments._resource import (
     RolloutStatus,
     Template,
 )
-from qiip_core.deployments._service import DeploymentService, read_template_shape
+from qiip_core.deployments._service import DeploymentService, expected_models, read_template_shape
 from qiip_core.deployments._spec import (
     DEPLOYMENT_NAME_RE,
     Autoscale,
@@ -89,9 +101,13 @@ __all__ = [
     "Autoscale",
     "AutoscaleStatus",
     "Capacity",
+    "CapacityPlan",
     "Condition",
     "Decision",
+    "Decode",
     "Demand",
+    "DemandExchange",
+    "DemandMeter",
     "Deployment",
     "DeploymentController",
     "DeploymentEvent",
@@ -100,6 +116,7 @@ __all__ = [
     "DeploymentStatus",
     "DeploymentStore",
     "EmbeddedDeploymentStore",
+    "EtcdDemandExchange",
     "EtcdDeploymentStore",
     "EtcdLeadership",
     "FileLeadership",
@@ -116,6 +133,8 @@ __all__ = [
     "HostView",
     "HubSource",
     "Leadership",
+    "Load",
+    "LocalDemandExchange",
     "Observation",
     "ObservedReplica",
     "Observer",
@@ -124,6 +143,7 @@ __all__ = [
     "Placement",
     "PlacementExplain",
     "PlacementInput",
+    "PlannedReplica",
     "PlannerFit",
     "ProvisioningActuator",
     "QuadsWindow",
@@ -141,15 +161,19 @@ __all__ = [
     "UpdateStrategy",
     "apply",
     "autoscale",
+    "create_demand_exchange",
     "create_deployment_store",
     "create_leadership",
     "declared_gpus",
     "delete",
+    "expected_models",
     "gpu_memory_from_name",
     "host_devices",
+    "merge_demands",
     "metric_of",
     "parse_spec",
     "place",
+    "plan_capacity",
     "read_template_shape",
     "reconcile",
     "resolve_source",

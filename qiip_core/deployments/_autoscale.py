@@ -51,7 +51,8 @@ class Demand:
 
 def metric_of(policy: Autoscale, demand: Demand, replicas: int) -> float | None:
     """The value of `policy.metric` for `demand` over `replicas` ready replicas (None when it cannot be measured:
-    no replica ready, or no slot reported for a per-slot metric).
+    no replica ready, or no request timed for TTFT). A per-slot metric whose replicas report no slots yet is
+    counted per replica.
 
     Args:
         policy: the deployment's autoscale settings.
@@ -68,9 +69,9 @@ def metric_of(policy: Autoscale, demand: Demand, replicas: int) -> float | None:
     if policy.metric == "ttft_p90_s":
         return demand.ttft_p90_s
     waiting = demand.in_flight + demand.queued
-    if policy.metric == "in_flight_per_slot":
-        return waiting / demand.slots if demand.slots > 0 else None
-    return waiting / replicas
+    if policy.metric == "in_flight_per_slot" and demand.slots > 0:
+        return waiting / demand.slots
+    return waiting / replicas  # per replica (vLLM; or llama.cpp replicas not reporting their slots yet)
 
 
 def autoscale(
@@ -111,7 +112,7 @@ def autoscale(
         reason = (
             "replicas are starting: the load is measured once one serves"
             if replicas > 0 and ready == 0
-            else "no measurement (no replica serves, or none reports its slots)"
+            else "no measurement yet (no replica serves, or no request was timed)"
         )
     elif above_since is not None:
         wanted = min(policy.max, max(replicas + 1, math.ceil(max(replicas, 1) * metric / policy.target)))

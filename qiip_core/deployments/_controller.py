@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -190,7 +190,14 @@ class PlannerFit:
             return Fit(False, exc.message)
         used = sum(d.total_mib for d in result.estimate.devices)
         what = f"{result.slots} slot(s) × {result.context_per_slot:,} tokens, {result.cache_type_k} K/V"
-        return Fit(True, what, used_mib=used, total_mib=total)
+        return Fit(
+            True,
+            what,
+            used_mib=used,
+            total_mib=total,
+            slots=result.slots,
+            context_per_slot=result.context_per_slot,
+        )
 
 
 class DeploymentController:
@@ -204,8 +211,9 @@ class DeploymentController:
         config: the pass's settings.
         fit: the planner's fit check.
         interval_s: seconds between passes (a change wakes it at once).
-        demand: a model's measured demand over every serving process and gateway, for autoscaling; None: no
-            deployment is autoscaled.
+        demand: the measured demand of the deployments named, over every serving process and gateway
+            (`{model: Demand}`, read once per pass, before deciding), for autoscaling; None: no deployment is
+            autoscaled.
         clock: the current time (tests and the benchmark give their own).
     """
 
@@ -219,7 +227,7 @@ class DeploymentController:
         config: ReconcileConfig,
         fit: Callable[[Template, tuple[DeviceMemory, ...]], Fit],
         interval_s: float = 2.0,
-        demand: Callable[[str], Demand] | None = None,
+        demand: Callable[[Sequence[str]], Awaitable[Mapping[str, Demand]]] | None = None,
         clock: Callable[[], datetime] = utc_now,
     ) -> None:
         self.store = store
@@ -286,9 +294,10 @@ class DeploymentController:
         deployments = await self.store.deployments()
         statuses = await self.store.statuses()
         observation = await self.observer.observe()
+        demands = await self.demand([d.name for d in deployments]) if self.demand is not None and deployments else None
         # Deciding is CPU work (the planner proves fits): one trip off the event loop for the whole pass, so the
         # daemon keeps answering. Acting (the actuator's I/O) comes back to the loop.
-        decided = await asyncio.to_thread(self._decide, deployments, statuses, observation, self.clock())
+        decided = await asyncio.to_thread(self._decide, deployments, statuses, observation, demands, self.clock())
         for deployment, previous, decision, now in decided:
             await self._act_on(deployment, previous, decision, now)
         self.passes += 1
@@ -307,6 +316,7 @@ class DeploymentController:
         deployments: list[Deployment],
         statuses: dict[str, DeploymentStatus],
         observation: Observation,
+        demands: Mapping[str, Demand] | None,
         now: datetime,
     ) -> list[tuple[Deployment, DeploymentStatus | None, Decision, datetime]]:
         taken: dict[str, str] = {}  # hosts this pass placed on, so the next deployment does not pick them too
@@ -315,7 +325,7 @@ class DeploymentController:
         for deployment in deployments:
             previous = statuses.get(deployment.name)
             replicas = observation.replicas.get(deployment.name, [])
-            scaled = self._autoscale(deployment, previous, replicas, now)
+            scaled = self._autoscale(deployment, previous, replicas, demands, now)
             scaling, held = scaled if scaled is not None else (None, 0)
             desired = scaling.desired if scaling is not None else None
             decision = reconcile(
@@ -339,10 +349,15 @@ class DeploymentController:
         return decided
 
     def _autoscale(
-        self, deployment: Deployment, previous: DeploymentStatus | None, replicas: list[ObservedReplica], now: datetime
+        self,
+        deployment: Deployment,
+        previous: DeploymentStatus | None,
+        replicas: list[ObservedReplica],
+        demands: Mapping[str, Demand] | None,
+        now: datetime,
     ) -> tuple[AutoscaleStatus, int] | None:
         policy = deployment.spec.autoscale
-        if policy.mode == "off" or self.demand is None or deployment.deleting:
+        if policy.mode == "off" or demands is None or deployment.deleting:
             return None
         state = previous.autoscale if previous is not None else AutoscaleStatus()
         held = state.desired
@@ -352,7 +367,7 @@ class DeploymentController:
         if policy.mode == "active":
             state = state.model_copy(update={"desired": held})
         ready = sum(1 for r in replicas if r.serving)
-        demand = self.demand(deployment.name)
+        demand = demands.get(deployment.name, Demand())
         return autoscale(policy, state, demand=demand, replicas=held, ready=ready, now=now), held
 
     async def _act_on(

@@ -45,6 +45,10 @@ class Fit:
     """Memory the replica would use, over every device, in MiB."""
     total_mib: float = 0.0
     """Memory of those devices, in MiB."""
+    slots: int = 0
+    """Sequences the replica serves at once (llama.cpp slots, `--parallel`); 0 when unknown (vLLM)."""
+    context_per_slot: int = 0
+    """Tokens of context each slot holds (`n_ctx / n_parallel`); 0 when unknown."""
 
 
 FitCheck = Callable[[Template, tuple[DeviceMemory, ...]], Fit]

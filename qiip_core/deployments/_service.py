@@ -15,25 +15,74 @@ DeploymentService(settings, store=…, observer=…, actuator=…, leadership=�
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+import contextlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from qiip_core._errors import DeploymentConflict, DeploymentInvalid, HostPoolError, ModelFileError
+from qiip_core._errors import DeploymentConflict, DeploymentInvalid, HostPoolError, ModelFileError, QiipError
 from qiip_core._violation import Violation
 from qiip_core.catalog import scan_catalog
 from qiip_core.config import HostSpec, Settings
 from qiip_core.deployments._apply import apply, delete, resolve_source, rollout, scale, undo
+from qiip_core.deployments._autoscale import Demand
+from qiip_core.deployments._capacity import CapacityPlan, Decode, Load, plan_capacity
 from qiip_core.deployments._controller import Actuator, DeploymentController, Observer, PlannerFit
+from qiip_core.deployments._demand import DemandExchange, DemandMeter, LocalDemandExchange, merge_demands
 from qiip_core.deployments._hosts import HostView
 from qiip_core.deployments._leader import Leadership
+from qiip_core.deployments._placement import PlacementInput
 from qiip_core.deployments._reconcile import ReconcileConfig
-from qiip_core.deployments._resource import Deployment, DeploymentEvent, DeploymentStatus, Template
+from qiip_core.deployments._resource import Deployment, DeploymentEvent, DeploymentStatus, Template, utc_now
 from qiip_core.deployments._spec import DeploymentSpec, parse_spec
 from qiip_core.deployments._store import DeploymentStore
 from qiip_core.planner import ModelShape, validate_policy
+from qiip_core.routing import ExpectedModel, RoutingTable
 
-__all__ = ["DeploymentService", "read_template_shape"]
+__all__ = ["DeploymentService", "expected_models", "read_template_shape"]
+
+logger = logging.getLogger("qiip.deployments")
+
+ACTIVATION_RETRY_AFTER_S = 10.0
+"""`Retry-After` of a request refused while a deployment's replicas start, in seconds."""
+
+
+def expected_models(
+    deployments: Sequence[Deployment], statuses: Mapping[str, DeploymentStatus]
+) -> dict[str, ExpectedModel]:
+    """What a request for each deployment's model meets while no node of it is routable (`RoutingTable.expect`):
+    a deployment that scales from zero (autoscaling active, `min` 0) holds it up to `activation_timeout_s` (at
+    most `activation_queue` at once per serving process) while a replica starts; one whose replicas are starting
+    answers 503 with `Retry-After`; one scaled to 0 by hand says so. Deleted ones are not expected.
+
+    Args:
+        deployments: the stored deployments.
+        statuses: their statuses, by name.
+
+    Returns:
+        `{model: ExpectedModel}`.
+    """
+    found: dict[str, ExpectedModel] = {}
+    for deployment in deployments:
+        if deployment.deleting:
+            continue
+        name, spec = deployment.name, deployment.spec
+        policy = spec.autoscale
+        status = statuses.get(name)
+        desired = status.desired if status is not None and status.desired is not None else spec.replicas
+        if policy.mode == "active" and policy.min == 0:
+            found[name] = ExpectedModel(
+                f"deployment {name} starts a replica on demand (it scales from zero)",
+                ACTIVATION_RETRY_AFTER_S,
+                wait_s=policy.activation_timeout_s,
+                queue=policy.activation_queue,
+            )
+        elif desired > 0:
+            found[name] = ExpectedModel(f"the replicas of deployment {name} are starting", ACTIVATION_RETRY_AFTER_S)
+        else:
+            found[name] = ExpectedModel(f"deployment {name} has 0 replicas (`qiip deploy scale` sets more)", None)
+    return found
 
 
 def read_template_shape(template: Template, cache_dir: Path) -> ModelShape:
@@ -59,6 +108,10 @@ class DeploymentService:
         models_in_use: the models registered nodes serve that no deployment owns (an apply of such a name is
             refused: clients would be sent to both).
         hub_commit: resolves a hub revision to its commit (vLLM sources not in the shared cache).
+        table: the routing table: what this gateway measures in flight, and where it expects the models of
+            deployments nothing serves yet (`RoutingTable.expect`); None: no autoscaling, nothing expected.
+        meter: this gateway's demand measurements (`DemandMeter`); None: no autoscaling.
+        exchange: where gateways share their demand (`create_demand_exchange`); None: this gateway alone.
     """
 
     def __init__(
@@ -71,8 +124,16 @@ class DeploymentService:
         leadership: Leadership,
         models_in_use: Callable[[], Mapping[str, list[str]]],
         hub_commit: Callable[[str, str], str | None] | None = None,
+        table: RoutingTable | None = None,
+        meter: DemandMeter | None = None,
+        exchange: DemandExchange | None = None,
     ) -> None:
         self.settings = settings
+        self.table = table
+        self.meter = meter
+        self.exchange = exchange or LocalDemandExchange()
+        self._share_task: asyncio.Task[None] | None = None
+        self._seen: list[tuple[Deployment, DeploymentStatus]] = []
         self.store = store
         self.observer = observer
         self.models_in_use = models_in_use
@@ -96,6 +157,7 @@ class DeploymentService:
             config=self.config,
             fit=self.fit,
             interval_s=cfg.reconcile_interval_s,
+            demand=self.demand if table is not None and meter is not None else None,
         )
 
     def _shape_of(self, template: Template) -> ModelShape:
@@ -107,14 +169,64 @@ class DeploymentService:
         return read_template_shape(template, self.cache_dir)
 
     def start(self) -> None:
-        """Start the controller's loop (with `deployments.enabled`)."""
+        """Start the controller's loop and the demand sharing (with `deployments.enabled`)."""
         if self.settings.deployments.enabled:
             self.controller.start()
+            if self.table is not None:
+                self._share_task = asyncio.get_running_loop().create_task(self._share(), name="qiip-demand")
 
     async def aclose(self) -> None:
-        """Stop the controller, give its lease up, close the store."""
+        """Stop the controller and the demand sharing, give the lease up, close the store."""
+        if self._share_task is not None:
+            self._share_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._share_task
+            self._share_task = None
         await self.controller.aclose()
+        await self.exchange.aclose()
         await self.store.aclose()
+
+    # -- demand ----------------------------------------------------------------------------------------------
+
+    async def demand(self, names: Sequence[str]) -> dict[str, Demand]:
+        """The demand of the deployments `names` over this gateway's processes and every other gateway's last
+        published record (`merge_demands`): what the controller's autoscaler reads once per pass."""
+        assert self.table is not None and self.meter is not None
+        own = self.meter.snapshot(self.table, names)
+        return merge_demands([own, *await self.exchange.others()])
+
+    def seen(self) -> list[tuple[Deployment, DeploymentStatus]]:
+        """The deployments with their statuses as the last sharing pass read them (for `/metrics`; at most one
+        reconcile interval old)."""
+        return self._seen
+
+    async def _share(self) -> None:
+        """Every reconcile interval, in every gateway: expect the models of deployments nothing serves yet (so a
+        request for one waits for its replica, or is told it starts), and publish this gateway's demand."""
+        while True:
+            try:
+                deployments = await self._expect()
+                if self.meter is not None and self.table is not None:
+                    await self.exchange.publish(self.meter.snapshot(self.table, [d.name for d in deployments]))
+            except QiipError as exc:
+                logger.warning("the deployments' demand could not be shared: %s", exc.message)
+            await asyncio.sleep(self.settings.deployments.reconcile_interval_s)
+
+    async def _expect(self) -> list[Deployment]:
+        """Read the deployments and their statuses; expect their models in the table (`expected_models`)."""
+        deployments = await self.store.deployments()
+        statuses = await self.store.statuses()
+        if self.table is not None:
+            self.table.expect("deployments", expected_models(deployments, statuses))
+        self._seen = [(d, statuses[d.name]) for d in deployments if d.name in statuses]
+        return deployments
+
+    async def _changed(self) -> None:
+        """A deployment changed here: run a controller pass now, and expect its model at once in this gateway
+        (the others within a reconcile interval)."""
+        self.controller.wake()
+        if self._share_task is not None:
+            await self._expect()
 
     # -- changes ---------------------------------------------------------------------------------------------
 
@@ -172,13 +284,40 @@ class DeploymentService:
         spec = parse_spec(data)
         self._check_name(spec.name)
         result = await apply(self.store, spec, resolve=self._resolve, expected_generation=expected_generation)
-        self.controller.wake()
+        await self._changed()
         return result
+
+    async def plan(self, data: Mapping[str, Any], *, load: Load, decode: Decode) -> CapacityPlan:
+        """Plan the replicas a deployment document needs for `load` on the pool as it is now, applying nothing
+        (`qiip deploy plan`; see `_capacity`).
+
+        Raises:
+            DeploymentInvalid: as `apply` (the document is checked and its source resolved the same way).
+            QiipError: the fleet cannot be read.
+        """
+        spec = parse_spec(data)
+        template = await self._resolve(spec)
+        deployment = Deployment(spec=spec, template=template)
+        hosts = await self.pool()
+        given = PlacementInput(
+            now=utc_now(), cpu_profile=self.config.cpu_profile, host_failures={}, holding=frozenset()
+        )
+        window = spec.placement.quads_free_for_s
+        return await asyncio.to_thread(  # the planner proves fits: CPU work, off the event loop
+            plan_capacity,
+            deployment,
+            hosts,
+            load=load,
+            decode=decode,
+            fit=self.fit,
+            given=given,
+            quads_free_for_s=float(window if window is not None else self.config.quads_free_for_s),
+        )
 
     async def scale(self, name: str, replicas: int, *, expected_generation: int | None = None) -> Deployment:
         """Set the replica count (see `_apply.scale`)."""
         result = await scale(self.store, name, replicas, expected_generation=expected_generation)
-        self.controller.wake()
+        await self._changed()
         return result
 
     async def rollout(
@@ -188,19 +327,19 @@ class DeploymentService:
         result = await rollout(
             self.store, name, resolve=self._resolve, changes=changes, expected_generation=expected_generation
         )
-        self.controller.wake()
+        await self._changed()
         return result
 
     async def undo(self, name: str, *, expected_generation: int | None = None) -> Deployment:
         """Go back to the previous template (see `_apply.undo`)."""
         result = await undo(self.store, name, expected_generation=expected_generation)
-        self.controller.wake()
+        await self._changed()
         return result
 
     async def delete(self, name: str) -> Deployment:
         """Delete: drain and tear down every replica, then the record (see `_apply.delete`)."""
         result = await delete(self.store, name)
-        self.controller.wake()
+        await self._changed()
         return result
 
     # -- reads -----------------------------------------------------------------------------------------------

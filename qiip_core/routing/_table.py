@@ -21,10 +21,11 @@ A model no node serves yet but some will (the daemon's own llama.cpp nodes while
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -83,10 +84,15 @@ class ExpectedModel:
         why: what it waits for, for the error message (`its local node chat-a is starting`).
         retry_after_s: the answer's `Retry-After`, in seconds; None when nothing is on its way (a node that failed
             to start).
+        wait_s: how long a request may wait at the gateway for a node of the model to become routable before it
+            is answered 503 (a deployment scaled to zero starts a replica on demand); 0: answered at once.
+        queue: requests that may wait at once in each serving process; past it, 503 at once.
     """
 
     why: str
     retry_after_s: float | None
+    wait_s: float = 0.0
+    queue: int = 0
 
 
 class Reservation:
@@ -205,7 +211,25 @@ class RoutingTable:
         self._listeners: list[Callable[[TableChange], None]] = []
         self.expected: dict[str, ExpectedModel] = {}
         """Models no registered node serves yet that nodes on their way will (the daemon's own llama.cpp nodes
-        while they start), by name: a request for one gets 503 `model_unavailable`, not 404."""
+        while they start, deployments scaled to zero), by name: a request for one gets 503 `model_unavailable`,
+        not 404, or waits for a node (`ExpectedModel.wait_s`). Written whole in a worker process (the primary's);
+        in the primary through `expect`."""
+        self._expected_by_source: dict[str, dict[str, ExpectedModel]] = {}
+
+    def expect(self, source: str, models: Mapping[str, ExpectedModel]) -> None:
+        """Set the models `source` expects (`local_nodes`, `deployments`), replacing what it expected before;
+        `expected` is then every source's, the first source set winning for a model two expect.
+
+        Args:
+            source: who expects them.
+            models: `{model: ExpectedModel}` (empty: none any more).
+        """
+        self._expected_by_source[source] = dict(models)
+        merged: dict[str, ExpectedModel] = {}
+        for entries in self._expected_by_source.values():
+            for model, expected in entries.items():
+                merged.setdefault(model, expected)
+        self.expected = merged
 
     # -- reading -------------------------------------------------------------------------------------------
 
@@ -538,6 +562,38 @@ class RoutingTable:
             state.node = state.node.model_copy(update={"last_heartbeat": datetime.now(UTC)})
 
     # -- listeners -----------------------------------------------------------------------------------------
+
+    def routable(self, model: str) -> bool:
+        """Whether a node serving `model` is healthy now (a request for it would be given a node)."""
+        serving = self._by_model.get(model)
+        return serving is not None and any(s.status is NodeStatus.HEALTHY for s in serving.values())
+
+    async def wait_routable(self, model: str, timeout_s: float) -> bool:
+        """Wait until a node serving `model` is healthy (`routable`), for at most `timeout_s` seconds; woken by
+        the table's own changes, never by polling.
+
+        Returns:
+            Whether one is.
+        """
+        if self.routable(model):
+            return True
+        changed = asyncio.Event()
+
+        def heard(change: TableChange) -> None:
+            if change.node.model == model:
+                changed.set()
+
+        remove = self.add_listener(heard)
+        try:
+            async with asyncio.timeout(timeout_s):
+                while not self.routable(model):
+                    changed.clear()
+                    await changed.wait()
+        except TimeoutError:
+            return False
+        finally:
+            remove()
+        return True
 
     def add_listener(self, listener: Callable[[TableChange], None]) -> Callable[[], None]:
         """Call `listener` on every added, updated or removed node.

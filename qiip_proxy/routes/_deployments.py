@@ -10,6 +10,9 @@ DELETE /admin/deployments/{name}                         drain and tear down eve
 POST   /admin/deployments/{name}/scale                   {"replicas": N, "generation"?: G}
 POST   /admin/deployments/{name}/rollout                 {"source"?, "engine"?, "runtime"?, "generation"?}
 POST   /admin/deployments/{name}/rollout/undo            {"generation"?}
+POST   /admin/deployments/plan                           {"spec", "load": {requests_per_s, prompt_tokens,
+                                                         answer_tokens}, "tokens_per_s"?}: the replicas and hosts
+                                                         the load needs, applying nothing
 GET    /admin/deployments/{name}/explain                 the last placement: every host, chosen or not, and why
 GET    /admin/deployments/{name}/events?follow=true      server-sent `event: deployment` per event, kept then live
 GET    /admin/hosts                                      the host pool and what is known of each host
@@ -35,6 +38,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from qiip_core import DeploymentInvalid, QiipError
 from qiip_core._violation import Violation, first_violation
+from qiip_core.deployments import Decode, Load
 from qiip_proxy.routes._admin import AdminError, require_admin
 from qiip_proxy.routes._common import gateway_of
 from qiip_proxy.routes._log_stream import SSE_HEADERS
@@ -60,6 +64,22 @@ class _Undo(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     generation: int | None = Field(default=None, ge=1)
+
+
+class _Load(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    requests_per_s: float = Field(gt=0, le=1_000_000)
+    prompt_tokens: int = Field(ge=1, le=10_000_000)
+    answer_tokens: int = Field(ge=1, le=10_000_000)
+
+
+class _PlanRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    spec: dict[str, Any]
+    load: _Load
+    tokens_per_s: float | None = Field(default=None, gt=0, le=1_000_000)
 
 
 def _service(request: Request) -> DeploymentService:
@@ -103,6 +123,50 @@ async def create_deployment(request: Request) -> JSONResponse:
     service = _service(request)
     deployment, _ = await service.apply(await _object(request), expected_generation=0)
     return JSONResponse(await service.view(deployment.name), status_code=201)
+
+
+@router.post("/deployments/plan")
+async def plan(request: Request) -> JSONResponse:
+    """The replicas, and the hosts of the pool, a deployment document needs for a stated load, applying nothing:
+    `{replicas, slots, sequences, seconds_per_request, target, decode: {tokens_per_s, source}, hosts: [{host,
+    slots, context_per_slot}], refused: {host: [reason]}, shortfall, warnings}`. The answer speed of one sequence is
+    `tokens_per_s` when given, else measured on the running fleet's replicas of the model; 422 `invalid_plan` when
+    neither is known."""
+    gateway: Gateway = request.app.state.gateway
+    body: _PlanRequest = _model(_PlanRequest, await _object(request))
+    name = body.spec.get("name")
+    measured = gateway.metrics.decode_rate(name) if isinstance(name, str) else None
+    if body.tokens_per_s is not None:
+        decode = Decode(body.tokens_per_s, "stated")
+    elif measured is not None:
+        decode = Decode(measured[0], f"measured over {measured[1]} request(s) of the running fleet")
+    else:
+        raise AdminError(
+            422,
+            f"No replica of {name!r} has answered yet, so its speed is unknown: state tokens_per_s (answer tokens "
+            "per second of one sequence).",
+            "invalid_plan",
+            "tokens_per_s",
+        )
+    load = Load(body.load.requests_per_s, body.load.prompt_tokens, body.load.answer_tokens)
+    result = await gateway.deployments.plan(body.spec, load=load, decode=decode)
+    return JSONResponse(
+        {
+            "name": name,
+            "replicas": len(result.replicas),
+            "slots": result.slots,
+            "sequences": round(result.sequences, 3),
+            "seconds_per_request": round(result.seconds_per_request, 3),
+            "target": result.target,
+            "decode": {"tokens_per_s": round(result.decode.tokens_per_s, 3), "source": result.decode.source},
+            "hosts": [
+                {"host": r.host, "slots": r.slots, "context_per_slot": r.context_per_slot} for r in result.replicas
+            ],
+            "refused": result.refused,
+            "shortfall": result.shortfall,
+            "warnings": result.warnings,
+        }
+    )
 
 
 @router.get("/deployments/{name:path}/explain")

@@ -253,3 +253,39 @@ def test_scale_rollout_undo_and_delete(cluster: Cluster, tmp_path: Path) -> None
     assert "small" not in stored(cluster)
     again = qiip(cluster, tmp_path, "deploy", "delete", "small")
     assert again.errors == ["error: No deployment is named 'small'; `qiip deploy list` shows them."]
+
+
+def test_plan_says_how_many_replicas_a_load_needs_and_on_which_hosts_applying_nothing(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    path = write(tmp_path, "planned.toml", spec_toml("planned", cluster.artifacts[0][:10]))
+    load = ["--prompt-tokens", "200", "--answer-tokens", "100"]
+    unmeasured = qiip(cluster, tmp_path, "deploy", "plan", "-f", str(path), "--requests-per-s", "1", *load)
+    assert unmeasured.code == 1 and len(unmeasured.errors) == 1
+    assert unmeasured.errors[0].startswith("error: tokens_per_s: No replica of 'planned' has answered yet")
+    assert qiip(cluster, tmp_path, "host", "add", "cpu-big", "--memory-mib", "4096").code == 0
+    try:
+        light = qiip(
+            cluster, tmp_path, "deploy", "plan", "-f", str(path), "--requests-per-s", "0.2", *load,
+            "--tokens-per-s", "50",
+        )  # fmt: skip
+        assert light.code == 0, light.err
+        lines = light.out.splitlines()
+        assert lines[0].startswith("planned: 1 replica(s), 1 slot(s) for 0.5 sequence(s) in flight"), lines
+        assert "at 50 tokens/s (stated), 0.8 of each slot busy" in lines[0]
+        assert lines[1] == "  ✔ cpu-big  1 slot(s) × 512 tokens", lines
+        assert any(line.startswith("  ✘ cpu-small  the planner says it does not fit") for line in lines), lines
+        heavy = qiip(
+            cluster, tmp_path, "deploy", "plan", "-f", str(path), "--requests-per-s", "2", *load,
+            "--tokens-per-s", "50", "--json",
+        )  # fmt: skip
+        assert heavy.code == 1
+        planned = json.loads(heavy.out)
+        assert (planned["replicas"], planned["slots"], planned["sequences"]) == (1, 1, 5.0)
+        assert heavy.errors == [
+            "warning: the pool's 1 eligible host(s) give 1 slot(s); the load needs 5: 4 slot(s) more (more hosts, or "
+            "a smaller sizing)"
+        ]
+        assert "planned" not in stored(cluster), "a plan applies nothing"
+    finally:
+        qiip(cluster, tmp_path, "host", "remove", "cpu-big")

@@ -16,39 +16,54 @@ __all__ = ["ClientLoop", "deployment", "ready_hosts", "settled", "status_of"]
 
 @dataclass
 class ClientLoop:
-    """Requests through the gateway one after another, on a thread, counting every answer by status."""
+    """Requests through the gateway one after another on each of `threads` threads (resting `pause_s` between
+    two), counting every answer by status."""
 
     url: str
     model: str
+    threads: int = 1
+    max_tokens: int = 4
+    pause_s: float = 0.0
+    """Seconds each thread rests between requests (a light load)."""
     statuses: dict[int, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _threads: list[threading.Thread] = field(default_factory=list)
 
     def __enter__(self) -> ClientLoop:
         def run() -> None:
             with httpx.Client(base_url=self.url, timeout=60, trust_env=False) as client:
                 while not self._stop.is_set():
-                    body = {"model": self.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+                    body = {
+                        "model": self.model,
+                        "messages": [{"role": "user", "content": "hi"}],
+                        "max_tokens": self.max_tokens,
+                    }
+                    error = None
                     try:
                         answer = client.post("/v1/chat/completions", json=body)
                         status = answer.status_code
                         if status != 200:
-                            self.errors.append(answer.text[:300])
+                            error = answer.text[:300]
                     except httpx.HTTPError as exc:
-                        status = 0
-                        self.errors.append(repr(exc))
-                    self.statuses[status] = self.statuses.get(status, 0) + 1
+                        status, error = 0, repr(exc)
+                    with self._lock:
+                        self.statuses[status] = self.statuses.get(status, 0) + 1
+                        if error is not None:
+                            self.errors.append(error)
+                    self._stop.wait(self.pause_s)
 
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=run, daemon=True) for _ in range(self.threads)]
+        for thread in self._threads:
+            thread.start()
         wait_until(lambda: self.statuses.get(200, 0) >= 3, 60, "the client loop's first answers")
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        assert self._thread is not None
-        self._thread.join(60)
+        for thread in self._threads:
+            thread.join(60)
 
     @property
     def failed(self) -> int:

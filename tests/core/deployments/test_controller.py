@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -125,7 +126,11 @@ async def test_an_active_autoscaler_sets_the_count_the_controller_holds(tmp_path
     autoscale = {"min": 1, "max": 3, "target": 1.0, "up_window_s": 0, "cooldown_s": 0, "mode": "active"}
     await store.write(a_deployment(replicas=1, autoscale=autoscale), expected_generation=None)
     load = {"coder": Demand(in_flight=6, slots=2)}
-    ctl = controller(store, fleet, FileLeadership(tmp_path, "gw"), clock, demand=lambda name: load[name])
+
+    async def demand(names: Sequence[str]) -> dict[str, Demand]:
+        return load
+
+    ctl = controller(store, fleet, FileLeadership(tmp_path, "gw"), clock, demand=demand)
     await ctl.tick()
     fleet.advance()
     clock.now += timedelta(seconds=2)
@@ -135,3 +140,31 @@ async def test_an_active_autoscaler_sets_the_count_the_controller_holds(tmp_path
     assert status.autoscale.desired == 3 and status.desired == 3
     assert sum(1 for r in fleet.replicas.values() if r.state is ReplicaState.READY) == 3
     assert any(e.kind == "scaled" and "1 → 3" in e.message for e in status.events)
+
+
+async def test_a_controller_taking_over_continues_the_autoscalers_windows_without_a_burst(tmp_path: Path) -> None:
+    store, fleet, clock = InMemoryDeploymentStore(), InMemoryFleet(hosts(4)), Clock()
+    autoscale = {"min": 1, "max": 3, "target": 1.0, "up_window_s": 30, "cooldown_s": 60, "mode": "active"}
+    await store.write(a_deployment(replicas=1, autoscale=autoscale), expected_generation=None)
+
+    async def demand(names: Sequence[str]) -> dict[str, Demand]:
+        return {"coder": Demand(in_flight=6, slots=2)}
+
+    first = controller(store, fleet, FileLeadership(tmp_path, "gw-a"), clock, demand=demand)
+    await first.tick()
+    fleet.advance()
+    for _ in range(2):  # 20 s above target: not yet the 30 s window
+        clock.now += timedelta(seconds=10)
+        await first.tick()
+    assert store.status_records["coder"].desired == 1
+    await first.aclose()  # the leader goes; another gateway's controller takes over with what the status holds
+    second = controller(store, fleet, FileLeadership(tmp_path, "gw-b"), clock, demand=demand)
+    clock.now += timedelta(seconds=11)
+    assert await second.tick()
+    for _ in range(5):  # more passes within the cooldown: no further step
+        fleet.advance()
+        clock.now += timedelta(seconds=2)
+        await second.tick()
+    status = store.status_records["coder"]
+    assert status.desired == 3, status.autoscale.reason
+    assert [e.message.split(" (")[0] for e in status.events if e.kind == "scaled"] == ["autoscaler: 1 → 3 replicas"]
