@@ -51,6 +51,7 @@ from qiip_core.routing import InFlightBoard, TableChange
 if TYPE_CHECKING:
     from qiip_core.auth import AuthThrottle
     from qiip_core.config import Settings
+    from qiip_core.deployments import DemandMeter, DeploymentService
     from qiip_core.routing import RoutingTable
     from qiip_proxy._metrics import GatewayMetrics
 
@@ -72,7 +73,8 @@ __all__ = [
 
 class PoolGateway(Protocol):
     """What the worker pool and the shared-state exchange use of a gateway (`qiip_proxy._gateway.Gateway` is one):
-    its settings, routing table, metrics and authentication throttles."""
+    its settings, routing table, metrics, authentication throttles, demand meter and deployments (whose controller
+    a request waiting for a first replica wakes)."""
 
     @property
     def settings(self) -> Settings: ...
@@ -88,6 +90,12 @@ class PoolGateway(Protocol):
 
     @property
     def client_throttle(self) -> AuthThrottle: ...
+
+    @property
+    def demand_meter(self) -> DemandMeter: ...
+
+    @property
+    def deployments(self) -> DeploymentService: ...
 
 
 logger = logging.getLogger("qiip.proxy")

@@ -132,7 +132,7 @@ async def plan(request: Request) -> JSONResponse:
     slots, context_per_slot}], refused: {host: [reason]}, shortfall, warnings}`. The answer speed of one sequence is
     `tokens_per_s` when given, else measured on the running fleet's replicas of the model; 422 `invalid_plan` when
     neither is known."""
-    gateway: Gateway = request.app.state.gateway
+    gateway = gateway_of(request)
     body: _PlanRequest = _model(_PlanRequest, await _object(request))
     name = body.spec.get("name")
     measured = gateway.metrics.decode_rate(name) if isinstance(name, str) else None
