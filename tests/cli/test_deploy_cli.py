@@ -233,23 +233,23 @@ def test_scale_rollout_undo_and_delete(cluster: Cluster, tmp_path: Path) -> None
     assert back.out.strip() == f"small: back to template {first} (generation 4)", back.err
 
     # `status --follow` prints the status, then follows until the deployment is gone.
-    follow = subprocess.Popen(
+    with subprocess.Popen(  # the `with` closes its pipes, however the test ends
         [*QIIP, "deploy", "status", "small", "--follow"],
         env=clean_environ() | env_for(cluster.daemon.url, tmp_path),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         cwd=tmp_path,
-    )
-    try:
-        assert follow.stdout is not None
-        assert follow.stdout.readline().startswith("small: generation 4 (observed ")
-        deleted = qiip(cluster, tmp_path, "deploy", "delete", "small")
-        assert deleted.out.strip() == "small: deleting (its replicas drain, then are torn down)"
-        assert follow.wait(timeout=60) == 0, follow.stderr.read() if follow.stderr else ""
-    finally:
-        follow.kill()
-        follow.wait()
+    ) as follow:
+        try:
+            assert follow.stdout is not None
+            assert follow.stdout.readline().startswith("small: generation 4 (observed ")
+            deleted = qiip(cluster, tmp_path, "deploy", "delete", "small")
+            assert deleted.out.strip() == "small: deleting (its replicas drain, then are torn down)"
+            assert follow.wait(timeout=60) == 0, follow.stderr.read() if follow.stderr else ""
+        finally:
+            follow.kill()
+            follow.wait()
     assert "small" not in stored(cluster)
     again = qiip(cluster, tmp_path, "deploy", "delete", "small")
     assert again.errors == ["error: No deployment is named 'small'; `qiip deploy list` shows them."]
