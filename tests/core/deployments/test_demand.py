@@ -4,7 +4,6 @@ for a deployment nothing serves yet meets, and the table's wait for a routable n
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,9 +20,9 @@ from qiip_core.deployments import (
     merge_demands,
 )
 from qiip_core.deployments._demand import MAX_TTFT_SAMPLES, TTFT_WINDOW_S, demand_from_json, demand_to_json
-from qiip_core.nodes import Node, NodeStatus
-from qiip_core.routing import BreakerPolicy, RoutingTable
+from qiip_core.nodes import NodeStatus
 from tests.core.deployments.test_controller import a_deployment
+from tests.core.routing.test_admission import table_with
 from tests.support.etcd import EtcdServer
 
 T0 = 1_800_000_000.0
@@ -37,16 +36,8 @@ class Clock:
         return self.now
 
 
-def table_with(*node_ids: str, model: str = "coder") -> RoutingTable:
-    table = RoutingTable(breaker=BreakerPolicy(min_failures=3), rng=random.Random(1))
-    for i, node_id in enumerate(node_ids):
-        node = Node(id=node_id, endpoint=f"http://127.0.0.1:{8001 + i}", model=model, status=NodeStatus.HEALTHY)
-        table.apply_put(node, source="test")
-    return table
-
-
 def test_a_snapshot_counts_in_flight_slots_queued_ttft_and_the_last_request() -> None:
-    clock, table = Clock(), table_with("a", "b")
+    clock, table = Clock(), table_with("a", "b", model="coder")
     meter = DemandMeter(clock)
     a, b = table.get("a"), table.get("b")
     assert a is not None and b is not None
@@ -110,7 +101,7 @@ def test_a_deployment_nothing_serves_yet_is_expected_by_the_table() -> None:
 
 
 async def test_a_request_waits_for_a_routable_node_and_no_longer_than_asked() -> None:
-    table = table_with("a")
+    table = table_with("a", model="coder")
     assert table.routable("coder") and not table.routable("other")
     assert not await table.wait_routable("other", 0.05)
     table.set_liveness("a", NodeStatus.UNHEALTHY)
