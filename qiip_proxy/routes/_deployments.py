@@ -36,7 +36,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from qiip_core import DeploymentInvalid, QiipError
+from qiip_core import DeploymentInvalid, DeploymentNotFound, QiipError
 from qiip_core._violation import Violation, first_violation
 from qiip_core.deployments import Decode, Load
 from qiip_proxy.routes._admin import AdminError, require_admin
@@ -290,8 +290,12 @@ async def put_deployment(request: Request, name: str, generation: _Generation = 
 async def delete_deployment(request: Request, name: str) -> JSONResponse:
     """Delete a deployment: its replicas are drained and torn down, then the record goes (follow its events)."""
     service = _service(request)
-    await service.delete(name)
-    return JSONResponse(await service.view(name), status_code=202)
+    deleted = await service.delete(name)
+    try:
+        view = await service.view(name)
+    except DeploymentNotFound:  # it had no replica: the controller's pass removed the record already
+        view = {**deleted.view(), "status": None}
+    return JSONResponse(view, status_code=202)
 
 
 @router.get("/hosts")

@@ -134,7 +134,7 @@ def test_a_download_stopped_with_ctrl_c_or_killed_leaves_no_partial_blob(tmp_pat
     big.write_bytes(os.urandom(4 << 20))
     hub = FakeHub()
     hub.add("qiip-test/slow-GGUF", "5" * 40, {"big.gguf": big})
-    hub.blob_throttle_s = 0.05
+    hub.blob_throttle_s = 0.5  # 64 chunks: half a minute, so a stop always lands mid-transfer on a busy machine
     cache = tmp_path / "hub"
     blobs = cache / "models--qiip-test--slow-GGUF" / "blobs"
     with hub.running():

@@ -10,7 +10,6 @@ import json
 import socket
 import struct
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -248,9 +247,10 @@ def test_client_leaving_mid_stream_is_recorded(backend: FaultBackend, client: ht
     backend.push(Trickle())  # a stream that only the client leaving ends
     with client.stream("POST", CHAT, json={}) as response:
         next(response.iter_raw())
-        left_at = time.monotonic()
-    assert backend.wait_for_disconnect() > left_at
-    assert not backend.requests[-1].completed
+    disconnected_at = backend.wait_for_disconnect()
+    record = backend.requests[-1]
+    assert record.disconnected_at == disconnected_at > record.received_at
+    assert not record.completed
 
 
 def test_a_trickle_streams_until_its_gate_is_set(backend: FaultBackend, client: httpx.Client) -> None:
@@ -350,13 +350,20 @@ def test_stop_and_start_listening(backend: FaultBackend) -> None:
 
 def test_stop_listening_can_drop_open_connections(backend: FaultBackend, client: httpx.Client) -> None:
     backend.push(Hang())
-    timer = threading.Timer(0.1, backend.stop_listening, kwargs={"drop_connections": True})
-    timer.start()
-    try:
-        with pytest.raises(httpx.RemoteProtocolError):
+    failed: list[BaseException] = []
+
+    def ask() -> None:
+        try:
             client.post(CHAT, json={})
-    finally:
-        timer.join()
+        except httpx.HTTPError as exc:
+            failed.append(exc)
+
+    asking = threading.Thread(target=ask)
+    asking.start()
+    backend.wait_for_requests(1, path=CHAT)  # the request is held open by the backend: now drop it
+    backend.stop_listening(drop_connections=True)
+    asking.join(60)
+    assert len(failed) == 1 and isinstance(failed[0], httpx.RemoteProtocolError), failed
     assert backend.requests[-1].disconnected_at is None  # the backend left, not the client
     with pytest.raises(httpx.ConnectError):
         client.get("/health")
