@@ -129,6 +129,10 @@ def test_verify_a_cache_generation_and_an_unknown_id(
     assert "??    copied.gguf" in unchecked.output and "1 file(s) cannot be checked (copied.gguf)" in unchecked.output
 
 
+def _interruptible() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_a_download_stopped_with_ctrl_c_or_killed_leaves_no_partial_blob(tmp_path: Path) -> None:
     big = tmp_path / "big.gguf"
     big.write_bytes(os.urandom(4 << 20))
@@ -153,6 +157,8 @@ def test_a_download_stopped_with_ctrl_c_or_killed_leaves_no_partial_blob(tmp_pat
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
+                # As in a terminal: a suite started in the background (`&`) ignores SIGINT, and children inherit it.
+                preexec_fn=_interruptible,
             )
             wait_until(lambda: any(blobs.glob("*.incomplete")), 60, "the transfer to start")
             return process
