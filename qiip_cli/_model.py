@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import click
@@ -82,9 +81,10 @@ def make_test_gguf(
                 n_ff=ff,
                 split=split,
                 seed=seed,
+                names=_FLAGS,
             )
         except ValueError as exc:
-            raise QiipError(_flag_names(str(exc))) from exc
+            raise QiipError(str(exc)) from exc
         except OSError as exc:
             raise QiipError(f"{path} cannot be written: {exc.strerror or exc}.") from exc
 
@@ -136,16 +136,12 @@ def _parse_options(options: tuple[str, ...]) -> dict[str, int | float | bool]:
 _FLAGS = {
     "n_layers": "--layers",
     "n_embd": "--embd",
-    "n_head_kv": "--kv-heads",
     "n_head": "--heads",
+    "n_head_kv": "--kv-heads",
     "n_ctx_train": "--ctx-train",
     "n_vocab": "--vocab",
     "n_ff": "--ff",
     "split": "--split",
     "architecture": "--arch",
 }
-
-
-def _flag_names(message: str) -> str:
-    # The core names its arguments; here the user typed flags.
-    return re.sub(r"\b(" + "|".join(_FLAGS) + r")\b", lambda m: _FLAGS[m.group(1)], message)
+"""`make_test_gguf`'s arguments as this command's flags: its messages name the flags the user typed."""

@@ -27,10 +27,9 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from types import FrameType
-from typing import Any, Literal
+from typing import Literal
 
 import click
 import httpx
@@ -38,9 +37,18 @@ import httpx
 from qiip_cli._context import CliContext, pass_cli, run_or_exit
 from qiip_core import ConfigError, EngineError, PlanError
 from qiip_core.client import read_console_file
-from qiip_core.config import Settings, bind_listener, local_nodes_in_use
-from qiip_core.engines.llamacpp import InstalledEngine, LlamaCppInstaller, ManagedLlamaServer, make_test_gguf
-from qiip_core.planner import AutoPolicy, CustomPolicy, DeviceMemory, Plan, read_devices
+from qiip_core.config import LOCAL_NODE_PLAN_VARIABLE, Settings, bind_listener, local_nodes_in_use
+from qiip_core.engines.llamacpp import (
+    LOCAL_NODE_HANDOFF_VERSION,
+    InstalledEngine,
+    LlamaCppInstaller,
+    LocalModel,
+    LocalNodeHandoff,
+    LocalNodePlan,
+    make_test_gguf,
+    plan_local_nodes,
+)
+from qiip_core.planner import Plan
 from qiip_core.storage import atomic_write
 
 __all__ = ["up"]
@@ -130,37 +138,14 @@ def _parse_model(value: str) -> tuple[str | None, Path]:
     return None, Path(value)
 
 
-def _policy(
-    train_context: int,
-    *,
-    sizing: str,
-    slots: int | None,
-    ctx_size: int | None,
-    cache_type: Literal["f16", "q8_0"],
-    fit_target_mib: int,
-) -> AutoPolicy | CustomPolicy:
-    if sizing == "auto":
-        return AutoPolicy(fit_target_mib=fit_target_mib)
-    context = ctx_size if ctx_size is not None else max(256, min(train_context, 4096) // 256 * 256)
-    return CustomPolicy(
-        fit_target_mib=fit_target_mib, context_per_slot=context, slots=slots or 2, cache_type=cache_type
-    )
-
-
-_FLAGS = {
+_FLAGS: dict[str, str] = {
     "context_per_slot": "--ctx-size",
-    "fit_target_mib": "--fit-target-mib",
+    "slots": "--slots",
     "cache_type": "--cache-type",
+    "fit_target_mib": "--fit-target-mib",
 }
-"""The sizing policy's fields, as `qiip up` spells them (`slots`, also a word of the prose, apart)."""
-
-
-def _in_flags(message: str) -> str:
-    """A planner message in `qiip up`'s words: its flags for the policy's fields, no advice it cannot take."""
-    message = re.sub(r",? or set allow_estimator_overrun[^.]*", "", message)
-    message = re.sub(r"use cache_type '(\w+)'", r"use --cache-type \1", message)
-    message = re.sub(r"\b(or slots\b|slots(?= must))", lambda m: m.group(1).replace("slots", "--slots"), message)
-    return re.sub(r"\b(" + "|".join(_FLAGS) + r")\b", lambda m: _FLAGS[m.group(1)], message)
+"""The sizing policy's fields as `qiip up`'s flags, for the planner's messages (`allow_estimator_overrun` has no
+flag, so the planner leaves out the advice to set it)."""
 
 
 def _one_line(message: str) -> str:
@@ -181,96 +166,52 @@ def _describe(planned: Plan) -> str:
     return f"{planned.slots} slot(s) × {planned.context_per_slot} tokens, {memory}"
 
 
-def _share(devices: list[DeviceMemory], *, fit_target_mib: int, models: int) -> list[DeviceMemory]:
-    """The devices as one of `models` automatic plans may see them: the fit target, plus an equal share of what is
-    free beyond it, so that all the plans together still leave the target free."""
-    if models <= 1:
-        return devices
-    return [
-        replace(d, free_mib=min(d.free_mib, fit_target_mib + max(0, d.free_mib - fit_target_mib) // models))
-        for d in devices
-    ]
-
-
-def _left_after(devices: list[DeviceMemory], planned: Plan) -> list[DeviceMemory]:
-    """The devices with what `planned` will hold taken off their free memory."""
-    return [
-        replace(d, free_mib=max(0, d.free_mib - int(e.total_mib + 0.5)))
-        for d, e in zip(devices, planned.estimate.devices, strict=True)
-    ]
-
-
 def _preflight(
     engine: InstalledEngine,
-    models: list[tuple[str, Path]],
+    models: list[LocalModel],
     *,
-    sizing: str,
+    sizing: Literal["auto", "custom"],
     slots: int | None,
     ctx_size: int | None,
     cache_type: Literal["f16", "q8_0"],
     fit_target_mib: int,
     embeddings: bool,
-) -> list[dict[str, Any]]:
-    """Check every model and plan it as the daemon will; return the `[[local_nodes]]` entries to launch.
-
-    With several models and an automatic sizing each is planned against an equal share of what is free beyond
-    the fit target, so that together they leave the target free, and is launched with exactly that sizing.
+) -> list[LocalNodePlan]:
+    """Check and plan every model (`plan_local_nodes`), print what each will run, and return the nodes to launch.
 
     Raises:
         click.ClickException: one line naming the file and why it cannot be served (`inspect_model`: not a GGUF,
             truncated, a later shard, a missing shard, a shape out of bounds, an unknown architecture, a missing
-            tensor), or why its sizing is invalid or does not fit (with the plan's numbers); each is found in bounded
-            time and memory, before anything starts.
+            tensor), or why its sizing is invalid or does not fit (with the plan's numbers, in `qiip up`'s flags);
+            each is found in bounded time and memory, before anything starts.
     """
-    devices = read_devices(allow_cpu=engine.variant != "cuda")
-    share = len(models) if sizing == "auto" and len(models) > 1 else 1
-    entries: list[dict[str, Any]] = []
-    for index, (alias, path) in enumerate(models):
-        try:
-            server = ManagedLlamaServer(engine, model_path=path, alias=alias, log_path=Path("/dev/null"))
-        except ValueError as exc:
-            raise click.ClickException(_one_line(str(exc))) from None
-        policy = _policy(
-            server.shape.n_ctx_train,
+    try:
+        planned = plan_local_nodes(
+            engine,
+            models,
             sizing=sizing,
             slots=slots,
-            ctx_size=ctx_size,
+            context_per_slot=ctx_size,
             cache_type=cache_type,
             fit_target_mib=fit_target_mib,
+            embeddings=embeddings,
+            id_prefix=LOCAL_NODE_ID,
+            names=_FLAGS,
         )
-        budget = _share(devices, fit_target_mib=fit_target_mib, models=share)
-        try:
-            planned = server.make_plan(policy, devices=budget)
-        except PlanError as exc:
-            raise click.ClickException(_one_line(f"{path.name}: {_in_flags(exc.message)}")) from None
-        devices = _left_after(devices, planned)
-        if share > 1:
-            # The daemon launches exactly this sizing: re-planning 'auto' there would take all that is left.
-            policy = CustomPolicy(
-                fit_target_mib=fit_target_mib,
-                context_per_slot=planned.context_per_slot,
-                slots=planned.slots,
-                cache_type=planned.cache_type_k,
-            )
+    except (PlanError, ValueError) as exc:
+        # A ModelFileError is a ValueError: one line naming the file and the reason.
+        raise click.ClickException(_one_line(str(exc))) from None
+    for model, each in zip(models, planned, strict=True):
         again = (
-            " now (planned again at launch, against the memory free then)" if share == 1 and sizing == "auto" else ""
+            " now (planned again at launch, against the memory free then)" if each.node.sizing.sizing == "auto" else ""
         )
         click.echo(
-            f"{alias}: {path.name} ({planned.architecture}), {_describe(planned)}, "
-            f"{planned.estimate.devices[0].total_mib:,.0f} MiB planned{again}"
-            + (" (embeddings)" if embeddings or server.embeddings else ""),
+            f"{each.node.model}: {model.path.name} ({each.plan.architecture}), {_describe(each.plan)}, "
+            f"{each.plan.estimate.devices[0].total_mib:,.0f} MiB planned{again}"
+            + (" (embeddings)" if each.node.embeddings else ""),
             err=True,
         )
-        entries.append(
-            {
-                "id": LOCAL_NODE_ID if index == 0 else f"{LOCAL_NODE_ID}-{index + 1}",
-                "gguf": str(path),
-                "model": alias,
-                "sizing": policy.model_dump(),
-                "embeddings": embeddings or server.embeddings,
-            }
-        )
-    return entries
+    return [each.node for each in planned]
 
 
 @click.command("up")
@@ -352,18 +293,16 @@ def up(
     if busy is not None:
         raise click.ClickException(busy)
     engine = _ensure_engine(settings)
-    served: list[tuple[str, Path]] = []
-    by_artifact: dict[str, str] = {}
+    served: list[LocalModel] = []
     if not models and not artifacts:
-        served.append((alias or TEST_MODEL_ALIAS, run_or_exit(lambda: _test_model(settings))))
+        served.append(LocalModel(alias or TEST_MODEL_ALIAS, run_or_exit(lambda: _test_model(settings))))
     for value in artifacts:
         named, _, artifact = value.rpartition("=")
         whole, entrypoint = run_or_exit(lambda: _resolve_artifact(settings, artifact))  # noqa: B023 - called at once
         label = named or alias or _default_alias(entrypoint)
-        if any(label == other for other, _ in served):
+        if any(label == other.alias for other in served):
             raise click.UsageError(f"Two models would be served as {label!r}; name them with --artifact ALIAS=ID.")
-        served.append((label, entrypoint))
-        by_artifact[label] = whole
+        served.append(LocalModel(label, entrypoint, artifact_id=whole))
     for value in models:
         given, path = _parse_model(value)
         if given is not None and alias is not None:
@@ -371,31 +310,28 @@ def up(
         if not str(path) or str(path) == ".":
             raise click.UsageError(f"--model {value} names no file; give it as ALIAS=PATH.")
         name = given or alias or _default_alias(path)
-        if any(name == other for other, _ in served):
+        if any(name == other.alias for other in served):
             raise click.UsageError(f"Two models would be served as {name!r}; name them with --model ALIAS=PATH.")
-        served.append((name, path.resolve() if path.exists() else path))
+        served.append(LocalModel(name, path.resolve() if path.exists() else path))
     local_nodes = _preflight(
         engine,
         served,
-        sizing=sizing,
+        sizing="auto" if sizing == "auto" else "custom",
         slots=slots,
         ctx_size=ctx_size,
         cache_type=cache_type,
         fit_target_mib=fit_target_mib,
         embeddings=embeddings,
     )
-    for entry in local_nodes:
-        if entry["model"] in by_artifact:
-            # The daemon resolves the id itself and records it on the node.
-            del entry["gguf"]
-            entry["artifact_id"] = by_artifact[entry["model"]]
     env = dict(os.environ)
     console_credentials: tuple[str, str] | None = None
     if settings.admin.enabled and not (settings.admin.username and settings.admin.password):
         # The same credentials on every start: a console left open reconnects after a restart.
         console_credentials = _previous_credentials(settings) or ("qiip", secrets.token_urlsafe(24))
         env["QIIP_ADMIN__USERNAME"], env["QIIP_ADMIN__PASSWORD"] = console_credentials
-    env["QIIP_LOCAL_NODES"] = json.dumps(local_nodes)
+    env[LOCAL_NODE_PLAN_VARIABLE] = LocalNodeHandoff(
+        version=LOCAL_NODE_HANDOFF_VERSION, engine=engine, nodes=local_nodes
+    ).to_json()
     if "workers" not in settings.server.model_fields_set:
         # One machine: its cores serve the model; one gateway process is plenty in front of it.
         env["QIIP_SERVER__WORKERS"] = "1"
@@ -418,14 +354,14 @@ def up(
     previous = {s: signal.signal(s, stop) for s in _STOP_SIGNALS}
     try:
         base = f"http://{host}:{port}"
-        _wait_ready(daemon, base, [(n["id"], n["model"]) for n in local_nodes], settings)
+        _wait_ready(daemon, base, [(n.id, n.model) for n in local_nodes], settings)
         if console_credentials is not None:
             # Only once this daemon serves: a start that fails leaves a running daemon's console file alone.
             credentials = _write_console_config(settings, base, *console_credentials)
             click.echo(
                 f"Admin API: user {console_credentials[0]}, password in {credentials} (`qiip console`).", err=True
             )
-        names = ", ".join(repr(n["model"]) for n in local_nodes)
+        names = ", ".join(repr(n.model) for n in local_nodes)
         click.echo(f"Serving {names}. Press Ctrl-C to stop.", err=True)
         click.echo(f"OpenAI base URL: {base}/v1")
         if settings.server.chat_page:

@@ -7,13 +7,36 @@ the error tree, never the reverse.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
 
-__all__ = ["Violation", "first_violation"]
+__all__ = ["FieldNames", "Violation", "first_violation", "offers", "spell", "spell_setting"]
+
+FieldNames = Mapping[str, str]
+"""How a caller spells the fields a message names: field → its name there (a config key, a CLI flag such as
+`--ctx-size`). A message composes each field's name from it; a field missing from it is spelled as itself, and
+advice to set it is left out (the caller has no way to set it). None: every field as its config key."""
+
+
+def spell(names: FieldNames | None, field: str) -> str:
+    """`field` as the caller spells it (`context_per_slot`, or `--ctx-size` for the CLI)."""
+    return field if names is None else names.get(field, field)
+
+
+def spell_setting(names: FieldNames | None, field: str, value: str) -> str:
+    """`field` set to `value` as the caller writes it: a flag takes the value bare (`--cache-type q8_0`), a key
+    takes it quoted (`cache_type 'q8_0'`)."""
+    name = spell(names, field)
+    return f"{name} {value}" if name.startswith("-") else f"{name} {value!r}"
+
+
+def offers(names: FieldNames | None, field: str) -> bool:
+    """Whether advice may tell the caller to set `field`: every field without `names`, else those it names."""
+    return names is None or field in names
 
 
 @dataclass(frozen=True)

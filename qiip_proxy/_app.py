@@ -15,6 +15,7 @@ from starlette.types import ASGIApp
 import qiip_core
 from qiip_core import QiipError
 from qiip_core.config import Settings
+from qiip_core.engines.llamacpp import LocalNodeHandoff
 from qiip_core.routing import InFlightBoard
 from qiip_proxy._errors import RequestRefused, error_response
 from qiip_proxy._gateway import Gateway
@@ -33,9 +34,11 @@ from qiip_proxy.routes._provisioning import router as provisioning_router
 __all__ = ["add_error_handlers", "create_app", "serving_app", "wrap_serving"]
 
 
-def create_app(settings: Settings, *, board: InFlightBoard | None = None) -> FastAPI:
+def create_app(
+    settings: Settings, *, board: InFlightBoard | None = None, handoff: LocalNodeHandoff | None = None
+) -> FastAPI:
     """Build the daemon's app for `settings` (`board`: requests in flight over every serving process, for
-    `server.workers` above 1).
+    `server.workers` above 1; `handoff`: the local nodes `qiip up` planned, launched as planned).
 
     The gateway starts in the app's lifespan (registry, health checks, local nodes) and stops with it.
 
@@ -43,7 +46,7 @@ def create_app(settings: Settings, *, board: InFlightBoard | None = None) -> Fas
         ConfigError: a configured node is invalid, or the admin API is enabled without credentials.
     """
     settings.admin.check_credentials()
-    gateway = Gateway(settings, board=board)
+    gateway = Gateway(settings, board=board, handoff=handoff)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

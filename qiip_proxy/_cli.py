@@ -1,10 +1,10 @@
 """`qiip-proxy`: run the daemon.
 
-Stages: settings are loaded and checked (an invalid one stops start-up with exit status 2 and a message
-naming it), logging is configured, the listening socket is bound (a port in use stops start-up the same
-way, before anything else starts), then uvicorn serves the app on it, keeping an idle client connection
-open for `server.keep_alive_s` (uvicorn's `timeout_keep_alive`); the app's lifespan starts the gateway.
-SIGINT/SIGTERM stop accepting connections, let in-flight requests finish for up to
+Stages: settings are loaded and checked, with the local nodes `qiip up` hands over in `QIIP_LOCAL_NODE_PLAN` (an
+invalid one stops start-up with exit status 2 and a message naming it), logging is configured, the listening socket
+is bound (a port in use stops start-up the same way, before anything else starts), then uvicorn serves the app on
+it, keeping an idle client connection open for `server.keep_alive_s` (uvicorn's `timeout_keep_alive`); the app's
+lifespan starts the gateway. SIGINT/SIGTERM stop accepting connections, let in-flight requests finish for up to
 `server.shutdown_timeout_s`, then stop the gateway (and any local llama-server).
 """
 
@@ -24,6 +24,7 @@ import qiip_core
 from qiip_core import ConfigError
 from qiip_core._logging import configure_logging
 from qiip_core.config import bind_listener, load_settings
+from qiip_core.engines.llamacpp import LocalNodeHandoff
 from qiip_core.routing import InFlightBoard
 from qiip_proxy._app import create_app, serving_app
 from qiip_proxy._gateway import Gateway
@@ -81,7 +82,12 @@ def main(config: Path | None, host: str | None, port: int | None) -> None:
         server_overrides["port"] = port
     runtime_dir: Path | None = None
     try:
-        settings = load_settings(config, **({"server": server_overrides} if server_overrides else {}))
+        # The local nodes `qiip up` planned replace any configured ones, as their settings beat the file's.
+        handoff = LocalNodeHandoff.from_environ(os.environ)
+        overrides: dict[str, object] = {"server": server_overrides} if server_overrides else {}
+        if handoff is not None:
+            overrides["local_nodes"] = [node.config() for node in handoff.nodes]
+        settings = load_settings(config, **overrides)
         configure_logging(level=settings.logging.level, format=settings.logging.format)
         workers = settings.server.worker_count()
         if workers > 1:
@@ -93,7 +99,7 @@ def main(config: Path | None, host: str | None, port: int | None) -> None:
         if workers > 1:
             runtime_dir = create_runtime_dir()
             board = InFlightBoard.create(runtime_dir / BOARD_FILE, rows=workers)
-        app = create_app(settings, board=board)
+        app = create_app(settings, board=board, handoff=handoff)
     except ConfigError as exc:
         if runtime_dir is not None:
             shutil.rmtree(runtime_dir, ignore_errors=True)

@@ -58,6 +58,7 @@ from qiip_proxy._local_nodes import LocalNodes
 from qiip_proxy._metrics import DeploymentCollector, GatewayMetrics
 
 if TYPE_CHECKING:
+    from qiip_core.engines.llamacpp import LocalNodeHandoff
     from qiip_proxy._workers import WorkerPool
 
 __all__ = ["Gateway", "sweep_removed"]
@@ -74,13 +75,21 @@ class Gateway:
             this process serves alone.
         primary: True in the process that runs the fleet (it assigns the board's columns); False in a worker,
             which takes them with the fleet (`_worker`).
+        handoff: the local nodes `qiip up` planned (`LocalNodes`); None for a daemon started otherwise.
 
     Raises:
         ConfigError: a configured node is invalid, or an attached profile's (or a telemetry agent's) token file is
             not private.
     """
 
-    def __init__(self, settings: Settings, *, board: InFlightBoard | None = None, primary: bool = True) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        board: InFlightBoard | None = None,
+        primary: bool = True,
+        handoff: LocalNodeHandoff | None = None,
+    ) -> None:
         self.settings = settings
         breaker, routing = settings.breaker, settings.routing
         self.table = RoutingTable(
@@ -154,7 +163,7 @@ class Gateway:
         self.parse_gate = asyncio.Semaphore(1)
         """Held while a large request body is measured and parsed: such bodies take the event loop one at a time
         (`_parse.read_request`)."""
-        self.local_nodes = LocalNodes(settings, self.registry, table=self.table)
+        self.local_nodes = LocalNodes(settings, self.registry, table=self.table, handoff=handoff)
         self.operations = OperationRunner()
         self.journal = Journal(self.table, self.operations)
         """The fleet's timeline: node changes with their reasons, and operations (the last 2,000 entries)."""

@@ -8,6 +8,12 @@ daemon: they are stopped on shutdown, and a parent-death signal covers a daemon 
 Until a local node is registered, the routing table expects its model (`RoutingTable.expected`): a request for it
 gets 503 `model_unavailable` with `Retry-After`, never 404, and `/health` says the gateway is starting.
 
+The nodes `qiip up` planned come with its hand-off (`LocalNodeHandoff`): the daemon launches them on the engine,
+file, artifact and sizing `qiip up` resolved, without looking any of them up again. It reads each GGUF once more
+(`ManagedLlamaServer`), because the file may have changed since and the launch plans against the memory free then.
+A `[[local_nodes]]` entry of the configuration is resolved here: its artifact, and its default sizing once its GGUF
+is read.
+
 A node relaunched with another sizing keeps it across restarts: the relaunch is recorded in the state
 directory and the next start launches that sizing, unless the node's configuration changed since
 (`_local_sizing`).
@@ -23,7 +29,14 @@ from qiip_core import ConfigError, PlanError, QiipError
 from qiip_core.catalog import artifact_entrypoint, resolve_artifact_id
 from qiip_core.config import LocalNodeConfig, Settings, StateDirLock
 from qiip_core.discovery import Registry
-from qiip_core.engines.llamacpp import LlamaCppInstaller, ManagedLlamaServer, default_local_policy
+from qiip_core.engines.llamacpp import (
+    InstalledEngine,
+    LlamaCppInstaller,
+    LocalNodeHandoff,
+    LocalNodePlan,
+    ManagedLlamaServer,
+    default_local_policy,
+)
 from qiip_core.nodes import Engine, LlamaCppRuntime, Node, NodeCapabilities, NodeStatus
 from qiip_core.planner import AutoPolicy, CustomPolicy, parse_policy
 from qiip_core.routing import ExpectedModel, RoutingTable
@@ -45,16 +58,27 @@ class LocalNodes:
         settings: the daemon's settings (`local_nodes`, `engines.llamacpp`, `state_dir`).
         registry: where ready nodes are registered (ephemerally).
         table: the routing table whose `expected` models this keeps (`expected_models`); None: none.
+        handoff: what `qiip up` planned (its nodes are `settings.local_nodes`, as `LocalNodePlan.config` gives
+            them); None for a daemon started otherwise.
 
     Raises:
         ConfigError: a local node's `sizing` is not a valid policy, or another daemon runs local nodes from the
             same state directory (`StateDirLock`).
     """
 
-    def __init__(self, settings: Settings, registry: Registry, *, table: RoutingTable | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        registry: Registry,
+        *,
+        table: RoutingTable | None = None,
+        handoff: LocalNodeHandoff | None = None,
+    ) -> None:
         self.settings = settings
         self.registry = registry
         self.table = table
+        self.handoff = handoff
+        self._planned: dict[str, LocalNodePlan] = {n.id: n for n in handoff.nodes} if handoff is not None else {}
         self.servers: dict[str, ManagedLlamaServer] = {}
         self.errors: dict[str, str] = {}
         self.ready: set[str] = set()
@@ -86,15 +110,26 @@ class LocalNodes:
         for config in self.settings.local_nodes:
             await self._launch(config)
 
+    def _engine(self) -> InstalledEngine:
+        """The llama.cpp build to launch with: the one `qiip up` planned with, else the installed one."""
+        if self.handoff is not None:
+            return self.handoff.engine
+        installed = LlamaCppInstaller(self.settings.engines.llamacpp).find_installed()
+        if installed is None:
+            raise QiipError(
+                "llama-server is not installed; run `qiip engine install llama.cpp` (add --cpu on a "
+                "machine without an NVIDIA GPU)."
+            )
+        return installed
+
     async def _launch(self, config: LocalNodeConfig) -> None:
+        planned = self._planned.get(config.id)
         try:
-            installed = LlamaCppInstaller(self.settings.engines.llamacpp).find_installed()
-            if installed is None:
-                raise QiipError(
-                    "llama-server is not installed; run `qiip engine install llama.cpp` (add --cpu on a "
-                    "machine without an NVIDIA GPU)."
-                )
-            artifact, model_path = await asyncio.to_thread(self._model_path, config)
+            installed = self._engine()
+            if planned is not None:
+                artifact, model_path = planned.artifact_id, planned.gguf
+            else:
+                artifact, model_path = await asyncio.to_thread(self._model_path, config)
             log_path = self.settings.state_dir / "logs" / f"{config.id}.log"
             log_path.parent.mkdir(parents=True, exist_ok=True)
             server = await asyncio.to_thread(
@@ -106,10 +141,14 @@ class LocalNodes:
                 host=config.host,
                 port=config.port,
                 threads=config.threads or None,
-                embeddings=config.embeddings,
+                embeddings=planned.embeddings if planned is not None else config.embeddings,
             )
             self.servers[config.id] = server
-            policy = self._policies.get(config.id) or default_local_policy(server.shape.n_ctx_train, slots=config.slots)
+            policy = (
+                planned.sizing
+                if planned is not None
+                else self._policies.get(config.id) or default_local_policy(server.shape.n_ctx_train, slots=config.slots)
+            )
             logger.info("launching local node %s: %s (log %s)", config.id, model_path, log_path)
             runtime = await self._launch_server(config, server, policy)
         except (QiipError, OSError, ValueError) as exc:
@@ -180,9 +219,9 @@ class LocalNodes:
         )
 
     def _model_path(self, config: LocalNodeConfig) -> tuple[str | None, Path]:
-        """The whole artifact id (None for a file) and the GGUF to serve: the configured file, or the entrypoint of
-        `artifact_id` (an id or its prefix: an acquired manifest revision, else a generation of the Hugging Face
-        cache)."""
+        """The whole artifact id (None for a file) and the GGUF to serve of a configured node (`qiip up` resolved
+        its own nodes'): the configured file, or the entrypoint of `artifact_id` (an id or its prefix: an acquired
+        manifest revision, else a generation of the Hugging Face cache)."""
         if config.gguf is not None:
             return None, config.gguf
         assert config.artifact_id is not None  # the settings require one of the two

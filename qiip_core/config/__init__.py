@@ -5,6 +5,7 @@ from __future__ import annotations
 from qiip_core.config._listen import bind_listener
 from qiip_core.config._models import ModelSettings
 from qiip_core.config._settings import (
+    LOCAL_NODE_PLAN_VARIABLE,
     AdminSettings,
     AdmissionSettings,
     AttachedProfile,
@@ -48,6 +49,7 @@ __all__ = [
     "HealthSettings",
     "HostSpec",
     "LOCAL_NODES_LOCK",
+    "LOCAL_NODE_PLAN_VARIABLE",
     "LlamaCppEngineSettings",
     "LocalNodeConfig",
     "LoggingSettings",

@@ -578,8 +578,9 @@ class LocalNodeConfig(_Group):
     """Address llama-server binds."""
     port: int = Field(default=0, ge=0, le=65535)
     """llama-server's port; 0 picks a free one."""
-    slots: int = Field(default=2, ge=1, le=256)
-    """Parallel slots (`--parallel`) when `sizing` is not given: each slot gets min(training context, 4096)
+    slots: int | None = Field(default=None, ge=1, le=256)
+    """Parallel slots (`--parallel`) when `sizing` is not given; unset, the default local sizing
+    (`qiip_core.engines.llamacpp.default_local_policy`: 2 slots). Each slot gets min(training context, 4096)
     tokens with an F16 K/V cache."""
     sizing: dict[str, Any] | None = None
     """A llama.cpp sizing policy, as in a relaunch: `{sizing = "auto", fit_target_mib = 512}` lets the planner

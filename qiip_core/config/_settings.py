@@ -66,6 +66,7 @@ __all__ = [
     "GpuSpec",
     "HealthSettings",
     "HostSpec",
+    "LOCAL_NODE_PLAN_VARIABLE",
     "LlamaCppEngineSettings",
     "LocalNodeConfig",
     "LoggingSettings",
@@ -87,8 +88,13 @@ __all__ = [
     "load_settings",
 ]
 
-_NOT_SETTINGS = frozenset({"QIIP_CONFIG", "QIIP_URL", "QIIP_TOKEN", "QIIP_CONSOLE_CONFIG"})
-"""`QIIP_` variables that are not settings: the config file of the CLI, the daemon URL of the console."""
+LOCAL_NODE_PLAN_VARIABLE = "QIIP_LOCAL_NODE_PLAN"
+"""The variable `qiip up` hands the daemon it starts its planned local nodes in (a versioned JSON record,
+`qiip_core.engines.llamacpp.LocalNodeHandoff`); not a setting."""
+
+_NOT_SETTINGS = frozenset({"QIIP_CONFIG", "QIIP_URL", "QIIP_TOKEN", "QIIP_CONSOLE_CONFIG", LOCAL_NODE_PLAN_VARIABLE})
+"""`QIIP_` variables that are not settings: the config file of the CLI, the daemon URL of the console, the local
+nodes `qiip up` hands the daemon."""
 
 _config_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("qiip_config_file", default=None)
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from qiip_core._errors import PlanError
+from qiip_core._violation import FieldNames, offers, spell, spell_setting
 from qiip_core.planner._estimate import Estimator, MemoryEstimate
 from qiip_core.planner._memory import Cache
 from qiip_core.planner._policy import AutoPolicy, CustomPolicy, parse_policy, validate_policy
@@ -240,12 +241,24 @@ def auto_search(train: int, fits: Fits, cache_type: CacheType) -> tuple[int, int
     return context, slots
 
 
+def _custom_advice(names: FieldNames | None) -> str:
+    """What to change when a custom sizing does not fit, in the caller's names for the fields."""
+    advice = (
+        f"Lower {spell(names, 'context_per_slot')} or {spell(names, 'slots')}, "
+        f"use {spell_setting(names, 'cache_type', 'q8_0')}, lower {spell(names, 'fit_target_mib')}"
+    )
+    if offers(names, "allow_estimator_overrun"):
+        advice += f", or set {spell(names, 'allow_estimator_overrun')} if you know the estimate is pessimistic"
+    return advice + "."
+
+
 def plan(
     shape: ModelShape,
     devices: Sequence[DeviceMemory],
     policy: AutoPolicy | CustomPolicy | Mapping[str, Any],
     *,
     estimator: Estimator,
+    names: FieldNames | None = None,
 ) -> Plan:
     """Plan a llama-server sizing for `shape` on `devices`.
 
@@ -254,6 +267,8 @@ def plan(
         devices: the NVIDIA GPUs (in NVML order), or the one CPU device of CPU mode.
         policy: the sizing policy, as a model or a decoded JSON object.
         estimator: who estimates each candidate (`FitParamsEstimator` when installed, else `PythonEstimator`).
+        names: how the caller spells the policy's fields in the messages (`{"context_per_slot": "--ctx-size"}`
+            for the CLI); advice to set a field it does not name is left out. None: the policy's keys, all advice.
 
     Returns:
         The plan.
@@ -266,7 +281,7 @@ def plan(
     if not devices:
         raise PlanError("There is no device to plan on; read the devices first (read_devices).")
     parsed = parse_policy(policy)
-    violations = validate_policy(parsed, train_context=shape.n_ctx_train, devices=devices, shape=shape)
+    violations = validate_policy(parsed, train_context=shape.n_ctx_train, devices=devices, shape=shape, names=names)
     if violations:
         raise PlanError(
             "The sizing policy is invalid: " + " ".join(v.message for v in violations), violations=violations
@@ -280,8 +295,7 @@ def plan(
             if not parsed.allow_estimator_overrun:
                 raise PlanError(
                     f"The custom sizing ({slots} slots of {context} tokens, {cache_type} K/V) does not fit: {why}. "
-                    "Lower context_per_slot or slots, use cache_type 'q8_0', lower fit_target_mib, or set "
-                    "allow_estimator_overrun if you know the estimate is pessimistic."
+                    + _custom_advice(names)
                 )
             logger.warning("custom sizing launched over the estimate (allow_estimator_overrun): %s", why)
             overrun = True
@@ -301,7 +315,8 @@ def plan(
             why = _shortfall(search.estimate(floor, 1, last), devices, parsed.fit_target_mib)
             raise PlanError(
                 f"The model does not fit even with one slot of {floor} tokens and a {last} K/V cache: {why}. "
-                "Use devices with more free memory, a smaller (more quantised) model, or a lower fit_target_mib."
+                "Use devices with more free memory, a smaller (more quantised) model, or a lower "
+                f"{spell(names, 'fit_target_mib')}."
             )
         context, slots, cache_type = found
     aggregate = ceil_step(context * slots)

@@ -4,7 +4,7 @@
 SizingPolicy = AutoPolicy | CustomPolicy      discriminated by `sizing`
 AutoPolicy(fit_target_mib=512)                the planner chooses context, slots and cache type
 CustomPolicy(fit_target_mib, context_per_slot, slots, cache_type, allow_estimator_overrun=False)
-validate_policy(policy or JSON body, *, train_context, devices) -> [Violation(field, message)]
+validate_policy(policy or JSON body, *, train_context, devices, names=None) -> [Violation(field, message)]
 ```
 
 The models check types only (strict: no coercion, no unknown fields), so that any value an operator types can
@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from qiip_core._errors import PlanError
-from qiip_core._violation import Violation
+from qiip_core._violation import FieldNames, Violation, spell
 from qiip_core.planner._shape import ModelShape
 from qiip_core.planner._types import (
     CONTEXT_STEP,
@@ -141,24 +141,30 @@ def _summary(violations: Sequence[Violation]) -> str:
     return "The sizing policy is invalid: " + " ".join(v.message for v in violations)
 
 
-def _target_violations(fit_target_mib: int, devices: Sequence[DeviceMemory]) -> list[Violation]:
+def _target_violations(
+    fit_target_mib: int, devices: Sequence[DeviceMemory], names: FieldNames | None
+) -> list[Violation]:
+    target = spell(names, "fit_target_mib")
     if fit_target_mib < 0:
-        return [Violation("fit_target_mib", f"fit_target_mib must be at least 0 MiB, got {fit_target_mib}.")]
+        return [Violation("fit_target_mib", f"{target} must be at least 0 MiB, got {fit_target_mib}.")]
     for device in devices:
         if fit_target_mib >= device.total_mib:
             where = "CPU mode's system memory" if device.kind == "cpu" else f"GPU {device.index} ({device.name})"
             return [
                 Violation(
                     "fit_target_mib",
-                    f"fit_target_mib ({fit_target_mib} MiB) must be below the total memory of every device; "
+                    f"{target} ({fit_target_mib} MiB) must be below the total memory of every device; "
                     f"{where} has {device.total_mib} MiB.",
                 )
             ]
     return []
 
 
-def _custom_violations(policy: CustomPolicy, train_context: int, shape: ModelShape | None) -> list[Violation]:
+def _custom_violations(
+    policy: CustomPolicy, train_context: int, shape: ModelShape | None, names: FieldNames | None
+) -> list[Violation]:
     found = []
+    context_name, slots_name = spell(names, "context_per_slot"), spell(names, "slots")
     ctx = policy.context_per_slot
     if ctx < CONTEXT_STEP or ctx % CONTEXT_STEP:
         # Suggest the aligned values around it that the model can take; past its training context, its largest.
@@ -169,23 +175,23 @@ def _custom_violations(policy: CustomPolicy, train_context: int, shape: ModelSha
         found.append(
             Violation(
                 "context_per_slot",
-                f"context_per_slot must be a positive multiple of {CONTEXT_STEP} tokens, got {ctx}; try {nearest}.",
+                f"{context_name} must be a positive multiple of {CONTEXT_STEP} tokens, got {ctx}; try {nearest}.",
             )
         )
     if ctx > train_context:
         found.append(
             Violation(
                 "context_per_slot",
-                f"context_per_slot ({ctx} tokens) exceeds the model's training context of {train_context} tokens.",
+                f"{context_name} ({ctx} tokens) exceeds the model's training context of {train_context} tokens.",
             )
         )
     if not 1 <= policy.slots <= MAX_SLOTS:
-        found.append(Violation("slots", f"slots must be between 1 and {MAX_SLOTS}, got {policy.slots}."))
+        found.append(Violation("slots", f"{slots_name} must be between 1 and {MAX_SLOTS}, got {policy.slots}."))
     elif ctx > 0 and ceil_step(ctx * policy.slots) > MAX_AGGREGATE_CONTEXT:
         found.append(
             Violation(
                 "slots",
-                f"context_per_slot × slots is {ceil_step(ctx * policy.slots):,} tokens, more than llama.cpp's "
+                f"{context_name} × {slots_name} is {ceil_step(ctx * policy.slots):,} tokens, more than llama.cpp's "
                 f"largest context of {MAX_AGGREGATE_CONTEXT:,} tokens.",
             )
         )
@@ -193,7 +199,7 @@ def _custom_violations(policy: CustomPolicy, train_context: int, shape: ModelSha
         found.append(
             Violation(
                 "cache_type",
-                f"cache_type 'q8_0' needs head widths that are multiples of 32; this model's are "
+                f"{spell(names, 'cache_type')} 'q8_0' needs head widths that are multiples of 32; this model's are "
                 f"K {shape.head_dim_k} and V {shape.head_dim_v}, so use 'f16'.",
             )
         )
@@ -206,6 +212,7 @@ def validate_policy(
     train_context: int,
     devices: Sequence[DeviceMemory],
     shape: ModelShape | None = None,
+    names: FieldNames | None = None,
 ) -> list[Violation]:
     """Every rule a sizing policy breaks, for this model and these devices.
 
@@ -219,6 +226,8 @@ def validate_policy(
         train_context: the model's training context in tokens.
         devices: the devices the server would run on.
         shape: the model, to check that Q8_0 suits its heads.
+        names: how the caller spells the fields in the rules' messages (`{"slots": "--slots"}` for the CLI); None
+            spells them as the policy's keys. The type errors of an ill-typed policy always name the keys.
 
     Returns:
         The violations, in field order; empty when the policy is valid.
@@ -232,11 +241,11 @@ def validate_policy(
             return typed
         # The well-typed fields are still checked, so a form shows every field's error at once.
         broken = {v.field for v in typed}
-        rules = validate_policy(stand_in, train_context=train_context, devices=devices, shape=shape)
+        rules = validate_policy(stand_in, train_context=train_context, devices=devices, shape=shape, names=names)
         return _in_field_order(typed + [v for v in rules if v.field not in broken])
-    found = _target_violations(parsed.fit_target_mib, devices)
+    found = _target_violations(parsed.fit_target_mib, devices, names)
     if isinstance(parsed, CustomPolicy):
-        found += _custom_violations(parsed, train_context, shape)
+        found += _custom_violations(parsed, train_context, shape, names)
     return _in_field_order(found)
 
 
@@ -282,6 +291,7 @@ def validate_custom(
     train_context: int,
     devices: Sequence[DeviceMemory],
     shape: ModelShape | None = None,
+    names: FieldNames | None = None,
 ) -> list[Violation]:
     """Every rule a custom sizing policy breaks; `validate_policy` for policies that must be custom.
 
@@ -290,13 +300,14 @@ def validate_custom(
         train_context: the model's training context in tokens.
         devices: the devices the server would run on.
         shape: the model, to check that Q8_0 suits its heads.
+        names: how the caller spells the fields in the messages (`validate_policy`'s `names`).
 
     Returns:
         The violations; a policy that is automatic breaks the `sizing` rule.
     """
     if isinstance(policy, AutoPolicy):
         return [Violation("sizing", _NOT_CUSTOM)]
-    found = validate_policy(policy, train_context=train_context, devices=devices, shape=shape)
+    found = validate_policy(policy, train_context=train_context, devices=devices, shape=shape, names=names)
     if not found and isinstance(parse_policy(policy), AutoPolicy):
         found.append(Violation("sizing", _NOT_CUSTOM))
     return found

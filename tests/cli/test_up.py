@@ -9,7 +9,6 @@ import subprocess
 import time
 import tomllib
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -356,16 +355,3 @@ def test_a_second_up_on_the_same_state_directory_is_refused(tmp_path: Path, llam
     from qiip_core.config import local_nodes_in_use
 
     assert local_nodes_in_use(tmp_path / "state") is None
-
-
-def test_several_automatic_plans_share_what_is_free_beyond_the_target() -> None:
-    from qiip_cli._up import _share
-    from qiip_core.planner import DeviceMemory
-
-    device = DeviceMemory(index=0, name="CPU", total_mib=24000, free_mib=23000, kind="cpu")
-    (one,) = _share([device], fit_target_mib=21000, models=2)
-    # Each of two sees the target and half of the 2,000 MiB beyond it: together they leave 21,000 free.
-    assert one.free_mib == 22000
-    assert _share([device], fit_target_mib=21000, models=1) == [device]
-    (starved,) = _share([replace(device, free_mib=500)], fit_target_mib=512, models=3)
-    assert starved.free_mib == 500

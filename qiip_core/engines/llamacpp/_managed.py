@@ -30,13 +30,13 @@ from qiip_core._errors import (
     RelaunchError,
     VerificationError,
 )
+from qiip_core._violation import FieldNames
 from qiip_core.engines.llamacpp._install import InstalledEngine
 from qiip_core.engines.llamacpp._launch import launch_spec_for
 from qiip_core.engines.llamacpp._modelcheck import inspect_model
 from qiip_core.engines.llamacpp._server import LlamaServerProcess, free_port
 from qiip_core.nodes import LlamaCppRuntime
 from qiip_core.planner import (
-    CONTEXT_STEP,
     AutoPolicy,
     CustomPolicy,
     DeviceMemory,
@@ -51,24 +51,9 @@ from qiip_core.planner import (
     verify_runtime,
 )
 
-__all__ = ["ManagedLlamaServer", "default_local_policy"]
+__all__ = ["ManagedLlamaServer"]
 
 logger = logging.getLogger("qiip.engines")
-
-_DEFAULT_CONTEXT_PER_SLOT = 4096
-
-
-def default_local_policy(train_context: int, *, slots: int, fit_target_mib: int = 512) -> CustomPolicy:
-    """The sizing of a local node given only a slot count: each slot gets min(training context, 4,096)
-    tokens, 256-aligned, with an F16 K/V cache.
-
-    Args:
-        train_context: the model's training context in tokens.
-        slots: parallel slots.
-        fit_target_mib: memory to keep free on every device, in MiB.
-    """
-    context = max(CONTEXT_STEP, min(train_context, _DEFAULT_CONTEXT_PER_SLOT) // CONTEXT_STEP * CONTEXT_STEP)
-    return CustomPolicy(fit_target_mib=fit_target_mib, context_per_slot=context, slots=slots, cache_type="f16")
 
 
 class ManagedLlamaServer:
@@ -136,11 +121,22 @@ class ManagedLlamaServer:
             return FitParamsEstimator(self.engine.fit_params, model_path)
         return PythonEstimator(embeddings=self.embeddings)
 
-    def make_plan(self, policy: AutoPolicy | CustomPolicy, *, devices: Sequence[DeviceMemory] | None = None) -> Plan:
+    def make_plan(
+        self,
+        policy: AutoPolicy | CustomPolicy,
+        *,
+        devices: Sequence[DeviceMemory] | None = None,
+        names: FieldNames | None = None,
+    ) -> Plan:
         """Plan `policy` against the devices as they are now (or `devices`), without launching anything.
 
         The Python estimator plans the architectures it models (exact to what llama-server logs);
         `llama-fit-params`, when installed, plans every other one.
+
+        Args:
+            policy: the sizing.
+            devices: the devices to plan against; None reads them now (NVML, or system memory in CPU mode).
+            names: how the caller spells the policy's fields in error messages (`plan`'s `names`).
 
         Raises:
             PlanError: the policy is invalid, no sizing fits (the message gives the plan's numbers per device), no
@@ -148,7 +144,7 @@ class ManagedLlamaServer:
         """
         if devices is None:
             devices = read_devices(allow_cpu=self.cpu_mode)
-        return plan(self.shape, devices, policy, estimator=self._estimator())
+        return plan(self.shape, devices, policy, estimator=self._estimator(), names=names)
 
     async def launch(self, policy: AutoPolicy | CustomPolicy, *, startup_timeout_s: float = 300.0) -> LlamaCppRuntime:
         """Plan, launch and verify the server for `policy`.

@@ -125,6 +125,17 @@ def test_the_aggregate_limit():
     ]
 
 
+def test_the_rules_name_each_field_as_the_caller_spells_it():
+    flags = {"context_per_slot": "--ctx-size", "slots": "--slots", "cache_type": "--cache-type"}
+    huge = custom(context_per_slot=16_777_216, slots=256, cache_type="q8_0", fit_target_mib=-1)
+    found = validate_custom(huge, train_context=16_777_216, devices=DEVICES, shape=shape(n_embd=64), names=flags)
+    assert [v.field for v in found] == ["fit_target_mib", "slots", "cache_type"]
+    # A field the caller does not name keeps its key; the others are composed from the caller's names.
+    assert found[0].message == "fit_target_mib must be at least 0 MiB, got -1."
+    assert found[1].message.startswith("--ctx-size × --slots is 4,294,967,296 tokens")
+    assert found[2].message.startswith("--cache-type 'q8_0' needs head widths")
+
+
 def test_q8_0_needs_a_model_whose_heads_it_can_store():
     found = validate_custom(custom(cache_type="q8_0"), train_context=8192, devices=DEVICES, shape=shape(n_embd=64))
     assert messages(found) == [

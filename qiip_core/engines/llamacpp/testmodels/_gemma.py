@@ -44,7 +44,7 @@ def _check(spec: TestModelSpec, known: dict[str, Option]) -> None:
     check_options(spec, known)
     head_dim = int(spec.option("head_dim", spec.head_dim))
     if head_dim % 2:
-        raise ValueError(f"option head_dim of architecture {spec.architecture} must be even (RoPE), got {head_dim}.")
+        raise ValueError(f"option head_dim of {spec.arch} must be even (RoPE), got {head_dim}.")
 
 
 def _tensors(spec: TestModelSpec, w: Weights, *, qk_norm: bool) -> Tensors:

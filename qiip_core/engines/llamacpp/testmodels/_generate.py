@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qiip_core._violation import FieldNames, spell
+
 __all__ = [
     "CHAT_TEMPLATE",
     "MIN_VOCAB",
@@ -88,32 +90,34 @@ def _validate(
     n_vocab: int,
     n_ff: int,
     split: int,
+    names: FieldNames | None,
 ) -> None:
+    layers, embd, head, head_kv = (spell(names, f) for f in ("n_layers", "n_embd", "n_head", "n_head_kv"))
     if not 1 <= n_layers <= 512:
-        raise ValueError(f"n_layers must be between 1 and 512, got {n_layers}.")
+        raise ValueError(f"{layers} must be between 1 and 512, got {n_layers}.")
     if not 8 <= n_embd <= 16384:
-        raise ValueError(f"n_embd must be between 8 and 16384, got {n_embd}.")
+        raise ValueError(f"{embd} must be between 8 and 16384, got {n_embd}.")
     if n_head < 1 or n_embd % n_head != 0:
-        raise ValueError(f"n_head must be at least 1 and divide n_embd ({n_embd}), got {n_head}.")
+        raise ValueError(f"{head} must be at least 1 and divide {embd} ({n_embd}), got {n_head}.")
     if (n_embd // n_head) % 2 != 0:
         allowed = [h for h in range(1, n_embd + 1) if n_embd % h == 0 and (n_embd // h) % 2 == 0]
         raise ValueError(
-            f"n_embd / n_head (the head size, {n_embd // n_head}) must be even for rotary embeddings; "
-            f"with n_embd {n_embd}, n_head may be one of {allowed}."
+            f"{embd} / {head} (the head size, {n_embd // n_head}) must be even for rotary embeddings; "
+            f"with {embd} {n_embd}, {head} may be one of {allowed}."
         )
     if n_head_kv < 1 or n_head % n_head_kv != 0:
-        raise ValueError(f"n_head_kv must be at least 1 and divide n_head ({n_head}), got {n_head_kv}.")
+        raise ValueError(f"{head_kv} must be at least 1 and divide {head} ({n_head}), got {n_head_kv}.")
     if not 16 <= n_ctx_train <= 1 << 24:
-        raise ValueError(f"n_ctx_train must be between 16 and {1 << 24} tokens, got {n_ctx_train}.")
+        raise ValueError(f"{spell(names, 'n_ctx_train')} must be between 16 and {1 << 24} tokens, got {n_ctx_train}.")
     if not MIN_VOCAB <= n_vocab <= MAX_VOCAB:
         raise ValueError(
-            f"n_vocab must be between {MIN_VOCAB} (3 specials, 256 byte tokens and some word pieces) and "
-            f"{MAX_VOCAB}, got {n_vocab}."
+            f"{spell(names, 'n_vocab')} must be between {MIN_VOCAB} (3 specials, 256 byte tokens and some word "
+            f"pieces) and {MAX_VOCAB}, got {n_vocab}."
         )
     if not 1 <= n_ff <= 16 * 16384:
-        raise ValueError(f"n_ff must be between 1 and {16 * 16384}, got {n_ff}.")
+        raise ValueError(f"{spell(names, 'n_ff')} must be between 1 and {16 * 16384}, got {n_ff}.")
     if split < 1:
-        raise ValueError(f"split must be between 1 and the number of tensors, got {split}.")
+        raise ValueError(f"{spell(names, 'split')} must be between 1 and the number of tensors, got {split}.")
 
 
 def _filler_pieces() -> Iterator[str]:
@@ -181,6 +185,8 @@ class TestModelSpec:
     n_ff: int
     options: Mapping[str, int | float | bool] = field(default_factory=dict)
     """Architecture-specific settings (`sliding_window`, `n_expert`, …); each writer names what it takes."""
+    names: FieldNames | None = None
+    """How the caller spells `make_test_gguf`'s arguments in error messages (`make_test_gguf`'s `names`)."""
 
     @property
     def head_dim(self) -> int:
@@ -190,6 +196,15 @@ class TestModelSpec:
     def option(self, name: str, default: int | float | bool) -> Any:
         """An architecture option, or its default."""
         return self.options.get(name, default)
+
+    def name(self, argument: str) -> str:
+        """`make_test_gguf`'s `argument` (`n_ff`, `architecture`) as the caller spells it, for a message."""
+        return spell(self.names, argument)
+
+    @property
+    def arch(self) -> str:
+        """`architecture <name>` as the caller spells the argument (`--arch gemma3` in the CLI), for a message."""
+        return f"{self.name('architecture')} {self.architecture}"
 
 
 class Weights:
@@ -246,22 +261,16 @@ def check_options(spec: TestModelSpec, known: Mapping[str, Option]) -> None:
     unknown = sorted(set(spec.options) - set(known))
     if unknown:
         takes = ", ".join(sorted(known)) or "no options"
-        raise ValueError(f"architecture {spec.architecture} takes {takes}; got {', '.join(unknown)}.")
+        raise ValueError(f"{spec.arch} takes {takes}; got {', '.join(unknown)}.")
     for name, value in spec.options.items():
         rule = known[name]
         accepted = (int, float) if rule.kind is float else (rule.kind,)
         if type(value) not in accepted:
-            raise ValueError(
-                f"option {name} of architecture {spec.architecture} must be {_KINDS[rule.kind]}, got {value!r}."
-            )
+            raise ValueError(f"option {name} of {spec.arch} must be {_KINDS[rule.kind]}, got {value!r}.")
         if rule.minimum is not None and not isinstance(value, bool) and value < rule.minimum:
-            raise ValueError(
-                f"option {name} of architecture {spec.architecture} must be at least {rule.minimum:g}, got {value}."
-            )
+            raise ValueError(f"option {name} of {spec.arch} must be at least {rule.minimum:g}, got {value}.")
         if rule.maximum is not None and not isinstance(value, bool) and value > rule.maximum:
-            raise ValueError(
-                f"option {name} of architecture {spec.architecture} must be at most {rule.maximum:g}, got {value}."
-            )
+            raise ValueError(f"option {name} of {spec.arch} must be at most {rule.maximum:g}, got {value}.")
 
 
 ArchitectureWriter = Callable[[TestModelSpec, Weights], tuple[Tensors, Callable[[Any], None]]]
@@ -288,10 +297,12 @@ TEST_ARCHITECTURES = tuple(sorted(_WRITERS))
 """The architectures `make_test_gguf` writes."""
 
 
-def _writer(architecture: str) -> ArchitectureWriter:
+def _writer(architecture: str, names: FieldNames | None) -> ArchitectureWriter:
     target = _WRITERS.get(architecture)
     if target is None:
-        raise ValueError(f"architecture must be one of {', '.join(sorted(_WRITERS))}; got {architecture!r}.")
+        raise ValueError(
+            f"{spell(names, 'architecture')} must be one of {', '.join(sorted(_WRITERS))}; got {architecture!r}."
+        )
     module, _, name = target.partition(":")
     writer: ArchitectureWriter = getattr(importlib.import_module(module), name)
     return writer
@@ -326,6 +337,7 @@ def make_test_gguf(
     split: int = 1,
     seed: int = 0,
     options: Mapping[str, int | float | bool] | None = None,
+    names: FieldNames | None = None,
 ) -> list[Path]:
     """Write a random-weight GGUF that `llama-server` loads and serves (chats with, for decoders).
 
@@ -345,6 +357,8 @@ def make_test_gguf(
         split: number of files; between 1 and the number of tensors.
         seed: seed of the random weights.
         options: the architecture's own settings (each writer documents what it takes).
+        names: how the caller spells these arguments in error messages (`{"n_head": "--heads"}` for the CLI);
+            None spells them as here.
 
     Returns:
         The files written, the entrypoint (the only file, or the first shard) first.
@@ -369,6 +383,7 @@ def make_test_gguf(
         n_vocab=n_vocab,
         n_ff=ff,
         split=split,
+        names=names,
     )
     spec = TestModelSpec(
         architecture=architecture,
@@ -380,11 +395,13 @@ def make_test_gguf(
         n_vocab=n_vocab,
         n_ff=ff,
         options=dict(options or {}),
+        names=names,
     )
-    tensors, add_metadata = _writer(architecture)(spec, Weights(seed))
+    tensors, add_metadata = _writer(architecture, names)(spec, Weights(seed))
     if split > len(tensors):
         raise ValueError(
-            f"split must be between 1 and the number of tensors ({len(tensors)} for {n_layers} layers), got {split}."
+            f"{spec.name('split')} must be between 1 and the number of tensors ({len(tensors)} for {n_layers} layers), "
+            f"got {split}."
         )
 
     tokens, scores, types = build_vocab(n_vocab)

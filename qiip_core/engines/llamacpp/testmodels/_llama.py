@@ -35,7 +35,7 @@ def llama_writer(spec: TestModelSpec, w: Weights) -> tuple[Tensors, Callable[[An
         if set(spec.options) & MOE_OPTIONS:
             return llama_moe_writer(spec, w)
         raise ValueError(
-            f"architecture llama takes only the expert options ({', '.join(sorted(MOE_OPTIONS))}); got "
+            f"{spec.arch} takes only the expert options ({', '.join(sorted(MOE_OPTIONS))}); got "
             f"{', '.join(sorted(spec.options))}."
         )
     e, hd = spec.n_embd, spec.head_dim

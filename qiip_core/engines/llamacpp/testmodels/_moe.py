@@ -136,7 +136,8 @@ def llama_moe_writer(spec: TestModelSpec, w: Weights) -> tuple[Tensors, Callable
     n_expert, used, ff = _experts(spec, default_ff=spec.n_ff)
     if ff != spec.n_ff:
         raise ValueError(
-            f"a llama model's experts are feed_forward_length (n_ff = {spec.n_ff}) wide; pass n_ff={ff} instead "
+            f"a llama model's experts are feed_forward_length ({spec.name('n_ff')} = {spec.n_ff}) wide; pass "
+            f"{spec.name('n_ff')}={ff} instead "
             f"of n_ff_expert={ff}."
         )
     e = spec.n_embd

@@ -38,12 +38,14 @@ def _attention_blocks(architecture: str, spec: TestModelSpec, default_period: in
     leaves no block of one kind is refused.
     """
     if spec.n_layers < 2:
-        raise ValueError(f"architecture {architecture} needs at least 2 layers: one attends, one is recurrent.")
+        raise ValueError(
+            f"{spec.name('architecture')} {architecture} needs at least 2 layers: one attends, one is recurrent."
+        )
     period = int(spec.option("attention_period", min(default_period, spec.n_layers)))
     if not 2 <= period <= spec.n_layers:
         raise ValueError(
-            f"option attention_period of architecture {architecture} must be between 2 and the layer count "
-            f"({spec.n_layers}), so that some blocks attend and the others are recurrent; got {period}."
+            f"option attention_period of {spec.name('architecture')} {architecture} must be between 2 and the layer "
+            f"count ({spec.n_layers}), so that some blocks attend and the others are recurrent; got {period}."
         )
     return tuple((il + 1) % period == 0 for il in range(spec.n_layers))
 
@@ -83,13 +85,15 @@ def _ssm_widths(architecture: str, spec: TestModelSpec) -> tuple[int, int, int, 
     n_ssm_head = int(spec.option("ssm_head_count", max(1, d_inner // 16)))
     n_group = int(spec.option("ssm_group_count", 1))
     if d_conv < 2:
-        raise ValueError(f"option ssm_conv_kernel of architecture {architecture} must be at least 2, got {d_conv}.")
+        raise ValueError(
+            f"option ssm_conv_kernel of {spec.name('architecture')} {architecture} must be at least 2, got {d_conv}."
+        )
     if d_state < 1 or n_ssm_head < 1 or n_group < 1:
-        raise ValueError(f"the ssm options of architecture {architecture} must be at least 1.")
+        raise ValueError(f"the ssm options of {spec.name('architecture')} {architecture} must be at least 1.")
     if d_inner % n_ssm_head or d_inner % n_group:
         raise ValueError(
             f"ssm_head_count ({n_ssm_head}) and ssm_group_count ({n_group}) must divide the inner width "
-            f"2 * n_embd = {d_inner} of architecture {architecture}."
+            f"2 * {spec.name('n_embd')} = {d_inner} of {spec.name('architecture')} {architecture}."
         )
     return d_conv, d_inner, d_state, n_ssm_head, n_group
 
@@ -153,7 +157,7 @@ def lfm2_writer(spec: TestModelSpec, w: Weights) -> tuple[Tensors, Callable[[Any
     attends = _attention_blocks("lfm2", spec, 3)
     l_cache = int(spec.option("l_cache", 3))
     if l_cache < 2:
-        raise ValueError(f"option l_cache of architecture lfm2 must be at least 2 tokens, got {l_cache}.")
+        raise ValueError(f"option l_cache of {spec.arch} must be at least 2 tokens, got {l_cache}.")
     e = spec.n_embd
     tensors: Tensors = [("token_embd.weight", w.matrix(spec.n_vocab, e))]
     for il in range(spec.n_layers):
@@ -294,7 +298,7 @@ def mamba_writer(spec: TestModelSpec, w: Weights) -> tuple[Tensors, Callable[[An
     d_conv, d_inner = int(spec.option("ssm_conv_kernel", 4)), 2 * e
     d_state, dt_rank = int(spec.option("ssm_state_size", 16)), int(spec.option("ssm_dt_rank", -(-e // 16)))
     if d_conv < 2 or d_state < 1 or dt_rank < 1:
-        raise ValueError("the ssm options of architecture mamba must be at least 1 (ssm_conv_kernel at least 2).")
+        raise ValueError(f"the ssm options of {spec.arch} must be at least 1 (ssm_conv_kernel at least 2).")
     np = w.np
     tensors: Tensors = [("token_embd.weight", w.matrix(spec.n_vocab, e))]
     for il in range(spec.n_layers):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,7 +22,7 @@ from qiip_core.planner._shape import SsmShape
 def write(
     tmp_path: Path, architecture: str, options: Mapping[str, int | float | bool] | None = None, **kwargs: int
 ) -> tuple[GgufMetadata, ModelShape, dict[str, GgufTensor]]:
-    args: dict[str, int] = {
+    args: dict[str, Any] = {
         "n_layers": 4,
         "n_embd": 64,
         "n_head": 4,
