@@ -82,6 +82,30 @@ def freed(daemon: Daemon, host: str) -> bool:
     return any(msg.startswith("the host is free again by ") for msg in log_of(daemon, host))
 
 
+def held_at(daemon: Daemon, host: FakeHost, step: str, what: str) -> int:
+    """The PID of `what`, held on `host` while its setup is at `step`."""
+    wait_until(lambda: task_of(daemon, host.address).get("current_step") == step, 60, f"step {step}")
+    wait_until(lambda: held_pid(host, what) is not None, 30, f"{what} held")
+    pid = held_pid(host, what)
+    assert pid is not None and alive(pid)
+    if step != "health_poll":
+        assert host.run_groups(), f"{host.address}: the run's process group is recorded on the host"
+    return pid
+
+
+def taken_over(daemon: Daemon, host: FakeHost, step: str, what: str, pid: int) -> None:
+    """The restarted gateway marked the setup cut at `step` failed, ended what its run left on `host` (the engine
+    too, once started) and gave the host's lease back."""
+    task = task_of(daemon, host.address)
+    assert (task["state"], task["failed_step"]) == ("failed", step), task
+    assert f"stopped during step {step} (this gateway restarted)" in task["error"]
+    wait_until(lambda: not alive(pid), 60, f"the old run's {what} to end on {host.address}")
+    wait_until(lambda: not host.run_groups(), 30, f"no recorded run left on {host.address}")
+    wait_until(lambda: freed(daemon, host.address), 60, f"{host.address} to be free")
+    if step != "preflight":  # registered as a node from the end of preflight on
+        assert daemon.node_statuses().get(host.address) == "failed"
+
+
 STEPS = [
     # (the step, what holds it there, index of the host)
     ("preflight", "lspci", 0),
@@ -91,47 +115,41 @@ STEPS = [
 ]
 
 
-@pytest.mark.parametrize(("step", "what", "index"), STEPS, ids=[s[0] for s in STEPS])
-def test_a_gateway_killed_at_a_step_is_taken_over_at_restart_and_the_next_setup_runs_once(
-    hosts: SshHosts, tmp_path: Path, step: str, what: str, index: int
+def test_a_gateway_killed_with_setups_at_every_step_takes_each_over_at_restart_and_the_next_setups_run_once(
+    hosts: SshHosts, tmp_path: Path
 ) -> None:
-    host = hosts[index]
+    """One setup held at each step (`STEPS`), all at once; the gateway is killed with SIGKILL and restarted."""
     engine_port = free_port()
-    hold(host, what)
-    daemon = Daemon(tmp_path / "state", env=daemon_env(hosts, engine_port)).start()
+    for _, what, index in STEPS:
+        hold(hosts[index], what)
+    env = daemon_env(hosts, engine_port, QIIP_PROVISIONING__MAX_CONCURRENT_SETUPS=str(len(STEPS)))
+    daemon = Daemon(tmp_path / "state", env=env).start()
     try:
-        body = setup_body(host.address, sizing=TINY_SIZING)
-        assert daemon.admin.post("/admin/nodes/setup", json=body).status_code == 202
-        wait_until(lambda: task_of(daemon, host.address).get("current_step") == step, 60, f"step {step}")
-        wait_until(lambda: held_pid(host, what) is not None, 30, f"{what} held")
-        pid = held_pid(host, what)
-        assert pid is not None and alive(pid)
-        if step != "health_poll":
-            assert host.run_groups(), "the run's process group is recorded on the host"
+        bodies = {index: setup_body(hosts[index].address, sizing=TINY_SIZING) for _, _, index in STEPS}
+        for body in bodies.values():
+            assert daemon.admin.post("/admin/nodes/setup", json=body).status_code == 202
+        pids = {index: held_at(daemon, hosts[index], step, what) for step, what, index in STEPS}
         daemon.stop(signal.SIGKILL)
-        assert alive(pid), "the gateway's death alone leaves the remote run behind"
+        assert all(alive(pid) for pid in pids.values()), "the gateway's death alone leaves the remote runs behind"
 
         daemon.start()
-        task = task_of(daemon, host.address)
-        assert (task["state"], task["failed_step"]) == ("failed", step), task
-        assert f"stopped during step {step} (this gateway restarted)" in task["error"]
-        # The adopting gateway ends what the old run left on the host (the engine too, once started).
-        wait_until(lambda: not alive(pid), 60, f"the old run's {what} to end")
-        wait_until(lambda: not host.run_groups(), 30, "no recorded run left")
-        wait_until(lambda: freed(daemon, host.address), 60, "the host to be free")
-        if step != "preflight":  # registered as a node from the end of preflight on
-            assert daemon.node_statuses().get(host.address) == "failed"
+        for step, what, index in STEPS:
+            taken_over(daemon, hosts[index], step, what, pids[index])
 
-        release(host, what)
-        again = daemon.admin.post("/admin/nodes/setup", json=body)
-        assert again.status_code == 202, again.text
-        outcome = wait_operation(daemon, again.json()["id"])
-        assert outcome["state"] == "succeeded", (outcome["error"], daemon.log()[-3000:])
-        assert bundle_runs(daemon, host.address) == 1
-        teardown = daemon.admin.delete(f"/admin/nodes/{host.address}")
-        assert wait_operation(daemon, teardown.json()["id"])["state"] == "succeeded"
+        for _, what, index in STEPS:
+            release(hosts[index], what)
+        again = {index: daemon.admin.post("/admin/nodes/setup", json=body) for index, body in bodies.items()}
+        assert all(answer.status_code == 202 for answer in again.values()), [a.text for a in again.values()]
+        for index, answer in again.items():
+            outcome = wait_operation(daemon, answer.json()["id"])
+            assert outcome["state"] == "succeeded", (outcome["error"], daemon.log()[-3000:])
+            assert bundle_runs(daemon, hosts[index].address) == 1
+        for index in bodies:
+            teardown = daemon.admin.delete(f"/admin/nodes/{hosts[index].address}")
+            assert wait_operation(daemon, teardown.json()["id"])["state"] == "succeeded"
     finally:
-        release(host, what)
+        for _, what, index in STEPS:
+            release(hosts[index], what)
         daemon.close()
 
 
