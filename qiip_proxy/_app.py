@@ -14,8 +14,6 @@ from starlette.types import ASGIApp
 
 import qiip_core
 from qiip_core import QiipError
-from qiip_core.config import Settings
-from qiip_core.routing import InFlightBoard
 from qiip_proxy._errors import RequestRefused, error_response
 from qiip_proxy._gateway import Gateway
 from qiip_proxy._inference import ProxyRoutes
@@ -33,17 +31,13 @@ from qiip_proxy.routes._provisioning import router as provisioning_router
 __all__ = ["add_error_handlers", "create_app", "serving_app", "wrap_serving"]
 
 
-def create_app(settings: Settings, *, board: InFlightBoard | None = None) -> FastAPI:
-    """Build the daemon's app for `settings` (`board`: requests in flight over every serving process, for
-    `server.workers` above 1).
+def create_app(gateway: Gateway) -> FastAPI:
+    """Build the daemon's app over `gateway`, built for its settings (in a test: `create_app(Gateway(settings))`).
 
-    The gateway starts in the app's lifespan (registry, health checks, local nodes) and stops with it.
-
-    Raises:
-        ConfigError: a configured node is invalid, or the admin API is enabled without credentials.
+    The gateway starts in the app's lifespan (registry, health checks, local nodes, worker processes) and stops
+    with it.
     """
-    settings.admin.check_credentials()
-    gateway = Gateway(settings, board=board)
+    settings = gateway.settings
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

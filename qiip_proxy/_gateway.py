@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from qiip_core import NodeNotFound, QiipError
 from qiip_core.auth import AuthThrottle, TokenStore, create_token_store
@@ -56,9 +56,7 @@ from qiip_core.telemetry import TelemetrySource, TelemetryStore, create_telemetr
 from qiip_proxy._gpu_metrics import GpuCollector
 from qiip_proxy._local_nodes import LocalNodes
 from qiip_proxy._metrics import DeploymentCollector, GatewayMetrics
-
-if TYPE_CHECKING:
-    from qiip_proxy._workers import WorkerPool
+from qiip_proxy._workers import WorkerPool, WorkerSpec
 
 __all__ = ["Gateway", "sweep_removed"]
 
@@ -74,13 +72,26 @@ class Gateway:
             this process serves alone.
         primary: True in the process that runs the fleet (it assigns the board's columns); False in a worker,
             which takes them with the fleet (`_worker`).
+        workers: the worker processes this primary runs beside itself (`server.workers` above 1; `board` is then
+            theirs); None: none.
+        metrics: the metrics' class, made with the routing table and `on_finished` (`_worker.WorkerMetrics` in a
+            worker, which keeps its finished requests for the primary).
 
     Raises:
-        ConfigError: a configured node is invalid, or an attached profile's (or a telemetry agent's) token file is
-            not private.
+        ConfigError: a configured node is invalid, the admin API is enabled without credentials, or an attached
+            profile's (or a telemetry agent's) token file is not private.
     """
 
-    def __init__(self, settings: Settings, *, board: InFlightBoard | None = None, primary: bool = True) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        board: InFlightBoard | None = None,
+        primary: bool = True,
+        workers: WorkerSpec | None = None,
+        metrics: type[GatewayMetrics] = GatewayMetrics,
+    ) -> None:
+        settings.admin.check_credentials()
         self.settings = settings
         breaker, routing = settings.breaker, settings.routing
         self.table = RoutingTable(
@@ -132,7 +143,7 @@ class Gateway:
         self.demand_meter = DemandMeter()
         """What this process measures of each model's traffic for the autoscaler (in the primary: every process's
         finished requests and waiting ones)."""
-        self.metrics = GatewayMetrics(self.table, on_finished=self.demand_meter.finished)
+        self.metrics = metrics(self.table, on_finished=self.demand_meter.finished)
         self.telemetry = TelemetryStore(
             expire_after_intervals=settings.telemetry.expire_after_intervals,
             # Polled agents' readings are renewed once a poll at most; etcd pushes each as it is published.
@@ -201,7 +212,7 @@ class Gateway:
         # Endless streams (admin events), ended when the server begins to shut down.
         self.on_shutdown_begun: set[Callable[[], None]] = set()
         self.shutting_down = False
-        self.workers: WorkerPool | None = None
+        self.workers = WorkerPool(self, workers) if workers is not None else None
         """The worker processes serving beside this one (`server.workers`), started with the gateway; None when
         this process serves alone."""
         self._sweep: asyncio.Task[None] | None = None

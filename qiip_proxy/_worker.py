@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import shutil
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import httpx
 from fastapi import FastAPI
@@ -33,20 +31,31 @@ from qiip_core import QiipError
 from qiip_core._errors import safe_text
 from qiip_core._logging import configure_logging
 from qiip_core.config import Settings
-from qiip_core.nodes import Node
-from qiip_core.routing import DEFAULT_COLUMNS, ExpectedModel, InFlightBoard
+from qiip_core.routing import DEFAULT_COLUMNS, InFlightBoard, RoutingTable
 from qiip_core.upstream import HOP_BY_HOP_HEADERS
 from qiip_proxy._app import add_error_handlers, wrap_serving
+from qiip_proxy._control import (
+    ControlError,
+    Expected,
+    Hello,
+    NodeDelete,
+    NodePut,
+    Ready,
+    Report,
+    Shared,
+    TokensChanged,
+    decode,
+    encode,
+)
 from qiip_proxy._errors import RequestRefused, body_too_large, error_response
 from qiip_proxy._gateway import Gateway, sweep_removed
-from qiip_proxy._metrics import Accounted, GatewayMetrics
+from qiip_proxy._metrics import Accounted, CounterKey, GatewayMetrics
 from qiip_proxy._scope import header, logged_path
 from qiip_proxy._workers import (
     ADMIN_SOCKET,
     BOARD_FILE,
     CONTROL_SOCKET,
     PEER_HEADER,
-    SHARED,
     keep_shared,
     learn_shared,
     take_shared,
@@ -104,8 +113,9 @@ def run_worker(settings: Settings, listener: socket.socket, runtime_dir: Path, r
     configure_logging(level=settings.logging.level, format=settings.logging.format)
     board = InFlightBoard(runtime_dir / BOARD_FILE, rows=workers, columns=DEFAULT_COLUMNS, row=row)
     # The primary runs the local nodes (and holds the state directory's lock for them).
-    gateway = Gateway(settings.model_copy(update={"local_nodes": []}), board=board, primary=False)
-    gateway.metrics = WorkerMetrics(gateway.table)
+    gateway = Gateway(
+        settings.model_copy(update={"local_nodes": []}), board=board, primary=False, metrics=WorkerMetrics
+    )
     keep_shared(gateway)
     runtime = _WorkerRuntime(gateway, runtime_dir, row)
     max_clients = client_connection_cap(settings, raise_open_file_limit())
@@ -119,10 +129,15 @@ def run_worker(settings: Settings, listener: socket.socket, runtime_dir: Path, r
 
 
 class WorkerMetrics(GatewayMetrics):
-    """A worker's metrics: each finished request is kept for the primary (`take`), not recorded here."""
+    """A worker's metrics: each finished request is kept for the primary (`take`), not recorded here.
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    Args:
+        table: the worker's routing table.
+        on_finished: as `GatewayMetrics`'s (called by the primary, which records the requests).
+    """
+
+    def __init__(self, table: RoutingTable, *, on_finished: Callable[[str, float | None], None] | None = None) -> None:
+        super().__init__(table, on_finished=on_finished)
         self.finished: list[Accounted] = []
 
     def record(self, accounted: Accounted) -> None:
@@ -152,7 +167,7 @@ class _WorkerRuntime:
         self._ready = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._writer: asyncio.StreamWriter | None = None
-        self._sent_counters: dict[str, float] = {}
+        self._sent_counters: dict[CounterKey, float] = {}
         self._sent_queued: dict[str, int] = {}
         self._sent_at = 0.0
         self._refreshes: set[asyncio.Task[None]] = set()
@@ -181,7 +196,7 @@ class _WorkerRuntime:
         gateway = self.gateway
         await gateway.tokens.start(gateway._token_revoked)
         reader, self._writer = await asyncio.open_unix_connection(str(self.control_path), limit=16 * 1024 * 1024)
-        self._writer.write(json.dumps({"hello": self.row}).encode() + b"\n")
+        self._writer.write(encode(Hello(row=self.row)))
         self._tasks = [
             asyncio.create_task(self._follow(reader), name="qiip-worker-fleet"),
             asyncio.create_task(self._flush_every(), name="qiip-worker-flush"),
@@ -212,29 +227,28 @@ class _WorkerRuntime:
         table = self.gateway.table
         try:
             while line := await reader.readline():
-                message = json.loads(line)
-                if "put" in message:
-                    node = Node.model_validate(message["put"])
-                    table.apply_put(node, source=message["source"])
-                    table.set_column(node.id, message["column"])
-                    state = table.get(node.id)
-                    if state is not None:
-                        slots = message["slots"]
-                        state.slots = (int(slots[0]), int(slots[1])) if slots else None
-                elif any(kind in message for kind in SHARED):
-                    learn_shared(self.gateway, message)
-                elif "delete" in message:
-                    table.apply_delete(message["delete"])
-                elif "expected" in message:
-                    table.expected = {
-                        str(model): ExpectedModel(**expected) for model, expected in message["expected"].items()
-                    }
-                elif message.get("tokens"):
-                    self._refreshes.add(task := asyncio.create_task(self._refresh_tokens()))
-                    task.add_done_callback(self._refreshes.discard)
-                elif message.get("ready"):
-                    self._ready.set()
+                match decode(line):
+                    case NodePut(node=node, source=source, column=column, slots=slots):
+                        table.apply_put(node, source=source)
+                        table.set_column(node.id, column)
+                        state = table.get(node.id)
+                        if state is not None:
+                            state.slots = slots
+                    case Shared() as shared:
+                        learn_shared(self.gateway, shared)
+                    case NodeDelete(node_id=node_id):
+                        table.apply_delete(node_id)
+                    case Expected(models=models):
+                        table.expected = dict(models)
+                    case TokensChanged():
+                        self._refreshes.add(task := asyncio.create_task(self._refresh_tokens()))
+                        task.add_done_callback(self._refreshes.discard)
+                    case Ready():
+                        self._ready.set()
+                    case other:
+                        raise ControlError(f"the primary sent {other.kind!r}, which only a worker sends")
         except (ConnectionError, ValueError) as exc:
+            # ValueError: a ControlError, or a line longer than the stream's limit.
             logger.error("worker %d: the control channel failed: %s", self.row, exc)
         logger.warning("worker %d: the primary process is gone; shutting down", self.row)
         # A dead parent's children are handed to another process just after its files close: wait for that.
@@ -259,25 +273,30 @@ class _WorkerRuntime:
             self._flush()
 
     def _flush(self) -> None:
+        """Send the primary a `Report` of what changed since the last one; with nothing new, an empty one (the
+        heartbeat: this worker's loop still runs) once `HEARTBEAT_S` has passed."""
         metrics = self.gateway.metrics
         assert isinstance(metrics, WorkerMetrics)
-        message: dict[str, Any] = {}
         finished = metrics.take()
-        if finished:
-            message["requests"] = finished
-        message.update(take_shared(self.gateway))
+        shared = take_shared(self.gateway)
         counters = metrics.counted()
-        if counters != self._sent_counters:
-            message["counters"] = self._sent_counters = counters
+        if counters == self._sent_counters:
+            changed = None
+        else:
+            self._sent_counters = counters
+            changed = tuple(counters.items())
         queued = self.gateway.demand_meter.local_queued()
-        if queued != self._sent_queued:
-            message["queued"] = self._sent_queued = queued
+        if queued == self._sent_queued:
+            queued_changed = None
+        else:
+            queued_changed = self._sent_queued = queued
         now = time.monotonic()
-        if not message and now - self._sent_at < HEARTBEAT_S:
+        empty = not finished and shared is None and changed is None and queued_changed is None
+        if empty and now - self._sent_at < HEARTBEAT_S:
             return
         if self._writer is not None and not self._writer.is_closing():
-            # An empty message is the heartbeat: this worker's loop still runs.
-            self._writer.write(json.dumps(message).encode() + b"\n")
+            report = Report(requests=tuple(finished), counters=changed, queued=queued_changed, shared=shared)
+            self._writer.write(encode(report))
             self._sent_at = now
 
 
