@@ -17,6 +17,7 @@ from qiip_core import QiipError
 from qiip_proxy._errors import RequestRefused, error_response
 from qiip_proxy._gateway import Gateway
 from qiip_proxy._inference import ProxyRoutes
+from qiip_proxy._types import ServingGateway
 from qiip_proxy.layers._auth_gate import AdminGate
 from qiip_proxy.layers._http import HeadAsGet, with_allowed_hosts, with_cors
 from qiip_proxy.routes._admin import router as admin_router
@@ -113,7 +114,7 @@ def serving_app(app: FastAPI) -> ASGIApp:
     return wrap_serving(gateway, HeadAsGet(app))
 
 
-def wrap_serving(gateway: Gateway, inner: ASGIApp, *, admin_gate: bool = True) -> ASGIApp:
+def wrap_serving(gateway: ServingGateway, inner: ASGIApp, *, admin_gate: bool = True) -> ASGIApp:
     """`inner` behind the layers every serving process puts before its routes (`serving_app`); a worker, which
     passes the admin API on to the primary (whose gate checks it), goes without the admin gate."""
     admin = gateway.settings.admin

@@ -30,8 +30,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from qiip_core import QiipError
 from qiip_core._errors import safe_text
 from qiip_core._logging import configure_logging
+from qiip_core.auth import TokenStore, create_token_store
 from qiip_core.config import Settings
-from qiip_core.routing import DEFAULT_COLUMNS, InFlightBoard, RoutingTable
+from qiip_core.deployments import DemandMeter
+from qiip_core.routing import DEFAULT_COLUMNS, Admission, InFlightBoard, RoutingTable
 from qiip_core.upstream import HOP_BY_HOP_HEADERS
 from qiip_proxy._app import add_error_handlers, wrap_serving
 from qiip_proxy._control import (
@@ -48,7 +50,7 @@ from qiip_proxy._control import (
     encode,
 )
 from qiip_proxy._errors import RequestRefused, body_too_large, error_response
-from qiip_proxy._gateway import Gateway, sweep_removed
+from qiip_proxy._gateway import AttachedTokens, auth_throttle, forwarder_for, routing_table, sweep_removed
 from qiip_proxy._metrics import Accounted, CounterKey, GatewayMetrics
 from qiip_proxy._scope import header, logged_path
 from qiip_proxy._workers import (
@@ -65,7 +67,15 @@ from qiip_proxy.routes._client_api import router as client_router
 from qiip_proxy.server._limits import client_connection_cap, raise_open_file_limit
 from qiip_proxy.server._server import Server, server_config
 
-__all__ = ["FLUSH_S", "HEARTBEAT_S", "PRIMARY_TIMEOUT_S", "READY_TIMEOUT_S", "WorkerMetrics", "run_worker"]
+__all__ = [
+    "FLUSH_S",
+    "HEARTBEAT_S",
+    "PRIMARY_TIMEOUT_S",
+    "READY_TIMEOUT_S",
+    "WorkerGateway",
+    "WorkerMetrics",
+    "run_worker",
+]
 
 logger = logging.getLogger("qiip.proxy")
 
@@ -112,10 +122,7 @@ def run_worker(settings: Settings, listener: socket.socket, runtime_dir: Path, r
     """
     configure_logging(level=settings.logging.level, format=settings.logging.format)
     board = InFlightBoard(runtime_dir / BOARD_FILE, rows=workers, columns=DEFAULT_COLUMNS, row=row)
-    # The primary runs the local nodes (and holds the state directory's lock for them).
-    gateway = Gateway(
-        settings.model_copy(update={"local_nodes": []}), board=board, primary=False, metrics=WorkerMetrics
-    )
+    gateway = WorkerGateway(settings, board=board)
     keep_shared(gateway)
     runtime = _WorkerRuntime(gateway, runtime_dir, row)
     max_clients = client_connection_cap(settings, raise_open_file_limit())
@@ -126,6 +133,61 @@ def run_worker(settings: Settings, listener: socket.socket, runtime_dir: Path, r
         pass  # Ctrl-C in a terminal reaches every process of the group: uvicorn stopped on it, as it should.
     finally:
         board.close()
+
+
+class WorkerGateway:
+    """What a worker serves the client API with: the request path's parts alone (`_types.ServingGateway`), 13
+    attributes where the primary's `Gateway` holds the whole fleet runtime in 33 (registry, health checks, local
+    nodes, provisioning, deployments, catalog, QUADS, telemetry, the journal), none of which runs in a worker.
+
+    Args:
+        settings: the primary's settings.
+        board: the board counting requests in flight over every serving process, at this worker's row (the
+            primary assigns the columns; they come with the fleet).
+
+    Raises:
+        ConfigError: an attached profile's token file is not private.
+    """
+
+    def __init__(self, settings: Settings, *, board: InFlightBoard) -> None:
+        self.settings = settings
+        self.table = routing_table(settings, board=board, primary=False)
+        self.admission = Admission(self.table, settings.admission)
+        """The per-model bound on requests in flight (`[admission]`), over every process (the board)."""
+        self.attached_tokens = AttachedTokens(settings, self.table)
+        self.forwarder = forwarder_for(settings, self.table, self.attached_tokens.headers_for)
+        self.demand_meter = DemandMeter()
+        """This worker's requests waiting for a first replica, which it reports to the primary."""
+        self.metrics = WorkerMetrics(self.table)
+        """Its finished requests and counters, kept for the primary (`_control.Report`)."""
+        self.tokens: TokenStore = create_token_store(settings)
+        self.admin_throttle = auth_throttle(settings)
+        """Wrong admin credentials per client address, learned from the primary (which checks them)."""
+        self.client_throttle = auth_throttle(settings)
+        """Wrong invoke tokens per client address."""
+        self.parse_gate = asyncio.Semaphore(1)
+        """Held while a large request body is measured and parsed (`_parse.read_request`)."""
+        # Streams running on each invoke token, ended at once when the token is revoked or expires.
+        self.streams_by_token: dict[str, set[Callable[[], None]]] = {}
+        self.shutting_down = False
+
+    @property
+    def tokens_required(self) -> bool:
+        """True when clients must present an invoke token (`auth.client_tokens = "required"`)."""
+        return self.settings.auth.client_tokens == "required"
+
+    def wake_controller(self) -> None:
+        """Nothing here: the deployment controller runs in the primary, which this worker's next report wakes (its
+        waiting requests, `Report.queued`)."""
+
+    def begin_shutdown(self) -> None:
+        """The server stopped accepting connections: requests that wait for a node end now."""
+        self.shutting_down = True
+
+    def token_revoked(self, token_id: str) -> None:
+        """End every stream running on the invoke token `token_id` (the token store calls this)."""
+        for end in list(self.streams_by_token.pop(token_id, ())):
+            end()
 
 
 class WorkerMetrics(GatewayMetrics):
@@ -152,7 +214,7 @@ class WorkerMetrics(GatewayMetrics):
 class _WorkerRuntime:
     """The worker's app and what runs beside it: the fleet from the primary, the metrics to it."""
 
-    def __init__(self, gateway: Gateway, runtime_dir: Path, row: int) -> None:
+    def __init__(self, gateway: WorkerGateway, runtime_dir: Path, row: int) -> None:
         self.gateway = gateway
         self.row = row
         self.runtime_dir = runtime_dir
@@ -194,7 +256,7 @@ class _WorkerRuntime:
             RuntimeError: the primary's fleet did not arrive within `READY_TIMEOUT_S`.
         """
         gateway = self.gateway
-        await gateway.tokens.start(gateway._token_revoked)
+        await gateway.tokens.start(gateway.token_revoked)
         reader, self._writer = await asyncio.open_unix_connection(str(self.control_path), limit=16 * 1024 * 1024)
         self._writer.write(encode(Hello(row=self.row)))
         self._tasks = [
@@ -276,7 +338,6 @@ class _WorkerRuntime:
         """Send the primary a `Report` of what changed since the last one; with nothing new, an empty one (the
         heartbeat: this worker's loop still runs) once `HEARTBEAT_S` has passed."""
         metrics = self.gateway.metrics
-        assert isinstance(metrics, WorkerMetrics)
         finished = metrics.take()
         shared = take_shared(self.gateway)
         counters = metrics.counted()

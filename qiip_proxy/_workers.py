@@ -64,7 +64,7 @@ from qiip_proxy._metrics import Accounted
 if TYPE_CHECKING:
     from qiip_core.auth import AuthThrottle
     from qiip_core.config import Settings
-    from qiip_core.deployments import DemandMeter, DeploymentService
+    from qiip_core.deployments import DemandMeter
     from qiip_core.routing import RoutingTable
     from qiip_proxy._metrics import CounterKey, GatewayMetrics
 
@@ -101,7 +101,7 @@ class SharingGateway(Protocol):
 
 class PoolGateway(SharingGateway, Protocol):
     """What the worker pool uses of the primary's gateway (`qiip_proxy._gateway.Gateway` is one): its settings,
-    metrics, demand meter and deployments (whose controller a request waiting for a first replica wakes), besides
+    metrics, demand meter and the deployment controller (which a request waiting for a first replica wakes), besides
     what the shared-state exchange uses."""
 
     @property
@@ -113,8 +113,8 @@ class PoolGateway(SharingGateway, Protocol):
     @property
     def demand_meter(self) -> DemandMeter: ...
 
-    @property
-    def deployments(self) -> DeploymentService: ...
+    def wake_controller(self) -> None:
+        """Have the deployment controller look now (a request waits for a first replica)."""
 
 
 logger = logging.getLogger("qiip.proxy")
@@ -500,7 +500,7 @@ class WorkerPool:
             # first one wakes the controller (scale from zero).
             self.gateway.demand_meter.set_queued(f"worker-{worker.row}", queued)
             if queued:
-                self.gateway.deployments.controller.wake()
+                self.gateway.wake_controller()
         metrics = self.gateway.metrics
         for row in report.requests:
             metrics.record(Accounted._make(row))
