@@ -28,8 +28,9 @@ from bench.workers import start_backend, stop  # noqa: E402
 
 APP = """from qiip_core.config import load_settings
 from qiip_proxy._app import create_app, serving_app
+from qiip_proxy._gateway import Gateway
 
-app = serving_app(create_app(load_settings(None)))
+app = serving_app(create_app(Gateway(load_settings(None))))
 """
 
 

@@ -14,12 +14,10 @@ from starlette.types import ASGIApp
 
 import qiip_core
 from qiip_core import QiipError
-from qiip_core.config import Settings
-from qiip_core.engines.llamacpp import LocalNodeHandoff
-from qiip_core.routing import InFlightBoard
 from qiip_proxy._errors import RequestRefused, error_response
 from qiip_proxy._gateway import Gateway
 from qiip_proxy._inference import ProxyRoutes
+from qiip_proxy._types import ServingGateway
 from qiip_proxy.layers._auth_gate import AdminGate
 from qiip_proxy.layers._http import HeadAsGet, with_allowed_hosts, with_cors
 from qiip_proxy.routes._admin import router as admin_router
@@ -34,19 +32,13 @@ from qiip_proxy.routes._provisioning import router as provisioning_router
 __all__ = ["add_error_handlers", "create_app", "serving_app", "wrap_serving"]
 
 
-def create_app(
-    settings: Settings, *, board: InFlightBoard | None = None, handoff: LocalNodeHandoff | None = None
-) -> FastAPI:
-    """Build the daemon's app for `settings` (`board`: requests in flight over every serving process, for
-    `server.workers` above 1; `handoff`: the local nodes `qiip up` planned, launched as planned).
+def create_app(gateway: Gateway) -> FastAPI:
+    """Build the daemon's app over `gateway`, built for its settings (in a test: `create_app(Gateway(settings))`).
 
-    The gateway starts in the app's lifespan (registry, health checks, local nodes) and stops with it.
-
-    Raises:
-        ConfigError: a configured node is invalid, or the admin API is enabled without credentials.
+    The gateway starts in the app's lifespan (registry, health checks, local nodes, worker processes) and stops
+    with it.
     """
-    settings.admin.check_credentials()
-    gateway = Gateway(settings, board=board, handoff=handoff)
+    settings = gateway.settings
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -122,7 +114,7 @@ def serving_app(app: FastAPI) -> ASGIApp:
     return wrap_serving(gateway, HeadAsGet(app))
 
 
-def wrap_serving(gateway: Gateway, inner: ASGIApp, *, admin_gate: bool = True) -> ASGIApp:
+def wrap_serving(gateway: ServingGateway, inner: ASGIApp, *, admin_gate: bool = True) -> ASGIApp:
     """`inner` behind the layers every serving process puts before its routes (`serving_app`); a worker, which
     passes the admin API on to the primary (whose gate checks it), goes without the admin gate."""
     admin = gateway.settings.admin

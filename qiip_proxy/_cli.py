@@ -29,7 +29,7 @@ from qiip_core.routing import InFlightBoard
 from qiip_proxy._app import create_app, serving_app
 from qiip_proxy._gateway import Gateway
 from qiip_proxy._worker import run_worker
-from qiip_proxy._workers import ADMIN_SOCKET, BOARD_FILE, WorkerPeer, WorkerPool, create_runtime_dir
+from qiip_proxy._workers import ADMIN_SOCKET, BOARD_FILE, WorkerPeer, WorkerSpec, create_runtime_dir
 from qiip_proxy.server._limits import client_connection_cap, raise_open_file_limit
 from qiip_proxy.server._server import Server, server_config
 
@@ -95,20 +95,20 @@ def main(config: Path | None, host: str | None, port: int | None) -> None:
         sock = _bind(settings.server.host, settings.server.port)
         open_files = raise_open_file_limit()
         max_clients = client_connection_cap(settings, open_files)
-        board = None
+        board = spec = None
         if workers > 1:
             runtime_dir = create_runtime_dir()
             board = InFlightBoard.create(runtime_dir / BOARD_FILE, rows=workers)
-        app = create_app(settings, board=board, handoff=handoff)
+            spec = WorkerSpec(listener=sock, runtime_dir=runtime_dir, count=workers, target=run_worker)
+        gateway = Gateway(settings, board=board, workers=spec, handoff=handoff)
+        app = create_app(gateway)
     except ConfigError as exc:
         if runtime_dir is not None:
             shutil.rmtree(runtime_dir, ignore_errors=True)
         click.echo(f"qiip-proxy: {exc.message}", err=True)
         sys.exit(2)
-    gateway: Gateway = app.state.gateway
     sockets = [sock]
     if runtime_dir is not None:
-        gateway.workers = WorkerPool(gateway, sock, runtime_dir, workers, run_worker)
         admin_sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         admin_sock.bind(str(runtime_dir / ADMIN_SOCKET))
         sockets.append(admin_sock)

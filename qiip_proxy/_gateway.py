@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 from qiip_core import NodeNotFound, QiipError
 from qiip_core.auth import AuthThrottle, TokenStore, create_token_store
@@ -34,6 +35,7 @@ from qiip_core.discovery import (
     create_registry,
     read_token_file,
 )
+from qiip_core.engines.llamacpp import LocalNodeHandoff
 from qiip_core.health import HealthChecker
 from qiip_core.journal import Journal
 from qiip_core.lifecycle import OperationRunner
@@ -56,30 +58,28 @@ from qiip_core.telemetry import TelemetrySource, TelemetryStore, create_telemetr
 from qiip_proxy._gpu_metrics import GpuCollector
 from qiip_proxy._local_nodes import LocalNodes
 from qiip_proxy._metrics import DeploymentCollector, GatewayMetrics
+from qiip_proxy._workers import WorkerPool, WorkerSpec
 
-if TYPE_CHECKING:
-    from qiip_core.engines.llamacpp import LocalNodeHandoff
-    from qiip_proxy._workers import WorkerPool
-
-__all__ = ["Gateway", "sweep_removed"]
+__all__ = ["AttachedTokens", "Gateway", "auth_throttle", "forwarder_for", "routing_table", "sweep_removed"]
 
 logger = logging.getLogger("qiip.proxy")
 
 
 class Gateway:
-    """Everything one daemon runs, wired together.
+    """Everything one daemon runs, wired together, in its primary process (a worker serves with
+    `_worker.WorkerGateway`).
 
     Args:
         settings: the validated settings.
         board: the board counting requests in flight over every serving process (`server.workers`); None:
             this process serves alone.
-        primary: True in the process that runs the fleet (it assigns the board's columns); False in a worker,
-            which takes them with the fleet (`_worker`).
+        workers: the worker processes this primary runs beside itself (`server.workers` above 1; `board` is then
+            theirs); None: none.
         handoff: the local nodes `qiip up` planned (`LocalNodes`); None for a daemon started otherwise.
 
     Raises:
-        ConfigError: a configured node is invalid, or an attached profile's (or a telemetry agent's) token file is
-            not private.
+        ConfigError: a configured node is invalid, the admin API is enabled without credentials, or an attached
+            profile's (or a telemetry agent's) token file is not private.
     """
 
     def __init__(
@@ -87,54 +87,23 @@ class Gateway:
         settings: Settings,
         *,
         board: InFlightBoard | None = None,
-        primary: bool = True,
+        workers: WorkerSpec | None = None,
         handoff: LocalNodeHandoff | None = None,
     ) -> None:
+        settings.admin.check_credentials()
         self.settings = settings
-        breaker, routing = settings.breaker, settings.routing
-        self.table = RoutingTable(
-            breaker=BreakerPolicy(
-                min_failures=breaker.failure_threshold,
-                failure_rate=breaker.failure_rate,
-                window_s=breaker.window_s,
-                open_s=breaker.open_s,
-                open_max_s=breaker.open_max_s,
-            ),
-            probe_interval_s=settings.health.interval_s,
-            affinity=PrefixAffinity(
-                policy=RoutingPolicy(routing.policy),
-                model_policy={model: RoutingPolicy(policy) for model, policy in routing.model_policy.items()},
-                max_entries=routing.prefix_cache_entries,
-                ttl_s=routing.prefix_ttl_s,
-                imbalance_requests=routing.prefix_imbalance_requests,
-                imbalance_ratio=routing.prefix_imbalance_ratio,
-            ),
-            board=board,
-            columns=ColumnMap(board.columns) if board is not None and primary else None,
-        )
+        self.table = routing_table(settings, board=board, primary=True)
         self.admission = Admission(self.table, settings.admission)
         """The per-model bound on requests in flight (`[admission]`): past it, requests are shed."""
         self.registry: Registry = create_registry(settings)
         self.profiles = {profile.name: profile for profile in settings.attached}
-        # Where each profile's token may go: its own URL, as its node carries it.
-        self._attached_urls = {profile.name: attached_node(profile).endpoint for profile in settings.attached}
-        # Bearer tokens of attached servers: sent to them only, never shown.
-        self._attached_tokens = {
-            p.name: read_token_file(p.token_file, profile=p.name) for p in settings.attached if p.token_file
-        }
-        self.forwarder = Forwarder(
-            self.table,
-            settings.upstream,
-            max_attempts=settings.routing.max_attempts,
-            retry_after_timeout=settings.routing.retry_after_timeout,
-            headers_for=self._headers_for,
-            policy=settings.routing.endpoint_policy(),
-        )
+        self.attached_tokens = AttachedTokens(settings, self.table)
+        self.forwarder = forwarder_for(settings, self.table, self.attached_tokens.headers_for)
         self.health = HealthChecker(
             self.table,
             settings.health,
             on_healthy=self._node_healthy,
-            headers_for=self._headers_for,
+            headers_for=self.attached_tokens.headers_for,
             policy=settings.routing.endpoint_policy(),
         )
         self.fleet = _Fleet(self)
@@ -152,13 +121,9 @@ class Gateway:
         self.metrics.registry.register(GpuCollector(self.telemetry))
         # Failed authentications per client address, one throttle per credential (so guessing one never locks
         # the other out): 429 past a burst.
-        self.admin_throttle = AuthThrottle(
-            burst=settings.admin.auth_failure_burst, window_s=settings.admin.auth_failure_window_s
-        )
+        self.admin_throttle = auth_throttle(settings)
         """Wrong admin credentials per client address."""
-        self.client_throttle = AuthThrottle(
-            burst=settings.admin.auth_failure_burst, window_s=settings.admin.auth_failure_window_s
-        )
+        self.client_throttle = auth_throttle(settings)
         """Wrong invoke tokens per client address."""
         self.parse_gate = asyncio.Semaphore(1)
         """Held while a large request body is measured and parsed: such bodies take the event loop one at a time
@@ -199,7 +164,7 @@ class Gateway:
             models_in_use=self._models_without_deployment,
             table=self.table,
             meter=self.demand_meter,
-            exchange=create_demand_exchange(settings, gateway_owner(settings)) if primary else None,
+            exchange=create_demand_exchange(settings, gateway_owner(settings)),
         )
         """Deployments: their records, the host pool, and the controller that keeps their replicas (`[deployments]`;
         it runs in the primary process, and with etcd in the one gateway that leads)."""
@@ -210,7 +175,7 @@ class Gateway:
         # Endless streams (admin events), ended when the server begins to shut down.
         self.on_shutdown_begun: set[Callable[[], None]] = set()
         self.shutting_down = False
-        self.workers: WorkerPool | None = None
+        self.workers = WorkerPool(self, workers) if workers is not None else None
         """The worker processes serving beside this one (`server.workers`), started with the gateway; None when
         this process serves alone."""
         self._sweep: asyncio.Task[None] | None = None
@@ -241,16 +206,9 @@ class Gateway:
         does not lend)."""
         return self.quads.host_view(node_id) if self.quads is not None else None
 
-    def _headers_for(self, node_id: str) -> dict[str, str]:
-        """The bearer token of an attached profile, for requests to that profile's node: only while the node
-        of that id is the attached one at the profile's own URL, so a token never follows a name elsewhere."""
-        token = self._attached_tokens.get(node_id)
-        if not token:
-            return {}
-        state = self.table.get(node_id)
-        if state is None or state.source != "attached" or state.node.endpoint != self._attached_urls.get(node_id):
-            return {}
-        return {"Authorization": f"Bearer {token}"}
+    def wake_controller(self) -> None:
+        """A request waits for a deployment's first replica: have the deployment controller look now."""
+        self.deployments.controller.wake()
 
     def attach(self, name: str) -> Node:
         """Attach the approved profile `name` as a node (re-reading its token file).
@@ -263,7 +221,7 @@ class Gateway:
         if profile is None:
             raise NodeNotFound(name)
         if profile.token_file is not None:
-            self._attached_tokens[name] = read_token_file(profile.token_file, profile=name)
+            self.attached_tokens.reload(name, profile.token_file)
         node = attached_node(profile)
         logger.info("attached %s: %s serving %r", name, node.endpoint, node.model)
         self.table.apply_put(node, source="attached")
@@ -362,6 +320,90 @@ class Gateway:
         await self.tokens.aclose()
         await self.forwarder.aclose()
         logger.info("gateway stopped")
+
+
+def routing_table(settings: Settings, *, board: InFlightBoard | None, primary: bool) -> RoutingTable:
+    """A serving process's routing table for `settings`: its breakers (`[breaker]`), prefix affinity (`[routing]`)
+    and, with workers, the shared board (`board`; the primary assigns its columns)."""
+    breaker, routing = settings.breaker, settings.routing
+    return RoutingTable(
+        breaker=BreakerPolicy(
+            min_failures=breaker.failure_threshold,
+            failure_rate=breaker.failure_rate,
+            window_s=breaker.window_s,
+            open_s=breaker.open_s,
+            open_max_s=breaker.open_max_s,
+        ),
+        probe_interval_s=settings.health.interval_s,
+        affinity=PrefixAffinity(
+            policy=RoutingPolicy(routing.policy),
+            model_policy={model: RoutingPolicy(policy) for model, policy in routing.model_policy.items()},
+            max_entries=routing.prefix_cache_entries,
+            ttl_s=routing.prefix_ttl_s,
+            imbalance_requests=routing.prefix_imbalance_requests,
+            imbalance_ratio=routing.prefix_imbalance_ratio,
+        ),
+        board=board,
+        columns=ColumnMap(board.columns) if board is not None and primary else None,
+    )
+
+
+def forwarder_for(settings: Settings, table: RoutingTable, headers_for: Callable[[str], dict[str, str]]) -> Forwarder:
+    """A serving process's forwarder over `table` (`[upstream]`, `[routing]`), sending `headers_for(node_id)` with
+    each attempt (`AttachedTokens.headers_for`)."""
+    return Forwarder(
+        table,
+        settings.upstream,
+        max_attempts=settings.routing.max_attempts,
+        retry_after_timeout=settings.routing.retry_after_timeout,
+        headers_for=headers_for,
+        policy=settings.routing.endpoint_policy(),
+    )
+
+
+def auth_throttle(settings: Settings) -> AuthThrottle:
+    """A throttle of failed authentications per client address (`admin.auth_failure_burst` within
+    `admin.auth_failure_window_s`): 429 past the burst."""
+    return AuthThrottle(burst=settings.admin.auth_failure_burst, window_s=settings.admin.auth_failure_window_s)
+
+
+class AttachedTokens:
+    """The bearer tokens of attached servers (`[[attached]]` with `token_file`): sent to them only, never shown.
+
+    Args:
+        settings: the attached profiles.
+        table: the routing table, where an attached node is told from another of its id.
+
+    Raises:
+        ConfigError: a token file is not a private regular file.
+    """
+
+    def __init__(self, settings: Settings, table: RoutingTable) -> None:
+        self._table = table
+        # Where each profile's token may go: its own URL, as its node carries it.
+        self._urls = {profile.name: attached_node(profile).endpoint for profile in settings.attached}
+        self._tokens = {
+            p.name: read_token_file(p.token_file, profile=p.name) for p in settings.attached if p.token_file
+        }
+
+    def reload(self, name: str, token_file: Path) -> None:
+        """Read the profile `name`'s token file again.
+
+        Raises:
+            ConfigError: it is not a private regular file.
+        """
+        self._tokens[name] = read_token_file(token_file, profile=name)
+
+    def headers_for(self, node_id: str) -> dict[str, str]:
+        """The bearer token of an attached profile, for requests to that profile's node: only while the node
+        of that id is the attached one at the profile's own URL, so a token never follows a name elsewhere."""
+        token = self._tokens.get(node_id)
+        if not token:
+            return {}
+        state = self._table.get(node_id)
+        if state is None or state.source != "attached" or state.node.endpoint != self._urls.get(node_id):
+            return {}
+        return {"Authorization": f"Bearer {token}"}
 
 
 async def sweep_removed(table: RoutingTable, interval_s: float = 0.5) -> None:

@@ -54,14 +54,14 @@ from qiip_proxy._relay import SHUTDOWN_EVENT, end_stream, relay
 from qiip_proxy._scope import request_id_for
 
 if TYPE_CHECKING:
-    from qiip_proxy._gateway import Gateway
+    from qiip_proxy._types import ServingGateway
 
 __all__ = ["ProxyRoutes", "serve_inference", "wait_for_replica"]
 
 logger = logging.getLogger("qiip.proxy")
 
 
-async def wait_for_replica(gateway: Gateway, model: str, expected: ExpectedModel) -> None:
+async def wait_for_replica(gateway: ServingGateway, model: str, expected: ExpectedModel) -> None:
     """Hold a request for `model` until a node serving it is routable, for at most `expected.wait_s` seconds, with
     at most `expected.queue` requests waiting in this process; it counts as queued meanwhile (`DemandMeter`), and
     the controller is woken to start a replica.
@@ -73,7 +73,7 @@ async def wait_for_replica(gateway: Gateway, model: str, expected: ExpectedModel
     if meter.queued(model) >= expected.queue:
         raise _not_started(model, expected, f"{expected.queue} request(s) already wait for it")
     with meter.waiting(model):
-        gateway.deployments.controller.wake()
+        gateway.wake_controller()
         if await gateway.table.wait_routable(model, expected.wait_s):
             return
     raise _not_started(model, expected, f"no replica became ready within {expected.wait_s:g} s")
@@ -93,7 +93,7 @@ class ProxyRoutes:
         gateway: the gateway it serves.
     """
 
-    def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
+    def __init__(self, app: ASGIApp, gateway: ServingGateway) -> None:
         self.app = app
         self.gateway = gateway
 
@@ -116,7 +116,7 @@ class ProxyRoutes:
         await self.app(scope, receive, send_with_id)
 
 
-async def serve_inference(gateway: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
+async def serve_inference(gateway: ServingGateway, scope: Scope, receive: Receive, send: Send) -> None:
     """Serve one inference request (`scope["path"]` is one of `PROXY_PATHS`) completely.
 
     Args:
@@ -139,7 +139,7 @@ class _InferenceRequest:
 
     __slots__ = ("_disconnected", "_ended", "_stopped", "_task", "gateway", "outcome", "request_id", "token")
 
-    def __init__(self, gateway: Gateway, request_id: str, outcome: Outcome) -> None:
+    def __init__(self, gateway: ServingGateway, request_id: str, outcome: Outcome) -> None:
         self.gateway = gateway
         self.request_id = request_id
         self.outcome = outcome

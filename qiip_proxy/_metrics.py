@@ -18,7 +18,6 @@ https://platform.openai.com/docs/api-reference/chat/object#chat/object-usage), w
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import re
@@ -26,7 +25,7 @@ import statistics
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -40,6 +39,7 @@ from qiip_core.routing import AffinityResult, RoutingTable
 __all__ = [
     "UPSTREAM_ERROR_KINDS",
     "Accounted",
+    "CounterKey",
     "GatewayMetrics",
     "Outcome",
     "Usage",
@@ -76,8 +76,18 @@ chunk but the last, nor the string "usage" as a value)."""
 
 _DECODER = json.JSONDecoder()
 
-_SEP = "\x1f"
-"""Between the parts of a `GatewayMetrics.counted` key: the counter, then its labels."""
+ShedKey = tuple[Literal["shed"], str, str]
+"""A `GatewayMetrics.counted` key of `qiip_requests_shed_total`: `("shed", model, reason)`."""
+
+AuthFailuresKey = tuple[Literal["auth_failures"], str]
+"""A `GatewayMetrics.counted` key of `qiip_auth_failures_total`: `("auth_failures", api)`."""
+
+AffinityKey = tuple[Literal["affinity"], str, AffinityResult]
+"""A `GatewayMetrics.counted` key of `qiip_prefix_affinity_total`: `("affinity", model, result)`."""
+
+CounterKey = ShedKey | AuthFailuresKey | AffinityKey
+"""One counter a worker keeps besides its requests (`GatewayMetrics.counted`): the counter's name, then its label
+values in the counter's order."""
 
 
 class Usage(NamedTuple):
@@ -194,7 +204,7 @@ class Outcome:
 
 class Accounted(NamedTuple):
     """One finished client request as the metrics record it (`GatewayMetrics.record`): an `Outcome` reduced to
-    plain values, which a worker process (`server.workers`) sends to the primary as a JSON array."""
+    plain values, which a worker process (`server.workers`) sends to the primary (`_control.Report`)."""
 
     model: str
     """The requested model ("" when unknown)."""
@@ -208,7 +218,7 @@ class Accounted(NamedTuple):
     """Time to the last byte, in seconds."""
     first_token_s: float | None
     """Seconds to the first `data:` event of a stream, else None."""
-    failures: Sequence[tuple[str, str]]
+    failures: tuple[tuple[str, str], ...]
     """The failed attempts, oldest first: the node id ("" when none was reached) and `upstream_error_kind`."""
     relay_kind: str | None
     """`upstream_error_kind` of the error that broke the committed answer, else None."""
@@ -483,53 +493,30 @@ class GatewayMetrics:
                     recent = self._recent_ttft_s[node] = deque(maxlen=TTFT_WINDOW)
                 recent.append(ttft_s)
 
-    def record_json(self, item: Sequence[Any]) -> None:
-        """Record a request a worker summarized (`Accounted` as a JSON array).
-
-        Raises:
-            ValueError, TypeError: `item` is not an `Accounted` array.
-        """
-        model, node, status, error_code, duration_s, ttft_s, failures, relay_kind, usage = item
-        self.record(
-            Accounted(
-                str(model),
-                str(node),
-                int(status),
-                error_code,
-                float(duration_s),
-                None if ttft_s is None else float(ttft_s),
-                [(str(n), str(kind)) for n, kind in failures],
-                relay_kind,
-                None if usage is None else (int(usage[0]), int(usage[1])),
-            )
-        )
-
-    def counted(self) -> dict[str, float]:
-        """The counters a worker keeps besides its requests, by key (`add_counted`): shed requests, failed
-        authentications, prefix-affinity results; each the total since the process started."""
-        found: dict[str, float] = {}
+    def counted(self) -> dict[CounterKey, float]:
+        """The counters a worker keeps besides its requests (`add_counted`): shed requests, failed authentications,
+        prefix-affinity results; each the total since the process started, by `CounterKey`."""
+        found: dict[CounterKey, float] = {}
         for labels, value in _totals(self.shed):
-            found[_SEP.join(("shed", labels["model"], labels["reason"]))] = value
+            found["shed", labels["model"], labels["reason"]] = value
         for labels, value in _totals(self.auth_failures):
-            found[_SEP.join(("auth_failures", labels["api"]))] = value
+            found["auth_failures", labels["api"]] = value
         affinity = self._table.affinity
         if affinity is not None:
             for (model, result), count in list(affinity.results.items()):
-                found[_SEP.join(("affinity", model, result.value))] = count
+                found["affinity", model, result] = count
         return found
 
-    def add_counted(self, key: str, amount: float) -> None:
-        """Add a worker's growth of one of its counters (a key of `counted`); an unknown key is ignored."""
-        kind, *labels = key.split(_SEP)
-        if kind == "shed" and len(labels) == 2:
-            self.shed.labels(*labels).inc(amount)
-        elif kind == "auth_failures" and len(labels) == 1:
-            self.auth_failures.labels(*labels).inc(amount)
-        elif kind == "affinity" and len(labels) == 2 and self._table.affinity is not None:
-            with contextlib.suppress(ValueError):
-                result_key = (labels[0], AffinityResult(labels[1]))
+    def add_counted(self, key: CounterKey, amount: float) -> None:
+        """Add a worker's growth of one of its counters (a key of `counted`)."""
+        match key:
+            case ("shed", model, reason):
+                self.shed.labels(model, reason).inc(amount)
+            case ("auth_failures", api):
+                self.auth_failures.labels(api).inc(amount)
+            case ("affinity", model, result) if self._table.affinity is not None:
                 results = self._table.affinity.results
-                results[result_key] = results.get(result_key, 0) + int(amount)
+                results[model, result] = results.get((model, result), 0) + int(amount)
 
     def _account_failures(self, model: str, node: str, failures: Sequence[tuple[str, str]]) -> None:
         # When no node answered, the last failure was not retried.

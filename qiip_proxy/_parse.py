@@ -30,7 +30,7 @@ from qiip_proxy._scope import header, logged_path, peer_of
 from qiip_proxy.layers._auth_gate import too_many_failures
 
 if TYPE_CHECKING:
-    from qiip_proxy._gateway import Gateway
+    from qiip_proxy._types import ServingGateway
 
 __all__ = [
     "CLIENT_CLOSED_REQUEST",
@@ -63,7 +63,7 @@ _FORWARDED_HEADERS = frozenset({b"accept", b"traceparent", b"tracestate"})
 
 
 async def parse_request(
-    gateway: Gateway, scope: Scope, receive: Receive, request_id: str
+    gateway: ServingGateway, scope: Scope, receive: Receive, request_id: str
 ) -> tuple[UpstreamRequest, InvokeToken | None]:
     """Read, check and authenticate one inference request.
 
@@ -94,7 +94,7 @@ async def parse_request(
     return request, token
 
 
-def check_invoke_token(gateway: Gateway, scope: Scope) -> str | None:
+def check_invoke_token(gateway: ServingGateway, scope: Scope) -> str | None:
     """The client API's token check, from the headers alone, for every route of the client API: a peer past its
     failures is refused, and every token presented and refused is throttled (`Gateway.client_throttle`, apart
     from the admin API's), counted (`qiip_auth_failures_total{api="client"}`) and logged; a request without any

@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import shutil
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import httpx
 from fastapi import FastAPI
@@ -32,21 +30,34 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from qiip_core import QiipError
 from qiip_core._errors import safe_text
 from qiip_core._logging import configure_logging
+from qiip_core.auth import TokenStore, create_token_store
 from qiip_core.config import Settings
-from qiip_core.nodes import Node
-from qiip_core.routing import DEFAULT_COLUMNS, ExpectedModel, InFlightBoard
+from qiip_core.deployments import DemandMeter
+from qiip_core.routing import DEFAULT_COLUMNS, Admission, InFlightBoard, RoutingTable
 from qiip_core.upstream import HOP_BY_HOP_HEADERS
 from qiip_proxy._app import add_error_handlers, wrap_serving
+from qiip_proxy._control import (
+    ControlError,
+    Expected,
+    Hello,
+    NodeDelete,
+    NodePut,
+    Ready,
+    Report,
+    Shared,
+    TokensChanged,
+    decode,
+    encode,
+)
 from qiip_proxy._errors import RequestRefused, body_too_large, error_response
-from qiip_proxy._gateway import Gateway, sweep_removed
-from qiip_proxy._metrics import Accounted, GatewayMetrics
+from qiip_proxy._gateway import AttachedTokens, auth_throttle, forwarder_for, routing_table, sweep_removed
+from qiip_proxy._metrics import Accounted, CounterKey, GatewayMetrics
 from qiip_proxy._scope import header, logged_path
 from qiip_proxy._workers import (
     ADMIN_SOCKET,
     BOARD_FILE,
     CONTROL_SOCKET,
     PEER_HEADER,
-    SHARED,
     keep_shared,
     learn_shared,
     take_shared,
@@ -56,7 +67,15 @@ from qiip_proxy.routes._client_api import router as client_router
 from qiip_proxy.server._limits import client_connection_cap, raise_open_file_limit
 from qiip_proxy.server._server import Server, server_config
 
-__all__ = ["FLUSH_S", "HEARTBEAT_S", "PRIMARY_TIMEOUT_S", "READY_TIMEOUT_S", "WorkerMetrics", "run_worker"]
+__all__ = [
+    "FLUSH_S",
+    "HEARTBEAT_S",
+    "PRIMARY_TIMEOUT_S",
+    "READY_TIMEOUT_S",
+    "WorkerGateway",
+    "WorkerMetrics",
+    "run_worker",
+]
 
 logger = logging.getLogger("qiip.proxy")
 
@@ -103,9 +122,7 @@ def run_worker(settings: Settings, listener: socket.socket, runtime_dir: Path, r
     """
     configure_logging(level=settings.logging.level, format=settings.logging.format)
     board = InFlightBoard(runtime_dir / BOARD_FILE, rows=workers, columns=DEFAULT_COLUMNS, row=row)
-    # The primary runs the local nodes (and holds the state directory's lock for them).
-    gateway = Gateway(settings.model_copy(update={"local_nodes": []}), board=board, primary=False)
-    gateway.metrics = WorkerMetrics(gateway.table)
+    gateway = WorkerGateway(settings, board=board)
     keep_shared(gateway)
     runtime = _WorkerRuntime(gateway, runtime_dir, row)
     max_clients = client_connection_cap(settings, raise_open_file_limit())
@@ -118,11 +135,71 @@ def run_worker(settings: Settings, listener: socket.socket, runtime_dir: Path, r
         board.close()
 
 
-class WorkerMetrics(GatewayMetrics):
-    """A worker's metrics: each finished request is kept for the primary (`take`), not recorded here."""
+class WorkerGateway:
+    """What a worker serves the client API with: the request path's parts alone (`_types.ServingGateway`), 13
+    attributes where the primary's `Gateway` holds the whole fleet runtime in 33 (registry, health checks, local
+    nodes, provisioning, deployments, catalog, QUADS, telemetry, the journal), none of which runs in a worker.
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    Args:
+        settings: the primary's settings.
+        board: the board counting requests in flight over every serving process, at this worker's row (the
+            primary assigns the columns; they come with the fleet).
+
+    Raises:
+        ConfigError: an attached profile's token file is not private.
+    """
+
+    def __init__(self, settings: Settings, *, board: InFlightBoard) -> None:
+        self.settings = settings
+        self.table = routing_table(settings, board=board, primary=False)
+        self.admission = Admission(self.table, settings.admission)
+        """The per-model bound on requests in flight (`[admission]`), over every process (the board)."""
+        self.attached_tokens = AttachedTokens(settings, self.table)
+        self.forwarder = forwarder_for(settings, self.table, self.attached_tokens.headers_for)
+        self.demand_meter = DemandMeter()
+        """This worker's requests waiting for a first replica, which it reports to the primary."""
+        self.metrics = WorkerMetrics(self.table)
+        """Its finished requests and counters, kept for the primary (`_control.Report`)."""
+        self.tokens: TokenStore = create_token_store(settings)
+        self.admin_throttle = auth_throttle(settings)
+        """Wrong admin credentials per client address, learned from the primary (which checks them)."""
+        self.client_throttle = auth_throttle(settings)
+        """Wrong invoke tokens per client address."""
+        self.parse_gate = asyncio.Semaphore(1)
+        """Held while a large request body is measured and parsed (`_parse.read_request`)."""
+        # Streams running on each invoke token, ended at once when the token is revoked or expires.
+        self.streams_by_token: dict[str, set[Callable[[], None]]] = {}
+        self.shutting_down = False
+
+    @property
+    def tokens_required(self) -> bool:
+        """True when clients must present an invoke token (`auth.client_tokens = "required"`)."""
+        return self.settings.auth.client_tokens == "required"
+
+    def wake_controller(self) -> None:
+        """Nothing here: the deployment controller runs in the primary, which this worker's next report wakes (its
+        waiting requests, `Report.queued`)."""
+
+    def begin_shutdown(self) -> None:
+        """The server stopped accepting connections: requests that wait for a node end now."""
+        self.shutting_down = True
+
+    def token_revoked(self, token_id: str) -> None:
+        """End every stream running on the invoke token `token_id` (the token store calls this)."""
+        for end in list(self.streams_by_token.pop(token_id, ())):
+            end()
+
+
+class WorkerMetrics(GatewayMetrics):
+    """A worker's metrics: each finished request is kept for the primary (`take`), not recorded here.
+
+    Args:
+        table: the worker's routing table.
+        on_finished: as `GatewayMetrics`'s (called by the primary, which records the requests).
+    """
+
+    def __init__(self, table: RoutingTable, *, on_finished: Callable[[str, float | None], None] | None = None) -> None:
+        super().__init__(table, on_finished=on_finished)
         self.finished: list[Accounted] = []
 
     def record(self, accounted: Accounted) -> None:
@@ -137,7 +214,7 @@ class WorkerMetrics(GatewayMetrics):
 class _WorkerRuntime:
     """The worker's app and what runs beside it: the fleet from the primary, the metrics to it."""
 
-    def __init__(self, gateway: Gateway, runtime_dir: Path, row: int) -> None:
+    def __init__(self, gateway: WorkerGateway, runtime_dir: Path, row: int) -> None:
         self.gateway = gateway
         self.row = row
         self.runtime_dir = runtime_dir
@@ -152,7 +229,7 @@ class _WorkerRuntime:
         self._ready = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._writer: asyncio.StreamWriter | None = None
-        self._sent_counters: dict[str, float] = {}
+        self._sent_counters: dict[CounterKey, float] = {}
         self._sent_queued: dict[str, int] = {}
         self._sent_at = 0.0
         self._refreshes: set[asyncio.Task[None]] = set()
@@ -179,9 +256,9 @@ class _WorkerRuntime:
             RuntimeError: the primary's fleet did not arrive within `READY_TIMEOUT_S`.
         """
         gateway = self.gateway
-        await gateway.tokens.start(gateway._token_revoked)
+        await gateway.tokens.start(gateway.token_revoked)
         reader, self._writer = await asyncio.open_unix_connection(str(self.control_path), limit=16 * 1024 * 1024)
-        self._writer.write(json.dumps({"hello": self.row}).encode() + b"\n")
+        self._writer.write(encode(Hello(row=self.row)))
         self._tasks = [
             asyncio.create_task(self._follow(reader), name="qiip-worker-fleet"),
             asyncio.create_task(self._flush_every(), name="qiip-worker-flush"),
@@ -212,29 +289,28 @@ class _WorkerRuntime:
         table = self.gateway.table
         try:
             while line := await reader.readline():
-                message = json.loads(line)
-                if "put" in message:
-                    node = Node.model_validate(message["put"])
-                    table.apply_put(node, source=message["source"])
-                    table.set_column(node.id, message["column"])
-                    state = table.get(node.id)
-                    if state is not None:
-                        slots = message["slots"]
-                        state.slots = (int(slots[0]), int(slots[1])) if slots else None
-                elif any(kind in message for kind in SHARED):
-                    learn_shared(self.gateway, message)
-                elif "delete" in message:
-                    table.apply_delete(message["delete"])
-                elif "expected" in message:
-                    table.expected = {
-                        str(model): ExpectedModel(**expected) for model, expected in message["expected"].items()
-                    }
-                elif message.get("tokens"):
-                    self._refreshes.add(task := asyncio.create_task(self._refresh_tokens()))
-                    task.add_done_callback(self._refreshes.discard)
-                elif message.get("ready"):
-                    self._ready.set()
+                match decode(line):
+                    case NodePut(node=node, source=source, column=column, slots=slots):
+                        table.apply_put(node, source=source)
+                        table.set_column(node.id, column)
+                        state = table.get(node.id)
+                        if state is not None:
+                            state.slots = slots
+                    case Shared() as shared:
+                        learn_shared(self.gateway, shared)
+                    case NodeDelete(node_id=node_id):
+                        table.apply_delete(node_id)
+                    case Expected(models=models):
+                        table.expected = dict(models)
+                    case TokensChanged():
+                        self._refreshes.add(task := asyncio.create_task(self._refresh_tokens()))
+                        task.add_done_callback(self._refreshes.discard)
+                    case Ready():
+                        self._ready.set()
+                    case other:
+                        raise ControlError(f"the primary sent {other.kind!r}, which only a worker sends")
         except (ConnectionError, ValueError) as exc:
+            # ValueError: a ControlError, or a line longer than the stream's limit.
             logger.error("worker %d: the control channel failed: %s", self.row, exc)
         logger.warning("worker %d: the primary process is gone; shutting down", self.row)
         # A dead parent's children are handed to another process just after its files close: wait for that.
@@ -259,25 +335,29 @@ class _WorkerRuntime:
             self._flush()
 
     def _flush(self) -> None:
+        """Send the primary a `Report` of what changed since the last one; with nothing new, an empty one (the
+        heartbeat: this worker's loop still runs) once `HEARTBEAT_S` has passed."""
         metrics = self.gateway.metrics
-        assert isinstance(metrics, WorkerMetrics)
-        message: dict[str, Any] = {}
         finished = metrics.take()
-        if finished:
-            message["requests"] = finished
-        message.update(take_shared(self.gateway))
+        shared = take_shared(self.gateway)
         counters = metrics.counted()
-        if counters != self._sent_counters:
-            message["counters"] = self._sent_counters = counters
+        if counters == self._sent_counters:
+            changed = None
+        else:
+            self._sent_counters = counters
+            changed = tuple(counters.items())
         queued = self.gateway.demand_meter.local_queued()
-        if queued != self._sent_queued:
-            message["queued"] = self._sent_queued = queued
+        if queued == self._sent_queued:
+            queued_changed = None
+        else:
+            queued_changed = self._sent_queued = queued
         now = time.monotonic()
-        if not message and now - self._sent_at < HEARTBEAT_S:
+        empty = not finished and shared is None and changed is None and queued_changed is None
+        if empty and now - self._sent_at < HEARTBEAT_S:
             return
         if self._writer is not None and not self._writer.is_closing():
-            # An empty message is the heartbeat: this worker's loop still runs.
-            self._writer.write(json.dumps(message).encode() + b"\n")
+            report = Report(requests=tuple(finished), counters=changed, queued=queued_changed, shared=shared)
+            self._writer.write(encode(report))
             self._sent_at = now
 
 

@@ -10,8 +10,8 @@ What ties them together, in a private runtime directory (mode 0700, under `/dev/
   which least-connections, concurrency caps, admission and drains read.
 - `control.sock`: the primary's control channel. Each worker connects once it starts and reads the fleet: every
   node the primary's routing table holds, with its effective status, its slots and its board column, and the models
-  expected from nodes still starting (`RoutingTable.expected`), then each change as it happens (newline-delimited
-  JSON). Each worker writes back, every 100 ms, the requests it
+  expected from nodes still starting (`RoutingTable.expected`), then each change as it happens (the typed records of
+  `_control`, one JSON line each). Each worker writes back, every 100 ms, the requests it
   finished (`_metrics.Accounted`) and its counters, which the primary's metrics add up (`/metrics` and
   `/admin/metrics` are the primary's, so they count every worker's requests), and the prefixes it routed, which
   the primary learns and passes on to the other workers with its own: prefix affinity's map is the same in
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import multiprocessing
 import os
@@ -39,21 +38,35 @@ import socket
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from qiip_core.routing import InFlightBoard, TableChange
+from qiip_proxy._control import (
+    ControlError,
+    Expected,
+    Hello,
+    NodeDelete,
+    NodePut,
+    Ready,
+    Report,
+    Shared,
+    TokensChanged,
+    decode,
+    encode,
+)
+from qiip_proxy._metrics import Accounted
 
 if TYPE_CHECKING:
     from qiip_core.auth import AuthThrottle
     from qiip_core.config import Settings
-    from qiip_core.deployments import DemandMeter, DeploymentService
+    from qiip_core.deployments import DemandMeter
     from qiip_core.routing import RoutingTable
-    from qiip_proxy._metrics import GatewayMetrics
+    from qiip_proxy._metrics import CounterKey, GatewayMetrics
 
 __all__ = [
     "ADMIN_SOCKET",
@@ -61,9 +74,10 @@ __all__ = [
     "CONTROL_SOCKET",
     "PEER_HEADER",
     "PoolGateway",
+    "SharingGateway",
     "WorkerPeer",
     "WorkerPool",
-    "SHARED",
+    "WorkerSpec",
     "create_runtime_dir",
     "keep_shared",
     "learn_shared",
@@ -71,19 +85,12 @@ __all__ = [
 ]
 
 
-class PoolGateway(Protocol):
-    """What the worker pool and the shared-state exchange use of a gateway (`qiip_proxy._gateway.Gateway` is one):
-    its settings, routing table, metrics, authentication throttles, demand meter and deployments (whose controller
-    a request waiting for a first replica wakes)."""
-
-    @property
-    def settings(self) -> Settings: ...
+class SharingGateway(Protocol):
+    """What the shared-state exchange (`keep_shared`, `take_shared`, `learn_shared`) uses of a serving process's
+    gateway: its routing table (prefix affinity's map) and its authentication throttles."""
 
     @property
     def table(self) -> RoutingTable: ...
-
-    @property
-    def metrics(self) -> GatewayMetrics: ...
 
     @property
     def admin_throttle(self) -> AuthThrottle: ...
@@ -91,11 +98,23 @@ class PoolGateway(Protocol):
     @property
     def client_throttle(self) -> AuthThrottle: ...
 
+
+class PoolGateway(SharingGateway, Protocol):
+    """What the worker pool uses of the primary's gateway (`qiip_proxy._gateway.Gateway` is one): its settings,
+    metrics, demand meter and the deployment controller (which a request waiting for a first replica wakes), besides
+    what the shared-state exchange uses."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def metrics(self) -> GatewayMetrics: ...
+
     @property
     def demand_meter(self) -> DemandMeter: ...
 
-    @property
-    def deployments(self) -> DeploymentService: ...
+    def wake_controller(self) -> None:
+        """Have the deployment controller look now (a request waits for a first replica)."""
 
 
 logger = logging.getLogger("qiip.proxy")
@@ -113,12 +132,7 @@ FLEET_RESEND_S = 1.0
 change); a table change is sent at once."""
 
 SHARE_S = 0.1
-"""How often what one process learned reaches the others (`SHARED`)."""
-
-SHARED = ("prefixes", "admin_auth_failed", "client_auth_failed")
-"""What every serving process learns from the others, by message key: the prefixes each routed (prefix
-affinity's map) and the client addresses whose credentials were refused there (the admin API's throttle, the
-invoke tokens' throttle)."""
+"""How often what one process learned reaches the others (`take_shared`)."""
 
 _RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 """Waits before starting again a worker that exited soon after its start, one step more at each such exit."""
@@ -149,7 +163,7 @@ def create_runtime_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="qiip-proxy-", dir=base))
 
 
-def keep_shared(gateway: PoolGateway) -> None:
+def keep_shared(gateway: SharingGateway) -> None:
     """Start keeping, in this process, what the others must learn (`take_shared`)."""
     if gateway.table.affinity is not None:
         gateway.table.affinity.recorded = []
@@ -157,32 +171,48 @@ def keep_shared(gateway: PoolGateway) -> None:
     gateway.client_throttle.recorded = []
 
 
-def take_shared(gateway: PoolGateway) -> dict[str, list[Any]]:
-    """What this process learned since the last call that the others must learn too, by `SHARED` key (a key
-    with nothing new is left out)."""
+def take_shared(gateway: SharingGateway) -> Shared | None:
+    """What this process learned since the last call that the others must learn too: the prefixes it routed
+    (prefix affinity's map) and the client addresses whose credentials it refused (the admin API's throttle, the
+    invoke tokens' throttle); None when nothing is new."""
     affinity = gateway.table.affinity
-    taken: dict[str, list[Any]] = {
-        "prefixes": affinity.take_recorded() if affinity is not None else [],
-        "admin_auth_failed": gateway.admin_throttle.take_recorded(),
-        "client_auth_failed": gateway.client_throttle.take_recorded(),
-    }
-    return {kind: items for kind, items in taken.items() if items}
+    shared = Shared(
+        prefixes=tuple(affinity.take_recorded()) if affinity is not None else (),
+        admin_auth_failed=tuple(gateway.admin_throttle.take_recorded()),
+        client_auth_failed=tuple(gateway.client_throttle.take_recorded()),
+    )
+    return shared if shared else None
 
 
-def learn_shared(gateway: PoolGateway, message: dict[str, Any]) -> None:
-    """Learn what another process passed on (`take_shared`'s keys in `message`), without keeping it to pass on.
-
-    Raises:
-        ValueError, TypeError: an item is not of its key's shape.
-    """
+def learn_shared(gateway: SharingGateway, shared: Shared) -> None:
+    """Learn what another process passed on (`take_shared`), without keeping it to pass on."""
     affinity = gateway.table.affinity
     if affinity is not None:
-        for node_id, hashes in message.get("prefixes", ()):
-            affinity.learn(str(node_id), [int(h) for h in hashes])
-    for peer in message.get("admin_auth_failed", ()):
-        gateway.admin_throttle.learn(str(peer))
-    for peer in message.get("client_auth_failed", ()):
-        gateway.client_throttle.learn(str(peer))
+        for node_id, hashes in shared.prefixes:
+            affinity.learn(node_id, hashes)
+    for peer in shared.admin_auth_failed:
+        gateway.admin_throttle.learn(peer)
+    for peer in shared.client_auth_failed:
+        gateway.client_throttle.learn(peer)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    """The worker processes a primary runs beside itself (`server.workers` above 1), as its gateway is given them.
+
+    Attributes:
+        listener: the bound listening socket the workers share.
+        runtime_dir: the private directory of the board and the sockets (`create_runtime_dir`); removed when the
+            pool closes.
+        count: serving processes in all, the primary included (2 or more).
+        target: the worker processes' entry point, called with the settings, the socket, the runtime directory,
+            the row and `count` (`qiip_proxy._worker.run_worker`).
+    """
+
+    listener: socket.socket
+    runtime_dir: Path
+    count: int
+    target: Callable[..., None]
 
 
 class WorkerPeer:
@@ -220,42 +250,32 @@ class _Worker:
         """When it last wrote on its control channel (or was started), in `time.monotonic()` seconds."""
         self.greeted = False
         self.writer: asyncio.StreamWriter | None = None
-        self.counters: dict[str, float] = {}
-        self.pending: dict[str, list[Any]] = {}
-        """What the other processes learned, by `SHARED` key, not yet sent to this worker."""
+        self.counters: dict[CounterKey, float] = {}
+        """Its counters' totals as it last reported them (`GatewayMetrics.counted`)."""
+        self.pending: list[Shared] = []
+        """What the other processes learned, not yet sent to this worker."""
 
 
 class WorkerPool:
     """The primary's workers: started with the gateway, kept running, stopped with it.
 
     Args:
-        gateway: the primary's gateway (its table counts on the board at `runtime_dir / BOARD_FILE`).
-        listener: the bound listening socket the workers share.
-        runtime_dir: the private directory of the board and the sockets (`create_runtime_dir`); removed by
-            `aclose`.
-        workers: serving processes in all, the primary included (2 or more).
-        target: the worker processes' entry point, called with the settings, the socket, the runtime
-            directory, the row and `workers` (`qiip_proxy._worker.run_worker`).
+        gateway: the primary's gateway (its table counts on the board at `spec.runtime_dir / BOARD_FILE`).
+        spec: the listening socket, the runtime directory (removed by `aclose`), the process count and the
+            workers' entry point.
     """
 
-    def __init__(
-        self,
-        gateway: PoolGateway,
-        listener: socket.socket,
-        runtime_dir: Path,
-        workers: int,
-        target: Callable[..., None],
-    ) -> None:
+    def __init__(self, gateway: PoolGateway, spec: WorkerSpec) -> None:
         self.gateway = gateway
-        self.listener = listener
-        self.runtime_dir = runtime_dir
-        self.count = workers
-        self._target = target
-        self._workers = [_Worker(row) for row in range(1, workers)]
+        self.listener = spec.listener
+        self.runtime_dir = spec.runtime_dir
+        self.count = spec.count
+        self._target = spec.target
+        self._workers = [_Worker(row) for row in range(1, spec.count)]
         self._server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._sent: dict[str, dict[str, Any]] = {}
-        self._sent_expected: dict[str, Any] = {}
+        self._sent: dict[str, NodePut] = {}
+        self._sent_expected: Expected | None = None
         self._changed = asyncio.Event()
         self._remove_listener: Callable[[], None] | None = None
         self._stopping = False
@@ -310,7 +330,7 @@ class WorkerPool:
         token works (or stops working, its streams ended) there too without waiting for the store's poll."""
         for worker in self._workers:
             if worker.writer is not None and not worker.writer.is_closing():
-                worker.writer.write(b'{"tokens": true}\n')
+                worker.writer.write(encode(TokensChanged()))
 
     def begin_shutdown(self) -> None:
         """The primary stopped accepting connections: stop the workers' accepting too (SIGTERM: each finishes
@@ -382,20 +402,15 @@ class WorkerPool:
     def _table_changed(self, change: TableChange) -> None:
         self._changed.set()
 
-    def _expected(self) -> dict[str, Any]:
+    def _expected(self) -> Expected:
         """The fleet message of the models expected from nodes still starting (`RoutingTable.expected`)."""
-        return {"expected": {model: asdict(e) for model, e in self.gateway.table.expected.items()}}
+        return Expected(models=dict(self.gateway.table.expected))
 
-    def _records(self) -> dict[str, dict[str, Any]]:
+    def _records(self) -> dict[str, NodePut]:
         """The fleet message of every node for the workers: the registration with its effective status, where it
-        came from, its board column and its slots (about 2 µs a node to build)."""
+        came from, its board column and its slots."""
         return {
-            state.id: {
-                "put": state.effective_node().model_dump(mode="json"),
-                "source": state.source,
-                "column": state.column,
-                "slots": list(state.slots) if state.slots is not None else None,
-            }
+            state.id: NodePut(node=state.effective_node(), source=state.source, column=state.column, slots=state.slots)
             for state in self.gateway.table
         }
 
@@ -407,15 +422,15 @@ class WorkerPool:
                 await asyncio.wait_for(self._changed.wait(), FLEET_RESEND_S)
             self._changed.clear()
             records = self._records()
-            lines = [json.dumps(r) for node_id, r in records.items() if self._sent.get(node_id) != r]
-            lines += [json.dumps({"delete": node_id}) for node_id in self._sent.keys() - records.keys()]
+            lines = [encode(r) for node_id, r in records.items() if self._sent.get(node_id) != r]
+            lines += [encode(NodeDelete(node_id=node_id)) for node_id in self._sent.keys() - records.keys()]
             self._sent = records
             expected = self._expected()
             if expected != self._sent_expected:
-                lines.append(json.dumps(expected))
+                lines.append(encode(expected))
                 self._sent_expected = expected
             if lines:
-                data = ("\n".join(lines) + "\n").encode()
+                data = b"".join(lines)
                 for worker in self._workers:
                     if worker.writer is not None and not worker.writer.is_closing():
                         worker.writer.write(data)
@@ -425,23 +440,29 @@ class WorkerPool:
         accounting in, until it closes."""
         worker: _Worker | None = None
         try:
-            hello = json.loads(await reader.readline())
-            worker = self._workers[int(hello["hello"]) - 1]
+            hello = decode(await reader.readline())
+            if not isinstance(hello, Hello) or hello.row >= self.count:
+                raise ControlError(f"a worker's first message is not its greeting with a row below {self.count}")
+            worker = self._workers[hello.row - 1]
             worker.heard_at, worker.greeted = time.monotonic(), True
             worker.counters = {}
-            snapshot = [json.dumps(r) for r in self._records().values()]
-            snapshot.append(json.dumps(self._expected()))
+            snapshot = [encode(r) for r in self._records().values()]
+            snapshot.append(encode(self._expected()))
             affinity = self.gateway.table.affinity
             if affinity is not None and len(affinity):
                 # A worker starting (or started again) begins with the prefixes every process has routed so far.
-                snapshot.append(json.dumps({"prefixes": affinity.known()}))
-            snapshot.append(json.dumps({"ready": True}))
-            writer.write(("\n".join(snapshot) + "\n").encode())
+                snapshot.append(encode(Shared(prefixes=tuple(affinity.known()))))
+            snapshot.append(encode(Ready()))
+            writer.write(b"".join(snapshot))
             worker.writer = writer
             while line := await reader.readline():
                 worker.heard_at = time.monotonic()
-                self._account(worker, json.loads(line))
-        except (ConnectionError, ValueError, KeyError, IndexError, TypeError) as exc:
+                report = decode(line)
+                if not isinstance(report, Report):
+                    raise ControlError(f"a worker sent {report.kind!r}, which only the primary sends")
+                self._account(worker, report)
+        except (ConnectionError, ValueError) as exc:
+            # ValueError: a ControlError, or a line longer than the stream's limit.
             logger.warning("a worker's control connection failed: %s", exc)
         finally:
             if worker is not None and worker.writer is writer:
@@ -452,38 +473,38 @@ class WorkerPool:
 
     async def _share(self) -> None:
         """Every `SHARE_S`, send each worker what this process and the other workers learned since the last time
-        (`SHARED`): prefix affinity's map and the failed-authentication throttle are then one over every process."""
+        (`take_shared`): prefix affinity's map and the failed-authentication throttles are then one over every
+        process."""
         while True:
             await asyncio.sleep(SHARE_S)
             own = take_shared(self.gateway)
             for worker in self._workers:
-                pending, worker.pending = worker.pending, {}
-                message = {kind: [*own.get(kind, ()), *pending.get(kind, ())] for kind in SHARED}
-                message = {kind: items for kind, items in message.items() if items}
-                if message and worker.writer is not None and not worker.writer.is_closing():
-                    worker.writer.write(json.dumps(message).encode() + b"\n")
+                parts, worker.pending = worker.pending, []
+                if own is not None:
+                    parts.insert(0, own)
+                if parts and worker.writer is not None and not worker.writer.is_closing():
+                    worker.writer.write(encode(Shared.joined(parts)))
 
-    def _account(self, worker: _Worker, message: dict[str, Any]) -> None:
+    def _account(self, worker: _Worker, report: Report) -> None:
         """Add a worker's finished requests and its counters' growth to the primary's metrics; learn what it
-        learned (`SHARED`), and pass that on to the other workers."""
-        shared = {kind: message[kind] for kind in SHARED if message.get(kind)}
+        learned (`take_shared`), and pass that on to the other workers."""
+        shared = report.shared
         if shared:
             learn_shared(self.gateway, shared)
             for other in self._workers:
                 if other is not worker and other.writer is not None:
-                    for kind, items in shared.items():
-                        other.pending.setdefault(kind, []).extend(items)
-        queued = message.get("queued")
-        if isinstance(queued, dict):
+                    other.pending.append(shared)
+        queued = report.queued
+        if queued is not None:
             # Requests waiting in the worker for a deployment's first replica: the autoscaler counts them, and a
             # first one wakes the controller (scale from zero).
             self.gateway.demand_meter.set_queued(f"worker-{worker.row}", queued)
             if queued:
-                self.gateway.deployments.controller.wake()
+                self.gateway.wake_controller()
         metrics = self.gateway.metrics
-        for item in message.get("requests", ()):
-            metrics.record_json(item)
-        for key, value in message.get("counters", {}).items():
+        for row in report.requests:
+            metrics.record(Accounted._make(row))
+        for key, value in report.counters or ():
             grown = value - worker.counters.get(key, 0.0)
             worker.counters[key] = value
             if grown > 0:

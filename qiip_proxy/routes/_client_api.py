@@ -20,10 +20,10 @@ from qiip_core.discovery import RegistryHealth
 from qiip_core.nodes import NodeStatus
 from qiip_proxy._inference import serve_inference
 from qiip_proxy._parse import check_invoke_token
-from qiip_proxy.routes._common import gateway_of
+from qiip_proxy.routes._common import gateway_of, serving_of
 
 if TYPE_CHECKING:
-    from qiip_proxy._gateway import Gateway
+    from qiip_proxy._types import ServingGateway
 
 __all__ = ["router"]
 
@@ -52,7 +52,7 @@ _REQUEST_SCHEMA: dict[str, Any] = {
 class _Inference(Response):
     """Serves an inference request through the same code as `ProxyRoutes` (see `_inference`)."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: ServingGateway) -> None:
         self.gateway = gateway
         self.background = None
 
@@ -63,19 +63,19 @@ class _Inference(Response):
 @router.post("/v1/chat/completions", tags=["client"], openapi_extra=_REQUEST_SCHEMA)
 async def chat_completions(request: Request) -> Response:
     """Create a chat completion (OpenAI `POST /v1/chat/completions`), streamed with `"stream": true`."""
-    return _Inference(gateway_of(request))
+    return _Inference(serving_of(request))
 
 
 @router.post("/v1/completions", tags=["client"], openapi_extra=_REQUEST_SCHEMA)
 async def completions(request: Request) -> Response:
     """Create a text completion (OpenAI `POST /v1/completions`)."""
-    return _Inference(gateway_of(request))
+    return _Inference(serving_of(request))
 
 
 @router.post("/v1/embeddings", tags=["client"], openapi_extra=_REQUEST_SCHEMA)
 async def embeddings(request: Request) -> Response:
     """Create embeddings (OpenAI `POST /v1/embeddings`)."""
-    return _Inference(gateway_of(request))
+    return _Inference(serving_of(request))
 
 
 def _model_object(model: str, owned_by: str) -> dict[str, Any]:
@@ -88,7 +88,7 @@ def _token(request: Request) -> InvokeToken | None:
     Raises:
         AuthError: the token is missing, unknown, expired or revoked.
     """
-    gateway = gateway_of(request)
+    gateway = serving_of(request)
     secret = check_invoke_token(gateway, request.scope)
     return gateway.tokens.authenticate(secret, model=None) if secret is not None else None
 
@@ -99,7 +99,7 @@ async def list_models(request: Request) -> Response:
     model, only that one."""
     token = _token(request)
     only = token.model if token is not None else None
-    served = gateway_of(request).table.models()
+    served = serving_of(request).table.models()
     data = [_model_object(model, engine.value) for model, engine in sorted(served.items()) if only in (None, model)]
     return JSONResponse({"object": "list", "data": data})
 
@@ -110,7 +110,7 @@ async def retrieve_model(request: Request, model: str) -> Response:
     token = _token(request)
     if token is not None and not token.allows(model):
         raise TokenScopeError(f"This invoke token may not use the model {model!r}.", token_id=token.id, model=model)
-    table = gateway_of(request).table
+    table = serving_of(request).table
     served = table.models()
     if model not in served:
         raise table.routing_error(model)

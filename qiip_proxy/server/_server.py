@@ -24,7 +24,7 @@ from qiip_proxy.server._gc import tune_gc
 from qiip_proxy.server._transport import guarded_protocol
 
 if TYPE_CHECKING:
-    from qiip_proxy._gateway import Gateway
+    from qiip_proxy._types import ServingGateway
 
 __all__ = ["UPLOADS_ENDED_BEFORE_S", "Server", "server_config"]
 
@@ -67,7 +67,7 @@ class Server(uvicorn.Server):
     """uvicorn's server, which also tells the gateway when a shutdown begins: uvicorn then waits for open
     connections, and the admin event streams, which never end by themselves, must end first."""
 
-    def __init__(self, gateway: Gateway, config: uvicorn.Config) -> None:
+    def __init__(self, gateway: ServingGateway, config: uvicorn.Config) -> None:
         super().__init__(config)
         self._gateway = gateway
         self._loop: asyncio.AbstractEventLoop | None = None

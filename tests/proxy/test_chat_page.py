@@ -25,6 +25,7 @@ from qiip_core.config import load_settings
 from qiip_core.engines.llamacpp import LaunchSpec, free_port
 from qiip_core.nodes import Engine
 from qiip_proxy._app import create_app, serving_app
+from qiip_proxy._gateway import Gateway
 from qiip_proxy.routes._chat_page import CONTENT_SECURITY_POLICY
 from tests.support.daemon import Daemon, wait_until
 from tests.support.fault_backend import FaultBackend, Json, Sse
@@ -200,7 +201,7 @@ def test_page_and_assets_carry_the_security_headers(daemon: Daemon) -> None:
 
 async def test_chat_page_off_answers_404(tmp_path: Path) -> None:
     settings = load_settings(state_dir=tmp_path, admin={"enabled": False}, server={"chat_page": False})
-    transport = httpx.ASGITransport(app=serving_app(create_app(settings)))
+    transport = httpx.ASGITransport(app=serving_app(create_app(Gateway(settings))))
     async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
         for path in ("/chat", "/chat/assets/chat.js", "/chat/config/opencode?model=m"):
             answer = await client.get(path)

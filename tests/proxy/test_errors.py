@@ -37,6 +37,7 @@ from qiip_core.config import load_settings
 from qiip_core.planner import Violation
 from qiip_proxy._app import create_app, serving_app
 from qiip_proxy._errors import RequestRefused, describe_error, sse_error_event
+from qiip_proxy._gateway import Gateway
 
 PACKAGES = ("qiip_core", "qiip_proxy", "qiip_tui", "qiip_cli")
 
@@ -204,7 +205,7 @@ def test_an_in_band_error_is_one_sse_event() -> None:
 
 async def test_both_apis_answer_through_the_one_handler(tmp_path: Path) -> None:
     settings = load_settings(state_dir=tmp_path, admin={"username": "admin", "password": "pw"})
-    transport = httpx.ASGITransport(app=serving_app(create_app(settings)))
+    transport = httpx.ASGITransport(app=serving_app(create_app(Gateway(settings))))
     async with httpx.AsyncClient(transport=transport, base_url="http://localhost", headers=JSON) as client:
         # The client API, through FastAPI's routes and through the plain ASGI inference path.
         missing = await client.get("/v1/models/m")
@@ -230,7 +231,7 @@ async def test_both_apis_answer_through_the_one_handler(tmp_path: Path) -> None:
 
 async def test_a_large_body_has_its_members_counted_before_it_is_parsed(tmp_path: Path) -> None:
     settings = load_settings(state_dir=tmp_path, admin={"username": "admin", "password": "pw"})
-    transport = httpx.ASGITransport(app=serving_app(create_app(settings)))
+    transport = httpx.ASGITransport(app=serving_app(create_app(Gateway(settings))))
     many_keys = b'{"model": "m", "x": {' + b",".join(b'"k%d": 0' % i for i in range(250_000)) + b"}}"
     deep = b'{"model": "m", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     async with httpx.AsyncClient(transport=transport, base_url="http://localhost", headers=JSON) as client:

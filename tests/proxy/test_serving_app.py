@@ -10,6 +10,7 @@ from starlette.types import ASGIApp
 
 from qiip_core.config import load_settings
 from qiip_proxy._app import create_app, serving_app
+from qiip_proxy._gateway import Gateway
 from qiip_proxy._inference import ProxyRoutes
 from qiip_proxy.layers._http import AllowedHosts
 
@@ -18,7 +19,7 @@ ORIGIN = "https://app.example.com"
 
 def served(tmp_path: Path, **server: object) -> ASGIApp:
     settings = load_settings(state_dir=tmp_path, admin={"enabled": False}, server=server)
-    return serving_app(create_app(settings))
+    return serving_app(create_app(Gateway(settings)))
 
 
 def test_with_cors_off_the_fast_path_is_behind_the_host_check_only(tmp_path: Path) -> None:

@@ -167,6 +167,28 @@ def hold(
     return held, gate
 
 
+def test_a_malformed_line_on_the_control_channel_is_logged_and_its_connection_dropped(
+    daemon: Daemon, connections: Connections, backends: Callable[..., FaultBackend], model: str
+) -> None:
+    found = re.search(r"runtime directory (\S+)\)", daemon.log())
+    assert found is not None
+    for line, why in ((b"not json\n", "Invalid JSON"), (b'{"kind": "ready"}\n', "not its greeting")):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as control:
+            control.settimeout(30)
+            control.connect(str(Path(found.group(1)) / "control.sock"))
+            control.sendall(line)
+            assert control.recv(1) == b""  # dropped by the primary
+        wait_until(lambda: why in daemon.log(), what="the malformed line to be logged")  # noqa: B023
+    assert "a worker's control connection failed: a malformed control message" in daemon.log()
+    # Both processes serve on, and the worker still follows the fleet: a node added now is routed by it too.
+    backend = backends()
+    daemon.add_node(f"{model}-n", backend.url, model)
+    for pid in connections.pids:
+        connection = connections.on(pid)
+        ask(connection, model)
+        assert answer(connection)[0] == 200, pid
+
+
 def test_requests_in_flight_are_counted_over_both_processes(
     daemon: Daemon, connections: Connections, backends: Callable[..., FaultBackend], model: str
 ) -> None:
