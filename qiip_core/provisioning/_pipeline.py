@@ -45,11 +45,9 @@ from qiip_core.planner import (
     CustomPolicy,
     DeviceMemory,
     Estimator,
-    FitParamsEstimator,
     ModelShape,
     Plan,
-    PythonEstimator,
-    is_modelled,
+    choose_estimator,
     plan,
     read_system_memory,
     verify_runtime,
@@ -417,17 +415,13 @@ def _plan_llamacpp(setup: _Setup, devices: list[DeviceMemory]) -> tuple[Plan, Mo
         )
     path = cache / setup.request.model
     shape = ModelShape.from_metadata(read_gguf_metadata(path))
-    estimator: Estimator = PythonEstimator()
-    if not is_modelled(shape):
+
+    def fit_params() -> Path | None:
         installed = LlamaCppInstaller(setup.settings.engines.llamacpp).find_installed()
-        if installed is None or installed.fit_params is None:
-            raise ProvisioningError(
-                f"The architecture {shape.architecture} is planned by llama-fit-params, which is not installed on "
-                "this gateway; run `qiip engine install llama.cpp`.",
-                host=setup.host,
-                step="starting_engine",
-            )
-        estimator = FitParamsEstimator(installed.fit_params, path)
+        return installed.fit_params if installed is not None else None
+
+    # The setup serves generation (the node is registered for chat and completions): no `--embeddings`.
+    estimator = choose_estimator(shape, path, fit_params=fit_params)
     planned = plan(shape, devices, setup.request.sizing or AutoPolicy(), estimator=estimator)
     if setup.p.profile == "cpu" and not isinstance(setup.request.sizing, CustomPolicy):
         planned = bound_cpu_plan(planned, shape, devices, estimator)
