@@ -38,6 +38,7 @@ from qiip_core._errors import LeaseLost, NodeNotFound, ProvisioningError, QiipEr
 from qiip_core.config import Settings
 from qiip_core.discovery import read_token_file
 from qiip_core.engines.llamacpp import LlamaCppInstaller, fetch_archive, launch_spec_for, read_gguf_metadata
+from qiip_core.health import health_session, probe_health
 from qiip_core.lifecycle import Fleet
 from qiip_core.nodes import DeploymentRef, Engine, Node, NodeCapabilities, NodeStatus
 from qiip_core.planner import (
@@ -458,17 +459,17 @@ async def _health_poll(setup: _Setup) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + setup.p.health_timeout_s
     last = "no answer yet"
-    timeout = aiohttp.ClientTimeout(total=min(10.0, setup.p.health_interval_s * 5))
-    async with aiohttp.ClientSession(trust_env=False, timeout=timeout) as session:
+    # The gateway's allowlist resolves the host's name, as the health checker will once the node is registered.
+    session = health_session(
+        policy=setup.settings.routing.endpoint_policy(), timeout_s=min(10.0, setup.p.health_interval_s * 5)
+    )
+    async with session:
         while True:
-            try:
-                async with session.get(setup.endpoint + "/health") as response:
-                    if response.status == 200:
-                        setup.record.log(f"{setup.endpoint}/health answers 200")
-                        return
-                    last = f"HTTP {response.status}"
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                last = str(exc) or type(exc).__name__
+            answer = await probe_health(setup.endpoint, session=session)
+            if answer.alive:
+                setup.record.log(f"{setup.endpoint}/health answers 200")
+                return
+            last = f"HTTP {answer.status}" if answer.error is None else str(answer.error) or type(answer.error).__name__
             if loop.time() + setup.p.health_interval_s > deadline:
                 raise ProvisioningError(
                     f"The engine on {setup.host} did not answer /health within {setup.p.health_timeout_s:g} s "
