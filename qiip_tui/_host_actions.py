@@ -12,7 +12,8 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from qiip_core.client import ClientError
-from qiip_tui._provisioning import ENGINES, POWER_ACTIONS
+from qiip_core.nodes import Engine
+from qiip_tui._provisioning import POWER_ACTIONS
 from qiip_tui._types import ProvisioningSource
 from qiip_tui.screens import ConfirmModal, LogsScreen
 from qiip_tui.screens._setup import SetupModal, SetupRequest
@@ -115,7 +116,7 @@ class HostActions:
         )
         self._ask(
             f"Set {host} up?",
-            f"{host} is reached over SSH, {engine} is installed and started serving {model}{sized}, and the node "
+            f"{host} is reached over SSH, {engine.label} is installed and started serving {model}{sized}, and the node "
             "joins the fleet. Its log shows on the provisioning screen.",
             "Set up",
             partial(self._run, self._setup, host, engine, model, sizing),
@@ -135,12 +136,12 @@ class HostActions:
         if isinstance(screen, LogsScreen):
             screen.refresh_tasks()
 
-    async def _setup(self, host: str, engine: str, model: str, sizing: dict[str, Any] | None = None) -> None:
+    async def _setup(self, host: str, engine: Engine, model: str, sizing: dict[str, Any] | None = None) -> None:
         client = self._client
         assert isinstance(client, ProvisioningSource)
         body: dict[str, Any] = {
             "hostname": host,
-            "engine": ENGINES.get(engine, engine),
+            "engine": engine.value,
             "model": model,
             "managed": True,
         }

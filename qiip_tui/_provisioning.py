@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Mapping
 from datetime import datetime
 from typing import Any
 
+from qiip_core.nodes import PROVISIONED_ENGINES, Engine
 from qiip_tui._types import LogRecord
 
 __all__ = [
@@ -25,8 +26,8 @@ __all__ = [
     "task_cells",
 ]
 
-ENGINES: dict[str, str] = {"vllm": "vllm", "llama.cpp": "llama_cpp"}
-"""The engines a setup offers: what the operator reads → what the daemon takes."""
+ENGINES: dict[str, Engine] = {engine.label: engine for engine in PROVISIONED_ENGINES}
+"""The engines a setup offers: the name the operator reads (`Engine.label`) → the engine."""
 
 POWER_ACTIONS: dict[str, tuple[str, str]] = {
     "on": ("On", "Power on"),
@@ -38,7 +39,7 @@ POWER_ACTIONS: dict[str, tuple[str, str]] = {
 TASK_COLUMNS = ("Host", "Kind", "Engine", "Step", "Elapsed", "State")
 """The task table's columns."""
 
-_ENGINE_NAMES = {daemon: shown for shown, daemon in ENGINES.items()}
+_ENGINE_LABELS = {engine.value: engine.label for engine in Engine}
 
 
 _SLOTS_BY_CONTEXT = re.compile(r"^\s*(\d{1,4})\s*[x×*]\s*([\d_,]{1,12})\s*$")
@@ -83,7 +84,7 @@ def task_cells(task: Mapping[str, Any]) -> tuple[str, ...]:
     return (
         str(task.get("hostname", "")),
         str(task.get("kind", "setup")),
-        _ENGINE_NAMES.get(engine, engine),
+        _ENGINE_LABELS.get(engine, engine),
         str(step or ""),
         format_elapsed(float(task.get("elapsed_s") or 0.0)),
         state,

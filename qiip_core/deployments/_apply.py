@@ -27,6 +27,7 @@ from qiip_core.catalog import Catalog
 from qiip_core.deployments._resource import MAX_HISTORY, Deployment, ResolvedSource, Template, utc_now
 from qiip_core.deployments._spec import DeploymentSpec, parse_spec
 from qiip_core.deployments._store import DeploymentStore
+from qiip_core.nodes import Engine
 
 __all__ = ["Resolve", "apply", "delete", "resolve_source", "rollout", "scale", "undo"]
 
@@ -89,7 +90,7 @@ def resolve_source(
         )
     hub = source.hub
     assert hub is not None
-    if spec.engine == "llama_cpp":
+    if spec.engine is Engine.LLAMA_CPP:
         candidates = [g for g in catalog.gguf if g.repo_id == hub.repo and g.entrypoint == hub.file]
         if not candidates:
             raise _invalid(

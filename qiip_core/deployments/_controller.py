@@ -53,7 +53,8 @@ from qiip_core.deployments._resource import (
     utc_now,
 )
 from qiip_core.deployments._store import DeploymentStore
-from qiip_core.planner import DeviceMemory, ModelShape, PythonEstimator, is_modelled, plan
+from qiip_core.nodes import Engine
+from qiip_core.planner import DeviceMemory, ModelShape, choose_estimator, is_modelled, plan
 
 __all__ = ["Actuator", "DeploymentController", "Observation", "Observer", "PlannerFit"]
 
@@ -159,7 +160,7 @@ class PlannerFit:
 
     def _fit(self, template: Template, devices: tuple[DeviceMemory, ...]) -> Fit:
         total = float(sum(d.total_mib for d in devices))
-        if template.engine == "vllm":
+        if template.engine is Engine.VLLM:
             size = self.size_of(template)
             if size is None:
                 return Fit(
@@ -183,7 +184,8 @@ class PlannerFit:
                 False, f"the planner does not model architecture {shape.architecture!r}, so no fit can be proven"
             )
         policy = template.runtime.policy()
-        estimator = PythonEstimator()
+        # The controller runs no program per pass: the Python estimator only (an unmodelled one is refused above).
+        estimator = choose_estimator(shape)
         try:
             result = plan(shape, devices, policy, estimator=estimator)
         except PlanError as exc:

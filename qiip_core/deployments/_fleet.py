@@ -276,10 +276,10 @@ class ProvisioningActuator:
         Raises:
             QiipError: refused before anything ran (the provisioner's refusals).
         """
-        llama = template.engine == "llama_cpp"
+        llama = template.engine is Engine.LLAMA_CPP
         request = SetupRequest(
             hostname=host,
-            engine=Engine(template.engine),
+            engine=template.engine,
             model=template.source.model,
             alias=deployment.name,
             managed=True,

@@ -26,6 +26,7 @@ from datetime import datetime
 
 from qiip_core.deployments._hosts import HostView
 from qiip_core.deployments._resource import Deployment, HostChoice, HostFailure, PlacementExplain, Template
+from qiip_core.nodes import Engine
 from qiip_core.planner import DeviceMemory
 
 __all__ = ["Fit", "FitCheck", "PlacementInput", "host_devices", "place"]
@@ -144,7 +145,7 @@ def _filters(deployment: Deployment, host: HostView, given: PlacementInput, quad
             f"a replica failed there at {failure.at.strftime('%H:%M:%S UTC')} ({failure.reason}); "
             f"avoided until {failure.until.strftime('%H:%M:%S UTC')}"
         )
-    if spec.engine == "vllm" and not host.gpus and not given.cpu_profile:
+    if spec.engine is Engine.VLLM and not host.gpus and not given.cpu_profile:
         reasons.append("vLLM needs an NVIDIA GPU and none is known there")
     if placement.gpu_product is not None:
         wrong = [g.product for g in host.gpus if not fnmatch.fnmatch(g.product.lower(), placement.gpu_product.lower())]

@@ -34,6 +34,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from qiip_core.deployments._spec import DeploymentSpec, Runtime
+from qiip_core.nodes import ProvisionedEngine
 
 __all__ = [
     "MAX_EVENTS",
@@ -88,7 +89,7 @@ class Template(BaseModel):
 
     model_config = _RECORD
 
-    engine: Literal["llama_cpp", "vllm"]
+    engine: ProvisionedEngine
     """The inference engine."""
     source: ResolvedSource
     """The exact files."""

@@ -46,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from qiip_core._errors import DeploymentInvalid, PlanError
 from qiip_core._violation import Violation
+from qiip_core.nodes import PROVISIONED_ENGINE_CHOICES, Engine, ProvisionedEngine
 from qiip_core.planner import MAX_SLOTS, AutoPolicy, CustomPolicy, parse_policy
 
 __all__ = [
@@ -263,7 +264,7 @@ class DeploymentSpec(BaseModel):
 
     name: str = Field(pattern=DEPLOYMENT_NAME_RE.pattern)
     """The model name clients send; unique among deployments."""
-    engine: Literal["llama_cpp", "vllm"] = "llama_cpp"
+    engine: ProvisionedEngine = Engine.LLAMA_CPP
     """The inference engine each replica runs."""
     source: Source
     """Where the model comes from."""
@@ -280,7 +281,7 @@ class DeploymentSpec(BaseModel):
 
     @model_validator(mode="after")
     def _engine_rules(self) -> DeploymentSpec:
-        if self.engine == "vllm":
+        if self.engine is Engine.VLLM:
             if self.source.artifact is not None:
                 raise ValueError("source.artifact names a GGUF generation, which vLLM does not serve; use source.hub")
             if self.source.hub is not None and self.source.hub.file is not None:
@@ -294,7 +295,7 @@ class DeploymentSpec(BaseModel):
 
 _HINTS = {
     "name": "1-128 letters, digits or . _ : / @ + - starting with a letter or digit (the model name clients send)",
-    "engine": "'llama_cpp' or 'vllm'",
+    "engine": PROVISIONED_ENGINE_CHOICES,
     "source.artifact": "an artifact id, or a prefix of one of at least 8 lowercase hex characters",
     "source.hub.repo": "a repository id such as org/name",
     "source.hub.file": "a relative path of the repository such as model-q4_k_m.gguf",

@@ -1,7 +1,25 @@
-"""Background health checks of every node, and the recovery probe that closes an open circuit breaker."""
+"""Whether a node is alive (`probe_health`, one `GET /health` asked the same strict way by every loop that waits on
+a node), the background health checks of every node, and the recovery probe that closes an open circuit breaker."""
 
 from __future__ import annotations
 
-from qiip_core.health._checker import HealthChecker, ProbeOutcome, apply_probe, classify_health
+from qiip_core.health._checker import HealthChecker, apply_probe
+from qiip_core.health._probe import (
+    HEALTH_BODY_BYTES,
+    HealthAnswer,
+    ProbeOutcome,
+    classify_health,
+    health_session,
+    probe_health,
+)
 
-__all__ = ["HealthChecker", "ProbeOutcome", "apply_probe", "classify_health"]
+__all__ = [
+    "HEALTH_BODY_BYTES",
+    "HealthAnswer",
+    "HealthChecker",
+    "ProbeOutcome",
+    "apply_probe",
+    "classify_health",
+    "health_session",
+    "probe_health",
+]

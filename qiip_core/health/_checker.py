@@ -22,52 +22,19 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
-from enum import StrEnum
 
 import aiohttp
 
 from qiip_core._errors import safe_text
 from qiip_core.config import HealthSettings
+from qiip_core.health._probe import ProbeOutcome, health_session, probe_health
 from qiip_core.nodes import EndpointPolicy, Engine, NodeStatus
 from qiip_core.routing import BreakerState, ChangeKind, NodeState, RoutingTable, TableChange
-from qiip_core.upstream import AllowlistResolver, describe_client_error, is_local_exhaustion
+from qiip_core.upstream import describe_client_error, is_local_exhaustion
 
-__all__ = ["HealthChecker", "ProbeOutcome", "apply_probe", "classify_health"]
+__all__ = ["HealthChecker", "apply_probe"]
 
 logger = logging.getLogger("qiip.health")
-
-
-class ProbeOutcome(StrEnum):
-    """How a node answered `GET /health`."""
-
-    OK = "ok"
-    """200: ready."""
-    LOADING = "loading"
-    """503 "Loading model" (llama-server): alive, not ready yet."""
-    FAILED = "failed"
-    """Anything else: an error status, a timeout, a refused connection."""
-    LOCAL_FAILURE = "local_failure"
-    """The probe could not be made: the gateway itself is out of file descriptors. Never the node's failure."""
-
-
-def classify_health(status_code: int, body: bytes) -> ProbeOutcome:
-    """Classify a `/health` answer.
-
-    Args:
-        status_code: the HTTP status.
-        body: the response body (llama-server answers `{"error":{"code":503,"message":"Loading model",
-            "type":"unavailable_error"}}` while loading).
-    """
-    if status_code == 200:
-        return ProbeOutcome.OK
-    if status_code == 503:
-        try:
-            error = json.loads(body).get("error", {})
-        except (ValueError, AttributeError):
-            return ProbeOutcome.FAILED
-        if isinstance(error, dict) and "loading" in str(error.get("message", "")).lower():
-            return ProbeOutcome.LOADING
-    return ProbeOutcome.FAILED
 
 
 def apply_probe(
@@ -170,14 +137,8 @@ class HealthChecker:
     def session(self) -> aiohttp.ClientSession:
         """The probe session, created on first use inside the event loop."""
         if self._session is None:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(
-                    limit=self.settings.concurrency,
-                    force_close=True,
-                    resolver=AllowlistResolver(self.policy) if self.policy is not None else None,
-                ),
-                trust_env=False,
-                timeout=aiohttp.ClientTimeout(total=self.settings.timeout_s),
+            self._session = health_session(
+                policy=self.policy, timeout_s=self.settings.timeout_s, limit=self.settings.concurrency, force_close=True
             )
         return self._session
 
@@ -244,15 +205,13 @@ class HealthChecker:
     async def _health(self, state: NodeState) -> tuple[ProbeOutcome, str | None]:
         if state.node.engine is Engine.ATTACHED:
             return await self._models_listed(state)
-        try:
-            async with self.session.get(state.node.endpoint + "/health", allow_redirects=False) as response:
-                status, body = response.status, await response.read()
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            if is_local_exhaustion(exc):
-                return ProbeOutcome.LOCAL_FAILURE, _describe("GET /health", exc)
-            return ProbeOutcome.FAILED, _describe("GET /health", exc)
-        outcome = classify_health(status, body)
-        return outcome, None if outcome is not ProbeOutcome.FAILED else f"GET /health answered {status}"
+        answer = await probe_health(state.node.endpoint, session=self.session)
+        if answer.error is not None:
+            return answer.outcome, _describe("GET /health", answer.error)
+        return (
+            answer.outcome,
+            None if answer.outcome is not ProbeOutcome.FAILED else f"GET /health answered {answer.status}",
+        )
 
     async def _slots(self, state: NodeState) -> tuple[int, int] | None:
         """llama-server's slots, busy and total (`GET /slots`, on by default; `--no-slots` answers 501): a

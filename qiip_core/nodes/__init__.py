@@ -12,6 +12,7 @@ from qiip_core.nodes._endpoint import (
 from qiip_core.nodes._node import (
     LIFECYCLE_STATUSES,
     LIVENESS_STATUSES,
+    PROVISIONED_ENGINE_CHOICES,
     PROVISIONED_ENGINES,
     ApiName,
     DeploymentRef,
@@ -20,6 +21,7 @@ from qiip_core.nodes._node import (
     Node,
     NodeCapabilities,
     NodeStatus,
+    ProvisionedEngine,
 )
 
 __all__ = [
@@ -28,6 +30,7 @@ __all__ = [
     "LIFECYCLE_STATUSES",
     "LIVENESS_STATUSES",
     "PROVISIONED_ENGINES",
+    "PROVISIONED_ENGINE_CHOICES",
     "ApiName",
     "DeploymentRef",
     "Endpoint",
@@ -37,5 +40,6 @@ __all__ = [
     "Node",
     "NodeCapabilities",
     "NodeStatus",
+    "ProvisionedEngine",
     "parse_endpoint",
 ]

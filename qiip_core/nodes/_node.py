@@ -13,14 +13,16 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 __all__ = [
     "LIFECYCLE_STATUSES",
     "LIVENESS_STATUSES",
     "PROVISIONED_ENGINES",
+    "PROVISIONED_ENGINE_CHOICES",
     "ApiName",
     "DeploymentRef",
     "Engine",
@@ -28,6 +30,7 @@ __all__ = [
     "Node",
     "NodeCapabilities",
     "NodeStatus",
+    "ProvisionedEngine",
 ]
 
 
@@ -77,8 +80,29 @@ class Engine(StrEnum):
 
 _ENGINE_LABELS = {Engine.VLLM: "vLLM", Engine.LLAMA_CPP: "llama.cpp", Engine.ATTACHED: "attached"}
 
-PROVISIONED_ENGINES = (Engine.LLAMA_CPP, Engine.VLLM)
+_Provisioned = Literal[Engine.LLAMA_CPP, Engine.VLLM]
+
+PROVISIONED_ENGINES: tuple[Engine, ...] = get_args(_Provisioned)
 """The engines QIIP installs and starts on a host (`qiip node setup`, deployments); `attached` servers are not."""
+
+PROVISIONED_ENGINE_CHOICES = " or ".join(repr(engine.value) for engine in PROVISIONED_ENGINES)
+"""`'llama_cpp' or 'vllm'`: the provisioned engines as a refusal names them."""
+
+
+def _provisioned(value: object) -> object:
+    # Refuse in one line naming the values a setup takes (pydantic's own text for a Literal of enum members is
+    # their repr, `<Engine.VLLM: 'vllm'>`); the Literal then turns the name into the member.
+    if not isinstance(value, str) or value not in PROVISIONED_ENGINES:
+        raise PydanticCustomError(
+            "literal_error", "Input should be {expected}", {"expected": PROVISIONED_ENGINE_CHOICES}
+        )
+    return value
+
+
+ProvisionedEngine = Annotated[_Provisioned, BeforeValidator(_provisioned)]
+"""A pydantic field type: an engine QIIP installs (`Engine.LLAMA_CPP` or `Engine.VLLM`), read from its value
+(`"llama_cpp"`, `"vllm"`) and written as it; anything else is refused with `Input should be 'llama_cpp' or 'vllm'`.
+Its JSON schema is the string enum of those values."""
 
 
 ApiName = Literal["chat", "completions", "embeddings"]

@@ -6,6 +6,7 @@ ModelShape.from_metadata(read_gguf_metadata(path))
 estimate(shape, aggregate_context=…, slots=…, cache_type=…, flash_attn=…, devices=…) -> MemoryEstimate
 is_modelled(shape)                        whether the Python estimator rebuilds this architecture's graph
 PythonEstimator() / FitParamsEstimator(binary, model)      the Estimator protocol the planner asks
+choose_estimator(shape, model_path, fit_params=…, embeddings=…)  which of the two plans a model (the one rule)
 validate_policy(policy or JSON, train_context=…, devices=…) -> [Violation]   (validate_custom for custom)
 RecordedServer.from_record(effective, memory, devices).forecast(…) / .automatic(…)   from a runtime record
 plan(shape, devices, AutoPolicy() | CustomPolicy(…), estimator=…) -> Plan
@@ -23,6 +24,7 @@ way: engines → planner.
 
 from __future__ import annotations
 
+from qiip_core.planner._choose import choose_estimator
 from qiip_core.planner._compute import is_modelled
 from qiip_core.planner._devices import read_cpu_repack, read_devices, read_system_memory
 from qiip_core.planner._estimate import (
@@ -90,6 +92,7 @@ __all__ = [
     "Violation",
     "auto_search",
     "bytes_per_element",
+    "choose_estimator",
     "estimate",
     "fits",
     "is_modelled",

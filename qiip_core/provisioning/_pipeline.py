@@ -38,6 +38,7 @@ from qiip_core._errors import LeaseLost, NodeNotFound, ProvisioningError, QiipEr
 from qiip_core.config import Settings
 from qiip_core.discovery import read_token_file
 from qiip_core.engines.llamacpp import LlamaCppInstaller, fetch_archive, launch_spec_for, read_gguf_metadata
+from qiip_core.health import health_session, probe_health
 from qiip_core.lifecycle import Fleet
 from qiip_core.nodes import DeploymentRef, Engine, Node, NodeCapabilities, NodeStatus
 from qiip_core.planner import (
@@ -45,11 +46,9 @@ from qiip_core.planner import (
     CustomPolicy,
     DeviceMemory,
     Estimator,
-    FitParamsEstimator,
     ModelShape,
     Plan,
-    PythonEstimator,
-    is_modelled,
+    choose_estimator,
     plan,
     read_system_memory,
     verify_runtime,
@@ -417,17 +416,13 @@ def _plan_llamacpp(setup: _Setup, devices: list[DeviceMemory]) -> tuple[Plan, Mo
         )
     path = cache / setup.request.model
     shape = ModelShape.from_metadata(read_gguf_metadata(path))
-    estimator: Estimator = PythonEstimator()
-    if not is_modelled(shape):
+
+    def fit_params() -> Path | None:
         installed = LlamaCppInstaller(setup.settings.engines.llamacpp).find_installed()
-        if installed is None or installed.fit_params is None:
-            raise ProvisioningError(
-                f"The architecture {shape.architecture} is planned by llama-fit-params, which is not installed on "
-                "this gateway; run `qiip engine install llama.cpp`.",
-                host=setup.host,
-                step="starting_engine",
-            )
-        estimator = FitParamsEstimator(installed.fit_params, path)
+        return installed.fit_params if installed is not None else None
+
+    # The setup serves generation (the node is registered for chat and completions): no `--embeddings`.
+    estimator = choose_estimator(shape, path, fit_params=fit_params)
     planned = plan(shape, devices, setup.request.sizing or AutoPolicy(), estimator=estimator)
     if setup.p.profile == "cpu" and not isinstance(setup.request.sizing, CustomPolicy):
         planned = bound_cpu_plan(planned, shape, devices, estimator)
@@ -464,17 +459,17 @@ async def _health_poll(setup: _Setup) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + setup.p.health_timeout_s
     last = "no answer yet"
-    timeout = aiohttp.ClientTimeout(total=min(10.0, setup.p.health_interval_s * 5))
-    async with aiohttp.ClientSession(trust_env=False, timeout=timeout) as session:
+    # The gateway's allowlist resolves the host's name, as the health checker will once the node is registered.
+    session = health_session(
+        policy=setup.settings.routing.endpoint_policy(), timeout_s=min(10.0, setup.p.health_interval_s * 5)
+    )
+    async with session:
         while True:
-            try:
-                async with session.get(setup.endpoint + "/health") as response:
-                    if response.status == 200:
-                        setup.record.log(f"{setup.endpoint}/health answers 200")
-                        return
-                    last = f"HTTP {response.status}"
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                last = str(exc) or type(exc).__name__
+            answer = await probe_health(setup.endpoint, session=session)
+            if answer.alive:
+                setup.record.log(f"{setup.endpoint}/health answers 200")
+                return
+            last = f"HTTP {answer.status}" if answer.error is None else str(answer.error) or type(answer.error).__name__
             if loop.time() + setup.p.health_interval_s > deadline:
                 raise ProvisioningError(
                     f"The engine on {setup.host} did not answer /health within {setup.p.health_timeout_s:g} s "

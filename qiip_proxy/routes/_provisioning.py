@@ -41,7 +41,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from qiip_core import ModelStoreError, PlanError
 from qiip_core._violation import first_violation
 from qiip_core.catalog import resolve_artifact, scan_catalog
-from qiip_core.nodes import Engine
+from qiip_core.nodes import Engine, ProvisionedEngine
 from qiip_core.planner import parse_policy
 from qiip_core.provisioning import LogEntry, ResetType, SetupRequest
 from qiip_core.recommendations import DEFAULT_LIMIT, MAX_LIMIT, PROFILE_PATTERN, catalog_repos
@@ -64,7 +64,7 @@ class SetupBody(BaseModel):
 
     hostname: str = Field(min_length=1, max_length=253)
     """The host: a name or address inside the node allowlist; it becomes the node's id."""
-    engine: Literal["vllm", "llama_cpp"]
+    engine: ProvisionedEngine
     """The engine to install and start."""
     model: str | None = Field(default=None, min_length=1, max_length=512)
     """vLLM: the model (a Hugging Face repo id); llama.cpp: the GGUF's path in the shared model cache. Give it
@@ -101,7 +101,7 @@ async def _setup_model(gateway: Gateway, body: SetupBody) -> str:
     if body.artifact_id is None:
         assert body.model is not None
         return body.model
-    if body.engine != "llama_cpp":
+    if body.engine is not Engine.LLAMA_CPP:
         raise AdminError(
             400, "`artifact_id` names a GGUF generation: it serves llama.cpp setups only.", "invalid_setup", "engine"
         )
@@ -146,7 +146,7 @@ async def setup_node(request: Request) -> JSONResponse:
         await gateway.quads.check_setup(gateway.provisioner.check_host(body.hostname))
     setup = SetupRequest(
         hostname=body.hostname,
-        engine=Engine(body.engine),
+        engine=body.engine,
         model=model,
         alias=body.alias or body.model or model,
         managed=body.managed,

@@ -11,13 +11,14 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select
 
+from qiip_core.nodes import Engine
 from qiip_tui._provisioning import ENGINES, setup_sizing
 from qiip_tui.widgets import ConsoleInput
 
 __all__ = ["SetupModal", "SetupRequest"]
 
-SetupRequest = tuple[str, str, str, dict[str, Any] | None]
-"""What the form gives: (hostname, engine as the operator read it, model, the llama.cpp sizing policy or None for
+SetupRequest = tuple[str, Engine, str, dict[str, Any] | None]
+"""What the form gives: (hostname, engine, model, the llama.cpp sizing policy or None for
 automatic sizing)."""
 
 
@@ -54,7 +55,7 @@ class SetupModal(ModalScreen[SetupRequest | None]):
         with Vertical(id="dialog"):
             yield Label("Set up a host", id="question")
             yield ConsoleInput(self.hostname, placeholder="hostname", id="setup-host", compact=True)
-            yield Select([(name, name) for name in ENGINES], value="vllm", allow_blank=False, id="setup-engine")
+            yield Select(list(ENGINES.items()), value=Engine.VLLM, allow_blank=False, id="setup-engine")
             yield ConsoleInput(placeholder="model (Qwen/Qwen3-8B, tiny.gguf)", id="setup-model", compact=True)
             yield ConsoleInput(
                 placeholder="sizing: auto, or SLOTSxCONTEXT (2x4096; llama.cpp)", id="setup-sizing", compact=True
@@ -71,7 +72,7 @@ class SetupModal(ModalScreen[SetupRequest | None]):
         """Dismiss with the request, or say which field is missing."""
         host = self.query_one("#setup-host", Input).value.strip()
         model = self.query_one("#setup-model", Input).value.strip()
-        engine = str(self.query_one("#setup-engine", Select).value)
+        engine = Engine(str(self.query_one("#setup-engine", Select).value))
         missing = [name for name, value in (("hostname", host), ("model", model)) if not value]
         if missing:
             self.query_one("#setup-problem", Label).update(f"The {' and '.join(missing)} cannot be empty.")
@@ -81,7 +82,7 @@ class SetupModal(ModalScreen[SetupRequest | None]):
         except ValueError as exc:
             self.query_one("#setup-problem", Label).update(str(exc))
             return
-        if sizing is not None and ENGINES.get(engine, engine) != "llama_cpp":
+        if sizing is not None and engine is not Engine.LLAMA_CPP:
             self.query_one("#setup-problem", Label).update(
                 "A sizing plans llama.cpp; vLLM sizes itself: leave it auto."
             )

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from textual.widgets import DataTable, Input, Label, RichLog, Select
 
+from qiip_core.nodes import Engine
 from qiip_tui import QiipConsole
 from qiip_tui._commands import console_commands
 from qiip_tui._provisioning import setup_sizing
@@ -70,7 +71,7 @@ async def test_a_setup_from_the_console_shows_its_task_and_live_log(refusing_dae
 
         table = screen.query_one("#tasks", DataTable)
         await wait_for(pilot, lambda: HOST in {r.value for r in table.rows} and str(table.get_row_at(0)[5]) == "failed")
-        assert [str(cell) for cell in table.get_row_at(0)][:4] == [HOST, "setup", "vllm", "waiting_for_ssh"]
+        assert [str(cell) for cell in table.get_row_at(0)][:4] == [HOST, "setup", "vLLM", "waiting_for_ssh"]
         view = screen.query_one("#log-view", LogView)
         await wait_for(pilot, lambda: any("setup failed" in r.message for r in view.records), what="the log")
         failed = next(r for r in view.records if "setup failed" in r.message)
@@ -109,7 +110,7 @@ async def test_the_setup_form_sends_its_sizing_and_the_daemon_answers_with_the_f
         await pilot.press("3", "s")  # host keys act on the provisioning pane
         form = await screen_of(pilot, SetupModal)
         form.query_one("#setup-host", Input).value = HOST
-        form.query_one("#setup-engine", Select).value = "llama.cpp"
+        form.query_one("#setup-engine", Select).value = Engine.LLAMA_CPP
         form.query_one("#setup-model", Input).value = "tiny.gguf"
         form.query_one("#setup-sizing", Input).value = "lots"
         form.query_one("#setup-sizing", Input).focus()

@@ -41,11 +41,9 @@ from qiip_core.planner import (
     CustomPolicy,
     DeviceMemory,
     Estimator,
-    FitParamsEstimator,
     ModelShape,
     Plan,
-    PythonEstimator,
-    is_modelled,
+    choose_estimator,
     plan,
     read_devices,
     verify_runtime,
@@ -114,12 +112,12 @@ class ManagedLlamaServer:
         return self.engine.variant != "cuda"
 
     def _estimator(self, shape: ModelShape | None = None, model_path: Path | None = None) -> Estimator:
-        # Our estimate is exact for the architectures we model; llama-fit-params sizes 512 logit rows instead of
-        # one per slot and one sliding window instead of one per slot, so it is the authority only for the rest.
-        shape, model_path = shape or self.shape, model_path or self.model_path
-        if not is_modelled(shape) and self.engine.fit_params is not None:
-            return FitParamsEstimator(self.engine.fit_params, model_path)
-        return PythonEstimator(embeddings=self.embeddings)
+        return choose_estimator(
+            shape or self.shape,
+            model_path or self.model_path,
+            fit_params=self.engine.fit_params,
+            embeddings=self.embeddings,
+        )
 
     def make_plan(
         self,

@@ -7,8 +7,9 @@ runs is what was planned: llama-server's own defaults and its `--fit` adjustment
 
 `LlamaServerProcess` starts the program in its own session with stdout and stderr going to one log file.
 On Linux the child also gets a parent-death signal (SIGTERM), so a crashed or killed parent does not leave
-a server holding memory and a port. Readiness is `GET /health` answering 200: 503 ("Loading model") and a
-refused connection while the process lives are progress; an exit or the deadline is a failure carrying the
+a server holding memory and a port. Readiness is `GET /health` answering 200 (`qiip_core.health.probe_health`: no
+redirect followed, a host name's addresses checked against the default endpoint allowlist): 503 ("Loading model")
+and a refused connection while the process lives are progress; an exit or the deadline is a failure carrying the
 tail of the log.
 
 The parent-death signal follows the thread that forked the child: start servers from a thread that lives
@@ -31,10 +32,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-import aiohttp
-
 from qiip_core._childenv import runtime_environment
 from qiip_core._errors import EngineLaunchError
+from qiip_core.health import health_session, probe_health
+from qiip_core.nodes import EndpointPolicy
 
 __all__ = ["CACHE_TYPES", "POOLINGS", "LaunchSpec", "LlamaServerProcess", "free_port"]
 
@@ -50,7 +51,8 @@ a head size that is a multiple of their block size (32)."""
 FlashAttn = Literal["auto", "on", "off"]
 
 _POLL_INTERVAL_S = 0.1
-_HEALTH_TIMEOUT = aiohttp.ClientTimeout(total=5.0, sock_connect=1.0)
+_HEALTH_TIMEOUT_S = 5.0
+_HEALTH_CONNECT_TIMEOUT_S = 1.0
 _TAIL_LINES = 40
 _PR_SET_PDEATHSIG = 1
 
@@ -356,22 +358,25 @@ class LlamaServerProcess:
     ) -> None:
         loop = asyncio.get_running_loop()
         last = "no answer yet"
-        async with aiohttp.ClientSession(trust_env=False, timeout=_HEALTH_TIMEOUT) as client:
+        # The server is this machine's: a host name's addresses are checked against the default allowlist
+        # (loopback allowed; link-local, the metadata service and the like refused).
+        session = health_session(
+            policy=EndpointPolicy(), timeout_s=_HEALTH_TIMEOUT_S, connect_timeout_s=_HEALTH_CONNECT_TIMEOUT_S
+        )
+        async with session:
             while True:
                 if process.returncode is not None:
                     raise self._exited(process.returncode)
-                try:
-                    async with client.get(self.endpoint + "/health", allow_redirects=False) as response:
-                        status, text = response.status, (await response.read())[:200].decode("utf-8", "replace")
-                except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                answer = await probe_health(self.endpoint, session=session)
+                if answer.alive:
+                    logger.info("llama-server %r is ready on %s", self.spec.alias, self.endpoint)
+                    return
+                if answer.error is not None:
                     # Refused while the socket is not yet listening: progress as long as the process lives.
-                    last = f"{type(exc).__name__}: {exc}"
+                    last = f"{type(answer.error).__name__}: {answer.error}"
                 else:
-                    if status == 200:
-                        logger.info("llama-server %r is ready on %s", self.spec.alias, self.endpoint)
-                        return
                     # 503 {"error": {"message": "Loading model"}} while the model loads.
-                    last = f"HTTP {status}: {text}"
+                    last = f"HTTP {answer.status}: {answer.body[:200].decode('utf-8', 'replace')}"
                 if loop.time() >= deadline:
                     raise _NotReady(last)
                 # Sleep one poll interval, but wake at once if the process exits.

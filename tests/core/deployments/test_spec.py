@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 import pytest
 
 from qiip_core import DeploymentInvalid
-from qiip_core.deployments import parse_spec
+from qiip_core.deployments import Template, parse_spec
+from qiip_core.nodes import Engine
 
 GOOD: dict[str, Any] = {"name": "coder", "source": {"artifact": "4f1c2b8e"}}
 
@@ -79,3 +82,13 @@ def test_vllm_takes_a_hub_repository_and_no_gguf_sizing() -> None:
     assert "vLLM does not serve" in refusal(engine="vllm").message
     error = refusal(engine="vllm", source={"hub": {"repo": "a/b"}}, runtime={"sizing": {"sizing": "auto"}})
     assert "vLLM sizes itself" in error.message
+
+
+def test_a_template_stored_before_reads_back_the_same_and_keeps_its_hash() -> None:
+    stored = '{"engine":"vllm","source":{"model":"org/m","artifact_id":null,"revision":null,"describe":""}}'
+    template = Template.model_validate_json(stored)
+    assert template.engine is Engine.VLLM
+    assert template.model_dump_json(include={"engine", "source"}) == stored
+    body: dict[str, Any] = {"engine": "vllm", "model": "org/m", "artifact_id": None, "revision": None, "runtime": {}}
+    written = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:12]
+    assert template.hash == written

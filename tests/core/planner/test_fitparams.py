@@ -1,13 +1,21 @@
 from __future__ import annotations
 
 import stat
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from qiip_core import PlanError
-from qiip_core.planner import FitParamsEstimator, FitRow, estimate, parse_fit_print
+from qiip_core.planner import (
+    FitParamsEstimator,
+    FitRow,
+    PythonEstimator,
+    choose_estimator,
+    estimate,
+    parse_fit_print,
+)
 
 from .conftest import cpu, gpu, shape
 
@@ -135,3 +143,20 @@ def test_rows_that_do_not_match_the_devices_are_refused(tmp_path):
     binary = fake_fit_params(tmp_path, 'echo "CUDA0 9 16 1"; echo "Host 4 0 2"')
     with pytest.raises(PlanError, match="the row count must equal the device count"):
         run(FitParamsEstimator(binary, Path("m.gguf")), [gpu(0, 10000), gpu(1, 10000)])
+
+
+def test_the_python_estimator_plans_what_it_models_and_llama_fit_params_the_rest(tmp_path: Path) -> None:
+    model, binary = tmp_path / "m.gguf", tmp_path / "llama-fit-params"
+    asked: list[str] = []
+
+    def find() -> Path:
+        asked.append("asked")
+        return binary
+
+    modelled = choose_estimator(shape(), model, fit_params=find, embeddings=True)
+    assert modelled == PythonEstimator(embeddings=True) and asked == []  # no install is looked up for it
+    other = replace(shape(), architecture="someday-arch")
+    assert choose_estimator(other, model, fit_params=find) == FitParamsEstimator(binary, model) and asked
+    for missing in (None, lambda: None):
+        with pytest.raises(PlanError, match=r"'someday-arch' is not modelled .* \(qiip engine install llama.cpp\)"):
+            choose_estimator(other, model, fit_params=missing)
