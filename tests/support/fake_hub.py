@@ -361,27 +361,28 @@ class FileServer:
                 encodings = self.headers.get("Accept-Encoding")
                 if path in server.fixed:
                     headers, body = server.fixed[path]
+                    # Recorded before the answer: a client that refuses it on its headers may not wait for the body.
+                    server.served.append(Served(path, requested, 200, len(body), encodings))
                     self.send_response(200)
                     for name, value in headers.items():
                         self.send_header(name, value)
                     self.send_header("Content-Length", str(len(body)))
                     self.end_headers()
                     self.wfile.write(body)
-                    server.served.append(Served(path, requested, 200, len(body), encodings))
                     return
                 if path in server.redirects:
+                    server.served.append(Served(path, requested, 302, 0))
                     self.send_response(302)
                     self.send_header("Location", server.redirects[path])
                     self.send_header("Content-Length", "0")
                     self.end_headers()
-                    server.served.append(Served(path, requested, 302, 0))
                     return
                 file = server.files.get(path)
                 if file is None:
+                    server.served.append(Served(path, requested, 404, 0))
                     self.send_response(404)
                     self.send_header("Content-Length", "0")
                     self.end_headers()
-                    server.served.append(Served(path, requested, 404, 0))
                     return
                 size = file.stat().st_size
                 start = None if server.ignore_range else _parse_range(requested, size)
