@@ -160,7 +160,9 @@ def test_the_fleet_view_setup_refusals_and_quads_down_then_back(
             said = run_qiip(tmp_path / "cli", "node", "quads", env=cli_env)
             assert said.returncode == 0, said.stderr
             back = datetime.fromisoformat(upcoming["start"]).strftime("%Y-%m-%d %H:%M")
-            assert said.stdout.splitlines() == [
+            # (A line on the data's age comes first when the last read is older than two polls: on a busy machine.)
+            lines = [line for line in said.stdout.splitlines() if not line.startswith("QUADS data ")]
+            assert lines == [
                 f"{LENT} (node): free",
                 f"{RESERVED} (not provisioned): returned at {back} UTC, inside the lookahead · reserved from {back} "
                 "UTC for cloud02",

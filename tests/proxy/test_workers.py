@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from tests.support.cli import clean_environ
-from tests.support.daemon import Daemon, closed_by_server, wait_until
+from tests.support.daemon import WAIT_S, Daemon, closed_by_server, wait_until
 from tests.support.fault_backend import Completion, FaultBackend, Gated
 from tests.support.procnet import children, connections_held
 from tests.support.workers import Connections, answer, ask, get, processes, start_with_workers
@@ -245,7 +245,7 @@ def test_a_killed_worker_is_started_again_and_its_requests_stop_counting(
         # Its request died with it: the board row is zeroed, and a new worker takes its place.
         wait_until(lambda: daemon.in_flight(f"{model}-n") == 0, what="the dead worker's request to stop counting")
         wait_until(lambda: len(processes(daemon)) == 2 and worker not in processes(daemon), what="a new worker")
-        wait_until(lambda: daemon.log().count("worker 1 serving") >= 2, 30, "the new worker to serve")
+        wait_until(lambda: daemon.log().count("worker 1 serving") >= 2, 2 * WAIT_S, "the new worker to serve")
     finally:
         gate.set()
     assert re.search(r"worker 1 exited \(status -9\)", daemon.log())
@@ -280,7 +280,7 @@ def test_a_worker_that_falls_silent_is_killed_and_replaced_and_its_requests_rele
     try:
         # Alive but silent: its request would count for ever. It is killed, and its request stops counting.
         wait_until(released, 30, "the silent worker's request to stop counting")
-        wait_until(lambda: daemon.log().count("worker 1 serving") > started, 30, "a new worker to serve")
+        wait_until(lambda: daemon.log().count("worker 1 serving") > started, 2 * WAIT_S, "a new worker to serve")
     finally:
         gate.set()
         with contextlib.suppress(ProcessLookupError):

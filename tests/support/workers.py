@@ -9,14 +9,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.support.daemon import Daemon, wait_until
+from tests.support.daemon import WAIT_S, Daemon, wait_until
 from tests.support.procnet import children, serving_pid
 
 
 def start_with_workers(daemon: Daemon) -> Daemon:
-    """Start `daemon` and wait until its worker serves."""
+    """Start `daemon` and wait until its worker serves (a worker process's start-up takes seconds, and many more on
+    a busy machine); stopped again if it does not, so no daemon is left behind."""
     daemon.start()
-    wait_until(lambda: "worker 1 serving" in daemon.log(), 30, "the worker to serve")
+    try:
+        wait_until(lambda: "worker 1 serving" in daemon.log(), 2 * WAIT_S, "the worker to serve")
+    except BaseException:
+        daemon.close()
+        raise
     return daemon
 
 

@@ -20,7 +20,7 @@ from qiip_core.nodes import Engine
 from qiip_core.provisioning import bundle_files, bundle_parameters
 from qiip_core.storage import unb64
 from tests.support.cli import clean_environ
-from tests.support.daemon import free_port, wait_until
+from tests.support.daemon import WAIT_S, free_port, wait_until
 from tests.support.etcd import EtcdServer
 
 pytestmark = pytest.mark.integration
@@ -71,7 +71,7 @@ def test_the_bundle_starts_the_agent_which_publishes_as_the_host(
     assert f"QIIP_ETCD__ENDPOINTS='{json.dumps([etcd.url])}'" in env_file.read_text().splitlines()
     pid = int((root / "var" / "run" / "qiip-agent.pid").read_text())
     try:
-        wait_until(lambda: len(etcd.range_prefix(b"/telemetry/")) == 1, 30, "the agent's first reading")
+        wait_until(lambda: len(etcd.range_prefix(b"/telemetry/")) == 1, WAIT_S, "the agent's first reading")
         [kv] = etcd.range_prefix(b"/telemetry/")
         assert json.loads(unb64(kv["value"]))["node_id"] == "gpu-host-7"
     finally:
@@ -136,7 +136,7 @@ def test_with_the_embedded_registry_the_uploaded_token_guards_the_endpoint(nvml_
                 except httpx.TransportError:
                     return False
 
-            wait_until(served, 30, "the agent's endpoint")
+            wait_until(served, WAIT_S, "the agent's endpoint")
             assert client.get(url).status_code == 401
             reading = client.get(url, headers={"Authorization": "Bearer uploaded-token"}).json()
             assert reading["node_id"] == "gpu-host-8" and len(reading["gpus"]) == 2
