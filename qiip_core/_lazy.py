@@ -1,7 +1,9 @@
-"""Lazy re-exports for a package's `__init__` (PEP 562): a public name's module is imported on first use.
+"""Imports on first use: lazy re-exports for a package's `__init__` (PEP 562), and a dependency module imported
+when a function first reaches for it (`LazyModule`).
 
 A package whose modules pull in heavy dependencies (NVML, etcd, the GGUF reader) keeps `import qiip_core.x` cheap
-by naming, per public name, the private module that defines it.
+by naming, per public name, the private module that defines it; a module whose dependency only some commands use
+(asyncssh, about a second of start-up on a busy machine) names it through a `LazyModule`.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import sys
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-__all__ = ["lazy_exports"]
+__all__ = ["LazyModule", "lazy_exports"]
 
 
 def lazy_exports(
@@ -41,3 +43,30 @@ def lazy_exports(
         return sorted(set(vars(sys.modules[package])) | set(exported))
 
     return __getattr__, __dir__
+
+
+class LazyModule:
+    """A module imported on its first attribute lookup (`asyncssh.connect` runs `import asyncssh` the first time).
+
+    Declare it beside a `TYPE_CHECKING` import of the real module, so the type checker sees the module itself:
+
+        if TYPE_CHECKING:
+            import asyncssh
+        else:
+            asyncssh = LazyModule("asyncssh")
+
+    Every lookup goes through `importlib.import_module` (a `sys.modules` hit after the first, under the import
+    lock, so first uses from two threads are safe); `except asyncssh.Error` imports the module when an exception
+    reaches that clause.
+    """
+
+    __slots__ = ("_name",)
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(importlib.import_module(self._name), attr)
+
+    def __repr__(self) -> str:
+        return f"<module {self._name!r}, imported on first use>"

@@ -59,3 +59,13 @@ def test_headless_imports_load_no_terminal_ui(name: str) -> None:
     code = f"import sys, {name}; print(sorted(m for m in sys.modules if m.split('.')[0] in ('textual', 'qiip_tui')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("name", ["qiip_proxy._cli", "qiip_cli._main"])
+def test_the_daemon_and_the_cli_start_without_ssh_or_etcd_libraries(name: str) -> None:
+    # asyncssh (with cryptography) and etcd3gw (with requests) are loaded by the first SSH session or etcd call:
+    # a daemon on the embedded registry, and every CLI command, start a second or more sooner without them.
+    heavy = ("asyncssh", "cryptography", "etcd3gw", "requests")
+    code = f"import sys, {name}; print(sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r}))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -27,10 +27,10 @@ import math
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from etcd3gw.lease import Lease
 from pydantic import ValidationError
 
 from qiip_core._errors import RegistryUnavailable, TokenNotFound, TokenStoreUnavailable
+from qiip_core._lazy import LazyModule
 from qiip_core._violation import first_violation
 from qiip_core.auth._base import TokenStore
 from qiip_core.auth._token import InvokeToken, utc_now
@@ -39,7 +39,11 @@ from qiip_core.storage import EtcdClient, PrefixFollower, b64, load_json_object,
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from etcd3gw import lease as etcd_lease
+
     from qiip_core.config import Settings
+else:
+    etcd_lease = LazyModule("etcd3gw.lease")  # loaded with the first etcd lease
 
 __all__ = ["EtcdTokenStore", "decode_token", "encode_token"]
 
@@ -162,7 +166,7 @@ class EtcdTokenStore(TokenStore):
             if lease:
                 # Only tidies etcd (the key is already gone); a failure must not repeat the delete.
                 with contextlib.suppress(Exception):
-                    Lease(lease, client).revoke()
+                    etcd_lease.Lease(lease, client).revoke()
             return int(result["header"]["revision"]), previous
 
         revision, previous = await self._call(self.client.call, delete)

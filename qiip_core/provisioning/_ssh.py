@@ -2,7 +2,7 @@
 
 ```
 SshTarget(host, settings, known_hosts)   who and how: port, user, key file or agent, host-key policy
-async with open_ssh(target) as ssh:      one connection; asyncssh's errors become ours (`_SSH_ERRORS`)
+async with open_ssh(target) as ssh:      one connection; asyncssh's errors become ours (`_ssh_errors`)
     await ssh.run(command, on_line=…)    a command in its own session (process group), output line by line,
                                          with a total and an inactivity deadline; a deadline or a
                                          cancellation stops the whole group on the host
@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import hashlib
 import hmac
 import logging
@@ -38,12 +39,17 @@ import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
-
-import asyncssh
+from typing import TYPE_CHECKING, Any, Literal
 
 from qiip_core._errors import HostKeyMismatch, RemoteTimeout, SshError
+from qiip_core._lazy import LazyModule
 from qiip_core.config import ProvisioningSettings
+
+if TYPE_CHECKING:
+    import asyncssh
+else:
+    # Only setups, teardowns and host checks use SSH: the daemon and the CLI start without loading asyncssh.
+    asyncssh = LazyModule("asyncssh")
 
 __all__ = [
     "MAX_LINE_CHARS",
@@ -129,23 +135,25 @@ class RemoteResult:
     """Its last lines of output, for error messages."""
 
 
-_SSH_ERRORS: tuple[tuple[type[BaseException], type[SshError], str], ...] = (
-    (asyncssh.HostKeyNotVerifiable, HostKeyMismatch, "its host key is not the one in {known_hosts}"),
-    (asyncssh.PermissionDenied, SshError, "it refused the key of user {user} (publickey authentication)"),
-    (asyncssh.ConnectionLost, SshError, "the connection was lost"),
-    (asyncssh.DisconnectError, SshError, "it disconnected"),
-    (asyncssh.ChannelOpenError, SshError, "it refused to open a session"),
-    (asyncssh.Error, SshError, "SSH failed"),
-    (ConnectionRefusedError, SshError, "the connection was refused"),
-    (TimeoutError, SshError, "it did not answer within {timeout:g} s"),
-    (OSError, SshError, "it cannot be reached"),
-)
-"""asyncssh's and the OS's exceptions → ours, with what to say. The most specific class in the MRO wins."""
+@functools.cache
+def _ssh_errors() -> tuple[tuple[type[BaseException], type[SshError], str], ...]:
+    """asyncssh's and the OS's exceptions → ours, with what to say. The most specific class in the MRO wins."""
+    return (
+        (asyncssh.HostKeyNotVerifiable, HostKeyMismatch, "its host key is not the one in {known_hosts}"),
+        (asyncssh.PermissionDenied, SshError, "it refused the key of user {user} (publickey authentication)"),
+        (asyncssh.ConnectionLost, SshError, "the connection was lost"),
+        (asyncssh.DisconnectError, SshError, "it disconnected"),
+        (asyncssh.ChannelOpenError, SshError, "it refused to open a session"),
+        (asyncssh.Error, SshError, "SSH failed"),
+        (ConnectionRefusedError, SshError, "the connection was refused"),
+        (TimeoutError, SshError, "it did not answer within {timeout:g} s"),
+        (OSError, SshError, "it cannot be reached"),
+    )
 
 
 def _translate(exc: BaseException, target: SshTarget) -> SshError:
     for klass in type(exc).__mro__:
-        for source, ours, reason in _SSH_ERRORS:
+        for source, ours, reason in _ssh_errors():
             if klass is source:
                 said = reason.format(known_hosts=target.known_hosts, user=target.user, timeout=target.connect_timeout_s)
                 detail = f" ({exc})" if str(exc) and ours is not HostKeyMismatch else ""

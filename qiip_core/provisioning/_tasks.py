@@ -46,12 +46,17 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from etcd3gw.lease import Lease
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from qiip_core._errors import HostBusy, LeaseLost, RegistryUnavailable
+from qiip_core._lazy import LazyModule
 from qiip_core.nodes import DeploymentRef
 from qiip_core.storage import EtcdClient, LockedJsonFile, b64, load_json_object, unb64
+
+if TYPE_CHECKING:
+    from etcd3gw import lease as etcd_lease
+else:
+    etcd_lease = LazyModule("etcd3gw.lease")  # loaded with the first etcd lease
 
 if TYPE_CHECKING:
     from qiip_core.config import Settings
@@ -518,7 +523,7 @@ class EtcdTaskStore(TaskStore):
 
     def revoke(self, lease_id: int) -> None:
         """Revoke an etcd lease (its lease key goes with it)."""
-        self.client.call(lambda c: Lease(lease_id, c).revoke())
+        self.client.call(lambda c: etcd_lease.Lease(lease_id, c).revoke())
 
     def _mine_from_before(self, holder: dict[str, Any]) -> bool:
         """True for a lease this gateway took before it restarted (its owner name, another instance)."""

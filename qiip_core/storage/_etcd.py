@@ -7,7 +7,7 @@ prefix is read as the range from the prefix to `prefix_range_end(prefix)`.
 The etcd registry (`qiip_core.discovery`) and the etcd token store (`qiip_core.auth`) each own a client, and
 follow their prefix with a `PrefixFollower` (`_follow`) built on it.
 
-etcd3gw's, requests' and the OS's exceptions are translated here, in one table (`_ETCD_ERRORS`, the most specific
+etcd3gw's, requests' and the OS's exceptions are translated here, in one table (`_etcd_errors`, the most specific
 class winning), and never leave `EtcdClient.call`: an endpoint that does not answer sends the call to the next
 one, a refusal is a `RegistryUnavailable`, and an auth token etcd rejects is renewed once. etcd3gw has no class
 for that rejection (an HTTP 401 is a bare `Etcd3Exception` whose text is the reason, `Unauthorized`); its type is
@@ -18,17 +18,25 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import json
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import etcd3gw
-import requests
-from etcd3gw.lease import Lease
-
 from qiip_core._errors import RegistryUnavailable
+from qiip_core._lazy import LazyModule
 from qiip_core.config import EtcdSettings
+
+if TYPE_CHECKING:
+    import etcd3gw
+    import requests
+    from etcd3gw import lease as etcd_lease
+else:
+    # A daemon on the embedded registry never loads etcd3gw (and requests under it).
+    etcd3gw = LazyModule("etcd3gw")
+    etcd_lease = LazyModule("etcd3gw.lease")
+    requests = LazyModule("requests")
 
 __all__ = ["EtcdClient", "b64", "prefix_range_end", "unb64"]
 
@@ -66,18 +74,20 @@ class _TokenRejected(RegistryUnavailable):
     """etcd rejected the auth token (gRPC UNAUTHENTICATED): `EtcdClient.call` authenticates again, once."""
 
 
-_ETCD_ERRORS: dict[type[Exception], type[RegistryUnavailable]] = {
-    etcd3gw.exceptions.ConnectionFailedError: _Unreachable,  # connection refused or reset; HTTP 503
-    etcd3gw.exceptions.ConnectionTimeoutError: _Unreachable,  # no answer in `timeout_s`; HTTP 408 or 504
-    etcd3gw.exceptions.InternalServerError: RegistryUnavailable,  # HTTP 500
-    etcd3gw.exceptions.PreconditionFailedError: RegistryUnavailable,  # HTTP 412
-    etcd3gw.exceptions.ApiVersionDiscoveryFailedError: RegistryUnavailable,  # `/version` answered nonsense
-    etcd3gw.exceptions.WatchTimedOut: RegistryUnavailable,  # etcd3gw's own watch, which QIIP does not use
-    etcd3gw.exceptions.Etcd3Exception: RegistryUnavailable,  # any other refusal; a 401 is `_TokenRejected`
-    requests.RequestException: _Unreachable,  # the authenticate request, which QIIP sends itself
-    OSError: _Unreachable,  # the TLS files, or a socket error below requests
-}
-"""Library exception → ours. The most specific class in the exception's MRO wins."""
+@functools.cache
+def _etcd_errors() -> dict[type[Exception], type[RegistryUnavailable]]:
+    """Library exception → ours. The most specific class in the exception's MRO wins."""
+    return {
+        etcd3gw.exceptions.ConnectionFailedError: _Unreachable,  # connection refused or reset; HTTP 503
+        etcd3gw.exceptions.ConnectionTimeoutError: _Unreachable,  # no answer in `timeout_s`; HTTP 408 or 504
+        etcd3gw.exceptions.InternalServerError: RegistryUnavailable,  # HTTP 500
+        etcd3gw.exceptions.PreconditionFailedError: RegistryUnavailable,  # HTTP 412
+        etcd3gw.exceptions.ApiVersionDiscoveryFailedError: RegistryUnavailable,  # `/version` answered nonsense
+        etcd3gw.exceptions.WatchTimedOut: RegistryUnavailable,  # etcd3gw's own watch, which QIIP does not use
+        etcd3gw.exceptions.Etcd3Exception: RegistryUnavailable,  # any other refusal; a 401 is `_TokenRejected`
+        requests.RequestException: _Unreachable,  # the authenticate request, which QIIP sends itself
+        OSError: _Unreachable,  # the TLS files, or a socket error below requests
+    }
 
 
 def _grpc_status(exc: Exception) -> tuple[int | None, str]:
@@ -98,8 +108,9 @@ def _describe(exc: BaseException | None) -> str:
 
 
 def _translate(exc: Exception, endpoint: str) -> RegistryUnavailable:
-    """Our error for a library exception of `_ETCD_ERRORS`, naming the endpoint (the caller chains `exc`)."""
-    ours = next(_ETCD_ERRORS[kind] for kind in type(exc).__mro__ if kind in _ETCD_ERRORS)
+    """Our error for a library exception of `_etcd_errors`, naming the endpoint (the caller chains `exc`)."""
+    errors = _etcd_errors()
+    ours = next(errors[kind] for kind in type(exc).__mro__ if kind in errors)
     if ours is _Unreachable:
         return _Unreachable(f"etcd at {endpoint} did not answer ({type(exc).__name__}: {_describe(exc)}).")
     # etcd3gw has no class for HTTP 401: the error's type is the gRPC status code etcd puts in the body.
@@ -111,12 +122,12 @@ def _translate(exc: Exception, endpoint: str) -> RegistryUnavailable:
 
 @contextlib.contextmanager
 def _translated(endpoint: str) -> Iterator[None]:
-    """Raise the library exceptions of `_ETCD_ERRORS` as ours, `from` the original; ours pass through."""
+    """Raise the library exceptions of `_etcd_errors` as ours, `from` the original; ours pass through."""
     try:
         yield
     except RegistryUnavailable:
         raise
-    except tuple(_ETCD_ERRORS) as exc:
+    except tuple(_etcd_errors()) as exc:
         raise _translate(exc, endpoint) from exc
 
 
@@ -197,7 +208,7 @@ class EtcdClient:
 
         Args:
             fn: the call, given the endpoint's `etcd3gw` client; it may raise any `etcd3gw`, `requests` or OS
-                error, which is translated (`_ETCD_ERRORS`).
+                error, which is translated (`_etcd_errors`).
 
         Returns:
             What `fn` returns.
@@ -248,7 +259,7 @@ class EtcdClient:
 
     def put_with_lease(self, key: bytes, value: bytes, lease_id: int) -> None:
         """Rewrite a key keeping its lease (0: no lease)."""
-        self.call(lambda c: c.put(key, value, lease=Lease(lease_id, c) if lease_id else None))
+        self.call(lambda c: c.put(key, value, lease=etcd_lease.Lease(lease_id, c) if lease_id else None))
 
     def delete(self, key: bytes) -> bool:
         """Delete a key. Returns False when it did not exist."""
@@ -257,7 +268,7 @@ class EtcdClient:
 
     def refresh(self, lease_id: int) -> int:
         """Refresh a lease. Returns its new TTL in seconds (0 or less: the lease is gone)."""
-        result: int = self.call(lambda c: Lease(lease_id, c).refresh())
+        result: int = self.call(lambda c: etcd_lease.Lease(lease_id, c).refresh())
         return result
 
     def adopt(self, key: bytes, value: bytes, *, mod_revision: int, lease_ttl_s: int) -> bool:

@@ -29,17 +29,22 @@ import math
 import secrets
 import socket
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
-from etcd3gw.lease import Lease
 
 from qiip_core._errors import ConfigError, RegistryUnavailable
+from qiip_core._lazy import LazyModule
 from qiip_core.auth import AuthThrottle
 from qiip_core.config import bind_listener
 from qiip_core.storage import EtcdClient
 from qiip_core.telemetry._types import TELEMETRY_PATH, NodeTelemetry
+
+if TYPE_CHECKING:
+    from etcd3gw import lease as etcd_lease
+else:
+    etcd_lease = LazyModule("etcd3gw.lease")  # loaded with the first etcd lease
 
 __all__ = ["EtcdPublisher", "HttpPublisher", "Publisher", "encode_reading"]
 
@@ -105,7 +110,7 @@ class EtcdPublisher(Publisher):
         lease_id, self.lease_id = self.lease_id, 0
         try:
             if lease_id:
-                self.client.call(lambda c: Lease(lease_id, c).revoke())
+                self.client.call(lambda c: etcd_lease.Lease(lease_id, c).revoke())
         finally:
             self.client.close()
 

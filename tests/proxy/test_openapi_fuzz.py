@@ -3,6 +3,7 @@ itself never answers with an internal error."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,7 +39,10 @@ schema = (
 
 
 @schema.parametrize()
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+# 30 cases per operation by default, about 30 s; a deeper run: FUZZ_EXAMPLES=500 pytest tests/proxy/test_openapi_fuzz.py
+@settings(
+    max_examples=int(os.environ.get("FUZZ_EXAMPLES", "30")), deadline=None, suppress_health_check=list(HealthCheck)
+)
 def test_no_internal_errors(case: Any, fuzzed_daemon: Daemon) -> None:
     response = case.call(
         base_url=fuzzed_daemon.url,
