@@ -12,7 +12,7 @@ import json
 import re
 import sys
 import tomllib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -42,9 +42,15 @@ def _fail(lines: list[str]) -> None:
 
 
 def _call(
-    ctx: CliContext, url: str | None, work: Callable[[QiipClient], Awaitable[T]], *, timeout_s: float = 60.0
+    ctx: CliContext,
+    url: str | None,
+    work: Callable[[QiipClient], Awaitable[T]],
+    *,
+    timeout_s: float = 60.0,
+    flags: Mapping[str, str] | None = None,
 ) -> T:
-    """Run `work` against the daemon; a refusal becomes one `error:` line per field at fault and exit status 1."""
+    """Run `work` against the daemon; a refusal becomes one `error:` line per field at fault (a field the command
+    sets from a flag named as `flags` spells it) and exit status 1."""
     config_state = ctx.settings.state_dir
     try:
         config = load_console_config(url=url, state_dir=config_state)
@@ -55,7 +61,7 @@ def _call(
 
         return asyncio.run(run())
     except ApiError as exc:
-        _fail(exc.lines())
+        _fail(exc.lines(flags))
     except QiipError as exc:
         _fail([exc.message])
     raise AssertionError("unreachable")  # pragma: no cover
@@ -159,7 +165,13 @@ def plan(
     except DeploymentInvalid as exc:
         _fail([f"{path}: {v.line()}" for v in exc.violations] or [f"{path}: {exc.message}"])
     load = {"requests_per_s": requests_per_s, "prompt_tokens": prompt_tokens, "answer_tokens": answer_tokens}
-    result = _call(ctx, url, lambda c: c.plan_deployment(data, load, tokens_per_s=tokens_per_s), timeout_s=300.0)
+    result = _call(
+        ctx,
+        url,
+        lambda c: c.plan_deployment(data, load, tokens_per_s=tokens_per_s),
+        timeout_s=300.0,
+        flags={**_PLAN_FLAGS, **{f"load.{field}": flag for field, flag in _PLAN_FLAGS.items()}},
+    )
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:
@@ -168,6 +180,15 @@ def plan(
         click.echo(f"warning: {line}", err=True)
     if result["shortfall"]:
         sys.exit(1)
+
+
+_PLAN_FLAGS = {
+    "requests_per_s": "--requests-per-s",
+    "prompt_tokens": "--prompt-tokens",
+    "answer_tokens": "--answer-tokens",
+    "tokens_per_s": "--tokens-per-s",
+}
+"""`POST /admin/deployments/plan`'s fields, as `qiip deploy plan` spells them."""
 
 
 def _print_plan(result: dict[str, Any], requests_per_s: float) -> None:

@@ -301,7 +301,8 @@ def up(
         whole, entrypoint = run_or_exit(lambda: _resolve_artifact(settings, artifact))  # noqa: B023 - called at once
         label = named or alias or _default_alias(entrypoint)
         if any(label == other.alias for other in served):
-            raise click.UsageError(f"Two models would be served as {label!r}; name them with --artifact ALIAS=ID.")
+            hint = "give each its own ALIAS" if named else "name them with --artifact ALIAS=ID"
+            raise click.UsageError(f"Two models would be served as {label!r}; {hint}.")
         served.append(LocalModel(label, entrypoint, artifact_id=whole))
     for value in models:
         given, path = _parse_model(value)
@@ -311,7 +312,8 @@ def up(
             raise click.UsageError(f"--model {value} names no file; give it as ALIAS=PATH.")
         name = given or alias or _default_alias(path)
         if any(name == other.alias for other in served):
-            raise click.UsageError(f"Two models would be served as {name!r}; name them with --model ALIAS=PATH.")
+            hint = "give each its own ALIAS" if given is not None else "name them with --model ALIAS=PATH"
+            raise click.UsageError(f"Two models would be served as {name!r}; {hint}.")
         served.append(LocalModel(name, path.resolve() if path.exists() else path))
     local_nodes = _preflight(
         engine,

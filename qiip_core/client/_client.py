@@ -28,7 +28,7 @@ import httpx
 import httpx_sse
 
 from qiip_core._errors import QiipError
-from qiip_core._violation import Violation
+from qiip_core._violation import Violation, spell
 from qiip_core.client._config import ConsoleConfig
 from qiip_core.client._views import ChatDelta, HealthView, LentHosts, NodeEvent, NodeInfo, OperationInfo
 
@@ -100,14 +100,20 @@ class ApiError(ClientError):
         self.violations = violations
         self.param = param
 
-    def lines(self) -> list[str]:
+    def lines(self, names: Mapping[str, str] | None = None) -> list[str]:
         """One line per field at fault, the field named once (`source.artifact: No GGUF generation …`), or the
         message when the daemon gave no violations (led by the field it named when it refused the input itself,
-        400 or 422; a missing thing, 404, is named by its message)."""
+        400 or 422; a missing thing, 404, is named by its message). `names`: how the caller spells a field (a CLI
+        flag for a body field: `{"tokens_per_s": "--tokens-per-s"}`)."""
         if self.violations:
-            return [Violation(str(v.get("field", "?")), str(v.get("message", ""))).line() for v in self.violations]
+            return [
+                Violation(spell(names, str(v.get("field", "?"))), str(v.get("message", ""))).line()
+                for v in self.violations
+            ]
         message = " ".join(self.message.split())
-        return [Violation(self.param, message).line() if self.param and self.status in (400, 422) else message]
+        if self.param and self.status in (400, 422):
+            return [Violation(spell(names, self.param), message).line()]
+        return [message]
 
 
 class QiipClient:

@@ -235,7 +235,13 @@ class DeploymentService:
         if spec.engine is Engine.LLAMA_CPP and self.cache_dir is None:
             raise DeploymentInvalid(
                 "A llama.cpp deployment needs provisioning.model_cache_dir: the shared model cache the hosts mount.",
-                violations=[Violation("source", "provisioning.model_cache_dir is not set")],
+                violations=[
+                    Violation(
+                        "source",
+                        "the gateway has no provisioning.model_cache_dir (the shared model cache the hosts mount; "
+                        "set [provisioning] model_cache_dir or QIIP_PROVISIONING__MODEL_CACHE_DIR and restart it)",
+                    )
+                ],
             )
         cache = self.cache_dir or Path("/nonexistent")
         catalog = await asyncio.to_thread(scan_catalog, cache)

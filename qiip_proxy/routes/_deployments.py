@@ -143,8 +143,8 @@ async def plan(request: Request) -> JSONResponse:
     else:
         raise AdminError(
             422,
-            f"No replica of {name!r} has answered yet, so its speed is unknown: state tokens_per_s (answer tokens "
-            "per second of one sequence).",
+            f"No replica of {name!r} has answered yet, so its speed is unknown: give it (answer tokens per second "
+            "of one sequence).",
             "invalid_plan",
             "tokens_per_s",
         )

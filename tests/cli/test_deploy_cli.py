@@ -262,7 +262,7 @@ def test_plan_says_how_many_replicas_a_load_needs_and_on_which_hosts_applying_no
     load = ["--prompt-tokens", "200", "--answer-tokens", "100"]
     unmeasured = qiip(cluster, tmp_path, "deploy", "plan", "-f", str(path), "--requests-per-s", "1", *load)
     assert unmeasured.code == 1 and len(unmeasured.errors) == 1
-    assert unmeasured.errors[0].startswith("error: tokens_per_s: No replica of 'planned' has answered yet")
+    assert unmeasured.errors[0].startswith("error: --tokens-per-s: No replica of 'planned' has answered yet")
     assert qiip(cluster, tmp_path, "host", "add", "cpu-big", "--memory-mib", "4096").code == 0
     try:
         light = qiip(

@@ -343,7 +343,11 @@ def test_up_names_the_file_and_the_reason_for_every_model_it_cannot_serve(
         (["--model", f"x={good}", "--alias", "y"], f"--model x={good} names its model already; drop --alias y"),
         (["--model", str(good), "--alias", ""], "--alias must be a name without commas, got ''"),
         (["--model", "name="], "--model name= names no file"),
-        (["--model", str(good), "--model", str(good)], "Two models would be served as 'good'"),
+        (["--model", str(good), "--model", str(good)], "Two models would be served as 'good'; name them with --model"),
+        (
+            ["--model", f"a={good}", "--model", f"a={good}"],
+            "Two models would be served as 'a'; give each its own ALIAS",
+        ),
     ]
     # Two cases as a program (its exit status and stderr as a shell sees them); the others in this process, where
     # each refusal costs milliseconds instead of a Python start-up.
