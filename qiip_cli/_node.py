@@ -95,7 +95,10 @@ def list_nodes(ctx: CliContext, as_json: bool) -> None:
         click.echo(json.dumps(payload, indent=2))
         return
     if not entries:
-        click.echo("no nodes registered")
+        # Local nodes (`qiip up`), attached servers and deployments' replicas are the daemon's, not registrations.
+        click.echo(
+            "no nodes registered (the nodes a daemon runs itself: `qiip console`, or the admin API's /admin/nodes)"
+        )
         return
     rows = [("ID", "ENDPOINT", "MODEL", "ENGINE", "SOURCE")]
     rows += [(n.id, n.endpoint, n.model, n.engine.value, source) for n, source in entries]
