@@ -36,6 +36,7 @@ import httpx
 
 from qiip_cli._context import CliContext, pass_cli, run_or_exit
 from qiip_core import ConfigError, EngineError, PlanError
+from qiip_core._childenv import parent_death_signal
 from qiip_core.client import read_console_file
 from qiip_core.config import LOCAL_NODE_PLAN_VARIABLE, Settings, bind_listener, local_nodes_in_use
 from qiip_core.engines.llamacpp import (
@@ -341,7 +342,9 @@ def up(
     argv = [sys.executable, "-m", "qiip_proxy", "--host", host, "--port", str(port)]
     if ctx.config is not None:
         argv += ["--config", str(ctx.config)]
-    daemon = subprocess.Popen(argv, env=env, start_new_session=True)
+    # Its own session (a terminal's Ctrl-C reaches only this command), and SIGTERM when this command dies however it
+    # ends (kill -9 included): a daemon never outlives its `qiip up`, holding the port and the state directory.
+    daemon = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=parent_death_signal())
 
     stopping = False
 

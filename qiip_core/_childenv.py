@@ -5,15 +5,22 @@ The daemon's own environment holds its secrets (`QIIP_ADMIN__PASSWORD`, etcd cre
 GPU stack read (locale, paths, CUDA/ROCm/ggml and OpenMP settings) and nothing else. A build (a compiler
 toolchain reads many variables) gets the daemon's environment without QIIP's settings and without anything
 named like a credential.
+
+A child that must not outlive its parent (a `llama-server` of a daemon, the daemon of a `qiip up`) starts with
+`parent_death_signal()`: Linux sends it SIGTERM when the parent dies, however the parent ends (kill -9 included).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import re
-from collections.abc import Mapping
+import signal
+import sys
+from collections.abc import Callable, Mapping
 
-__all__ = ["build_environment", "runtime_environment"]
+__all__ = ["build_environment", "parent_death_signal", "runtime_environment"]
 
 _RUNTIME_NAMES = frozenset(
     {"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "LD_LIBRARY_PATH", "SHELL"}
@@ -60,3 +67,29 @@ def build_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
         for name, value in source.items()
         if not name.startswith(("QIIP_", "LLAMA_ARG_")) and not _SECRET_NAME.search(name)
     }
+
+
+_PR_SET_PDEATHSIG = 1
+"""`prctl` option: the signal the calling process gets when its parent dies (`<linux/prctl.h>`)."""
+
+
+def parent_death_signal() -> Callable[[], None] | None:
+    """A `preexec_fn` that asks Linux to SIGTERM the child when its parent dies (`prctl(PR_SET_PDEATHSIG)`); None
+    elsewhere. Call it in the parent, just before starting the child."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc_name = ctypes.util.find_library("c") or "libc.so.6"
+    try:
+        libc = ctypes.CDLL(libc_name, use_errno=True)
+    except OSError:  # pragma: no cover - libc always loads on Linux
+        return None
+    prctl = libc.prctl
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        # The parent may have died between fork and prctl; then no signal would ever come.
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec

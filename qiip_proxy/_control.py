@@ -41,8 +41,20 @@ __all__ = [
     "encode",
 ]
 
+NonNegative: TypeAlias = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+"""A duration in seconds or a counter's total: finite and not negative (one infinity would stay in a Prometheus sum
+for good)."""
+
 AccountedRow: TypeAlias = tuple[
-    str, str, int, str | None, float, float | None, tuple[tuple[str, str], ...], str | None, tuple[int, int] | None
+    str,
+    str,
+    int,
+    str | None,
+    NonNegative,
+    NonNegative | None,
+    tuple[tuple[str, str], ...],
+    str | None,
+    tuple[int, int] | None,
 ]
 """One finished request as it travels: `_metrics.Accounted`'s fields in order (an `Accounted` is one;
 `Accounted._make(row)` makes one of a row)."""
@@ -138,7 +150,7 @@ class Report(_Message):
     kind: Literal["report"] = "report"
     requests: tuple[AccountedRow, ...] = ()
     """The requests it finished since its last report (`_metrics.Accounted`)."""
-    counters: tuple[tuple[CounterKey, float], ...] | None = None
+    counters: tuple[tuple[CounterKey, NonNegative], ...] | None = None
     """Every counter's total since the worker started (`GatewayMetrics.counted`), when one changed; else None."""
     queued: dict[str, int] | None = None
     """Its requests waiting for a deployment's first replica, by model, when that changed; else None."""

@@ -136,8 +136,13 @@ def find_usage(before: bytes, last: bytes) -> Usage | None:
     return None
 
 
+MAX_USAGE_TOKENS = 1 << 40
+"""The largest token count of one answer believed (about 10^12, far beyond any context): a node that reports more
+is not counted, as one that reports a negative or non-integer count is not, so no answer can overflow a counter."""
+
+
 def _is_count(value: object) -> bool:
-    return type(value) is int and value >= 0
+    return type(value) is int and 0 <= value <= MAX_USAGE_TOKENS
 
 
 def upstream_error_kind(error: UpstreamError, *, committed: bool) -> str:

@@ -257,7 +257,13 @@ class _WorkerRuntime:
         """
         gateway = self.gateway
         await gateway.tokens.start(gateway.token_revoked)
-        reader, self._writer = await asyncio.open_unix_connection(str(self.control_path), limit=16 * 1024 * 1024)
+        try:
+            reader, self._writer = await asyncio.open_unix_connection(str(self.control_path), limit=16 * 1024 * 1024)
+        except (ConnectionError, FileNotFoundError):
+            # The primary died before this worker connected (SIGKILL while it started): nobody else removes the
+            # runtime directory.
+            await self._remove_runtime_dir_if_orphaned()
+            raise RuntimeError(f"worker {self.row}: the primary process is gone; not starting") from None
         self._writer.write(encode(Hello(row=self.row)))
         self._tasks = [
             asyncio.create_task(self._follow(reader), name="qiip-worker-fleet"),
@@ -313,15 +319,19 @@ class _WorkerRuntime:
             # ValueError: a ControlError, or a line longer than the stream's limit.
             logger.error("worker %d: the control channel failed: %s", self.row, exc)
         logger.warning("worker %d: the primary process is gone; shutting down", self.row)
-        # A dead parent's children are handed to another process just after its files close: wait for that.
+        await self._remove_runtime_dir_if_orphaned()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    async def _remove_runtime_dir_if_orphaned(self) -> None:
+        """Remove the runtime directory when the primary died without doing so (SIGKILL, a crash): its workers do.
+        A dead parent's children are handed to another process just after its files close: wait up to 2 s for
+        that before deciding."""
         for _ in range(40):
             if os.getppid() != self._primary_pid:
                 break
             await asyncio.sleep(0.05)
         if os.getppid() != self._primary_pid:
-            # It died without removing its runtime directory (SIGKILL, a crash): its workers do.
             shutil.rmtree(self.runtime_dir, ignore_errors=True)
-        os.kill(os.getpid(), signal.SIGTERM)
 
     async def _refresh_tokens(self) -> None:
         try:

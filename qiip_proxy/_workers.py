@@ -35,6 +35,7 @@ import multiprocessing
 import os
 import shutil
 import socket
+import struct
 import tempfile
 import time
 from collections.abc import Callable
@@ -256,6 +257,19 @@ class _Worker:
         """What the other processes learned, not yet sent to this worker."""
 
 
+def _peer_pid(writer: asyncio.StreamWriter) -> int | None:
+    """The PID of the process at the other end of a Unix socket connection (`SO_PEERCRED`), None when unknown."""
+    sock = writer.get_extra_info("socket")
+    if sock is None or not hasattr(socket, "SO_PEERCRED"):
+        return None
+    try:
+        credentials = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None
+    pid: int = struct.unpack("3i", credentials)[0]
+    return pid
+
+
 class WorkerPool:
     """The primary's workers: started with the gateway, kept running, stopped with it.
 
@@ -443,7 +457,13 @@ class WorkerPool:
             hello = decode(await reader.readline())
             if not isinstance(hello, Hello) or hello.row >= self.count:
                 raise ControlError(f"a worker's first message is not its greeting with a row below {self.count}")
-            worker = self._workers[hello.row - 1]
+            candidate = self._workers[hello.row - 1]
+            peer = _peer_pid(writer)
+            if candidate.process is None or peer != candidate.process.pid:
+                # Only the process started for the row speaks for it: another one (a leftover, an impostor with
+                # access to the runtime directory) would take its fleet updates away.
+                raise ControlError(f"a greeting for worker {hello.row} came from pid {peer}, not from that worker")
+            worker = candidate
             worker.heard_at, worker.greeted = time.monotonic(), True
             worker.counters = {}
             snapshot = [encode(r) for r in self._records().values()]
@@ -460,7 +480,11 @@ class WorkerPool:
                 report = decode(line)
                 if not isinstance(report, Report):
                     raise ControlError(f"a worker sent {report.kind!r}, which only the primary sends")
-                self._account(worker, report)
+                try:
+                    self._account(worker, report)
+                except Exception:
+                    # A report the metrics cannot take must not cut the worker off its fleet (it would restart).
+                    logger.exception("worker %d: a report could not be accounted; the connection stays", worker.row)
         except (ConnectionError, ValueError) as exc:
             # ValueError: a ControlError, or a line longer than the stream's limit.
             logger.warning("a worker's control connection failed: %s", exc)

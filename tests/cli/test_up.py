@@ -382,3 +382,34 @@ def test_a_second_up_on_the_same_state_directory_is_refused(tmp_path: Path, llam
     from qiip_core.config import local_nodes_in_use
 
     assert local_nodes_in_use(tmp_path / "state") is None
+
+
+def test_a_qiip_up_killed_with_sigkill_takes_its_daemon_and_llama_server_along(
+    tmp_path: Path, llama_server_binary: Path
+) -> None:
+    env = _up_env(tmp_path, llama_server_binary)
+    with _up(free_port(), env=env) as up:
+        daemon = _descendants(up.pid)
+        assert daemon and _processes_mentioning(str(tmp_path / "state" / "models"))
+        up.kill()
+        up.wait(timeout=60)
+        # Nothing is left to hold the port or the state directory: the daemon got SIGTERM and stopped its node.
+        wait_until(lambda: not (_processes_mentioning(str(tmp_path / "state")) or _alive_any(daemon)), 120, "no orphan")
+    from qiip_core.config import local_nodes_in_use
+
+    assert local_nodes_in_use(tmp_path / "state") is None
+    # The next run succeeds on the same state directory.
+    port = free_port()
+    with _up(port, env=env):
+        assert httpx.get(f"http://127.0.0.1:{port}/health").json()["local_nodes"] == {"local": "serving"}
+
+
+def _alive_any(pids: set[int]) -> bool:
+    return any(Path(f"/proc/{pid}").exists() and "zombie" not in _state_of(pid) for pid in pids)
+
+
+def _state_of(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:", 1)[1].splitlines()[0].lower()
+    except (OSError, IndexError):
+        return "gone"

@@ -98,6 +98,10 @@ MALFORMED = [
     b'{"kind": "report", "counters": [[["affinity", "m", "maybe"], 1.0]]}',
     b'{"kind": "report", "counters": {"shed\\u001fm\\u001fmax_in_flight": 1.0}}',
     b'{"kind": "report", "queued": {"m": "many"}}',
+    # Totals and durations are finite and not negative: one infinity would stay in a Prometheus sum for good.
+    b'{"kind": "report", "counters": [[["auth_failures", "admin"], 1e309]]}',
+    b'{"kind": "report", "counters": [[["auth_failures", "admin"], "Infinity"]]}',
+    b'{"kind": "report", "counters": [[["auth_failures", "admin"], -1.0]]}',
 ]
 
 

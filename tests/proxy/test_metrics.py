@@ -62,6 +62,9 @@ def chunk(content: str, *, usage: object = None, with_usage_key: bool = False) -
         (b"", b'{"usage": {"prompt_tokens": "5", "completion_tokens": 1}}', None),
         (b"", b'{"usage": {"prompt_tokens": -1}}', None),
         (b"", b'{"usage": {"prompt_tokens": true}}', None),
+        # A count no answer can have (a float counter would overflow on it) is not believed either.
+        (b"", b'{"usage": {"prompt_tokens": 1' + b"0" * 400 + b', "completion_tokens": 1}}', None),
+        (b"", b'{"usage": {"prompt_tokens": 1099511627776, "completion_tokens": 1}}', (1 << 40, 1)),
         # An answer cut inside its usage object.
         (b"", b'{"usage": {"prompt_tokens": 5, "compl', None),
         # A later usage wins: the last one is the answer's.

@@ -172,7 +172,13 @@ def test_a_malformed_line_on_the_control_channel_is_logged_and_its_connection_dr
 ) -> None:
     found = re.search(r"runtime directory (\S+)\)", daemon.log())
     assert found is not None
-    for line, why in ((b"not json\n", "Invalid JSON"), (b'{"kind": "ready"}\n', "not its greeting")):
+    malformed = (
+        (b"not json\n", "Invalid JSON"),
+        (b'{"kind": "ready"}\n', "not its greeting"),
+        # A greeting for the worker's row from another process (this one) would take the worker's fleet away.
+        (b'{"kind": "hello", "row": 1}\n', f"a greeting for worker 1 came from pid {os.getpid()}"),
+    )
+    for line, why in malformed:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as control:
             control.settimeout(30)
             control.connect(str(Path(found.group(1)) / "control.sock"))

@@ -20,19 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
 import logging
 import os
 import signal
 import socket
-import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-from qiip_core._childenv import runtime_environment
+from qiip_core._childenv import parent_death_signal, runtime_environment
 from qiip_core._errors import EngineLaunchError
 from qiip_core.health import health_session, probe_health
 from qiip_core.nodes import EndpointPolicy
@@ -54,7 +50,6 @@ _POLL_INTERVAL_S = 0.1
 _HEALTH_TIMEOUT_S = 5.0
 _HEALTH_CONNECT_TIMEOUT_S = 1.0
 _TAIL_LINES = 40
-_PR_SET_PDEATHSIG = 1
 
 
 class _NotReady(Exception):
@@ -219,27 +214,6 @@ class LaunchSpec:
         return args
 
 
-def _parent_death_signal() -> Callable[[], None] | None:
-    """A `preexec_fn` that asks Linux to SIGTERM the child when its parent dies; None elsewhere."""
-    if not sys.platform.startswith("linux"):
-        return None
-    libc_name = ctypes.util.find_library("c") or "libc.so.6"
-    try:
-        libc = ctypes.CDLL(libc_name, use_errno=True)
-    except OSError:  # pragma: no cover - libc always loads on Linux
-        return None
-    prctl = libc.prctl
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-        # The parent may have died between fork and prctl; then no signal would ever come.
-        if os.getppid() != parent:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return preexec
-
-
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
     """Send `sig` to the process group `pgid`; a group that is gone already is not an error."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -308,7 +282,7 @@ class LlamaServerProcess:
                     stderr=asyncio.subprocess.STDOUT,
                     env=env,
                     start_new_session=True,
-                    preexec_fn=_parent_death_signal(),
+                    preexec_fn=parent_death_signal(),
                 )
         except OSError as exc:
             raise EngineLaunchError(f"llama-server cannot be started from {self.binary}: {exc}.") from exc
