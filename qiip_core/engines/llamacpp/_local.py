@@ -204,7 +204,7 @@ def plan_local_nodes(
         node = LocalNodePlan(
             id=id_prefix if index == 0 else f"{id_prefix}-{index + 1}",
             model=model.alias,
-            gguf=model.path,
+            gguf=model.path.absolute(),  # the daemon reads it in its own process: never relative
             artifact_id=model.artifact_id,
             sizing=policy,
             embeddings=embeddings or server.embeddings,
