@@ -294,9 +294,9 @@ def read_gguf_metadata(path: Path) -> GgufMetadata:
         The model's shape, its metadata values and its tensors across every shard.
 
     Raises:
-        ModelFileError: the file does not exist, is not a GGUF, is damaged or truncated, lacks a required key, is
-            not the first shard of its family, a shard of its family is missing, or its shape is out of bounds
-            (`check_bounds`; `.path` names the file).
+        ModelFileError: the file does not exist, is not a regular file (a FIFO: never opened), is not a GGUF, is damaged
+            or truncated, lacks a required key, is not the first shard of its family, a shard of its family is missing,
+            or its shape is out of bounds (`check_bounds`; `.path` names the file).
     """
     path = Path(path)
     first = _open(path)
