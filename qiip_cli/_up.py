@@ -49,6 +49,7 @@ from qiip_core.engines.llamacpp import (
     make_test_gguf,
     plan_local_nodes,
 )
+from qiip_core.nodes import ModelName
 from qiip_core.planner import Plan
 from qiip_core.storage import atomic_write
 
@@ -128,6 +129,18 @@ def _resolve_artifact(settings: Settings, artifact: str) -> tuple[str, Path]:
 
     whole = resolve_artifact_id(settings, artifact)
     return whole, artifact_entrypoint(settings, whole)
+
+
+def _check_name(name: str, flag: str) -> str:
+    """`name` if it can be a served model's name (`ModelName`: a node's `model`), else a usage error naming it and
+    the flag it came from (`--alias`, `--model`, `--artifact`)."""
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        return TypeAdapter(ModelName).validate_python(name)
+    except ValidationError as exc:
+        reason = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
+        raise click.UsageError(f"The model name {name!r} (from {flag}) is invalid: {reason}.") from None
 
 
 def _parse_model(value: str) -> tuple[str | None, Path]:
@@ -289,6 +302,8 @@ def up(
         raise click.UsageError("--alias names one model; with several, give each as --model ALIAS=PATH.")
     if alias is not None and (not alias.strip() or "," in alias):
         raise click.UsageError(f"--alias must be a name without commas, got {alias!r}.")
+    if alias is not None:
+        _check_name(alias, "--alias")
     _check_port(host, port)
     busy = local_nodes_in_use(settings.state_dir)
     if busy is not None:
@@ -300,7 +315,7 @@ def up(
     for value in artifacts:
         named, _, artifact = value.rpartition("=")
         whole, entrypoint = run_or_exit(lambda: _resolve_artifact(settings, artifact))  # noqa: B023 - called at once
-        label = named or alias or _default_alias(entrypoint)
+        label = _check_name(named or alias or _default_alias(entrypoint), "--artifact")
         if any(label == other.alias for other in served):
             hint = "give each its own ALIAS" if named else "name them with --artifact ALIAS=ID"
             raise click.UsageError(f"Two models would be served as {label!r}; {hint}.")
@@ -311,7 +326,7 @@ def up(
             raise click.UsageError(f"--model {value} names its model already; drop --alias {alias}.")
         if not str(path) or str(path) == ".":
             raise click.UsageError(f"--model {value} names no file; give it as ALIAS=PATH.")
-        name = given or alias or _default_alias(path)
+        name = _check_name(given or alias or _default_alias(path), "--model")
         if any(name == other.alias for other in served):
             hint = "give each its own ALIAS" if given is not None else "name them with --model ALIAS=PATH"
             raise click.UsageError(f"Two models would be served as {name!r}; {hint}.")
@@ -406,6 +421,9 @@ def _wait_ready(daemon: subprocess.Popen[bytes], base: str, nodes: list[tuple[st
     """Wait until every local node's model is routable: listed by `/v1/models` (healthy), and the daemon reports
     its launch as `serving`. A failed launch or an exited daemon ends the wait at once."""
     deadline = time.monotonic() + _READY_TIMEOUT_S
+    # A log older than this wait is an earlier start's: this one failed before llama-server started (the file was
+    # read again, say). The slack covers the file system's coarser clock.
+    since = time.time() - 1.0
     with httpx.Client(trust_env=False, timeout=2.0) as client:
         while time.monotonic() < deadline:
             if daemon.poll() is not None:
@@ -415,9 +433,14 @@ def _wait_ready(daemon: subprocess.Popen[bytes], base: str, nodes: list[tuple[st
                 for node_id, served in nodes:
                     if launches.get(node_id) == "failed":
                         log = settings.state_dir / "logs" / f"{node_id}.log"
+                        output = (
+                            f"llama-server's own output is in {log}"
+                            if _written_since(log, since)
+                            else "llama-server was not started"
+                        )
                         raise click.ClickException(
                             f"The model {served!r} failed to start: the daemon says why above "
-                            f"(`local node {node_id} failed to start`); llama-server's own output is in {log}."
+                            f"(`local node {node_id} failed to start`); {output}."
                         )
                 listed = {m["id"] for m in client.get(f"{base}/v1/models").json()["data"]}
                 if all(launches.get(node_id) == "serving" and served in listed for node_id, served in nodes):
@@ -427,6 +450,14 @@ def _wait_ready(daemon: subprocess.Popen[bytes], base: str, nodes: list[tuple[st
             time.sleep(0.1)
     names = ", ".join(repr(served) for _, served in nodes)
     raise click.ClickException(f"{names} did not become ready in time; see the logs in {settings.state_dir / 'logs'}.")
+
+
+def _written_since(path: Path, since: float) -> bool:
+    """Whether `path` exists and was written at or after `since` (seconds since the epoch)."""
+    try:
+        return path.stat().st_mtime >= since
+    except OSError:
+        return False
 
 
 def _terminate(daemon: subprocess.Popen[bytes]) -> None:

@@ -108,7 +108,23 @@ class LocalNodes:
 
     async def _launch_all(self) -> None:
         for config in self.settings.local_nodes:
-            await self._launch(config)
+            try:
+                await self._launch(config)
+            except Exception as exc:
+                # A failure `_launch` does not foresee fails that node only: the others still launch, and
+                # `/health` says `failed` rather than `starting` forever.
+                logger.exception("local node %s failed to start", config.id)
+                await self._fail(config.id, f"{type(exc).__name__}: {exc}")
+
+    async def _fail(self, node_id: str, message: str) -> None:
+        """Record that the local node `node_id` failed to start (`message`, logged) and stop its llama-server if
+        it started: one that is not registered would only hold memory."""
+        self.errors[node_id] = message
+        self.ready.discard(node_id)
+        server = self.servers.get(node_id)
+        if server is not None:
+            await server.stop()
+        self._expect()
 
     def _engine(self) -> InstalledEngine:
         """The llama.cpp build to launch with: the one `qiip up` planned with, else the installed one."""
@@ -151,24 +167,24 @@ class LocalNodes:
             )
             logger.info("launching local node %s: %s (log %s)", config.id, model_path, log_path)
             runtime = await self._launch_server(config, server, policy)
+            capabilities = NodeCapabilities(endpoints=("embeddings",) if server.embeddings else ("chat", "completions"))
+            # A ValidationError (a ValueError) here fails this node, and stops the server it launched.
+            node = Node(
+                id=config.id,
+                endpoint=server.endpoint,
+                model=config.model,
+                engine=Engine.LLAMA_CPP,
+                managed=True,
+                status=NodeStatus.UNKNOWN,
+                capabilities=capabilities,
+                llamacpp_runtime=runtime,
+                artifact_id=artifact,
+            )
         except (QiipError, OSError, ValueError) as exc:
             message = exc.message if isinstance(exc, QiipError) else str(exc)
-            self.errors[config.id] = message
             logger.error("local node %s failed to start: %s", config.id, message)
-            self._expect()
+            await self._fail(config.id, message)
             return
-        capabilities = NodeCapabilities(endpoints=("embeddings",) if server.embeddings else ("chat", "completions"))
-        node = Node(
-            id=config.id,
-            endpoint=server.endpoint,
-            model=config.model,
-            engine=Engine.LLAMA_CPP,
-            managed=True,
-            status=NodeStatus.UNKNOWN,
-            capabilities=capabilities,
-            llamacpp_runtime=runtime,
-            artifact_id=artifact,
-        )
         await self.registry.register(node, ephemeral=True)
         self.ready.add(config.id)
         self._expect()

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 from qiip_core._errors import ConfigError
 from qiip_core.nodes import (
     Engine,
+    ModelName,
     NodeCapabilities,
 )
 
@@ -572,8 +573,8 @@ class LocalNodeConfig(_Group):
     artifact_id: str | None = Field(default=None, pattern=r"^[0-9a-f]{8,64}$")
     """A GGUF generation to serve (`qiip model list`: the Hugging Face cache, or an acquired manifest revision),
     instead of `gguf`: its id, or its first 8 or more characters when they name one id only."""
-    model: str = Field(min_length=1, max_length=512)
-    """The alias clients use as `model`."""
+    model: ModelName
+    """The alias clients use as `model`: printable, with no surrounding whitespace (as a node's `model`)."""
     host: str = "127.0.0.1"
     """Address llama-server binds."""
     port: int = Field(default=0, ge=0, le=65535)

@@ -12,6 +12,7 @@ what is allowed; an unknown key in the TOML file is an error too, so a typo neve
 from __future__ import annotations
 
 import contextvars
+import json
 import os
 import re
 import tomllib
@@ -230,6 +231,10 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
                 tomllib.load(f)
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"The config file {config_file} is not valid TOML: {exc}.") from exc
+        except RecursionError:
+            raise ConfigError(
+                f"The config file {config_file} nests arrays or tables too deeply to read; no setting needs that."
+            ) from None
         except OSError as exc:
             raise ConfigError(f"The config file {config_file} cannot be read: {exc.strerror}.") from exc
     unknown = sorted(
@@ -251,8 +256,29 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
         raise ConfigError(format_validation_error(exc, config_file)) from exc
     except SettingsError as exc:
         raise ConfigError(_unparsable(exc)) from exc
+    except RecursionError:
+        raise ConfigError(_too_deep()) from None
     finally:
         _config_file.reset(token)
+
+
+def _too_deep() -> str:
+    """Name the variables whose JSON nests too deeply for Python's decoder (which raises RecursionError)."""
+    names = []
+    for key, value in sorted(os.environ.items()):
+        if not key.startswith("QIIP_") or key in _NOT_SETTINGS:
+            continue
+        try:
+            json.loads(value)
+        except RecursionError:
+            names.append(key)
+        except ValueError:
+            pass
+    where = ", ".join(names) if names else "a variable (in the environment or .env)"
+    return (
+        f"A setting could not be parsed: {where} nests JSON arrays or objects too deeply to read; no setting needs "
+        "that, so fix its value."
+    )
 
 
 def _unparsable(exc: SettingsError) -> str:

@@ -18,10 +18,12 @@ from qiip_core.nodes._node import (
     DeploymentRef,
     Engine,
     LlamaCppRuntime,
+    ModelName,
     Node,
     NodeCapabilities,
     NodeStatus,
     ProvisionedEngine,
+    check_model_name,
 )
 
 __all__ = [
@@ -37,9 +39,11 @@ __all__ = [
     "EndpointPolicy",
     "Engine",
     "LlamaCppRuntime",
+    "ModelName",
     "Node",
     "NodeCapabilities",
     "NodeStatus",
     "ProvisionedEngine",
+    "check_model_name",
     "parse_endpoint",
 ]

@@ -15,7 +15,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 __all__ = [
@@ -27,10 +27,12 @@ __all__ = [
     "DeploymentRef",
     "Engine",
     "LlamaCppRuntime",
+    "ModelName",
     "Node",
     "NodeCapabilities",
     "NodeStatus",
     "ProvisionedEngine",
+    "check_model_name",
 ]
 
 
@@ -104,6 +106,28 @@ ProvisionedEngine = Annotated[_Provisioned, BeforeValidator(_provisioned)]
 (`"llama_cpp"`, `"vllm"`) and written as it; anything else is refused with `Input should be 'llama_cpp' or 'vllm'`.
 Its JSON schema is the string enum of those values."""
 
+
+def check_model_name(value: str) -> str:
+    """Check a served model name (a node's `model`, a local node's alias): what clients send as `model`, shown in
+    `/v1/models`, logs and the console, so it must be printable, with no surrounding whitespace.
+
+    Args:
+        value: the name; its length (1 to 512 characters) is `ModelName`'s rule.
+
+    Returns:
+        `value` unchanged.
+
+    Raises:
+        ValueError: it holds a control character (a newline, a bell, NUL) or other non-printable character, or
+            starts or ends with whitespace.
+    """
+    if not value.isprintable() or value != value.strip():
+        raise ValueError("model must be printable with no surrounding whitespace")
+    return value
+
+
+ModelName = Annotated[str, Field(min_length=1, max_length=512), AfterValidator(check_model_name)]
+"""A served model name: 1 to 512 printable characters, with no surrounding whitespace (`check_model_name`)."""
 
 ApiName = Literal["chat", "completions", "embeddings"]
 """An OpenAI inference API: `/v1/chat/completions`, `/v1/completions` or `/v1/embeddings`."""
@@ -203,7 +227,7 @@ class Node(BaseModel):
     id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
     endpoint: str
     status: NodeStatus = NodeStatus.UNKNOWN
-    model: str = Field(min_length=1, max_length=512)
+    model: ModelName
     engine: Engine = Engine.VLLM
     artifact_id: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     llamacpp_runtime: LlamaCppRuntime | None = None
@@ -211,10 +235,3 @@ class Node(BaseModel):
     managed: bool = False
     last_heartbeat: datetime | None = None
     deployment: DeploymentRef | None = None
-
-    @field_validator("model")
-    @classmethod
-    def _printable(cls, value: str) -> str:
-        if not value.isprintable() or value != value.strip():
-            raise ValueError("model must be printable with no surrounding whitespace")
-        return value

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from qiip_cli._up import _previous_credentials, _write_console_config
+from qiip_cli._up import _previous_credentials, _write_console_config, _written_since
 from qiip_core.config import load_settings
 from tests.support.bad_models import BAD_MODELS, LLAMA_SERVER_REFUSES, write_bad_model
 from tests.support.cli import QIIP, clean_environ
@@ -184,9 +184,19 @@ def test_up_fails_fast_when_its_model_cannot_load(tmp_path: Path, llama_server_b
     result = _run_up(env, "--model", str(broken))
     assert result.returncode == 1
     assert "The model 'broken' failed to start: the daemon says why above" in result.stderr
+    assert f"llama-server's own output is in {tmp_path / 'state' / 'logs' / 'local.log'}." in result.stderr
     assert "local node local failed to start" in result.stderr  # the daemon's own line, above
     assert _processes_mentioning(str(tmp_path / "state")) == []
     assert 'password = "running"' in console_file.read_text()
+
+
+def test_a_failed_start_points_at_a_log_only_when_this_start_wrote_it(tmp_path: Path) -> None:
+    log = tmp_path / "local.log"
+    assert not _written_since(log, 0.0)  # llama-server never started: no log to point at
+    log.write_text("an earlier start's output\n")
+    os.utime(log, (1_000_000.0, 1_000_000.0))
+    assert not _written_since(log, 2_000_000.0)
+    assert _written_since(log, 1_000_000.0)
 
 
 def test_up_keeps_the_console_credentials_of_an_earlier_start(tmp_path: Path) -> None:
@@ -320,6 +330,8 @@ def test_up_names_the_file_and_the_reason_for_every_model_it_cannot_serve(
     shards = make_test_gguf(tmp_path / "family.gguf", split=3)
     good = make_test_gguf(tmp_path / "good.gguf")[0]
     bad = {kind: write_bad_model(tmp_path / f"{kind}.gguf", kind) for kind in BAD_MODELS}
+    fifo = tmp_path / "pipe.gguf"
+    os.mkfifo(fifo)  # opening it would wait for a writer forever
     cases = [
         *((["--model", str(path)], reason) for path, reason in bad.values()),
         (["--model", str(text)], f"{text} is not a GGUF model: it starts with b'not '"),
@@ -343,6 +355,9 @@ def test_up_names_the_file_and_the_reason_for_every_model_it_cannot_serve(
         (["--model", f"x={good}", "--alias", "y"], f"--model x={good} names its model already; drop --alias y"),
         (["--model", str(good), "--alias", ""], "--alias must be a name without commas, got ''"),
         (["--model", "name="], "--model name= names no file"),
+        (["--model", str(fifo)], f"The model path {fifo} is not a regular file"),
+        (["--model", str(good), "--alias", "a\x07b"], "The model name 'a\\x07b' (from --alias) is invalid: model must"),
+        (["--model", f"a\nb={good}", "--model", str(good)], "The model name 'a\\nb' (from --model) is invalid"),
         (["--model", str(good), "--model", str(good)], "Two models would be served as 'good'; name them with --model"),
         (
             ["--model", f"a={good}", "--model", f"a={good}"],

@@ -98,6 +98,7 @@ engine = "llama_cpp"
         ({"QIIP_NODES": '[{"id": "a", "endpoint": "http://10.0.0.1:80", "model": "m"}]'}, "nodes.0.endpoint"),
         ({"QIIP_HEALTH__INTERVAL_S": "soon"}, "health.interval_s"),
         ({"QIIP_ADMIN__ENABLED": "true"}, "The admin API is enabled but has no credentials"),
+        ({"QIIP_LOCAL_NODE_PLAN": "[" * 1500}, "QIIP_LOCAL_NODE_PLAN (the local nodes `qiip up` hands the daemon)"),
     ],
 )
 def test_invalid_settings_stop_start_up(tmp_path: Path, env: dict[str, str], expected: str) -> None:
@@ -111,3 +112,4 @@ def test_invalid_settings_stop_start_up(tmp_path: Path, env: dict[str, str], exp
     )
     assert result.returncode == 2
     assert expected in result.stderr
+    assert "Traceback" not in result.stderr

@@ -17,6 +17,7 @@ anything is sized by them, so a header that claims 100,000 layers costs no more 
 from __future__ import annotations
 
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -179,6 +180,15 @@ def shard_paths(path: Path) -> tuple[Path, ...] | None:
 
 def _open(file: Path) -> GgufHeader:
     try:
+        # Before opening: opening a FIFO blocks until a writer comes, and a device never ends.
+        kind = file.stat().st_mode  # through symlinks
+        if stat.S_ISDIR(kind):
+            raise IsADirectoryError
+        if not stat.S_ISREG(kind):
+            raise ModelFileError(
+                f"The model path {file} is not a regular file (a FIFO, a socket or a device); give a GGUF file.",
+                path=file,
+            )
         with file.open("rb") as handle:
             magic = handle.read(4)
     except FileNotFoundError:
@@ -284,9 +294,9 @@ def read_gguf_metadata(path: Path) -> GgufMetadata:
         The model's shape, its metadata values and its tensors across every shard.
 
     Raises:
-        ModelFileError: the file does not exist, is not a GGUF, is damaged or truncated, lacks a required key, is
-            not the first shard of its family, a shard of its family is missing, or its shape is out of bounds
-            (`check_bounds`; `.path` names the file).
+        ModelFileError: the file does not exist, is not a regular file (a FIFO: never opened), is not a GGUF, is damaged
+            or truncated, lacks a required key, is not the first shard of its family, a shard of its family is missing,
+            or its shape is out of bounds (`check_bounds`; `.path` names the file).
     """
     path = Path(path)
     first = _open(path)

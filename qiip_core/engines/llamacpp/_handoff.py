@@ -21,15 +21,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from qiip_core._errors import ConfigError
 from qiip_core._violation import first_violation
 from qiip_core.config import LOCAL_NODE_PLAN_VARIABLE, LocalNodeConfig
 from qiip_core.engines.llamacpp._install import InstalledEngine
-from qiip_core.planner import SizingPolicy
+from qiip_core.engines.llamacpp._paths import AbsolutePath
+from qiip_core.nodes import ModelName
+from qiip_core.planner import MAX_AGGREGATE_CONTEXT, AutoPolicy, CustomPolicy, SizingPolicy, validate_policy
 
 __all__ = ["LOCAL_NODE_HANDOFF_VERSION", "LocalNodeHandoff", "LocalNodePlan"]
 
@@ -46,16 +47,27 @@ class LocalNodePlan(BaseModel):
 
     id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
     """The node id (`local`, `local-2`, …)."""
-    model: str = Field(min_length=1, max_length=512)
-    """The alias clients use as `model`."""
-    gguf: Path
-    """The GGUF to serve (the first shard of a split family): the file given, or the artifact's entrypoint."""
+    model: ModelName
+    """The alias clients use as `model`: printable, with no surrounding whitespace (as a node's `model`)."""
+    gguf: AbsolutePath
+    """The GGUF to serve (the first shard of a split family): the file given, or the artifact's entrypoint; an
+    absolute path."""
     artifact_id: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     """The whole id of the artifact `gguf` is the entrypoint of (the node record carries it); None for a file."""
     sizing: SizingPolicy
     """The sizing to launch: custom as planned, or automatic (planned again at launch)."""
     embeddings: bool
     """Serve `/v1/embeddings` (asked for, or an embedding model) instead of generation."""
+
+    @field_validator("sizing")
+    @classmethod
+    def _valid_sizing(cls, sizing: AutoPolicy | CustomPolicy) -> AutoPolicy | CustomPolicy:
+        # The planner's own rules, those that hold for any model and device (slots, the context step, the
+        # aggregate context, a fit target of at least 0): no training context to exceed, no device to fit here.
+        found = validate_policy(sizing, train_context=MAX_AGGREGATE_CONTEXT, devices=[])
+        if found:
+            raise ValueError(" ".join(v.message for v in found).removesuffix("."))
+        return sizing
 
     def config(self) -> LocalNodeConfig:
         """The `[[local_nodes]]` entry this node is in the daemon's settings: the file, or the artifact's whole id
@@ -76,8 +88,8 @@ class LocalNodeHandoff(BaseModel):
 
     model_config = _RECORD
 
-    version: int
-    """The record's version: `LOCAL_NODE_HANDOFF_VERSION`."""
+    version: int = Field(strict=True)
+    """The record's version: `LOCAL_NODE_HANDOFF_VERSION` (a JSON integer: not `true`, not `1.0`)."""
     engine: InstalledEngine
     """The llama.cpp build `qiip up` found (or built) and planned with; the daemon launches it."""
     nodes: list[LocalNodePlan] = Field(min_length=1)
@@ -100,8 +112,9 @@ class LocalNodeHandoff(BaseModel):
         """The record in `environ`'s `QIIP_LOCAL_NODE_PLAN`, or None when it is not set.
 
         Raises:
-            ConfigError: the value is not JSON, its `version` is not `LOCAL_NODE_HANDOFF_VERSION`, or a field is
-                invalid; the message names the variable, the field (`nodes.0.sizing.custom.slots`) and why.
+            ConfigError: the value is not JSON (or nests deeper than Python can read), its `version` is not the
+                integer `LOCAL_NODE_HANDOFF_VERSION`, or a field is invalid; the message names the variable, the
+                field (`nodes.0.sizing.custom.slots`, `nodes.0.gguf`) and why.
         """
         raw = environ.get(LOCAL_NODE_PLAN_VARIABLE)
         if raw is None:
@@ -111,7 +124,13 @@ class LocalNodeHandoff(BaseModel):
             data = json.loads(raw)
         except ValueError as exc:
             raise ConfigError(f"{where} is not JSON: {exc}.") from None
+        except RecursionError:
+            raise ConfigError(f"{where} is not a hand-off record: its JSON nests too deeply to read.") from None
         version = data.get("version") if isinstance(data, dict) else None
+        if version is not None and type(version) is not int:
+            raise ConfigError(
+                f"{where} is invalid: version: must be the integer {LOCAL_NODE_HANDOFF_VERSION}, got {version!r}."
+            )
         if version != LOCAL_NODE_HANDOFF_VERSION:
             raise ConfigError(
                 f"{where} has version {version!r}; this daemon reads version {LOCAL_NODE_HANDOFF_VERSION}. Start it "
@@ -122,6 +141,5 @@ class LocalNodeHandoff(BaseModel):
         except ValidationError as exc:
             violation = first_violation(exc)
             field = violation.field or "the record"
-            raise ConfigError(
-                f"{where} is invalid: {field}: {violation.message.removeprefix('Value error, ')}."
-            ) from None
+            message = violation.message.removeprefix("Value error, ").removesuffix(".")
+            raise ConfigError(f"{where} is invalid: {field}: {message}.") from None

@@ -44,6 +44,7 @@ from qiip_core.engines.llamacpp._build import (
     find_nvcc,
     nvidia_gpu_count,
 )
+from qiip_core.engines.llamacpp._paths import AbsolutePath
 from qiip_core.engines.llamacpp._source import (
     SourceSpec,
     extract_archive,
@@ -81,8 +82,8 @@ class InstalledEngine:
     root: Path
     """The install directory (`<install_dir>/<version>-<variant>`, resolved), or the directory of a
     configured `server_binary`."""
-    server: Path
-    """The `llama-server` program."""
+    server: AbsolutePath
+    """The `llama-server` program (an absolute path)."""
     fit_params: Path | None
     """`llama-fit-params`, when the source had it."""
     quantize: Path | None
@@ -155,7 +156,8 @@ class LlamaCppInstaller:
         """
         binary = self.settings.server_binary
         if binary is not None:
-            binary = binary.expanduser()
+            # Absolute: `qiip up` hands it to the daemon (`LocalNodeHandoff`), which refuses a relative path.
+            binary = binary.expanduser().absolute()
             if not _executable(binary):
                 raise ConfigError(
                     f"engines.llamacpp.server_binary (QIIP_ENGINES__LLAMACPP__SERVER_BINARY) is {binary}, "

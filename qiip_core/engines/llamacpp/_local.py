@@ -165,9 +165,9 @@ def plan_local_nodes(
         One planned node per model, in order.
 
     Raises:
-        ModelFileError: a model file cannot be served (`inspect_model`: missing, not a GGUF, truncated, a later
-            shard, a missing shard, a shape out of bounds, an unknown architecture, a missing tensor); also a
-            ValueError. Each is found in bounded time and memory.
+        ModelFileError: a model file cannot be served (`inspect_model`: missing, not a regular file, not a GGUF,
+            truncated, a later shard, a missing shard, a shape out of bounds, an unknown architecture, a missing
+            tensor); also a ValueError. Each is found in bounded time and memory.
         PlanError: the devices cannot be read, or a sizing is invalid or does not fit; the message starts with
             the file's name and gives the plan's numbers.
     """
@@ -204,7 +204,7 @@ def plan_local_nodes(
         node = LocalNodePlan(
             id=id_prefix if index == 0 else f"{id_prefix}-{index + 1}",
             model=model.alias,
-            gguf=model.path,
+            gguf=model.path.absolute(),  # the daemon reads it in its own process: never relative
             artifact_id=model.artifact_id,
             sizing=policy,
             embeddings=embeddings or server.embeddings,

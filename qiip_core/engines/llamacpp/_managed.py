@@ -69,9 +69,9 @@ class ManagedLlamaServer:
             or an encoder) is always served so.
 
     Raises:
-        ModelFileError: the model file cannot be served (`inspect_model`: missing, not a GGUF, truncated, a later
-            shard of a split family, out of bounds, an unknown architecture, a missing tensor); it is also a
-            ValueError.
+        ModelFileError: the model file cannot be served (`inspect_model`: missing, not a regular file, not a GGUF,
+            truncated, a later shard of a split family, out of bounds, an unknown architecture, a missing tensor); it is
+            also a ValueError.
     """
 
     def __init__(

@@ -113,6 +113,16 @@ def test_invalid_values(monkeypatch: pytest.MonkeyPatch, env: str, value: str, f
     assert fragment in info.value.message
 
 
+def test_json_or_toml_nested_too_deeply_is_refused_naming_where(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    with pytest.raises(ConfigError, match="config file .* nests arrays or tables too deeply"):
+        load_settings(write(tmp_path, "a = " + "[" * 1500))
+    monkeypatch.setenv("QIIP_ROUTING__ALLOWED_ENDPOINT_PORTS", "[" * 1500)
+    with pytest.raises(ConfigError, match="QIIP_ROUTING__ALLOWED_ENDPOINT_PORTS nests JSON .* too deeply"):
+        load_settings()
+
+
 def test_duplicate_node_ids(tmp_path: Path) -> None:
     text = '[[nodes]]\nid="a"\nendpoint="http://127.0.0.1:1"\nmodel="m"\n' * 2
     with pytest.raises(ConfigError) as info:
@@ -276,6 +286,12 @@ def test_a_local_node_serves_one_file_or_one_artifact(node: dict[str, str]) -> N
     with pytest.raises(ConfigError, match="exactly one of gguf"):
         load_settings(local_nodes=[node])
     assert load_settings(local_nodes=[{"id": "a", "model": "m", "artifact_id": "0" * 64}]).local_nodes[0].gguf is None
+
+
+@pytest.mark.parametrize("alias", ["a\x07b", "a\nb", " a"])
+def test_a_local_node_alias_follows_the_model_name_rule(alias: str) -> None:
+    with pytest.raises(ConfigError, match=r"local_nodes\.0\.model .*model must be printable"):
+        load_settings(local_nodes=[{"id": "a", "model": alias, "gguf": "/m.gguf"}])
 
 
 def test_models_settings_refuse_a_bad_endpoint_and_host() -> None:

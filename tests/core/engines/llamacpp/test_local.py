@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from qiip_core.planner import AutoPolicy, CustomPolicy, DeviceMemory
 ROOMY = [DeviceMemory(index=0, name="CPU", total_mib=64_000, free_mib=60_000, kind="cpu")]
 TIGHT = [DeviceMemory(index=0, name="CPU", total_mib=2_000, free_mib=600, kind="cpu")]
 ARTIFACT = "ab" * 32
+SIZING = {"sizing": "custom", "fit_target_mib": 512, "context_per_slot": 2048, "slots": 2, "cache_type": "f16"}
 
 
 @pytest.fixture
@@ -111,6 +113,24 @@ def test_a_file_that_cannot_be_served_is_refused_before_any_plan(engine: Install
         plan_local_nodes(engine, [LocalModel("a", tmp_path / "absent.gguf")], devices=ROOMY)
 
 
+def test_a_fifo_given_as_the_model_is_refused_without_opening_it(engine: InstalledEngine, tmp_path: Path) -> None:
+    fifo = tmp_path / "x.gguf"
+    os.mkfifo(fifo)
+    (tmp_path / "link.gguf").symlink_to(fifo)
+    for given in (fifo, tmp_path / "link.gguf"):
+        # Opening it would wait for a writer forever: this returns at once.
+        with pytest.raises(ValueError, match=f"The model path {given} is not a regular file"):
+            plan_local_nodes(engine, [LocalModel("a", given)], devices=ROOMY)
+
+
+def test_the_planned_file_is_handed_on_as_an_absolute_path(
+    engine: InstalledEngine, tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tiny_gguf.parent)
+    (planned,) = plan_local_nodes(engine, [LocalModel("a", Path(tiny_gguf.name))], devices=ROOMY)
+    assert planned.node.gguf == tiny_gguf
+
+
 def _handoff(tiny_gguf: Path, engine: InstalledEngine) -> LocalNodeHandoff:
     return LocalNodeHandoff(
         version=LOCAL_NODE_HANDOFF_VERSION,
@@ -150,6 +170,8 @@ def test_the_handoff_reads_back_as_written(engine: InstalledEngine, tiny_gguf: P
         ({"version": None}, "has version None"),
         ({"nodes": []}, "is invalid: nodes: List should have at least 1 item"),
         ({"node": 1}, "is invalid: node: Extra inputs are not permitted"),
+        ({"version": True}, "is invalid: version: must be the integer 1, got True."),
+        ({"version": 1.0}, "is invalid: version: must be the integer 1, got 1.0."),
     ],
 )
 def test_a_handoff_of_another_version_or_shape_is_refused_naming_the_variable(
@@ -168,7 +190,17 @@ def test_a_handoff_of_another_version_or_shape_is_refused_naming_the_variable(
         ("id", "-x", "nodes.1.id: String should match pattern"),
         ("artifact_id", "abc", "nodes.1.artifact_id: String should match pattern"),
         ("sizing", {"sizing": "custom", "slots": "2"}, "nodes.1.sizing.custom."),
-        ("model", "a", "the record: node id"),
+        ("id", "local", "the record: node id"),  # two nodes under one id
+        ("model", "a\x07b", "nodes.1.model: model must be printable with no surrounding whitespace."),
+        ("model", "a ", "nodes.1.model: model must be printable"),
+        ("gguf", "", "nodes.1.gguf: is empty; it must be the absolute path of a file."),
+        ("gguf", "tiny.gguf", "nodes.1.gguf: is relative ('tiny.gguf'); it must be an absolute path."),
+        ("gguf", "/m/a\x00b.gguf", "nodes.1.gguf: holds a NUL byte or control character ('/m/a\\x00b.gguf')"),
+        ("gguf", "/m/a\nb.gguf", "nodes.1.gguf: holds a NUL byte or control character ('/m/a\\nb.gguf')"),
+        # The planner's own rules, those that need no model.
+        ("sizing", {**SIZING, "slots": 0}, "nodes.1.sizing: slots must be between 1 and 256, got 0."),
+        ("sizing", {**SIZING, "context_per_slot": 100}, "nodes.1.sizing: context_per_slot must be a positive multiple"),
+        ("sizing", {**SIZING, "fit_target_mib": -1}, "nodes.1.sizing: fit_target_mib must be at least 0 MiB, got -1."),
     ],
 )
 def test_a_bad_field_of_the_handoff_is_refused_naming_it(
@@ -176,8 +208,27 @@ def test_a_bad_field_of_the_handoff_is_refused_naming_it(
 ) -> None:
     data = json.loads(_handoff(tiny_gguf, engine).to_json())
     data["nodes"][1][field] = value
-    if field == "model":
-        data["nodes"][1]["id"] = "local"  # two nodes under one id
+    with pytest.raises(ConfigError, match="QIIP_LOCAL_NODE_PLAN") as refused:
+        LocalNodeHandoff.from_environ({LOCAL_NODE_PLAN_VARIABLE: json.dumps(data)})
+    assert expected in refused.value.message
+    assert "\n" not in refused.value.message
+
+
+@pytest.mark.parametrize(
+    ("server", "expected"),
+    [
+        (None, "engine.server: Field required."),
+        ("", "engine.server: is empty"),
+        ("bin/x", "engine.server: is relative"),
+    ],
+)
+def test_a_handoff_without_the_engines_server_is_refused(
+    engine: InstalledEngine, tiny_gguf: Path, server: str | None, expected: str
+) -> None:
+    data = json.loads(_handoff(tiny_gguf, engine).to_json())
+    data["engine"].pop("server")
+    if server is not None:
+        data["engine"]["server"] = server
     with pytest.raises(ConfigError, match="QIIP_LOCAL_NODE_PLAN") as refused:
         LocalNodeHandoff.from_environ({LOCAL_NODE_PLAN_VARIABLE: json.dumps(data)})
     assert expected in refused.value.message
@@ -186,3 +237,5 @@ def test_a_bad_field_of_the_handoff_is_refused_naming_it(
 def test_a_handoff_that_is_not_json_is_refused(engine: InstalledEngine) -> None:
     with pytest.raises(ConfigError, match="QIIP_LOCAL_NODE_PLAN .* is not JSON"):
         LocalNodeHandoff.from_environ({LOCAL_NODE_PLAN_VARIABLE: "[{"})
+    with pytest.raises(ConfigError, match="QIIP_LOCAL_NODE_PLAN .* its JSON nests too deeply to read"):
+        LocalNodeHandoff.from_environ({LOCAL_NODE_PLAN_VARIABLE: "[" * 1500})
