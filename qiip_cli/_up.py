@@ -10,7 +10,9 @@ running.
 Sizing: each slot gets `--ctx-size` tokens (default min(training context, 4096)) and there are `--slots` of them
 (default 2); `--sizing auto` lets the planner choose the largest context per slot and then the most slots. With
 several models and `--sizing auto`, each is planned against an equal share of the free memory and launched with
-that exact sizing, so the first does not take everything.
+that exact sizing, so the first does not take everything. A node relaunched with another sizing through the admin
+API keeps it across restarts (`RelaunchedSizings`): the line printed for the model then gives that sizing, the day
+of the relaunch, and how to go back to the flags' sizing.
 
 The daemon runs as a child process in its own session, so a terminal's Ctrl-C reaches only this command,
 which then stops the daemon gracefully (SIGTERM, then SIGKILL after a grace period).
@@ -45,10 +47,12 @@ from qiip_core.engines.llamacpp import (
     LocalModel,
     LocalNodeHandoff,
     LocalNodePlan,
+    PlannedLocalNode,
+    RelaunchedSizings,
     make_test_gguf,
     plan_local_nodes,
 )
-from qiip_core.planner import Plan
+from qiip_core.planner import AutoPolicy, CustomPolicy, Plan
 from qiip_core.storage import atomic_write
 
 __all__ = ["up"]
@@ -166,6 +170,31 @@ def _describe(planned: Plan) -> str:
     return f"{planned.slots} slot(s) × {planned.context_per_slot} tokens, {memory}"
 
 
+def _policy_words(policy: AutoPolicy | CustomPolicy) -> str:
+    """`2 slot(s) × 4096 tokens, f16`, or `automatic sizing`."""
+    if isinstance(policy, CustomPolicy):
+        return f"{policy.slots} slot(s) × {policy.context_per_slot} tokens, {policy.cache_type}"
+    return "automatic sizing"
+
+
+def _relaunch_note(each: PlannedLocalNode, relaunched: RelaunchedSizings) -> str:
+    """What the plan line adds about the node's recorded relaunch: that its sizing is the one launched, and how
+    to go back to the flags'; or that it no longer fits and is dropped. Empty without one."""
+    if each.relaunch is None:
+        return ""
+    recorded_on = each.relaunch.relaunched_on
+    if each.relaunch_refused is not None:
+        return (
+            f"; the sizing of its relaunch recorded on {recorded_on} ({_policy_words(each.relaunch.policy)}) "
+            f"does not fit here any more and is dropped: {_one_line(each.relaunch_refused)}"
+        )
+    return (
+        f", the sizing of its relaunch recorded on {recorded_on} instead of the flags' "
+        f"{_policy_words(each.node.sizing)} (to go back to the flags' sizing: relaunch the node with it, or stop "
+        f"and delete {relaunched.path})"
+    )
+
+
 def _preflight(
     engine: InstalledEngine,
     models: list[LocalModel],
@@ -176,8 +205,10 @@ def _preflight(
     cache_type: Literal["f16", "q8_0"],
     fit_target_mib: int,
     embeddings: bool,
+    relaunched: RelaunchedSizings,
 ) -> list[LocalNodePlan]:
-    """Check and plan every model (`plan_local_nodes`), print what each will run, and return the nodes to launch.
+    """Check and plan every model (`plan_local_nodes`), print what each will run (the sizing of a recorded relaunch
+    the daemon launches instead of the flags', `relaunched`), and return the nodes to launch.
 
     Raises:
         click.ClickException: one line naming the file and why it cannot be served (`inspect_model`: not a GGUF,
@@ -197,18 +228,18 @@ def _preflight(
             embeddings=embeddings,
             id_prefix=LOCAL_NODE_ID,
             names=_FLAGS,
+            relaunched=relaunched,
         )
     except (PlanError, ValueError) as exc:
         # A ModelFileError is a ValueError: one line naming the file and the reason.
         raise click.ClickException(_one_line(str(exc))) from None
     for model, each in zip(models, planned, strict=True):
-        again = (
-            " now (planned again at launch, against the memory free then)" if each.node.sizing.sizing == "auto" else ""
-        )
+        again = " now (planned again at launch, against the memory free then)" if each.launched.sizing == "auto" else ""
         click.echo(
             f"{each.node.model}: {model.path.name} ({each.plan.architecture}), {_describe(each.plan)}, "
             f"{each.plan.estimate.devices[0].total_mib:,.0f} MiB planned{again}"
-            + (" (embeddings)" if each.node.embeddings else ""),
+            + (" (embeddings)" if each.node.embeddings else "")
+            + _relaunch_note(each, relaunched),
             err=True,
         )
     return [each.node for each in planned]
@@ -322,6 +353,7 @@ def up(
         cache_type=cache_type,
         fit_target_mib=fit_target_mib,
         embeddings=embeddings,
+        relaunched=RelaunchedSizings(settings.state_dir),
     )
     env = dict(os.environ)
     console_credentials: tuple[str, str] | None = None
