@@ -5,7 +5,8 @@ the user names, or a small test model it generates), checks each before anything
 given by its first shard, and a sizing that fits this machine's memory, planned as the daemon will plan it),
 starts the daemon with one local llama.cpp node per model, waits until every node is healthy, and prints the base
 URL to give an OpenAI client. Ctrl-C (or SIGTERM) stops the daemon, which stops its llama-servers; nothing is left
-running.
+running. The stop is graceful (requests in flight finish for up to `server.shutdown_timeout_s`); a second Ctrl-C
+forces it (the requests still open are ended, the llama-servers still stopped).
 
 Sizing: each slot gets `--ctx-size` tokens (default min(training context, 4096)) and there are `--slots` of them
 (default 2); `--sizing auto` lets the planner choose the largest context per slot and then the most slots. With
@@ -20,6 +21,7 @@ which then stops the daemon gracefully (SIGTERM, then SIGKILL after a grace peri
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -376,8 +378,8 @@ def up(
     stopping = False
 
     def stop(signum: int, frame: FrameType | None) -> None:
-        # Only the first signal interrupts; a second one (a service manager and a terminal both signalling, say)
-        # must not land in the middle of the stop it started.
+        # Only the first signal interrupts; a second one lands in `_terminate`'s handler (a Ctrl-C forces the stop,
+        # anything else must not land in the middle of the stop it started).
         nonlocal stopping
         if not stopping:
             stopping = True
@@ -401,7 +403,11 @@ def up(
         daemon.wait()
         raise click.ClickException(f"The daemon exited unexpectedly (status {daemon.returncode}).")
     except _Stop:
-        click.echo("Stopping…", err=True)
+        click.echo(
+            f"Stopping: requests in flight may finish for up to {settings.server.shutdown_timeout_s:g} s "
+            "(Ctrl-C again to force)…",
+            err=True,
+        )
     finally:
         _terminate(daemon)
         for sig, handler in previous.items():
@@ -457,16 +463,27 @@ def _wait_ready(daemon: subprocess.Popen[bytes], base: str, nodes: list[tuple[st
 
 
 def _terminate(daemon: subprocess.Popen[bytes]) -> None:
-    """Stop the daemon: SIGTERM, then SIGKILL after the grace period. Signals meanwhile do not cut this
-    short: the daemon stops its llama-servers on the way out, and leaving early would orphan them."""
+    """Stop the daemon: SIGTERM (a graceful stop: requests in flight finish for up to `server.shutdown_timeout_s`),
+    then SIGKILL after the grace period. A Ctrl-C (SIGINT) meanwhile forces the stop, as uvicorn's own second Ctrl-C
+    does: it is passed on to the daemon, which ends the requests still open (a stream gets its error event and
+    `[DONE]`) and still stops its llama-servers. Other signals meanwhile do not cut the stop short: leaving early
+    would orphan the llama-servers."""
     if daemon.poll() is not None:
         return
+    forced = False
 
-    def still_stopping(signum: int, frame: FrameType | None) -> None:
-        click.echo(f"Still stopping the daemon (at most {_STOP_GRACE_S:.0f} s)…", err=True)
+    def meanwhile(signum: int, frame: FrameType | None) -> None:
+        nonlocal forced
+        if signum != signal.SIGINT:
+            click.echo(f"Still stopping the daemon (at most {_STOP_GRACE_S:.0f} s; Ctrl-C to force)…", err=True)
+        elif not forced:
+            forced = True
+            click.echo("Forcing the stop: requests still open are ended now; the llama-servers still stop.", err=True)
+            with contextlib.suppress(ProcessLookupError):
+                daemon.send_signal(signal.SIGINT)
 
     for sig in _STOP_SIGNALS:
-        signal.signal(sig, still_stopping)
+        signal.signal(sig, meanwhile)
     daemon.send_signal(signal.SIGTERM)
     try:
         daemon.wait(timeout=_STOP_GRACE_S)
