@@ -16,7 +16,7 @@ API keeps it across restarts (`RelaunchedSizings`): the line printed for the mod
 of the relaunch, and how to go back to the flags' sizing.
 
 The daemon runs as a child process in its own session, so a terminal's Ctrl-C reaches only this command,
-which then stops the daemon gracefully (SIGTERM, then SIGKILL after a grace period).
+which then stops the daemon gracefully (SIGTERM, then SIGKILL 15 s after `server.shutdown_timeout_s`).
 """
 
 from __future__ import annotations
@@ -66,7 +66,9 @@ LOCAL_NODE_ID = "local"
 """The id of the node `qiip up` launches."""
 
 _READY_TIMEOUT_S = 600.0
-_STOP_GRACE_S = 45.0
+_STOP_MARGIN_S = 15.0
+"""How long past the daemon's shutdown grace (`server.shutdown_timeout_s`) it may take to stop its gateway and
+llama-servers before it is killed."""
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -409,7 +411,7 @@ def up(
             err=True,
         )
     finally:
-        _terminate(daemon)
+        _terminate(daemon, grace_s=settings.server.shutdown_timeout_s + _STOP_MARGIN_S)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
@@ -462,9 +464,9 @@ def _wait_ready(daemon: subprocess.Popen[bytes], base: str, nodes: list[tuple[st
     raise click.ClickException(f"{names} did not become ready in time; see the logs in {settings.state_dir / 'logs'}.")
 
 
-def _terminate(daemon: subprocess.Popen[bytes]) -> None:
+def _terminate(daemon: subprocess.Popen[bytes], *, grace_s: float) -> None:
     """Stop the daemon: SIGTERM (a graceful stop: requests in flight finish for up to `server.shutdown_timeout_s`),
-    then SIGKILL after the grace period. A Ctrl-C (SIGINT) meanwhile forces the stop, as uvicorn's own second Ctrl-C
+    then SIGKILL after `grace_s` seconds. A Ctrl-C (SIGINT) meanwhile forces the stop, as uvicorn's own second Ctrl-C
     does: it is passed on to the daemon, which ends the requests still open (a stream gets its error event and
     `[DONE]`) and still stops its llama-servers. Other signals meanwhile do not cut the stop short: leaving early
     would orphan the llama-servers."""
@@ -475,7 +477,7 @@ def _terminate(daemon: subprocess.Popen[bytes]) -> None:
     def meanwhile(signum: int, frame: FrameType | None) -> None:
         nonlocal forced
         if signum != signal.SIGINT:
-            click.echo(f"Still stopping the daemon (at most {_STOP_GRACE_S:.0f} s; Ctrl-C to force)…", err=True)
+            click.echo(f"Still stopping the daemon (at most {grace_s:.0f} s; Ctrl-C to force)…", err=True)
         elif not forced:
             forced = True
             click.echo("Forcing the stop: requests still open are ended now; the llama-servers still stop.", err=True)
@@ -486,7 +488,7 @@ def _terminate(daemon: subprocess.Popen[bytes]) -> None:
         signal.signal(sig, meanwhile)
     daemon.send_signal(signal.SIGTERM)
     try:
-        daemon.wait(timeout=_STOP_GRACE_S)
+        daemon.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
         daemon.kill()
         daemon.wait()
