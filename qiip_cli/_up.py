@@ -5,19 +5,23 @@ the user names, or a small test model it generates), checks each before anything
 given by its first shard, and a sizing that fits this machine's memory, planned as the daemon will plan it),
 starts the daemon with one local llama.cpp node per model, waits until every node is healthy, and prints the base
 URL to give an OpenAI client. Ctrl-C (or SIGTERM) stops the daemon, which stops its llama-servers; nothing is left
-running.
+running. The stop is graceful (requests in flight finish for up to `server.shutdown_timeout_s`); a second Ctrl-C
+forces it (the requests still open are ended, the llama-servers still stopped).
 
 Sizing: each slot gets `--ctx-size` tokens (default min(training context, 4096)) and there are `--slots` of them
 (default 2); `--sizing auto` lets the planner choose the largest context per slot and then the most slots. With
 several models and `--sizing auto`, each is planned against an equal share of the free memory and launched with
-that exact sizing, so the first does not take everything.
+that exact sizing, so the first does not take everything. A node relaunched with another sizing through the admin
+API keeps it across restarts (`RelaunchedSizings`): the line printed for the model then gives that sizing, the day
+of the relaunch, and how to go back to the flags' sizing.
 
 The daemon runs as a child process in its own session, so a terminal's Ctrl-C reaches only this command,
-which then stops the daemon gracefully (SIGTERM, then SIGKILL after a grace period).
+which then stops the daemon gracefully (SIGTERM, then SIGKILL 15 s after `server.shutdown_timeout_s`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -46,11 +50,13 @@ from qiip_core.engines.llamacpp import (
     LocalModel,
     LocalNodeHandoff,
     LocalNodePlan,
+    PlannedLocalNode,
+    RelaunchedSizings,
     make_test_gguf,
     plan_local_nodes,
 )
 from qiip_core.nodes import ModelName
-from qiip_core.planner import Plan
+from qiip_core.planner import AutoPolicy, CustomPolicy, Plan
 from qiip_core.storage import atomic_write
 
 __all__ = ["up"]
@@ -62,7 +68,9 @@ LOCAL_NODE_ID = "local"
 """The id of the node `qiip up` launches."""
 
 _READY_TIMEOUT_S = 600.0
-_STOP_GRACE_S = 45.0
+_STOP_MARGIN_S = 15.0
+"""How long past the daemon's shutdown grace (`server.shutdown_timeout_s`) it may take to stop its gateway and
+llama-servers before it is killed."""
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -180,6 +188,31 @@ def _describe(planned: Plan) -> str:
     return f"{planned.slots} slot(s) × {planned.context_per_slot} tokens, {memory}"
 
 
+def _policy_words(policy: AutoPolicy | CustomPolicy) -> str:
+    """`2 slot(s) × 4096 tokens, f16`, or `automatic sizing`."""
+    if isinstance(policy, CustomPolicy):
+        return f"{policy.slots} slot(s) × {policy.context_per_slot} tokens, {policy.cache_type}"
+    return "automatic sizing"
+
+
+def _relaunch_note(each: PlannedLocalNode, relaunched: RelaunchedSizings) -> str:
+    """What the plan line adds about the node's recorded relaunch: that its sizing is the one launched, and how
+    to go back to the flags'; or that it no longer fits and is dropped. Empty without one."""
+    if each.relaunch is None:
+        return ""
+    recorded_on = each.relaunch.relaunched_on
+    if each.relaunch_refused is not None:
+        return (
+            f"; the sizing of its relaunch recorded on {recorded_on} ({_policy_words(each.relaunch.policy)}) "
+            f"does not fit here any more and is dropped: {_one_line(each.relaunch_refused)}"
+        )
+    return (
+        f", the sizing of its relaunch recorded on {recorded_on} instead of the flags' "
+        f"{_policy_words(each.node.sizing)} (to go back to the flags' sizing: relaunch the node with it, or stop "
+        f"and delete {relaunched.path})"
+    )
+
+
 def _preflight(
     engine: InstalledEngine,
     models: list[LocalModel],
@@ -190,8 +223,10 @@ def _preflight(
     cache_type: Literal["f16", "q8_0"],
     fit_target_mib: int,
     embeddings: bool,
+    relaunched: RelaunchedSizings,
 ) -> list[LocalNodePlan]:
-    """Check and plan every model (`plan_local_nodes`), print what each will run, and return the nodes to launch.
+    """Check and plan every model (`plan_local_nodes`), print what each will run (the sizing of a recorded relaunch
+    the daemon launches instead of the flags', `relaunched`), and return the nodes to launch.
 
     Raises:
         click.ClickException: one line naming the file and why it cannot be served (`inspect_model`: not a GGUF,
@@ -211,18 +246,18 @@ def _preflight(
             embeddings=embeddings,
             id_prefix=LOCAL_NODE_ID,
             names=_FLAGS,
+            relaunched=relaunched,
         )
     except (PlanError, ValueError) as exc:
         # A ModelFileError is a ValueError: one line naming the file and the reason.
         raise click.ClickException(_one_line(str(exc))) from None
     for model, each in zip(models, planned, strict=True):
-        again = (
-            " now (planned again at launch, against the memory free then)" if each.node.sizing.sizing == "auto" else ""
-        )
+        again = " now (planned again at launch, against the memory free then)" if each.launched.sizing == "auto" else ""
         click.echo(
             f"{each.node.model}: {model.path.name} ({each.plan.architecture}), {_describe(each.plan)}, "
             f"{each.plan.estimate.devices[0].total_mib:,.0f} MiB planned{again}"
-            + (" (embeddings)" if each.node.embeddings else ""),
+            + (" (embeddings)" if each.node.embeddings else "")
+            + _relaunch_note(each, relaunched),
             err=True,
         )
     return [each.node for each in planned]
@@ -340,6 +375,7 @@ def up(
         cache_type=cache_type,
         fit_target_mib=fit_target_mib,
         embeddings=embeddings,
+        relaunched=RelaunchedSizings(settings.state_dir),
     )
     env = dict(os.environ)
     console_credentials: tuple[str, str] | None = None
@@ -364,8 +400,8 @@ def up(
     stopping = False
 
     def stop(signum: int, frame: FrameType | None) -> None:
-        # Only the first signal interrupts; a second one (a service manager and a terminal both signalling, say)
-        # must not land in the middle of the stop it started.
+        # Only the first signal interrupts; a second one lands in `_terminate`'s handler (a Ctrl-C forces the stop,
+        # anything else must not land in the middle of the stop it started).
         nonlocal stopping
         if not stopping:
             stopping = True
@@ -389,9 +425,13 @@ def up(
         daemon.wait()
         raise click.ClickException(f"The daemon exited unexpectedly (status {daemon.returncode}).")
     except _Stop:
-        click.echo("Stopping…", err=True)
+        click.echo(
+            f"Stopping: requests in flight may finish for up to {settings.server.shutdown_timeout_s:g} s "
+            "(Ctrl-C again to force)…",
+            err=True,
+        )
     finally:
-        _terminate(daemon)
+        _terminate(daemon, grace_s=settings.server.shutdown_timeout_s + _STOP_MARGIN_S)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
@@ -460,20 +500,31 @@ def _written_since(path: Path, since: float) -> bool:
         return False
 
 
-def _terminate(daemon: subprocess.Popen[bytes]) -> None:
-    """Stop the daemon: SIGTERM, then SIGKILL after the grace period. Signals meanwhile do not cut this
-    short: the daemon stops its llama-servers on the way out, and leaving early would orphan them."""
+def _terminate(daemon: subprocess.Popen[bytes], *, grace_s: float) -> None:
+    """Stop the daemon: SIGTERM (a graceful stop: requests in flight finish for up to `server.shutdown_timeout_s`),
+    then SIGKILL after `grace_s` seconds. A Ctrl-C (SIGINT) meanwhile forces the stop, as uvicorn's own second Ctrl-C
+    does: it is passed on to the daemon, which ends the requests still open (a stream gets its error event and
+    `[DONE]`) and still stops its llama-servers. Other signals meanwhile do not cut the stop short: leaving early
+    would orphan the llama-servers."""
     if daemon.poll() is not None:
         return
+    forced = False
 
-    def still_stopping(signum: int, frame: FrameType | None) -> None:
-        click.echo(f"Still stopping the daemon (at most {_STOP_GRACE_S:.0f} s)…", err=True)
+    def meanwhile(signum: int, frame: FrameType | None) -> None:
+        nonlocal forced
+        if signum != signal.SIGINT:
+            click.echo(f"Still stopping the daemon (at most {grace_s:.0f} s; Ctrl-C to force)…", err=True)
+        elif not forced:
+            forced = True
+            click.echo("Forcing the stop: requests still open are ended now; the llama-servers still stop.", err=True)
+            with contextlib.suppress(ProcessLookupError):
+                daemon.send_signal(signal.SIGINT)
 
     for sig in _STOP_SIGNALS:
-        signal.signal(sig, still_stopping)
+        signal.signal(sig, meanwhile)
     daemon.send_signal(signal.SIGTERM)
     try:
-        daemon.wait(timeout=_STOP_GRACE_S)
+        daemon.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
         daemon.kill()
         daemon.wait()

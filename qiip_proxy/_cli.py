@@ -5,7 +5,8 @@ invalid one stops start-up with exit status 2 and a message naming it), logging 
 is bound (a port in use stops start-up the same way, before anything else starts), then uvicorn serves the app on
 it, keeping an idle client connection open for `server.keep_alive_s` (uvicorn's `timeout_keep_alive`); the app's
 lifespan starts the gateway. SIGINT/SIGTERM stop accepting connections, let in-flight requests finish for up to
-`server.shutdown_timeout_s`, then stop the gateway (and any local llama-server).
+`server.shutdown_timeout_s`, then stop the gateway (and any local llama-server); a SIGINT during that grace forces
+the stop (`server._server`): the requests still open end at once, and the gateway still stops.
 """
 
 from __future__ import annotations

@@ -192,6 +192,12 @@ class Gateway:
         for end in list(self.on_shutdown_begun):
             end()
 
+    def force_shutdown(self) -> None:
+        """The stop was forced (a second SIGINT during the grace): force the workers' stop too. Call on the event
+        loop."""
+        if self.workers is not None:
+            self.workers.force_shutdown()
+
     def _models_without_deployment(self) -> dict[str, list[str]]:
         """The models nodes serve that no deployment owns, with those nodes' ids."""
         found: dict[str, list[str]] = {}

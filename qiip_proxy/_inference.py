@@ -237,15 +237,16 @@ class _InferenceRequest:
                 outcome.error_code = "client_disconnected"
                 logger.info("client disconnected; closed its request to node %s", upstream.node_id)
             elif upstream.sse:
-                # The token was revoked, or the daemon is stopping after its grace period: end the stream
-                # honestly, with one error event.
+                # The token was revoked, or the daemon is stopping (its grace ran out, or the stop was forced): end
+                # the stream honestly, with one error event.
                 ended = self._ended
                 outcome.error_code = ended.code if ended is not None else "gateway_shutdown"
                 await end_stream(send, sse_error_event(ended) if ended is not None else SHUTDOWN_EVENT)
                 if ended is None:
                     self._stopped = True
                     logger.info(
-                        "stream %s to node %s ended: the daemon stopped after its shutdown grace period",
+                        "stream %s to node %s ended: the daemon stopped (its shutdown grace period ran out, or the "
+                        "stop was forced)",
                         self.request_id,
                         upstream.node_id,
                     )

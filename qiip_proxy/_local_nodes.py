@@ -16,7 +16,7 @@ is read.
 
 A node relaunched with another sizing keeps it across restarts: the relaunch is recorded in the state
 directory and the next start launches that sizing, unless the node's configuration changed since
-(`_local_sizing`).
+(`RelaunchedSizings`).
 """
 
 from __future__ import annotations
@@ -35,12 +35,12 @@ from qiip_core.engines.llamacpp import (
     LocalNodeHandoff,
     LocalNodePlan,
     ManagedLlamaServer,
+    RelaunchedSizings,
     default_local_policy,
 )
 from qiip_core.nodes import Engine, LlamaCppRuntime, Node, NodeCapabilities, NodeStatus
 from qiip_core.planner import AutoPolicy, CustomPolicy, parse_policy
 from qiip_core.routing import ExpectedModel, RoutingTable
-from qiip_proxy._local_sizing import RelaunchedSizings
 
 __all__ = ["STARTING_RETRY_AFTER_S", "LocalNodes"]
 

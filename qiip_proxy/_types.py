@@ -68,3 +68,7 @@ class ServingGateway(Protocol):
 
     def begin_shutdown(self) -> None:
         """The server stopped accepting connections: end what never ends by itself. Call on the event loop."""
+
+    def force_shutdown(self) -> None:
+        """The stop was forced (a second SIGINT during the grace): pass it on to the serving processes this one
+        runs, so none of them waits out its grace. Call on the event loop."""

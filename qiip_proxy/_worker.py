@@ -184,6 +184,9 @@ class WorkerGateway:
         """The server stopped accepting connections: requests that wait for a node end now."""
         self.shutting_down = True
 
+    def force_shutdown(self) -> None:
+        """A worker runs no other serving process: nothing to pass on."""
+
     def token_revoked(self, token_id: str) -> None:
         """End every stream running on the invoke token `token_id` (the token store calls this)."""
         for end in list(self.streams_by_token.pop(token_id, ())):

@@ -34,6 +34,7 @@ import logging
 import multiprocessing
 import os
 import shutil
+import signal
 import socket
 import struct
 import tempfile
@@ -353,6 +354,14 @@ class WorkerPool:
         for worker in self._workers:
             if worker.process is not None and worker.process.exitcode is None:
                 worker.process.terminate()
+
+    def force_shutdown(self) -> None:
+        """The primary's stop was forced: force the workers' too (SIGINT after the SIGTERM of `begin_shutdown`, as
+        uvicorn's second Ctrl-C: each ends its requests still open at once). Call on the event loop."""
+        for worker in self._workers:
+            if worker.process is not None and worker.process.exitcode is None and worker.process.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker.process.pid, signal.SIGINT)
 
     async def _watch(self) -> None:
         """Kill every worker silent for too long; start again every worker that exited, after zeroing its board

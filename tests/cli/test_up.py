@@ -16,9 +16,12 @@ import pytest
 
 from qiip_cli._up import _previous_credentials, _write_console_config, _written_since
 from qiip_core.config import load_settings
+from qiip_core.discovery import add_to_state_file
+from qiip_core.nodes import Node
 from tests.support.bad_models import BAD_MODELS, LLAMA_SERVER_REFUSES, write_bad_model
 from tests.support.cli import QIIP, clean_environ
 from tests.support.daemon import free_port, wait_until
+from tests.support.fault_backend import FaultBackend, Sse
 from tests.support.openai_client import openai_client
 
 pytestmark = pytest.mark.integration
@@ -156,6 +159,65 @@ def test_up_serves_until_ctrl_c_and_leaves_nothing_behind(tmp_path: Path, llama_
     wait_until(lambda: _processes_mentioning(str(tmp_path / "state")) == [], what="the node processes to end")
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"http://127.0.0.1:{port}/health")
+
+
+def test_a_second_ctrl_c_forces_the_stop_and_still_stops_the_llama_servers(
+    tmp_path: Path, llama_server_binary: Path
+) -> None:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    # A grace far longer than the test waits: only the forced stop can end the held stream in time.
+    env = _up_env(tmp_path, llama_server_binary) | {
+        "QIIP_SERVER__SHUTDOWN_TIMEOUT_S": "600",
+        "QIIP_UPSTREAM__IDLE_TIMEOUT_S": "600",
+        "QIIP_HEALTH__INTERVAL_S": "0.2",
+    }
+    with (
+        FaultBackend(model="held") as backend,
+        subprocess.Popen(
+            [*QIIP, "up", "--port", str(port)],
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        ) as up,
+    ):
+        try:
+            assert up.stdout is not None and up.stderr is not None
+            assert up.stdout.readline() == f"OpenAI base URL: {base}/v1\n"
+            backend.default = Sse(n_events=3, stall_after_events=1)
+            node = Node(id="held-n", endpoint=backend.url, model="held")
+            add_to_state_file(load_settings(state_dir=tmp_path / "state"), node)
+            wait_until(lambda: "held" in {m["id"] for m in httpx.get(f"{base}/v1/models").json()["data"]}, what="it")
+            body = {"model": "held", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+            with (
+                httpx.Client(timeout=120) as client,
+                client.stream("POST", f"{base}/v1/chat/completions", json=body) as stream,
+            ):
+                lines = stream.iter_lines()
+                assert next(lines).startswith("data: {")
+                up.send_signal(signal.SIGINT)
+                log: list[str] = []
+                while not log or "Waiting for connections to close" not in log[-1]:
+                    log.append(up.stderr.readline())
+                    assert log[-1], "".join(log)
+                up.send_signal(signal.SIGINT)
+                rest = [line for line in lines if line]
+            up.wait(timeout=120)
+            log.append(up.stderr.read())
+        finally:
+            if up.poll() is None:  # a stop that was not forced: leave nothing behind for the next test
+                for pid in [*_descendants(up.pid), up.pid]:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+    log_text = "".join(log)
+    assert '"code": "gateway_shutdown"' in rest[-2] and rest[-1] == "data: [DONE]", rest
+    assert "Forcing the stop: requests still open are ended now; the llama-servers still stop." in log_text
+    assert "shutdown forced (a second SIGINT): 1 request(s) still open were ended" in log_text
+    assert up.returncode == 0, log_text
+    assert "Traceback" not in log_text
+    wait_until(lambda: _processes_mentioning(str(tmp_path / "state")) == [], what="the node processes to end")
 
 
 def test_up_refuses_a_busy_port_and_a_missing_model(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import subprocess
 import time
@@ -14,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from qiip_proxy._local_sizing import RELAUNCHED_SIZING_FILE
+from qiip_core.engines.llamacpp import RELAUNCHED_SIZING_FILE
 from tests.cli.test_up import _up_env
 from tests.support.cli import QIIP
 from tests.support.daemon import free_port
@@ -71,6 +72,13 @@ def _relaunch(base: str, auth: tuple[str, str], policy: dict[str, Any]) -> None:
     assert state == "succeeded"
 
 
+def _plan_line(log: str) -> str:
+    """The line `qiip up` printed for its model before starting it."""
+    lines = [line for line in log.splitlines() if line.startswith("qiip-test-tiny: ")]
+    assert len(lines) == 1, log
+    return lines[0]
+
+
 def test_a_relaunched_sizing_survives_a_restart_until_the_configuration_changes(
     tmp_path: Path, llama_server_binary: Path
 ) -> None:
@@ -87,6 +95,8 @@ def test_a_relaunched_sizing_survives_a_restart_until_the_configuration_changes(
         _relaunch(base, auth, CUSTOM)
         assert _runtime(base, auth)["effective"]["slots"] == 3
     assert "local node local: relaunch sizing recorded" in up.log and record.exists()
+    assert _plan_line(up.log).endswith(" MiB planned")
+    recorded_on = json.loads(record.read_text())["local"]["relaunched_at"].partition("T")[0]
 
     # The same `qiip up` again: the relaunch's sizing is launched, and the log says so.
     with _up(port, env=env, cwd=tmp_path) as up:
@@ -94,6 +104,13 @@ def test_a_relaunched_sizing_survives_a_restart_until_the_configuration_changes(
         assert runtime["requested"] == {**CUSTOM, "allow_estimator_overrun": False}
         assert (runtime["effective"]["context_per_slot"], runtime["effective"]["slots"]) == (1024, 3)
     assert "local node local: launching with the sizing of its relaunch, custom: 3 slot(s) x 1024 tokens" in up.log
+    # What `qiip up` printed before starting is what ran: the relaunch's sizing, from the recorded relaunch.
+    line = _plan_line(up.log)
+    assert line.startswith("qiip-test-tiny: qiip-test-tiny.gguf (llama), 3 slot(s) × 1024 tokens, f16 K/V, "), line
+    assert (
+        f" MiB planned, the sizing of its relaunch recorded on {recorded_on} instead of the flags' 2 slot(s) × " in line
+    )
+    assert f"(to go back to the flags' sizing: relaunch the node with it, or stop and delete {record})" in line
 
     # The operator changes the node's sizing in the configuration (here `qiip up`'s flags): that wins.
     with _up(port, "--ctx-size", "512", env=env, cwd=tmp_path) as up:
@@ -101,4 +118,6 @@ def test_a_relaunched_sizing_survives_a_restart_until_the_configuration_changes(
         assert runtime["requested"]["context_per_slot"] == 512 and runtime["effective"]["slots"] == 2
     assert "local node local: its configuration changed since the relaunch" in up.log
     assert "the configured sizing replaces the relaunch's" in up.log
+    assert _plan_line(up.log).startswith("qiip-test-tiny: qiip-test-tiny.gguf (llama), 2 slot(s) × 512 tokens, ")
+    assert _plan_line(up.log).endswith(" MiB planned")
     assert "local" not in (record.read_text() if record.exists() else "{}")

@@ -486,6 +486,34 @@ def test_at_the_end_of_the_grace_uploads_and_waiting_requests_end_quietly_in_eve
         daemon.close()
 
 
+def test_a_sigint_during_the_grace_forces_the_stop_of_every_process(
+    tmp_path: Path, backends: Callable[..., FaultBackend], model: str
+) -> None:
+    # A grace far longer than the test waits: only the forced stop ends the requests held in both processes.
+    daemon = start_with_workers(Daemon(tmp_path, env={**WORKERS_ENV, "QIIP_SERVER__SHUTDOWN_TIMEOUT_S": "3600"}))
+    connections = Connections(daemon)
+    try:
+        backend = backends()
+        daemon.add_node(f"{model}-n", backend.url, model)
+        held, gate = hold(connections, backend, model, connections.pids)
+        assert daemon.process is not None
+        daemon.process.send_signal(signal.SIGTERM)
+        wait_until(
+            lambda: daemon.log().count("Waiting for connections to close") == 2, what="both processes' graceful stop"
+        )
+        daemon.process.send_signal(signal.SIGINT)  # to the primary only: it forces its workers' stop too
+        daemon.process.wait(120)
+        gate.set()
+        for connection in held:
+            status, _, body = answer(connection)
+            assert (status, json.loads(body)["error"]["code"]) == (503, "gateway_shutdown")
+        log = daemon.log()
+        assert log.count("shutdown forced (a second SIGINT)") == 2 and "Traceback" not in log, log
+    finally:
+        connections.close()
+        daemon.close()
+
+
 def test_ctrl_c_stops_every_process_without_a_traceback(tmp_path: Path) -> None:
     daemon = start_with_workers(Daemon(tmp_path, env=WORKERS_ENV))
     try:

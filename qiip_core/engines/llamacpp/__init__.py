@@ -18,6 +18,7 @@ ManagedLlamaServer(engine, model_path=…)  plan, launch, verify, relaunch with 
 plan_local_nodes(engine, [LocalModel]) -> [PlannedLocalNode]: `qiip up`'s checks and plans, before anything starts
 default_local_policy(train_context)       the one default sizing of a local node (2 slots × min(train, 4096))
 LocalNodeHandoff / LocalNodePlan   what `qiip up` hands the daemon (QIIP_LOCAL_NODE_PLAN), typed and versioned
+RelaunchedSizings(state_dir)       the sizing each local node was relaunched with: recall() at launch, peek()
 nvidia_gpu_count()                 (count, reason): whether a CUDA build can run here
 resolve_source(settings) / fetch_archive(spec, dest, …)  the pinned, digest-checked source archive
 ```
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     )
     from qiip_core.engines.llamacpp._managed import ManagedLlamaServer
     from qiip_core.engines.llamacpp._modelcheck import LLAMA_CPP_ARCHITECTURES, inspect_model
+    from qiip_core.engines.llamacpp._relaunched import RELAUNCHED_SIZING_FILE, RelaunchedSizing, RelaunchedSizings
     from qiip_core.engines.llamacpp._server import LaunchSpec, LlamaServerProcess, free_port
     from qiip_core.engines.llamacpp._source import SourceSpec, fetch_archive, resolve_source
     from qiip_core.engines.llamacpp.testmodels._generate import TEST_ARCHITECTURES, make_test_gguf
@@ -73,6 +75,9 @@ __all__ = [
     "PlannedLocalNode",
     "ProgressCallback",
     "PublishedModel",
+    "RELAUNCHED_SIZING_FILE",
+    "RelaunchedSizing",
+    "RelaunchedSizings",
     "SourceSpec",
     "TEST_ARCHITECTURES",
     "default_local_policy",
@@ -108,6 +113,9 @@ _MODULES = {
     "PlannedLocalNode": "_local",
     "ProgressCallback": "_install",
     "PublishedModel": "testmodels._published",
+    "RELAUNCHED_SIZING_FILE": "_relaunched",
+    "RelaunchedSizing": "_relaunched",
+    "RelaunchedSizings": "_relaunched",
     "SourceSpec": "_source",
     "TEST_ARCHITECTURES": "testmodels._generate",
     "default_local_policy": "_local",

@@ -71,7 +71,7 @@ class LocalNodePlan(BaseModel):
 
     def config(self) -> LocalNodeConfig:
         """The `[[local_nodes]]` entry this node is in the daemon's settings: the file, or the artifact's whole id
-        (what a recorded relaunch compares with, `_local_sizing`), the alias, the sizing and `embeddings`."""
+        (what a recorded relaunch compares with, `RelaunchedSizings`), the alias, the sizing and `embeddings`."""
         return LocalNodeConfig(
             id=self.id,
             gguf=None if self.artifact_id is not None else self.gguf,

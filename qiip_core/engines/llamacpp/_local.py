@@ -24,6 +24,7 @@ from qiip_core._violation import FieldNames
 from qiip_core.engines.llamacpp._handoff import LocalNodePlan
 from qiip_core.engines.llamacpp._install import InstalledEngine
 from qiip_core.engines.llamacpp._managed import ManagedLlamaServer
+from qiip_core.engines.llamacpp._relaunched import RelaunchedSizing, RelaunchedSizings
 from qiip_core.planner import CONTEXT_STEP, AutoPolicy, CacheType, CustomPolicy, DeviceMemory, Plan, read_devices
 
 __all__ = [
@@ -98,8 +99,22 @@ class PlannedLocalNode:
     node: LocalNodePlan
     """What the daemon launches (its part of the hand-off)."""
     plan: Plan
-    """The sizing planned now, against this machine's free memory (or its share of it). An automatic `node.sizing`
-    is planned again at launch, against the memory free then."""
+    """The sizing planned now, against this machine's free memory (or its share of it): `launched`'s. An automatic
+    sizing is planned again at launch, against the memory free then."""
+    relaunch: RelaunchedSizing | None = None
+    """The node's recorded relaunch, when one applies (`RelaunchedSizings.peek`): the daemon launches its sizing
+    instead of `node.sizing`, unless it does not plan here (`relaunch_refused`)."""
+    relaunch_refused: str | None = None
+    """Why `relaunch`'s sizing does not plan here (the planner's message): the daemon drops the record and
+    launches `node.sizing`."""
+
+    @property
+    def launched(self) -> AutoPolicy | CustomPolicy:
+        """The sizing the daemon will launch: the recorded relaunch's when it applies and plans, else
+        `node.sizing`."""
+        if self.relaunch is not None and self.relaunch_refused is None:
+            return self.relaunch.policy
+        return self.node.sizing
 
 
 def share_devices(devices: Sequence[DeviceMemory], *, fit_target_mib: int, models: int) -> list[DeviceMemory]:
@@ -140,6 +155,7 @@ def plan_local_nodes(
     id_prefix: str = "local",
     devices: Sequence[DeviceMemory] | None = None,
     names: FieldNames | None = None,
+    relaunched: RelaunchedSizings | None = None,
 ) -> list[PlannedLocalNode]:
     """Check every model and plan it as the daemon will, one after another, before anything starts.
 
@@ -160,6 +176,10 @@ def plan_local_nodes(
         id_prefix: the first node's id; the next ones are `<id_prefix>-2`, `<id_prefix>-3`, ….
         devices: the devices to plan against; None reads them (NVML, or system memory for a CPU build).
         names: how the caller spells the policy's fields in the messages (`plan`'s `names`).
+        relaunched: the daemon's relaunch records (its state directory's): a node with a recorded relaunch that
+            applies (`RelaunchedSizings.peek`, the rule the daemon's `recall` applies) is planned with the
+            relaunch's sizing, which the daemon launches instead of the configured one; nothing is changed.
+            None plans the configured sizings only.
 
     Returns:
         One planned node per model, in order.
@@ -188,18 +208,15 @@ def plan_local_nodes(
                 fit_target_mib=fit_target_mib,
             )
         budget = share_devices(free, fit_target_mib=fit_target_mib, models=share)
-        try:
-            made = server.make_plan(policy, devices=budget, names=names)
-        except PlanError as exc:
-            raise PlanError(f"{model.path.name}: {exc.message}", violations=exc.violations) from None
-        free = _left_after(free, made)
+        configured: Plan | None = None
         if share > 1:
             # The daemon launches exactly this sizing: re-planning 'auto' there would take all that is left.
+            configured = _plan(server, model, policy, budget, names)
             policy = CustomPolicy(
                 fit_target_mib=fit_target_mib,
-                context_per_slot=made.context_per_slot,
-                slots=made.slots,
-                cache_type=made.cache_type_k,
+                context_per_slot=configured.context_per_slot,
+                slots=configured.slots,
+                cache_type=configured.cache_type_k,
             )
         node = LocalNodePlan(
             id=id_prefix if index == 0 else f"{id_prefix}-{index + 1}",
@@ -209,5 +226,35 @@ def plan_local_nodes(
             sizing=policy,
             embeddings=embeddings or server.embeddings,
         )
-        planned.append(PlannedLocalNode(node=node, plan=made))
+        # What the daemon will launch: a recorded relaunch that applies and plans, else the configured sizing.
+        relaunch = relaunched.peek(node.config()) if relaunched is not None else None
+        refused: str | None = None
+        made: Plan | None = None
+        if relaunch is not None:
+            try:
+                made = server.make_plan(relaunch.policy, devices=budget)
+            except PlanError as exc:
+                refused = exc.message
+        if made is None:
+            made = configured or _plan(server, model, policy, budget, names)
+        free = _left_after(free, made)
+        planned.append(PlannedLocalNode(node=node, plan=made, relaunch=relaunch, relaunch_refused=refused))
     return planned
+
+
+def _plan(
+    server: ManagedLlamaServer,
+    model: LocalModel,
+    policy: AutoPolicy | CustomPolicy,
+    budget: Sequence[DeviceMemory],
+    names: FieldNames | None,
+) -> Plan:
+    """`server`'s plan of `policy` against `budget`.
+
+    Raises:
+        PlanError: as `ManagedLlamaServer.make_plan`, with the file's name first.
+    """
+    try:
+        return server.make_plan(policy, devices=budget, names=names)
+    except PlanError as exc:
+        raise PlanError(f"{model.path.name}: {exc.message}", violations=exc.violations) from None

@@ -17,6 +17,7 @@ from qiip_core.engines.llamacpp import (
     LocalModel,
     LocalNodeHandoff,
     LocalNodePlan,
+    RelaunchedSizings,
     default_local_policy,
     plan_local_nodes,
     share_devices,
@@ -82,6 +83,32 @@ def test_several_automatic_plans_share_what_is_free_beyond_the_target() -> None:
     assert share_devices([device], fit_target_mib=21000, models=1) == [device]
     (starved,) = share_devices([replace(device, free_mib=500)], fit_target_mib=512, models=3)
     assert starved.free_mib == 500
+
+
+def test_a_recorded_relaunch_is_planned_as_the_daemon_will_launch_it_and_left_as_it_is(
+    engine: InstalledEngine, tiny_gguf: Path, tmp_path: Path
+) -> None:
+    records = RelaunchedSizings(tmp_path)
+    (configured,) = plan_local_nodes(engine, [LocalModel("a", tiny_gguf)], devices=ROOMY, relaunched=records)
+    assert configured.relaunch is None and configured.launched == configured.node.sizing
+    relaunch = CustomPolicy(fit_target_mib=512, context_per_slot=1024, slots=3, cache_type="f16")
+    records.remember(configured.node.config(), relaunch)
+
+    (again,) = plan_local_nodes(engine, [LocalModel("a", tiny_gguf)], devices=ROOMY, relaunched=records)
+    assert again.node == configured.node  # the daemon still compares the record with the configured sizing
+    assert again.relaunch is not None and again.relaunch_refused is None and again.launched == relaunch
+    assert (again.plan.slots, again.plan.context_per_slot, again.plan.cache_type_k) == (3, 1024, "f16")
+
+    records.remember(configured.node.config(), relaunch.model_copy(update={"slots": 256, "context_per_slot": 2048}))
+    (tight,) = plan_local_nodes(engine, [LocalModel("a", tiny_gguf)], devices=TIGHT, relaunched=records)
+    assert tight.relaunch_refused is not None and "does not fit" in tight.relaunch_refused
+    assert tight.launched == configured.node.sizing and tight.plan.slots == 2
+    written = records.path.read_text()
+
+    # Another configuration: the record does not apply; only the daemon's `recall` drops it.
+    (other,) = plan_local_nodes(engine, [LocalModel("a", tiny_gguf)], slots=1, devices=ROOMY, relaunched=records)
+    assert other.relaunch is None and other.plan.slots == 1
+    assert records.path.read_text() == written
 
 
 def test_a_sizing_that_does_not_fit_names_the_file_in_the_callers_words(

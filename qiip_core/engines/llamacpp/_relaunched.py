@@ -11,6 +11,9 @@ The configuration file stays the operator's other lever: when the node's configu
 dropped and the log says that the configured sizing replaced the relaunch's. A recorded policy that no longer
 plans on this machine (less free memory, a model that changed underneath) is dropped the same way, after a
 warning, and the configured sizing is launched instead.
+
+The daemon applies the rule at launch (`recall`, which drops a stale record); `qiip up` asks the same rule
+beforehand (`peek`, which changes nothing) to print the sizing that will actually run.
 """
 
 from __future__ import annotations
@@ -51,6 +54,11 @@ class RelaunchedSizing:
         """The policy the node was relaunched with."""
         self.relaunched_at = relaunched_at
         """When, as ISO 8601 UTC."""
+
+    @property
+    def relaunched_on(self) -> str:
+        """The day of the relaunch, `2026-11-30` (UTC), or the recorded time as it is when it is not ISO 8601."""
+        return self.relaunched_at.partition("T")[0]
 
     def describe(self) -> str:
         """`custom: 3 slots x 1024 tokens, q8_0 (relaunched 2026-11-30T22:00:00+00:00)`."""
@@ -110,6 +118,24 @@ class RelaunchedSizings:
             except OSError as exc:
                 logger.warning("could not update %s: %s", self.path, exc)
 
+    def _lookup(self, config: LocalNodeConfig) -> tuple[RelaunchedSizing | None, str | None]:
+        """The rule of `recall` and `peek`, without acting on it: the recorded relaunch that applies to `config`'s
+        node, or None with why a record that does not apply is stale (None when there is no record)."""
+        entry = self._read().get(config.id)
+        if not isinstance(entry, dict):
+            return None, None
+        try:
+            policy = parse_policy(entry.get("policy") or {})
+        except PlanError as exc:
+            return None, f"the recorded relaunch sizing is not a policy ({exc.message}); using the configured sizing"
+        recorded = RelaunchedSizing(policy, str(entry.get("relaunched_at", "?")))
+        if entry.get("configured") != _configured(config):
+            return None, (
+                f"its configuration changed since the relaunch ({recorded.describe()}): the configured sizing "
+                "replaces the relaunch's"
+            )
+        return recorded, None
+
     def recall(self, config: LocalNodeConfig) -> RelaunchedSizing | None:
         """The policy to launch `config`'s node with instead of its configured one, if a relaunch recorded one.
 
@@ -119,22 +145,16 @@ class RelaunchedSizings:
         Returns:
             The recorded relaunch, or None.
         """
-        entry = self._read().get(config.id)
-        if not isinstance(entry, dict):
-            return None
-        try:
-            policy = parse_policy(entry.get("policy") or {})
-        except PlanError as exc:
-            self.forget(
-                config.id, f"the recorded relaunch sizing is not a policy ({exc.message}); using the configured sizing"
-            )
-            return None
-        recorded = RelaunchedSizing(policy, str(entry.get("relaunched_at", "?")))
-        if entry.get("configured") != _configured(config):
-            self.forget(
-                config.id,
-                f"its configuration changed since the relaunch ({recorded.describe()}): the configured sizing "
-                "replaces the relaunch's",
-            )
-            return None
+        recorded, stale = self._lookup(config)
+        if stale is not None:
+            self.forget(config.id, stale)
         return recorded
+
+    def peek(self, config: LocalNodeConfig) -> RelaunchedSizing | None:
+        """What `recall` would return for `config`'s node, without dropping a stale record or logging: for a
+        front end that says, before the daemon starts, which sizing the node will be launched with (`qiip up`).
+
+        Returns:
+            The recorded relaunch that applies, or None.
+        """
+        return self._lookup(config)[0]
