@@ -15,7 +15,7 @@ import pytest
 
 from qiip_core.engines.llamacpp import LaunchSpec, LlamaServerProcess, free_port
 from tests.support.cli import clean_environ
-from tests.support.daemon import Daemon, wait_until
+from tests.support.daemon import WAIT_S, Daemon, wait_until
 from tests.support.fault_backend import Completion, FaultBackend, Hang, Status
 
 pytestmark = pytest.mark.integration
@@ -182,7 +182,7 @@ def test_unsafe_profiles_stop_start_up(tmp_path: Path, profile: str, fragment: s
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=2 * WAIT_S,  # a refused start: Python's start-up alone takes seconds on a busy machine
     )
     assert result.returncode == 2 and fragment in result.stderr, result.stderr
     assert SECRET not in result.stderr
@@ -217,7 +217,7 @@ def test_a_token_file_someone_else_could_swap_stops_start_up(tmp_path: Path, pla
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=2 * WAIT_S,  # a refused start: Python's start-up alone takes seconds on a busy machine
     )
     assert result.returncode == 2 and fragment in result.stderr, result.stderr
     assert SECRET not in result.stderr

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.support.cli import clean_environ, run_qiip
-from tests.support.daemon import Daemon, wait_until
+from tests.support.daemon import WAIT_S, Daemon, wait_until
 from tests.support.fault_backend import FaultBackend, Gated, Json
 
 pytestmark = pytest.mark.integration
@@ -107,7 +107,7 @@ def test_invalid_settings_stop_start_up(tmp_path: Path, env: dict[str, str], exp
         env=clean_environ() | {"QIIP_STATE_DIR": str(tmp_path), "QIIP_ADMIN__ENABLED": "false"} | env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=2 * WAIT_S,  # a refused start: Python's start-up alone takes seconds on a busy machine
         cwd=tmp_path,
     )
     assert result.returncode == 2

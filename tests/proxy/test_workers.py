@@ -397,7 +397,7 @@ def test_a_stopped_daemon_stops_its_workers_and_removes_its_runtime_directory(tm
 def test_a_worker_count_out_of_range_stops_start_up_with_a_message(tmp_path: Path, workers: str) -> None:
     env = clean_environ() | {"QIIP_STATE_DIR": str(tmp_path), "QIIP_SERVER__WORKERS": workers}
     done = subprocess.run(
-        [sys.executable, "-m", "qiip_proxy", "--port", "1"], env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "qiip_proxy", "--port", "1"], env=env, capture_output=True, text=True, timeout=2 * WAIT_S
     )
     assert done.returncode == 2
     assert "server.workers" in done.stderr

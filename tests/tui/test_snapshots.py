@@ -64,13 +64,17 @@ def console(client: FakeClient | None = None) -> QiipConsole:
     ticks = itertools.count(1000.0, 5.0)
     # Polls that would add readings after the picture is due never come (an hour apart); each reading of the
     # clock is five seconds after the last, so two polls give the sample's rates.
-    return QiipConsole(
+    app = QiipConsole(
         client=client,
         clock=lambda: next(ticks),
         wall_clock=lambda: NOW,
         metrics_interval_s=3600,
         node_poll_s=3600,
     )
+    # No animation: an indeterminate progress bar or a fading style is drawn in its final state, not in whichever
+    # frame the picture happens to catch (a busy machine catches another one).
+    app.animation_level = "none"
+    return app
 
 
 async def fleet_ready(pilot: Pilot[Any]) -> None:
