@@ -19,6 +19,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
+from pydantic import ValidationError
+
 from qiip_core._errors import PlanError
 from qiip_core._violation import FieldNames
 from qiip_core.engines.llamacpp._handoff import LocalNodePlan
@@ -218,14 +220,19 @@ def plan_local_nodes(
                 slots=configured.slots,
                 cache_type=configured.cache_type_k,
             )
-        node = LocalNodePlan(
-            id=id_prefix if index == 0 else f"{id_prefix}-{index + 1}",
-            model=model.alias,
-            gguf=model.path.absolute(),  # the daemon reads it in its own process: never relative
-            artifact_id=model.artifact_id,
-            sizing=policy,
-            embeddings=embeddings or server.embeddings,
-        )
+        try:
+            node = LocalNodePlan(
+                id=id_prefix if index == 0 else f"{id_prefix}-{index + 1}",
+                model=model.alias,
+                gguf=model.path.absolute(),  # the daemon reads it in its own process: never relative
+                artifact_id=model.artifact_id,
+                sizing=policy,
+                embeddings=embeddings or server.embeddings,
+            )
+        except ValidationError:
+            # A sizing the record refuses: the planner says why, with the file's name and in the caller's words.
+            _plan(server, model, policy, budget, names)
+            raise
         # What the daemon will launch: a recorded relaunch that applies and plans, else the configured sizing.
         relaunch = relaunched.peek(node.config()) if relaunched is not None else None
         refused: str | None = None
