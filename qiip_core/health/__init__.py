@@ -6,15 +6,18 @@ from __future__ import annotations
 from qiip_core.health._checker import HealthChecker, apply_probe
 from qiip_core.health._probe import (
     HEALTH_BODY_BYTES,
+    MODELS_BODY_BYTES,
     HealthAnswer,
     ProbeOutcome,
     classify_health,
     health_session,
     probe_health,
+    probe_models,
 )
 
 __all__ = [
     "HEALTH_BODY_BYTES",
+    "MODELS_BODY_BYTES",
     "HealthAnswer",
     "HealthChecker",
     "ProbeOutcome",
@@ -22,4 +25,5 @@ __all__ = [
     "classify_health",
     "health_session",
     "probe_health",
+    "probe_models",
 ]

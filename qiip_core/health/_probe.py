@@ -9,6 +9,8 @@ logging; the question is asked here, so that it is asked the strict way everywhe
 - the session resolves host names through `AllowlistResolver`, so a name that resolves outside the allowlist
   (loopback, link-local, the metadata service) is refused when the connection is made;
 - proxy environment variables are ignored, and at most `HEALTH_BODY_BYTES` of the answer are read.
+
+`probe_models` asks a node which models it serves (`GET /v1/models`, a vLLM setup's last check) the same way.
 """
 
 from __future__ import annotations
@@ -24,15 +26,20 @@ from qiip_core.upstream import AllowlistResolver, is_local_exhaustion
 
 __all__ = [
     "HEALTH_BODY_BYTES",
+    "MODELS_BODY_BYTES",
     "HealthAnswer",
     "ProbeOutcome",
     "classify_health",
     "health_session",
     "probe_health",
+    "probe_models",
 ]
 
 HEALTH_BODY_BYTES = 4096
 """At most this many bytes of a `/health` answer are read (llama-server's are under 100)."""
+
+MODELS_BODY_BYTES = 1 << 20
+"""At most this many bytes (1 MiB) of a `/v1/models` answer are read; a longer one is refused, not parsed."""
 
 
 class ProbeOutcome(StrEnum):
@@ -150,3 +157,39 @@ async def _head(content: aiohttp.StreamReader, limit: int) -> bytes:
         chunks.append(chunk)
         size += len(chunk)
     return b"".join(chunks)
+
+
+async def probe_models(endpoint: str, *, session: aiohttp.ClientSession) -> list[str]:
+    """The model ids a node serves: `GET {endpoint}/v1/models`, asked as strictly as `probe_health`.
+
+    Contract: the OpenAI list-models answer `{"object": "list", "data": [{"id": ...}, ...]}` (vLLM's and
+    llama-server's); entries without a string `id` are skipped. Redirects are not followed, and at most
+    `MODELS_BODY_BYTES` are read.
+
+    Args:
+        endpoint: the node's base URL, `http://host:port` (no trailing slash).
+        session: the session to ask through (`health_session`: its timeout, allowlist resolver and pool).
+
+    Returns:
+        The served model ids, in the node's order.
+
+    Raises:
+        ValueError: no answer came, or it was not a 200 carrying that list; the message says which, in one line.
+    """
+    try:
+        async with session.get(endpoint + "/v1/models", allow_redirects=False) as response:
+            status, body = response.status, await _head(response.content, MODELS_BODY_BYTES + 1)
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        raise ValueError(f"no answer ({type(exc).__name__}: {exc})") from exc
+    if status != 200:
+        raise ValueError(f"HTTP {status}")
+    if len(body) > MODELS_BODY_BYTES:
+        raise ValueError(f"an answer over {MODELS_BODY_BYTES} bytes")
+    try:
+        data = json.loads(body)
+    except ValueError:
+        raise ValueError("an answer that is not JSON") from None
+    entries = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        raise ValueError("an answer without a `data` list")
+    return [entry["id"] for entry in entries if isinstance(entry, dict) and isinstance(entry.get("id"), str)]

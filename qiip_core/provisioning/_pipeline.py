@@ -32,13 +32,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from qiip_core._errors import LeaseLost, NodeNotFound, ProvisioningError, QiipError, RegistryError, SetupInvalid
 from qiip_core.config import Settings
 from qiip_core.discovery import read_token_file
 from qiip_core.engines.llamacpp import LlamaCppInstaller, fetch_archive, launch_spec_for, read_gguf_metadata
-from qiip_core.health import health_session, probe_health
+from qiip_core.health import health_session, probe_health, probe_models
 from qiip_core.lifecycle import Fleet
 from qiip_core.nodes import DeploymentRef, Engine, Node, NodeCapabilities, NodeStatus
 from qiip_core.planner import (
@@ -481,14 +479,24 @@ async def _health_poll(setup: _Setup) -> None:
 
 
 async def _verify_vllm(setup: _Setup) -> None:
-    timeout = aiohttp.ClientTimeout(total=10.0)
-    async with aiohttp.ClientSession(trust_env=False, timeout=timeout) as session:
-        async with session.get(setup.endpoint + "/v1/models") as response:
-            data = await response.json(content_type=None)
-    served = [m.get("id") for m in data.get("data", []) if isinstance(m, dict)] if isinstance(data, dict) else []
+    # As strict as the health poll: the allowlist resolves the host, no redirect is followed, the answer is bounded.
+    async with health_session(policy=setup.settings.routing.endpoint_policy(), timeout_s=10.0) as session:
+        try:
+            served = await probe_models(setup.endpoint, session=session)
+        except ValueError as exc:
+            raise ProvisioningError(
+                f"vLLM on {setup.host} did not list its models at {setup.endpoint}/v1/models: {exc}.",
+                host=setup.host,
+                step="verifying",
+            ) from exc
     if setup.request.alias not in served:
+        listed = ", ".join(repr(model) for model in served[:5])
+        if len(served) > 5:
+            listed += f" and {len(served) - 5} more"
         raise ProvisioningError(
-            f"vLLM on {setup.host} serves {served}, not {setup.request.alias!r}.", host=setup.host, step="verifying"
+            f"vLLM on {setup.host} serves {listed or 'no model'}, not {setup.request.alias!r}.",
+            host=setup.host,
+            step="verifying",
         )
 
 

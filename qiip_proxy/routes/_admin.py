@@ -37,7 +37,7 @@ from qiip_core.lifecycle import (
     relaunch,
     remove,
 )
-from qiip_core.nodes import Engine, Node, NodeCapabilities, NodeStatus
+from qiip_core.nodes import Engine, Node, NodeCapabilities, NodeStatus, ProvisionedEngine
 from qiip_core.planner import parse_policy
 from qiip_core.routing import ChangeKind, NodeState, TableChange
 from qiip_proxy._errors import RequestRefused
@@ -236,7 +236,8 @@ async def delete_node(
     node_id: str,
     force: Annotated[bool, Query(description="Remove at once, without draining.")] = False,
     recovery_engine: Annotated[
-        Engine | None, Query(description="With force: the engine to stop on a host whose registration was lost.")
+        ProvisionedEngine | None,
+        Query(description="With force: the engine to stop on a host whose registration was lost (a provisioned one)."),
     ] = None,
 ) -> JSONResponse:
     """Drain the node, then remove it (`?force=true`: at once). A node this daemon launched is stopped too; a node

@@ -227,6 +227,13 @@ async def test_both_apis_answer_through_the_one_handler(tmp_path: Path) -> None:
         refused = await client.get("/admin/nodes", auth=("admin", "wrong"))
         assert refused.status_code == 401 and refused.headers["www-authenticate"].startswith("Basic")
         assert refused.json()["error"]["type"] == "authentication_error"
+        # A lost registration is torn down only for an engine QIIP provisions: `attached` is refused, by name.
+        attached = await client.delete(
+            "/admin/nodes/n1", params={"force": "true", "recovery_engine": "attached"}, auth=("admin", "pw")
+        )
+        assert attached.status_code == 422, attached.text
+        assert attached.json()["error"]["param"] == "recovery_engine"
+        assert "'llama_cpp' or 'vllm'" in attached.json()["error"]["message"]
 
 
 async def test_a_large_body_has_its_members_counted_before_it_is_parsed(tmp_path: Path) -> None:
