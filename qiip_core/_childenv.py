@@ -7,7 +7,7 @@ toolchain reads many variables) gets the daemon's environment without QIIP's set
 named like a credential.
 
 A child that must not outlive its parent (a `llama-server` of a daemon, the daemon of a `qiip up`) starts with
-`parent_death_signal()`: Linux sends it SIGTERM when the parent dies, however the parent ends (kill -9 included).
+`parent_death_signal()`: Linux sends it a signal when the parent dies, however the parent ends (kill -9 included).
 """
 
 from __future__ import annotations
@@ -73,9 +73,15 @@ _PR_SET_PDEATHSIG = 1
 """`prctl` option: the signal the calling process gets when its parent dies (`<linux/prctl.h>`)."""
 
 
-def parent_death_signal() -> Callable[[], None] | None:
-    """A `preexec_fn` that asks Linux to SIGTERM the child when its parent dies (`prctl(PR_SET_PDEATHSIG)`); None
-    elsewhere. Call it in the parent, just before starting the child."""
+def parent_death_signal(signum: signal.Signals = signal.SIGTERM) -> Callable[[], None] | None:
+    """A `preexec_fn` that asks Linux to send the child `signum` when its parent dies (`prctl(PR_SET_PDEATHSIG)`);
+    None elsewhere. Call it in the parent, just before starting the child.
+
+    The signal may come more than once: when a multi-threaded parent dies, Linux hands the child to each of the
+    parent's remaining threads in turn and signals it at every hand-over (`forget_original_parent`). A child that
+    reads a second SIGTERM as "stop now, skip the cleanup" (llama-server: `exit(1)` from its handler, racing its own
+    cleanup) should get SIGKILL instead.
+    """
     if not sys.platform.startswith("linux"):
         return None
     libc_name = ctypes.util.find_library("c") or "libc.so.6"
@@ -87,9 +93,9 @@ def parent_death_signal() -> Callable[[], None] | None:
     parent = os.getpid()
 
     def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
         # The parent may have died between fork and prctl; then no signal would ever come.
         if os.getppid() != parent:
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signum)
 
     return preexec

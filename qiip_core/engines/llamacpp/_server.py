@@ -282,7 +282,10 @@ class LlamaServerProcess:
                     stderr=asyncio.subprocess.STDOUT,
                     env=env,
                     start_new_session=True,
-                    preexec_fn=parent_death_signal(),
+                    # SIGKILL, not SIGTERM: a dying multi-threaded parent signals the child more than once, and
+                    # llama-server answers a second SIGTERM with `exit(1)` in the middle of its cleanup, which can
+                    # hang it. With its parent gone there is no one to stop gracefully for.
+                    preexec_fn=parent_death_signal(signal.SIGKILL),
                 )
         except OSError as exc:
             raise EngineLaunchError(f"llama-server cannot be started from {self.binary}: {exc}.") from exc

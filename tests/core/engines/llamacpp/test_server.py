@@ -269,11 +269,16 @@ async def test_stop_leaves_no_process_and_is_idempotent(llama_server_binary, tin
 
 @pytest.mark.integration
 def test_server_dies_with_its_parent(llama_server_binary, tiny_gguf, tmp_path):
+    # A parent with many threads: when it dies, Linux hands the child to each remaining thread in turn and signals
+    # it at every hand-over, so the server gets its parent-death signal several times.
     script = textwrap.dedent(
         f"""
-        import asyncio, sys
+        import asyncio, sys, threading
         from pathlib import Path
         from qiip_core.engines.llamacpp import LaunchSpec, LlamaServerProcess
+
+        for _ in range(8):
+            threading.Thread(target=threading.Event().wait, daemon=True).start()
 
         async def main():
             spec = LaunchSpec(model=Path({str(tiny_gguf)!r}), alias="orphan", ctx_size=512)
@@ -298,6 +303,9 @@ def test_server_dies_with_its_parent(llama_server_binary, tiny_gguf, tmp_path):
         while _alive(child) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not _alive(child)
+        # Killed outright: a second SIGTERM would have had llama-server `exit(1)` in the middle of its cleanup,
+        # which can hang it.
+        assert "second interrupt" not in (tmp_path / "o.log").read_text(errors="replace")
     finally:
         parent.kill()
         parent.wait()
