@@ -187,7 +187,7 @@ async def probe_models(endpoint: str, *, session: aiohttp.ClientSession) -> list
         raise ValueError(f"an answer over {MODELS_BODY_BYTES} bytes")
     try:
         data = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
         raise ValueError("an answer that is not JSON") from None
     entries = data.get("data") if isinstance(data, dict) else None
     if not isinstance(entries, list):

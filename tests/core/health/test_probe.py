@@ -87,6 +87,7 @@ async def test_the_models_listed_are_read_as_strictly_as_health(
             "HTTP 302": web.Response(status=302, headers={"Location": f"{endpoint}/elsewhere"}),
             "HTTP 500": web.Response(status=500),
             "not JSON": web.Response(text="<html>"),
+            "that is not JSON": web.Response(text="[" * 100_000),
             "without a `data` list": web.json_response({"data": {"id": "qwen"}}),
             f"over {MODELS_BODY_BYTES} bytes": web.Response(body=b" " * (MODELS_BODY_BYTES + 1)),
         }
