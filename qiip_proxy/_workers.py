@@ -251,6 +251,8 @@ class _Worker:
         self.heard_at = 0.0
         """When it last wrote on its control channel (or was started), in `time.monotonic()` seconds."""
         self.greeted = False
+        self.terminated = False
+        """SIGTERM was sent to this process: it is sent once (a second one could land in the middle of its exit)."""
         self.writer: asyncio.StreamWriter | None = None
         self.counters: dict[CounterKey, float] = {}
         """Its counters' totals as it last reported them (`GatewayMetrics.counted`)."""
@@ -338,7 +340,7 @@ class WorkerPool:
         process.start()
         worker.process = process
         worker.started_at = worker.heard_at = time.monotonic()
-        worker.greeted = False
+        worker.greeted = worker.terminated = False
 
     def tokens_changed(self) -> None:
         """An invoke token was created or revoked here: have every worker read the token store at once, so the
@@ -349,11 +351,13 @@ class WorkerPool:
 
     def begin_shutdown(self) -> None:
         """The primary stopped accepting connections: stop the workers' accepting too (SIGTERM: each finishes
-        its requests for up to `server.shutdown_timeout_s`), and start none again. Call on the event loop."""
+        its requests for up to `server.shutdown_timeout_s`), and start none again. Call on the event loop; a second
+        call signals no process twice."""
         self._stopping = True
         for worker in self._workers:
-            if worker.process is not None and worker.process.exitcode is None:
+            if worker.process is not None and worker.process.exitcode is None and not worker.terminated:
                 worker.process.terminate()
+                worker.terminated = True
 
     def force_shutdown(self) -> None:
         """The primary's stop was forced: force the workers' too (SIGINT after the SIGTERM of `begin_shutdown`, as
