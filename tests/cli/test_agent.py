@@ -44,9 +44,24 @@ def register(daemon: Daemon, node_id: str) -> None:
     wait_until(lambda: daemon.admin.get(f"/admin/nodes/{node_id}").status_code == 200, what=f"node {node_id}")
 
 
-def gauge(daemon: Daemon, name: str, node: str, gpu: str) -> float | None:
-    match = re.search(rf'^{name}\{{gpu="{gpu}",node="{node}"\}} (\S+)$', daemon.metrics(), re.M)
+def gauge(metrics: Daemon | str, name: str, node: str, gpu: str) -> float | None:
+    """The value of `name` for `node`'s GPU `gpu` in a `/metrics` scrape (a daemon: scrape it now), None if absent."""
+    text = metrics.metrics() if isinstance(metrics, Daemon) else metrics
+    match = re.search(rf'^{name}\{{gpu="{gpu}",node="{node}"\}} (\S+)$', text, re.M)
     return float(match.group(1)) if match else None
+
+
+def fresh_scrape(daemon: Daemon, node: str) -> str:
+    """A `/metrics` scrape that holds `node`'s GPU reading. A reading is exported only while it is fresh (three
+    agent intervals): on a busy machine one poll can lag past that, so wait for a scrape that has it."""
+    scrapes: list[str] = []
+
+    def has_reading() -> bool:
+        scrapes.append(daemon.metrics())
+        return f'qiip_gpu_reading_age_seconds{{node="{node}"}}' in scrapes[-1]
+
+    wait_until(has_reading, what=f"a scrape with {node}'s fresh reading")
+    return scrapes[-1]
 
 
 def telemetry_keys(etcd: EtcdServer) -> list[dict[str, Any]]:
@@ -67,12 +82,13 @@ def test_the_agent_publishes_into_etcd_and_the_daemon_shows_it(etcd: EtcdServer,
             # The key lives under a lease, so a dead agent's reading expires by itself.
             [kv] = telemetry_keys(etcd)
             assert int(kv["lease"]) != 0
-            assert gauge(daemon, "qiip_gpu_memory_total_bytes", "gpu-node-1", "0") == 81920 * 1024 * 1024
-            assert gauge(daemon, "qiip_gpu_memory_used_bytes", "gpu-node-1", "0") == 20480 * 1024 * 1024
-            assert gauge(daemon, "qiip_gpu_utilization_ratio", "gpu-node-1", "0") == 0.37
-            assert gauge(daemon, "qiip_gpu_temperature_celsius", "gpu-node-1", "1") == 31
-            assert gauge(daemon, "qiip_gpu_power_watts", "gpu-node-1", "0") == 250.5
-            assert gauge(daemon, "qiip_gpu_power_watts", "gpu-node-1", "1") is None  # not supported by that GPU
+            scrape = fresh_scrape(daemon, "gpu-node-1")
+            assert gauge(scrape, "qiip_gpu_memory_total_bytes", "gpu-node-1", "0") == 81920 * 1024 * 1024
+            assert gauge(scrape, "qiip_gpu_memory_used_bytes", "gpu-node-1", "0") == 20480 * 1024 * 1024
+            assert gauge(scrape, "qiip_gpu_utilization_ratio", "gpu-node-1", "0") == 0.37
+            assert gauge(scrape, "qiip_gpu_temperature_celsius", "gpu-node-1", "1") == 31
+            assert gauge(scrape, "qiip_gpu_power_watts", "gpu-node-1", "0") == 250.5
+            assert gauge(scrape, "qiip_gpu_power_watts", "gpu-node-1", "1") is None  # not supported by that GPU
             promtool = shutil.which("promtool")
             if promtool is not None:  # the Debian package `prometheus` (scripts/setup --test)
                 checked = subprocess.run(
@@ -135,7 +151,8 @@ def test_the_agent_serves_http_and_the_embedded_daemon_polls_it(nvml_stub: Path,
             assert gpus_live(daemon, "gpu-node-2")["gpus"] == list(STUB_GPUS)
             listed = daemon.admin.get("/admin/nodes").json()["nodes"]
             assert [n["gpus_live"]["gpus"][1]["name"] for n in listed] == ["NVIDIA Stub L4"]
-            assert gauge(daemon, "qiip_gpu_memory_total_bytes", "gpu-node-2", "1") == 23034 * 1024 * 1024
+            scrape = fresh_scrape(daemon, "gpu-node-2")
+            assert gauge(scrape, "qiip_gpu_memory_total_bytes", "gpu-node-2", "1") == 23034 * 1024 * 1024
             assert agent.stop() == 0
             # The daemon keeps the last reading with its age; once stale, Prometheus no longer gets it.
             wait_until(lambda: gpus_live(daemon, "gpu-node-2")["stale"], what="the reading to go stale")
