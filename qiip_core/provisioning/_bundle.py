@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from qiip_core._errors import ConfigError, SshError
 from qiip_core.config import Settings
+from qiip_core.engines import vllm
 from qiip_core.engines.llamacpp import SourceSpec, resolve_source
 from qiip_core.nodes import Engine
 
@@ -150,7 +151,7 @@ def bundle_parameters(settings: Settings, engine: Engine, *, model_alias: str) -
         "QIIPNODE_MODEL_ALIAS": model_alias,
         "QIIPNODE_NFS_EXPORT": p.nfs_export or "",
         "QIIPNODE_CUDA_PACKAGE": p.cuda_toolkit_package,
-        "QIIPNODE_VLLM_VERSION": p.vllm_version,
+        **vllm.install_environment(version=p.vllm_version),
         "QIIPNODE_PIP_INDEX": p.pip_index_url,
         "QIIPNODE_LOCK_WAIT_S": str(LOCK_WAIT_S),
         # The wait for a busy package manager ends before the gateway's inactivity deadline would.

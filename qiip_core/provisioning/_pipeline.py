@@ -35,8 +35,9 @@ from typing import Any
 from qiip_core._errors import LeaseLost, NodeNotFound, ProvisioningError, QiipError, RegistryError, SetupInvalid
 from qiip_core.config import Settings
 from qiip_core.discovery import read_token_file
+from qiip_core.engines import vllm
 from qiip_core.engines.llamacpp import LlamaCppInstaller, fetch_archive, launch_spec_for, read_gguf_metadata
-from qiip_core.health import health_session, probe_health, probe_models
+from qiip_core.health import health_session, probe_health
 from qiip_core.lifecycle import Fleet
 from qiip_core.nodes import DeploymentRef, Engine, Node, NodeCapabilities, NodeStatus
 from qiip_core.planner import (
@@ -479,25 +480,11 @@ async def _health_poll(setup: _Setup) -> None:
 
 
 async def _verify_vllm(setup: _Setup) -> None:
-    # As strict as the health poll: the allowlist resolves the host, no redirect is followed, the answer is bounded.
-    async with health_session(policy=setup.settings.routing.endpoint_policy(), timeout_s=10.0) as session:
-        try:
-            served = await probe_models(setup.endpoint, session=session)
-        except ValueError as exc:
-            raise ProvisioningError(
-                f"vLLM on {setup.host} did not list its models at {setup.endpoint}/v1/models: {exc}.",
-                host=setup.host,
-                step="verifying",
-            ) from exc
-    if setup.request.alias not in served:
-        listed = ", ".join(repr(model) for model in served[:5])
-        if len(served) > 5:
-            listed += f" and {len(served) - 5} more"
-        raise ProvisioningError(
-            f"vLLM on {setup.host} serves {listed or 'no model'}, not {setup.request.alias!r}.",
-            host=setup.host,
-            step="verifying",
-        )
+    policy = setup.settings.routing.endpoint_policy()
+    try:
+        await vllm.check_serves(setup.endpoint, setup.request.alias, policy=policy)
+    except vllm.VllmCheckFailed as exc:
+        raise ProvisioningError(f"vLLM on {setup.host} {exc}.", host=setup.host, step="verifying") from exc
 
 
 async def _start_and_verify(setup: _Setup, ssh: SshConnection, facts: HostFacts) -> Node:
@@ -518,9 +505,7 @@ async def _start_and_verify(setup: _Setup, ssh: SshConnection, facts: HostFacts)
         )
         args = spec.argv(Path("llama-server"))[1:]
     else:
-        # The model goes after `--`: whatever it says, `vllm serve` reads it as the model, never as an option.
-        args = ["serve", "--host", facts.bind, "--port", str(setup.p.engine_port)]
-        args += [f"--served-model-name={request.alias}", "--", request.model]
+        args = vllm.serve_args(host=facts.bind, port=setup.p.engine_port, alias=request.alias, model=request.model)
     setup.engine_started = True
     await setup.run_script(ssh, "start-engine.sh", name, "--", *args, total_timeout_s=120.0)
     await record.step("health_poll")
