@@ -217,223 +217,252 @@ def reconcile(
     Returns:
         The actions, in order, and the new status.
     """
-    spec = deployment.spec
-    template = deployment.template
-    want = spec.replicas if desired is None else desired
-    prev = previous or DeploymentStatus(name=deployment.name)
-    prev_replicas = {r.host: r for r in prev.replicas}
     pool = hosts if isinstance(hosts, HostPool) else HostPool.of(hosts)
-    by_host = pool.by_name
-    events: list[DeploymentEvent] = []
-    seq = prev.events[-1].seq if prev.events else 0
-    decision = Decision()
-    failures = dict(prev.host_failures)
-    rollout = prev.rollout
-    if rollout.template != template.hash or prev.observed_generation != deployment.generation:
-        rollout = RolloutStatus(template=template.hash)
-
-    # -- what changed since the last pass: events, and failures counted once (by their time) ------------------
-    for replica in observed:
-        before = prev_replicas.get(replica.host)
-        if before is None:
-            seq = _event(
-                events, seq, now, "provisioning", f"replica on {replica.host}: {replica.state.value}", replica.host
-            )
-        elif before.state is not replica.state:
-            if replica.state is ReplicaState.READY:
-                seq = _event(events, seq, now, "healthy", f"replica on {replica.host} is ready", replica.host)
-            elif replica.state is ReplicaState.FAILED:
-                seq = _event(
-                    events, seq, now, "failed", f"replica on {replica.host} failed: {replica.reason}", replica.host
-                )
-            elif replica.state is ReplicaState.UNHEALTHY:
-                seq = _event(
-                    events,
-                    seq,
-                    now,
-                    "unhealthy",
-                    f"replica on {replica.host}: {replica.reason or 'unhealthy'}",
-                    replica.host,
-                )
-        if replica.state is ReplicaState.FAILED and replica.failed_at is not None and not replica.interrupted:
-            known = failures.get(replica.host)
-            if known is None or replica.failed_at > known.at:
-                failures[replica.host] = _backoff(
-                    known, now, replica.failed_at, replica.reason or "failed", config.failure_backoff_s
-                )
-                if replica.template == template.hash:
-                    rollout = rollout.model_copy(update={"failures": rollout.failures + 1})
-    seen = {r.host for r in observed}
-    for host in prev_replicas:
-        if host not in seen:
-            seq = _event(events, seq, now, "torn_down", f"replica on {host} is gone", host)
+    step = _Pass(deployment, previous or DeploymentStatus(name=deployment.name), pool, now=now, config=config)
+    step.want = deployment.spec.replicas if desired is None else desired
+    step.note_changes(observed)
     # A setup that failed before registering its node left nothing behind: its failure is counted above, and it
     # is no replica any more.
     observed = [r for r in observed if r.registered or r.state is not ReplicaState.FAILED]
-    failures = {h: f for h, f in failures.items() if f.until > now - timedelta(hours=6)}
+    step.failures = {h: f for h, f in step.failures.items() if f.until > now - timedelta(hours=6)}
+    step.pause_if_failing(observed)
+    group = step.classify(observed)
+    step.forget_unreachable(group.leaving)
+    if deployment.deleting:
+        for replica in group.broken + group.current + group.outdated:
+            step.retire(replica, "the deployment is being deleted", "deleting")
+        if not observed:
+            step.decision.actions.append(RemoveDeployment())
+        step.want = 0
+    else:
+        step.replace_broken(group.broken)
+        step.create(group, holding=frozenset(r.host for r in observed), fit=fit, busy=busy or {})
+        step.remove(group)
+    step.decision.status = step.report(observed, group.outdated, owner=owner)
+    return step.decision
 
-    if not rollout.paused and rollout.failures >= config.rollout_max_failures:
-        last = next((r for r in observed if r.state is ReplicaState.FAILED and r.template == template.hash), None)
-        why = f"{rollout.failures} replicas of template {template.hash} failed"
+
+@dataclass(frozen=True)
+class _Groups:
+    """The replicas of a pass, by what is to be done with them (the module's "classify")."""
+
+    broken: list[ObservedReplica]
+    leaving: list[ObservedReplica]
+    current: list[ObservedReplica]
+    outdated: list[ObservedReplica]
+
+
+class _Pass:
+    """One pass's working state: the events it writes, the failures and rollout it carries, the actions it takes.
+
+    Each method is one phase of the module's table; `reconcile` calls them in that order.
+    """
+
+    def __init__(
+        self, deployment: Deployment, prev: DeploymentStatus, pool: HostPool, *, now: datetime, config: ReconcileConfig
+    ) -> None:
+        self.deployment, self.prev, self.pool, self.now, self.config = deployment, prev, pool, now, config
+        self.spec, self.template = deployment.spec, deployment.template
+        self.want = deployment.spec.replicas
+        self.prev_replicas = {r.host: r for r in prev.replicas}
+        self.events: list[DeploymentEvent] = []
+        self.seq = prev.events[-1].seq if prev.events else 0
+        self.decision = Decision()
+        self.failures = dict(prev.host_failures)
+        self.retiring: dict[str, str] = {}
+        self.explain = prev.explain
+        self.rollout = prev.rollout
+        if self.rollout.template != self.template.hash or prev.observed_generation != deployment.generation:
+            self.rollout = RolloutStatus(template=self.template.hash)
+
+    def event(self, kind: str, message: str, host: str | None = None) -> None:
+        self.seq = _event(self.events, self.seq, self.now, kind, message, host)
+
+    def note_changes(self, observed: Sequence[ObservedReplica]) -> None:
+        """What changed since the last pass: events, and failures counted once (by their time)."""
+        for replica in observed:
+            before = self.prev_replicas.get(replica.host)
+            host = replica.host
+            if before is None:
+                self.event("provisioning", f"replica on {host}: {replica.state.value}", host)
+            elif before.state is not replica.state:
+                if replica.state is ReplicaState.READY:
+                    self.event("healthy", f"replica on {host} is ready", host)
+                elif replica.state is ReplicaState.FAILED:
+                    self.event("failed", f"replica on {host} failed: {replica.reason}", host)
+                elif replica.state is ReplicaState.UNHEALTHY:
+                    self.event("unhealthy", f"replica on {host}: {replica.reason or 'unhealthy'}", host)
+            if replica.state is ReplicaState.FAILED and replica.failed_at is not None and not replica.interrupted:
+                self._count_failure(replica, replica.failed_at)
+        seen = {r.host for r in observed}
+        for host in self.prev_replicas:
+            if host not in seen:
+                self.event("torn_down", f"replica on {host} is gone", host)
+
+    def _count_failure(self, replica: ObservedReplica, failed_at: datetime) -> None:
+        known = self.failures.get(replica.host)
+        if known is None or failed_at > known.at:
+            reason = replica.reason or "failed"
+            self.failures[replica.host] = _backoff(known, self.now, failed_at, reason, self.config.failure_backoff_s)
+            if replica.template == self.template.hash:
+                self.rollout = self.rollout.model_copy(update={"failures": self.rollout.failures + 1})
+
+    def pause_if_failing(self, observed: Sequence[ObservedReplica]) -> None:
+        """Pause the rollout once `rollout_max_failures` replicas of this template failed."""
+        rollout = self.rollout
+        if rollout.paused or rollout.failures < self.config.rollout_max_failures:
+            return
+        template = self.template.hash
+        last = next((r for r in observed if r.state is ReplicaState.FAILED and r.template == template), None)
+        why = f"{rollout.failures} replicas of template {template} failed"
         if last is not None:
             why += f", the last on {last.host}: {last.reason}"
-        rollout = rollout.model_copy(update={"paused": True, "reason": why})
-        seq = _event(
-            events,
-            seq,
-            now,
+        self.rollout = rollout.model_copy(update={"paused": True, "reason": why})
+        self.event(
             "paused",
             f"rollout paused: {why}; the other replicas keep serving "
             "(apply a fixed spec, or `qiip deploy rollout undo`)",
         )
 
-    # -- classify --------------------------------------------------------------------------------------------
-    broken: list[ObservedReplica] = []
-    leaving: list[ObservedReplica] = []
-    current: list[ObservedReplica] = []
-    outdated: list[ObservedReplica] = []
-    for replica in observed:
-        if replica.state in (ReplicaState.DRAINING, ReplicaState.TERMINATING):
-            leaving.append(replica)
-        elif _is_broken(replica, prev_replicas.get(replica.host), now, config):
-            broken.append(replica)
-        elif replica.template != template.hash or _evacuating(by_host.get(replica.host)):
-            outdated.append(replica)
-        else:
-            current.append(replica)
-    retiring: dict[str, str] = {}
-    explain = prev.explain
+    def classify(self, observed: Sequence[ObservedReplica]) -> _Groups:
+        """Broken, leaving, outdated (another template, or its host evacuating) and current replicas."""
+        group = _Groups(broken=[], leaving=[], current=[], outdated=[])
+        for replica in observed:
+            if replica.state in (ReplicaState.DRAINING, ReplicaState.TERMINATING):
+                group.leaving.append(replica)
+            elif _is_broken(replica, self.prev_replicas.get(replica.host), self.now, self.config):
+                group.broken.append(replica)
+            elif replica.template != self.template.hash or _evacuating(self.pool.by_name.get(replica.host)):
+                group.outdated.append(replica)
+            else:
+                group.current.append(replica)
+        return group
 
-    def retire(replica: ObservedReplica, reason: str, kind: str) -> None:
-        nonlocal seq
-        force = not replica.serving
+    def retire(self, replica: ObservedReplica, reason: str, kind: str) -> None:
+        """Take `replica` away: tear it down (forced when it serves nothing), or forget it when its teardown failed;
+        one still being set up is left until its setup ends."""
         if replica.teardown_failed:
-            decision.actions.append(Forget(replica.host, reason))
+            self.decision.actions.append(Forget(replica.host, reason))
         elif replica.state is not ReplicaState.PROVISIONING:
-            decision.actions.append(Retire(replica.host, reason, force=force))
+            self.decision.actions.append(Retire(replica.host, reason, force=not replica.serving))
         else:
-            return  # its setup still runs; taken away once it ends
-        retiring[replica.host] = reason
-        seq = _event(events, seq, now, kind, f"replica on {replica.host}: {reason}", replica.host)
+            return
+        self.retiring[replica.host] = reason
+        self.event(kind, f"replica on {replica.host}: {reason}", replica.host)
 
-    # Leaving replicas whose teardown failed: the host is gone, forget the node.
-    for replica in leaving:
-        if replica.teardown_failed:
-            decision.actions.append(Forget(replica.host, "its teardown failed; the host cannot be reached"))
-            retiring[replica.host] = "forgotten"
+    def forget_unreachable(self, leaving: Sequence[ObservedReplica]) -> None:
+        """Leaving replicas whose teardown failed: the host is gone, forget the node."""
+        for replica in leaving:
+            if replica.teardown_failed:
+                self.decision.actions.append(Forget(replica.host, "its teardown failed; the host cannot be reached"))
+                self.retiring[replica.host] = "forgotten"
 
-    if deployment.deleting:
-        for replica in broken + current + outdated:
-            retire(replica, "the deployment is being deleted", "deleting")
-        if not observed:
-            decision.actions.append(RemoveDeployment())
-        want = 0
-    else:
+    def replace_broken(self, broken: Sequence[ObservedReplica]) -> None:
+        """Retire each broken replica; its host is avoided for a while (a failed one's was counted already)."""
+        config = self.config
         for replica in broken:
             why = replica.reason or replica.state.value
             if replica.state is ReplicaState.UNHEALTHY:
                 why = f"unhealthy for over {config.replace_after_s:g} s ({why})"
             elif replica.state is ReplicaState.STARTING:
                 why = f"not ready after {config.start_timeout_s:g} s"
-            retire(replica, f"replaced: {why}", "replaced")
-            if replica.state is not ReplicaState.FAILED and replica.host not in failures:
-                failures[replica.host] = _backoff(None, now, now, why, config.failure_backoff_s)
+            self.retire(replica, f"replaced: {why}", "replaced")
+            if replica.state is not ReplicaState.FAILED and replica.host not in self.failures:
+                self.failures[replica.host] = _backoff(None, self.now, self.now, why, config.failure_backoff_s)
 
-        # -- create ------------------------------------------------------------------------------------------
-        need = want - len(current)
+    def create(self, group: _Groups, *, holding: frozenset[str], fit: FitCheck, busy: Mapping[str, str]) -> None:
+        """Place `want - current` replicas, within `want + max_surge` held in all during a rollout; none while the
+        rollout is paused."""
+        spec, current, outdated = self.spec, group.current, group.outdated
+        need = self.want - len(current)
         if outdated:
             # Every replica held counts against the surge, those still draining or being torn down and broken ones
             # included: each keeps its host (and its memory) until its teardown ends.
-            room = want + spec.update.max_surge - len(current) - len(outdated) - len(leaving) - len(broken)
-            need = min(need, room)
-        if rollout.paused:
-            need = 0
-        if need > 0:
-            given = PlacementInput(
-                now=now,
-                cpu_profile=config.cpu_profile,
-                host_failures=failures,
-                holding=frozenset(r.host for r in observed),
-                busy=busy or {},
+            held = len(current) + len(outdated) + len(group.leaving) + len(group.broken)
+            need = min(need, self.want + spec.update.max_surge - held)
+        if self.rollout.paused or need <= 0:
+            return
+        given = PlacementInput(
+            now=self.now, cpu_profile=self.config.cpu_profile, host_failures=self.failures, holding=holding, busy=busy
+        )
+        asked = spec.placement.quads_free_for_s
+        window = float(asked if asked is not None else self.config.quads_free_for_s)
+        chosen, self.explain = place(
+            self.deployment, self.pool.hosts, wanted=need, given=given, fit=fit, quads_free_for_s=window
+        )
+        for host in chosen:
+            why = "rollout" if outdated else ("replacement" if group.broken else "scale up")
+            self.decision.actions.append(Place(host, self.template, why))
+            self.event("placed", f"replica placed on {host} ({why}, template {self.template.hash})", host)
+        degraded = self.prev.condition("Degraded")
+        if len(chosen) < need and (degraded is None or degraded.reason != "NoFittingHost"):
+            self.event(
+                "unplaceable",
+                f"{need - len(chosen)} replica(s) cannot be placed: no host passes every filter (see explain)",
             )
-            window = float(
-                spec.placement.quads_free_for_s
-                if spec.placement.quads_free_for_s is not None
-                else config.quads_free_for_s
-            )
-            chosen, explain = place(deployment, pool.hosts, wanted=need, given=given, fit=fit, quads_free_for_s=window)
-            for host in chosen:
-                why = "rollout" if outdated else ("replacement" if broken else "scale up")
-                decision.actions.append(Place(host, template, why))
-                seq = _event(
-                    events, seq, now, "placed", f"replica placed on {host} ({why}, template {template.hash})", host
-                )
-            degraded = prev.condition("Degraded")
-            if len(chosen) < need and (degraded is None or degraded.reason != "NoFittingHost"):
-                message = f"{need - len(chosen)} replica(s) cannot be placed: no host passes every filter (see explain)"
-                seq = _event(events, seq, now, "unplaceable", message)
 
-        # -- remove ------------------------------------------------------------------------------------------
+    def remove(self, group: _Groups) -> None:
+        """Outdated replicas not serving; then outdated serving ones while at least `want - max_unavailable` would
+        still serve; then current ones above `want` (those QUADS wants back soonest first)."""
+        by_host, current, outdated = self.pool.by_name, group.current, group.outdated
         serving_now = sum(1 for r in current + outdated if r.serving)
-        floor = want - spec.update.max_unavailable
+        floor = self.want - self.spec.update.max_unavailable
         for replica in sorted(outdated, key=lambda r: _removal_order(r, by_host)):
             evac = _evacuating(by_host.get(replica.host))
-            kind = "reclaim" if evac and replica.template == template.hash else "rollout"
-            reason = "QUADS takes its host back" if kind == "reclaim" else f"rollout to template {template.hash}"
+            kind = "reclaim" if evac and replica.template == self.template.hash else "rollout"
+            reason = "QUADS takes its host back" if kind == "reclaim" else f"rollout to template {self.template.hash}"
             if not replica.serving:
-                retire(replica, reason, kind)
+                self.retire(replica, reason, kind)
             elif serving_now - 1 >= floor:
-                retire(replica, reason, kind)
+                self.retire(replica, reason, kind)
                 serving_now -= 1
-        extra = len(current) - want
+        extra = len(current) - self.want
         if extra > 0 and not outdated:
             for replica in sorted(current, key=lambda r: _removal_order(r, by_host))[:extra]:
-                retire(replica, f"scaled down to {want}", "scaled")
+                self.retire(replica, f"scaled down to {self.want}", "scaled")
 
-    # -- report ----------------------------------------------------------------------------------------------
-    prev_by_host = prev_replicas
-    replicas = []
-    for replica in sorted(observed, key=lambda r: r.host):
-        before = prev_by_host.get(replica.host)
-        since = before.since if before is not None and before.state is replica.state else now
-        replicas.append(
-            ReplicaStatus(
-                host=replica.host,
-                template=replica.template,
-                state=replica.state,
-                since=since,
-                reason=replica.reason,
-                retiring=retiring.get(replica.host)
-                or (
-                    before.retiring
-                    if before is not None and replica.state in (ReplicaState.DRAINING, ReplicaState.TERMINATING)
-                    else None
-                ),
-            )
+    def report(
+        self, observed: Sequence[ObservedReplica], outdated: Sequence[ObservedReplica], *, owner: str | None
+    ) -> DeploymentStatus:
+        """The status to store: each replica since when in its state, the counts, conditions and events."""
+        replicas = [self._replica_status(replica) for replica in sorted(observed, key=lambda r: r.host)]
+        template, want, prev = self.template.hash, self.want, self.prev
+        ready = sum(1 for r in observed if r.serving)
+        updated = sum(1 for r in observed if r.template == template and r.state is not ReplicaState.TERMINATING)
+        available = sum(1 for r in observed if r.serving and r.template == template)
+        conditions = _conditions(
+            prev, self.deployment, want, ready, available, updated, self.rollout, self.decision, outdated, self.now
         )
-    ready = sum(1 for r in observed if r.serving)
-    updated = sum(1 for r in observed if r.template == template.hash and r.state is not ReplicaState.TERMINATING)
-    available = sum(1 for r in observed if r.serving and r.template == template.hash)
-    conditions = _conditions(prev, deployment, want, ready, available, updated, rollout, decision, outdated, now)
-    kept = (prev.events + tuple(events))[-MAX_EVENTS:]
-    decision.status = DeploymentStatus(
-        name=deployment.name,
-        observed_generation=deployment.generation,
-        desired=want,
-        ready=ready,
-        updated=updated,
-        available=available,
-        replicas=tuple(replicas),
-        conditions=conditions,
-        events=kept,
-        rollout=rollout,
-        explain=explain,
-        host_failures=failures,
-        autoscale=prev.autoscale,
-        controller=owner,
-        updated_at=now,
-    )
-    return decision
+        return DeploymentStatus(
+            name=self.deployment.name,
+            observed_generation=self.deployment.generation,
+            desired=want,
+            ready=ready,
+            updated=updated,
+            available=available,
+            replicas=tuple(replicas),
+            conditions=conditions,
+            events=(prev.events + tuple(self.events))[-MAX_EVENTS:],
+            rollout=self.rollout,
+            explain=self.explain,
+            host_failures=self.failures,
+            autoscale=prev.autoscale,
+            controller=owner,
+            updated_at=self.now,
+        )
+
+    def _replica_status(self, replica: ObservedReplica) -> ReplicaStatus:
+        before = self.prev_replicas.get(replica.host)
+        same = before is not None and before.state is replica.state
+        leaving = replica.state in (ReplicaState.DRAINING, ReplicaState.TERMINATING)
+        return ReplicaStatus(
+            host=replica.host,
+            template=replica.template,
+            state=replica.state,
+            since=before.since if same and before is not None else self.now,
+            reason=replica.reason,
+            retiring=self.retiring.get(replica.host) or (before.retiring if before is not None and leaving else None),
+        )
 
 
 def _conditions(
