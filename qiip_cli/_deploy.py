@@ -282,8 +282,13 @@ def status(ctx: CliContext, name: str, follow: bool, as_json: bool, url: str | N
         return
 
     async def tail(client: QiipClient) -> None:
-        async for event in client.deployment_events(name, after=last):
-            click.echo(_event_line(event))
+        try:
+            async for event in client.deployment_events(name, after=last):
+                click.echo(_event_line(event))
+        except ApiError as exc:
+            # Removed between the status above and the stream's start: what following it would have ended on.
+            if exc.status != 404 or exc.code != "deployment_not_found":
+                raise
 
     try:
         _call(ctx, url, tail, timeout_s=60.0)
