@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from qiip_core.engines.vllm._serve import (
     MODELS_LISTED,
-    VENV_DIR,
     VllmCheckFailed,
     check_serves,
     install_environment,
@@ -26,7 +25,6 @@ from qiip_core.engines.vllm._serve import (
 
 __all__ = [
     "MODELS_LISTED",
-    "VENV_DIR",
     "VllmCheckFailed",
     "check_serves",
     "install_environment",

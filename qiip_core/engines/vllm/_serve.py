@@ -11,16 +11,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MODELS_LISTED",
-    "VENV_DIR",
     "VllmCheckFailed",
     "check_serves",
     "install_environment",
     "serve_args",
     "served_problem",
 ]
-
-VENV_DIR = "/opt/vllm-venv"
-"""Where the bundle installs vLLM on a host, under its install root (`bin/vllm` is what `start-engine.sh` runs)."""
 
 MODELS_LISTED = 5
 """How many of the served model names a failed check quotes before `and N more`."""
