@@ -144,10 +144,12 @@ def _check_name(name: str, flag: str) -> str:
     the flag it came from (`--alias`, `--model`, `--artifact`)."""
     from pydantic import TypeAdapter, ValidationError
 
+    from qiip_core._violation import first_violation
+
     try:
         return TypeAdapter(ModelName).validate_python(name)
     except ValidationError as exc:
-        reason = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
+        reason = first_violation(exc).message
         raise click.UsageError(f"The model name {name!r} (from {flag}) is invalid: {reason}.") from None
 
 

@@ -7,14 +7,11 @@ the error tree, never the reverse.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from pydantic import ValidationError
-
-__all__ = ["FieldNames", "Violation", "first_violation", "offers", "spell", "spell_setting"]
+__all__ = ["FieldNames", "ValidationErrors", "Violation", "first_violation", "offers", "spell", "spell_setting"]
 
 FieldNames = Mapping[str, str]
 """How a caller spells the fields a message names: field → its name there (a config key, a CLI flag such as
@@ -39,6 +36,15 @@ def offers(names: FieldNames | None, field: str) -> bool:
     return names is None or field in names
 
 
+class ValidationErrors(Protocol):
+    """What `first_violation` reads: a failed validation's errors, each a mapping with `loc`, `msg` and `type`
+    (pydantic's `ValidationError`, FastAPI's `RequestValidationError`)."""
+
+    def errors(self) -> Sequence[Any]:
+        """The errors, first the first found."""
+        ...
+
+
 @dataclass(frozen=True)
 class Violation:
     """One rule a policy breaks."""
@@ -47,6 +53,9 @@ class Violation:
     """The policy field at fault (`context_per_slot`, …)."""
     message: str
     """A full sentence: what is wrong and what is allowed."""
+    kind: str = ""
+    """pydantic's error type where the rule came from a validation (`missing`, `extra_forbidden`, `value_error`,
+    …; `first_violation`), else "": lets a reader pick its advice by the kind of fault."""
 
     def line(self) -> str:
         """One line naming the field once: the message when it starts with the field (`replicas: …`, `name must
@@ -57,15 +66,24 @@ class Violation:
         return f"{self.field}: {message}"
 
 
-def first_violation(exc: ValidationError) -> Violation:
-    """The first error of a pydantic validation, as a `Violation`.
+def first_violation(exc: ValidationErrors, *, skip: int = 0) -> Violation:
+    """The first error of a pydantic validation, as a `Violation`: the one place a refusal's field and reason are
+    read from pydantic, for the daemon's routes, the core's readers, the CLI and the console alike.
 
     Args:
-        exc: a validation that failed (pydantic gives at least one error).
+        exc: a validation that failed: pydantic's `ValidationError` or FastAPI's `RequestValidationError` (either
+            gives at least one error; none reads as the whole value at fault).
+        skip: leading location parts to drop: 1 for a FastAPI request error, whose location starts with where the
+            value came from (`body`, `query`).
 
     Returns:
-        Its field as a dotted path (`gpus.0.memory_mib`; "" when the whole value is at fault) and pydantic's
-        message for it, unchanged.
+        Its field as a dotted path (`gpus.0.memory_mib`; "" when the whole value is at fault), pydantic's message
+        for it without the `Value error, ` prefix pydantic puts on a validator's own `ValueError` (the rest
+        unchanged), and pydantic's error type as `kind`.
     """
-    first = exc.errors()[0]
-    return Violation(".".join(str(part) for part in first["loc"]), str(first["msg"]))
+    errors = exc.errors()
+    if not errors:
+        return Violation("", "invalid value", "value_error")
+    first = errors[0]
+    field = ".".join(str(part) for part in tuple(first["loc"])[skip:])
+    return Violation(field, str(first["msg"]).removeprefix("Value error, "), str(first["type"]))

@@ -14,6 +14,7 @@ from starlette.types import ASGIApp
 
 import qiip_core
 from qiip_core import QiipError
+from qiip_core._violation import first_violation
 from qiip_proxy._errors import RequestRefused, error_response
 from qiip_proxy._gateway import Gateway
 from qiip_proxy._inference import ProxyRoutes
@@ -96,9 +97,8 @@ def add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> Response:
-        first = exc.errors()[0] if exc.errors() else {"msg": "invalid request", "loc": ()}
-        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-        return error_response(RequestRefused(422, str(first["msg"]), "invalid_request", param))
+        first = first_violation(exc, skip=1)  # the location starts with where the value came from ("body")
+        return error_response(RequestRefused(422, first.message, "invalid_request", first.field or None))
 
 
 def serving_app(app: FastAPI) -> ASGIApp:

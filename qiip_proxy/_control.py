@@ -21,6 +21,7 @@ from typing import Annotated, Literal, TypeAlias
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from qiip_core._errors import safe_text
+from qiip_core._violation import first_violation
 from qiip_core.nodes import Node
 from qiip_core.routing import ExpectedModel
 from qiip_proxy._metrics import CounterKey
@@ -179,6 +180,6 @@ def decode(line: bytes | str) -> ControlMessage:
     try:
         return _ADAPTER.validate_json(line)
     except ValidationError as exc:
-        first = exc.errors(include_url=False, include_input=False)[0]
-        where = ".".join(str(part) for part in first["loc"]) or "the line"
-        raise ControlError(f"a malformed control message: {safe_text(where)}: {first['msg']}") from None
+        first = first_violation(exc)
+        where = first.field or "the line"
+        raise ControlError(f"a malformed control message: {safe_text(where)}: {first.message}") from None

@@ -31,6 +31,7 @@ from textual.color import Color, ColorParseError
 from textual.theme import Theme
 
 from qiip_core import ConfigError
+from qiip_core._violation import first_violation
 
 __all__ = [
     "CONSOLE_VARIABLES",
@@ -186,14 +187,15 @@ def load_theme_file(path: Path) -> Theme:
     try:
         model = ThemeFile.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(part) for part in first["loc"]) or "the file"
-        message = first["msg"].removeprefix("Value error, ")
+        first = first_violation(exc)
+        field = first.field or "the file"
         advice = {
             "missing": f"Add {field} (themes/README.md lists the fields).",
             "extra_forbidden": "Remove it, or check its spelling against themes/README.md.",
-        }.get(first["type"], "Fix the value.")
-        raise ThemeFileError(f"The theme file {path} is invalid at {field}: {message}. {advice}", path=path) from None
+        }.get(first.kind, "Fix the value.")
+        raise ThemeFileError(
+            f"The theme file {path} is invalid at {field}: {first.message}. {advice}", path=path
+        ) from None
     return model.to_theme(path.stem)
 
 

@@ -26,6 +26,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError
 
 from qiip_core._errors import ConfigError
+from qiip_core._violation import first_violation
 
 __all__ = [
     "DEFAULT_URL",
@@ -192,5 +193,7 @@ def load_console_config(
     try:
         return ConsoleConfig.model_validate({**values, "source": source})
     except ValidationError as exc:
-        first = exc.errors()[0]
-        raise ConfigError(f"The console config from {source} is invalid: {first['loc'][0]}: {first['msg']}.") from None
+        first = first_violation(exc)
+        raise ConfigError(
+            f"The console config from {source} is invalid: {first.field or 'the config'}: {first.message}."
+        ) from None

@@ -22,6 +22,7 @@ import httpx
 from pydantic import TypeAdapter, ValidationError
 
 from qiip_core._errors import QuadsUnavailable, safe_text
+from qiip_core._violation import first_violation
 from qiip_core.config import QuadsSettings
 from qiip_core.quads._models import (
     QuadsHost,
@@ -140,10 +141,9 @@ class QuadsClient:
         )
 
     def _shape(self, path: str, exc: ValidationError) -> QuadsUnavailable:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "body"
+        first = first_violation(exc)
         return QuadsUnavailable(
-            f"QUADS at {self.base_url} answered {path} with another shape ({where}: {first['msg']})."
+            f"QUADS at {self.base_url} answered {path} with another shape ({first.field or 'body'}: {first.message})."
         )
 
     async def hosts(self) -> list[QuadsHost]:

@@ -314,8 +314,7 @@ async def add_host(request: Request) -> JSONResponse:
     except ValidationError as exc:
         error = first_violation(exc)
         field = error.field or "body"
-        reason = error.message.removeprefix("Value error, ")
-        raise AdminError(422, f"Not a host: {field}: {reason}.", "invalid_host", field) from None
+        raise AdminError(422, f"Not a host: {field}: {error.message}.", "invalid_host", field) from None
     return JSONResponse(host.model_dump(mode="json"), status_code=201)
 
 

@@ -141,5 +141,5 @@ class LocalNodeHandoff(BaseModel):
         except ValidationError as exc:
             violation = first_violation(exc)
             field = violation.field or "the record"
-            message = violation.message.removeprefix("Value error, ").removesuffix(".")
+            message = violation.message.removesuffix(".")
             raise ConfigError(f"{where} is invalid: {field}: {message}.") from None
