@@ -2,8 +2,10 @@
 
 ```
 Provisioner(settings, fleet, table, operations)    the daemon's entry: start_setup / start_teardown / cancel /
-                                                   tasks / recover / reconcile (takeover of a dead gateway's
-                                                   operations) / forget_host_key; host leases, the setup limit
+                                                   tasks / recover / reconcile / forget_host_key; host leases,
+                                                   the setup limit
+Provisioner.recover / .reconcile                   takeover of a dead gateway's operations (`_takeover`): adopt
+                                                   the task, mark it and its node failed, end its run, free the host
 check_setup_request(settings, request)             the setup's preflight before any power or SSH work
 run_setup(settings, fleet, request, record, …)     the setup pipeline (`_pipeline`): power, SSH, preflight,
                                                    bundle, GPUs, engine, health, verification, registration
