@@ -9,6 +9,8 @@ Provisioner.recover / .reconcile                   takeover of a dead gateway's 
 check_setup_request(settings, request)             the setup's preflight before any power or SSH work
 run_setup(settings, fleet, request, record, …)     the setup pipeline (`_pipeline`): power, SSH, preflight,
                                                    bundle, GPUs, engine, health, verification, registration
+HostFacts / read_remote_devices / bound_cpu_plan   the host as the setup reads it (`_host`): preflight's facts,
+                                                   its devices, the bounds of automatic sizing on a CPU host
 SshTarget / open_ssh / SshConnection.run           asyncssh with strict host keys and per-command deadlines
 forget_host_key(known_hosts, host, port)           remove a re-imaged host's old key
 bundle/*.sh                                        the node bundle (package data), step markers on stdout, the
@@ -31,6 +33,15 @@ from qiip_core.provisioning._bundle import (
     end_previous_runs,
     engine_script_name,
 )
+from qiip_core.provisioning._host import (
+    CPU_MAX_CONTEXT_PER_SLOT,
+    CPU_MAX_SLOTS,
+    PREFLIGHT_COMMAND,
+    HostFacts,
+    bound_cpu_plan,
+    os_family,
+    read_remote_devices,
+)
 from qiip_core.provisioning._logs import HostLogs, LogEntry, LogStream
 from qiip_core.provisioning._markers import (
     BUNDLE_STEPS,
@@ -40,19 +51,7 @@ from qiip_core.provisioning._markers import (
     StepMarker,
     parse_marker,
 )
-from qiip_core.provisioning._pipeline import (
-    CPU_MAX_CONTEXT_PER_SLOT,
-    CPU_MAX_SLOTS,
-    PREFLIGHT_COMMAND,
-    HostFacts,
-    PowerOn,
-    SetupRequest,
-    bound_cpu_plan,
-    engine_started,
-    os_family,
-    read_remote_devices,
-    run_setup,
-)
+from qiip_core.provisioning._pipeline import PowerOn, SetupRequest, engine_started, run_setup
 from qiip_core.provisioning._preflight import REPO_ID_PATTERN, check_setup_request, model_problem
 from qiip_core.provisioning._provisioner import Provisioner, check_host, gateway_owner
 from qiip_core.provisioning._record import TaskRecorder
