@@ -2,14 +2,7 @@
 
 from __future__ import annotations
 
-from qiip_core.client._client import (
-    ApiError,
-    ClientError,
-    DaemonUnreachable,
-    NotADaemon,
-    QiipClient,
-    Unauthorized,
-)
+from qiip_core.client._client import QiipClient
 from qiip_core.client._config import (
     DEFAULT_URL,
     ConsoleConfig,
@@ -18,6 +11,7 @@ from qiip_core.client._config import (
     load_console_config,
     read_console_file,
 )
+from qiip_core.client._errors import ApiError, ClientError, DaemonUnreachable, NotADaemon, Unauthorized
 from qiip_core.client._views import (
     BreakerView,
     ChatDelta,

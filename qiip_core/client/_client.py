@@ -10,10 +10,9 @@ async with QiipClient.from_config(load_console_config()) as qiip:
         ...
 ```
 
-Every failure is a `ClientError`: `DaemonUnreachable` (nothing answers at the URL), `Unauthorized` (the
-admin credentials were refused), or `ApiError` (the daemon answered with an error: its status, OpenAI code
-and message). Built on httpx and httpx-sse; proxy environment variables are ignored, since the daemon is
-usually reached directly.
+Every failure is a `ClientError` (`_errors`: `DaemonUnreachable`, `Unauthorized`, `NotADaemon`, `ApiError`).
+Built on httpx and httpx-sse; proxy environment variables are ignored, since the daemon is usually reached
+directly.
 """
 
 from __future__ import annotations
@@ -27,93 +26,23 @@ from urllib.parse import quote
 import httpx
 import httpx_sse
 
-from qiip_core._errors import QiipError
-from qiip_core._violation import Violation, spell
 from qiip_core.client._config import ConsoleConfig
-from qiip_core.client._views import ChatDelta, HealthView, LentHosts, NodeEvent, NodeInfo, OperationInfo
+from qiip_core.client._errors import ApiError, DaemonUnreachable, NotADaemon, raise_for
+from qiip_core.client._views import (
+    ChatDelta,
+    HealthView,
+    LentHosts,
+    NodeEvent,
+    NodeInfo,
+    OperationInfo,
+    chat_delta,
+    lent_only,
+)
 
 if TYPE_CHECKING:
     from qiip_core.recommendations import HostRecommendations
 
-__all__ = [
-    "ApiError",
-    "ClientError",
-    "DaemonUnreachable",
-    "NotADaemon",
-    "QiipClient",
-    "Unauthorized",
-]
-
-
-class ClientError(QiipError):
-    """The daemon could not be used (502 `daemon_error`)."""
-
-    status = 502
-    code = "daemon_error"
-
-
-class DaemonUnreachable(ClientError):
-    """Nothing answered at the daemon's URL (refused, timed out, not HTTP; 502 `daemon_unreachable`)."""
-
-    code = "daemon_unreachable"
-
-
-class Unauthorized(ClientError):
-    """The daemon refused the admin credentials (401 `unauthorized`)."""
-
-    status = 401
-    code = "unauthorized"
-
-
-class NotADaemon(ClientError):
-    """Something answered at the daemon's URL, but not with the daemon's JSON (a login page, another
-    service): a successful answer that is not JSON, or JSON of another shape (502 `not_a_daemon`)."""
-
-    code = "not_a_daemon"
-
-
-class ApiError(ClientError):
-    """The daemon answered with an error.
-
-    Attributes:
-        status: the HTTP status.
-        code: the OpenAI error code (`node_not_found`, `conflict`, `invalid_policy`, …); None when the
-            answer had none.
-        violations: for an invalid sizing policy, `[{field, message}]`.
-        param: the request field at fault, when the daemon named one.
-    """
-
-    code: str | None  # type: ignore[assignment]  # the daemon's, which may be missing
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int,
-        code: str | None,
-        violations: list[dict[str, str]],
-        param: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.violations = violations
-        self.param = param
-
-    def lines(self, names: Mapping[str, str] | None = None) -> list[str]:
-        """One line per field at fault, the field named once (`source.artifact: No GGUF generation …`), or the
-        message when the daemon gave no violations (led by the field it named when it refused the input itself,
-        400 or 422; a missing thing, 404, is named by its message). `names`: how the caller spells a field (a CLI
-        flag for a body field: `{"tokens_per_s": "--tokens-per-s"}`)."""
-        if self.violations:
-            return [
-                Violation(spell(names, str(v.get("field", "?"))), str(v.get("message", ""))).line()
-                for v in self.violations
-            ]
-        message = " ".join(self.message.split())
-        if self.param and self.status in (400, 422):
-            return [Violation(spell(names, self.param), message).line()]
-        return [message]
+__all__ = ["QiipClient"]
 
 
 class QiipClient:
@@ -179,7 +108,7 @@ class QiipClient:
             response = await client.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
             raise DaemonUnreachable(f"The daemon at {self.url} does not answer: {exc!r}.") from exc
-        _raise_for(response, self.url)
+        raise_for(response, self.url)
         try:
             return response.json()
         except ValueError:
@@ -208,7 +137,7 @@ class QiipClient:
         `not_provisioned`) are left out: they have no endpoint or model to show as a node."""
         payload = await self._admin_json("GET", "/admin/nodes")
         try:
-            return [NodeInfo.model_validate(item) for item in payload["nodes"] if not _lent_only(item)]
+            return [NodeInfo.model_validate(item) for item in payload["nodes"] if not lent_only(item)]
         except (ValueError, KeyError, TypeError) as exc:
             raise self._shape_error("/admin/nodes", exc) from None
 
@@ -218,7 +147,7 @@ class QiipClient:
         a daemon without `[quads]`."""
         payload = await self._admin_json("GET", "/admin/nodes")
         try:
-            hosts = [item["quads"] for item in payload["nodes"] if _lent_only(item) and item.get("quads")]
+            hosts = [item["quads"] for item in payload["nodes"] if lent_only(item) and item.get("quads")]
             return LentHosts.model_validate({"hosts": hosts, "freshness": payload.get("quads")})
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise self._shape_error("/admin/nodes", exc) from None
@@ -271,7 +200,7 @@ class QiipClient:
             async with httpx_sse.aconnect_sse(
                 self._admin, "GET", "/admin/events", params={"heartbeat_s": heartbeat_s}, timeout=None
             ) as source:
-                _raise_for(source.response, self.url)
+                raise_for(source.response, self.url)
                 async for event in source.aiter_sse():
                     if event.event == "node":
                         try:
@@ -397,7 +326,7 @@ class QiipClient:
             async with httpx_sse.aconnect_sse(
                 self._admin, "GET", f"/admin/provisioning/{host}/logs", params=params, timeout=None
             ) as source:
-                _raise_for(source.response, self.url)
+                raise_for(source.response, self.url)
                 async for event in source.aiter_sse():
                     if event.event == "log":
                         entry: dict[str, Any] = json.loads(event.data)
@@ -415,7 +344,7 @@ class QiipClient:
             async with httpx_sse.aconnect_sse(self._admin, "GET", path, params=dict(params), timeout=None) as source:
                 if source.response.status_code >= 400:
                     await source.response.aread()  # the error body names the reason
-                _raise_for(source.response, self.url)
+                raise_for(source.response, self.url)
                 async for event in source.aiter_sse():
                     if event.event in wanted:
                         try:
@@ -476,7 +405,7 @@ class QiipClient:
             raise DaemonUnreachable(f"The daemon at {self.url} does not answer: {exc!r}.") from exc
         if response.status_code == 401:
             return True
-        _raise_for(response, self.url)
+        raise_for(response, self.url)
         return False
 
     async def models(self) -> list[str]:
@@ -509,7 +438,7 @@ class QiipClient:
             ) as source:
                 if source.response.status_code != 200:
                     await source.response.aread()
-                    _raise_for(source.response, self.url)
+                    raise_for(source.response, self.url)
                 node = source.response.headers.get("x-qiip-node")
                 async for event in source.aiter_sse():
                     if event.data == "[DONE]":
@@ -523,7 +452,7 @@ class QiipClient:
                             code=error.get("code"),
                             violations=[],
                         )
-                    delta = _delta(chunk)
+                    delta = chat_delta(chunk)
                     if node is not None:
                         delta, node = delta.model_copy(update={"node": node}), None
                     yield delta
@@ -628,38 +557,4 @@ class QiipClient:
             response = await self._admin.request("DELETE", f"/admin/hosts/{quote(name, safe='')}")
         except httpx.HTTPError as exc:
             raise DaemonUnreachable(f"The daemon at {self.url} does not answer: {exc!r}.") from exc
-        _raise_for(response, self.url)
-
-
-def _lent_only(item: Any) -> bool:
-    """Whether an entry of `GET /admin/nodes` is a host QUADS lends that is not a node (no engine)."""
-    return isinstance(item, dict) and item.get("engine") is None and item.get("source") == "quads"
-
-
-def _delta(chunk: Mapping[str, Any]) -> ChatDelta:
-    choices = chunk.get("choices") or []
-    content, finish = "", None
-    if choices:
-        content = (choices[0].get("delta") or {}).get("content") or ""
-        finish = choices[0].get("finish_reason")
-    usage = chunk.get("usage") or {}
-    return ChatDelta(content=content, finish_reason=finish, completion_tokens=usage.get("completion_tokens"))
-
-
-def _raise_for(response: httpx.Response, url: str) -> None:
-    if response.status_code < 400:
-        return
-    try:
-        error = response.json().get("error", {})
-    except (ValueError, AttributeError, httpx.ResponseNotRead):
-        error = {}
-    message = str(error.get("message") or f"HTTP {response.status_code}")
-    if response.status_code == 401 and "admin" in str(response.request.url.path):
-        raise Unauthorized(f"The daemon at {url} refused the admin credentials: {message}")
-    raise ApiError(
-        message,
-        status=response.status_code,
-        code=error.get("code"),
-        violations=list(error.get("violations") or []),
-        param=str(error["param"]) if error.get("param") else None,
-    )
+        raise_for(response, self.url)

@@ -5,6 +5,7 @@ Unknown keys are ignored, so a newer daemon's answers still parse.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Literal
 
@@ -27,6 +28,8 @@ __all__ = [
     "QuadsReservationView",
     "QuadsView",
     "SlotsView",
+    "chat_delta",
+    "lent_only",
 ]
 
 
@@ -219,3 +222,19 @@ class ChatDelta(_View):
     finish_reason: str | None = None
     completion_tokens: int | None = None
     node: str | None = None
+
+
+def lent_only(item: Any) -> bool:
+    """Whether an entry of `GET /admin/nodes` is a host QUADS lends that is not a node (no engine)."""
+    return isinstance(item, dict) and item.get("engine") is None and item.get("source") == "quads"
+
+
+def chat_delta(chunk: Mapping[str, Any]) -> ChatDelta:
+    """The piece of a streamed chat completion one chunk carries (`choices[0].delta`, its `usage`)."""
+    choices = chunk.get("choices") or []
+    content, finish = "", None
+    if choices:
+        content = (choices[0].get("delta") or {}).get("content") or ""
+        finish = choices[0].get("finish_reason")
+    usage = chunk.get("usage") or {}
+    return ChatDelta(content=content, finish_reason=finish, completion_tokens=usage.get("completion_tokens"))
