@@ -2,9 +2,9 @@
 circuit breakers, and forwarding with failover before the first byte.
 
 In the order a request takes them: `_admission` (admit or shed: `Admission.admit`), `_affinity` (the prefix
-map, consulted by the table), `_table` (select: `RoutingTable.reserve`), `_forward` (`Forwarder.open`: attempts
-and failover, sending through `qiip_core.upstream`). `_board` counts requests in flight over the daemon's serving
-processes (`server.workers`).
+map, consulted by the table), `_table` (select: `RoutingTable.reserve`, which hands out a `_reservation`),
+`_forward` (`Forwarder.open`: attempts and failover, sending through `qiip_core.upstream`). `_board` counts
+requests in flight over the daemon's serving processes (`server.workers`).
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from qiip_core.routing._affinity import (
 from qiip_core.routing._board import DEFAULT_COLUMNS, ColumnMap, InFlightBoard
 from qiip_core.routing._breaker import BreakerPolicy, BreakerState, CircuitBreaker
 from qiip_core.routing._forward import Forwarder
+from qiip_core.routing._reservation import Reservation
 from qiip_core.routing._state import RECENT_ERRORS, NodeError
 from qiip_core.routing._table import (
     ChangeKind,
     ExpectedModel,
     NodeState,
-    Reservation,
     RoutingTable,
     TableChange,
     select_least_connections,

@@ -50,7 +50,8 @@ from qiip_core._errors import (
 )
 from qiip_core.config import UpstreamSettings
 from qiip_core.nodes import EndpointPolicy, NodeStatus
-from qiip_core.routing._table import ChangeKind, Reservation, RoutingTable, TableChange
+from qiip_core.routing._reservation import Reservation
+from qiip_core.routing._table import ChangeKind, RoutingTable, TableChange
 from qiip_core.upstream._client import (
     TRANSPORT_ERRORS,
     SendProgress,
