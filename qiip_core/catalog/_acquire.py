@@ -35,8 +35,6 @@ of a connection.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import hashlib
 import http.client
 import json
@@ -46,18 +44,18 @@ import queue
 import re
 import ssl
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 from qiip_core._errors import AcquisitionPaused, DownloadFailed, ObjectMismatch
+from qiip_core.catalog._files import HASH_BLOCK, exclusive_lock, fsync_dir, hash_back, lock_held, sha256_of, write_all
 from qiip_core.catalog._manifest import ManifestFile, check_source_url
 from qiip_core.storage import atomic_write
 
-__all__ = ["ObjectStore", "Reader", "Transfer", "exclusive_lock", "lock_held"]
+__all__ = ["ObjectStore", "Reader", "Transfer"]
 
 logger = logging.getLogger("qiip.catalog")
 
@@ -65,14 +63,11 @@ MAX_REDIRECTS = 5
 ATTEMPTS = 3
 """Connections one acquisition of an object opens before it gives up (each resumes the last)."""
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
-_HASH_BLOCK = 1 << 20
 _WRITE_BYTES = 1 << 20
 """Bytes read (from the connection or a local file) into one buffer, then written with one `pwrite`."""
 _TIMEOUT_S = 30.0
 """Seconds a connection may stay silent before the attempt counts as broken."""
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
-_LOCK_POLL_S = 0.05
-"""How often a waiting acquisition looks at the lock again (and at a pause request)."""
 
 
 Reader = Callable[[memoryview], int]
@@ -92,53 +87,6 @@ class Transfer:
         """Raise `AcquisitionPaused` when a pause was asked for."""
         if self.should_pause():
             raise AcquisitionPaused("The acquisition was paused; acquire again to resume at its durable offset.")
-
-
-@contextlib.contextmanager
-def exclusive_lock(path: Path, *, check: Callable[[], None] = lambda: None) -> Iterator[None]:
-    """Hold an exclusive `flock` on `path` (created if absent) for the block; wait while another holder has it.
-
-    The lock is per open file, so it excludes other threads of this process as well as other processes; the
-    kernel drops it when its holder dies, so a killed acquisition never leaves the object locked.
-
-    Args:
-        path: the lock file.
-        check: called while waiting; what it raises (a pause) ends the wait.
-
-    Raises:
-        OSError: the lock file cannot be created.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
-                    raise
-            check()
-            time.sleep(_LOCK_POLL_S)
-        yield
-    finally:
-        os.close(fd)  # closing the descriptor releases the lock
-
-
-def lock_held(path: Path) -> bool:
-    """Whether some holder (this process included) has an exclusive lock on `path` now; False when it does not
-    exist."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
-    return False
 
 
 class ObjectStore:
@@ -217,7 +165,7 @@ class ObjectStore:
             return True
         try:
             size = path.stat().st_size
-            actual = _sha256_of(path)
+            actual = sha256_of(path)
         except FileNotFoundError:
             return False
         if size == file.bytes and actual == file.sha256:
@@ -462,13 +410,13 @@ class ObjectStore:
         try:
             os.ftruncate(fd, start)
             digest = hashlib.sha256()
-            _hash_back(fd, digest, 0, start)
+            hash_back(fd, digest, 0, start)
             durable = _Durable(self, file, fd, digest, start, transfer)
             buffer = memoryview(bytearray(min(_WRITE_BYTES, self.chunk_bytes)))
             written = start
             try:
                 while n := readinto(buffer):
-                    _write_all(fd, buffer[:n], written)
+                    write_all(fd, buffer[:n], written)
                     written += n
                     if written > file.bytes:
                         break  # more bytes than the manifest says: the size check discards the object
@@ -490,7 +438,7 @@ class ObjectStore:
         object into place and record the check; a mismatch deletes it."""
         part = self._part(file.sha256)
         size = part.stat().st_size
-        actual = digest if digest is not None else _sha256_of(part)
+        actual = digest if digest is not None else sha256_of(part)
         if size != file.bytes or actual != file.sha256:
             self.discard(file.sha256)
             what = f"{size:,} bytes" if size != file.bytes else f"SHA-256 {actual}"
@@ -502,7 +450,7 @@ class ObjectStore:
         target.parent.mkdir(parents=True, exist_ok=True)
         os.chmod(part, 0o444)
         os.replace(part, target)
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
         self._write_record(file.sha256)
         with contextlib.suppress(FileNotFoundError):
             self._offset_file(file.sha256).unlink()
@@ -542,13 +490,6 @@ def _reader(response: http.client.HTTPResponse) -> Reader:
     return readinto
 
 
-def _write_all(fd: int, data: memoryview, offset: int) -> None:
-    """`pwrite` all of `data` at `offset`, however many calls it takes."""
-    while data:
-        n = os.pwrite(fd, data, offset)
-        data, offset = data[n:], offset + n
-
-
 class _Durable:
     """The thread that makes written bytes durable, in order: fsync, read back and hash, record the offset.
 
@@ -576,44 +517,16 @@ class _Durable:
             raise self.error
 
     def _run(self) -> None:
-        buffer = bytearray(8 * _HASH_BLOCK)
+        buffer = bytearray(8 * HASH_BLOCK)
         while (item := self._ranges.get()) is not None:
             if self.error is not None:
                 continue
             begin, end = item
             try:
                 os.fsync(self.fd)
-                _hash_back(self.fd, self.digest, begin, end, buffer)
+                hash_back(self.fd, self.digest, begin, end, buffer)
                 atomic_write(self.store._offset_file(self.file.sha256), json.dumps({"offset": end}).encode())
             except BaseException as exc:  # handed to close(), in the receiving thread
                 self.error = exc
                 continue
             self.done = self.transfer.bytes_done = end
-
-
-def _hash_back(fd: int, digest: Any, start: int, end: int, buffer: bytearray | None = None) -> None:
-    """Feed `digest` the bytes `[start, end)` of the file as it reads back now (into `buffer`, reused)."""
-    view = memoryview(buffer if buffer is not None else bytearray(_HASH_BLOCK))
-    position = start
-    while position < end:
-        n = os.preadv(fd, [view[: min(len(view), end - position)]], position)
-        if not n:
-            raise OSError(errno.EIO, f"the file ends at byte {position:,}, before {end:,} it was written to")
-        digest.update(view[:n])
-        position += n
-
-
-def _sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while block := handle.read(_HASH_BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -47,7 +47,8 @@ from qiip_core._errors import (
     RevisionInUse,
     RevisionNotFound,
 )
-from qiip_core.catalog._acquire import ObjectStore, Transfer, exclusive_lock, lock_held
+from qiip_core.catalog._acquire import ObjectStore, Transfer
+from qiip_core.catalog._files import exclusive_lock, lock_held
 from qiip_core.catalog._manifest import Manifest, parse_manifest
 from qiip_core.catalog._scan import default_cache_dir, resolve_artifact, scan_catalog
 from qiip_core.catalog._types import match_artifact_id
