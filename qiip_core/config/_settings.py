@@ -34,22 +34,20 @@ from qiip_core.config._admission import AdmissionSettings, ModelAdmission
 from qiip_core.config._deployments import DeploymentSettings, GpuSpec, HostSpec
 from qiip_core.config._groups import (
     AdminSettings,
-    AttachedProfile,
     AuthSettings,
     BreakerSettings,
     EngineSettings,
     EtcdSettings,
     HealthSettings,
     LlamaCppEngineSettings,
-    LocalNodeConfig,
     LoggingSettings,
-    NodeConfig,
     RegistrySettings,
     ServerSettings,
     UpstreamSettings,
     default_state_dir,
 )
 from qiip_core.config._models import ModelSettings
+from qiip_core.config._nodes import AttachedProfile, LocalNodeConfig, NodeConfig
 from qiip_core.config._provisioning import ProvisioningSettings
 from qiip_core.config._quads import QuadsSettings
 from qiip_core.config._redfish import RedfishSettings
