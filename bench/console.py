@@ -41,7 +41,8 @@ from qiip_core.telemetry import GpuReading, LiveGpus
 from qiip_tui import QiipConsole
 from qiip_tui._fleet import FleetDelta
 from qiip_tui.widgets import FleetTable
-from tests.tui.fakes import FakeClient, node, runtime
+from tests.tui.fakes import FakeClient
+from tests.tui.samples import node, runtime
 
 STATUSES = ("healthy", "healthy", "healthy", "draining", "unhealthy", "unknown")
 

@@ -16,7 +16,8 @@ from qiip_tui.widgets import Transcript
 from tests.support.daemon import Daemon
 from tests.support.fault_backend import FaultBackend, Sse
 from tests.tui.conftest import config_for, in_thread, screen_of, wait_for
-from tests.tui.fakes import FakeClient, node
+from tests.tui.fakes import FakeClient
+from tests.tui.samples import node
 
 pytestmark = pytest.mark.integration
 

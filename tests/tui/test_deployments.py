@@ -29,7 +29,9 @@ from qiip_tui.widgets._target_sparkline import target_bars
 from tests.support.daemon import Daemon
 from tests.support.hf_cache import HfCacheBuilder
 from tests.tui.conftest import config_for, screen_of, wait_for
-from tests.tui.fakes import FakeClient, FakeDeploymentsClient, sample_deployments, sample_fleet
+from tests.tui.deployment_samples import sample_deployments
+from tests.tui.fakes import FakeClient, FakeDeploymentsClient
+from tests.tui.samples import sample_fleet
 
 
 def test_rows_and_lines_say_what_the_cli_says() -> None:

@@ -11,7 +11,8 @@ from qiip_tui._describe import describe_node
 from qiip_tui.screens import DescribeScreen, FleetScreen, NodeScreen
 from qiip_tui.widgets import FleetTable
 from tests.tui.conftest import screen_of, wait_for
-from tests.tui.fakes import SAMPLE_METRICS, FakeLogsClient, sample_fleet
+from tests.tui.fakes import FakeLogsClient
+from tests.tui.samples import SAMPLE_METRICS, sample_fleet
 
 NOW = datetime(2026, 11, 29, 12, 5, tzinfo=UTC)
 

@@ -15,7 +15,8 @@ from qiip_tui.screens import ConfirmModal, FleetScreen
 from qiip_tui.widgets import FleetTable, NodeHeader
 from qiip_tui.widgets._history_sparkline import drawn_columns
 from tests.tui.conftest import screen_of, wait_for
-from tests.tui.fakes import SAMPLE_METRICS, FakeClient, node, sample_fleet
+from tests.tui.fakes import FakeClient
+from tests.tui.samples import SAMPLE_METRICS, node, sample_fleet
 
 NOW = datetime(2026, 11, 29, 12, 5, tzinfo=UTC)
 

@@ -24,7 +24,8 @@ from qiip_tui.screens import (
 from qiip_tui.widgets import ConsoleTable, FleetTable, LogView
 from tests.support.daemon import Daemon
 from tests.tui.conftest import burst, config_for, screen_of, wait_for
-from tests.tui.fakes import SAMPLE_METRICS, FakeLogsClient, FakeModelsClient, FakeProvisioningClient, sample_fleet
+from tests.tui.fakes import FakeLogsClient, FakeModelsClient, FakeProvisioningClient
+from tests.tui.samples import SAMPLE_METRICS, sample_fleet
 from tests.tui.test_fleet import rows
 
 NODES = ["chat-a", "chat-b", "slow"]

@@ -9,7 +9,8 @@ from qiip_tui import QiipConsole
 from qiip_tui.screens import ConfirmModal, SizingScreen
 from tests.support.daemon import Daemon
 from tests.tui.conftest import config_for, screen_of, wait_for
-from tests.tui.fakes import FakeClient, sample_fleet
+from tests.tui.fakes import FakeClient
+from tests.tui.samples import sample_fleet
 
 LAST_SLOW = (
     "slow is the last healthy node of slow-model: clients of that model will get 503 until another node serves it."

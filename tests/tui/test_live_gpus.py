@@ -19,7 +19,7 @@ from tests.support.daemon import Daemon, free_port, wait_until
 from tests.support.etcd import EtcdServer
 from tests.support.nvml_stub import STUB_GPUS
 from tests.tui.conftest import config_for, screen_of, wait_for
-from tests.tui.fakes import node, runtime
+from tests.tui.samples import node, runtime
 
 INTERVAL = {"QIIP_TELEMETRY__INTERVAL_S": "0.5"}
 

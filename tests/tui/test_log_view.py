@@ -13,7 +13,8 @@ from qiip_tui._themes import console_variable_defaults
 from qiip_tui.screens import NOT_AVAILABLE, LogsScreen
 from qiip_tui.widgets import LogView
 from tests.tui.conftest import screen_of, wait_for
-from tests.tui.fakes import FakeClient, sample_fleet
+from tests.tui.fakes import FakeClient
+from tests.tui.samples import sample_fleet
 
 
 class Host(App[None]):

@@ -11,7 +11,8 @@ from qiip_tui import QiipConsole
 from qiip_tui.screens import ConfirmModal, FleetScreen, LogsScreen
 from qiip_tui.widgets import FleetSummary, FleetTable, LogView
 from tests.tui.conftest import screen_of, wait_for
-from tests.tui.fakes import SAMPLE_METRICS, FakeClient, FakeLogsClient, sample_fleet
+from tests.tui.fakes import FakeClient, FakeLogsClient
+from tests.tui.samples import SAMPLE_METRICS, sample_fleet
 
 
 def _console(client: FakeClient | None = None) -> QiipConsole:

@@ -9,7 +9,7 @@ from qiip_tui._chat import Conversation, TurnState
 from qiip_tui._connection import describe_problem, retry_delay_s
 from qiip_tui._fleet import Fleet, FleetDelta, devices_of, gpu_totals, matches, training_context
 from qiip_tui._sizing import SizingValues, check_sizing, sizing_preview
-from tests.tui.fakes import node, runtime, sample_fleet
+from tests.tui.samples import node, runtime, sample_fleet
 
 
 def test_a_snapshot_then_events_report_only_what_changed() -> None:

@@ -18,7 +18,8 @@ from tests.support.daemon import Daemon
 from tests.support.fake_hub import FakeHub
 from tests.support.model_cache import GEMMA_REPO, TINY_REPO, ModelCache
 from tests.tui.conftest import config_for, screen_of, wait_for
-from tests.tui.fakes import SAMPLE_CATALOG, SAMPLE_DOWNLOADS, FakeClient, sample_fleet
+from tests.tui.fakes import FakeClient
+from tests.tui.samples import SAMPLE_CATALOG, SAMPLE_DOWNLOADS, sample_fleet
 
 
 def test_rows_summary_and_download_lines() -> None:

@@ -17,7 +17,8 @@ from qiip_tui.widgets import ConsoleTable
 from tests.support.daemon import Daemon
 from tests.support.sshd import SshHosts
 from tests.tui.conftest import config_for, screen_of, wait_for
-from tests.tui.fakes import LLMFIT_OUTPUT, FakeClient, node, sample_fleet
+from tests.tui.fakes import FakeClient
+from tests.tui.samples import LLMFIT_OUTPUT, node, sample_fleet
 
 GPU_PROFILE = "apple-m3-max-128gb"
 """A bundled llmfit hardware profile with a GPU, standing in for a GPU host."""

@@ -38,7 +38,6 @@ from qiip_tui.screens._setup import SetupModal
 from qiip_tui.widgets import LogView
 from tests.tui.conftest import screen_of, wait_for
 from tests.tui.fakes import (
-    SAMPLE_METRICS,
     FakeClient,
     FakeDeploymentsClient,
     FakeLogsClient,
@@ -46,8 +45,8 @@ from tests.tui.fakes import (
     FakeProvisioningClient,
     FakeQuadsClient,
     FakeRecommendationsClient,
-    sample_fleet,
 )
+from tests.tui.samples import SAMPLE_METRICS, sample_fleet
 
 SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((160, 48), id="160x48")]
 

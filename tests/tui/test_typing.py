@@ -14,7 +14,8 @@ from qiip_tui import QiipConsole
 from qiip_tui.screens import CommandLine, FleetScreen, SizingScreen
 from qiip_tui.widgets import ConsoleInput, FleetTable
 from tests.tui.conftest import burst, screen_of, wait_for
-from tests.tui.fakes import SAMPLE_METRICS, FakeClient, sample_fleet
+from tests.tui.fakes import FakeClient
+from tests.tui.samples import SAMPLE_METRICS, sample_fleet
 
 
 class _Field(App[None]):
