@@ -10,12 +10,14 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import click
 
 from qiip_core import QiipError
-from qiip_core.config import Settings, load_settings
+
+if TYPE_CHECKING:
+    from qiip_core.config import Settings
 
 __all__ = ["CliContext", "pass_cli", "run_or_exit"]
 
@@ -42,6 +44,9 @@ class CliContext:
     def settings(self) -> Settings:
         """The settings; an invalid value ends the command with the precise message."""
         if self._settings is None:
+            # Imported here: the settings' models are most of a command's start-up, and some commands never read them.
+            from qiip_core.config import load_settings
+
             self._settings = run_or_exit(lambda: load_settings(self.config))
         return self._settings
 
