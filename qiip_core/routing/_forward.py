@@ -57,6 +57,7 @@ from qiip_core.upstream._client import (
     SendProgress,
     UpstreamClient,
     UpstreamRequest,
+    is_stale_connection,
     map_transport_error,
 )
 from qiip_core.upstream._response import UpstreamResponse
@@ -305,12 +306,12 @@ class Forwarder:
     ) -> aiohttp.ClientResponse:
         try:
             return await self.client.post(url, body, headers, progress)
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            # A pooled keep-alive connection the node closed (or reset) just before we used it fails like
-            # this, before any response byte: one more try on the same node, on a new connection (another
-            # pooled one may be dead too), is not a node failure. A failed connect is (ClientConnectorError),
-            # and goes to failover at once.
-            if isinstance(exc, aiohttp.ClientConnectorError):
+        except TRANSPORT_ERRORS as exc:
+            # A pooled keep-alive connection the node closed (or was closing) when we used it fails before any
+            # response byte, in one of several ways (`is_stale_connection`): one more try on the same node, on a
+            # new connection (another pooled one may be dead too), is not a node failure. A failed connect is,
+            # and goes to failover at once; so does a timeout, by its own rules.
+            if not is_stale_connection(exc):
                 raise
             logger.debug("node %s: retrying on a new connection after %r", node_id, exc)
             progress.sent = False

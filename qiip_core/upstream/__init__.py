@@ -16,6 +16,7 @@ from qiip_core.upstream._client import (
     UpstreamRequest,
     describe_client_error,
     is_local_exhaustion,
+    is_stale_connection,
     map_transport_error,
 )
 from qiip_core.upstream._response import HOP_BY_HOP_HEADERS, OutcomeSink, UpstreamResponse
@@ -32,5 +33,6 @@ __all__ = [
     "describe_client_error",
     "event_boundary",
     "is_local_exhaustion",
+    "is_stale_connection",
     "map_transport_error",
 ]

@@ -32,6 +32,7 @@ __all__ = [
     "SendProgress",
     "UpstreamClient",
     "UpstreamRequest",
+    "is_stale_connection",
     "map_transport_error",
 ]
 
@@ -302,3 +303,31 @@ def is_local_exhaustion(exc: BaseException) -> bool:
             return True
         current = current.__cause__ or current.__context__
     return False
+
+
+_NOT_STALE = (
+    aiohttp.ClientConnectorError,  # the connect itself failed: the node is down or refusing, not a stale pool entry
+    aiohttp.ServerFingerprintMismatch,  # the node's TLS certificate is wrong on every connection
+    TimeoutError,  # aiohttp's timeouts (ServerTimeoutError, …) are timeouts, with their own rules
+)
+_STALE = (aiohttp.ClientConnectionError, ConnectionResetError, BrokenPipeError)
+
+
+def is_stale_connection(exc: BaseException) -> bool:
+    """Whether a send failed before any response byte the way a connection the node had already closed fails.
+
+    A node that closes its keep-alive connections (llama-server after each streamed answer, while its answer said
+    `Keep-Alive`) races the pool: the connection handed out may be closing as the request is written. aiohttp then
+    raises one of several errors, all `ClientConnectionError`s: `ServerDisconnectedError` (the close came first),
+    `ClientOSError` (a reset while writing), `ClientConnectionResetError` ("Cannot write to closing transport":
+    the close was in flight when the pool handed it out), or a plain `ClientConnectionError` ("Failed to send
+    bytes into the underlying connection"). Each is worth one try on a new connection to the same node, counted
+    against nothing; a failed connect, a TLS pin mismatch or a timeout is not.
+
+    Args:
+        exc: what `UpstreamClient.post` raised.
+
+    Returns:
+        True for a broken or closing connection, False for anything else.
+    """
+    return isinstance(exc, _STALE) and not isinstance(exc, _NOT_STALE)

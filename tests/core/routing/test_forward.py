@@ -7,9 +7,10 @@ import asyncio
 import socket
 from collections.abc import AsyncIterator, Iterator
 
+import aiohttp
 import pytest
 
-from qiip_core import FailoverExhausted, UpstreamTimeout, UpstreamTransportError
+from qiip_core import FailoverExhausted, UpstreamError, UpstreamTimeout, UpstreamTransportError
 from qiip_core.config import UpstreamSettings
 from qiip_core.nodes import Node, NodeStatus
 from qiip_core.routing import BreakerPolicy, Forwarder, RoutingTable
@@ -232,3 +233,65 @@ async def test_a_timeout_says_whether_the_node_had_the_request(backend: FaultBac
                     filler.close()
     finally:
         await forwarder.aclose()
+
+
+STALE_CONNECTION_FAILURES = [
+    aiohttp.ServerDisconnectedError(),
+    aiohttp.ClientOSError(104, "Connection reset by peer"),
+    aiohttp.ClientConnectionResetError("Cannot write to closing transport"),
+    aiohttp.ClientConnectionError("Failed to send bytes into the underlying connection"),
+    ConnectionResetError(104, "Connection reset by peer"),
+]
+"""How aiohttp fails a request written on a pooled connection the node closed, or was closing, as it was handed
+out; each is seen before any response byte."""
+
+
+def fail_first_pooled_send(forwarder: Forwarder, failure: BaseException) -> list[bool]:
+    """Make the first pooled send raise `failure` (as the pool's race does); returns each send's `fresh`."""
+    post = forwarder.client.post
+    sends: list[bool] = []
+
+    async def racing_post(*args: object, fresh: bool = False, **kwargs: object) -> aiohttp.ClientResponse:
+        sends.append(fresh)
+        if len(sends) == 1:
+            raise failure
+        return await post(*args, fresh=fresh, **kwargs)  # type: ignore[arg-type]
+
+    forwarder.client.post = racing_post  # type: ignore[method-assign]
+    return sends
+
+
+@pytest.mark.parametrize("failure", STALE_CONNECTION_FAILURES, ids=lambda exc: type(exc).__name__)
+async def test_a_send_on_a_closing_pooled_connection_is_sent_again_on_a_new_one_and_never_counts(
+    backend: FaultBackend, table: RoutingTable, forwarder: Forwarder, failure: BaseException
+) -> None:
+    backend.push(Sse(n_events=2))
+    sends = fail_first_pooled_send(forwarder, failure)
+    upstream = await forwarder.open(request())
+    body = upstream.prefix
+    while chunk := await upstream.read():
+        body += chunk
+    await upstream.aclose()
+    # One attempt (the only node), two sends: the second on a new connection; the node's answer is its success.
+    assert sends == [False, True] and body.endswith(b"data: [DONE]\n\n")
+    assert failures(table) == 0 and in_flight(table) == 0
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        aiohttp.ClientConnectorError(
+            aiohttp.client_reqrep.ConnectionKey("127.0.0.1", 9, False, True, None, None, None),
+            ConnectionRefusedError(111, "Connection refused"),
+        ),
+        aiohttp.ServerTimeoutError("Timeout on reading data from socket"),
+    ],
+    ids=lambda exc: type(exc).__name__,
+)
+async def test_a_failed_connect_or_a_timeout_is_the_nodes_failure_not_a_stale_connection(
+    backend: FaultBackend, table: RoutingTable, forwarder: Forwarder, failure: BaseException
+) -> None:
+    sends = fail_first_pooled_send(forwarder, failure)
+    with pytest.raises(UpstreamError):
+        await forwarder.open(request())
+    assert sends == [False] and failures(table) == 2 and in_flight(table) == 0

@@ -4,7 +4,7 @@ import aiohttp
 import pytest
 
 from qiip_core import UpstreamError, UpstreamTimeout, UpstreamTransportError
-from qiip_core.upstream import map_transport_error
+from qiip_core.upstream import is_stale_connection, map_transport_error
 from qiip_core.upstream._client import _TRANSPORT_ERRORS
 
 
@@ -44,3 +44,25 @@ def test_most_specific_mapping_wins(exc: BaseException, ours: type, status: int,
     mapped = map_transport_error(exc, "n1")
     assert type(mapped) is ours and mapped.status == status and mapped.code == code
     assert isinstance(mapped, UpstreamError) and mapped.node_id == "n1" and mapped.retryable
+
+
+STALE = {
+    aiohttp.ClientConnectionError,
+    aiohttp.ClientConnectionResetError,
+    aiohttp.ClientOSError,
+    aiohttp.ServerConnectionError,
+    aiohttp.ServerDisconnectedError,
+}
+"""The aiohttp errors of a request on a connection the node closed (or was closing): sent again on a new one."""
+
+
+@pytest.mark.parametrize("exc_type", AIOHTTP_ERRORS, ids=lambda c: c.__name__)
+def test_every_aiohttp_client_error_is_classed_stale_connection_or_not(exc_type: type) -> None:
+    # A new aiohttp error class lands here: decide whether it is a closing connection (retried once on a new
+    # one, never counted) and list it in STALE if so.
+    assert is_stale_connection(exc_type.__new__(exc_type)) == (exc_type in STALE), exc_type
+
+
+def test_reset_and_broken_pipe_are_stale_and_timeouts_are_not() -> None:
+    assert is_stale_connection(ConnectionResetError()) and is_stale_connection(BrokenPipeError())
+    assert not is_stale_connection(TimeoutError()) and not is_stale_connection(OSError(24, "Too many open files"))
