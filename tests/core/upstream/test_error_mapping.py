@@ -57,7 +57,7 @@ STALE = {
 
 
 @pytest.mark.parametrize("exc_type", AIOHTTP_ERRORS, ids=lambda c: c.__name__)
-def test_every_aiohttp_client_error_is_classed_stale_connection_or_not(exc_type: type) -> None:
+def test_every_aiohttp_client_error_is_classed_stale_connection_or_not(exc_type: type[BaseException]) -> None:
     # A new aiohttp error class lands here: decide whether it is a closing connection (retried once on a new
     # one, never counted) and list it in STALE if so.
     assert is_stale_connection(exc_type.__new__(exc_type)) == (exc_type in STALE), exc_type
