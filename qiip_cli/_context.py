@@ -2,7 +2,7 @@
 receive it, and `run_or_exit` to turn a `QiipError` into one `error:` line and exit status 1.
 
 The command modules (`_console`, `_engine`, `_model`, `_node`, `_up`) import this module and nothing of the
-group's; `_main` imports them and adds each to the `qiip` group, in one place.
+group's; `_main` names each in one place and imports it when a command line first names it.
 """
 
 from __future__ import annotations
