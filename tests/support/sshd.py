@@ -231,11 +231,12 @@ class FakeHost:
 
 
 def alive(pid: int) -> bool:
+    """Whether `pid` is a live process (not gone, not a zombie); it may end between any two reads of /proc."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
         return False
-    return Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
+    return "zombie" not in status.lower()
 
 
 class SshHosts:

@@ -29,8 +29,16 @@ def processes(daemon: Daemon) -> list[int]:
     """The daemon's serving processes: the primary first, then its worker."""
     assert daemon.process is not None
     primary = daemon.process.pid
-    workers = [pid for pid in children(primary) if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()]
+    workers = [pid for pid in children(primary) if "spawn_main" in _cmdline(pid)]
     return [primary, *workers]
+
+
+def _cmdline(pid: int) -> str:
+    """The command line of `pid`, or "" once it has ended (it may, between listing and reading)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text()
+    except OSError:
+        return ""
 
 
 class Connections:
