@@ -144,7 +144,7 @@ class ConnectionWatch:
             return False
         self.connected, self.problem, self.attempt = True, None, (0, 0.0)
         self.signal.publish(None)
-        if self._app.current_mode == CONNECTION_MODE:
+        if self._app.current_mode == CONNECTION_MODE and self._app.is_running:
             self._app.switch_mode(self._mode_before_problem)
         return True
 
@@ -158,7 +158,9 @@ class ConnectionWatch:
         self.attempt = (message.attempt, message.retry_in_s)
         self.signal.publish(None)
         # Only a new outage takes over the screen; an operator who left it is not pulled back each retry.
+        # An app shutting down takes no new screen: Textual closes its screen stacks then, and a mode switched to
+        # in that moment would change them under it (quitting while the first attempt failed crashed the exit).
         current = self._app.current_mode
-        if message.attempt == 1 and current != CONNECTION_MODE:
+        if message.attempt == 1 and current != CONNECTION_MODE and self._app.is_running:
             self._mode_before_problem = current
             self._app.switch_mode(CONNECTION_MODE)

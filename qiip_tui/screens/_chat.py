@@ -18,13 +18,13 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.message import Message
-from textual.widgets import Footer, Header, Input, Label, Select
+from textual.widgets import Header, Input, Label, Select
 
 from qiip_core.client import ChatDelta, ClientError
 from qiip_tui._chat import Conversation, ModelChoice, Turn, TurnState, model_choices
 from qiip_tui._fleet import FleetDelta
 from qiip_tui.screens._base import ConsoleScreen
-from qiip_tui.widgets import ConsoleInput, Transcript
+from qiip_tui.widgets import ConsoleInput, KeyFooter, Transcript
 
 __all__ = ["ChatScreen"]
 
@@ -106,7 +106,7 @@ class ChatScreen(ConsoleScreen[None]):
         yield Transcript(id="transcript")
         yield Label("", id="chat-status")
         yield ConsoleInput(placeholder="message: Enter sends, Esc stops", id="prompt", compact=True)
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self._load_models()

@@ -14,10 +14,10 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
-from textual.widgets import Footer, Header, Input, Label, Static
+from textual.widgets import Header, Input, Label, Static
 
 from qiip_tui.screens._base import ConsoleScreen
-from qiip_tui.widgets import ConsoleInput
+from qiip_tui.widgets import ConsoleInput, KeyFooter
 
 __all__ = ["ConnectionScreen"]
 
@@ -53,7 +53,7 @@ class ConnectionScreen(ConsoleScreen[None]):
                     yield Label("Password ", classes="login-label")
                     yield ConsoleInput(id="login-password", password=True, compact=True)
             yield Static("", id="problem-checks", markup=False)
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.console.connection.signal.subscribe(self, self._changed)

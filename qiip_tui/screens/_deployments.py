@@ -19,7 +19,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.message import Message
 from textual.timer import Timer
-from textual.widgets import DataTable, Footer, Header, Label, Static
+from textual.widgets import DataTable, Header, Label, Static
 
 from qiip_core.client import ApiError, ClientError
 from qiip_tui._deployments import (
@@ -38,7 +38,7 @@ from qiip_tui._types import DeploymentSource, LogRecord
 from qiip_tui.screens._base import ConsoleScreen
 from qiip_tui.screens._confirm import ConfirmModal
 from qiip_tui.screens._scale import ScaleModal
-from qiip_tui.widgets import ConsoleTable, LogView, TargetSparkline
+from qiip_tui.widgets import ConsoleTable, KeyFooter, LogView, TargetSparkline
 
 __all__ = ["DEPLOYMENTS_NOT_AVAILABLE", "DeploymentsScreen"]
 
@@ -128,7 +128,7 @@ class DeploymentsScreen(ConsoleScreen[None]):
             yield LogView(max_lines=EVENTS_KEPT, id="deployment-events")
         yield Label("", id="autoscale-line", markup=False)
         yield TargetSparkline(id="autoscale-sparkline")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.query_one("#deployments", DataTable).add_columns(*DEPLOYMENT_COLUMNS)

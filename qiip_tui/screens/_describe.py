@@ -15,7 +15,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.message import Message
-from textual.widgets import Footer, Header, Label, Static
+from textual.widgets import Header, Label, Static
 
 from qiip_core.client import ClientError
 from qiip_tui._describe import describe_node
@@ -23,6 +23,7 @@ from qiip_tui._fleet import FleetDelta
 from qiip_tui._journal import journal_record
 from qiip_tui._types import JournalSource, LogRecord
 from qiip_tui.screens._base import ConsoleScreen
+from qiip_tui.widgets import KeyFooter
 
 __all__ = ["DescribeScreen"]
 
@@ -72,7 +73,7 @@ class DescribeScreen(ConsoleScreen[None]):
         yield Label(f"Describe {self.node_id}", id="describe-title")
         with VerticalScroll(id="describe-body"):
             yield Static("", id="describe-text", markup=False)
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.console.fleet_signal.subscribe(self, self._fleet_changed)

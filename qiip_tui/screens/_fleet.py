@@ -7,13 +7,13 @@ from typing import ClassVar
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.widgets import Footer, Header, Input, Static
+from textual.widgets import Header, Input, Static
 
 from qiip_tui._fleet import FleetDelta
 from qiip_tui._fleet_cells import COLUMN_KEYS
 from qiip_tui._key_router import focus_now
 from qiip_tui.screens._base import ConsoleScreen
-from qiip_tui.widgets import ConsoleInput, FleetSummary, FleetTable, SummaryView
+from qiip_tui.widgets import ConsoleInput, FleetSummary, FleetTable, KeyFooter, SummaryView
 
 __all__ = ["FleetScreen"]
 
@@ -59,7 +59,7 @@ class FleetScreen(ConsoleScreen[None]):
         yield FleetTable(self.console.fleet, now=self.console.wall_clock, id="fleet")
         yield Static("", id="fleet-empty", markup=False)
         yield ConsoleInput(placeholder="filter: id, model, status or engine", id="filter", compact=True)
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         field = self.query_one("#filter", Input)

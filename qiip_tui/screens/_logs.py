@@ -23,7 +23,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.timer import Timer
-from textual.widgets import DataTable, Footer, Header, Static, TabbedContent, TabPane
+from textual.widgets import DataTable, Header, Static, TabbedContent, TabPane
 
 from qiip_core.client import ClientError
 from qiip_tui._journal import engine_records, journal_records
@@ -32,7 +32,7 @@ from qiip_tui._provisioning import TASK_COLUMNS, log_records, task_cells
 from qiip_tui._render import Palette, status_text
 from qiip_tui._types import JournalSource, ProvisioningSource
 from qiip_tui.screens._base import ConsoleScreen
-from qiip_tui.widgets import ConsoleTable, LogView
+from qiip_tui.widgets import ConsoleTable, KeyFooter, LogView
 
 __all__ = ["NOT_AVAILABLE", "NO_JOURNAL", "LogsScreen"]
 
@@ -130,7 +130,7 @@ class LogsScreen(ConsoleScreen[None]):
                 yield table
                 yield Static("Pick a host and press Enter to follow its log.", id="log-title", markup=False)
                 yield LogView(id="log-view")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         for pane, selector in _PANE_LOGS.items():

@@ -11,7 +11,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.message import Message
-from textual.widgets import DataTable, Footer, Header, Label, ProgressBar, Static
+from textual.widgets import DataTable, Header, Label, ProgressBar, Static
 
 from qiip_core.client import ApiError, ClientError
 from qiip_tui._models import GENERATION_COLUMNS, catalog_rows, catalog_summary, download_line
@@ -19,7 +19,7 @@ from qiip_tui._types import ModelCatalogSource
 from qiip_tui.screens._base import ConsoleScreen
 from qiip_tui.screens._confirm import ConfirmModal
 from qiip_tui.screens._download import DownloadModal, DownloadRequest
-from qiip_tui.widgets import ConsoleTable
+from qiip_tui.widgets import ConsoleTable, KeyFooter
 
 __all__ = ["MODELS_NOT_AVAILABLE", "ModelsScreen"]
 
@@ -69,7 +69,7 @@ class ModelsScreen(ConsoleScreen[None]):
         yield table
         yield Label("Downloads", id="downloads-title")
         yield Vertical(id="downloads")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         table = self.query_one("#generations", DataTable)

@@ -18,7 +18,7 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.widgets import Button, Footer, Header, Label, Sparkline, Static
+from textual.widgets import Button, Header, Label, Sparkline, Static
 
 from qiip_core.client import ClientError, NodeInfo, OperationInfo
 from qiip_core.planner import DeviceMemory
@@ -29,7 +29,15 @@ from qiip_tui._recommendations import host_of
 from qiip_tui._render import Palette, age_text
 from qiip_tui.screens._base import ConsoleScreen
 from qiip_tui.screens._recommendations import RecommendationsScreen
-from qiip_tui.widgets import GpuMeter, HistorySparkline, NodeHeader, OperationPanel, RuntimeView, TrafficPanel
+from qiip_tui.widgets import (
+    GpuMeter,
+    HistorySparkline,
+    KeyFooter,
+    NodeHeader,
+    OperationPanel,
+    RuntimeView,
+    TrafficPanel,
+)
 
 __all__ = ["NodeScreen"]
 
@@ -129,7 +137,7 @@ class NodeScreen(ConsoleScreen[None]):
                 ("power", "Power"),
             ):
                 yield Button(label, id=action, compact=True, variant="error" if action == "remove" else "default")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.console.fleet_signal.subscribe(self, self._fleet_changed)

@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, ClassVar
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.widgets import Footer, Header, Input, Label, Static
+from textual.widgets import Header, Input, Label, Static
 
 from qiip_core.client import ClientError
 from qiip_tui._key_router import focus_now
 from qiip_tui._recommendations import RECOMMENDATION_COLUMNS, hardware_line, recommendation_rows
 from qiip_tui._types import RecommendationSource
 from qiip_tui.screens._base import ConsoleScreen
-from qiip_tui.widgets import ConsoleInput, ConsoleTable
+from qiip_tui.widgets import ConsoleInput, ConsoleTable, KeyFooter
 
 if TYPE_CHECKING:
     from qiip_core.recommendations import HostRecommendations
@@ -67,7 +67,7 @@ class RecommendationsScreen(ConsoleScreen[None]):
         yield Static("", id="recommendations-status", markup=False)
         yield ConsoleInput(placeholder="hardware profile (empty: the host itself)", id="profile", compact=True)
         yield ConsoleTable(id="recommendations", cursor_type="row", zebra_stripes=True)
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.query_one("#profile", Input).display = False

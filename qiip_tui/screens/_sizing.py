@@ -19,7 +19,7 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Grid, Horizontal, Vertical
-from textual.widgets import Button, Footer, Header, Input, Label, RadioButton, RadioSet, Select, Static
+from textual.widgets import Button, Header, Input, Label, RadioButton, RadioSet, Select, Static
 
 from qiip_core.client import ApiError, ClientError, NodeInfo, OperationInfo
 from qiip_core.planner import Violation
@@ -28,7 +28,7 @@ from qiip_tui._serving import last_healthy_warning
 from qiip_tui._sizing import SizingValues, check_sizing, forecast_lines, sizing_preview
 from qiip_tui.screens._base import ConsoleScreen
 from qiip_tui.screens._confirm import ConfirmModal
-from qiip_tui.widgets import ConsoleInput
+from qiip_tui.widgets import ConsoleInput, KeyFooter
 
 __all__ = ["SizingScreen"]
 
@@ -98,7 +98,7 @@ class SizingScreen(ConsoleScreen[OperationInfo | None]):
                 yield Button("Reset", id="reset", compact=True)
                 yield Button("Cancel", id="cancel", compact=True)
                 yield Button("Apply", id="apply", variant="warning", compact=True)
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.console.fleet_signal.subscribe(self, self._fleet_changed)

@@ -8,6 +8,7 @@ from qiip_tui.widgets._fleet_summary import FleetSummary, SummaryView
 from qiip_tui.widgets._fleet_table import FleetTable
 from qiip_tui.widgets._gpu_meter import GpuMeter
 from qiip_tui.widgets._history_sparkline import HistorySparkline
+from qiip_tui.widgets._key_footer import KeyFooter
 from qiip_tui.widgets._log_view import LogView
 from qiip_tui.widgets._node_header import NodeHeader
 from qiip_tui.widgets._operation_panel import OperationPanel
@@ -24,6 +25,7 @@ __all__ = [
     "FleetTable",
     "GpuMeter",
     "HistorySparkline",
+    "KeyFooter",
     "LogView",
     "NodeHeader",
     "OperationPanel",

@@ -14,6 +14,7 @@ from qiip_tui import QiipConsole, ThemeFileError, load_theme_file, load_themes
 from qiip_tui._render import Palette
 from qiip_tui._state import ConsoleState, load_state, save_state
 from qiip_tui._themes import CONSOLE_VARIABLES, THEME_DIRS, console_variable_defaults
+from qiip_tui.screens import ConnectionScreen
 from tests.support.daemon import free_port
 from tests.tui.conftest import wait_for
 
@@ -87,6 +88,9 @@ async def test_a_theme_chosen_in_the_palette_is_remembered(config_home: Path) ->
     app = QiipConsole(config, retry_delays_s=(30.0,))
     async with app.run_test(size=(100, 30)) as pilot:
         assert app.theme == "dark"
+        # No daemon answers: the console settles on its connection screen, and the palette opens over that (a
+        # palette opened before would stay behind on the fleet screen).
+        await wait_for(pilot, lambda: isinstance(app.screen, ConnectionScreen), what="the connection screen")
         await pilot.press("ctrl+p")
         await pilot.pause()
         await pilot.press(*"Theme: high", "enter")
