@@ -55,9 +55,10 @@ from qiip_core.routing import (
     RoutingTable,
 )
 from qiip_core.telemetry import TelemetrySource, TelemetryStore, create_telemetry_source
+from qiip_proxy._deployment_metrics import DeploymentCollector
 from qiip_proxy._gpu_metrics import GpuCollector
 from qiip_proxy._local_nodes import LocalNodes
-from qiip_proxy._metrics import DeploymentCollector, GatewayMetrics
+from qiip_proxy._metrics import GatewayMetrics
 from qiip_proxy._workers import WorkerPool, WorkerSpec
 
 __all__ = ["AttachedTokens", "Gateway", "auth_throttle", "forwarder_for", "routing_table", "sweep_removed"]

@@ -32,7 +32,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from qiip_core import UpstreamConnectError, UpstreamError, UpstreamStatusError, UpstreamTimeout
-from qiip_core.deployments import Deployment, DeploymentStatus, ReplicaState
 from qiip_core.nodes import NodeStatus
 from qiip_core.routing import AffinityResult, RoutingTable
 
@@ -270,14 +269,24 @@ class _TableCollector(Collector):
             "1 when the node's circuit breaker is open or half-open.",
             labels=["node"],
         )
+        resident = GaugeMetricFamily(
+            "qiip_node_resident_bytes",
+            "Memory an Ollama node's loaded model takes, as its last GET /api/ps said: memory=total (weights and KV "
+            "cache) or memory=vram (the part in GPU memory).",
+            labels=["node", "model", "memory"],
+        )
         for state in self._table:
             in_flight.add_metric([state.node.model, state.id], state.in_flight)
             for status in NodeStatus:
                 up.add_metric([state.id, status.value], 1.0 if state.status is status else 0.0)
             breaker.add_metric([state.id], 1.0 if state.breaker.is_open else 0.0)
+            for loaded in state.resident or ():
+                resident.add_metric([state.id, loaded.name, "total"], loaded.size_bytes)
+                resident.add_metric([state.id, loaded.name, "vram"], loaded.vram_bytes)
         yield in_flight
         yield up
         yield breaker
+        yield resident
         affinity = self._table.affinity
         if affinity is not None:
             routed = CounterMetricFamily(
@@ -539,55 +548,3 @@ class GatewayMetrics:
         for target in tried[1:]:
             if target:
                 self.failover_attempts.labels(model, target).inc()
-
-
-class DeploymentCollector(Collector):
-    """Each deployment's replicas by state, the replicas it wants, and its autoscaling metric, as the controller
-    last stored them (`DeploymentService.seen`, refreshed every reconcile interval).
-
-    Args:
-        seen: the deployments with their latest statuses.
-    """
-
-    def __init__(self, seen: Callable[[], Sequence[tuple[Deployment, DeploymentStatus]]]) -> None:
-        self._seen = seen
-
-    def collect(self) -> Iterator[Metric]:
-        """`qiip_deployment_replicas{deployment,state}`, `qiip_deployment_desired_replicas{deployment}`,
-        `qiip_deployment_autoscale_metric{deployment,metric}` and
-        `qiip_deployment_autoscale_recommendation{deployment}`."""
-        replicas = GaugeMetricFamily(
-            "qiip_deployment_replicas", "Replicas of each deployment, by state.", labels=["deployment", "state"]
-        )
-        desired = GaugeMetricFamily(
-            "qiip_deployment_desired_replicas",
-            "Replicas each deployment wants now (its spec's, or its autoscaler's in active mode).",
-            labels=["deployment"],
-        )
-        metric = GaugeMetricFamily(
-            "qiip_deployment_autoscale_metric",
-            "The autoscaling metric's latest value, over every serving process and gateway.",
-            labels=["deployment", "metric"],
-        )
-        recommendation = GaugeMetricFamily(
-            "qiip_deployment_autoscale_recommendation",
-            "The replica count the autoscaler would choose now (recommend and active modes).",
-            labels=["deployment"],
-        )
-        for deployment, status in self._seen():
-            name = deployment.name
-            counts = dict.fromkeys(ReplicaState, 0)
-            for replica in status.replicas:
-                counts[replica.state] += 1
-            for state, count in counts.items():
-                replicas.add_metric([name, state.value], count)
-            desired.add_metric([name], status.desired)
-            scaling = status.autoscale
-            if scaling.metric is not None:
-                metric.add_metric([name, deployment.spec.autoscale.metric], scaling.metric)
-            if scaling.recommendation is not None:
-                recommendation.add_metric([name], scaling.recommendation)
-        yield replicas
-        yield desired
-        yield metric
-        yield recommendation

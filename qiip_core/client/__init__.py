@@ -23,6 +23,7 @@ from qiip_core.client._views import (
     OperationInfo,
     QuadsFreshness,
     QuadsView,
+    ResidentModelView,
     SlotsView,
 )
 
@@ -44,6 +45,7 @@ __all__ = [
     "QiipClient",
     "QuadsFreshness",
     "QuadsView",
+    "ResidentModelView",
     "SlotsView",
     "Unauthorized",
     "check_daemon_url",

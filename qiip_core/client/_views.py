@@ -27,6 +27,7 @@ __all__ = [
     "QuadsFreshness",
     "QuadsReservationView",
     "QuadsView",
+    "ResidentModelView",
     "SlotsView",
     "chat_delta",
     "lent_only",
@@ -59,6 +60,21 @@ class SlotsView(_View):
     """Slots processing a request (`is_processing`)."""
     total: int
     """Slots of the server (`--parallel`)."""
+
+
+class ResidentModelView(_View):
+    """A model an Ollama node holds in memory, as the daemon's last probe read it (Ollama `GET /api/ps`)."""
+
+    name: str
+    """The model's name with its tag (`llama3.2:3b`)."""
+    size_bytes: int
+    """The memory it takes in all: weights and KV cache."""
+    vram_bytes: int
+    """The part of it in GPU memory; the rest runs on the CPU."""
+    context_length: int | None = None
+    """The context it was loaded with, in tokens."""
+    expires_at: datetime | None = None
+    """When the server unloads it unless a request keeps it."""
 
 
 class QuadsReservationView(_View):
@@ -177,6 +193,8 @@ class NodeInfo(_View):
     recent_errors: list[NodeErrorView] = Field(default_factory=list)
     """The node's last failures, newest first (at most 20; the same error in a row counts once)."""
     slots: SlotsView | None = None
+    resident: list[ResidentModelView] | None = None
+    """An Ollama node's loaded models (`GET /api/ps`); None for other engines or before the first reading."""
     health: HealthObservation = Field(default_factory=HealthObservation)
     quads: QuadsView | None = None
     """What QUADS says of the node's host; None without QUADS or for a host it does not lend."""

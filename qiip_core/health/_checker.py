@@ -1,8 +1,9 @@
 """Background health checks.
 
-Every `interval_s` each node gets `GET /health`, and a node whose probe failed gets the next one after
-`retry_interval_s`. The answer is classified (`classify_health`) and applied
-to the routing table (`apply_probe`), both pure so the transition matrix is tested without a network:
+Every `interval_s` each node gets `GET /health` (an attached server `GET /v1/models`; an Ollama server its native
+`GET /api/version` and `GET /api/tags`, then `GET /api/ps` for what it holds in memory: `_ollama`), and a node
+whose probe failed gets the next one after `retry_interval_s`. The answer is classified (`classify_health`) and
+applied to the routing table (`apply_probe`), both pure so the transition matrix is tested without a network:
 
 | probe       | breaker | effect                                                                    |
 |-------------|---------|---------------------------------------------------------------------------|
@@ -27,6 +28,7 @@ import aiohttp
 
 from qiip_core._errors import safe_text
 from qiip_core.config import HealthSettings
+from qiip_core.health._ollama import probe_ollama, read_resident
 from qiip_core.health._probe import ProbeOutcome, health_session, probe_health
 from qiip_core.nodes import EndpointPolicy, Engine, NodeStatus
 from qiip_core.routing import BreakerState, ChangeKind, NodeState, RoutingTable, TableChange
@@ -193,6 +195,8 @@ class HealthChecker:
                     self._retry_soon(node_id)
                 if outcome is ProbeOutcome.OK and state.node.engine is Engine.LLAMA_CPP:
                     state.slots = await self._slots(state)
+                if outcome is ProbeOutcome.OK and state.node.engine is Engine.OLLAMA:
+                    state.resident = await read_resident(state.node.endpoint, session=self.session)
                 if needs_recovery:
                     await self._recover(state)
                 if outcome is ProbeOutcome.OK and state.status is NodeStatus.HEALTHY and self._on_healthy is not None:
@@ -205,6 +209,9 @@ class HealthChecker:
     async def _health(self, state: NodeState) -> tuple[ProbeOutcome, str | None]:
         if state.node.engine is Engine.ATTACHED:
             return await self._models_listed(state)
+        if state.node.engine is Engine.OLLAMA:
+            ollama = await probe_ollama(state.node.endpoint, state.node.model, session=self.session)
+            return ollama.outcome, None if ollama.error is None else safe_text(ollama.error)
         answer = await probe_health(state.node.endpoint, session=self.session)
         if answer.error is not None:
             return answer.outcome, _describe("GET /health", answer.error)

@@ -33,6 +33,7 @@ __all__ = [
     "health_session",
     "probe_health",
     "probe_models",
+    "read_head",
 ]
 
 HEALTH_BODY_BYTES = 4096
@@ -139,15 +140,26 @@ async def probe_health(endpoint: str, *, session: aiohttp.ClientSession) -> Heal
     """
     try:
         async with session.get(endpoint + "/health", allow_redirects=False) as response:
-            status, body = response.status, await _head(response.content, HEALTH_BODY_BYTES)
+            status, body = response.status, await read_head(response.content, HEALTH_BODY_BYTES)
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         outcome = ProbeOutcome.LOCAL_FAILURE if is_local_exhaustion(exc) else ProbeOutcome.FAILED
         return HealthAnswer(outcome, error=exc)
     return HealthAnswer(classify_health(status, body), status=status, body=body)
 
 
-async def _head(content: aiohttp.StreamReader, limit: int) -> bytes:
-    """Up to `limit` bytes of a body (`StreamReader.read(n)` may return fewer than are coming)."""
+async def read_head(content: aiohttp.StreamReader, limit: int) -> bytes:
+    """Up to `limit` bytes of a body (`StreamReader.read(n)` may return fewer than are coming).
+
+    Args:
+        content: the response's body stream.
+        limit: the most bytes to read.
+
+    Returns:
+        The first `limit` bytes of the body, or all of it when shorter.
+
+    Raises:
+        aiohttp.ClientError, TimeoutError, OSError: reading broke.
+    """
     chunks: list[bytes] = []
     size = 0
     while size < limit:
@@ -178,7 +190,7 @@ async def probe_models(endpoint: str, *, session: aiohttp.ClientSession) -> list
     """
     try:
         async with session.get(endpoint + "/v1/models", allow_redirects=False) as response:
-            status, body = response.status, await _head(response.content, MODELS_BODY_BYTES + 1)
+            status, body = response.status, await read_head(response.content, MODELS_BODY_BYTES + 1)
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         raise ValueError(f"no answer ({type(exc).__name__}: {exc})") from exc
     if status != 200:

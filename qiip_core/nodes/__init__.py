@@ -1,4 +1,4 @@
-"""Nodes: the registration record, its statuses, and the endpoint allowlist."""
+"""Nodes: the registration record, its statuses, the endpoint allowlist, and what an Ollama node's native API says."""
 
 from __future__ import annotations
 
@@ -25,12 +25,24 @@ from qiip_core.nodes._node import (
     ProvisionedEngine,
     check_model_name,
 )
+from qiip_core.nodes._ollama import (
+    OLLAMA_LOAD_FAILURES,
+    OLLAMA_MIN_VERSION,
+    ResidentModel,
+    check_ollama_version,
+    is_load_failure,
+    listed_models,
+    ollama_model_key,
+    resident_models,
+)
 
 __all__ = [
     "DEFAULT_ALLOWED_HOSTS",
     "DEFAULT_ALLOWED_NETWORKS",
     "LIFECYCLE_STATUSES",
     "LIVENESS_STATUSES",
+    "OLLAMA_LOAD_FAILURES",
+    "OLLAMA_MIN_VERSION",
     "PROVISIONED_ENGINES",
     "PROVISIONED_ENGINE_CHOICES",
     "ApiName",
@@ -44,6 +56,12 @@ __all__ = [
     "NodeCapabilities",
     "NodeStatus",
     "ProvisionedEngine",
+    "ResidentModel",
     "check_model_name",
+    "check_ollama_version",
+    "is_load_failure",
+    "listed_models",
+    "ollama_model_key",
     "parse_endpoint",
+    "resident_models",
 ]

@@ -73,14 +73,22 @@ class Engine(StrEnum):
     """llama.cpp's `llama-server`."""
     ATTACHED = "attached"
     """An existing OpenAI-compatible server attached by an administrator."""
+    OLLAMA = "ollama"
+    """An Ollama server: served on its OpenAI-compatible routes, watched on its native ones (`/api/version`,
+    `/api/tags`, `/api/ps`)."""
 
     @property
     def label(self) -> str:
-        """The engine's name as operators read it: `vLLM`, `llama.cpp`, `attached`."""
+        """The engine's name as operators read it: `vLLM`, `llama.cpp`, `attached`, `Ollama`."""
         return _ENGINE_LABELS[self]
 
 
-_ENGINE_LABELS = {Engine.VLLM: "vLLM", Engine.LLAMA_CPP: "llama.cpp", Engine.ATTACHED: "attached"}
+_ENGINE_LABELS = {
+    Engine.VLLM: "vLLM",
+    Engine.LLAMA_CPP: "llama.cpp",
+    Engine.ATTACHED: "attached",
+    Engine.OLLAMA: "Ollama",
+}
 
 _Provisioned = Literal[Engine.LLAMA_CPP, Engine.VLLM]
 

@@ -8,7 +8,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
-from qiip_core.nodes import LIFECYCLE_STATUSES, Node, NodeStatus
+from qiip_core.nodes import LIFECYCLE_STATUSES, Node, NodeStatus, ResidentModel
 from qiip_core.routing._board import InFlightBoard
 from qiip_core.routing._breaker import BreakerPolicy, BreakerState, CircuitBreaker
 
@@ -67,6 +67,8 @@ class NodeState:
         last_probe_at: when the last health probe finished (UTC).
         slots: llama-server's slots as its last probe read them (`GET /slots`): busy and total; None when the
             node is not a llama.cpp node or does not expose them.
+        resident: the models an Ollama node holds in memory, as its last probe read them (`GET /api/ps`); None
+            when the node is not an Ollama node or has not answered it yet.
         removed: deleted from the registry; leaves the table when `in_flight` reaches 0.
         source: where the registration came from (`config`, `state`, `local`, `etcd`).
     """
@@ -86,6 +88,7 @@ class NodeState:
         "observed",
         "recent_errors",
         "removed",
+        "resident",
         "slots",
         "source",
     )
@@ -105,6 +108,7 @@ class NodeState:
         self.recent_errors: deque[NodeError] = deque(maxlen=RECENT_ERRORS)
         self.last_probe_at: datetime | None = None
         self.slots: tuple[int, int] | None = None
+        self.resident: tuple[ResidentModel, ...] | None = None
         self.removed = False
         self.source = source
 

@@ -19,7 +19,7 @@ from qiip_core.upstream._client import (
     is_stale_connection,
     map_transport_error,
 )
-from qiip_core.upstream._response import HOP_BY_HOP_HEADERS, OutcomeSink, UpstreamResponse
+from qiip_core.upstream._response import HOP_BY_HOP_HEADERS, OutcomeSink, UpstreamResponse, node_error_reason
 from qiip_core.upstream._sse import EventFramer, event_boundary
 
 __all__ = [
@@ -35,4 +35,5 @@ __all__ = [
     "is_local_exhaustion",
     "is_stale_connection",
     "map_transport_error",
+    "node_error_reason",
 ]

@@ -41,12 +41,13 @@ from typing import Protocol
 
 import aiohttp
 
-from qiip_core._errors import UpstreamError, UpstreamStatusError, UpstreamTimeout, UpstreamTransportError
+from qiip_core._errors import UpstreamError, UpstreamStatusError, UpstreamTimeout, UpstreamTransportError, safe_text
 from qiip_core.config import UpstreamSettings
+from qiip_core.nodes import is_load_failure
 from qiip_core.upstream._client import TRANSPORT_ERRORS, map_transport_error
 from qiip_core.upstream._sse import EventFramer, ends_with_done, first_data_event
 
-__all__ = ["ABORT_GRACE_S", "HOP_BY_HOP_HEADERS", "OutcomeSink", "UpstreamResponse"]
+__all__ = ["ABORT_GRACE_S", "HOP_BY_HOP_HEADERS", "OutcomeSink", "UpstreamResponse", "node_error_reason"]
 
 ABORT_GRACE_S = 1.0
 """How long an answer whose node failed its health probes may still wait for its next bytes (`abort`)."""
@@ -79,6 +80,34 @@ _DECODABLE = {"identity": 0, "gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MA
 
 _ERROR_BODY_BYTES = 4096
 """How much of a 5xx answer's body is kept for the error message."""
+
+
+_REASON_CHARS = 200
+"""The most characters of a node's own error message a client is shown."""
+
+
+def node_error_reason(body: bytes) -> str | None:
+    """The reason a node gave in an error answer, when its body says one in a shape QIIP knows.
+
+    Shapes: the OpenAI error `{"error": {"message": "..."}}` (vLLM, llama-server, Ollama's `/v1` routes) and
+    Ollama's native `{"error": "..."}` (`unable to load full model on GPU`).
+
+    Args:
+        body: the start of the answer's body (at most 4 KiB).
+
+    Returns:
+        The message, secrets redacted, control characters escaped, cut to 200 characters; None when the body is
+        not one of those shapes. It is for logs and the admin API (the error's `detail`), never for clients.
+    """
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    error = data.get("error") if isinstance(data, dict) else None
+    message = error.get("message") if isinstance(error, dict) else error
+    if not isinstance(message, str) or not message.strip():
+        return None
+    return safe_text(message.strip().rstrip("."), limit=_REASON_CHARS)
 
 
 class OutcomeSink(Protocol):
@@ -197,8 +226,16 @@ class UpstreamResponse:
         if status >= 500:
             body = await _read_at_most(response, _ERROR_BODY_BYTES)
             text = body[:200].decode("utf-8", "replace")
+            # The client reads the gateway's own words, which never quote a node; a failure to load the model is
+            # named in them (the node's text is the detail, for the log and the admin API).
+            reason = node_error_reason(body)
+            loading = " It lists the model but could not load it into memory." if is_load_failure(reason) else ""
             raise UpstreamStatusError(
-                f"the node answered HTTP {status}.", node_id=node_id, status=status, body=body, detail=text or None
+                f"the node answered HTTP {status}.{loading}",
+                node_id=node_id,
+                status=status,
+                body=body,
+                detail=reason or text or None,
             )
         if 300 <= status < 400:
             # Relayed, a redirect would send the client's prompt to an address no allowlist checked (the

@@ -146,6 +146,7 @@ def node_view(
             "last_error_at": state.last_error_at.isoformat() if state.last_error_at else None,
             "recent_errors": state.error_views(),
             "slots": {"busy": state.slots[0], "total": state.slots[1]} if state.slots is not None else None,
+            "resident": None if state.resident is None else [m.model_dump(mode="json") for m in state.resident],
             "health": {
                 "consecutive_failures": state.health_failures,
                 "last_probe_at": state.last_probe_at.isoformat() if state.last_probe_at else None,

@@ -1,0 +1,97 @@
+"""Whether an Ollama node is alive and serves its model, and what it holds in memory: its native routes, asked as
+strictly as `probe_health` asks `/health` (no redirects, the allowlist resolver, a bounded read).
+
+An Ollama server has no `/health`. It is healthy when `GET /api/version` names a release QIIP serves and
+`GET /api/tags` lists the node's model (ollama/ollama `docs/api.md`). Once healthy, `GET /api/ps` says which models
+it has loaded and how much memory each takes; that reading is kept on the node (`NodeState.resident`), and a
+failure to read it says nothing of the node's health.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from qiip_core.health._probe import MODELS_BODY_BYTES, ProbeOutcome, read_head
+from qiip_core.nodes import ResidentModel, check_ollama_version, listed_models, ollama_model_key, resident_models
+from qiip_core.upstream import describe_client_error, is_local_exhaustion
+
+__all__ = ["OllamaAnswer", "probe_ollama", "read_resident"]
+
+
+@dataclass(frozen=True, slots=True)
+class OllamaAnswer:
+    """How an Ollama node answered its health probe.
+
+    Attributes:
+        outcome: OK when the version is one QIIP serves and the model is listed; FAILED otherwise;
+            LOCAL_FAILURE when the gateway could not make the probe (out of file descriptors).
+        error: one line saying why, for a failure (the route and what it answered).
+        version: the server's release, once read.
+    """
+
+    outcome: ProbeOutcome
+    error: str | None = None
+    version: str | None = None
+
+
+class _Unanswered(Exception):
+    """A route gave no usable answer; its text is the node's error line."""
+
+    def __init__(self, text: str, *, local: bool = False) -> None:
+        super().__init__(text)
+        self.local = local
+
+
+async def probe_ollama(endpoint: str, model: str, *, session: aiohttp.ClientSession) -> OllamaAnswer:
+    """Probe an Ollama node: `GET /api/version`, then `GET /api/tags` for `model`.
+
+    Args:
+        endpoint: the node's base URL, `http://host:port` (no trailing slash).
+        model: the model the node is registered for; `llama3.2` matches a listed `llama3.2:latest`.
+        session: the session to ask through (`health_session`).
+
+    Returns:
+        The outcome; never raises for anything the node does.
+    """
+    try:
+        version = check_ollama_version(await _get_json(session, endpoint, "/api/version"))
+        listed = listed_models(await _get_json(session, endpoint, "/api/tags"))
+    except _Unanswered as exc:
+        outcome = ProbeOutcome.LOCAL_FAILURE if exc.local else ProbeOutcome.FAILED
+        return OllamaAnswer(outcome, error=str(exc))
+    except ValueError as exc:
+        return OllamaAnswer(ProbeOutcome.FAILED, error=str(exc))
+    if ollama_model_key(model) not in listed:
+        return OllamaAnswer(
+            ProbeOutcome.FAILED, error=f"GET /api/tags does not list the model {model!r}", version=version
+        )
+    return OllamaAnswer(ProbeOutcome.OK, version=version)
+
+
+async def read_resident(endpoint: str, *, session: aiohttp.ClientSession) -> tuple[ResidentModel, ...] | None:
+    """The models an Ollama node has loaded now (`GET /api/ps`), or None when it gave no readable answer."""
+    try:
+        return resident_models(await _get_json(session, endpoint, "/api/ps"))
+    except (_Unanswered, ValueError):
+        return None
+
+
+async def _get_json(session: aiohttp.ClientSession, endpoint: str, route: str) -> Any:
+    try:
+        async with session.get(endpoint + route, allow_redirects=False) as response:
+            status, body = response.status, await read_head(response.content, MODELS_BODY_BYTES + 1)
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        detail = describe_client_error(exc) if not isinstance(exc, TimeoutError) or str(exc) else "timed out"
+        raise _Unanswered(f"GET {route}: {detail}", local=is_local_exhaustion(exc)) from exc
+    if status != 200:
+        raise _Unanswered(f"GET {route} answered {status}")
+    if len(body) > MODELS_BODY_BYTES:
+        raise _Unanswered(f"GET {route} answered over {MODELS_BODY_BYTES} bytes")
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
+        raise _Unanswered(f"GET {route} answered something that is not JSON") from None
