@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from qiip_core.client import NodeErrorView, NodeInfo
+from qiip_tui._models import size_text
 from qiip_tui._render import age_text, plural
 from qiip_tui._types import LogRecord
 
-__all__ = ["ShownError", "describe_node", "error_line", "node_errors"]
+__all__ = ["ShownError", "describe_node", "error_line", "node_errors", "resident_lines"]
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,9 @@ def describe_node(
     ]
     if node.artifact_id:
         lines.append(f"Artifact:     {node.artifact_id}")
+    if node.resident is not None:
+        loaded = resident_lines(node) or ["none"]
+        lines += [f"{'Loaded:' if i == 0 else '':14}{line}" for i, line in enumerate(loaded)]
     if node.last_error:
         when = f"{_utc(node.last_error_at)} ({age_text(node.last_error_at, now)})" if node.last_error_at else "—"
         lines.append(f"Last error:   {when}: {node.last_error}")
@@ -121,3 +125,18 @@ def describe_node(
     as_json = json.dumps(node.model_dump(mode="json"), indent=2, sort_keys=True)
     lines += ["", f"Record (GET /admin/nodes/{node.id}):", *as_json.splitlines()]
     return "\n".join(lines)
+
+
+def resident_lines(node: NodeInfo) -> list[str]:
+    """An Ollama node's loaded models, one line each (`llama3.2:3b  2.3 GiB, 1.9 GiB in GPU memory, context 8192`),
+    as its last `GET /api/ps` said; empty when it has none loaded or is not an Ollama node."""
+    lines = []
+    for model in node.resident or []:
+        where = (
+            "all in GPU memory"
+            if model.vram_bytes >= model.size_bytes
+            else f"{size_text(model.vram_bytes)} in GPU memory"
+        )
+        context = f", context {model.context_length}" if model.context_length else ""
+        lines.append(f"{model.name}  {size_text(model.size_bytes)}, {where}{context}")
+    return lines

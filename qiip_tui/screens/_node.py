@@ -22,7 +22,7 @@ from textual.widgets import Button, Header, Label, Sparkline, Static
 
 from qiip_core.client import ClientError, NodeInfo, OperationInfo
 from qiip_core.planner import DeviceMemory
-from qiip_tui._describe import error_line, node_errors
+from qiip_tui._describe import error_line, node_errors, resident_lines
 from qiip_tui._fleet import FleetDelta, live_readings, shown_devices, slots_of
 from qiip_tui._messages import NodePolled
 from qiip_tui._recommendations import host_of
@@ -124,9 +124,11 @@ class NodeScreen(ConsoleScreen[None]):
                     yield Label("Recent errors", classes="section")
                     yield Static("none", id="errors", markup=False)
                 with Vertical(id="runtime"):
-                    yield Label("llama.cpp runtime", classes="section")
+                    yield Label("llama.cpp runtime", classes="section", id="runtime-label")
                     yield RuntimeView(id="runtime-view")
                     yield Static("", id="unverified", markup=False)
+                    yield Label("Loaded models", classes="section", id="resident-label")
+                    yield Static("", id="resident", markup=False)
         yield OperationPanel(id="operation")
         with Horizontal(id="actions"):
             for action, label in (
@@ -214,6 +216,13 @@ class NodeScreen(ConsoleScreen[None]):
         notes = self.query_one("#unverified", Static)
         notes.update("\n".join(f"Not verified — {item}" for item in unverified))
         notes.display = bool(unverified)
+        # An Ollama node says what it holds in memory (GET /api/ps) and has no llama.cpp runtime record.
+        ollama = node.engine == "ollama"
+        resident = self.query_one("#resident", Static)
+        resident.update("\n".join(resident_lines(node)) or "none loaded")
+        resident.display = self.query_one("#resident-label", Label).display = ollama
+        self.query_one("#runtime-view", RuntimeView).display = not ollama
+        self.query_one("#runtime-label", Label).display = not ollama
         self._show_errors(node)
 
     def _show_traffic(self, node: NodeInfo) -> None:

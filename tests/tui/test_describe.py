@@ -12,7 +12,7 @@ from qiip_tui.screens import DescribeScreen, FleetScreen, NodeScreen
 from qiip_tui.widgets import FleetTable
 from tests.tui.conftest import screen_of, wait_for
 from tests.tui.fakes import FakeLogsClient
-from tests.tui.samples import SAMPLE_METRICS, sample_fleet
+from tests.tui.samples import SAMPLE_METRICS, ollama_node, sample_fleet
 
 NOW = datetime(2026, 11, 29, 12, 5, tzinfo=UTC)
 
@@ -29,6 +29,14 @@ def test_a_description_has_the_state_every_error_with_its_count_the_events_and_t
     assert errors[2] == "  2026-11-29 11:58:30 UTC (6m ago)  the node answered HTTP 503."
     assert "Events: this daemon keeps no journal" in text
     assert text.splitlines()[-1] == "}" and '"recent_errors": [' in text  # the whole record, as JSON
+
+
+def test_an_ollama_nodes_description_lists_the_models_it_holds() -> None:
+    lines = describe_node(ollama_node(), now=NOW, events=None).splitlines()
+    start = lines.index("Loaded:       llama3.2:3b  3.2 GiB, all in GPU memory, context 8192")
+    assert lines[start + 1] == "              qwen2.5:14b  10.0 GiB, 7.0 GiB in GPU memory, context 4096"
+    assert "Engine:       ollama" in lines
+    assert not any(line.startswith("Loaded:") for line in describe_node(sample_fleet()[0], now=NOW, events=None).splitlines())
 
 
 async def test_d_describes_the_highlighted_node_with_its_journal_and_y_copies_it() -> None:

@@ -46,7 +46,7 @@ from tests.tui.fakes import (
     FakeQuadsClient,
     FakeRecommendationsClient,
 )
-from tests.tui.samples import SAMPLE_METRICS, sample_fleet
+from tests.tui.samples import SAMPLE_METRICS, ollama_node, sample_fleet
 
 SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((160, 48), id="160x48")]
 
@@ -159,6 +159,14 @@ def test_fleet_stale_after_a_disconnect(snap_compare: Snap, size: tuple[int, int
 def test_node(snap_compare: Snap, size: tuple[int, int]) -> None:
     steps = then(keys("slash", *"gpu02", "enter", "enter"), shows(NodeScreen))
     assert snap_compare(console(), terminal_size=size, run_before=steps)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_an_ollama_node_with_the_models_it_holds(snap_compare: Snap, size: tuple[int, int]) -> None:
+    # In the place of one vLLM node: the pictures' fleet has eight nodes.
+    fleet = [ollama_node() if node.id == "vllm02" else node for node in sample_fleet()]
+    steps = then(keys("slash", *"lab-ollama", "enter", "enter"), shows(NodeScreen))
+    assert snap_compare(console(FakeClient(fleet, metrics=SAMPLE_METRICS)), terminal_size=size, run_before=steps)
 
 
 @pytest.mark.parametrize("size", SIZES)
