@@ -80,12 +80,21 @@ def remove(ctx: CliContext, node_id: str) -> None:
 
 @node.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option(
+    "--live",
+    is_flag=True,
+    help="Ask the running daemon instead: every node it routes to, its status, and what an Ollama node has loaded.",
+)
+@click.option("--url", default=None, help="With --live: the daemon's URL (default: QIIP_URL, then the console config).")
 @pass_cli
-def list_nodes(ctx: CliContext, as_json: bool) -> None:
+def list_nodes(ctx: CliContext, as_json: bool, live: bool, url: str | None) -> None:
     """List registrations: the config file's and the registry's (state file or etcd).
 
-    This is what is registered, not how the nodes are doing: live status is the daemon's.
+    This is what is registered, not how the nodes are doing: live status is the daemon's (`--live`).
     """
+    if live:
+        _list_live(ctx, as_json=as_json, url=url)
+        return
     settings = ctx.settings
     entries = [(r.node, r.source) for r in run_or_exit(lambda: list_all_registrations(settings))]
     if as_json:
@@ -105,6 +114,40 @@ def list_nodes(ctx: CliContext, as_json: bool) -> None:
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
     for row in rows:
         click.echo("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
+
+
+def _list_live(ctx: CliContext, *, as_json: bool, url: str | None) -> None:
+    """The daemon's nodes (`GET /admin/nodes`): id, status, engine, model, requests in flight, and for an Ollama node
+    the models it holds in memory with their size and the part in GPU memory (`GET /api/ps`, as last probed)."""
+    config = run_or_exit(lambda: load_console_config(url=url, state_dir=ctx.settings.state_dir))
+
+    async def run() -> list[NodeInfo]:
+        async with QiipClient.from_config(config) as client:
+            return await client.nodes()
+
+    nodes = run_or_exit(lambda: asyncio.run(run()))
+    if as_json:
+        click.echo(json.dumps([n.model_dump(mode="json") for n in nodes], indent=2))
+        return
+    if not nodes:
+        click.echo(f"the daemon at {config.url} routes to no node")
+        return
+    rows = [("ID", "STATUS", "ENGINE", "MODEL", "IN FLIGHT", "LOADED")]
+    for n in nodes:
+        loaded = "; ".join(
+            f"{m.name} {_gib(m.size_bytes)}" + ("" if m.vram_bytes >= m.size_bytes else f" ({_gib(m.vram_bytes)} GPU)")
+            for m in n.resident or []
+        )
+        rows.append(
+            (n.id, n.status, n.engine, n.model, str(n.in_flight), loaded or ("none" if n.resident == [] else ""))
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
+
+
+def _gib(size_bytes: int) -> str:
+    return f"{size_bytes / (1 << 30):.1f} GiB"
 
 
 @click.group()

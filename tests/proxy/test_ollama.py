@@ -92,6 +92,12 @@ def test_a_node_added_with_the_cli_serves_every_openai_route_and_shows_the_model
     assert match is not None and float(match.group(1)) == SMALL.vram_bytes
     listed = run_qiip(daemon.state_dir, "node", "list")
     assert re.search(rf"lab-ollama\s+{re.escape(ollama.url)}\s+{re.escape(SMALL.name)}\s+ollama", listed.stdout)
+    env = {"QIIP_URL": daemon.url, "QIIP_ADMIN__USERNAME": "admin", "QIIP_ADMIN__PASSWORD": "test-password"}
+    live = run_qiip(daemon.state_dir, "node", "list", "--live", env=env)
+    assert live.returncode == 0, live.stderr
+    row = next(line for line in live.stdout.splitlines() if line.startswith("lab-ollama "))
+    assert row.split()[:5] == ["lab-ollama", "healthy", "ollama", SMALL.name, "0"]
+    assert row.endswith(f"{SMALL.name} 2.3 GiB (1.9 GiB GPU)")
 
 
 def test_a_model_the_server_lists_but_cannot_load_gets_the_servers_reason(
