@@ -26,6 +26,7 @@ from qiip_core.nodes._node import (
     check_model_name,
 )
 from qiip_core.nodes._ollama import (
+    MAX_RESIDENT,
     OLLAMA_LOAD_FAILURES,
     OLLAMA_MIN_VERSION,
     ResidentModel,
@@ -41,6 +42,7 @@ __all__ = [
     "DEFAULT_ALLOWED_NETWORKS",
     "LIFECYCLE_STATUSES",
     "LIVENESS_STATUSES",
+    "MAX_RESIDENT",
     "OLLAMA_LOAD_FAILURES",
     "OLLAMA_MIN_VERSION",
     "PROVISIONED_ENGINES",

@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "MAX_RESIDENT",
     "OLLAMA_LOAD_FAILURES",
     "OLLAMA_MIN_VERSION",
     "ResidentModel",
@@ -52,6 +53,10 @@ OLLAMA_LOAD_FAILURES = (
 `llm/status.go`): the start of its error message on a 500."""
 
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(?:[-+][0-9A-Za-z.+-]*)?$")
+
+MAX_RESIDENT = 64
+"""The most loaded models read from one `/api/ps` answer; the rest are dropped (a server loads
+`OLLAMA_MAX_LOADED_MODELS`, three per GPU by default), so a server cannot make the daemon keep and export more."""
 
 _MAX_NAME_CHARS = 512
 """A model name longer than this in an answer is not one (a real name is well under 100 characters)."""
@@ -151,13 +156,13 @@ def resident_models(body: Any) -> tuple[ResidentModel, ...]:
         body: the decoded JSON answer.
 
     Returns:
-        One `ResidentModel` per entry.
+        One `ResidentModel` per entry, the first `MAX_RESIDENT`.
 
     Raises:
         ValueError: the answer is not `{"models": [...]}` or an entry lacks a name or its sizes.
     """
     resident = []
-    for entry in _models(body, "GET /api/ps"):
+    for entry in _models(body, "GET /api/ps")[:MAX_RESIDENT]:
         names = _names(entry)
         size, vram = entry.get("size"), entry.get("size_vram")
         if not names or not _is_count(size) or not _is_count(vram):

@@ -36,7 +36,9 @@ def test_an_ollama_nodes_description_lists_the_models_it_holds() -> None:
     start = lines.index("Loaded:       llama3.2:3b  3.2 GiB, all in GPU memory, context 8192")
     assert lines[start + 1] == "              qwen2.5:14b  10.0 GiB, 7.0 GiB in GPU memory, context 4096"
     assert "Engine:       ollama" in lines
-    assert not any(line.startswith("Loaded:") for line in describe_node(sample_fleet()[0], now=NOW, events=None).splitlines())
+    assert not any(
+        line.startswith("Loaded:") for line in describe_node(sample_fleet()[0], now=NOW, events=None).splitlines()
+    )
 
 
 async def test_d_describes_the_highlighted_node_with_its_journal_and_y_copies_it() -> None:

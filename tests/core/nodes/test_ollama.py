@@ -10,6 +10,7 @@ import pytest
 
 from qiip_core.config import load_settings
 from qiip_core.nodes import (
+    MAX_RESIDENT,
     Engine,
     Node,
     check_ollama_version,
@@ -95,6 +96,12 @@ def test_the_loaded_models_are_read_with_their_memory_and_expiry() -> None:
     older = {key: value for key, value in _PS_ENTRY.items() if key != "context_length"}
     (loaded,) = resident_models({"models": [older | {"expires_at": "0001-01-01T00:00:00Z"}]})
     assert loaded.context_length is None and loaded.expires_at is None
+
+
+def test_at_most_a_bounded_number_of_loaded_models_is_kept() -> None:
+    many = [_PS_ENTRY | {"name": f"m{i}:latest", "model": f"m{i}:latest"} for i in range(10 * MAX_RESIDENT)]
+    loaded = resident_models({"models": many})
+    assert len(loaded) == MAX_RESIDENT and loaded[0].name == "m0:latest"
 
 
 @pytest.mark.parametrize(
