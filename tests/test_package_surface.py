@@ -19,6 +19,7 @@ PACKAGES = [
     "qiip_core.discovery",
     "qiip_core.engines",
     "qiip_core.engines.llamacpp",
+    "qiip_core.engines.ollama",
     "qiip_core.engines.vllm",
     "qiip_core.health",
     "qiip_core.journal",

@@ -13,6 +13,7 @@ from qiip_core.health._probe import (
     health_session,
     probe_health,
     probe_models,
+    read_head,
 )
 
 __all__ = [
@@ -26,4 +27,5 @@ __all__ = [
     "health_session",
     "probe_health",
     "probe_models",
+    "read_head",
 ]

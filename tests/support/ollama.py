@@ -57,6 +57,7 @@ class StandInModel:
         context_length: the context it loads with.
         loadable: False for a model listed but too big to load.
         digest: its manifest digest, 64 hex.
+        blob: the digest (`sha256:…`) of the GGUF it was created from (`/api/create` with `files`), else None.
     """
 
     name: str
@@ -65,6 +66,7 @@ class StandInModel:
     context_length: int = 4096
     loadable: bool = True
     digest: str = field(default_factory=lambda: hashlib.sha256(str(time.time_ns()).encode()).hexdigest())
+    blob: str | None = None
 
 
 class OllamaStandIn:
@@ -128,6 +130,7 @@ class OllamaStandIn:
         app.router.add_get("/api/ps", self._ps)
         app.router.add_post("/api/show", self._show)
         app.router.add_post("/api/chat", self._native_chat)
+        app.router.add_post("/api/generate", self._native_generate)
         app.router.add_route("HEAD", "/api/blobs/{digest}", self._has_blob)
         app.router.add_post("/api/blobs/{digest}", self._push_blob)
         app.router.add_post("/api/create", self._create)
@@ -166,7 +169,8 @@ class OllamaStandIn:
         running = []
         for name, until in self.loaded.items():
             model = self.models[name]
-            expires = datetime.fromtimestamp(until, UTC).isoformat()
+            # Kept loaded for ever (keep_alive -1): Ollama says so with a date far ahead.
+            expires = datetime.fromtimestamp(min(until, 1e10), UTC).isoformat()
             running.append(
                 self._entry(model)
                 | {"expires_at": expires, "size_vram": model.vram_bytes, "context_length": model.context_length}
@@ -181,8 +185,25 @@ class OllamaStandIn:
         if model is None:
             return _native_error(404, f"model '{body.get('model')}' not found")
         info = {"general.architecture": "llama", "llama.context_length": model.context_length}
+        source = f"/ollama/models/blobs/{model.blob.replace(':', '-')}" if model.blob else model.name
         return web.json_response(
-            {"modelfile": f"FROM {model.name}", "details": self._entry(model)["details"], "model_info": info}
+            {"modelfile": f"FROM {source}\n", "details": self._entry(model)["details"], "model_info": info}
+        )
+
+    async def _native_generate(self, request: web.Request) -> web.Response:
+        # Only the load Ollama documents: an empty prompt loads the model (and `keep_alive` -1 keeps it).
+        body = await _json_body(request)
+        if isinstance(body, web.Response):
+            return body
+        model, problem = self._load(body.get("model"), native=True)
+        if problem is not None:
+            return problem
+        assert model is not None
+        if body.get("keep_alive") == -1:
+            self.loaded[model.name] = float("inf")
+        created = datetime.now(UTC).isoformat()
+        return web.json_response(
+            {"model": model.name, "created_at": created, "response": "", "done": True, "done_reason": "load"}
         )
 
     async def _native_chat(self, request: web.Request) -> web.StreamResponse:
@@ -248,7 +269,10 @@ class OllamaStandIn:
             return _native_error(400, f"blob {missing[0]} not found")
         size = sum(self.blobs[digest] for digest in files.values())
         digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
-        self.models[_tagged(name)] = StandInModel(_tagged(name), size_bytes=size, vram_bytes=size, digest=digest)
+        (blob,) = files.values() if len(files) == 1 else (None,)
+        self.models[_tagged(name)] = StandInModel(
+            _tagged(name), size_bytes=size, vram_bytes=size, digest=digest, blob=blob
+        )
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await response.prepare(request)
         for status in ("parsing GGUF", "using existing layer", "writing manifest", "success"):
