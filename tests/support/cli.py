@@ -17,6 +17,12 @@ def clean_environ() -> dict[str, str]:
     return {name: value for name, value in os.environ.items() if not name.startswith("QIIP_")}
 
 
+def untraced_environ() -> dict[str, str]:
+    """This process's environment without coverage's settings, for a helper process that is not QIIP's code (a
+    reference reader, an emulator): coverage would trace it for nothing, at twice its CPU."""
+    return {name: value for name, value in os.environ.items() if not name.startswith("COVERAGE_")}
+
+
 def run_qiip(
     state_dir: Path, *args: str, env: Mapping[str, str] | None = None, timeout_s: float = 60.0
 ) -> subprocess.CompletedProcess[str]:

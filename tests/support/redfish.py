@@ -12,6 +12,7 @@ from pathlib import Path
 import bcrypt
 import httpx
 
+from tests.support.cli import untraced_environ
 from tests.support.daemon import free_port, stop_process
 
 SYSTEM_ID = "27946b59-9e44-4fa7-8e91-f3527a1ef094"
@@ -44,7 +45,9 @@ class RedfishEmulator:
         )
         binary = Path(sys.executable).with_name("sushy-emulator")
         log = (self.directory / "emulator.log").open("ab")
-        self.process = subprocess.Popen([str(binary), "--config", str(config)], stdout=log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(
+            [str(binary), "--config", str(config)], stdout=log, stderr=subprocess.STDOUT, env=untraced_environ()
+        )
         log.close()
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

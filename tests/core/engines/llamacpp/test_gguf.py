@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 
 from qiip_core import EngineError, ModelFileError
 from qiip_core.engines.llamacpp import TEST_ARCHITECTURES, make_test_gguf, read_gguf_metadata
+from tests.support.cli import untraced_environ
 
 
 def test_values_and_tensors_are_read(tmp_path):
@@ -116,14 +116,18 @@ def test_the_header_reader_agrees_with_gguf_readers_on_every_test_architecture(t
 def _reference_untraced(path: Path) -> tuple[dict[str, Any], list[list[Any]]]:
     """`_reference(path)` read in a process of its own that coverage does not trace, as JSON: `gguf.GGUFReader` is
     the oracle, not QIIP's code, and on the real Gemma (262,144 tokens) it takes 17 s of CPU, twice that traced."""
-    environ = {name: value for name, value in os.environ.items() if not name.startswith("COVERAGE_")}
     code = (
         "import json, sys; from pathlib import Path; "
         "from tests.core.engines.llamacpp.test_gguf import _reference; "
         "print(json.dumps(_reference(Path(sys.argv[1]))))"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code, str(path)], env=environ, capture_output=True, text=True, timeout=600, check=True
+        [sys.executable, "-c", code, str(path)],
+        env=untraced_environ(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
     )
     values, tensors = json.loads(done.stdout)
     return values, tensors
