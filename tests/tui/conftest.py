@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import pytest
 from pydantic import SecretStr
 from textual import events
+from textual.css.stylesheet import Stylesheet
 from textual.pilot import Pilot
 from textual.screen import Screen
 from textual.widgets import Input
@@ -44,6 +45,32 @@ def steady_cursor(monkeypatch: pytest.MonkeyPatch) -> None:
 def lasting_notifications(monkeypatch: pytest.MonkeyPatch) -> None:
     """Notifications stay until the test looks: on a busy machine a test may reach its check after 5 s."""
     monkeypatch.setattr(QiipConsole, "NOTIFICATION_TIMEOUT", 3600.0)
+
+
+_PARSED_CSS: dict[tuple[Any, ...], Any] = {}
+"""Textual's parsed stylesheets, shared by every app of a test process (`shared_css`)."""
+
+
+@pytest.fixture(autouse=True, scope="session")
+def shared_css() -> Iterator[None]:
+    """Each app parses the same stylesheets (every widget's default CSS, the console's, each theme's variables)
+    again, a tenth of a picture's CPU; the tests' apps share one parse of each, keyed as Textual keys its own cache
+    (`Stylesheet._parse_rules`, textual 8.2) and by the variables they were parsed with. The rules are only read
+    after parsing (`Stylesheet.parse` copies them into a list of its own)."""
+    original = Stylesheet._parse_rules
+
+    def parse_once(self: Stylesheet, css: str, read_from: Any, *args: Any, **kwargs: Any) -> Any:
+        key = (css, read_from, args, tuple(sorted(kwargs.items())), tuple(sorted(self._variables.items())))
+        rules = _PARSED_CSS.get(key)
+        if rules is None:
+            rules = _PARSED_CSS[key] = original(self, css, read_from, *args, **kwargs)
+        return rules
+
+    Stylesheet._parse_rules = parse_once  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Stylesheet._parse_rules = original  # type: ignore[method-assign]
 
 
 def config_for(daemon: Daemon, *, password: str = "test-password") -> ConsoleConfig:
