@@ -117,8 +117,9 @@ def list_nodes(ctx: CliContext, as_json: bool, live: bool, url: str | None) -> N
 
 
 def _list_live(ctx: CliContext, *, as_json: bool, url: str | None) -> None:
-    """The daemon's nodes (`GET /admin/nodes`): id, status, engine, model, requests in flight, and for an Ollama node
-    the models it holds in memory with their size and the part in GPU memory (`GET /api/ps`, as last probed)."""
+    """The daemon's nodes (`GET /admin/nodes`): id, status, engine, model, requests in flight; for an Ollama node its
+    model's memory when loaded and the part in GPU memory (`GET /api/ps`, as last probed); and why a node that is not
+    healthy is not (its last error)."""
     config = run_or_exit(lambda: load_console_config(url=url, state_dir=ctx.settings.state_dir))
 
     async def run() -> list[NodeInfo]:
@@ -132,15 +133,17 @@ def _list_live(ctx: CliContext, *, as_json: bool, url: str | None) -> None:
     if not nodes:
         click.echo(f"the daemon at {config.url} routes to no node")
         return
-    rows = [("ID", "STATUS", "ENGINE", "MODEL", "IN FLIGHT", "LOADED")]
+    rows = [("ID", "STATUS", "ENGINE", "MODEL", "IN FLIGHT", "LOADED", "LAST ERROR")]
     for n in nodes:
         loaded = "; ".join(
-            f"{m.name} {_gib(m.size_bytes)}" + ("" if m.vram_bytes >= m.size_bytes else f" ({_gib(m.vram_bytes)} GPU)")
+            f"{_gib(m.size_bytes)}" + ("" if m.vram_bytes >= m.size_bytes else f" ({_gib(m.vram_bytes)} GPU)")
             for m in n.resident or []
         )
-        rows.append(
-            (n.id, n.status, n.engine, n.model, str(n.in_flight), loaded or ("none" if n.resident == [] else ""))
-        )
+        # LOADED: an Ollama node's model in memory; "no" when its server has it unloaded; empty for other engines
+        # and before the first reading. LAST ERROR: why a node that is not healthy is not.
+        shown = loaded or ("no" if n.resident == [] else "")
+        error = "" if n.status == "healthy" or not n.last_error else _cut(n.last_error, 80)
+        rows.append((n.id, n.status, n.engine, n.model, str(n.in_flight), shown, error))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         click.echo("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
@@ -148,6 +151,10 @@ def _list_live(ctx: CliContext, *, as_json: bool, url: str | None) -> None:
 
 def _gib(size_bytes: int) -> str:
     return f"{size_bytes / (1 << 30):.1f} GiB"
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 @click.group()

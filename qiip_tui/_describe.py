@@ -128,8 +128,9 @@ def describe_node(
 
 
 def resident_lines(node: NodeInfo) -> list[str]:
-    """An Ollama node's loaded models, one line each (`llama3.2:3b  2.3 GiB, 1.9 GiB in GPU memory, context 8192`),
-    as its last `GET /api/ps` said; empty when it has none loaded or is not an Ollama node."""
+    """An Ollama node's model as its server holds it in memory, as its last `GET /api/ps` said: one line
+    (`llama3.2:3b  2.3 GiB, 1.9 GiB in GPU memory, context 8192`); empty when it is not loaded or the node is not an
+    Ollama node."""
     lines = []
     for model in node.resident or []:
         where = (

@@ -196,7 +196,7 @@ class HealthChecker:
                 if outcome is ProbeOutcome.OK and state.node.engine is Engine.LLAMA_CPP:
                     state.slots = await self._slots(state)
                 if outcome is ProbeOutcome.OK and state.node.engine is Engine.OLLAMA:
-                    state.resident = await read_resident(state.node.endpoint, session=self.session)
+                    state.resident = await read_resident(state.node.endpoint, state.node.model, session=self.session)
                 if needs_recovery:
                     await self._recover(state)
                 if outcome is ProbeOutcome.OK and state.status is NodeStatus.HEALTHY and self._on_healthy is not None:

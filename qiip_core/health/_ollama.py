@@ -2,8 +2,8 @@
 strictly as `probe_health` asks `/health` (no redirects, the allowlist resolver, a bounded read).
 
 An Ollama server has no `/health`. It is healthy when `GET /api/version` names a release QIIP serves and
-`GET /api/tags` lists the node's model (ollama/ollama `docs/api.md`). Once healthy, `GET /api/ps` says which models
-it has loaded and how much memory each takes; that reading is kept on the node (`NodeState.resident`), and a
+`GET /api/tags` lists the node's model (ollama/ollama `docs/api.md`). Once healthy, `GET /api/ps` says whether the
+node's model is loaded and how much memory it takes; that reading is kept on the node (`NodeState.resident`), and a
 failure to read it says nothing of the node's health.
 """
 
@@ -65,19 +65,37 @@ async def probe_ollama(endpoint: str, model: str, *, session: aiohttp.ClientSess
         return OllamaAnswer(outcome, error=str(exc))
     except ValueError as exc:
         return OllamaAnswer(ProbeOutcome.FAILED, error=str(exc))
-    if ollama_model_key(model) not in listed:
+    key = ollama_model_key(model)
+    if key not in listed:
+        filed = "" if key == model else f" (Ollama's {key!r})"
         return OllamaAnswer(
-            ProbeOutcome.FAILED, error=f"GET /api/tags does not list the model {model!r}", version=version
+            ProbeOutcome.FAILED, error=f"GET /api/tags does not list the model {model!r}{filed}", version=version
         )
     return OllamaAnswer(ProbeOutcome.OK, version=version)
 
 
-async def read_resident(endpoint: str, *, session: aiohttp.ClientSession) -> tuple[ResidentModel, ...] | None:
-    """The models an Ollama node has loaded now (`GET /api/ps`), or None when it gave no readable answer."""
+async def read_resident(
+    endpoint: str, model: str, *, session: aiohttp.ClientSession
+) -> tuple[ResidentModel, ...] | None:
+    """The node's model as its Ollama server has it loaded now (`GET /api/ps`).
+
+    A node is one model of a server; the server's other models are other nodes' (or none), so they are not the
+    node's: counted on each node of the server, they would be counted several times.
+
+    Args:
+        endpoint: the node's base URL.
+        model: the node's model (`llama3.2` matches a loaded `llama3.2:latest`).
+        session: the session to ask through.
+
+    Returns:
+        The loaded entry of `model` (empty when it is not loaded), or None when the server gave no readable answer.
+    """
     try:
-        return resident_models(await _get_json(session, endpoint, "/api/ps"))
+        loaded = resident_models(await _get_json(session, endpoint, "/api/ps"))
     except (_Unanswered, ValueError):
         return None
+    key = ollama_model_key(model)
+    return tuple(entry for entry in loaded if ollama_model_key(entry.name) == key)
 
 
 async def _get_json(session: aiohttp.ClientSession, endpoint: str, route: str) -> Any:

@@ -67,7 +67,8 @@ class NodeState:
         last_probe_at: when the last health probe finished (UTC).
         slots: llama-server's slots as its last probe read them (`GET /slots`): busy and total; None when the
             node is not a llama.cpp node or does not expose them.
-        resident: the models an Ollama node holds in memory, as its last probe read them (`GET /api/ps`); None
+        resident: an Ollama node's model as its server holds it in memory, per its last probe (`GET /api/ps`): one
+            entry, or none when it is not loaded; None
             when the node is not an Ollama node or has not answered it yet.
         removed: deleted from the registry; leaves the table when `in_flight` reaches 0.
         source: where the registration came from (`config`, `state`, `local`, `etcd`).

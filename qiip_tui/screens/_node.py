@@ -127,7 +127,7 @@ class NodeScreen(ConsoleScreen[None]):
                     yield Label("llama.cpp runtime", classes="section", id="runtime-label")
                     yield RuntimeView(id="runtime-view")
                     yield Static("", id="unverified", markup=False)
-                    yield Label("Loaded models", classes="section", id="resident-label")
+                    yield Label("Loaded model", classes="section", id="resident-label")
                     yield Static("", id="resident", markup=False)
         yield OperationPanel(id="operation")
         with Horizontal(id="actions"):
@@ -219,7 +219,7 @@ class NodeScreen(ConsoleScreen[None]):
         # An Ollama node says what it holds in memory (GET /api/ps) and has no llama.cpp runtime record.
         ollama = node.engine == "ollama"
         resident = self.query_one("#resident", Static)
-        resident.update("\n".join(resident_lines(node)) or "none loaded")
+        resident.update("\n".join(resident_lines(node)) or "not loaded")
         resident.display = self.query_one("#resident-label", Label).display = ollama
         self.query_one("#runtime-view", RuntimeView).display = not ollama
         self.query_one("#runtime-label", Label).display = not ollama

@@ -97,7 +97,33 @@ def test_a_node_added_with_the_cli_serves_every_openai_route_and_shows_the_model
     assert live.returncode == 0, live.stderr
     row = next(line for line in live.stdout.splitlines() if line.startswith("lab-ollama "))
     assert row.split()[:5] == ["lab-ollama", "healthy", "ollama", SMALL.name, "0"]
-    assert row.endswith(f"{SMALL.name} 2.3 GiB (1.9 GiB GPU)")
+    assert row.endswith("2.3 GiB (1.9 GiB GPU)")
+
+
+def test_two_nodes_of_one_server_each_hold_their_own_model_and_a_client_names_it_as_registered(
+    daemon: Daemon, client: openai.OpenAI
+) -> None:
+    other = StandInModel("qwen2.5:14b", size_bytes=10_737_418_240, vram_bytes=7_516_192_768)
+    with OllamaStandIn([StandInModel("llama3.2:latest"), other]) as server:
+        _register(daemon, "pair-llama", server.url, "llama3.2")  # Ollama's llama3.2:latest
+        _register(daemon, "pair-qwen", server.url, other.name)
+        daemon.wait_status("pair-llama", "healthy")
+        daemon.wait_status("pair-qwen", "healthy")
+        client.chat.completions.create(model=other.name, messages=[{"role": "user", "content": "hi"}])
+        wait_until(lambda: bool(_node(daemon, "pair-qwen").get("resident")), 30, "qwen's reading")
+        wait_until(lambda: _node(daemon, "pair-llama").get("resident") == [], 30, "llama's reading")
+        assert [m["name"] for m in _node(daemon, "pair-qwen")["resident"]] == [other.name]
+        total = r'^qiip_node_resident_bytes\{memory="total",model="([^"]+)",node="pair-[a-z]+"\}'
+        # Once, on its own node: the server's memory is not counted on each of its nodes.
+        assert re.findall(total, daemon.metrics(), re.M) == [other.name]
+        client.chat.completions.create(model="llama3.2", messages=[{"role": "user", "content": "hi"}])
+        wait_until(
+            lambda: [m["name"] for m in _node(daemon, "pair-llama")["resident"]] == ["llama3.2:latest"],
+            30,
+            "llama loaded",
+        )
+    for node_id in ("pair-llama", "pair-qwen"):
+        daemon.admin.delete(f"/admin/nodes/{node_id}")
 
 
 def test_a_model_the_server_lists_but_cannot_load_gets_the_servers_reason(
@@ -121,14 +147,21 @@ def test_a_model_the_server_lists_but_cannot_load_gets_the_servers_reason(
         pytest.param("0.0.0", [SMALL], "Ollama 0.0.0 is older than 0.6.0", id="development-build"),
         pytest.param("nine", [SMALL], "GET /api/version did not answer an Ollama version", id="not-a-version"),
         pytest.param("0.9.6", [], "GET /api/tags does not list the model 'llama3.2:3b'", id="model-not-listed"),
+        pytest.param(
+            "0.9.6",
+            [StandInModel("llama3.2:1b")],
+            "GET /api/tags does not list the model 'llama3.2' (Ollama's 'llama3.2:latest')",
+            id="untagged-not-listed",
+        ),
     ],
 )
 def test_a_server_that_is_too_old_or_lacks_the_model_is_unhealthy_and_says_why(
     daemon: Daemon, version: str, models: list[StandInModel], why: str, request: pytest.FixtureRequest
 ) -> None:
     node_id = f"lab-{request.node.callspec.id}"
+    model = "llama3.2" if node_id.endswith("untagged-not-listed") else SMALL.name
     with OllamaStandIn(models, version=version) as server:
-        _register(daemon, node_id, server.url, SMALL.name)
+        _register(daemon, node_id, server.url, model)
         daemon.wait_status(node_id, "unhealthy")
         assert why in (_node(daemon, node_id)["last_error"] or "")
         assert _node(daemon, node_id)["resident"] is None

@@ -74,14 +74,13 @@ def node(node_id: str, *, status: str = "healthy", model: str = "Qwen/Qwen3-8B",
 
 
 def ollama_node() -> NodeInfo:
-    """An Ollama server registered as a node, with two models loaded (one partly on the CPU)."""
+    """An Ollama server's model registered as a node, loaded partly on the CPU."""
     resident = [
-        {"name": "llama3.2:3b", "size_bytes": 3_489_660_928, "vram_bytes": 3_489_660_928, "context_length": 8192},
         {"name": "qwen2.5:14b", "size_bytes": 10_737_418_240, "vram_bytes": 7_516_192_768, "context_length": 4096},
     ]
     return node(
         "lab-ollama",
-        model="llama3.2:3b",
+        model="qwen2.5:14b",
         engine="ollama",
         managed=False,
         source="state",

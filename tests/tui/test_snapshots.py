@@ -162,7 +162,7 @@ def test_node(snap_compare: Snap, size: tuple[int, int]) -> None:
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_an_ollama_node_with_the_models_it_holds(snap_compare: Snap, size: tuple[int, int]) -> None:
+def test_an_ollama_node_with_its_model_loaded(snap_compare: Snap, size: tuple[int, int]) -> None:
     # In the place of one vLLM node: the pictures' fleet has eight nodes.
     fleet = [ollama_node() if node.id == "vllm02" else node for node in sample_fleet()]
     steps = then(keys("slash", *"lab-ollama", "enter", "enter"), shows(NodeScreen))
