@@ -66,8 +66,9 @@ def apply_probe(
         return False
     state.health_failures += 1
     state.note_error(error)
-    # The last slot reading is from a server that no longer answers.
+    # The last slot (or loaded-model) reading is from a server that no longer answers.
     state.slots = None
+    state.resident = None
     if state.health_failures >= failure_threshold and state.liveness is not NodeStatus.UNHEALTHY:
         table.set_liveness(
             node_id,

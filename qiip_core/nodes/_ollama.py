@@ -47,16 +47,18 @@ OLLAMA_LOAD_FAILURES = (
     "model requires more system memory",
     "model runner has unexpectedly stopped",
     "llama runner process has terminated",
-    "insufficient memory",
 )
-"""How an Ollama server says it could not load a model it has (`llm.ErrLoadRequiredFull`, the runner's exits,
-`llm/status.go`): the start of its error message on a 500."""
+"""How an Ollama server says it could not load a model it has (`llm.ErrLoadRequiredFull`, the runner's exits):
+the start of its error message on a 500."""
 
-_VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(?:[-+][0-9A-Za-z.+-]*)?$")
+_VERSION = re.compile(r"v?([0-9]+)\.([0-9]+)\.([0-9]+)(?:[-+][0-9A-Za-z.+-]*)?")
 
 MAX_RESIDENT = 64
 """The most loaded models read from one `/api/ps` answer; the rest are dropped (a server loads
 `OLLAMA_MAX_LOADED_MODELS`, three per GPU by default), so a server cannot make the daemon keep and export more."""
+
+_MAX_COUNT = (1 << 63) - 1
+"""Go's int64, the type of Ollama's sizes: a larger number is not a size (and would not fit a float)."""
 
 _MAX_NAME_CHARS = 512
 """A model name longer than this in an answer is not one (a real name is well under 100 characters)."""
@@ -77,9 +79,9 @@ class ResidentModel(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     name: str = Field(min_length=1, max_length=_MAX_NAME_CHARS)
-    size_bytes: int = Field(ge=0)
-    vram_bytes: int = Field(ge=0)
-    context_length: int | None = Field(default=None, ge=0)
+    size_bytes: int = Field(ge=0, le=_MAX_COUNT)
+    vram_bytes: int = Field(ge=0, le=_MAX_COUNT)
+    context_length: int | None = Field(default=None, ge=0, le=_MAX_COUNT)
     expires_at: datetime | None = None
 
 
@@ -104,10 +106,10 @@ def is_load_failure(reason: str | None) -> bool:
         reason: the message of the node's error answer, or None.
 
     Returns:
-        True when it holds one of the known phrases, in any case.
+        True when it starts with one of the known phrases, in any case.
     """
     lowered = (reason or "").lower()
-    return any(phrase.lower() in lowered for phrase in OLLAMA_LOAD_FAILURES)
+    return any(lowered.startswith(phrase.lower()) for phrase in OLLAMA_LOAD_FAILURES)
 
 
 def check_ollama_version(body: Any) -> str:
@@ -124,7 +126,7 @@ def check_ollama_version(body: Any) -> str:
             (a development build reports `0.0.0`, and is refused as too old).
     """
     version = body.get("version") if isinstance(body, dict) else None
-    match = _VERSION.match(version) if isinstance(version, str) and len(version) <= 64 else None
+    match = _VERSION.fullmatch(version) if isinstance(version, str) and len(version) <= 64 else None
     if match is None:
         raise ValueError('GET /api/version did not answer an Ollama version ({"version": "X.Y.Z"})')
     found = tuple(int(part) for part in match.groups())
@@ -156,28 +158,30 @@ def resident_models(body: Any) -> tuple[ResidentModel, ...]:
         body: the decoded JSON answer.
 
     Returns:
-        One `ResidentModel` per entry, the first `MAX_RESIDENT`.
+        One `ResidentModel` per readable entry, each name once, at most `MAX_RESIDENT`. An entry without a
+        printable name, or whose sizes are not counts of bytes below 2**63 (Go's int64), is skipped: it cannot be
+        the model of a node, and one such entry does not hide the others.
 
     Raises:
-        ValueError: the answer is not `{"models": [...]}` or an entry lacks a name or its sizes.
+        ValueError: the answer is not `{"models": [...]}`.
     """
-    resident = []
-    for entry in _models(body, "GET /api/ps")[:MAX_RESIDENT]:
+    resident: dict[str, ResidentModel] = {}
+    for entry in _models(body, "GET /api/ps"):
         names = _names(entry)
         size, vram = entry.get("size"), entry.get("size_vram")
-        if not names or not _is_count(size) or not _is_count(vram):
-            raise ValueError("GET /api/ps listed a model without its name, size and size_vram")
+        if not names or not _is_count(size) or not _is_count(vram) or names[0] in resident:
+            continue
         context = entry.get("context_length")
-        resident.append(
-            ResidentModel(
-                name=names[0],
-                size_bytes=size,
-                vram_bytes=vram,
-                context_length=context if _is_count(context) else None,
-                expires_at=_timestamp(entry.get("expires_at")),
-            )
+        resident[names[0]] = ResidentModel(
+            name=names[0],
+            size_bytes=size,
+            vram_bytes=vram,
+            context_length=context if _is_count(context) else None,
+            expires_at=_timestamp(entry.get("expires_at")),
         )
-    return tuple(resident)
+        if len(resident) == MAX_RESIDENT:
+            break
+    return tuple(resident.values())
 
 
 def _models(body: Any, route: str) -> list[dict[str, Any]]:
@@ -196,7 +200,7 @@ def _names(entry: dict[str, Any]) -> list[str]:
 
 
 def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_COUNT
 
 
 def _timestamp(value: Any) -> datetime | None:

@@ -122,6 +122,10 @@ def test_two_nodes_of_one_server_each_hold_their_own_model_and_a_client_names_it
             30,
             "llama loaded",
         )
+    # The server is gone: its nodes are unhealthy, and hold nothing any more (no stale memory on a dead server).
+    daemon.wait_status("pair-qwen", "unhealthy")
+    assert _node(daemon, "pair-qwen")["resident"] is None
+    assert 'node="pair-qwen"' not in daemon.metrics().split("qiip_node_resident_bytes", 1)[-1]
     for node_id in ("pair-llama", "pair-qwen"):
         daemon.admin.delete(f"/admin/nodes/{node_id}")
 

@@ -30,6 +30,7 @@ from qiip_core._errors import safe_text
 from qiip_core.engines.ollama._serve import check_ollama_name
 from qiip_core.health import MODELS_BODY_BYTES, read_head
 from qiip_core.nodes import ResidentModel, ollama_model_key, resident_models
+from qiip_core.upstream import describe_client_error
 
 __all__ = ["InstalledModel", "OllamaInstallFailed", "install_model"]
 
@@ -104,7 +105,11 @@ async def install_model(
     await _call(
         session, endpoint, "POST", "/api/generate", "loading", {"model": name, "keep_alive": -1, "stream": False}
     )
-    loaded = {m.name: m for m in resident_models(await _call(session, endpoint, "GET", "/api/ps", "verifying"))}
+    try:
+        listed = resident_models(await _call(session, endpoint, "GET", "/api/ps", "verifying"))
+    except ValueError as exc:
+        raise OllamaInstallFailed(str(exc), step="verifying") from None
+    loaded = {m.name: m for m in listed}
     resident = loaded.get(ollama_model_key(name))
     if resident is None:
         raise OllamaInstallFailed(f"GET /api/ps does not list {name!r} after it was loaded", step="verifying")
@@ -114,7 +119,12 @@ async def install_model(
         )
     shown = await _call(session, endpoint, "POST", "/api/show", "verifying", {"model": name})
     modelfile = shown.get("modelfile") if isinstance(shown, dict) else None
-    if not isinstance(modelfile, str) or f"sha256-{sha256}" not in modelfile:
+    sources = (
+        [line[5:].strip() for line in modelfile.splitlines() if line.startswith("FROM ")]
+        if isinstance(modelfile, str)
+        else []
+    )
+    if not any(source.endswith(f"sha256-{sha256}") for source in sources):
         raise OllamaInstallFailed(f"POST /api/show does not say {name!r} is made from {digest}", step="verifying")
     return InstalledModel(name=name, sha256=sha256, size_bytes=size, pushed=pushed, resident=resident)
 
@@ -153,7 +163,7 @@ async def _call(
         async with session.request(method, endpoint + route, json=body, allow_redirects=False) as response:
             status, answer = response.status, await read_head(response.content, MODELS_BODY_BYTES + 1)
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-        raise OllamaInstallFailed(f"{method} {route}: {type(exc).__name__}: {exc}", step=step) from exc
+        raise OllamaInstallFailed(f"{method} {route}: {_failed(exc)}", step=step) from exc
     if status != 200:
         raise OllamaInstallFailed(_refusal(f"{method} {route}", status, answer), step=step)
     if len(answer) > MODELS_BODY_BYTES:
@@ -164,9 +174,14 @@ async def _call(
         decoded = [json.loads(line) for line in lines] if lines else [None]
     except (ValueError, RecursionError):
         raise OllamaInstallFailed(f"{method} {route} answered something that is not JSON", step=step) from None
+    for item in decoded:
+        error = item.get("error") if isinstance(item, dict) else None
+        if error:
+            said = error.get("message") if isinstance(error, dict) else error
+            raise OllamaInstallFailed(f"{method} {route}: {_line(str(said))}", step=step)
     last = decoded[-1]
-    if isinstance(last, dict) and isinstance(last.get("error"), str):
-        raise OllamaInstallFailed(f"{method} {route}: {_line(last['error'])}", step=step)
+    if route == "/api/create" and not (isinstance(last, dict) and last.get("status") == "success"):
+        raise OllamaInstallFailed(f'{method} {route} did not end with {{"status": "success"}}', step=step)
     return last
 
 
@@ -176,6 +191,10 @@ def _refusal(what: str, status: int, body: bytes) -> str:
     except (ValueError, AttributeError, RecursionError):
         error = None
     return f"{what} answered {status}" + (f": {_line(error)}" if isinstance(error, str) and error else "")
+
+
+def _failed(exc: BaseException) -> str:
+    return _line(describe_client_error(exc) if not isinstance(exc, TimeoutError) or str(exc) else "timed out")
 
 
 def _line(text: str) -> str:

@@ -32,9 +32,9 @@ OLLAMA_STORE = "var/lib/ollama/models"
 """Where QIIP's Ollama daemon keeps its models, under the install root (`OLLAMA_MODELS`)."""
 
 _PART = {
-    "namespace": re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,79}$"),
-    "model": re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,79}$"),
-    "tag": re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,79}$"),
+    "namespace": re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,79}"),
+    "model": re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,79}"),
+    "tag": re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,79}"),
 }
 """Ollama's name parts (`types/model/name.go`: `isValidPart`): a letter, digit or `_`, then those, `-` and (but in
 a namespace) `.`; 1 to 80 characters each."""
@@ -63,7 +63,7 @@ def check_ollama_name(name: str) -> str:
         raise ValueError(f"{name!r} has more than a namespace and a model before its tag")
     named = {"tag": tag, "model": parts[-1]} | ({"namespace": parts[0]} if len(parts) == 2 else {})
     for kind, value in named.items():
-        if not _PART[kind].match(value):
+        if not _PART[kind].fullmatch(value):
             allowed = "letters, digits, '_' and '-'" if kind == "namespace" else "letters, digits, '_', '-' and '.'"
             raise ValueError(
                 f"the {kind} of {name!r} must be 1 to 80 of {allowed}, starting with a letter, a digit or '_'"

@@ -44,6 +44,8 @@ def test_a_release_from_the_oldest_served_on_is_read(version: str) -> None:
         ({"version": "0.5.13"}, "Ollama 0.5.13 is older than 0.6.0, the oldest release QIIP serves"),
         ({"version": "0.0.0"}, "Ollama 0.0.0 is older than 0.6.0"),
         ({"version": "0.6"}, "did not answer an Ollama version"),
+        ({"version": "0.9.6\n"}, "did not answer an Ollama version"),
+        ({"version": "\u0660.\u0669.\u0666"}, "did not answer an Ollama version"),
         ({"version": 6}, "did not answer an Ollama version"),
         ({"version": "9" * 100 + ".0.0"}, "did not answer an Ollama version"),
         ({}, "did not answer an Ollama version"),
@@ -111,11 +113,17 @@ def test_at_most_a_bounded_number_of_loaded_models_is_kept() -> None:
         _PS_ENTRY | {"size": -1},
         _PS_ENTRY | {"size_vram": "5 GB"},
         _PS_ENTRY | {"size": True},
+        _PS_ENTRY | {"size": 10**400, "size_vram": 10**400},  # would not fit a float: /metrics would fail
+        _PS_ENTRY | {"name": "a\nb", "model": "a\nb"},
     ],
 )
-def test_a_loaded_model_without_its_name_or_sizes_is_refused(entry: dict[str, Any]) -> None:
-    with pytest.raises(ValueError, match="GET /api/ps listed a model without its name, size and size_vram"):
-        resident_models({"models": [entry]})
+def test_a_loaded_model_without_its_name_or_sizes_is_skipped_and_hides_no_other(entry: dict[str, Any]) -> None:
+    good = _PS_ENTRY | {"name": "good:1", "model": "good:1"}
+    assert [m.name for m in resident_models({"models": [entry, good]})] == ["good:1"]
+
+
+def test_each_name_counts_once() -> None:
+    assert len(resident_models({"models": [_PS_ENTRY] * 10})) == 1
 
 
 def test_an_ollama_node_is_registered_from_the_config_file_and_its_engine_is_named(tmp_path: Any) -> None:
@@ -151,6 +159,7 @@ def test_a_nodes_own_reason_is_read_from_its_error_answer_escaped_and_bounded(bo
         ("unable to load full model on GPU", True),
         ("Model runner has unexpectedly stopped, this may be due to resource limitations", True),
         ("llama runner process has terminated: exit status 2", True),
+        ("tokenizer: insufficient memory for request?", False),
         ('model "x" not found, try pulling it first', False),
         ("", False),
         (None, False),

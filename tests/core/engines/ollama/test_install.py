@@ -83,6 +83,8 @@ async def test_bytes_that_do_not_match_the_digest_are_refused_by_the_server_and_
         ("my.org/qwen3:q4", "the namespace of 'my.org/qwen3:q4' must be 1 to 80 of letters, digits, '_' and '-',"),
         ("-qwen3:q4", "the model of '-qwen3:q4' must be"),
         ("q" * 81 + ":q4", "must be 1 to 80"),
+        ("qwen:q4\n", "the tag of 'qwen:q4\\n' must be"),
+        ("ns\n/m:t", "the namespace of"),
     ],
 )
 async def test_a_bad_name_is_refused_before_any_request(
