@@ -95,6 +95,16 @@ class ProvisioningSettings(_Group):
     """The vLLM version installed in `/opt/vllm-venv`."""
     pip_index_url: str = "https://pypi.org/simple"
     """The package index the hosts install vLLM from."""
+    ollama_version: str = "0.9.6"
+    """The Ollama release a host set up with `engine = "ollama"` runs. With `ollama_sha256` QIIP installs it in
+    `/opt/ollama/<version>` from `ollama_url_template`; without, the host's installed `ollama` must report
+    exactly this version (`ollama --version`), and another is refused."""
+    ollama_sha256: str | None = None
+    """The SHA-256 of the release archive for `ollama_version` (its `sha256sum.txt` line); the host checks it
+    before extracting. None: use the host's installed `ollama`."""
+    ollama_url_template: str = "https://github.com/ollama/ollama/releases/download/v{version}/ollama-linux-{arch}.tgz"
+    """Where the hosts download the Ollama release; `{version}` and `{arch}` (`amd64`, `arm64`) are replaced. A
+    URL ending in `.tar.zst` (newer releases) is extracted with `zstd`, one ending in `.tgz` with `tar -z`."""
     health_timeout_s: PositiveSeconds = 600.0
     """How long a started engine may take to answer `/health`."""
     health_interval_s: PositiveSeconds = 10.0
@@ -116,14 +126,14 @@ class ProvisioningSettings(_Group):
     log_hosts: int = Field(default=256, ge=1)
     """Hosts whose logs are kept; the host whose log was written to longest ago is evicted first."""
 
-    @field_validator("nvidia_driver_sha256")
+    @field_validator("nvidia_driver_sha256", "ollama_sha256")
     @classmethod
     def _digest(cls, value: str | None) -> str | None:
         if value is not None and not _SHA256.match(value):
             raise ValueError("a SHA-256 is 64 lower-case hex digits")
         return value
 
-    @field_validator("nvidia_driver_version", "vllm_version")
+    @field_validator("nvidia_driver_version", "vllm_version", "ollama_version")
     @classmethod
     def _version(cls, value: str | None) -> str | None:
         if value is not None and not re.match(r"^[0-9][0-9A-Za-z.+-]{0,63}$", value):
@@ -147,4 +157,14 @@ class ProvisioningSettings(_Group):
             )
         if "{version}" not in self.nvidia_driver_url_template:
             raise ValueError("provisioning.nvidia_driver_url_template must contain {version}")
+        template = self.ollama_url_template
+        try:
+            template.format(version="0", arch="amd64")
+        except (KeyError, IndexError, ValueError):
+            raise ValueError("provisioning.ollama_url_template may name only {version} and {arch} in braces") from None
+        if "{version}" not in template or not template.endswith((".tgz", ".tar.zst")):
+            raise ValueError(
+                "provisioning.ollama_url_template must contain {version} and end in .tgz or .tar.zst (the kinds of "
+                "Ollama's release archives)"
+            )
         return self

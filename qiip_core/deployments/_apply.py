@@ -27,7 +27,6 @@ from qiip_core.catalog import Catalog
 from qiip_core.deployments._resource import MAX_HISTORY, Deployment, ResolvedSource, Template, utc_now
 from qiip_core.deployments._spec import DeploymentSpec, parse_spec
 from qiip_core.deployments._store import DeploymentStore
-from qiip_core.nodes import Engine
 
 __all__ = ["Resolve", "apply", "delete", "resolve_source", "rollout", "scale", "undo"]
 
@@ -90,7 +89,7 @@ def resolve_source(
         )
     hub = source.hub
     assert hub is not None
-    if spec.engine is Engine.LLAMA_CPP:
+    if spec.engine.serves_gguf:
         candidates = [g for g in catalog.gguf if g.repo_id == hub.repo and g.entrypoint == hub.file]
         if not candidates:
             raise _invalid(

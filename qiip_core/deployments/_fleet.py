@@ -27,7 +27,7 @@ from qiip_core.deployments._reconcile import ObservedReplica
 from qiip_core.deployments._resource import Deployment, ReplicaState, Template
 from qiip_core.deployments._store import DeploymentStore
 from qiip_core.lifecycle import Fleet
-from qiip_core.nodes import DeploymentRef, Engine, NodeStatus
+from qiip_core.nodes import DeploymentRef, NodeStatus
 from qiip_core.provisioning import Provisioner, ProvisioningTask, SetupRequest, TaskState
 from qiip_core.quads import QuadsSnapshot, conflict_at, next_reservation
 from qiip_core.routing import NodeState, RoutingTable
@@ -276,7 +276,7 @@ class ProvisioningActuator:
         Raises:
             QiipError: refused before anything ran (the provisioner's refusals).
         """
-        llama = template.engine is Engine.LLAMA_CPP
+        llama = template.engine.serves_gguf  # llama.cpp and Ollama: a GGUF of the catalog, planned
         request = SetupRequest(
             hostname=host,
             engine=template.engine,

@@ -37,7 +37,6 @@ from qiip_core.deployments._reconcile import ReconcileConfig
 from qiip_core.deployments._resource import Deployment, DeploymentEvent, DeploymentStatus, Template, utc_now
 from qiip_core.deployments._spec import DeploymentSpec, parse_spec
 from qiip_core.deployments._store import DeploymentStore
-from qiip_core.nodes import Engine
 from qiip_core.planner import ModelShape, validate_policy
 from qiip_core.routing import ExpectedModel, RoutingTable
 
@@ -232,9 +231,10 @@ class DeploymentService:
     # -- changes ---------------------------------------------------------------------------------------------
 
     async def _resolve(self, spec: DeploymentSpec) -> Template:
-        if spec.engine is Engine.LLAMA_CPP and self.cache_dir is None:
+        if spec.engine.serves_gguf and self.cache_dir is None:
             raise DeploymentInvalid(
-                "A llama.cpp deployment needs provisioning.model_cache_dir: the shared model cache the hosts mount.",
+                f"A {spec.engine.label} deployment needs provisioning.model_cache_dir: the shared model cache the "
+                "hosts mount.",
                 violations=[
                     Violation(
                         "source",
@@ -247,7 +247,7 @@ class DeploymentService:
         catalog = await asyncio.to_thread(scan_catalog, cache)
         source = await asyncio.to_thread(resolve_source, spec, catalog, cache, hub_commit=self.hub_commit)
         template = Template(engine=spec.engine, source=source, runtime=spec.runtime)
-        if spec.engine is Engine.LLAMA_CPP:
+        if spec.engine.serves_gguf:
             try:
                 shape = await asyncio.to_thread(self._shape_of, template)
             except ModelFileError as exc:

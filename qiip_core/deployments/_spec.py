@@ -46,7 +46,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from qiip_core._errors import DeploymentInvalid, PlanError
 from qiip_core._violation import Violation
-from qiip_core.nodes import PROVISIONED_ENGINE_CHOICES, Engine, ProvisionedEngine
+from qiip_core.engines.ollama import check_ollama_name
+from qiip_core.nodes import PROVISIONED_ENGINE_CHOICES, Engine, ProvisionedEngine, ollama_model_key
 from qiip_core.planner import MAX_SLOTS, AutoPolicy, CustomPolicy, parse_policy
 
 __all__ = [
@@ -289,7 +290,13 @@ class DeploymentSpec(BaseModel):
             if self.runtime.sizing is not None:
                 raise ValueError("runtime.sizing is llama.cpp's; vLLM sizes itself")
         elif self.source.hub is not None and self.source.hub.file is None:
-            raise ValueError("source.hub.file is required for llama.cpp: the GGUF file to serve")
+            raise ValueError(f"source.hub.file is required for {self.engine.label}: the GGUF file to serve")
+        if self.engine is Engine.OLLAMA:
+            # Each replica's Ollama daemon names the model as the deployment: it must be a name Ollama takes.
+            try:
+                check_ollama_name(ollama_model_key(self.name))
+            except ValueError as exc:
+                raise ValueError(f"an Ollama deployment's name is its model's name on Ollama, and {exc}") from None
         return self
 
 

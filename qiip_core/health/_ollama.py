@@ -19,7 +19,7 @@ from qiip_core.health._probe import MODELS_BODY_BYTES, ProbeOutcome, read_head
 from qiip_core.nodes import ResidentModel, check_ollama_version, listed_models, ollama_model_key, resident_models
 from qiip_core.upstream import describe_client_error, is_local_exhaustion
 
-__all__ = ["OllamaAnswer", "probe_ollama", "read_resident"]
+__all__ = ["OllamaAnswer", "probe_ollama", "probe_ollama_version", "read_resident"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +71,27 @@ async def probe_ollama(endpoint: str, model: str, *, session: aiohttp.ClientSess
         return OllamaAnswer(
             ProbeOutcome.FAILED, error=f"GET /api/tags does not list the model {model!r}{filed}", version=version
         )
+    return OllamaAnswer(ProbeOutcome.OK, version=version)
+
+
+async def probe_ollama_version(endpoint: str, *, session: aiohttp.ClientSession) -> OllamaAnswer:
+    """Whether an Ollama daemon answers and is a release QIIP serves (`GET /api/version`), whatever it lists: a
+    daemon QIIP has just started for a setup has no model yet.
+
+    Args:
+        endpoint: the daemon's base URL, `http://host:port`.
+        session: the session to ask through (`health_session`).
+
+    Returns:
+        OK with the version, or FAILED (LOCAL_FAILURE) with one line saying why; never raises for what the daemon
+        does.
+    """
+    try:
+        version = check_ollama_version(await _get_json(session, endpoint, "/api/version"))
+    except _Unanswered as exc:
+        return OllamaAnswer(ProbeOutcome.LOCAL_FAILURE if exc.local else ProbeOutcome.FAILED, error=str(exc))
+    except ValueError as exc:
+        return OllamaAnswer(ProbeOutcome.FAILED, error=str(exc))
     return OllamaAnswer(ProbeOutcome.OK, version=version)
 
 

@@ -82,6 +82,12 @@ class Engine(StrEnum):
         """The engine's name as operators read it: `vLLM`, `llama.cpp`, `attached`, `Ollama`."""
         return _ENGINE_LABELS[self]
 
+    @property
+    def serves_gguf(self) -> bool:
+        """True for the engines QIIP gives a GGUF of its catalog, sized by its planner: llama.cpp and Ollama (which
+        runs llama.cpp's kernels). vLLM takes a Hugging Face repository and sizes itself."""
+        return self in (Engine.LLAMA_CPP, Engine.OLLAMA)
+
 
 _ENGINE_LABELS = {
     Engine.VLLM: "vLLM",
@@ -90,13 +96,15 @@ _ENGINE_LABELS = {
     Engine.OLLAMA: "Ollama",
 }
 
-_Provisioned = Literal[Engine.LLAMA_CPP, Engine.VLLM]
+_Provisioned = Literal[Engine.LLAMA_CPP, Engine.VLLM, Engine.OLLAMA]
 
 PROVISIONED_ENGINES: tuple[Engine, ...] = get_args(_Provisioned)
 """The engines QIIP installs and starts on a host (`qiip node setup`, deployments); `attached` servers are not."""
 
-PROVISIONED_ENGINE_CHOICES = " or ".join(repr(engine.value) for engine in PROVISIONED_ENGINES)
-"""`'llama_cpp' or 'vllm'`: the provisioned engines as a refusal names them."""
+PROVISIONED_ENGINE_CHOICES = ", ".join(repr(engine.value) for engine in PROVISIONED_ENGINES[:-1]) + (
+    f" or {PROVISIONED_ENGINES[-1].value!r}"
+)
+"""`'llama_cpp', 'vllm' or 'ollama'`: the provisioned engines as a refusal names them."""
 
 
 def _provisioned(value: object) -> object:
@@ -110,8 +118,9 @@ def _provisioned(value: object) -> object:
 
 
 ProvisionedEngine = Annotated[_Provisioned, BeforeValidator(_provisioned)]
-"""A pydantic field type: an engine QIIP installs (`Engine.LLAMA_CPP` or `Engine.VLLM`), read from its value
-(`"llama_cpp"`, `"vllm"`) and written as it; anything else is refused with `Input should be 'llama_cpp' or 'vllm'`.
+"""A pydantic field type: an engine QIIP installs (`Engine.LLAMA_CPP`, `Engine.VLLM` or `Engine.OLLAMA`), read from
+its value (`"llama_cpp"`, `"vllm"`, `"ollama"`) and written as it; anything else is refused with
+`Input should be 'llama_cpp', 'vllm' or 'ollama'`.
 Its JSON schema is the string enum of those values."""
 
 

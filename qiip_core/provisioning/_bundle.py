@@ -2,10 +2,11 @@
 
 ```
 bundle/lib.sh            step markers, paths under the install root, OS family, PID files
-bundle/setup.sh          system_update, nvidia_driver, cuda_toolkit, vllm_install | llamacpp_install, nfs_mount,
-                         firewall (RHEL family with dnf, Debian/Ubuntu with apt-get)
+bundle/setup.sh          system_update, nvidia_driver, cuda_toolkit, vllm_install | llamacpp_install |
+                         ollama_install, nfs_mount, firewall (RHEL family with dnf, Debian/Ubuntu with apt-get)
 bundle/start-engine.sh   the engine in the background: PID file var/run/<engine>.pid, log var/log/<engine>-serve.log
-bundle/stop-engine.sh    SIGTERM to its process group (SIGKILL after 30 s, or at once with --force)
+bundle/stop-engine.sh    SIGTERM to its process group (SIGKILL after 30 s, or at once with --force); Ollama's
+                         store goes with it
 bundle/start-agent.sh    `qiip agent` (live GPU telemetry) in /opt/qiip-agent, run by systemd (qiip-agent.service)
 ```
 
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from qiip_core._errors import ConfigError, SshError
 from qiip_core.config import Settings
-from qiip_core.engines import vllm
+from qiip_core.engines import ollama, vllm
 from qiip_core.engines.llamacpp import SourceSpec, resolve_source
 from qiip_core.nodes import Engine
 
@@ -89,8 +90,8 @@ def bundle_files() -> list[Path]:
 
 
 def engine_script_name(engine: Engine) -> str:
-    """The bundle's name for an engine: `llamacpp` or `vllm` (its PID file, log and install step)."""
-    return "llamacpp" if engine is Engine.LLAMA_CPP else "vllm"
+    """The bundle's name for an engine: `llamacpp`, `vllm` or `ollama` (its PID file, log and install step)."""
+    return {Engine.LLAMA_CPP: "llamacpp", Engine.OLLAMA: "ollama"}.get(engine, "vllm")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -170,6 +171,12 @@ def bundle_parameters(settings: Settings, engine: Engine, *, model_alias: str) -
         )
     if p.telemetry_agent:
         env.update(QIIPNODE_AGENT_PACKAGE=p.agent_package, QIIPNODE_AGENT_SETTINGS=agent_settings(settings))
+    if engine is Engine.OLLAMA:
+        env.update(
+            ollama.install_environment(
+                version=p.ollama_version, sha256=p.ollama_sha256, url_template=p.ollama_url_template
+            )
+        )
     source = None
     if engine is Engine.LLAMA_CPP:
         source = resolve_source(settings.engines.llamacpp)

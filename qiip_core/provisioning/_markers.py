@@ -62,10 +62,12 @@ BUNDLE_STEPS: tuple[str, ...] = (
     "cuda_toolkit",
     "vllm_install",
     "llamacpp_install",
+    "ollama_install",
     "nfs_mount",
     "firewall",
 )
-"""The steps `setup.sh` reports, in order (one of `vllm_install`, `llamacpp_install` per engine)."""
+"""The steps `setup.sh` reports, in order (one of `vllm_install`, `llamacpp_install`, `ollama_install` per
+engine)."""
 
 SETUP_STEPS: tuple[str, ...] = (
     "pending",

@@ -10,9 +10,11 @@ uploading         the node bundle (and llama.cpp's digest-checked source when th
 <bundle steps>    setup.sh: system_update, nvidia_driver, cuda_toolkit, <engine>_install, nfs_mount, firewall
 telemetry_agent   start-agent.sh, with provisioning.telemetry_agent on a cuda host: `qiip agent` (never fails)
 gpu_check         nvidia-smi lists the GPUs (cpu profile: system memory)
-starting_engine   llama.cpp: planned here against the host's devices, launched with every sizing flag
-health_poll       /health answers 200
-verifying         llama.cpp: the running server against its plan (as local nodes are); vLLM: /v1/models
+starting_engine   llama.cpp: planned here against the host's devices, launched with every sizing flag; Ollama:
+                  planned the same way, its daemon started with the slots and context as its settings
+health_poll       /health answers 200 (Ollama: /api/version names a release QIIP serves)
+verifying         llama.cpp: the running server against its plan (as local nodes are); vLLM: /v1/models;
+                  Ollama: the GGUF pushed by its SHA-256, made the model, loaded and checked (`/api/ps`, `/api/show`)
 registering       the node, managed and leased, with its runtime record
 ```
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import logging
 import shlex
 import tempfile
@@ -35,11 +38,11 @@ from typing import Any
 from qiip_core._errors import LeaseLost, NodeNotFound, ProvisioningError, QiipError, RegistryError, SetupInvalid
 from qiip_core.config import Settings
 from qiip_core.discovery import read_token_file
-from qiip_core.engines import vllm
+from qiip_core.engines import ollama, vllm
 from qiip_core.engines.llamacpp import LlamaCppInstaller, fetch_archive, launch_spec_for, read_gguf_metadata
-from qiip_core.health import health_session, probe_health
+from qiip_core.health import ProbeOutcome, health_session, probe_health, probe_ollama_version
 from qiip_core.lifecycle import Fleet
-from qiip_core.nodes import DeploymentRef, Engine, Node, NodeCapabilities, NodeStatus
+from qiip_core.nodes import DeploymentRef, Engine, Node, NodeCapabilities, NodeStatus, ollama_model_key
 from qiip_core.planner import (
     AutoPolicy,
     CustomPolicy,
@@ -85,13 +88,14 @@ class SetupRequest:
 
     Attributes:
         hostname: the host (its name or address; the node's id and endpoint host).
-        engine: `vllm` or `llama_cpp`.
-        model: vLLM: the model to serve (a Hugging Face repo id); llama.cpp: the GGUF's path in the shared model
-            cache.
-        alias: the model name clients send.
+        engine: `vllm`, `llama_cpp` or `ollama`.
+        model: vLLM: the model to serve (a Hugging Face repo id); llama.cpp and Ollama: the GGUF's path in the
+            shared model cache.
+        alias: the model name clients send (Ollama: also its name on the daemon, `:latest` when untagged).
         managed: register the node as managed (leased; torn down by QIIP).
-        sizing: llama.cpp's sizing policy (default: automatic).
-        artifact_id: the catalog generation `model` was resolved from (llama.cpp), carried by the node record.
+        sizing: the sizing policy of llama.cpp or Ollama (default: automatic).
+        artifact_id: the catalog generation `model` was resolved from (llama.cpp, Ollama), carried by the node
+            record.
         deployment: the deployment the node will be a replica of (its controller asked for the setup).
     """
 
@@ -187,10 +191,12 @@ class _Setup:
 
 def _host_model_path(setup: _Setup) -> str | None:
     """The model's path on the host (under its install root) when it must be there: a llama.cpp GGUF, or a vLLM
-    model given by path."""
+    model given by path. Ollama's GGUF is pushed to its daemon from this gateway's view of the cache."""
     model = setup.request.model
     if setup.request.engine is Engine.LLAMA_CPP:
         return f"{setup.p.node_model_dir.rstrip('/')}/{model}"
+    if setup.request.engine is Engine.OLLAMA:
+        return None
     return model if model.startswith("/") else None
 
 
@@ -330,25 +336,68 @@ async def _health_poll(setup: _Setup) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + setup.p.health_timeout_s
     last = "no answer yet"
+    ollama_engine = setup.request.engine is Engine.OLLAMA
+    route = "/api/version" if ollama_engine else "/health"
     # The gateway's allowlist resolves the host's name, as the health checker will once the node is registered.
     session = health_session(
         policy=setup.settings.routing.endpoint_policy(), timeout_s=min(10.0, setup.p.health_interval_s * 5)
     )
     async with session:
         while True:
-            answer = await probe_health(setup.endpoint, session=session)
-            if answer.alive:
-                setup.record.log(f"{setup.endpoint}/health answers 200")
-                return
-            last = f"HTTP {answer.status}" if answer.error is None else str(answer.error) or type(answer.error).__name__
+            if ollama_engine:
+                # Ollama has no /health: its daemon is up once it names a release QIIP serves.
+                version = await probe_ollama_version(setup.endpoint, session=session)
+                if version.outcome is ProbeOutcome.OK:
+                    setup.record.log(f"{setup.endpoint}/api/version answers Ollama {version.version}")
+                    return
+                last = version.error or "no answer"
+            else:
+                answer = await probe_health(setup.endpoint, session=session)
+                if answer.alive:
+                    setup.record.log(f"{setup.endpoint}/health answers 200")
+                    return
+                error = answer.error
+                last = f"HTTP {answer.status}" if error is None else str(error) or type(error).__name__
             if loop.time() + setup.p.health_interval_s > deadline:
                 raise ProvisioningError(
-                    f"The engine on {setup.host} did not answer /health within {setup.p.health_timeout_s:g} s "
+                    f"The engine on {setup.host} did not answer {route} within {setup.p.health_timeout_s:g} s "
                     f"(last: {last}).",
                     host=setup.host,
                     step="health_poll",
                 )
             await asyncio.sleep(setup.p.health_interval_s)
+
+
+async def _install_ollama_model(setup: _Setup) -> None:
+    """The GGUF pushed to the setup's Ollama daemon as a blob by its SHA-256 (hashed here, re-hashed by Ollama),
+    made its model named as the node's alias, loaded and checked (`engines.ollama.install_model`)."""
+    cache = setup.p.model_cache_dir
+    assert cache is not None  # planned from the same file
+    gguf = cache / setup.request.model
+    sha256 = await asyncio.to_thread(_file_sha256, gguf)
+    name = ollama_model_key(setup.request.alias)
+    # The push is the GGUF's whole size: bounded by the remote-command deadline, not a probe's.
+    session = health_session(
+        policy=setup.settings.routing.endpoint_policy(), timeout_s=setup.p.command_timeout_s, connect_timeout_s=10.0
+    )
+    async with session:
+        try:
+            installed = await ollama.install_model(setup.endpoint, name=name, gguf=gguf, sha256=sha256, session=session)
+        except ollama.OllamaInstallFailed as exc:
+            raise ProvisioningError(f"Ollama on {setup.host}: {exc}", host=setup.host, step="verifying") from exc
+    resident = installed.resident
+    setup.record.log(
+        f"Ollama made {name} from blob sha256:{sha256} ({'pushed' if installed.pushed else 'there already'}); "
+        f"loaded: {resident.size_bytes / 2**20:.0f} MiB, {resident.vram_bytes / 2**20:.0f} MiB of it in GPU memory"
+    )
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while chunk := file.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 async def _verify_vllm(setup: _Setup) -> None:
@@ -376,6 +425,20 @@ async def _start_and_verify(setup: _Setup, ssh: SshConnection, facts: HostFacts)
             planned, model_path=model_path, alias=request.alias, host=facts.bind, port=setup.p.engine_port
         )
         args = spec.argv(Path("llama-server"))[1:]
+    elif request.engine is Engine.OLLAMA:
+        ollama_plan, _ = await asyncio.to_thread(_plan_llamacpp, setup, devices)
+        record.log(
+            f"{ollama_plan.summary()} (planned with llama.cpp's model of the GGUF, not verified against Ollama's "
+            "allocator)"
+        )
+        environment = ollama.serve_environment(
+            bind=facts.bind,
+            port=setup.p.engine_port,
+            root=facts.root,
+            slots=ollama_plan.slots,
+            context_per_slot=ollama_plan.context_per_slot,
+        )
+        args = [f"{name}={value}" for name, value in environment.items()]
     else:
         args = vllm.serve_args(host=facts.bind, port=setup.p.engine_port, alias=request.alias, model=request.model)
     setup.engine_started = True
@@ -394,6 +457,8 @@ async def _start_and_verify(setup: _Setup, ssh: SshConnection, facts: HostFacts)
                 planned, endpoint=setup.endpoint, log_path=log_path, alias=request.alias, devices_after=devices_after
             )
         record.log(f"verified: {planned.slots} slot(s) x {planned.context_per_slot} tokens, K/V {planned.cache_type_k}")
+    elif request.engine is Engine.OLLAMA:
+        await _install_ollama_model(setup)
     else:
         await _verify_vllm(setup)
     assert setup.node is not None

@@ -2,11 +2,12 @@
 
 ```
 model     vLLM: a Hugging Face repository id (`org/name`) or a path in the hosts' model cache
-          (`<provisioning.node_model_dir>/…`); llama.cpp: a relative path inside the shared model cache, present in
-          this gateway's view of it (`provisioning.model_cache_dir`) and readable as a GGUF. Never starting with
-          `-`: the model becomes an argument of the engine's command line.
-alias     the name clients send: printable, no surrounding spaces, not starting with `-`
-sizing    llama.cpp only; a custom policy's values against the model's training context (slots 1-256, …)
+          (`<provisioning.node_model_dir>/…`); llama.cpp and Ollama: a relative path inside the shared model cache,
+          present in this gateway's view of it (`provisioning.model_cache_dir`) and readable as a GGUF. Never
+          starting with `-`: the model becomes an argument of the engine's command line.
+alias     the name clients send: printable, no surrounding spaces, not starting with `-`; for Ollama also the
+          model's name on the daemon, by Ollama's rules (`engines.ollama.check_ollama_name`, `:latest` when untagged)
+sizing    llama.cpp and Ollama; a custom policy's values against the model's training context (slots 1-256, …)
 ```
 
 What only the host knows (the model file in its own cache, free disk, an NVIDIA device under the `cpu` profile,
@@ -23,7 +24,8 @@ from typing import TYPE_CHECKING
 
 from qiip_core._errors import ModelFileError, PlanError, SetupInvalid
 from qiip_core.engines.llamacpp import read_gguf_metadata
-from qiip_core.nodes import Engine
+from qiip_core.engines.ollama import check_ollama_name
+from qiip_core.nodes import Engine, ollama_model_key
 from qiip_core.planner import ModelShape, validate_policy
 
 if TYPE_CHECKING:
@@ -68,10 +70,10 @@ def model_problem(engine: Engine, model: str, *, node_model_dir: str) -> str | N
         return f"the model {model!r} starts with '-', which the engine would read as an option"
     if not model.isprintable() or model != model.strip():
         return "the model must be printable, without surrounding spaces"
-    if engine is Engine.LLAMA_CPP:
+    if engine.serves_gguf:
         if model.startswith("/"):
             return (
-                f"a llama.cpp model is a GGUF's path inside the shared model cache, relative to it "
+                f"a {engine.label} model is a GGUF's path inside the shared model cache, relative to it "
                 f"(such as models--org--name/snapshots/<commit>/model.gguf), not {model!r}"
             )
         return _path_problem(model, "the model's path")
@@ -121,12 +123,19 @@ def check_setup_request(settings: Settings, request: SetupRequest) -> SetupReque
     problem = _alias_problem(request.alias)
     if problem is not None:
         raise SetupInvalid(f"Not a setup of {host}: {problem}.", host=host, field="alias")
-    if request.engine is not Engine.LLAMA_CPP:
+    if not request.engine.serves_gguf:
         if request.sizing is not None:
             raise SetupInvalid(
                 f"Not a setup of {host}: a sizing policy plans llama.cpp; vLLM sizes itself.", host=host, field="sizing"
             )
         return request
+    if request.engine is Engine.OLLAMA:
+        try:
+            check_ollama_name(ollama_model_key(request.alias))
+        except ValueError as exc:
+            raise SetupInvalid(
+                f"Not a setup of {host}: the alias is the model's name on Ollama, and {exc}.", host=host, field="alias"
+            ) from None
     model = str(PurePosixPath(request.model))
     shape = _read_shape(settings, host, model)
     if request.sizing is not None:
@@ -145,8 +154,8 @@ def _read_shape(settings: Settings, host: str, model: str) -> ModelShape:
     cache = settings.provisioning.model_cache_dir
     if cache is None:
         raise SetupInvalid(
-            f"Not a setup of {host}: a llama.cpp setup plans its sizing from the model's GGUF header, read on this "
-            "gateway: set provisioning.model_cache_dir to this gateway's view of the shared model cache.",
+            f"Not a setup of {host}: a llama.cpp or Ollama setup plans its sizing from the model's GGUF header, read "
+            "on this gateway: set provisioning.model_cache_dir to this gateway's view of the shared model cache.",
             host=host,
             field="model",
         )

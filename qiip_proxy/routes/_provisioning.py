@@ -41,7 +41,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from qiip_core import ModelStoreError, PlanError
 from qiip_core._violation import first_violation
 from qiip_core.catalog import resolve_artifact, scan_catalog
-from qiip_core.nodes import Engine, ProvisionedEngine
+from qiip_core.nodes import ProvisionedEngine
 from qiip_core.planner import parse_policy
 from qiip_core.provisioning import LogEntry, ResetType, SetupRequest
 from qiip_core.recommendations import DEFAULT_LIMIT, MAX_LIMIT, PROFILE_PATTERN, catalog_repos
@@ -67,17 +67,17 @@ class SetupBody(BaseModel):
     engine: ProvisionedEngine
     """The engine to install and start."""
     model: str | None = Field(default=None, min_length=1, max_length=512)
-    """vLLM: the model (a Hugging Face repo id); llama.cpp: the GGUF's path in the shared model cache. Give it
-    or `artifact_id`."""
+    """vLLM: the model (a Hugging Face repo id); llama.cpp and Ollama: the GGUF's path in the shared model cache.
+    Give it or `artifact_id`."""
     artifact_id: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
-    """llama.cpp: a GGUF generation of the shared model cache (`provisioning.model_cache_dir`, a Hugging Face
+    """llama.cpp and Ollama: a GGUF generation of the shared model cache (`provisioning.model_cache_dir`, a Hugging Face
     cache), by its catalog id, instead of `model`."""
     managed: bool = True
     """Register the node as managed (leased, torn down by QIIP)."""
     alias: str | None = Field(default=None, min_length=1, max_length=512)
-    """The model name clients send (default: `model`)."""
+    """The model name clients send (default: `model`); for Ollama also its name on the daemon (`name[:tag]`)."""
     sizing: dict[str, Any] | None = None
-    """llama.cpp's sizing policy (`{"sizing": "auto"}` by default, or a custom one)."""
+    """The sizing policy of llama.cpp or Ollama (`{"sizing": "auto"}` by default, or a custom one)."""
 
 
 class PowerBody(BaseModel):
@@ -101,9 +101,12 @@ async def _setup_model(gateway: Gateway, body: SetupBody) -> str:
     if body.artifact_id is None:
         assert body.model is not None
         return body.model
-    if body.engine is not Engine.LLAMA_CPP:
+    if not body.engine.serves_gguf:
         raise AdminError(
-            400, "`artifact_id` names a GGUF generation: it serves llama.cpp setups only.", "invalid_setup", "engine"
+            400,
+            "`artifact_id` names a GGUF generation: it serves llama.cpp and Ollama setups only.",
+            "invalid_setup",
+            "engine",
         )
     cache = gateway.settings.provisioning.model_cache_dir
     if cache is None:

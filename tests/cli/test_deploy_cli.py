@@ -115,7 +115,7 @@ def test_a_broken_file_gets_one_line_per_field_and_exit_1_before_anything_is_sen
     assert done.errors == [
         f"error: {broken}: name must be 1-128 letters, digits or . _ : / @ + - starting with a letter or digit "
         "(the model name clients send), got 'bad name'.",
-        f"error: {broken}: engine must be 'llama_cpp' or 'vllm', got 'tgi'.",
+        f"error: {broken}: engine must be 'llama_cpp', 'vllm' or 'ollama', got 'tgi'.",
         f"error: {broken}: source.artifact must be an artifact id, or a prefix of one of at least 8 lowercase hex "
         "characters, got 'XYZ'.",
         f"error: {broken}: replicas: Input should be greater than or equal to 0 (got -1).",

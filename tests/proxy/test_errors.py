@@ -233,7 +233,7 @@ async def test_both_apis_answer_through_the_one_handler(tmp_path: Path) -> None:
         )
         assert attached.status_code == 422, attached.text
         assert attached.json()["error"]["param"] == "recovery_engine"
-        assert "'llama_cpp' or 'vllm'" in attached.json()["error"]["message"]
+        assert "'llama_cpp', 'vllm' or 'ollama'" in attached.json()["error"]["message"]
 
 
 async def test_a_large_body_has_its_members_counted_before_it_is_parsed(tmp_path: Path) -> None:

@@ -130,7 +130,7 @@ def test_refusals_come_before_any_remote_work(cpu_hosts: SshHosts, tmp_path: Pat
             assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_setup", refused.text
             if bad.get("engine") == "tgi":
                 assert refused.json()["error"]["message"] == (
-                    "Not a setup request: engine: Input should be 'llama_cpp' or 'vllm'."
+                    "Not a setup request: engine: Input should be 'llama_cpp', 'vllm' or 'ollama'."
                 )
         unknown = daemon.admin.post(
             "/admin/nodes/setup", json={"hostname": "127.0.0.21", "engine": "llama_cpp", "artifact_id": artifact}

@@ -11,6 +11,9 @@ answers with their shapes, status codes and error texts:
   `data: [DONE]`), `POST /v1/completions`, `POST /v1/embeddings`; errors as `{"error": {"message", "type",
   "param", "code"}}` with `invalid_request_error`, `not_found_error` or `api_error`.
 
+Run as a host's `ollama` binary (`executable`), `ollama serve` listens on `OLLAMA_HOST` and keeps pushed blobs in
+`OLLAMA_MODELS`, as the daemon QIIP starts on a host it sets up.
+
 A model loads on its first request and then shows in `/api/ps` with its memory until `keep_alive` passes. A model
 made with `loadable=False` is listed but fails to load, answering 500 with Ollama's "unable to load full model on
 GPU", as a real server does for a model too big for its memory. `version` is what `/api/version` reports.
@@ -24,21 +27,30 @@ The server runs on its own event loop in a daemon thread; `requests` records eac
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
+import http.server
+import io
 import json
+import os
 import re
+import shutil
+import signal
+import sys
+import tarfile
 import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from tests.support.daemon import free_port
 
-__all__ = ["LOAD_FAILURE", "OllamaStandIn", "StandInModel"]
+__all__ = ["LOAD_FAILURE", "OllamaReleaseServer", "OllamaStandIn", "StandInModel", "executable", "main"]
 
 LOAD_FAILURE = "unable to load full model on GPU"
 """Ollama's error for a model that does not fit its memory (`llm.ErrLoadRequiredFull`)."""
@@ -86,8 +98,15 @@ class OllamaStandIn:
         version: str = "0.9.6",
         keep_alive_s: float = 300.0,
         answer: str = "Hello from the Ollama stand-in.",
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        store: Path | None = None,
+        hold_dir: Path | None = None,
     ) -> None:
         self.models = {model.name: model for model in models}
+        self.host = host
+        self.store = store
+        self.hold_dir = hold_dir
         self.version = version
         self.keep_alive_s = keep_alive_s
         self.answer = answer
@@ -96,8 +115,8 @@ class OllamaStandIn:
         self.blobs: dict[str, int] = {}
         """Pushed blobs: digest (`sha256:…`) → size in bytes."""
         self.requests: list[tuple[str, str]] = []
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.port = port or free_port()
+        self.url = f"http://{host}:{self.port}"
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="ollama-stand-in")
         self._runner: web.AppRunner | None = None
@@ -141,7 +160,7 @@ class OllamaStandIn:
         app.router.add_post("/v1/embeddings", self._openai_embeddings)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        await web.TCPSite(self._runner, self.host, self.port).start()
 
     @web.middleware
     async def _record(self, request: web.Request, handler: Any) -> web.StreamResponse:
@@ -185,7 +204,8 @@ class OllamaStandIn:
         if model is None:
             return _native_error(404, f"model '{body.get('model')}' not found")
         info = {"general.architecture": "llama", "llama.context_length": model.context_length}
-        source = f"/ollama/models/blobs/{model.blob.replace(':', '-')}" if model.blob else model.name
+        store = str(self.store) if self.store is not None else "/root/.ollama/models"
+        source = f"{store}/blobs/{model.blob.replace(':', '-')}" if model.blob else model.name
         return web.json_response(
             {"modelfile": f"FROM {source}\n", "details": self._entry(model)["details"], "model_info": info}
         )
@@ -253,6 +273,11 @@ class OllamaStandIn:
         if got != digest:
             return _native_error(400, f'digest mismatch, expected "{digest}", got "{got}"')
         self.blobs[digest] = size
+        if self.store is not None:  # as Ollama keeps it: <OLLAMA_MODELS>/blobs/sha256-<hex>, the bytes' size
+            path = self.store / "blobs" / digest.replace(":", "-")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("wb") as file:
+                file.truncate(size)
         return web.Response(status=201)
 
     async def _create(self, request: web.Request) -> web.StreamResponse:
@@ -264,6 +289,9 @@ class OllamaStandIn:
             return _native_error(400, "model is required")
         if not isinstance(files, dict) or not files:
             return _native_error(400, "neither 'from' or 'files' was specified")
+        # A test holds the setup here (`FakeHost.hold("ollama-create")`): a file another process removes.
+        while self.hold_dir is not None and (self.hold_dir / "ollama-create").exists():  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
         missing = [digest for digest in files.values() if digest not in self.blobs]
         if missing:
             return _native_error(400, f"blob {missing[0]} not found")
@@ -438,3 +466,87 @@ async def _chunks(model: str, words: list[str]) -> AsyncIterator[bytes]:
         yield f"data: {json.dumps(chunk)}\n\n".encode()
     end = _openai_object("chat.completion.chunk", model, [{"index": 0, "delta": {}, "finish_reason": "stop"}])
     yield f"data: {json.dumps(end)}\n\n".encode()
+
+
+_EXECUTABLE = """#!{python}
+# The `ollama` binary as a host has it, release {version}: the stand-in's `serve` and `--version`.
+import sys
+sys.path.insert(0, {repo!r})
+from tests.support.ollama import main
+main({version!r})
+"""
+
+
+def executable(version: str) -> str:
+    """The text of an `ollama` executable of release `version` for a test host: `ollama serve` runs the stand-in
+    on `OLLAMA_HOST` with its store in `OLLAMA_MODELS`; `ollama --version` answers as the real binary does when
+    no server answers at `OLLAMA_HOST`."""
+    repo = str(Path(__file__).resolve().parents[2])
+    return _EXECUTABLE.format(python=sys.executable, version=version, repo=repo)
+
+
+def main(version: str) -> None:
+    """The stand-in's command line (`executable`): `serve` or `--version`, as ollama/ollama's `cmd/cmd.go`."""
+    args = sys.argv[1:]
+    if args in (["--version"], ["-v"]):
+        # versionHandler: no server at OLLAMA_HOST (QIIP asks port 1), so only the client's version.
+        print("Warning: could not connect to a running Ollama instance")
+        print(f"Warning: client version is {version}")
+        return
+    if args != ["serve"]:
+        print(f'Error: unknown command {" ".join(args)!r} for "ollama"', file=sys.stderr)
+        raise SystemExit(1)
+    host, _, port = os.environ.get("OLLAMA_HOST", "127.0.0.1:11434").rpartition(":")
+    store = Path(os.environ.get("OLLAMA_MODELS", str(Path.home() / ".ollama" / "models")))
+    # What a test asserts of the daemon's settings: Ollama logs its configuration at start (`server config`).
+    settings = " ".join(f"{k}:{v}" for k, v in sorted(os.environ.items()) if k.startswith("OLLAMA_"))
+    print(f"server config env=map[{settings}]", flush=True)
+    keep = float("inf") if os.environ.get("OLLAMA_KEEP_ALIVE") == "-1" else 300.0
+    # The host's install root is the store's fourth parent (<root>/var/lib/ollama/models): its etc/hold holds steps.
+    hold_dir = store.parents[3] / "etc" / "hold" if len(store.parents) > 3 else None
+    stand_in = OllamaStandIn(
+        [], version=version, keep_alive_s=keep, host=host, port=int(port), store=store, hold_dir=hold_dir
+    )
+    ended = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: ended.set())
+    stand_in.start()
+    print(f"Listening on {host}:{port} (version {version})", flush=True)
+    ended.wait()
+    stand_in.stop()
+
+
+class OllamaReleaseServer:
+    """Ollama's release archives served over loopback HTTP (`provisioning.ollama_url_template`): for each
+    architecture, `ollama-linux-<arch>.tgz` holding `bin/ollama` (the stand-in's `executable`) as the real
+    archive does; `sha256` is the archive's."""
+
+    def __init__(self, base: Path, *, version: str) -> None:
+        self.version = version
+        self.directory = base / "ollama-releases" / f"v{version}"
+        self.directory.mkdir(parents=True, exist_ok=True)
+        archive = self.directory / "ollama-linux-amd64.tgz"
+        with tarfile.open(archive, "w:gz") as tar:
+            data = executable(version).encode()
+            info = tarfile.TarInfo("bin/ollama")
+            info.size, info.mode = len(data), 0o755
+            tar.addfile(info, io.BytesIO(data))
+        shutil.copy(archive, self.directory / "ollama-linux-arm64.tgz")
+        self.sha256 = hashlib.sha256(archive.read_bytes()).hexdigest()
+        handler = functools.partial(_QuietHandler, directory=str(self.directory.parent))
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        port = self.server.server_address[1]
+        self.url_template = f"http://127.0.0.1:{port}/v{{version}}/ollama-linux-{{arch}}.tgz"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> OllamaReleaseServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        return None

@@ -219,6 +219,12 @@ class FakeHost:
         _write(venv / "bin" / "vllm", _FAKE_VLLM.format(python=sys.executable))
         (venv / ".qiip-vllm-version").write_text(version)
 
+    def preinstall_ollama(self, version: str) -> None:
+        """An `ollama` of release `version` on the host's PATH, as a host set up by hand has it (the stand-in)."""
+        from tests.support.ollama import executable
+
+        _write(self.bin / "ollama", executable(version))
+
     def share_models(self, model_dir: Path, node_model_dir: str = "/srv/hf-cache") -> None:
         link = self.root / node_model_dir.lstrip("/")
         link.parent.mkdir(parents=True, exist_ok=True)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["OLLAMA_STORE", "check_ollama_name", "serve_environment"]
+__all__ = ["OLLAMA_STORE", "check_ollama_name", "install_environment", "serve_environment"]
 
 OLLAMA_STORE = "var/lib/ollama/models"
 """Where QIIP's Ollama daemon keeps its models, under the install root (`OLLAMA_MODELS`)."""
@@ -101,4 +101,27 @@ def serve_environment(*, bind: str, port: int, root: str, slots: int, context_pe
         "OLLAMA_NO_CLOUD": "1",
         "OLLAMA_REMOTES": "127.0.0.1",
         "OLLAMA_NOPRUNE": "1",
+    }
+
+
+def install_environment(*, version: str, sha256: str | None, url_template: str) -> dict[str, str]:
+    """The node bundle's environment for its `ollama_install` step (`bundle/setup.sh`).
+
+    With `sha256`, the host downloads the release from `url_template` (`{version}` and `{arch}` filled in there),
+    checks its SHA-256 and installs it in `/opt/ollama/<version>`; without, the host's installed `ollama` must
+    report `version` (`ollama --version`'s "client version is …", asked of a port that refuses so that an Ollama
+    already serving on the host does not answer for it).
+
+    Args:
+        version: `provisioning.ollama_version`.
+        sha256: `provisioning.ollama_sha256`, 64 hex, or None.
+        url_template: `provisioning.ollama_url_template`.
+
+    Returns:
+        `QIIPNODE_OLLAMA_VERSION`, `QIIPNODE_OLLAMA_SHA256` (empty without a digest) and `QIIPNODE_OLLAMA_URL`.
+    """
+    return {
+        "QIIPNODE_OLLAMA_VERSION": version,
+        "QIIPNODE_OLLAMA_SHA256": sha256 or "",
+        "QIIPNODE_OLLAMA_URL": url_template,
     }

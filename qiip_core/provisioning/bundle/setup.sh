@@ -3,12 +3,14 @@
 # model cache, the firewall rule. Idempotent: a step already done with the same pinned versions is skipped.
 #
 # Environment (set by the gateway; see qiip_core.provisioning.BundleParameters):
-#   QIIPNODE_ENGINE          llamacpp | vllm
+#   QIIPNODE_ENGINE          llamacpp | vllm | ollama
 #   QIIPNODE_PROFILE         cuda | cpu (cpu: a test profile; refused on a host with an NVIDIA GPU)
 #   QIIPNODE_DRIVER_VERSION, QIIPNODE_DRIVER_SHA256, QIIPNODE_DRIVER_URL   the pinned NVIDIA driver (cuda)
 #   QIIPNODE_CUDA_PACKAGE    the CUDA toolkit package (cuda)
 #   QIIPNODE_VLLM_VERSION, QIIPNODE_PIP_INDEX                                vLLM in /opt/vllm-venv
 #   QIIPNODE_LLAMACPP_VERSION, QIIPNODE_LLAMACPP_SHA256, QIIPNODE_LLAMACPP_ARCHIVE  llama.cpp's source
+#   QIIPNODE_OLLAMA_VERSION, QIIPNODE_OLLAMA_SHA256, QIIPNODE_OLLAMA_URL     Ollama's pinned release (no SHA-256:
+#                            the host's installed `ollama`, which must report that version)
 #   QIIPNODE_NFS_EXPORT      server:/path of the shared model cache (empty: none)
 #   QIIPNODE_MODEL_DIR       where the shared model cache is mounted
 #   QIIPNODE_ENGINE_PORT     the engine's TCP port
@@ -26,6 +28,8 @@ case "$FAMILY" in
   debian) packages="build-essential cmake git curl tar python3-venv nfs-common pciutils" ;;
   *) step_fail system_update "unsupported OS: only the RHEL and Debian/Ubuntu families are provisioned" ;;
 esac
+# Ollama's newer releases are .tar.zst archives.
+[[ "$ENGINE" == ollama ]] && packages="$packages zstd"
 # A package manager busy elsewhere (unattended upgrades on a host that just booted) is waited for, within bounds.
 package_manager_free() {
   wait_package_manager "$FAMILY" || step_fail "$1" "the package manager is still busy after \
@@ -109,6 +113,54 @@ if [[ "$ENGINE" == vllm ]]; then
     printf '%s' "$version" >"$venv/.qiip-vllm-version"
     step_ok vllm_install "vLLM $version installed"
   fi
+elif [[ "$ENGINE" == ollama ]]; then
+  step_start ollama_install
+  version="${QIIPNODE_OLLAMA_VERSION:?}"
+  sha="${QIIPNODE_OLLAMA_SHA256:-}"
+  if [[ -n "$sha" ]]; then
+    prefix="$ROOT/opt/ollama/$version"
+    if [[ -x "$prefix/bin/ollama" && "$(cat "$prefix/.qiip-ollama-sha256" 2>/dev/null)" == "$sha" ]]; then
+      step_ok ollama_install "Ollama $version already installed"
+    else
+      case "$(uname -m)" in
+        x86_64) arch=amd64 ;;
+        aarch64) arch=arm64 ;;
+        *) step_fail ollama_install "no Ollama release for $(uname -m)" ;;
+      esac
+      url="${QIIPNODE_OLLAMA_URL:?}"
+      url="${url//\{version\}/$version}"
+      url="${url//\{arch\}/$arch}"
+      archive="$STATE_DIR/ollama-release"
+      curl --fail --silent --show-error --location --proto '=https,http' -o "$archive" "$url" ||
+        step_fail ollama_install "cannot download $(redact_url "$url")"
+      got="$(sha256sum "$archive" | cut -d' ' -f1)"
+      if [[ "$got" != "$sha" ]]; then
+        rm -f "$archive"
+        step_fail ollama_install "the release archive's sha256 is $got, not the pinned $sha (provisioning.ollama_sha256)"
+      fi
+      # Extracted beside the install and moved into place whole: a run ended halfway leaves no half an install.
+      rm -rf "$prefix.partial" && mkdir -p "$prefix.partial"
+      case "$url" in
+        *.tar.zst) zstd -dc "$archive" | tar -xf - -C "$prefix.partial" ;;
+        *) tar -xzf "$archive" -C "$prefix.partial" ;;
+      esac || step_fail ollama_install "cannot extract the release archive"
+      [[ -x "$prefix.partial/bin/ollama" ]] || step_fail ollama_install "the release archive has no bin/ollama"
+      printf '%s' "$sha" >"$prefix.partial/.qiip-ollama-sha256"
+      rm -rf "$prefix" && mv "$prefix.partial" "$prefix" && rm -f "$archive"
+      step_ok ollama_install "Ollama $version installed from its pinned release"
+    fi
+    binary="$prefix/bin/ollama"
+  else
+    binary="$(command -v ollama || true)"
+    [[ -n "$binary" ]] ||
+      step_fail ollama_install "Ollama is not installed and provisioning.ollama_sha256 is not set to install release $version"
+    # Port 1 refuses: the binary reports its own version, not that of an Ollama already serving on the host.
+    have="$(OLLAMA_HOST=127.0.0.1:1 timeout 30 "$binary" --version 2>&1 | sed -n 's/^.*client version is //p' | head -n1)"
+    [[ "$have" == "$version" ]] ||
+      step_fail ollama_install "the installed $binary is version ${have:-unknown}, not the pinned $version (provisioning.ollama_version; set provisioning.ollama_sha256 to install the pinned release)"
+    step_ok ollama_install "Ollama $version found installed at $binary"
+  fi
+  printf '%s' "$binary" >"$STATE_DIR/ollama-binary"
 else
   step_start llamacpp_install
   variant=cuda

@@ -13,11 +13,12 @@ class _Body(BaseModel):
 
 
 def test_a_provisioned_engine_is_read_from_its_value_and_written_as_it() -> None:
-    assert PROVISIONED_ENGINES == (Engine.LLAMA_CPP, Engine.VLLM)
+    assert PROVISIONED_ENGINES == (Engine.LLAMA_CPP, Engine.VLLM, Engine.OLLAMA)
+    assert _Body.model_validate_json('{"engine": "ollama"}').engine is Engine.OLLAMA
     body = _Body.model_validate_json('{"engine": "vllm"}')
     assert body.engine is Engine.VLLM and body.model_dump_json() == '{"engine":"vllm"}'
     assert _Body(engine=Engine.LLAMA_CPP).engine is Engine.LLAMA_CPP
-    assert _Body.model_json_schema()["properties"]["engine"]["enum"] == ["llama_cpp", "vllm"]
+    assert _Body.model_json_schema()["properties"]["engine"]["enum"] == ["llama_cpp", "vllm", "ollama"]
 
 
 @pytest.mark.parametrize("given", ['"tgi"', '"attached"', '"LLAMA_CPP"', "null", "5", "[1]"])
@@ -25,4 +26,4 @@ def test_anything_else_is_refused_in_one_line_naming_the_values(given: str) -> N
     with pytest.raises(ValidationError) as caught:
         _Body.model_validate_json(f'{{"engine": {given}}}')
     (error,) = caught.value.errors()
-    assert (error["loc"], error["msg"]) == (("engine",), "Input should be 'llama_cpp' or 'vllm'")
+    assert (error["loc"], error["msg"]) == (("engine",), "Input should be 'llama_cpp', 'vllm' or 'ollama'")
