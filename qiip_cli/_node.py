@@ -182,9 +182,13 @@ def status(ctx: CliContext) -> None:
     required=True,
     help="The engine to install.",
 )
-@click.option("--model", required=True, help="vLLM: the model repo id; llama.cpp: the GGUF's path in the model cache.")
-@click.option("--alias", default=None, help="The model name clients send (default: --model).")
-@click.option("--sizing", default=None, help='llama.cpp sizing policy as JSON (default {"sizing": "auto"}).')
+@click.option(
+    "--model", required=True, help="vLLM: the model repo id; llama.cpp and Ollama: the GGUF's path in the model cache."
+)
+@click.option(
+    "--alias", default=None, help="The model name clients send (default: --model); Ollama's name for the model too."
+)
+@click.option("--sizing", default=None, help='llama.cpp or Ollama sizing policy as JSON (default {"sizing": "auto"}).')
 @click.option("--unmanaged", is_flag=True, help="Register the node as externally owned (no lease, no teardown).")
 @click.option("--url", default=None, help="The daemon's URL (default: QIIP_URL, then the console config).")
 @click.option("--verbose", "-v", is_flag=True, help="Print every log line, not only a line per step.")

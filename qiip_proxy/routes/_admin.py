@@ -242,8 +242,8 @@ async def delete_node(
     ] = None,
 ) -> JSONResponse:
     """Drain the node, then remove it (`?force=true`: at once). A node this daemon launched is stopped too; a node
-    set up over SSH is torn down (drain, stop its engine, deregister). `?force=true&recovery_engine=vllm|llama_cpp`
-    tears down a host whose registration was lost."""
+    set up over SSH is torn down (drain, stop its engine, deregister).
+    `?force=true&recovery_engine=vllm|llama_cpp|ollama` tears down a host whose registration was lost."""
     gateway = gateway_of(request)
     state = gateway.table.get(node_id)
     provisioned = await gateway.provisioner.is_provisioned(node_id)
