@@ -31,12 +31,16 @@ import logging
 import random
 import ssl
 from collections.abc import Callable
-from typing import Any
-
-import aiohttp
+from typing import TYPE_CHECKING, Any
 
 from qiip_core._errors import RegistryUnavailable
+from qiip_core._lazy import LazyModule
 from qiip_core.storage._etcd import EtcdClient, b64, prefix_range_end, unb64
+
+if TYPE_CHECKING:
+    import aiohttp
+else:
+    aiohttp = LazyModule("aiohttp")  # loaded with the first watch: a CLI that only names the type never pays for it
 
 __all__ = ["OnDelete", "OnPut", "OnState", "PrefixFollower"]
 
