@@ -302,5 +302,5 @@ class HealthChecker:
 
 
 def _describe(what: str, exc: BaseException) -> str:
-    detail = describe_client_error(exc) if not isinstance(exc, TimeoutError) or str(exc) else "timed out"
+    detail = describe_client_error(exc)
     return f"{what}: {safe_text(detail)}"

@@ -15,9 +15,8 @@ from typing import Any
 
 import aiohttp
 
-from qiip_core.health._probe import MODELS_BODY_BYTES, ProbeOutcome, read_head
+from qiip_core.health._probe import MODELS_BODY_BYTES, NoAnswer, ProbeOutcome, bounded_answer
 from qiip_core.nodes import ResidentModel, check_ollama_version, listed_models, ollama_model_key, resident_models
-from qiip_core.upstream import describe_client_error, is_local_exhaustion
 
 __all__ = ["OllamaAnswer", "probe_ollama", "probe_ollama_version", "read_resident"]
 
@@ -121,15 +120,11 @@ async def read_resident(
 
 async def _get_json(session: aiohttp.ClientSession, endpoint: str, route: str) -> Any:
     try:
-        async with session.get(endpoint + route, allow_redirects=False) as response:
-            status, body = response.status, await read_head(response.content, MODELS_BODY_BYTES + 1)
-    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-        detail = describe_client_error(exc) if not isinstance(exc, TimeoutError) or str(exc) else "timed out"
-        raise _Unanswered(f"GET {route}: {detail}", local=is_local_exhaustion(exc)) from exc
+        status, body = await bounded_answer(session, "GET", endpoint + route, limit=MODELS_BODY_BYTES)
+    except NoAnswer as exc:
+        raise _Unanswered(f"GET {route}: {exc}", local=exc.local) from exc
     if status != 200:
         raise _Unanswered(f"GET {route} answered {status}")
-    if len(body) > MODELS_BODY_BYTES:
-        raise _Unanswered(f"GET {route} answered over {MODELS_BODY_BYTES} bytes")
     try:
         return json.loads(body)
     except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes

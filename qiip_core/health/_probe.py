@@ -18,17 +18,21 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 import aiohttp
 
+from qiip_core._errors import safe_text
 from qiip_core.nodes import EndpointPolicy
-from qiip_core.upstream import AllowlistResolver, is_local_exhaustion
+from qiip_core.upstream import AllowlistResolver, describe_client_error, is_local_exhaustion
 
 __all__ = [
     "HEALTH_BODY_BYTES",
     "MODELS_BODY_BYTES",
     "HealthAnswer",
+    "NoAnswer",
     "ProbeOutcome",
+    "bounded_answer",
     "classify_health",
     "health_session",
     "probe_health",
@@ -205,3 +209,41 @@ async def probe_models(endpoint: str, *, session: aiohttp.ClientSession) -> list
     if not isinstance(entries, list):
         raise ValueError("an answer without a `data` list")
     return [entry["id"] for entry in entries if isinstance(entry, dict) and isinstance(entry.get("id"), str)]
+
+
+class NoAnswer(Exception):
+    """A request gave no answer that can be read: the message says why in one escaped line (what the client library
+    said, or an answer over the limit).
+
+    Attributes:
+        local: the gateway could not make the request (out of file descriptors): no fault of the server's.
+    """
+
+    def __init__(self, text: str, *, local: bool = False) -> None:
+        super().__init__(text)
+        self.local = local
+
+
+async def bounded_answer(
+    session: aiohttp.ClientSession, method: str, url: str, *, limit: int, body: Any = None
+) -> tuple[int, bytes]:
+    """One request whose answer is read to at most `limit` bytes, redirects not followed: the status and the body.
+
+    Args:
+        session: the session to ask through (`health_session`: the allowlist resolver).
+        method: the HTTP method.
+        url: the whole URL.
+        limit: the most bytes of body taken, in bytes; a longer body is no answer.
+        body: sent as JSON when not None.
+
+    Raises:
+        NoAnswer: the request or the read failed, or the body is longer than `limit`.
+    """
+    try:
+        async with session.request(method, url, json=body, allow_redirects=False) as response:
+            status, answer = response.status, await read_head(response.content, limit + 1)
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        raise NoAnswer(safe_text(describe_client_error(exc), limit=300), local=is_local_exhaustion(exc)) from exc
+    if len(answer) > limit:
+        raise NoAnswer(f"answered over {limit} bytes")
+    return status, answer

@@ -277,7 +277,10 @@ def map_transport_error(exc: BaseException, node_id: str | None) -> UpstreamErro
 
 def describe_client_error(exc: BaseException) -> str:
     """What a client library error says, with the OS error behind a failed connect (aiohttp's message alone
-    drops it: `Cannot connect to host h:p ssl:default [None]`)."""
+    drops it: `Cannot connect to host h:p ssl:default [None]`); `timed out` for a deadline that says nothing
+    (asyncio's and aiohttp's total timeouts are a bare `TimeoutError`)."""
+    if isinstance(exc, TimeoutError) and not str(exc):
+        return "timed out"
     text = str(exc) or type(exc).__name__
     cause = getattr(exc, "os_error", None)
     if isinstance(exc, aiohttp.ClientConnectorError) and cause is not None and str(cause) not in text:

@@ -44,7 +44,7 @@ DESKTOP: ViewportSize = {"width": 1280, "height": 800}
 PHONE: ViewportSize = {"width": 390, "height": 844}
 ANSWER_TOKENS = 32
 """llama-server's `--n-predict`: the base Gemma model otherwise writes until its context is full."""
-GEMMA_WAIT_MS = 60_000
+GEMMA_WAIT_MS = 180_000
 """How long Gemma on a busy shared CPU may take to its first token, or to the end of an answer."""
 
 

@@ -24,6 +24,7 @@ from tests.support.daemon import Daemon, free_port, wait_until
 from tests.support.hf_cache import HfCacheBuilder
 from tests.support.ollama import OllamaReleaseServer
 from tests.support.provisioning import TINY_REPO, TINY_SIZING, daemon_env, task_of, wait_operation
+from tests.support.rollouts import ClientLoop, deployment, ready_hosts, settled
 from tests.support.sshd import SshHosts, alive
 
 pytestmark = pytest.mark.integration
@@ -246,3 +247,64 @@ def test_two_setups_of_one_host_at_once_one_runs_the_other_is_refused(hosts: Ssh
             assert wait_operation(daemon, teardown.json()["id"])["state"] == "succeeded"
     finally:
         host.release("ollama-create")
+
+
+def test_a_deployment_with_engine_ollama_places_serves_scales_explains_and_is_deleted(
+    hosts: SshHosts, tmp_path: Path
+) -> None:
+    usable, too_old = [hosts[0].address, hosts[3].address], hosts[2].address
+    pool = [{"name": address, "memory_mib": 4096} for address in (*usable, too_old)]
+    env = daemon_env(
+        hosts,
+        free_port(),
+        QIIP_HOSTS=json.dumps(pool),
+        QIIP_DEPLOYMENTS__RECONCILE_INTERVAL_S="0.3",
+        QIIP_DEPLOYMENTS__FAILURE_BACKOFF_S="600",
+        QIIP_HEALTH__INTERVAL_S="0.3",
+    )
+    artifact = next(g.artifact_id for g in scan_catalog(hosts.models).gguf if g.repo_id == TINY_REPO)  # type: ignore[attr-defined]
+    spec: dict[str, Any] = {
+        "name": "tiny-o",
+        "engine": "ollama",
+        "replicas": 2,
+        "source": {"artifact": artifact},
+        "runtime": {"sizing": TINY_SIZING},
+        "placement": {"hosts": usable},
+    }
+    with Daemon(tmp_path / "state", env=env) as daemon:
+        answer = daemon.admin.put("/admin/deployments/tiny-o", json=spec)
+        assert answer.status_code == 201, answer.text
+        wait_until(lambda: settled(daemon, "tiny-o", 2), 240, "two ready Ollama replicas")
+        assert ready_hosts(daemon, "tiny-o") == set(usable)
+        with ClientLoop(daemon.url, "tiny-o") as loop:
+            wait_until(lambda: loop.statuses.get(200, 0) >= 10, 60, "ten answers")
+        assert set(loop.statuses) == {200}, loop.statuses
+
+        # Scaled to one: a replica is drained and torn down, its daemon stopped and its store freed.
+        generation = deployment(daemon, "tiny-o")["generation"]
+        scaled = daemon.admin.put(
+            "/admin/deployments/tiny-o", params={"generation": generation}, json=spec | {"replicas": 1}
+        )
+        assert scaled.status_code == 200, scaled.text
+        wait_until(lambda: settled(daemon, "tiny-o", 1), 120, "one replica")
+        (kept,) = ready_hosts(daemon, "tiny-o")
+        gone = next(i for i, h in enumerate(hosts.hosts) if h.address in usable and h.address != kept)
+        wait_until(lambda: not store(hosts, gone).exists(), 60, "the scaled-down replica's store freed")
+
+        # A host whose Ollama is not the pinned release fails its setup once, and explain says why after.
+        other = {"name": "tiny-p", "engine": "ollama", "replicas": 1, "source": {"artifact": artifact}}
+        other |= {"runtime": {"sizing": TINY_SIZING}, "placement": {"hosts": [too_old]}}
+        assert daemon.admin.put("/admin/deployments/tiny-p", json=other).status_code == 201
+
+        def explained() -> str:
+            found = daemon.admin.get("/admin/deployments/tiny-p/explain").json()
+            return " ".join(" ".join(h["reasons"]) for h in found.get("hosts", []) if h["host"] == too_old)
+
+        wait_until(lambda: "ollama_install" in explained(), 120, "the failed setup explained")
+        assert "is version 0.5.1, not the pinned 0.9.6" in explained()
+
+        for name in ("tiny-o", "tiny-p"):
+            assert daemon.admin.delete(f"/admin/deployments/{name}").status_code == 202
+            wait_until(lambda: daemon.admin.get(f"/admin/deployments/{name}").status_code == 404, 120, f"{name} gone")  # noqa: B023
+        assert not any(store(hosts, i).exists() for i in (0, 3))
+        assert "Traceback" not in daemon.log()

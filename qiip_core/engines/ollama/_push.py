@@ -28,7 +28,7 @@ import aiohttp
 
 from qiip_core._errors import safe_text
 from qiip_core.engines.ollama._serve import check_ollama_name
-from qiip_core.health import MODELS_BODY_BYTES, read_head
+from qiip_core.health import MODELS_BODY_BYTES, NoAnswer, bounded_answer, read_head
 from qiip_core.nodes import ResidentModel, ollama_model_key, resident_models
 from qiip_core.upstream import describe_client_error
 
@@ -138,9 +138,7 @@ async def _push_blob(session: aiohttp.ClientSession, endpoint: str, digest: str,
         async with session.post(url, data=_chunks(gguf), allow_redirects=False) as response:
             status, body = response.status, await read_head(response.content, MODELS_BODY_BYTES)
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-        raise OllamaInstallFailed(
-            f"POST /api/blobs/{digest}: {type(exc).__name__}: {exc}", step="pushing_blob"
-        ) from exc
+        raise OllamaInstallFailed(f"POST /api/blobs/{digest}: {_failed(exc)}", step="pushing_blob") from exc
     if status not in (200, 201):
         raise OllamaInstallFailed(_refusal(f"POST /api/blobs/{digest}", status, body), step="pushing_blob")
     return True
@@ -160,14 +158,11 @@ async def _call(
     session: aiohttp.ClientSession, endpoint: str, method: str, route: str, step: str, body: Any = None
 ) -> Any:
     try:
-        async with session.request(method, endpoint + route, json=body, allow_redirects=False) as response:
-            status, answer = response.status, await read_head(response.content, MODELS_BODY_BYTES + 1)
-    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-        raise OllamaInstallFailed(f"{method} {route}: {_failed(exc)}", step=step) from exc
+        status, answer = await bounded_answer(session, method, endpoint + route, limit=MODELS_BODY_BYTES, body=body)
+    except NoAnswer as exc:
+        raise OllamaInstallFailed(f"{method} {route}: {exc}", step=step) from exc
     if status != 200:
         raise OllamaInstallFailed(_refusal(f"{method} {route}", status, answer), step=step)
-    if len(answer) > MODELS_BODY_BYTES:
-        raise OllamaInstallFailed(f"{method} {route} answered over {MODELS_BODY_BYTES} bytes", step=step)
     # A streamed answer (NDJSON) ends with its last object: a failed create streams `{"error": ...}` last.
     lines = [line for line in answer.splitlines() if line.strip()]
     try:
@@ -194,7 +189,7 @@ def _refusal(what: str, status: int, body: bytes) -> str:
 
 
 def _failed(exc: BaseException) -> str:
-    return _line(describe_client_error(exc) if not isinstance(exc, TimeoutError) or str(exc) else "timed out")
+    return _line(describe_client_error(exc))
 
 
 def _line(text: str) -> str:
