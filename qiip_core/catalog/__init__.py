@@ -22,6 +22,7 @@ from qiip_core.catalog._download import (
     download_files,
     sweep_incomplete,
 )
+from qiip_core.catalog._files import sha256_of
 from qiip_core.catalog._manifest import Manifest, ManifestFile, check_source_url, host_allowed, parse_manifest
 from qiip_core.catalog._scan import default_cache_dir, resolve_artifact, scan_catalog, verify_generation
 from qiip_core.catalog._store import (
@@ -77,6 +78,7 @@ __all__ = [
     "resolve_artifact",
     "resolve_artifact_id",
     "scan_catalog",
+    "sha256_of",
     "sweep_incomplete",
     "verify_generation",
 ]

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hashlib
 import logging
 import shlex
 import tempfile
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from qiip_core._errors import LeaseLost, NodeNotFound, ProvisioningError, QiipError, RegistryError, SetupInvalid
+from qiip_core.catalog import sha256_of
 from qiip_core.config import Settings
 from qiip_core.discovery import read_token_file
 from qiip_core.engines import ollama, vllm
@@ -374,7 +374,7 @@ async def _install_ollama_model(setup: _Setup) -> None:
     cache = setup.p.model_cache_dir
     assert cache is not None  # planned from the same file
     gguf = cache / setup.request.model
-    sha256 = await asyncio.to_thread(_file_sha256, gguf)
+    sha256 = await asyncio.to_thread(sha256_of, gguf)
     name = ollama_model_key(setup.request.alias)
     # The push is the GGUF's whole size: bounded by the remote-command deadline, not a probe's.
     session = health_session(
@@ -390,14 +390,6 @@ async def _install_ollama_model(setup: _Setup) -> None:
         f"Ollama made {name} from blob sha256:{sha256} ({'pushed' if installed.pushed else 'there already'}); "
         f"loaded: {resident.size_bytes / 2**20:.0f} MiB, {resident.vram_bytes / 2**20:.0f} MiB of it in GPU memory"
     )
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as file:
-        while chunk := file.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 async def _verify_vllm(setup: _Setup) -> None:

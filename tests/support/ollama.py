@@ -27,9 +27,7 @@ The server runs on its own event loop in a daemon thread; `requests` records eac
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
-import http.server
 import io
 import json
 import os
@@ -49,6 +47,7 @@ from typing import Any
 from aiohttp import web
 
 from tests.support.daemon import free_port
+from tests.support.files import LoopbackFileServer
 
 __all__ = ["LOAD_FAILURE", "OllamaReleaseServer", "OllamaStandIn", "StandInModel", "executable", "main"]
 
@@ -532,21 +531,12 @@ class OllamaReleaseServer:
             tar.addfile(info, io.BytesIO(data))
         shutil.copy(archive, self.directory / "ollama-linux-arm64.tgz")
         self.sha256 = hashlib.sha256(archive.read_bytes()).hexdigest()
-        handler = functools.partial(_QuietHandler, directory=str(self.directory.parent))
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        port = self.server.server_address[1]
-        self.url_template = f"http://127.0.0.1:{port}/v{{version}}/ollama-linux-{{arch}}.tgz"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.files = LoopbackFileServer(self.directory.parent)
+        self.url_template = f"{self.files.url}/v{{version}}/ollama-linux-{{arch}}.tgz"
 
     def __enter__(self) -> OllamaReleaseServer:
-        self.thread.start()
+        self.files.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        return None
+        self.files.__exit__(*exc)

@@ -10,19 +10,17 @@ the bundle's scripts, setsid, sha256sum, curl, SFTP, llama-server.
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import http.server
 import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 from qiip_core.engines.llamacpp._source import PINNED_SHA256
 from tests.support.daemon import free_port, stop_process
+from tests.support.files import LoopbackFileServer
 
 DRIVER_VERSION = "580.126.09"
 GPU_LINE = "GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-4f1c2b8e-1d7a-6c55-9a0e-2f3b9d8c7e61)"
@@ -377,20 +375,12 @@ class DriverServer:
         self.directory = base / "driver-mirror"
         installer = _write(self.directory / f"NVIDIA-Linux-x86_64-{DRIVER_VERSION}.run", DRIVER_INSTALLER)
         self.sha256 = hashlib.sha256(installer.read_bytes()).hexdigest()
-        handler = functools.partial(_QuietHandler, directory=str(self.directory))
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self.url_template = f"http://127.0.0.1:{self.server.server_address[1]}/NVIDIA-Linux-x86_64-{{version}}.run"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.files = LoopbackFileServer(self.directory)
+        self.url_template = f"{self.files.url}/NVIDIA-Linux-x86_64-{{version}}.run"
 
     def __enter__(self) -> DriverServer:
-        self.thread.start()
+        self.files.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        return None
+        self.files.__exit__(*exc)
