@@ -186,7 +186,9 @@ def status(ctx: CliContext) -> None:
     "--model", required=True, help="vLLM: the model repo id; llama.cpp and Ollama: the GGUF's path in the model cache."
 )
 @click.option(
-    "--alias", default=None, help="The model name clients send (default: --model); Ollama's name for the model too."
+    "--alias",
+    default=None,
+    help="The model name clients send (default: --model); Ollama's name for the model too, and required for it.",
 )
 @click.option("--sizing", default=None, help='llama.cpp or Ollama sizing policy as JSON (default {"sizing": "auto"}).')
 @click.option("--unmanaged", is_flag=True, help="Register the node as externally owned (no lease, no teardown).")

@@ -280,9 +280,11 @@ class _TableCollector(Collector):
             for status in NodeStatus:
                 up.add_metric([state.id, status.value], 1.0 if state.status is status else 0.0)
             breaker.add_metric([state.id], 1.0 if state.breaker.is_open else 0.0)
+            # Labelled with the node's model as clients name it (`llama3.2`, not Ollama's `llama3.2:latest`), as
+            # every other per-model series is, so the two join on `model`.
             for loaded in state.resident or ():
-                resident.add_metric([state.id, loaded.name, "total"], loaded.size_bytes)
-                resident.add_metric([state.id, loaded.name, "vram"], loaded.vram_bytes)
+                resident.add_metric([state.id, state.node.model, "total"], loaded.size_bytes)
+                resident.add_metric([state.id, state.node.model, "vram"], loaded.vram_bytes)
         yield in_flight
         yield up
         yield breaker

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
@@ -137,7 +138,7 @@ class ProvisioningSettings(_Group):
     @classmethod
     def _version(cls, value: str | None) -> str | None:
         if value is not None and not re.match(r"^[0-9][0-9A-Za-z.+-]{0,63}$", value):
-            raise ValueError(f"{value!r} is not a version such as 580.126.09")
+            raise ValueError(f"{value!r} is not a version: digits first, then digits, letters, '.', '+' or '-'")
         return value
 
     @field_validator("remote_dir", "node_model_dir")
@@ -157,14 +158,21 @@ class ProvisioningSettings(_Group):
             )
         if "{version}" not in self.nvidia_driver_url_template:
             raise ValueError("provisioning.nvidia_driver_url_template must contain {version}")
-        template = self.ollama_url_template
-        try:
-            template.format(version="0", arch="amd64")
-        except (KeyError, IndexError, ValueError):
-            raise ValueError("provisioning.ollama_url_template may name only {version} and {arch} in braces") from None
-        if "{version}" not in template or not template.endswith((".tgz", ".tar.zst")):
-            raise ValueError(
-                "provisioning.ollama_url_template must contain {version} and end in .tgz or .tar.zst (the kinds of "
-                "Ollama's release archives)"
-            )
         return self
+
+    @field_validator("ollama_url_template")
+    @classmethod
+    def _release_url(cls, template: str) -> str:
+        # Checked here, not on the host: a template that could never download is refused at start.
+        try:
+            url = urlsplit(template.format(version="0.0.0", arch="amd64"))
+        except (KeyError, IndexError, ValueError):
+            raise ValueError("it may name only {version} and {arch} in braces") from None
+        if url.scheme not in ("https", "http") or not url.hostname:
+            raise ValueError("it must be an http:// or https:// URL with a host")
+        if "{version}" not in template or not url.path.endswith((".tgz", ".tar.zst")):
+            raise ValueError(
+                "it must contain {version} and its path end in .tgz or .tar.zst (the kinds of Ollama's release "
+                "archives; releases from 0.12 on are .tar.zst)"
+            )
+        return template

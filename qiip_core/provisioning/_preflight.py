@@ -72,8 +72,9 @@ def model_problem(engine: Engine, model: str, *, node_model_dir: str) -> str | N
         return "the model must be printable, without surrounding spaces"
     if engine.serves_gguf:
         if model.startswith("/"):
+            article = "an" if engine is Engine.OLLAMA else "a"
             return (
-                f"a {engine.label} model is a GGUF's path inside the shared model cache, relative to it "
+                f"{article} {engine.label} model is a GGUF's path inside the shared model cache, relative to it "
                 f"(such as models--org--name/snapshots/<commit>/model.gguf), not {model!r}"
             )
         return _path_problem(model, "the model's path")

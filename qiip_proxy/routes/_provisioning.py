@@ -41,7 +41,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from qiip_core import ModelStoreError, PlanError
 from qiip_core._violation import first_violation
 from qiip_core.catalog import resolve_artifact, scan_catalog
-from qiip_core.nodes import ProvisionedEngine
+from qiip_core.nodes import Engine, ProvisionedEngine
 from qiip_core.planner import parse_policy
 from qiip_core.provisioning import LogEntry, ResetType, SetupRequest
 from qiip_core.recommendations import DEFAULT_LIMIT, MAX_LIMIT, PROFILE_PATTERN, catalog_repos
@@ -75,7 +75,8 @@ class SetupBody(BaseModel):
     managed: bool = True
     """Register the node as managed (leased, torn down by QIIP)."""
     alias: str | None = Field(default=None, min_length=1, max_length=512)
-    """The model name clients send (default: `model`); for Ollama also its name on the daemon (`name[:tag]`)."""
+    """The model name clients send (default: `model`); for Ollama also its name on the daemon (`name[:tag]`), and
+    required."""
     sizing: dict[str, Any] | None = None
     """The sizing policy of llama.cpp or Ollama (`{"sizing": "auto"}` by default, or a custom one)."""
 
@@ -142,6 +143,15 @@ async def setup_node(request: Request) -> JSONResponse:
     except PlanError as exc:
         field = f"sizing.{exc.violations[0].field}" if exc.violations else "sizing"
         raise AdminError(400, f"Not a setup request: {exc.message}", "invalid_setup", field) from None
+    if body.engine is Engine.OLLAMA and body.alias is None:
+        # The alias is the model's name on the daemon; a cache path (the default) is never a name Ollama takes.
+        raise AdminError(
+            400,
+            "Not a setup request: alias: an Ollama setup names its model on the daemon: give `alias` "
+            "(`name[:tag]`, such as qwen3-8b:q4_k_m); it does not default to the model's path.",
+            "invalid_setup",
+            "alias",
+        )
     model = await _setup_model(gateway, body)
     if gateway.quads is not None:
         # QUADS lends the host: refuse it while reserved within the lookahead (400), or when QUADS cannot say

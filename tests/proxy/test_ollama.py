@@ -122,6 +122,8 @@ def test_two_nodes_of_one_server_each_hold_their_own_model_and_a_client_names_it
             30,
             "llama loaded",
         )
+        # Labelled as the node is registered, as the request counters are: the series join on `model`.
+        assert sorted(re.findall(total, daemon.metrics(), re.M)) == ["llama3.2", other.name]
     # The server is gone: its nodes are unhealthy, and hold nothing any more (no stale memory on a dead server).
     daemon.wait_status("pair-qwen", "unhealthy")
     assert _node(daemon, "pair-qwen")["resident"] is None

@@ -183,6 +183,7 @@ def test_bad_input_is_refused_before_any_ssh_connection(hosts: SshHosts, tmp_pat
     with Daemon(tmp_path / "state", env=daemon_env(hosts, free_port())) as daemon:
         before = hosts.connections()
         for bad, field, reason in (
+            ({k: v for k, v in body(host).items() if k != "alias"}, "alias", "it does not default to the model's path"),
             (body(host) | {"alias": "tiny;reboot"}, "alias", "the model's name on Ollama"),
             (body(host) | {"alias": "a:b:c"}, "alias", "the model's name on Ollama"),
             (body(host) | {"model": "/srv/hf-cache/tiny.gguf"}, "model", "a GGUF's path inside the shared model cache"),

@@ -104,6 +104,20 @@ def test_bad_toml_and_missing_file(tmp_path: Path) -> None:
         ("QIIP_LOGGING__LEVEL", "LOUD", "logging.level"),
         ("QIIP_UPSTREAM__CONNECT_TIMEOUT_S", "-1", "upstream.connect_timeout_s"),
         ("QIIP_ENGINES__LLAMACPP__SHA256", "xyz", "64 hexadecimal"),
+        ("QIIP_PROVISIONING__OLLAMA_SHA256", "ABC", "provisioning.ollama_sha256 (QIIP_PROVISIONING__OLLAMA_SHA256)"),
+        ("QIIP_PROVISIONING__OLLAMA_VERSION", "v0.9.6", "is not a version: digits first"),
+        ("QIIP_PROVISIONING__OLLAMA_VERSION", "0.9;reboot", "is not a version"),
+        *(
+            ("QIIP_PROVISIONING__OLLAMA_URL_TEMPLATE", template, f"(QIIP_PROVISIONING__OLLAMA_URL_TEMPLATE): {why}")
+            for template, why in (
+                ("https://mirror.lab/ollama-{version}-{arch}.zip", "it must contain {version} and its path end"),
+                ("https://mirror.lab/ollama-linux-{arch}.tgz", "it must contain {version}"),
+                ("ollama-{version}.tgz", "it must be an http:// or https:// URL with a host"),
+                ("file:///srv/ollama-{version}.tgz", "it must be an http:// or https:// URL with a host"),
+                ("https://mirror.lab/{os}/ollama-{version}.tgz", "it may name only {version} and {arch} in braces"),
+                ("https://mirror.lab/ollama-{version}.tgz{", "it may name only {version} and {arch} in braces"),
+            )
+        ),
     ],
 )
 def test_invalid_values(monkeypatch: pytest.MonkeyPatch, env: str, value: str, fragment: str) -> None:
@@ -332,3 +346,8 @@ def test_a_bad_routing_policy_is_refused_by_name(tmp_path: Path, text: str, frag
     with pytest.raises(ConfigError) as info:
         load_settings(write(tmp_path, f"[routing]\n{text}\n"))
     assert fragment in info.value.message
+
+
+def test_an_ollama_mirror_url_may_carry_a_query() -> None:
+    template = "https://mirror.lab/ollama/v{version}/ollama-linux-{arch}.tar.zst?download=1"
+    assert load_settings(provisioning={"ollama_url_template": template}).provisioning.ollama_url_template == template
