@@ -140,7 +140,7 @@ elif [[ "$ENGINE" == ollama ]]; then
       fi
       # Extracted beside the install and moved into place whole: a run ended halfway leaves no half an install.
       rm -rf "$prefix.partial" && mkdir -p "$prefix.partial"
-      case "$url" in
+      case "${url%%[?#]*}" in
         *.tar.zst) zstd -dc "$archive" | tar -xf - -C "$prefix.partial" ;;
         *) tar -xzf "$archive" -C "$prefix.partial" ;;
       esac || step_fail ollama_install "cannot extract the release archive"
