@@ -130,14 +130,14 @@ class ProvisioningSettings(_Group):
     @field_validator("nvidia_driver_sha256", "ollama_sha256")
     @classmethod
     def _digest(cls, value: str | None) -> str | None:
-        if value is not None and not _SHA256.match(value):
+        if value is not None and not _SHA256.fullmatch(value):
             raise ValueError("a SHA-256 is 64 lower-case hex digits")
         return value
 
     @field_validator("nvidia_driver_version", "vllm_version", "ollama_version")
     @classmethod
     def _version(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"^[0-9][0-9A-Za-z.+-]{0,63}$", value):
+        if value is not None and not re.fullmatch(r"[0-9][0-9A-Za-z.+-]{0,63}", value):
             raise ValueError(f"{value!r} is not a version: digits first, then digits, letters, '.', '+' or '-'")
         return value
 
@@ -164,10 +164,11 @@ class ProvisioningSettings(_Group):
     @classmethod
     def _release_url(cls, template: str) -> str:
         # Checked here, not on the host: a template that could never download is refused at start.
-        try:
-            url = urlsplit(template.format(version="0.0.0", arch="amd64"))
-        except (KeyError, IndexError, ValueError):
-            raise ValueError("it may name only {version} and {arch} in braces") from None
+        # The host replaces the literal fields alone (setup.sh), so no other brace, format spec or escape is taken.
+        rest = re.sub(r"\{(?:version|arch)\}", "", template)
+        if "{" in rest or "}" in rest:
+            raise ValueError("it may name only {version} and {arch} in braces")
+        url = urlsplit(template.replace("{version}", "0.0.0").replace("{arch}", "amd64"))
         if url.scheme not in ("https", "http") or not url.hostname:
             raise ValueError("it must be an http:// or https:// URL with a host")
         if "{version}" not in template or not url.path.endswith((".tgz", ".tar.zst")):

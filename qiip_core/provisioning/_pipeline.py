@@ -34,15 +34,21 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from qiip_core._errors import LeaseLost, NodeNotFound, ProvisioningError, QiipError, RegistryError, SetupInvalid
-from qiip_core.catalog import sha256_of
+from qiip_core._errors import (
+    LeaseLost,
+    NodeNotFound,
+    ProvisioningError,
+    QiipError,
+    RegistryError,
+    SetupInvalid,
+)
 from qiip_core.config import Settings
 from qiip_core.discovery import read_token_file
 from qiip_core.engines import ollama, vllm
 from qiip_core.engines.llamacpp import LlamaCppInstaller, fetch_archive, launch_spec_for, read_gguf_metadata
 from qiip_core.health import ProbeOutcome, health_session, probe_health, probe_ollama_version
 from qiip_core.lifecycle import Fleet
-from qiip_core.nodes import DeploymentRef, Engine, Node, NodeCapabilities, NodeStatus, ollama_model_key
+from qiip_core.nodes import DeploymentRef, Engine, Node, NodeCapabilities, NodeStatus
 from qiip_core.planner import (
     AutoPolicy,
     CustomPolicy,
@@ -70,6 +76,7 @@ from qiip_core.provisioning._host import (
     read_remote_devices,
 )
 from qiip_core.provisioning._markers import SETUP_STEPS, MarkerState, parse_marker
+from qiip_core.provisioning._ollama_steps import check_own_daemon, install_ollama_model
 from qiip_core.provisioning._record import TaskRecorder
 from qiip_core.provisioning._ssh import SshConnection, SshTarget, open_ssh, wait_for_ssh
 
@@ -347,6 +354,13 @@ async def _health_poll(setup: _Setup) -> None:
             if ollama_engine:
                 # Ollama has no /health: its daemon is up once it names a release QIIP serves.
                 version = await probe_ollama_version(setup.endpoint, session=session)
+                if version.outcome is ProbeOutcome.OK and version.version != setup.p.ollama_version:
+                    raise ProvisioningError(
+                        f"The Ollama on {setup.endpoint} is {version.version}, not the pinned "
+                        f"{setup.p.ollama_version} QIIP started: another daemon answers on its port.",
+                        host=setup.host,
+                        step="health_poll",
+                    )
                 if version.outcome is ProbeOutcome.OK:
                     setup.record.log(f"{setup.endpoint}/api/version answers Ollama {version.version}")
                     return
@@ -366,30 +380,6 @@ async def _health_poll(setup: _Setup) -> None:
                     step="health_poll",
                 )
             await asyncio.sleep(setup.p.health_interval_s)
-
-
-async def _install_ollama_model(setup: _Setup) -> None:
-    """The GGUF pushed to the setup's Ollama daemon as a blob by its SHA-256 (hashed here, re-hashed by Ollama),
-    made its model named as the node's alias, loaded and checked (`engines.ollama.install_model`)."""
-    cache = setup.p.model_cache_dir
-    assert cache is not None  # planned from the same file
-    gguf = cache / setup.request.model
-    sha256 = await asyncio.to_thread(sha256_of, gguf)
-    name = ollama_model_key(setup.request.alias)
-    # The push is the GGUF's whole size: bounded by the remote-command deadline, not a probe's.
-    session = health_session(
-        policy=setup.settings.routing.endpoint_policy(), timeout_s=setup.p.command_timeout_s, connect_timeout_s=10.0
-    )
-    async with session:
-        try:
-            installed = await ollama.install_model(setup.endpoint, name=name, gguf=gguf, sha256=sha256, session=session)
-        except ollama.OllamaInstallFailed as exc:
-            raise ProvisioningError(f"Ollama on {setup.host}: {exc}", host=setup.host, step="verifying") from exc
-    resident = installed.resident
-    setup.record.log(
-        f"Ollama made {name} from blob sha256:{sha256} ({'pushed' if installed.pushed else 'there already'}); "
-        f"loaded: {resident.size_bytes / 2**20:.0f} MiB, {resident.vram_bytes / 2**20:.0f} MiB of it in GPU memory"
-    )
 
 
 async def _verify_vllm(setup: _Setup) -> None:
@@ -437,6 +427,8 @@ async def _start_and_verify(setup: _Setup, ssh: SshConnection, facts: HostFacts)
     await setup.run_script(ssh, "start-engine.sh", name, "--", *args, total_timeout_s=120.0)
     await record.step("health_poll")
     await _health_poll(setup)
+    if request.engine is Engine.OLLAMA:
+        await check_own_daemon(ssh, host=setup.host, root=facts.root)
     await record.step("verifying")
     runtime = None
     if planned is not None:
@@ -450,7 +442,10 @@ async def _start_and_verify(setup: _Setup, ssh: SshConnection, facts: HostFacts)
             )
         record.log(f"verified: {planned.slots} slot(s) x {planned.context_per_slot} tokens, K/V {planned.cache_type_k}")
     elif request.engine is Engine.OLLAMA:
-        await _install_ollama_model(setup)
+        await install_ollama_model(
+            setup.settings, setup.record, host=setup.host, endpoint=setup.endpoint, model=request.model,
+            alias=request.alias,
+        )  # fmt: skip
     else:
         await _verify_vllm(setup)
     assert setup.node is not None

@@ -22,7 +22,7 @@ import pytest
 from qiip_core.catalog import scan_catalog
 from tests.support.daemon import Daemon, free_port, wait_until
 from tests.support.hf_cache import HfCacheBuilder
-from tests.support.ollama import OllamaReleaseServer
+from tests.support.ollama import OllamaReleaseServer, OllamaStandIn
 from tests.support.provisioning import TINY_REPO, TINY_SIZING, daemon_env, task_of, wait_operation
 from tests.support.rollouts import ClientLoop, deployment, ready_hosts, settled
 from tests.support.sshd import SshHosts, alive
@@ -72,11 +72,16 @@ def entries(daemon: Daemon, host: str) -> list[dict[str, Any]]:
 
 
 def store(hosts: SshHosts, index: int) -> Path:
-    return hosts[index].root / "var" / "lib" / "ollama"
+    """QIIP's Ollama store on a host (never the host's own /var/lib/ollama)."""
+    return hosts[index].root / "var" / "lib" / "qiip-node" / "ollama"
 
 
 def test_an_ollama_setup_serves_its_pushed_model_then_teardown_frees_the_store(hosts: SshHosts, tmp_path: Path) -> None:
     host, port = hosts[0], free_port()
+    # The host's own Ollama store, where hand-made installs keep it: QIIP's daemon never uses it, teardown keeps it.
+    own = host.root / "var" / "lib" / "ollama" / "models" / "blobs" / "sha256-hosts-own"
+    own.parent.mkdir(parents=True, exist_ok=True)
+    own.write_text("the host's model")
     with Daemon(tmp_path / "state", env=daemon_env(hosts, port)) as daemon:
         artifact = next(g.artifact_id for g in scan_catalog(hosts.models).gguf if g.repo_id == TINY_REPO)  # type: ignore[attr-defined]
         setup = body(host.address, artifact_id=artifact)
@@ -111,7 +116,7 @@ def test_an_ollama_setup_serves_its_pushed_model_then_teardown_frees_the_store(h
         serve_log = (host.root / "var" / "log" / "ollama-serve.log").read_text()
         for setting in (
             f"OLLAMA_HOST:{host.address}:{port}",
-            f"OLLAMA_MODELS:{host.root}/var/lib/ollama/models",
+            f"OLLAMA_MODELS:{host.root}/var/lib/qiip-node/ollama/models",
             "OLLAMA_NUM_PARALLEL:1",
             "OLLAMA_CONTEXT_LENGTH:512",
             "OLLAMA_KEEP_ALIVE:-1",
@@ -130,6 +135,7 @@ def test_an_ollama_setup_serves_its_pushed_model_then_teardown_frees_the_store(h
         daemon.wait_gone(host.address)
         assert not alive(engine_pid)
         assert not store(hosts, 0).exists()
+        assert own.read_text() == "the host's model"
 
 
 def test_the_pinned_release_is_installed_only_with_its_sha256(hosts: SshHosts, tmp_path: Path) -> None:
@@ -309,3 +315,18 @@ def test_a_deployment_with_engine_ollama_places_serves_scales_explains_and_is_de
             wait_until(lambda: daemon.admin.get(f"/admin/deployments/{name}").status_code == 404, 120, f"{name} gone")  # noqa: B023
         assert not any(store(hosts, i).exists() for i in (0, 3))
         assert "Traceback" not in daemon.log()
+
+
+def test_a_port_another_ollama_holds_fails_the_setup_before_anything_is_pushed(hosts: SshHosts, tmp_path: Path) -> None:
+    host, port = hosts[3], free_port()
+    # The host's own Ollama (the same release) on the engine port: QIIP's daemon could not bind, and the setup must
+    # not go on against the other one.
+    with OllamaStandIn([], version=VERSION, host=host.address, port=port) as foreign:
+        with Daemon(tmp_path / "state", env=daemon_env(hosts, port)) as daemon:
+            answer = daemon.admin.post("/admin/nodes/setup", json=body(host.address))
+            assert wait_operation(daemon, answer.json()["task_id"])["state"] == "failed"
+            task = task_of(daemon, host.address)
+            assert task["failed_step"] == "starting_engine", task
+            assert f"port {port} on {host.address} is taken by another process" in task["error"]
+        assert foreign.blobs == {} and foreign.models == {}
+        assert host.engine_pid("ollama") is None

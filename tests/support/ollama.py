@@ -501,8 +501,9 @@ def main(version: str) -> None:
     settings = " ".join(f"{k}:{v}" for k, v in sorted(os.environ.items()) if k.startswith("OLLAMA_"))
     print(f"server config env=map[{settings}]", flush=True)
     keep = float("inf") if os.environ.get("OLLAMA_KEEP_ALIVE") == "-1" else 300.0
-    # The host's install root is the store's fourth parent (<root>/var/lib/ollama/models): its etc/hold holds steps.
-    hold_dir = store.parents[3] / "etc" / "hold" if len(store.parents) > 3 else None
+    # A test host's install root is what comes before the store's var/lib/qiip-node: its etc/hold holds steps.
+    root, found, _ = str(store).partition("/var/lib/qiip-node/")
+    hold_dir = Path(root) / "etc" / "hold" if found else None
     stand_in = OllamaStandIn(
         [], version=version, keep_alive_s=keep, host=host, port=int(port), store=store, hold_dir=hold_dir
     )

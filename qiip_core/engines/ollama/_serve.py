@@ -1,21 +1,24 @@
 """How QIIP runs an Ollama daemon of its own on a host: its environment, and the names of the models it creates.
 
-The daemon is QIIP's, not the host's usual Ollama: it listens on the node's engine port, keeps its models under
-QIIP's install root, never reaches ollama.com (no cloud models, no public registry as a remote) and keeps the one
-model it serves loaded. The variables are Ollama's own (ollama/ollama `envconfig/config.go`):
+The daemon is QIIP's, not the host's usual Ollama: it listens on the node's engine port, keeps its models in a store of
+QIIP's own (`/var/lib/qiip-node/ollama`, never `/var/lib/ollama`, where a host's own Ollama often keeps its
+models), is given no cloud models where its release knows the setting, and keeps the one model it serves loaded.
+QIIP never asks it to pull; Ollama's management routes (`/api/pull`, `/api/create`, `/api/delete`) still answer
+whoever reaches the engine port, so the port is for the gateways alone (the operator guide). The variables are
+Ollama's own (ollama/ollama `envconfig/config.go`):
 
 | variable | value | why |
 |---|---|---|
 | `OLLAMA_HOST` | `<bind>:<engine port>` | the node's endpoint |
-| `OLLAMA_MODELS` | `<root>/var/lib/ollama/models` | a store of QIIP's own, freed at teardown |
+| `OLLAMA_MODELS` | `<root>/var/lib/qiip-node/ollama/models` | QIIP's own store, freed at teardown |
 | `OLLAMA_NUM_PARALLEL` | the planner's slots | requests served at once |
 | `OLLAMA_CONTEXT_LENGTH` | the context per slot | each request's; the KV cache is sized for it once per slot |
 
 (Ollama starts its runner with `-c` = context × slots: `llm/llama_server.go`.)
 | `OLLAMA_KEEP_ALIVE` | `-1` | the model stays loaded |
 | `OLLAMA_MAX_LOADED_MODELS` | `1` | the node serves one model |
-| `OLLAMA_NO_CLOUD` | `1` | no cloud models |
-| `OLLAMA_REMOTES` | `127.0.0.1` | no public registry to pull from or push to |
+| `OLLAMA_NO_CLOUD` | `1` | no cloud models (read from Ollama 0.16.2 on) |
+| `OLLAMA_REMOTES` | `127.0.0.1` | remote models from loopback only (from 0.12 on; `/api/pull` is not its) |
 | `OLLAMA_NOPRUNE` | `1` | blobs pushed by QIIP are kept until teardown |
 
 The slots and context come from the llama.cpp model of the GGUF (Ollama runs llama.cpp's kernels), so they are
@@ -28,7 +31,7 @@ import re
 
 __all__ = ["OLLAMA_STORE", "check_ollama_name", "install_environment", "serve_environment"]
 
-OLLAMA_STORE = "var/lib/ollama/models"
+OLLAMA_STORE = "var/lib/qiip-node/ollama/models"
 """Where QIIP's Ollama daemon keeps its models, under the install root (`OLLAMA_MODELS`)."""
 
 _PART = {
@@ -68,6 +71,9 @@ def check_ollama_name(name: str) -> str:
             raise ValueError(
                 f"the {kind} of {name!r} must be 1 to 80 of {allowed}, starting with a letter, a digit or '_'"
             )
+    if named.get("namespace", "").lower() == "library":
+        # Ollama lists a model of its default namespace without it (`library/x:tag` as `x:tag`): never found again.
+        raise ValueError(f"{name!r} names Ollama's default namespace 'library': name it {parts[-1]}:{tag}")
     return name
 
 
@@ -91,8 +97,10 @@ def serve_environment(*, bind: str, port: int, root: str, slots: int, context_pe
         raise ValueError("slots and context_per_slot must be at least 1")
     if not 0 < port < 65536:
         raise ValueError(f"port {port} is not a TCP port")
+    # Ollama splits the value as Go's net.SplitHostPort does: an IPv6 address goes in brackets.
+    host = f"[{bind}]" if ":" in bind else bind
     return {
-        "OLLAMA_HOST": f"{bind}:{port}",
+        "OLLAMA_HOST": f"{host}:{port}",
         "OLLAMA_MODELS": f"{root.rstrip('/')}/{OLLAMA_STORE}",
         "OLLAMA_NUM_PARALLEL": str(slots),
         "OLLAMA_CONTEXT_LENGTH": str(context_per_slot),

@@ -140,11 +140,18 @@ elif [[ "$ENGINE" == ollama ]]; then
       fi
       # Extracted beside the install and moved into place whole: a run ended halfway leaves no half an install.
       rm -rf "$prefix.partial" && mkdir -p "$prefix.partial"
+      # Owned by root with the archive's modes less group and other write, whoever packed it; what a failed run
+      # leaves goes at once.
+      untar=(tar --no-same-owner --no-same-permissions -C "$prefix.partial")
       case "${url%%[?#]*}" in
-        *.tar.zst) zstd -dc "$archive" | tar -xf - -C "$prefix.partial" ;;
-        *) tar -xzf "$archive" -C "$prefix.partial" ;;
-      esac || step_fail ollama_install "cannot extract the release archive"
-      [[ -x "$prefix.partial/bin/ollama" ]] || step_fail ollama_install "the release archive has no bin/ollama"
+        *.tar.zst) zstd -dc "$archive" | "${untar[@]}" -xf - ;;
+        *) "${untar[@]}" -xzf "$archive" ;;
+      esac || { rm -rf "$archive" "$prefix.partial"; step_fail ollama_install "cannot extract the release archive"; }
+      chmod -R go-w "$prefix.partial"
+      if [[ ! -f "$prefix.partial/bin/ollama" || -L "$prefix.partial/bin/ollama" || ! -x "$prefix.partial/bin/ollama" ]]; then
+        rm -rf "$archive" "$prefix.partial"
+        step_fail ollama_install "the release archive has no executable file bin/ollama"
+      fi
       printf '%s' "$sha" >"$prefix.partial/.qiip-ollama-sha256"
       rm -rf "$prefix" && mv "$prefix.partial" "$prefix" && rm -f "$archive"
       step_ok ollama_install "Ollama $version installed from its pinned release"

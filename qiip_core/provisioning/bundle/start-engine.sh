@@ -34,7 +34,21 @@ alias="${QIIPNODE_MODEL_ALIAS:-unknown}"
 # Ollama's OLLAMA_* variables of the host's own setup stay out too: the daemon runs with QIIP's alone.
 for name in $(compgen -e | grep -E '^(LLAMA_ARG_|QIIPNODE_|OLLAMA_)' || true); do unset "$name"; done
 command=("$binary" "$@")
-[[ "$engine" == ollama ]] && command=(env "$@" "$binary" serve)
+if [[ "$engine" == ollama ]]; then
+  # Exported, not given to env(1): a path with '=' in it would read as one more assignment there.
+  export "$@"
+  command=("$binary" serve)
+  # Ollama answers whoever holds the port: with another daemon there (the host's own, a leftover), QIIP's would fail
+  # to bind and the setup would go on against the other one. Refused instead.
+  listen="${OLLAMA_HOST%:*}"
+  listen="${listen#[}"
+  listen="${listen%]}"
+  [[ "$listen" == 0.0.0.0 || "$listen" == :: || -z "$listen" ]] && listen=127.0.0.1
+  if timeout 2 bash -c 'exec 3<>"/dev/tcp/$1/$2"' _ "$listen" "${OLLAMA_HOST##*:}" 2>/dev/null; then
+    echo "port ${OLLAMA_HOST##*:} on $listen is taken by another process; stop it (the host's own Ollama?) first" >&2
+    exit 1
+  fi
+fi
 export GGML_NO_BACKTRACE=1
 # Descriptor 9 (the install root's lock) is closed: the engine outlives this run and must not hold it.
 setsid nohup "${command[@]}" >>"$log" 2>&1 </dev/null 9>&- &

@@ -107,6 +107,8 @@ def test_bad_toml_and_missing_file(tmp_path: Path) -> None:
         ("QIIP_PROVISIONING__OLLAMA_SHA256", "ABC", "provisioning.ollama_sha256 (QIIP_PROVISIONING__OLLAMA_SHA256)"),
         ("QIIP_PROVISIONING__OLLAMA_VERSION", "v0.9.6", "is not a version: digits first"),
         ("QIIP_PROVISIONING__OLLAMA_VERSION", "0.9;reboot", "is not a version"),
+        ("QIIP_PROVISIONING__OLLAMA_VERSION", "0.9.6\n", "is not a version"),
+        ("QIIP_PROVISIONING__OLLAMA_SHA256", "a" * 64 + "\n", "provisioning.ollama_sha256"),
         *(
             ("QIIP_PROVISIONING__OLLAMA_URL_TEMPLATE", template, f"(QIIP_PROVISIONING__OLLAMA_URL_TEMPLATE): {why}")
             for template, why in (
@@ -116,6 +118,9 @@ def test_bad_toml_and_missing_file(tmp_path: Path) -> None:
                 ("file:///srv/ollama-{version}.tgz", "it must be an http:// or https:// URL with a host"),
                 ("https://mirror.lab/{os}/ollama-{version}.tgz", "it may name only {version} and {arch} in braces"),
                 ("https://mirror.lab/ollama-{version}.tgz{", "it may name only {version} and {arch} in braces"),
+                ("https://mirror.lab/ollama-{version:>8}-{arch}.tgz", "it may name only {version} and {arch}"),
+                ("https://mirror.lab/ollama-{{version}}-{arch}.tgz", "it may name only {version} and {arch}"),
+                ("https://mirror.lab/ollama-{version}-{arch!s}.tgz", "it may name only {version} and {arch}"),
             )
         ),
     ],

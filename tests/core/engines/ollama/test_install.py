@@ -85,6 +85,8 @@ async def test_bytes_that_do_not_match_the_digest_are_refused_by_the_server_and_
         ("q" * 81 + ":q4", "must be 1 to 80"),
         ("qwen:q4\n", "the tag of 'qwen:q4\\n' must be"),
         ("ns\n/m:t", "the namespace of"),
+        ("library/qwen:q4", "Ollama's default namespace 'library': name it qwen:q4"),
+        ("Library/qwen:q4", "Ollama's default namespace 'library'"),
     ],
 )
 async def test_a_bad_name_is_refused_before_any_request(
@@ -115,7 +117,7 @@ def test_the_daemon_is_qiips_own_on_the_engine_port_with_its_store_no_cloud_and_
     env = serve_environment(bind="10.0.0.7", port=8000, root="/opt/qiip/", slots=4, context_per_slot=8192)
     assert env == {
         "OLLAMA_HOST": "10.0.0.7:8000",
-        "OLLAMA_MODELS": "/opt/qiip/var/lib/ollama/models",
+        "OLLAMA_MODELS": "/opt/qiip/var/lib/qiip-node/ollama/models",
         "OLLAMA_NUM_PARALLEL": "4",
         "OLLAMA_CONTEXT_LENGTH": "8192",
         "OLLAMA_KEEP_ALIVE": "-1",
@@ -124,6 +126,9 @@ def test_the_daemon_is_qiips_own_on_the_engine_port_with_its_store_no_cloud_and_
         "OLLAMA_REMOTES": "127.0.0.1",
         "OLLAMA_NOPRUNE": "1",
     }
+    # Go's net.SplitHostPort reads an IPv6 address only in brackets (else Ollama falls back to its port 11434).
+    v6 = serve_environment(bind="::", port=8000, root="", slots=1, context_per_slot=512)
+    assert (v6["OLLAMA_HOST"], v6["OLLAMA_MODELS"]) == ("[::]:8000", "/var/lib/qiip-node/ollama/models")
     for bad in ({"slots": 0}, {"context_per_slot": 0}, {"port": 0}, {"port": 70000}):
         args = {"bind": "0.0.0.0", "port": 8000, "root": "/r", "slots": 1, "context_per_slot": 1} | bad
         with pytest.raises(ValueError):
