@@ -7,6 +7,7 @@ nodes).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -231,7 +232,8 @@ async def test_the_summary_shows_the_lent_hosts_and_a_node_counts_down_to_its_re
         assert screen.node_id == "gpu03.lab"
         header = str(screen.query_one(NodeHeader).render()).splitlines()
         start = START + timedelta(hours=2, minutes=14)
-        assert header[2] == (
+        # On a loaded machine a poll may come late: the data's age is said then, as the last part (tested below).
+        assert re.sub(r" · QUADS data \S+ old$", "", header[2]) == (
             f"QUADS returned in 2h 14m, inside the lookahead · reserved from {start:%Y-%m-%d %H:%M} UTC for cloud02, "
             "owner erin"
             " · 8× NVIDIA H100 80GB HBM3"
