@@ -34,7 +34,7 @@ from qiip_core.upstream import describe_client_error
 
 __all__ = ["InstalledModel", "OllamaInstallFailed", "install_model"]
 
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 _CHUNK_BYTES = 1 << 20
 
 
@@ -93,10 +93,11 @@ async def install_model(
         check_ollama_name(name)
     except ValueError as exc:
         raise OllamaInstallFailed(f"model name: {exc}", step="checking") from None
-    if not _SHA256.match(sha256):
+    if not _SHA256.fullmatch(sha256):
         raise OllamaInstallFailed("sha256 must be 64 lowercase hex digits", step="checking")
     try:
-        size = os.stat(gguf).st_size  # one stat of a local file: no need for a thread
+        # In a thread: the shared model cache is often an NFS mount, whose stat can wait on the server.
+        size = (await asyncio.to_thread(os.stat, gguf)).st_size
     except OSError as exc:
         raise OllamaInstallFailed(f"the GGUF {gguf} cannot be read: {exc.strerror}", step="checking") from None
     digest = f"sha256:{sha256}"

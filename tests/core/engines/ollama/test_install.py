@@ -100,7 +100,7 @@ async def test_a_bad_name_is_refused_before_any_request(
     assert ollama.requests == []
 
 
-@pytest.mark.parametrize("sha256", ["A" * 64, "0" * 63, "sha256:" + "0" * 64, ""])
+@pytest.mark.parametrize("sha256", ["A" * 64, "0" * 63, "sha256:" + "0" * 64, "", "0" * 64 + "\n"])
 async def test_a_bad_digest_or_a_missing_file_is_refused_before_any_request(
     ollama: OllamaStandIn, gguf: tuple[Path, str], sha256: str, tmp_path: Path
 ) -> None:
