@@ -56,8 +56,11 @@ async def probe_ollama(endpoint: str, model: str, *, session: aiohttp.ClientSess
     Returns:
         The outcome; never raises for anything the node does.
     """
+    answer = await probe_ollama_version(endpoint, session=session)
+    if answer.outcome is not ProbeOutcome.OK:
+        return answer
+    version = answer.version
     try:
-        version = check_ollama_version(await _get_json(session, endpoint, "/api/version"))
         listed = listed_models(await _get_json(session, endpoint, "/api/tags"))
     except _Unanswered as exc:
         outcome = ProbeOutcome.LOCAL_FAILURE if exc.local else ProbeOutcome.FAILED

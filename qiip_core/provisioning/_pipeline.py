@@ -12,7 +12,8 @@ telemetry_agent   start-agent.sh, with provisioning.telemetry_agent on a cuda ho
 gpu_check         nvidia-smi lists the GPUs (cpu profile: system memory)
 starting_engine   llama.cpp: planned here against the host's devices, launched with every sizing flag; Ollama:
                   planned the same way, its daemon started with the slots and context as its settings
-health_poll       /health answers 200 (Ollama: /api/version names a release QIIP serves)
+health_poll       /health answers 200 (Ollama: /api/version names the pinned release, and the daemon QIIP
+                  started still runs)
 verifying         llama.cpp: the running server against its plan (as local nodes are); vLLM: /v1/models;
                   Ollama: the GGUF pushed by its SHA-256, made the model, loaded and checked (`/api/ps`, `/api/show`)
 registering       the node, managed and leased, with its runtime record
@@ -32,16 +33,9 @@ import shlex
 import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from qiip_core._errors import (
-    LeaseLost,
-    NodeNotFound,
-    ProvisioningError,
-    QiipError,
-    RegistryError,
-    SetupInvalid,
-)
+from qiip_core._errors import LeaseLost, NodeNotFound, ProvisioningError, QiipError, RegistryError, SetupInvalid
 from qiip_core.config import Settings
 from qiip_core.discovery import read_token_file
 from qiip_core.engines import ollama, vllm
@@ -79,6 +73,9 @@ from qiip_core.provisioning._markers import SETUP_STEPS, MarkerState, parse_mark
 from qiip_core.provisioning._ollama_steps import check_own_daemon, install_ollama_model
 from qiip_core.provisioning._record import TaskRecorder
 from qiip_core.provisioning._ssh import SshConnection, SshTarget, open_ssh, wait_for_ssh
+
+if TYPE_CHECKING:
+    import aiohttp
 
 __all__ = ["PowerOn", "SetupRequest", "engine_started", "run_setup"]
 
@@ -349,29 +346,13 @@ async def _health_poll(setup: _Setup) -> None:
     session = health_session(
         policy=setup.settings.routing.endpoint_policy(), timeout_s=min(10.0, setup.p.health_interval_s * 5)
     )
+    probe = _ollama_up if ollama_engine else _health_up
     async with session:
         while True:
-            if ollama_engine:
-                # Ollama has no /health: its daemon is up once it names a release QIIP serves.
-                version = await probe_ollama_version(setup.endpoint, session=session)
-                if version.outcome is ProbeOutcome.OK and version.version != setup.p.ollama_version:
-                    raise ProvisioningError(
-                        f"The Ollama on {setup.endpoint} is {version.version}, not the pinned "
-                        f"{setup.p.ollama_version} QIIP started: another daemon answers on its port.",
-                        host=setup.host,
-                        step="health_poll",
-                    )
-                if version.outcome is ProbeOutcome.OK:
-                    setup.record.log(f"{setup.endpoint}/api/version answers Ollama {version.version}")
-                    return
-                last = version.error or "no answer"
-            else:
-                answer = await probe_health(setup.endpoint, session=session)
-                if answer.alive:
-                    setup.record.log(f"{setup.endpoint}/health answers 200")
-                    return
-                error = answer.error
-                last = f"HTTP {answer.status}" if error is None else str(error) or type(error).__name__
+            why_not = await probe(setup, session)
+            if why_not is None:
+                return
+            last = why_not
             if loop.time() + setup.p.health_interval_s > deadline:
                 raise ProvisioningError(
                     f"The engine on {setup.host} did not answer {route} within {setup.p.health_timeout_s:g} s "
@@ -380,6 +361,36 @@ async def _health_poll(setup: _Setup) -> None:
                     step="health_poll",
                 )
             await asyncio.sleep(setup.p.health_interval_s)
+
+
+async def _health_up(setup: _Setup, session: aiohttp.ClientSession) -> str | None:
+    """None once `/health` answers 200 (logged), else what it answered."""
+    answer = await probe_health(setup.endpoint, session=session)
+    if answer.alive:
+        setup.record.log(f"{setup.endpoint}/health answers 200")
+        return None
+    error = answer.error
+    return f"HTTP {answer.status}" if error is None else str(error) or type(error).__name__
+
+
+async def _ollama_up(setup: _Setup, session: aiohttp.ClientSession) -> str | None:
+    """None once the daemon names the pinned release (Ollama has no /health), else why not.
+
+    Raises:
+        ProvisioningError: another release answers: a daemon other than the one QIIP started holds the port.
+    """
+    version = await probe_ollama_version(setup.endpoint, session=session)
+    if version.outcome is not ProbeOutcome.OK:
+        return version.error or "no answer"
+    if version.version != setup.p.ollama_version:
+        raise ProvisioningError(
+            f"The Ollama on {setup.endpoint} is {version.version}, not the pinned {setup.p.ollama_version} QIIP "
+            "started: another daemon answers on its port.",
+            host=setup.host,
+            step="health_poll",
+        )
+    setup.record.log(f"{setup.endpoint}/api/version answers Ollama {version.version}")
+    return None
 
 
 async def _verify_vllm(setup: _Setup) -> None:
