@@ -22,6 +22,7 @@ from qiip_core._errors import (
     ArtifactIdInvalid,
     ArtifactNotFound,
     AuthError,
+    BackupInvalid,
     BmcTimeout,
     BmcUnauthorized,
     BmcUnreachable,
@@ -77,6 +78,8 @@ from qiip_core._errors import (
     SetupInvalid,
     SourceNotAllowed,
     SshError,
+    StateConflict,
+    StateError,
     SystemNotFound,
     TokenExpired,
     TokenInvalid,
@@ -98,6 +101,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AcquisitionPaused",
+    "BackupInvalid",
     "ArtifactAmbiguous",
     "ArtifactIdInvalid",
     "ArtifactNotFound",
@@ -157,6 +161,8 @@ __all__ = [
     "SetupInvalid",
     "SourceNotAllowed",
     "SshError",
+    "StateConflict",
+    "StateError",
     "SystemNotFound",
     "TokenExpired",
     "TokenInvalid",

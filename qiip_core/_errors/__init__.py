@@ -69,6 +69,11 @@ QiipError                       (500 internal_error: only for a bare QiipError, 
 │   └── DeploymentConflict      409 conflict: a stale generation, a taken name, a deployment being deleted
 ├── HostPoolError               503 host_pool_error: the host pool could not be read or changed
 │   └── HostNotInPool           404 host_not_in_pool (param name)
+├── StateError                  503 state_error: the state could not be backed up, restored or moved
+│   ├── BackupInvalid           422 invalid_backup: truncated, tampered, a newer format, not a QIIP backup
+│   │                           (`.reason`); nothing was changed
+│   └── StateConflict           409 state_conflict: the target holds state (no `replace`), a provisioning
+│                               operation runs, or the state changed during the restore
 ├── PlanError                   422 invalid_policy: a sizing cannot be planned (`.violations`, if any)
 ├── ModelStoreError             503 model_store_error: the catalog, a download or an acquisition failed
 │   ├── ArtifactNotFound        404 artifact_not_found: no catalog generation has this id (`.artifact_id`)
@@ -187,6 +192,7 @@ from qiip_core._errors._operations import (
     TooManySetups,
     VerificationError,
 )
+from qiip_core._errors._state import BackupInvalid, StateConflict, StateError
 
 __all__ = [
     "AcquisitionPaused",
@@ -194,6 +200,7 @@ __all__ = [
     "ArtifactIdInvalid",
     "ArtifactNotFound",
     "AuthError",
+    "BackupInvalid",
     "BmcTimeout",
     "BmcUnauthorized",
     "BmcUnreachable",
@@ -249,6 +256,8 @@ __all__ = [
     "SetupInvalid",
     "SourceNotAllowed",
     "SshError",
+    "StateConflict",
+    "StateError",
     "SystemNotFound",
     "TokenExpired",
     "TokenInvalid",

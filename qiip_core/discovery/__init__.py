@@ -27,6 +27,7 @@ from qiip_core.discovery._base import (
 from qiip_core.discovery._embedded import (
     EmbeddedRegistry,
     add_to_state_file,
+    check_free_id,
     config_nodes,
     list_registrations,
     remove_from_state_file,
@@ -58,6 +59,7 @@ __all__ = [
     "add_to_state_file",
     "atomic_write",
     "attached_node",
+    "check_free_id",
     "config_nodes",
     "create_registry",
     "decode_node",

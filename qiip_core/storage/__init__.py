@@ -3,6 +3,7 @@
 ```
 atomic_write(path, data)          a file replaced whole or not at all (temporary file, fsync, rename)
 LockedJsonFile[T]                 a JSON document of entries under flock, rewritten atomically
+StateLock(state_dir, exclusive=)  every document of a state directory at one moment; replaced together
 load_json_object(value, …)        a stored value that must be a JSON object of bounded size
 EtcdClient(settings)              synchronous etcd calls with endpoint failover and etcd authentication
 PrefixFollower(client, prefix, …) one etcd prefix kept current: snapshot, watch, back to a snapshot
@@ -24,10 +25,12 @@ from typing import TYPE_CHECKING
 from qiip_core._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from qiip_core.storage._atomic import atomic_write
     from qiip_core.storage._etcd import EtcdClient, b64, prefix_range_end, unb64
-    from qiip_core.storage._files import LockedJsonFile, atomic_write
+    from qiip_core.storage._files import LockedJsonFile
     from qiip_core.storage._follow import OnDelete, OnPut, OnState, PrefixFollower
     from qiip_core.storage._json import load_json_object
+    from qiip_core.storage._statelock import StateLock
 
 __all__ = [
     "EtcdClient",
@@ -36,6 +39,7 @@ __all__ = [
     "OnPut",
     "OnState",
     "PrefixFollower",
+    "StateLock",
     "atomic_write",
     "b64",
     "load_json_object",
@@ -50,7 +54,8 @@ _MODULES = {
     "OnPut": "_follow",
     "OnState": "_follow",
     "PrefixFollower": "_follow",
-    "atomic_write": "_files",
+    "StateLock": "_statelock",
+    "atomic_write": "_atomic",
     "b64": "_etcd",
     "load_json_object": "_json",
     "prefix_range_end": "_etcd",

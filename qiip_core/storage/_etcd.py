@@ -240,9 +240,16 @@ class EtcdClient:
             f"etcd is unreachable at {', '.join(self.settings.endpoints)} ({type(cause).__name__}: {_describe(cause)})."
         ) from cause
 
-    def range_prefix(self, prefix: bytes) -> tuple[int, list[dict[str, Any]]]:
-        """(store revision, raw kvs) of every key under `prefix`."""
-        body = {"key": b64(prefix), "range_end": b64(prefix_range_end(prefix))}
+    def range_prefix(self, prefix: bytes, *, revision: int | None = None) -> tuple[int, list[dict[str, Any]]]:
+        """(store revision, raw kvs) of every key under `prefix`, as of `revision` when given (etcd's range
+        `revision`: several prefixes read at one revision are one moment's state).
+
+        Raises:
+            RegistryUnavailable: etcd cannot be read, or `revision` was compacted away.
+        """
+        body: dict[str, Any] = {"key": b64(prefix), "range_end": b64(prefix_range_end(prefix))}
+        if revision is not None:
+            body["revision"] = revision
         result = self.call(lambda c: c.post(c.get_url("/kv/range"), json=body))
         return int(result["header"]["revision"]), list(result.get("kvs", []))
 

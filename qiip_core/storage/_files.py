@@ -25,7 +25,6 @@ import fcntl
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar
@@ -34,36 +33,12 @@ from pydantic import ValidationError
 
 from qiip_core._errors import QiipError
 from qiip_core._violation import first_violation
+from qiip_core.storage._atomic import atomic_write
+from qiip_core.storage._statelock import StateLock
 
-__all__ = ["LockedJsonFile", "atomic_write"]
+__all__ = ["LockedJsonFile"]
 
 _VERSION = 1
-
-
-def atomic_write(path: Path, data: bytes, *, mode: int = 0o600) -> None:
-    """Write `data` to `path` atomically: a temporary file in the same directory, fsync, rename, fsync dir.
-
-    Raises:
-        OSError: the directory cannot be written.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), mode)
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 class _Entry(Protocol):
@@ -124,19 +99,32 @@ class LockedJsonFile(Generic[_T]):
 
     @contextlib.contextmanager
     def _locked(self, kind: int) -> Iterator[None]:
+        # The state directory's lock is held shared around every read and write, so that a backup or a restore
+        # (holding it exclusive) sees or replaces every document of the directory at one moment (`StateLock`).
+        state = StateLock(self.path.parent, exclusive=False)
         try:
             self._lock_path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+            state.__enter__()
         except OSError as exc:
-            raise self.error(
-                f"The state directory {self._lock_path.parent} cannot be used ({exc.strerror}); "
-                "set QIIP_STATE_DIR to a writable directory."
-            ) from exc
+            raise self._unusable(exc) from exc
         try:
-            fcntl.flock(fd, kind)
-            yield
+            try:
+                fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+            except OSError as exc:
+                raise self._unusable(exc) from exc
+            try:
+                fcntl.flock(fd, kind)
+                yield
+            finally:
+                os.close(fd)
         finally:
-            os.close(fd)
+            state.__exit__()
+
+    def _unusable(self, exc: OSError) -> QiipError:
+        return self.error(
+            f"The state directory {self._lock_path.parent} cannot be used ({exc.strerror}); "
+            "set QIIP_STATE_DIR to a writable directory."
+        )
 
     def signature(self) -> tuple[int, int, int] | None:
         """(mtime_ns, size, inode) of the file, or None when it does not exist: cheap change detection."""
