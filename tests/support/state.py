@@ -7,8 +7,15 @@ from datetime import UTC, datetime
 
 from qiip_core.auth import create_token_store
 from qiip_core.config import Settings
-from qiip_core.deployments import Deployment, DeploymentStatus, HostSpec, Template, create_deployment_store, parse_spec
-from qiip_core.deployments import ResolvedSource
+from qiip_core.deployments import (
+    Deployment,
+    DeploymentStatus,
+    HostSpec,
+    ResolvedSource,
+    Template,
+    create_deployment_store,
+    parse_spec,
+)
 from qiip_core.discovery import add_registration
 from qiip_core.nodes import DeploymentRef, Engine, Node
 from qiip_core.provisioning import ProvisioningTask, TaskState, create_task_store

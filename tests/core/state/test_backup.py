@@ -7,12 +7,13 @@ import json
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from qiip_core import BackupInvalid, StateConflict
 from qiip_core.config import Settings, load_settings
-from qiip_core.state import KINDS, FORMAT_VERSION, decode_backup, migrate, restore, take_backup
+from qiip_core.state import FORMAT_VERSION, KINDS, decode_backup, migrate, restore, take_backup
 from tests.support.etcd import EtcdServer
 from tests.support.state import fill
 
@@ -31,7 +32,7 @@ def on_etcd(etcd: EtcdServer, tmp_path: Path, prefix: str = "") -> Settings:
     return load_settings(state_dir=tmp_path / f"gw{prefix}", registry={"backend": "etcd"}, etcd=etcd_settings)
 
 
-def entries(settings: Settings) -> dict[str, dict[str, object]]:
+def entries(settings: Settings) -> dict[str, dict[str, dict[str, Any]]]:
     return take_backup(settings)[1].entries
 
 
