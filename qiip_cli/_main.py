@@ -74,6 +74,7 @@ COMMANDS: dict[str, Callable[[], click.Command]] = {
     "model": _model_group,
     "node": _imported("qiip_cli._node", "node"),
     "registry": _imported("qiip_cli._node", "registry"),
+    "state": _imported("qiip_cli._state", "state"),
     "up": _imported("qiip_cli._up", "up"),
 }
 """Every `qiip` subcommand by name, and where it is defined."""
