@@ -29,6 +29,7 @@ from qiip_proxy.routes._deployments import router as deployments_router
 from qiip_proxy.routes._journal import router as journal_router
 from qiip_proxy.routes._models import router as models_router
 from qiip_proxy.routes._provisioning import router as provisioning_router
+from qiip_proxy.routes._state import router as state_router
 
 __all__ = ["add_error_handlers", "create_app", "serving_app", "wrap_serving"]
 
@@ -69,6 +70,7 @@ def create_app(gateway: Gateway) -> FastAPI:
         app.include_router(journal_router)
         app.include_router(models_router)
         app.include_router(deployments_router)
+        app.include_router(state_router)
 
     add_error_handlers(app)
 
@@ -124,6 +126,7 @@ def wrap_serving(gateway: ServingGateway, inner: ASGIApp, *, admin_gate: bool = 
             username=admin.username,
             password=admin.password.get_secret_value(),
             max_body_bytes=admin.max_body_bytes,
+            max_restore_bytes=admin.max_restore_bytes,
             throttle=gateway.admin_throttle,
             on_failure=lambda api: gateway.metrics.auth_failures.labels(api).inc(),
         )

@@ -11,7 +11,19 @@ from starlette.types import Scope
 
 from qiip_core._errors import safe_text
 
-__all__ = ["header", "logged_path", "peer_of", "request_id_for"]
+__all__ = ["RESTORE_PATH", "admin_body_limit", "header", "logged_path", "peer_of", "request_id_for"]
+
+RESTORE_PATH = "/admin/state/restore"
+"""The one admin route whose body (a state backup) may exceed `admin.max_body_bytes`."""
+
+
+def admin_body_limit(scope: Scope, *, max_body_bytes: int, max_restore_bytes: int) -> tuple[int, str]:
+    """(the largest body, the setting that sets it) of an admin request: `admin.max_restore_bytes` for
+    `RESTORE_PATH`, else `admin.max_body_bytes`."""
+    if scope["path"] == RESTORE_PATH:
+        return max_restore_bytes, "admin.max_restore_bytes"
+    return max_body_bytes, "admin.max_body_bytes"
+
 
 _REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:/+=-]{1,128}$")
 

@@ -52,7 +52,7 @@ from qiip_proxy._control import (
 from qiip_proxy._errors import RequestRefused, body_too_large, error_response
 from qiip_proxy._gateway import AttachedTokens, auth_throttle, forwarder_for, routing_table, sweep_removed
 from qiip_proxy._metrics import Accounted, CounterKey, GatewayMetrics
-from qiip_proxy._scope import header, logged_path
+from qiip_proxy._scope import admin_body_limit, header, logged_path
 from qiip_proxy._workers import (
     ADMIN_SOCKET,
     BOARD_FILE,
@@ -228,6 +228,7 @@ class _WorkerRuntime:
             runtime_dir / ADMIN_SOCKET,
             max_body_bytes=settings.server.max_body_bytes,
             max_admin_body_bytes=settings.admin.max_body_bytes,
+            max_restore_bytes=settings.admin.max_restore_bytes,
         )
         self._ready = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -397,11 +398,15 @@ class _PrimaryPassage:
         socket_path: the primary's `admin.sock`.
         max_body_bytes: the largest request body passed on (`server.max_body_bytes`); a larger one gets 413.
         max_admin_body_bytes: the same for `/admin/*` (`admin.max_body_bytes`).
+        max_restore_bytes: the same for a backup's restore (`admin.max_restore_bytes`), streamed on as well.
     """
 
-    def __init__(self, socket_path: Path, *, max_body_bytes: int, max_admin_body_bytes: int) -> None:
+    def __init__(
+        self, socket_path: Path, *, max_body_bytes: int, max_admin_body_bytes: int, max_restore_bytes: int
+    ) -> None:
         self.max_body_bytes = max_body_bytes
         self.max_admin_body_bytes = max_admin_body_bytes
+        self.max_restore_bytes = max_restore_bytes
         # One connection per request in progress, event streams included: no pool bound to wait on.
         self.client = httpx.AsyncClient(
             transport=httpx.AsyncHTTPTransport(uds=str(socket_path)),
@@ -417,8 +422,10 @@ class _PrimaryPassage:
         if scope["type"] != "http":
             return
         if scope["path"].startswith("/admin"):
-            too_large = body_too_large(self.max_admin_body_bytes, "admin.max_body_bytes")
-            limit = self.max_admin_body_bytes
+            limit, setting = admin_body_limit(
+                scope, max_body_bytes=self.max_admin_body_bytes, max_restore_bytes=self.max_restore_bytes
+            )
+            too_large = body_too_large(limit, setting)
         else:
             too_large = body_too_large(self.max_body_bytes, "server.max_body_bytes")
             limit = self.max_body_bytes

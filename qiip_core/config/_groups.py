@@ -253,6 +253,9 @@ class AdminSettings(_Group):
     """Default time a drain waits for in-flight requests before it reports what remained."""
     max_body_bytes: int = Field(default=64 * 1024, ge=1024)
     """The largest admin request body; larger ones get 413 before a byte of them is read."""
+    max_restore_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, le=64 * 1024 * 1024)
+    """The largest backup `POST /admin/state/restore` takes (at most the format's 64 MiB): an authenticated request's
+    body, read only after its credentials are checked."""
     auth_failure_burst: int = Field(default=10, ge=1)
     """Wrong credentials a client address may present within `auth_failure_window_s`, counted apart for admin
     credentials and for invoke tokens (and for `qiip agent`'s bearer token); beyond, requests with that credential

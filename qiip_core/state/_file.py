@@ -152,6 +152,8 @@ def decode_backup(data: bytes) -> Backup:
         raise BackupInvalid("it is not UTF-8 text (not a QIIP state backup)") from None
     except ValueError as exc:
         raise BackupInvalid(f"it is not whole JSON, truncated or damaged ({exc})") from None
+    except RecursionError:
+        raise BackupInvalid("it nests arrays or objects too deeply (not a QIIP state backup)") from None
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise BackupInvalid(f'it is not a QIIP state backup (no "format": "{FORMAT}")')
     version = document.get("format_version")

@@ -9,7 +9,8 @@ read and parse any body. The gate answers, without reading the body:
 - 401 to a request without the admin credentials (HTTP Basic, compared in constant time); credentials presented
   and wrong are logged with the peer's address and never the secret, counted in
   `qiip_auth_failures_total{api="admin"}` and throttled, while a request without any is refused uncounted;
-- 413 to a body over `admin.max_body_bytes` by its `Content-Length`, and 411 to a body of unknown size.
+- 413 to a body over `admin.max_body_bytes` (a backup's restore: `admin.max_restore_bytes`) by its
+  `Content-Length`, and 411 to a body of unknown size.
 
 The client API's invoke tokens have a throttle of their own and the same counter (`qiip_proxy._parse`), so
 guessing one credential never locks the other out. HTTP Basic credentials are decoded once, as UTF-8 (RFC 7617's
@@ -30,7 +31,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from qiip_core._errors import safe_text
 from qiip_core.auth import AuthThrottle
 from qiip_proxy._errors import RequestRefused, body_too_large, describe_error
-from qiip_proxy._scope import header, logged_path, peer_of
+from qiip_proxy._scope import admin_body_limit, header, logged_path, peer_of
 
 __all__ = [
     "AdminGate",
@@ -111,6 +112,7 @@ class AdminGate:
         username: the admin user name.
         password: the admin password.
         max_body_bytes: the largest admin request body.
+        max_restore_bytes: the largest body of `POST /admin/state/restore` (a backup), checked once authenticated.
         throttle: failed admin authentications per peer (the admin API's own throttle).
         on_failure: called with `"admin"` for each failed authentication (the metrics counter).
     """
@@ -122,12 +124,14 @@ class AdminGate:
         username: str,
         password: str,
         max_body_bytes: int,
+        max_restore_bytes: int | None = None,
         throttle: AuthThrottle,
         on_failure: Callable[[str], None] | None = None,
     ) -> None:
         self.app = app
         self._expected = (username.encode("utf-8"), password.encode("utf-8"))
         self.max_body_bytes = max_body_bytes
+        self.max_restore_bytes = max_restore_bytes if max_restore_bytes is not None else max_body_bytes
         self.throttle = throttle
         self._on_failure = on_failure
 
@@ -158,11 +162,11 @@ class AdminGate:
             await _refuse(send, _REFUSED)
             return
         declared = header(scope, b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.max_body_bytes):
-            await _refuse(
-                send,
-                body_too_large(self.max_body_bytes, "admin.max_body_bytes"),
-            )
+        limit, setting = admin_body_limit(
+            scope, max_body_bytes=self.max_body_bytes, max_restore_bytes=self.max_restore_bytes
+        )
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            await _refuse(send, body_too_large(limit, setting))
             return
         if declared is None and header(scope, b"transfer-encoding") is not None:
             # A body of unknown size: refused before it is read (RFC 9110 §15.5.12).

@@ -10,8 +10,10 @@ for the state it asserts (a replica ready, a record written), never for a durati
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -23,6 +25,7 @@ import pytest
 from qiip_core.catalog import scan_catalog
 from qiip_core.engines.llamacpp import make_test_gguf
 from tests.support.bad_models import LLAMA_SERVER_REFUSES, write_bad_model
+from tests.support.cli import QIIP, clean_environ
 from tests.support.daemon import Daemon, free_port, wait_until
 from tests.support.hf_cache import HfCacheBuilder
 from tests.support.provisioning import TINY_SIZING, cpu_hosts, daemon_env
@@ -67,8 +70,6 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, llama_server_binary: Path, t
     artifacts = {"a": by_repo["qiip-test/tiny-remote-GGUF"], "b": by_repo[TINY_REPO_B], "bad": by_repo[BROKEN_REPO]}
     pool = [{"name": h.address, "memory_mib": 4096, "labels": {"rack": "r1"}} for h in hosts.hosts[:5]]
     pool.append({"name": hosts[5].address, "memory_mib": 32, "labels": {"rack": "r1"}})
-    import json
-
     now = datetime.now(UTC)
     with QuadsServer(timezone="UTC") as quads:
         for host in hosts.hosts:
@@ -223,6 +224,42 @@ def test_a_deployment_no_host_can_hold_is_degraded_with_each_hosts_reason(fleet:
     assert status_of(fleet.daemon, "big")["replicas"] == []
     assert fleet.daemon.admin.delete("/admin/deployments/big").status_code == 202
     wait_until(lambda: fleet.daemon.admin.get("/admin/deployments/big").status_code == 404, 60, "big removed")
+
+
+def test_a_lost_state_directory_restored_from_a_backup_resumes_the_deployment_on_its_replicas(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    wait_until(lambda: settled(fleet.daemon, "coder", 3), 300, "three ready replicas")
+    hosts = ready_hosts(fleet.daemon, "coder")
+    answer = fleet.daemon.admin.get("/admin/state/backup")
+    assert answer.status_code == 200 and "attachment" in answer.headers["content-disposition"]
+    backup = tmp_path / "fleet.json"
+    backup.write_bytes(answer.content)
+    records = {t["hostname"]: t["started_at"] for t in json.loads(answer.content)["kinds"]["provisioning"]}
+    fleet.daemon.stop()
+    # The disk is lost: every document of the state directory goes (the replicas keep running on their hosts).
+    for name in ("nodes", "deployments", "deployment-status", "hosts", "provisioning", "tokens"):
+        (fleet.daemon.state_dir / f"{name}.json").unlink(missing_ok=True)
+    done = subprocess.run(
+        [*QIIP, "state", "restore", str(backup)], env=clean_environ() | fleet.daemon.env, capture_output=True, text=True
+    )
+    assert done.returncode == 0 and "restored into embedded" in done.stdout, done.stdout + done.stderr
+    fleet.daemon.start()
+    wait_until(lambda: settled(fleet.daemon, "coder", 3), 300, "three ready replicas again")
+    # Adopted, not recreated: the same hosts, and no setup ran again on any of them.
+    assert ready_hosts(fleet.daemon, "coder") == hosts
+    tasks = {t["hostname"]: t for t in fleet.daemon.admin.get("/admin/provisioning/tasks").json()["tasks"]}
+    assert all(tasks[h]["started_at"] == records[h] for h in hosts), (tasks, records)
+    # The running daemon answers a dry run of the same file: nothing to refuse.
+    plan = fleet.daemon.admin.post(
+        "/admin/state/restore",
+        params={"dry_run": "true", "replace": "true"},
+        content=backup.read_bytes(),
+        headers={"content-type": "application/json"},
+    )
+    assert plan.status_code == 200 and plan.json()["dry_run"] and plan.json()["refused"] is None, plan.text
+    bad = fleet.daemon.admin.post("/admin/state/restore", content=b"{}", headers={"content-type": "application/json"})
+    assert bad.status_code == 422 and bad.json()["error"]["code"] == "invalid_backup", bad.text
 
 
 def test_deleting_drains_and_tears_down_every_replica(fleet: Fleet) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import socket
 from collections.abc import Callable, Iterator
 
 import httpx
@@ -216,6 +218,20 @@ def test_routing_errors(fault_daemon: Daemon, backends: Backends, model: str) ->
     assert one.status_code == 503
 
 
+def head_of(daemon: Daemon, request_line: str, headers: str) -> str:
+    """What the daemon answers to a request's head alone (a body it declares and never gets)."""
+    host, port = daemon.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(f"{request_line} HTTP/1.1\r\nHost: {host}\r\n{headers}\r\n".encode())
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+    return answer.decode(errors="replace")
+
+
 def test_bad_requests(fault_daemon: Daemon) -> None:
     too_big = httpx.post(fault_daemon.url + CHAT, content=b"x" * (2 << 20), headers=JSON, timeout=30)
     assert too_big.status_code == 413 and too_big.json()["error"]["code"] == "request_too_large"
@@ -249,6 +265,16 @@ def test_bad_requests(fault_daemon: Daemon) -> None:
     shallow_deep = b"[" * 20_000 + b"]" * 20_000
     admin = fault_daemon.admin.post("/admin/tokens", content=shallow_deep, headers=headers)
     assert admin.status_code in (400, 422)
+    # A backup's restore takes more than admin.max_body_bytes, up to admin.max_restore_bytes, and only once the
+    # credentials are checked: without them, the size it declares is never looked at.
+    restore = fault_daemon.admin.post("/admin/state/restore?dry_run=true", content=shallow_deep, headers=headers)
+    assert restore.status_code == 422 and restore.json()["error"]["code"] == "invalid_backup", restore.text
+    declared = f"Content-Type: application/json\r\nContent-Length: {64 * 1024 * 1024 + 1}\r\n"
+    assert head_of(fault_daemon, "POST /admin/state/restore", declared).startswith("HTTP/1.1 401")
+    user, password = fault_daemon.env["QIIP_ADMIN__USERNAME"], fault_daemon.env["QIIP_ADMIN__PASSWORD"]
+    basic = base64.b64encode(f"{user}:{password}".encode()).decode()
+    answer = head_of(fault_daemon, "POST /admin/state/restore", declared + f"Authorization: Basic {basic}\r\n")
+    assert answer.startswith("HTTP/1.1 413") and "admin.max_restore_bytes" in answer, answer
     assert httpx.get(fault_daemon.url + "/v1/nothing", timeout=30).json()["error"]["code"] == "not_found"
 
 

@@ -154,6 +154,7 @@ def _entry(kind: str, field: str, value: object) -> object:
         (lambda d: b"\xff\xfe" + d, "not UTF-8"),
         (lambda d: b'{"nodes": []}', "not a QIIP state backup"),
         (lambda d: b"[1, 2]", "not a QIIP state backup"),
+        (lambda d: b"[" * 100_000 + b"]" * 100_000, "nests arrays or objects too deeply"),
         (lambda d: d.replace(b'"m-a"', b'"m-x"'), "checksum does not match"),
         (lambda d: _rewritten(d, lambda doc: doc.pop("sha256")), "checksum does not match"),
         (lambda d: _rewritten(d, lambda doc: doc.update(format_version=2)), "format version 2 is newer"),
@@ -167,7 +168,7 @@ def _entry(kind: str, field: str, value: object) -> object:
         (lambda d: b" " * (64 * 1024 * 1024 + 1), "larger than 64 MiB"),
     ],
     ids=[
-        "truncated", "empty", "binary", "foreign-json", "not-an-object", "tampered", "no-checksum", "newer-format",
+        "truncated", "empty", "binary", "foreign-json", "not-an-object", "deep", "tampered", "no-checksum", "newer-format",
         "odd-version", "bad-engine", "bad-token", "bad-label", "unknown-kind", "duplicate", "unknown-backend",
         "oversized",
     ],
