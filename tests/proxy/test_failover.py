@@ -273,8 +273,8 @@ def test_bad_requests(fault_daemon: Daemon) -> None:
     assert head_of(fault_daemon, "POST /admin/state/restore", declared).startswith("HTTP/1.1 401")
     user, password = fault_daemon.env["QIIP_ADMIN__USERNAME"], fault_daemon.env["QIIP_ADMIN__PASSWORD"]
     basic = base64.b64encode(f"{user}:{password}".encode()).decode()
-    answer = head_of(fault_daemon, "POST /admin/state/restore", declared + f"Authorization: Basic {basic}\r\n")
-    assert answer.startswith("HTTP/1.1 413") and "admin.max_restore_bytes" in answer, answer
+    refused = head_of(fault_daemon, "POST /admin/state/restore", declared + f"Authorization: Basic {basic}\r\n")
+    assert refused.startswith("HTTP/1.1 413") and "admin.max_restore_bytes" in refused, refused
     assert httpx.get(fault_daemon.url + "/v1/nothing", timeout=30).json()["error"]["code"] == "not_found"
 
 

@@ -168,9 +168,9 @@ def _entry(kind: str, field: str, value: object) -> object:
         (lambda d: b" " * (64 * 1024 * 1024 + 1), "larger than 64 MiB"),
     ],
     ids=[
-        "truncated", "empty", "binary", "foreign-json", "not-an-object", "deep", "tampered", "no-checksum", "newer-format",
-        "odd-version", "bad-engine", "bad-token", "bad-label", "unknown-kind", "duplicate", "unknown-backend",
-        "oversized",
+        "truncated", "empty", "binary", "foreign-json", "not-an-object", "deep", "tampered", "no-checksum",
+        "newer-format", "odd-version", "bad-engine", "bad-token", "bad-label", "unknown-kind", "duplicate",
+        "unknown-backend", "oversized",
     ],
 )  # fmt: skip
 def test_a_bad_file_is_refused_in_one_line_and_changes_nothing(tmp_path: Path, make: object, reason: str) -> None:
