@@ -101,11 +101,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AcquisitionPaused",
-    "BackupInvalid",
     "ArtifactAmbiguous",
     "ArtifactIdInvalid",
     "ArtifactNotFound",
     "AuthError",
+    "BackupInvalid",
     "BmcTimeout",
     "BmcUnauthorized",
     "BmcUnreachable",
