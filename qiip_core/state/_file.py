@@ -147,9 +147,12 @@ def decode_backup(data: bytes) -> Backup:
     if len(data) > MAX_BACKUP_BYTES:
         raise BackupInvalid(f"it is larger than {MAX_BACKUP_BYTES // (1024 * 1024)} MiB")
     try:
-        document = json.loads(data)
+        # Decoded here, not by json.loads: given bytes, it guesses UTF-16 or UTF-32 from the first bytes.
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise BackupInvalid("it is not UTF-8 text (not a QIIP state backup)") from None
+    try:
+        document = json.loads(text)
     except ValueError as exc:
         raise BackupInvalid(f"it is not whole JSON, truncated or damaged ({exc})") from None
     except RecursionError:
