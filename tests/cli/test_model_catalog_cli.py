@@ -20,14 +20,6 @@ from tests.support.fake_hub import FakeHub
 from tests.support.model_cache import GEMMA_REPO, ModelCache
 
 
-@pytest.fixture
-def runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> CliRunner:
-    monkeypatch.chdir(tmp_path)  # no stray .env
-    monkeypatch.delenv("QIIP_CONFIG", raising=False)
-    monkeypatch.setenv("QIIP_STATE_DIR", str(tmp_path / "state"))
-    return CliRunner()
-
-
 def test_list_shows_generations_issues_and_counters(
     runner: CliRunner, model_cache: ModelCache, monkeypatch: pytest.MonkeyPatch
 ) -> None:

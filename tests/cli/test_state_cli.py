@@ -16,14 +16,6 @@ from tests.support.etcd import EtcdServer
 from tests.support.state import fill
 
 
-@pytest.fixture
-def runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> CliRunner:
-    monkeypatch.chdir(tmp_path)  # no stray .env
-    monkeypatch.delenv("QIIP_CONFIG", raising=False)
-    monkeypatch.setenv("QIIP_STATE_DIR", str(tmp_path / "state"))
-    return CliRunner()
-
-
 def test_a_backup_restores_into_a_lost_state_directory_after_a_dry_run(
     runner: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
