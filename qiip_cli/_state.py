@@ -17,9 +17,6 @@ from qiip_cli._context import CliContext, pass_cli, run_or_exit
 
 __all__ = ["state"]
 
-_MAX_READ_BYTES = 64 * 1024 * 1024 + 1
-"""Read at most this much of a backup (the format's limit, plus one byte to tell a larger file)."""
-
 
 @click.group()
 def state() -> None:
@@ -51,11 +48,15 @@ def backup(ctx: CliContext, file: Path) -> None:
 
 
 def _read(file: Path) -> bytes:
+    """The backup's bytes, at most the format's limit and one byte more (so a larger file is told apart, unread)."""
+    from qiip_core.state import MAX_BACKUP_BYTES
+
+    limit = MAX_BACKUP_BYTES + 1
     try:
         if str(file) == "-":
-            return sys.stdin.buffer.read(_MAX_READ_BYTES)
+            return sys.stdin.buffer.read(limit)
         with file.open("rb") as handle:
-            return handle.read(_MAX_READ_BYTES)
+            return handle.read(limit)
     except OSError as exc:
         click.echo(f"error: the backup file {file} cannot be read: {exc.strerror}", err=True)
         raise SystemExit(1) from None

@@ -99,26 +99,18 @@ class LockedJsonFile(Generic[_T]):
 
     @contextlib.contextmanager
     def _locked(self, kind: int) -> Iterator[None]:
-        # The state directory's lock is held shared around every read and write, so that a backup or a restore
-        # (holding it exclusive) sees or replaces every document of the directory at one moment (`StateLock`).
-        state = StateLock(self.path.parent, exclusive=False)
-        try:
-            self._lock_path.parent.mkdir(parents=True, exist_ok=True)
-            state.__enter__()
-        except OSError as exc:
-            raise self._unusable(exc) from exc
-        try:
+        with contextlib.ExitStack() as held:
             try:
+                self._lock_path.parent.mkdir(parents=True, exist_ok=True)
+                # The state directory's lock, shared around every read and write: a backup or a restore (holding it
+                # exclusive) then sees or replaces every document of the directory at one moment (`StateLock`).
+                held.enter_context(StateLock(self.path.parent, exclusive=False))
                 fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
             except OSError as exc:
                 raise self._unusable(exc) from exc
-            try:
-                fcntl.flock(fd, kind)
-                yield
-            finally:
-                os.close(fd)
-        finally:
-            state.__exit__()
+            held.callback(os.close, fd)
+            fcntl.flock(fd, kind)
+            yield
 
     def _unusable(self, exc: OSError) -> QiipError:
         return self.error(
