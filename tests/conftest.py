@@ -95,3 +95,12 @@ def nvml_stub(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory holding a stub `libnvidia-ml.so.1` with two fake GPUs (built once per session): put it on
     `LD_LIBRARY_PATH` of a subprocess and the real pynvml reads it (see tests/support/nvml_stub.py)."""
     return build_nvml_stub(tmp_path_factory.mktemp("nvml"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Turn on the per-test cost records where `QIIP_TEST_TIMINGS` names a directory (tests/support/timings.py)."""
+    directory = os.environ.get("QIIP_TEST_TIMINGS")
+    if directory:
+        from tests.support.timings import TimingRecorder
+
+        config.pluginmanager.register(TimingRecorder(Path(directory)), "qiip-timings")
