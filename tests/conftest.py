@@ -98,8 +98,8 @@ def nvml_stub(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Turn on the per-test cost records where `QIIP_TEST_TIMINGS` names a directory (tests/support/timings.py)."""
-    directory = os.environ.get("QIIP_TEST_TIMINGS")
+    """Turn on the per-test cost records where `SUITE_TIMINGS` names a directory (tests/support/timings.py)."""
+    directory = os.environ.get("SUITE_TIMINGS")
     if directory:
         from tests.support.timings import TimingRecorder
 

@@ -1,4 +1,4 @@
-"""Per-test cost records for balancing the suite: `QIIP_TEST_TIMINGS=DIR` turns them on.
+"""Per-test cost records for balancing the suite: `SUITE_TIMINGS=DIR` turns them on.
 
 Each test process (each xdist worker) appends one JSON line per test phase to `DIR/<worker>.jsonl`:
 `{"nodeid", "when", "worker", "start", "wall_s", "cpu_s", "children_cpu_s"}`. `cpu_s` is the test process's own user
