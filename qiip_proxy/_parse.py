@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from typing import TYPE_CHECKING
 
@@ -27,6 +26,7 @@ from qiip_core.routing import PrefixAffinity
 from qiip_core.upstream import UpstreamRequest
 from qiip_proxy._errors import TOO_DEEP, RequestRefused, body_too_large
 from qiip_proxy._scope import header, logged_path, peer_of
+from qiip_proxy._strict_json import NotOneReading, strict_loads
 from qiip_proxy.layers._auth_gate import too_many_failures
 
 if TYPE_CHECKING:
@@ -278,7 +278,9 @@ async def _decode(body: bytes, *, in_thread: bool) -> object:
 
 def _loads(body: bytes) -> object:
     try:
-        return json.loads(body)
+        return strict_loads(body)
+    except NotOneReading as exc:
+        raise RequestRefused(400, f"The request body is not valid JSON: {exc.construct}.", "invalid_json") from None
     except ValueError as exc:
         raise RequestRefused(400, f"The request body is not valid JSON: {exc}.", "invalid_json") from None
     except RecursionError:

@@ -247,6 +247,50 @@ def test_a_web_page_cannot_use_the_gateway(
     assert post(daemon, bearer, chat.encode()).status_code == 200
 
 
+def one_reading_cases(model: str) -> list[tuple[bytes, str]]:
+    """Bodies that two JSON parsers may read differently, each with a word of the refusal that names it."""
+    chat = '"messages": [{"role": "user", "content": "hi"}]'
+    return [
+        (f'{{"model": "other", "model": "{model}", {chat}}}'.encode(), "twice"),
+        (f'{{"model": "other", "\\u006dodel": "{model}", {chat}}}'.encode(), "twice"),
+        (f'{{"model": "{model}", {chat}, "metadata": {{"k": 1, "k": 2}}}}'.encode(), "twice"),
+        (f'{{"model": "{model}", "Model": "other", {chat}}}'.encode(), "regard to case"),
+        (f'{{"model": "{model}", "\u017ftream": true, {chat}}}'.encode(), "regard to case"),
+        (f'{{"model": "{model}", "MAX_TOKENS": 99999999999, {chat}}}'.encode(), "regard to case"),
+        (b"\xef\xbb\xbf" + f'{{"model": "{model}", {chat}}}'.encode(), "byte order mark"),
+        (f'{{"model": "{model}", {chat}}}'.encode("utf-16"), "NUL"),
+        (f'{{"model": "{model}", {chat}}}'.encode("utf-32-le"), "NUL"),
+        (f'{{"model": "{model}", {chat}, "user": "\xff"}}'.encode("latin-1"), "not UTF-8"),
+        (f'{{"model": "{model}", {chat}, "temperature": NaN}}'.encode(), "NaN"),
+        (f'{{"model": "{model}", {chat}, "temperature": -Infinity}}'.encode(), "-Infinity"),
+        (f'{{"model": "{model}", {chat}, "temperature": 1e400}}'.encode(), "too large for a double"),
+        (f'{{"model": "{model}\\ud800", {chat}}}'.encode(), "surrogate"),
+        (f'{{"model": "{model}", "messages": [{{"role": "user", "content": "\\udc00"}}]}}'.encode(), "surrogate"),
+    ]
+
+
+def test_a_body_two_parsers_may_read_differently_is_refused_by_every_process(
+    daemon: Daemon, connections: Connections, bearer: dict[str, str], backends: Callable[..., FaultBackend], model: str
+) -> None:
+    backend = backends()
+    daemon.add_node(f"{model}-n", backend.url, model)
+    cases = one_reading_cases(model)
+    for pid in connections.pids:
+        for body, named in cases:
+            connection = connections.on(pid)
+            connection.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json", **bearer})
+            status, _, raw = answer(connection)
+            error = json.loads(raw)["error"]
+            assert status == 400 and error["code"] == "invalid_json", (pid, body[:60], raw)
+            assert named in error["message"], (body[:60], error["message"])
+    assert not [r for r in backend.requests if r.path == "/v1/chat/completions"]
+    # What these constructs stand for, written once: a surrogate pair escaped, a key of each name in its own object.
+    fine = {"model": model, "messages": [{"role": "user", "content": "😀"}], "metadata": {"k": 1, "K": 2}}
+    assert post(daemon, bearer, json.dumps(fine).encode()).status_code == 200
+    assert backend.requests[-1].body == json.dumps(fine).encode()
+    assert "\\ud800" not in daemon.log() and "\ud800" not in daemon.log()
+
+
 def test_forwarded_headers_are_believed_from_no_one_unless_configured(tmp_path: Path) -> None:
     env = {"QIIP_SERVER__WORKERS": "2", "QIIP_ADMIN__AUTH_FAILURE_BURST": "5"}
     daemon = start_with_workers(Daemon(tmp_path, env=env))
