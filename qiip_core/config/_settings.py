@@ -53,6 +53,7 @@ from qiip_core.config._quads import QuadsSettings
 from qiip_core.config._redfish import RedfishSettings
 from qiip_core.config._routing import RoutingSettings
 from qiip_core.config._telemetry import TelemetryAgentConfig, TelemetrySettings
+from qiip_core.nodes import check_settings_url
 
 __all__ = [
     "AdminSettings",
@@ -161,6 +162,20 @@ class Settings(BaseSettings):
                 f"etcd.lease_ttl_s ({self.etcd.lease_ttl_s}) must exceed three health intervals "
                 f"(3 x health.interval_s = {3 * self.health.interval_s:g} s), or healthy nodes would expire"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _reachable_urls(self) -> Settings:
+        # One rule for every URL QIIP connects to from its settings (`qiip_core.nodes.check_settings_url`).
+        networks = self.routing.endpoint_policy().networks
+        urls: list[tuple[str, str | None]] = [
+            (f"attached[{i}].url ({profile.name})", profile.url) for i, profile in enumerate(self.attached)
+        ]
+        urls += [("quads.url", self.quads.url), ("models.hub_endpoint", self.models.hub_endpoint)]
+        urls.append(("redfish.bmc_url_template", self.redfish.bmc_url_template))
+        for setting, url in urls:
+            if url is not None:
+                check_settings_url(url, setting=setting, networks=networks)
         return self
 
     @model_validator(mode="after")

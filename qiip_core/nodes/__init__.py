@@ -36,6 +36,7 @@ from qiip_core.nodes._ollama import (
     ollama_model_key,
     resident_models,
 )
+from qiip_core.nodes._reach import METADATA_ADDRESSES, address_refusal, check_settings_url
 
 __all__ = [
     "DEFAULT_ALLOWED_HOSTS",
@@ -43,6 +44,7 @@ __all__ = [
     "LIFECYCLE_STATUSES",
     "LIVENESS_STATUSES",
     "MAX_RESIDENT",
+    "METADATA_ADDRESSES",
     "OLLAMA_LOAD_FAILURES",
     "OLLAMA_MIN_VERSION",
     "PROVISIONED_ENGINES",
@@ -59,8 +61,10 @@ __all__ = [
     "NodeStatus",
     "ProvisionedEngine",
     "ResidentModel",
+    "address_refusal",
     "check_model_name",
     "check_ollama_version",
+    "check_settings_url",
     "is_load_failure",
     "listed_models",
     "ollama_model_key",
