@@ -35,23 +35,20 @@ class TimingRecorder:
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> Iterator[None]:
         """Record the setup phase."""
-        with self._phase(item, "setup"):
+        with _Phase(self, item.nodeid, "setup"):
             yield
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Iterator[None]:
         """Record the call phase."""
-        with self._phase(item, "call"):
+        with _Phase(self, item.nodeid, "call"):
             yield
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_teardown(self, item: pytest.Item) -> Iterator[None]:
         """Record the teardown phase."""
-        with self._phase(item, "teardown"):
+        with _Phase(self, item.nodeid, "teardown"):
             yield
-
-    def _phase(self, item: pytest.Item, when: str) -> _Phase:
-        return _Phase(self, item.nodeid, when)
 
     def write(self, record: dict[str, object]) -> None:
         """Append one record and flush it (a killed worker keeps what it measured)."""

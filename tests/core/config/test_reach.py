@@ -5,9 +5,7 @@ of `routing.allowed_endpoint_networks` holds them."""
 from __future__ import annotations
 
 import ipaddress
-import os
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
@@ -15,13 +13,7 @@ from qiip_core import ConfigError
 from qiip_core.config import load_settings
 from qiip_core.nodes import address_refusal
 
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.chdir(tmp_path)
-    for key in list(os.environ):
-        if key.startswith("QIIP_"):
-            monkeypatch.delenv(key)
+pytestmark = pytest.mark.usefixtures("clean_env")
 
 
 def attached(url: str) -> dict[str, str]:

@@ -9,15 +9,7 @@ import pytest
 from qiip_core import ConfigError
 from qiip_core.config import load_settings
 
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.chdir(tmp_path)
-    import os
-
-    for key in list(os.environ):
-        if key.startswith("QIIP_"):
-            monkeypatch.delenv(key)
+pytestmark = pytest.mark.usefixtures("clean_env")
 
 
 def write(tmp_path: Path, text: str) -> Path:
