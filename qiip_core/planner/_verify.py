@@ -311,6 +311,34 @@ _CACHE_LINES = {
 """The log line each cache kind is read from."""
 
 
+_LOADED = ": model loaded"
+"""What llama-server logs once the model and its slots are set up, after the lines `check_log` reads."""
+
+
+async def _read_loaded_log(log_path: Path, timeout_s: float) -> str:
+    """The log once its last run has logged `model loaded`, or as it stands at the deadline.
+
+    llama.cpp's `common_log` writes from a worker thread, so `/health` can answer before the lines of the load
+    reach the file; the log is read again, with a growing pause, until the last run says it has loaded.
+    """
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    pause_s = 0.01
+    while True:
+        try:
+            text = await asyncio.to_thread(log_path.read_text, encoding="utf-8", errors="replace")
+        except OSError as exc:
+            raise VerificationError(
+                f"The llama-server log {log_path} cannot be read: {exc}.",
+                field="log",
+                expected=str(log_path),
+                actual=None,
+            ) from exc
+        if _LOADED in text[max(text.rfind(_RUN_START), 0) :] or asyncio.get_running_loop().time() >= deadline:
+            return text
+        await asyncio.sleep(pause_s)
+        pause_s = min(pause_s * 2, 0.2)
+
+
 async def verify_runtime(
     plan: Plan,
     *,
@@ -363,12 +391,7 @@ async def verify_runtime(
         plan.train_context,
         _dig(models, "data", 0, "meta", "n_ctx_train"),
     )
-    try:
-        text = await asyncio.to_thread(log_path.read_text, encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise VerificationError(
-            f"The llama-server log {log_path} cannot be read: {exc}.", field="log", expected=str(log_path), actual=None
-        ) from exc
+    text = await _read_loaded_log(log_path, timeout_s)
     unverified = check_log(plan, parse_server_log(text))
     _check("devices", "device count after load", len(plan.devices), len(devices_after))
     target = plan.policy.fit_target_mib

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -29,6 +30,7 @@ V (f16):   16.00 MiB
 0.00.025.848 I sched_reserve:        CPU compute buffer size =    24.01 MiB
 0.00.031.599 W srv    load_model: the slot context (16384) exceeds the training context of the model (8192) - capping
 0.00.038.588 I srv    load_model: initializing, n_slots = 2, n_ctx_slot = 8192, kv_unified = 'true'
+0.00.039.101 I srv  llama_server: model loaded
 """
 
 GPU_LOG = """\
@@ -359,6 +361,33 @@ async def test_missing_log_low_free_memory_and_no_server(server, tmp_path):
             p, endpoint="http://127.0.0.1:9", log_path=log, alias="m", devices_after=[cpu(3000, 4096)], timeout_s=2
         )
     assert caught.value.field == "/health"
+
+
+async def test_the_log_lines_written_after_health_answers_are_waited_for(server, tmp_path):
+    """llama.cpp logs from a worker thread: `/health` can say ok before the load's last lines reach the file."""
+    endpoint, routes = server
+    p = cpu_plan()
+    routes.update(answers(p))
+    loop = asyncio.get_running_loop()
+    read_once = asyncio.Event()
+
+    class WatchedLog(type(tmp_path)):  # type: ignore[misc]
+        def read_text(self, *args: Any, **kwargs: Any) -> str:
+            text = super().read_text(*args, **kwargs)
+            loop.call_soon_threadsafe(read_once.set)
+            return text
+
+    log = WatchedLog(tmp_path / "server.log")
+    head, tail = CPU_LOG.split("0.00.038.588")
+    log.write_text(head)
+    task = asyncio.create_task(
+        verify_runtime(p, endpoint=endpoint, log_path=log, alias="m", devices_after=[cpu(3000, 4096)])
+    )
+    await read_once.wait()  # the check has read a log whose run has not said `model loaded`
+    with log.open("a") as f:
+        f.write("0.00.038.588" + tail)
+    record = await task
+    assert record.effective == p.effective()
 
 
 def test_a_split_model_maps_each_file_on_its_own_line():
