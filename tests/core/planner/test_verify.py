@@ -373,7 +373,7 @@ async def test_the_log_lines_written_after_health_answers_are_waited_for(server,
 
     class WatchedLog(type(tmp_path)):  # type: ignore[misc]
         def read_text(self, *args: Any, **kwargs: Any) -> str:
-            text = super().read_text(*args, **kwargs)
+            text: str = super().read_text(*args, **kwargs)
             loop.call_soon_threadsafe(read_once.set)
             return text
 
