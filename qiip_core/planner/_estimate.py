@@ -24,6 +24,7 @@ measuring itself, the authority for every architecture we do not model).
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -285,7 +286,7 @@ def estimate(
             embeddings=embeddings,
             swa_cells=swa_cells,
         )
-        buffer = compute_buffer_bytes(build_graph(shape, params), alignment=CPU_ALIGNMENT)[0]
+        buffer = _compute_buffers(shape, params, CPU_ALIGNMENT, keep_copies=False)[0]
         only = DeviceEstimate(
             index=devices[0].index,
             model_mib=(mapped_bytes(shape, devices[0]) + repacked_bytes(shape, devices[0])) / MIB,
@@ -316,9 +317,8 @@ def estimate(
         host=host,
         swa_cells=swa_cells,
     )
-    alignment = dict.fromkeys(range(len(devices)), CUDA_ALIGNMENT) | {host: CPU_ALIGNMENT}
     # Several GPUs run as a pipeline (`pipeline parallelism enabled`), whose copies between devices stay.
-    compute = compute_buffer_bytes(build_graph(shape, params), alignment=alignment, keep_copies=len(devices) > 1)
+    compute = _compute_buffers(shape, params, CUDA_ALIGNMENT, keep_copies=len(devices) > 1)
     layer_bytes = shape.layer_bytes()
     per_device = []
     for position, device in enumerate(devices):
@@ -349,6 +349,20 @@ def estimate(
         pooling=pooling,
         ubatch_size=ubatch_size,
     )
+
+
+@functools.lru_cache(maxsize=512)
+def _compute_buffers(shape: ModelShape, params: GraphParams, alignment: int, *, keep_copies: bool) -> dict[int, int]:
+    """The compute buffer of each device, in bytes: the graph of `shape` under `params`, replayed through the
+    allocator with `alignment` on the devices and CPU alignment on the host (`params.host`).
+
+    The costliest step of an estimate, and a function of these inputs alone: free memory reaches it only through
+    `params.layer_devices`, so hosts whose GPUs split the layers alike (eight GPUs of equal free memory, whatever
+    their product) and every candidate of a search that shares a graph replay it once. The arguments are frozen
+    values compared whole; callers read the result and never change it.
+    """
+    aligned = dict.fromkeys(set(params.layer_devices), alignment) | {params.host: CPU_ALIGNMENT}
+    return compute_buffer_bytes(build_graph(shape, params), alignment=aligned, keep_copies=keep_copies)
 
 
 def repacked_bytes(shape: ModelShape, device: DeviceMemory) -> int:

@@ -18,6 +18,7 @@ result is the buffer `sched_reserve: CPU compute buffer size` logs, to the byte.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -94,32 +95,28 @@ class _GraphAllocator:
 
     def __init__(self, alignment: int, sources: Mapping[int, tuple[Tensor, ...]]) -> None:
         self.dyn = _DynamicAllocator(alignment)
-        self.states: dict[int, _State] = {}
+        # By `id()` of the tensor; every tensor of the part stays alive in the graph while the allocator runs.
+        # A defaultdict makes a missing entry in C: the replay looks a tensor up several million times per plan.
+        self.states: defaultdict[int, _State] = defaultdict(_State)
         self.sources = sources
 
     def src(self, t: Tensor) -> tuple[Tensor, ...]:
         """A node's sources, with tensors of other devices replaced by their copies on this one."""
         return self.sources.get(id(t), t.src)
 
-    def state(self, t: Tensor) -> _State:
-        s = self.states.get(id(t))
-        if s is None:
-            s = self.states[id(t)] = _State()
-        return s
-
     def allocate(self, t: Tensor) -> None:
-        s = self.state(t)
-        if t.external or s.allocated or t.is_view:
+        s = self.states[id(t)]
+        if t.external or s.allocated or t.view_src is not None:
             return
         s.allocated = True
         if t.op in INPLACE_OPS:
-            for parent in self.src(t):
+            for parent in self.sources.get(id(t), t.src):
                 if self._take_over(t, s, parent):
                     return
         s.offset = self.dyn.alloc(t.nbytes())
 
     def _take_over(self, t: Tensor, s: _State, parent: Tensor) -> bool:
-        p = self.state(parent)
+        p = self.states[id(parent)]
         # Only memory this allocator owns (never a view, never an external buffer), never an output.
         if not p.allocated or parent.is_output or not t.same_layout(parent):
             return False
@@ -135,33 +132,35 @@ class _GraphAllocator:
     def release(self, t: Tensor) -> None:
         if t.is_output:
             return
-        s = self.state(t)
+        s = self.states[id(t)]
         self.dyn.free(s.offset, t.nbytes())
         s.allocated = False
 
     def run(self, leafs: list[Tensor], nodes: list[Tensor]) -> int:
+        states, sources, allocate = self.states, self.sources, self.allocate
         for leaf in leafs:
-            self.allocate(leaf)
+            allocate(leaf)
         for node in nodes:
-            if node.is_view and node.view_src is not None:
-                self.state(node.view_src).views += 1
+            if node.view_src is not None:
+                states[id(node.view_src)].views += 1
             if node.is_input:
-                self.allocate(node)
-            for src in self.src(node):
-                self.state(src).children += 1
+                allocate(node)
+            for src in sources.get(id(node), node.src):
+                states[id(src)].children += 1
                 if src.is_input:
-                    self.allocate(src)
+                    allocate(src)
         for node in nodes:
-            for parent in self.src(node):
-                self.allocate(parent)
-            self.allocate(node)
-            for parent in self.src(node):
-                p = self.state(parent)
+            parents = sources.get(id(node), node.src)
+            for parent in parents:
+                allocate(parent)
+            allocate(node)
+            for parent in parents:
+                p = states[id(parent)]
                 p.children -= 1
                 if p.children or p.views:
                     continue
                 if parent.view_src is not None:
-                    root = self.state(parent.view_src)
+                    root = states[id(parent.view_src)]
                     root.views -= 1
                     if root.views == 0 and root.children == 0 and root.allocated:
                         self.release(parent.view_src)

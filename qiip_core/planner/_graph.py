@@ -104,6 +104,9 @@ class Tensor:
     """`ggml_set_input`: allocated before any node, so nothing overwrites it."""
     is_output: bool = False
     """`ggml_set_output`: never freed and never taken over in place."""
+    _nbytes: int = field(default=-1, init=False, repr=False)
+    """`nbytes()` once computed (-1 before): the allocator asks for it at every step, and shape and strides
+    never change once a tensor is made."""
 
     @property
     def is_view(self) -> bool:
@@ -112,6 +115,11 @@ class Tensor:
 
     def nbytes(self) -> int:
         """Its size in bytes, as `ggml_nbytes` computes it from shape and strides."""
+        if self._nbytes < 0:
+            self._nbytes = self._size()
+        return self._nbytes
+
+    def _size(self) -> int:
         if any(n <= 0 for n in self.ne):
             return 0
         type_bytes, block = _blocks(self.dtype)
