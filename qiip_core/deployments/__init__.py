@@ -22,7 +22,7 @@ from __future__ import annotations
 from qiip_core.deployments._apply import Resolve, apply, delete, resolve_source, rollout, scale, undo
 from qiip_core.deployments._autoscale import Demand, autoscale, metric_of
 from qiip_core.deployments._capacity import CapacityPlan, Decode, Load, PlannedReplica, plan_capacity
-from qiip_core.deployments._controller import Actuator, DeploymentController, Observation, Observer, PlannerFit
+from qiip_core.deployments._controller import Actuator, DeploymentController, Observation, Observer
 from qiip_core.deployments._demand import (
     DemandExchange,
     DemandMeter,
@@ -31,6 +31,7 @@ from qiip_core.deployments._demand import (
     create_demand_exchange,
     merge_demands,
 )
+from qiip_core.deployments._fit import PlannerFit
 from qiip_core.deployments._fleet import FleetObserver, ProvisioningActuator, gpu_memory_from_name
 from qiip_core.deployments._hosts import (
     GpuSpec,

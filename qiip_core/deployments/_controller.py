@@ -21,13 +21,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from qiip_core._errors import HostBusy, PlanError, QiipError, TooManySetups
+from qiip_core._errors import HostBusy, QiipError, TooManySetups
 from qiip_core.deployments._autoscale import Demand, autoscale
 from qiip_core.deployments._hosts import HostPool, HostView
 from qiip_core.deployments._leader import Leadership
@@ -53,10 +52,9 @@ from qiip_core.deployments._resource import (
     utc_now,
 )
 from qiip_core.deployments._store import DeploymentStore
-from qiip_core.nodes import Engine
-from qiip_core.planner import DeviceMemory, ModelShape, choose_estimator, is_modelled, plan
+from qiip_core.planner import DeviceMemory
 
-__all__ = ["Actuator", "DeploymentController", "Observation", "Observer", "PlannerFit"]
+__all__ = ["Actuator", "DeploymentController", "Observation", "Observer"]
 
 logger = logging.getLogger("qiip.deployments")
 
@@ -109,97 +107,6 @@ class Actuator(Protocol):
             QiipError: the registry refused.
         """
         ...
-
-
-_ShapeOf = Callable[[Template], ModelShape]
-
-
-class PlannerFit:
-    """The planner's proof that a template fits a host's devices, cached per template and device signature.
-
-    Args:
-        shape_of: reads a template's model (the GGUF's metadata from the shared model cache).
-        size_of: a vLLM template's weights in bytes, when known (None: the fit cannot be proven).
-        cache_size: templates × device signatures kept.
-    """
-
-    def __init__(
-        self,
-        shape_of: _ShapeOf,
-        *,
-        size_of: Callable[[Template], int | None] | None = None,
-        cache_size: int = 4096,
-    ) -> None:
-        self.shape_of = shape_of
-        self.size_of = size_of or (lambda _t: None)
-        self._cache: OrderedDict[tuple[str, tuple[tuple[str, int, int], ...]], Fit] = OrderedDict()
-        self._shapes: OrderedDict[str, ModelShape | str] = OrderedDict()
-        self.cache_size = cache_size
-
-    def _shape(self, template: Template) -> ModelShape | str:
-        key = template.hash
-        if key not in self._shapes:
-            try:
-                self._shapes[key] = self.shape_of(template)
-            except QiipError as exc:
-                self._shapes[key] = f"its model cannot be read: {exc.message}"
-            while len(self._shapes) > 64:
-                self._shapes.popitem(last=False)
-        return self._shapes[key]
-
-    def __call__(self, template: Template, devices: tuple[DeviceMemory, ...]) -> Fit:
-        signature = tuple((d.name, d.total_mib, d.free_mib) for d in devices)
-        key = (template.hash, signature)
-        found = self._cache.get(key)
-        if found is None:
-            found = self._fit(template, devices)
-            self._cache[key] = found
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
-        return found
-
-    def _fit(self, template: Template, devices: tuple[DeviceMemory, ...]) -> Fit:
-        total = float(sum(d.total_mib for d in devices))
-        if template.engine is Engine.VLLM:
-            size = self.size_of(template)
-            if size is None:
-                return Fit(
-                    False, "the model's size is unknown (it is not in the shared cache), so no fit can be proven"
-                )
-            # vLLM takes gpu_memory_utilization (0.9) of each GPU; the weights must leave room for a K/V cache.
-            need = size / 2**20 * 1.1
-            usable = sum(d.total_mib for d in devices) * 0.9
-            if need > usable:
-                return Fit(False, f"its weights need about {need:,.0f} MiB; 90% of the GPUs is {usable:,.0f} MiB")
-            return Fit(True, f"weights {need:,.0f} MiB of {usable:,.0f} MiB usable", used_mib=need, total_mib=total)
-        shape = self._shape(template)
-        if isinstance(shape, str):
-            return Fit(False, shape)
-        weights_mib = shape.weights_bytes / 2**20
-        free = sum(d.free_mib for d in devices)
-        if weights_mib > free:  # no estimate needed: the weights alone do not fit
-            return Fit(False, f"its weights alone ({weights_mib:,.0f} MiB) exceed the {free:,} MiB free")
-        if not is_modelled(shape):
-            return Fit(
-                False, f"the planner does not model architecture {shape.architecture!r}, so no fit can be proven"
-            )
-        policy = template.runtime.policy()
-        # The controller runs no program per pass: the Python estimator only (an unmodelled one is refused above).
-        estimator = choose_estimator(shape)
-        try:
-            result = plan(shape, devices, policy, estimator=estimator)
-        except PlanError as exc:
-            return Fit(False, exc.message)
-        used = sum(d.total_mib for d in result.estimate.devices)
-        what = f"{result.slots} slot(s) × {result.context_per_slot:,} tokens, {result.cache_type_k} K/V"
-        return Fit(
-            True,
-            what,
-            used_mib=used,
-            total_mib=total,
-            slots=result.slots,
-            context_per_slot=result.context_per_slot,
-        )
 
 
 class DeploymentController:

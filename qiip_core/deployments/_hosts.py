@@ -28,6 +28,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from qiip_core.config import GpuSpec, HostSpec
+from qiip_core.deployments._resource import HostChoice
 
 __all__ = [
     "GpuSpec",
@@ -161,15 +162,28 @@ def declared_gpus(spec: HostSpec) -> tuple[GpuView, ...]:
 
 @dataclass(frozen=True)
 class HostPool:
-    """The pool as one pass sees it: every host in order, and by name (built once per pass, not per deployment)."""
+    """The pool as one pass sees it: every host in order, and by name (built once per pass, not per deployment).
+
+    Hosts of one *shape* (the same GPUs, each with the same index, product, total and free memory, and the same
+    RAM) are planned alike: placement proves a template's fit once per shape, not once per host.
+    """
 
     hosts: tuple[HostView, ...]
     """Every host, by name."""
     by_name: Mapping[str, HostView]
     """The same hosts, by name."""
+    shapes: tuple[int, ...] = ()
+    """The shape number of each host of `hosts` (same position): equal numbers, equal `gpus` and `memory_mib`."""
+    choices: dict[tuple[str, bool, tuple[str, ...], float | None, bool], HostChoice] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    """The host choices `place` made over this pool, by their fields: deployments that weigh a host alike share
+    one record (a pool is one pass, so nothing here outlives the observation it was made from)."""
 
     @classmethod
     def of(cls, hosts: Sequence[HostView]) -> HostPool:
         """The pool of `hosts`."""
         ordered = tuple(sorted(hosts, key=lambda h: h.name))
-        return cls(hosts=ordered, by_name={h.name: h for h in ordered})
+        numbers: dict[tuple[tuple[GpuView, ...], int | None], int] = {}
+        shapes = tuple(numbers.setdefault((h.gpus, h.memory_mib), len(numbers)) for h in ordered)
+        return cls(hosts=ordered, by_name={h.name: h for h in ordered}, shapes=shapes)

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from qiip_core.deployments._hosts import HostView
+from qiip_core.deployments._hosts import HostPool, HostView
 from qiip_core.deployments._resource import Deployment, HostChoice, HostFailure, PlacementExplain, Template
 from qiip_core.nodes import Engine
 from qiip_core.planner import DeviceMemory
@@ -53,8 +53,8 @@ class Fit:
 
 
 FitCheck = Callable[[Template, tuple[DeviceMemory, ...]], Fit]
-"""Plans `template` on the devices and says whether it fits (the controller caches it per template and device
-signature: hosts of one kind are planned once)."""
+"""Plans `template` on the devices and says whether it fits (`PlannerFit` shares each proof by what it is
+computed from; `place` asks once per host shape)."""
 
 
 @dataclass(frozen=True)
@@ -167,15 +167,22 @@ def _filters(deployment: Deployment, host: HostView, given: PlacementInput, quad
     return reasons
 
 
-def _score(template: Template, host: HostView, fit: Fit) -> tuple[float, list[str]]:
+def _packing(fit: Fit) -> tuple[float, str] | None:
+    """The tightest-fit part of a score: the same for every host of one shape, so made once per shape."""
+    if fit.total_mib <= 0:
+        return None
+    packing = 20.0 * min(1.0, fit.used_mib / fit.total_mib)
+    return packing, f"uses {fit.used_mib:,.0f} of {fit.total_mib:,.0f} MiB ({fit.reason})"
+
+
+def _score(template: Template, host: HostView, packing: tuple[float, str] | None) -> tuple[float, list[str]]:
     parts: list[tuple[float, str]] = []
     if template.engine in host.engines:
         parts.append((30.0, f"{template.engine} is installed there"))
     if template.source.model in host.models:
         parts.append((20.0, "it served this model before"))
-    if fit.total_mib > 0:
-        packing = 20.0 * min(1.0, fit.used_mib / fit.total_mib)
-        parts.append((packing, f"uses {fit.used_mib:,.0f} of {fit.total_mib:,.0f} MiB ({fit.reason})"))
+    if packing is not None:
+        parts.append(packing)
     if host.llmfit_score is not None:
         parts.append((0.2 * max(0.0, min(100.0, host.llmfit_score)), f"llmfit scores it {host.llmfit_score:.0f}"))
     if host.origin != "quads":
@@ -184,9 +191,22 @@ def _score(template: Template, host: HostView, fit: Fit) -> tuple[float, list[st
     return score, [f"+{p:.1f} {why}" for p, why in parts]
 
 
+def _plan_shape(
+    template: Template, host: HostView, given: PlacementInput, fit: FitCheck
+) -> tuple[str | None, tuple[float, str] | None]:
+    """Plan `template` on the devices of `host`'s shape: why not (None: it fits), and its packing part."""
+    devices = host_devices(host, cpu_profile=given.cpu_profile)
+    if isinstance(devices, str):
+        return f"it cannot be planned for: {devices}", None
+    result = fit(template, devices)
+    if not result.ok:
+        return f"the planner says it does not fit: {result.reason}", None
+    return None, _packing(result)
+
+
 def place(
     deployment: Deployment,
-    hosts: Sequence[HostView],
+    hosts: HostPool | Sequence[HostView],
     *,
     wanted: int,
     given: PlacementInput,
@@ -195,9 +215,12 @@ def place(
 ) -> tuple[list[str], PlacementExplain]:
     """Choose hosts for `wanted` new replicas of the deployment's current template.
 
+    The filters run for every host; the planner is asked once per host shape (`HostPool.shapes`) among the hosts
+    that pass them, and every host of that shape is explained with its answer.
+
     Args:
         deployment: the deployment.
-        hosts: every host of the pool, as observed now.
+        hosts: every host of the pool, as observed now (a `HostPool` brings its shapes, made once per pass).
         wanted: how many replicas to place.
         given: the time, the profile, the hosts to avoid and those holding a replica already.
         fit: the planner's check of the template on a host's devices.
@@ -207,34 +230,51 @@ def place(
     Returns:
         The chosen host names (at most `wanted`, best first) and the explain of every host.
     """
+    pool = hosts if isinstance(hosts, HostPool) else HostPool.of(hosts)
+    if len(pool.shapes) != len(pool.hosts):
+        pool = HostPool.of(pool.hosts)
     template = deployment.template
-    eligible: list[tuple[float, str, list[str]]] = []
-    refused: list[HostChoice] = []
-    for host in hosts:
+    planned: dict[int, tuple[str | None, tuple[float, str] | None]] = {}
+    scored: dict[tuple[int, bool, bool, float | None, bool], tuple[float, tuple[str, ...]]] = {}
+    eligible: list[tuple[float, str, tuple[str, ...]]] = []
+    refused: list[tuple[str, tuple[str, ...]]] = []
+    for host, shape in zip(pool.hosts, pool.shapes, strict=True):
         reasons = _filters(deployment, host, given, quads_free_for_s)
         if not reasons:
-            devices = host_devices(host, cpu_profile=given.cpu_profile)
-            if isinstance(devices, str):
-                reasons.append(f"it cannot be planned for: {devices}")
-            else:
-                result = fit(template, devices)
-                if not result.ok:
-                    reasons.append(f"the planner says it does not fit: {result.reason}")
-                else:
-                    score, parts = _score(template, host, result)
-                    eligible.append((score, host.name, parts))
-                    continue
-        refused.append(HostChoice(host=host.name, eligible=False, reasons=tuple(reasons)))
+            answer = planned.get(shape)
+            if answer is None:
+                answer = planned[shape] = _plan_shape(template, host, given, fit)
+            refusal, packing = answer
+            if refusal is None:
+                # Hosts of one shape that differ in nothing the score reads share one score and its words.
+                alike = (
+                    shape,
+                    template.engine in host.engines,
+                    template.source.model in host.models,
+                    host.llmfit_score,
+                    host.origin != "quads",
+                )
+                found = scored.get(alike)
+                if found is None:
+                    score, parts = _score(template, host, packing)
+                    found = scored[alike] = (score, tuple(parts))
+                eligible.append((found[0], host.name, found[1]))
+                continue
+            reasons.append(refusal)
+        refused.append((host.name, tuple(reasons)))
     eligible.sort(key=lambda item: (-item[0], item[1]))
     chosen = [name for _, name, _ in eligible[: max(0, wanted)]]
-    choices = [
-        HostChoice(host=name, eligible=True, reasons=tuple(parts), score=score, chosen=name in chosen)
-        for score, name, parts in eligible
-    ]
-    explain = PlacementExplain(
-        at=given.now,
-        template=template.hash,
-        wanted=wanted,
-        hosts=tuple(choices + sorted(refused, key=lambda c: c.host)),
-    )
+    picked = set(chosen)
+    made = pool.choices
+
+    def choice(name: str, ok: bool, reasons: tuple[str, ...], score: float | None, on: bool) -> HostChoice:
+        key = (name, ok, reasons, score, on)
+        found = made.get(key)
+        if found is None:
+            found = made[key] = HostChoice(host=name, eligible=ok, reasons=reasons, score=score, chosen=on)
+        return found
+
+    choices = [choice(name, True, parts, score, name in picked) for score, name, parts in eligible]
+    choices += [choice(name, False, reasons, None, False) for name, reasons in sorted(refused)]
+    explain = PlacementExplain(at=given.now, template=template.hash, wanted=wanted, hosts=tuple(choices))
     return chosen, explain

@@ -388,7 +388,7 @@ class _Pass:
         asked = spec.placement.quads_free_for_s
         window = float(asked if asked is not None else self.config.quads_free_for_s)
         chosen, self.explain = place(
-            self.deployment, self.pool.hosts, wanted=need, given=given, fit=fit, quads_free_for_s=window
+            self.deployment, self.pool, wanted=need, given=given, fit=fit, quads_free_for_s=window
         )
         for host in chosen:
             why = "rollout" if outdated else ("replacement" if group.broken else "scale up")

@@ -28,8 +28,9 @@ from qiip_core.config import HostSpec, Settings
 from qiip_core.deployments._apply import apply, delete, resolve_source, rollout, scale, undo
 from qiip_core.deployments._autoscale import Demand
 from qiip_core.deployments._capacity import CapacityPlan, Decode, Load, plan_capacity
-from qiip_core.deployments._controller import Actuator, DeploymentController, Observer, PlannerFit
+from qiip_core.deployments._controller import Actuator, DeploymentController, Observer
 from qiip_core.deployments._demand import DemandExchange, DemandMeter, LocalDemandExchange, merge_demands
+from qiip_core.deployments._fit import PlannerFit
 from qiip_core.deployments._hosts import HostView
 from qiip_core.deployments._leader import Leadership
 from qiip_core.deployments._placement import PlacementInput
