@@ -1,4 +1,4 @@
-"""Placement at fleet scale: the real deployment controller, scheduler and planner over up to 1,000 hosts.
+"""Placement at fleet scale: the real deployment controller, scheduler and planner over up to 10,000 hosts.
 
 The provisioning actuator and the fleet it observes are replaced by an IN-MEMORY STAND-IN (`InMemoryFleet`): a
 placed replica is `provisioning` for one pass, then ready; a retired one is gone a pass later. Everything else is
@@ -6,13 +6,15 @@ the code the daemon runs: `DeploymentController.tick` (observe, reconcile, act, 
 scores, explain for every host), `PlannerFit` (the planner proving each template fits each kind of host, with the
 Python estimator on model shapes of 1B to 70B llama-style models at Q4_K_M and F16).
 
-Fleets of 100, 250, 500 and 1,000 hosts of mixed GPU kinds (8×H100 80 GB, 8×A100 80 GB, 4×L40S 48 GB, 2×A10 24 GB,
-1×T4 16 GB, and CPU-less hosts QUADS lends with unknown memory), with one deployment per five hosts (200 at 1,000
-hosts) of 1–3 replicas. Printed per size: passes and seconds until every replica is placed and ready, CPU time of
-one steady-state pass (median, max), and each as a ratio to the 100-host run of the same invocation. The target:
-every pass at 1,000 hosts within 100 ms of CPU.
+Fleets of 100, 250, 500 and 1,000 hosts (and 10,000 with `--sizes …,10000`) of mixed GPU kinds (8×H100 80 GB,
+8×A100 80 GB, 4×L40S 48 GB, 2×A10 24 GB, 1×T4 16 GB: five host shapes), with one deployment per five hosts (200 at
+1,000 hosts, 2,000 at 10,000) of 1–3 replicas, each of one of 7 models and 9 sizings. Printed per size: passes and
+seconds (wall and CPU) until every replica is placed and ready, the planner proofs made for it, CPU time of one
+steady-state pass (median, max), and each as a ratio to the first size of the same invocation (the 100-host run).
+The targets: the first placement at 1,000 hosts within 3 s, every steady pass there within 100 ms of CPU.
 
     uv run python bench/placement.py [--sizes 100,250,500,1000] [--repeat 5]
+    uv run python bench/placement.py --sizes 100,10000 --repeat 3
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from qiip_core.deployments import (  # noqa: E402
     parse_spec,
 )
 from qiip_core.planner import ModelShape  # noqa: E402
+from qiip_core.planner._estimate import _compute_buffers  # noqa: E402
 from tests.support.deployments import AlwaysLeader, InMemoryDeploymentStore, InMemoryFleet  # noqa: E402
 
 GPU_KINDS = [
@@ -124,6 +127,9 @@ def deployments(count: int, rng: random.Random) -> list[Deployment]:
 
 
 async def run_size(size: int, seed: int, steady_passes: int) -> dict[str, float]:
+    # Every size starts cold: the planner's compute buffers are shared process-wide, and an earlier size of this
+    # invocation must not have replayed them for this one.
+    _compute_buffers.cache_clear()
     rng = random.Random(seed)
     fleet = InMemoryFleet(fleet_hosts(size, rng))
     store = InMemoryDeploymentStore()
@@ -170,6 +176,7 @@ async def run_size(size: int, seed: int, steady_passes: int) -> dict[str, float]
         "passes": passes,
         "place_s": place_s,
         "place_cpu_s": place_cpu_s,
+        "proofs": fit.proved,
         "tick_p50_ms": statistics.median(samples) * 1000,
         "tick_max_ms": max(samples) * 1000,
     }
@@ -185,20 +192,23 @@ def main() -> None:
     rows = [asyncio.run(run_size(size, args.seed, args.repeat)) for size in sizes]
     base = rows[0]
     print(
-        f"{'hosts':>6} {'deploy':>6} {'replicas':>8} {'unplaced':>8} {'passes':>6} {'place s':>8} {'x':>5} "
-        f"{'pass p50 ms':>11} {'pass max ms':>11} {'x':>5}"
+        f"{'hosts':>6} {'deploy':>6} {'replicas':>8} {'unplaced':>8} {'passes':>6} {'proofs':>6} {'place s':>8} "
+        f"{'cpu s':>7} {'x':>6} {'pass p50 ms':>11} {'pass max ms':>11} {'x':>6}"
     )
     for row in rows:
         print(
             f"{row['hosts']:>6} {row['deployments']:>6} {row['replicas']:>8} {row['unplaced']:>8} {row['passes']:>6} "
-            f"{row['place_s']:>8.2f} {row['place_s'] / base['place_s']:>5.1f} {row['tick_p50_ms']:>11.1f} "
-            f"{row['tick_max_ms']:>11.1f} {row['tick_p50_ms'] / base['tick_p50_ms']:>5.1f}"
+            f"{row['proofs']:>6} {row['place_s']:>8.2f} {row['place_cpu_s']:>7.2f} "
+            f"{row['place_s'] / base['place_s']:>6.1f} {row['tick_p50_ms']:>11.1f} {row['tick_max_ms']:>11.1f} "
+            f"{row['tick_p50_ms'] / base['tick_p50_ms']:>6.1f}"
         )
-    worst = max(row["tick_max_ms"] for row in rows)
-    print(
-        f"target: every steady-state pass within 100 ms of CPU; worst seen {worst:.1f} ms "
-        f"({'met' if worst <= 100 else 'NOT met'})"
-    )
+    at_1000 = [row for row in rows if row["hosts"] == 1000]
+    for row in at_1000:
+        print(
+            f"target at 1,000 hosts: first placement within 3 s, {row['place_s']:.2f} s "
+            f"({'met' if row['place_s'] <= 3 else 'NOT met'}); every steady pass within 100 ms of CPU, worst "
+            f"{row['tick_max_ms']:.1f} ms ({'met' if row['tick_max_ms'] <= 100 else 'NOT met'})"
+        )
 
 
 if __name__ == "__main__":
