@@ -50,9 +50,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from qiip_core._errors import AcquisitionPaused, DownloadFailed, ObjectMismatch
+from qiip_core._errors import AcquisitionPaused, DownloadFailed, ObjectMismatch, SourceNotAllowed
 from qiip_core.catalog._files import HASH_BLOCK, exclusive_lock, fsync_dir, hash_back, lock_held, sha256_of, write_all
 from qiip_core.catalog._manifest import ManifestFile, check_source_url
+from qiip_core.nodes import AddressRefused, checked_create_connection
 from qiip_core.storage import atomic_write
 
 __all__ = ["ObjectStore", "Reader", "Transfer"]
@@ -247,7 +248,8 @@ class ObjectStore:
             local: a local file to upload instead of fetching `file.url`.
 
         Raises:
-            SourceNotAllowed: the URL or a redirect is not HTTPS on an allowed host, or carries credentials.
+            SourceNotAllowed: the URL or a redirect is not HTTPS on an allowed host, or carries credentials, or its
+                host is (or resolves to) a link-local, unspecified or metadata address (`qiip_core.nodes`).
             ObjectMismatch: the bytes on disk differ in size or SHA-256 from the manifest; the partial object is
                 deleted.
             AcquisitionPaused: a pause was asked for; the offset is durable.
@@ -343,12 +345,18 @@ class ObjectStore:
             connection = http.client.HTTPSConnection(
                 parts.hostname or "", parts.port or 443, context=context, timeout=_TIMEOUT_S
             )
+            # The source's name is resolved and held to the address rule when it is connected to (qiip_core.nodes).
+            connection._create_connection = checked_create_connection(  # type: ignore[attr-defined]
+                setting=f"the source of {file.name}"
+            )
             try:
                 try:
                     connection.request(
                         "GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""), headers=headers
                     )
                     response = connection.getresponse()
+                except AddressRefused as exc:
+                    raise SourceNotAllowed(f"The acquisition of {file.name} is refused: {exc}.") from None
                 except (OSError, http.client.HTTPException) as exc:
                     raise _Broken(f"{type(exc).__name__}: {exc}") from exc
                 location = response.getheader("location")

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from qiip_core._errors import DownloadFailed, QiipError
+from qiip_core.nodes import hub_client_factory
 
 if TYPE_CHECKING:
     from qiip_core.config import ModelSettings
@@ -248,6 +249,22 @@ class _Progress:
         """Nothing to release."""
 
 
+_HUB_CLIENT_SET = threading.Lock()
+_hub_client_set = False
+
+
+def _check_hub_connections() -> None:
+    """Make huggingface_hub's client hold every connection to the address rule (once per process: replacing the
+    factory closes the shared client, which another download may be using)."""
+    global _hub_client_set
+    with _HUB_CLIENT_SET:
+        if not _hub_client_set:
+            from huggingface_hub import set_client_factory
+
+            set_client_factory(hub_client_factory())
+            _hub_client_set = True
+
+
 def download_files(download: Download, *, settings: ModelSettings, cache_dir: Path) -> None:
     """Run `download` to its end in this thread: resolve, fetch each file, write the ref.
 
@@ -270,6 +287,7 @@ def download_files(download: Download, *, settings: ModelSettings, cache_dir: Pa
         RevisionNotFoundError,
     )
 
+    _check_hub_connections()
     endpoint = settings.hub_endpoint
     token: str | bool = settings.hub_token.get_secret_value() if settings.hub_token else False
     what = f"{download.repo_id}@{download.revision[:80]}"

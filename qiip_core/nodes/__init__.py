@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+from qiip_core.nodes._connect import (
+    AddressRefused,
+    allowed_addresses,
+    checked_async_transport,
+    checked_create_connection,
+    hub_client_factory,
+)
 from qiip_core.nodes._endpoint import (
     DEFAULT_ALLOWED_HOSTS,
     DEFAULT_ALLOWED_NETWORKS,
@@ -36,7 +43,7 @@ from qiip_core.nodes._ollama import (
     ollama_model_key,
     resident_models,
 )
-from qiip_core.nodes._reach import METADATA_ADDRESSES, address_refusal, check_settings_url
+from qiip_core.nodes._reach import METADATA_ADDRESSES, IPNetwork, address_refusal, check_settings_url
 
 __all__ = [
     "DEFAULT_ALLOWED_HOSTS",
@@ -49,11 +56,13 @@ __all__ = [
     "OLLAMA_MIN_VERSION",
     "PROVISIONED_ENGINES",
     "PROVISIONED_ENGINE_CHOICES",
+    "AddressRefused",
     "ApiName",
     "DeploymentRef",
     "Endpoint",
     "EndpointPolicy",
     "Engine",
+    "IPNetwork",
     "LlamaCppRuntime",
     "ModelName",
     "Node",
@@ -62,9 +71,13 @@ __all__ = [
     "ProvisionedEngine",
     "ResidentModel",
     "address_refusal",
+    "allowed_addresses",
     "check_model_name",
     "check_ollama_version",
     "check_settings_url",
+    "checked_async_transport",
+    "checked_create_connection",
+    "hub_client_factory",
     "is_load_failure",
     "listed_models",
     "ollama_model_key",

@@ -111,7 +111,9 @@ class Provisioner:
         self.operations = operations
         self.store = store or create_task_store(settings, gateway_owner(settings))
         self._policy = settings.routing.endpoint_policy()
-        self.redfish = redfish or RedfishClient.from_settings(settings.redfish, check_host=self.check_host)
+        self.redfish = redfish or RedfishClient.from_settings(
+            settings.redfish, check_host=self.check_host, networks=settings.routing.endpoint_policy().networks
+        )
         if power_on is None and self.redfish.configured:
             power_on = self._power_on
         self.power_on = power_on

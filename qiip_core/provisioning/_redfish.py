@@ -21,7 +21,7 @@ import enum
 import ipaddress
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,7 @@ from qiip_core._errors import (
 )
 from qiip_core.config import RedfishSettings
 from qiip_core.discovery import read_token_file
+from qiip_core.nodes import IPNetwork, checked_async_transport
 
 __all__ = ["MAX_ANSWER_BYTES", "SYSTEMS_PATH", "PowerStatus", "RedfishClient", "ResetType"]
 
@@ -88,7 +89,10 @@ class RedfishClient:
         check_host: the node allowlist check of a host name (returns the normalised name, raises
             `HostNotAllowed`); it runs before any name is resolved.
         password: the BMC password (read from `redfish.password_file` by `from_settings`).
-        transport: the HTTP transport (tests); None: httpx's, with the settings' TLS verification.
+        transport: the HTTP transport (tests); None: httpx's, with the settings' TLS verification, every connection
+            held to the address rule (`checked_async_transport`: a BMC name resolving to a link-local, unspecified
+            or metadata address is refused when it is connected to).
+        networks: `routing.allowed_endpoint_networks`: addresses the rule allows although it would refuse them.
     """
 
     def __init__(
@@ -98,6 +102,7 @@ class RedfishClient:
         check_host: Callable[[str], str],
         password: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        networks: Iterable[IPNetwork] = (),
     ) -> None:
         self.settings = settings
         self.check_host = check_host
@@ -109,13 +114,18 @@ class RedfishClient:
             timeout=httpx.Timeout(settings.timeout_s),
             follow_redirects=False,
             trust_env=False,
-            transport=transport,
+            # Every connection passes the address rule, the BMC's name resolved at connect time (qiip_core.nodes).
+            transport=transport
+            or checked_async_transport(setting="redfish.bmc_url_template", networks=networks, verify=verify),
             headers={"Accept": "application/json", "OData-Version": "4.0"},
         )
 
     @classmethod
-    def from_settings(cls, settings: RedfishSettings, *, check_host: Callable[[str], str]) -> RedfishClient:
-        """A client for the settings, its password read from `redfish.password_file`.
+    def from_settings(
+        cls, settings: RedfishSettings, *, check_host: Callable[[str], str], networks: Iterable[IPNetwork] = ()
+    ) -> RedfishClient:
+        """A client for the settings, its password read from `redfish.password_file`; `networks` is
+        `routing.allowed_endpoint_networks`, for the address rule.
 
         Raises:
             ConfigError: the password file is missing, not private, not the daemon's own, or malformed (the
@@ -124,7 +134,7 @@ class RedfishClient:
         password = None
         if settings.password_file is not None:
             password = read_token_file(settings.password_file, setting="redfish.password_file", what="password file")
-        return cls(settings, check_host=check_host, password=password)
+        return cls(settings, check_host=check_host, password=password, networks=networks)
 
     @property
     def configured(self) -> bool:

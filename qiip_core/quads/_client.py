@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote
@@ -24,6 +24,7 @@ from pydantic import TypeAdapter, ValidationError
 from qiip_core._errors import QuadsUnavailable, safe_text
 from qiip_core._violation import first_violation
 from qiip_core.config import QuadsSettings
+from qiip_core.nodes import IPNetwork, checked_async_transport
 from qiip_core.quads._models import (
     QuadsHost,
     Reservation,
@@ -51,9 +52,12 @@ class QuadsClient:
         base_url: the server's base URL; the API is under `<base_url>/api/v3`.
         timezone: the server's IANA timezone (QUADS' naive times are its local times).
         timeout_s: deadline of one whole request (connect, send, read the answer), in seconds.
-        transport: an httpx transport (tests); None: the network.
+        transport: an httpx transport (tests); None: the network, every connection held to the address rule
+            (`checked_async_transport`: a name that resolves to a link-local, unspecified or metadata address is
+            refused when it is connected to).
         max_answer_bytes: the largest answer read, in bytes.
         max_concurrent: requests in flight at once.
+        networks: `routing.allowed_endpoint_networks`: addresses the rule allows although it would refuse them.
     """
 
     def __init__(
@@ -65,6 +69,7 @@ class QuadsClient:
         transport: httpx.AsyncBaseTransport | None = None,
         max_answer_bytes: int = MAX_ANSWER_BYTES,
         max_concurrent: int = 8,
+        networks: Iterable[IPNetwork] = (),
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.tz = ZoneInfo(timezone)
@@ -74,15 +79,16 @@ class QuadsClient:
         self._http = httpx.AsyncClient(
             base_url=self.base_url + "/api/v3",
             timeout=httpx.Timeout(timeout_s),
-            transport=transport,
+            # Every connection passes the address rule, the name resolved at connect time (qiip_core.nodes).
+            transport=transport or checked_async_transport(setting="quads.url", networks=networks),
             headers={"Accept": "application/json"},
             follow_redirects=False,
             trust_env=False,  # as for the nodes and the BMCs: proxy variables never apply
         )
 
     @classmethod
-    def from_settings(cls, settings: QuadsSettings) -> QuadsClient:
-        """A client for `[quads]` (which must be enabled)."""
+    def from_settings(cls, settings: QuadsSettings, *, networks: Iterable[IPNetwork] = ()) -> QuadsClient:
+        """A client for `[quads]` (which must be enabled); `networks` is `routing.allowed_endpoint_networks`."""
         assert settings.url is not None and settings.timezone is not None
         return cls(
             settings.url,
@@ -90,6 +96,7 @@ class QuadsClient:
             timeout_s=settings.timeout_s,
             max_answer_bytes=settings.max_answer_bytes,
             max_concurrent=settings.max_concurrent_requests,
+            networks=networks,
         )
 
     async def _get(self, path: str, params: Mapping[str, str] | None = None) -> tuple[int, Any]:

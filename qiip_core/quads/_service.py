@@ -11,6 +11,7 @@ from typing import Any
 
 from qiip_core._errors import HostReserved, QuadsUnavailable
 from qiip_core.config import QuadsSettings
+from qiip_core.nodes import IPNetwork
 from qiip_core.provisioning import Provisioner
 from qiip_core.quads._client import QuadsClient
 from qiip_core.quads._enforcer import QuadsEnforcer
@@ -34,6 +35,7 @@ class QuadsService:
         table: the routing table.
         client: the QUADS client; None: one for `settings`.
         clock: the time now.
+        networks: `routing.allowed_endpoint_networks`, for the client's address rule.
     """
 
     def __init__(
@@ -44,10 +46,11 @@ class QuadsService:
         *,
         client: QuadsClient | None = None,
         clock: Clock = utc_now,
+        networks: Iterable[IPNetwork] = (),
     ) -> None:
         self.settings = settings
         self.clock = clock
-        self.client = client or QuadsClient.from_settings(settings)
+        self.client = client or QuadsClient.from_settings(settings, networks=networks)
         self.poller = QuadsPoller(
             self.client,
             lookahead_s=settings.lookahead_s,

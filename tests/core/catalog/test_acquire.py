@@ -204,3 +204,18 @@ def test_an_artifact_resolves_only_once_its_revision_is_acquired(
     assert artifact_entrypoint(settings, registered.artifact_id).read_bytes() == blob.read_bytes()
     with pytest.raises(ArtifactNotFound, match="No GGUF generation with artifact_id"):
         artifact_entrypoint(settings, "d" * 64)
+
+
+def test_a_source_whose_name_resolves_to_a_metadata_address_is_refused_before_any_request(
+    tmp_path: Path, tls: tuple[object, Path], server: FileServer, blob: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from qiip_core.nodes import _connect
+
+    monkeypatch.setattr(_connect, "resolve", lambda host, port: ["169.254.169.254"])
+    store = ModelStore(tmp_path / "store", allowed_hosts=["mirror.lab"], chunk_bytes=CHUNK, ca_bundle=tls[1])
+    port = server.url.rsplit(":", 1)[1]
+    registered, _ = store.register(manifest(blob, f"https://mirror.lab:{port}/model.gguf"))
+    with pytest.raises(SourceNotAllowed, match=r"the source of model.gguf: mirror.lab \(which resolves to 169.254"):
+        store.acquire(registered.id)
+    assert server.served == [] and visible(store) == []
+    assert store.status(registered.id).state is AcquisitionState.FAILED
