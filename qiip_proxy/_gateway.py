@@ -145,7 +145,14 @@ class Gateway:
         )
         """llmfit's recommendations of hosts, over the provisioning SSH settings."""
         self.quads: QuadsService | None = (
-            QuadsService(settings.quads, self.provisioner, self.table) if settings.quads.enabled else None
+            QuadsService(
+                settings.quads,
+                self.provisioner,
+                self.table,
+                networks=settings.routing.endpoint_policy().networks,
+            )
+            if settings.quads.enabled
+            else None
         )
         """The QUADS scheduler's hosts, reservations and schedule enforcement (`[quads]`); None without it."""
         deployment_store = create_deployment_store(settings)
