@@ -6,7 +6,10 @@ web page on another site (content type, `Host`), and an admin password outside A
 from __future__ import annotations
 
 import base64
+import contextlib
+import http.client
 import json
+import select
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -321,3 +324,61 @@ def test_the_daemon_believes_forwarded_headers_from_the_addresses_listed(tmp_pat
     finally:
         connections.close()
         daemon.close()
+
+
+# -- earlier findings, tested again in every serving process ----------------------------------------------------
+
+
+def test_a_header_value_that_never_ends_is_refused_by_every_process_with_its_memory_bounded(
+    daemon: Daemon, connections: Connections
+) -> None:
+    """A 64 MiB value dribbled into an unfinished header once grew a process by 115 MiB before its 431."""
+    for pid in connections.pids:
+        connection = connections.on(pid, source="127.0.0.31")
+        sock = connection.sock
+        assert sock is not None
+        before = rss_bytes(pid)
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Big: ")
+        sent = 0
+        try:
+            while sent < 8 << 20 and not select.select([sock], [], [], 0)[0]:
+                sock.sendall(b"a" * 16384)
+                sent += 16384
+        except OSError:
+            pass  # the process closed the connection while the value was still coming
+        received = b""
+        with contextlib.suppress(OSError):
+            while chunk := sock.recv(65536):
+                received += chunk
+        assert received.startswith(b"HTTP/1.1 431"), (pid, received[:80])
+        assert sent < 8 << 20, "the value was taken in whole"
+        assert rss_bytes(pid) - before < 16 << 20, (pid, rss_bytes(pid) - before)
+
+
+def probe_health(connection: http.client.HTTPConnection, answered: list[int], done: threading.Event) -> None:
+    """`GET /health` back to back on `connection` until `done`, each status into `answered`."""
+    while not done.is_set():
+        answered.append(get(connection, "/health")[0])
+
+
+def test_a_body_past_the_parse_bounds_is_refused_by_every_process_while_it_keeps_answering(
+    daemon: Daemon, connections: Connections, bearer: dict[str, str]
+) -> None:
+    """Parsing once held the event loop for seconds (29 MiB of keys: /health waited 4.7 s); the work is bounded
+    now (`json_too_complex`), and the latency under such bodies is `bench/hostile_bodies.py`'s figure."""
+    keys = b"{" + b",".join(b'"k%d":0' % i for i in range(60_000)) + b"}"
+    for pid in connections.pids:
+        prober = connections.on(pid, source="127.0.0.32")
+        hostile = connections.on(pid, source="127.0.0.33")
+        answered: list[int] = []
+        done = threading.Event()
+        thread = threading.Thread(target=probe_health, args=(prober, answered, done))
+        thread.start()
+        try:
+            hostile.request("POST", "/v1/chat/completions", keys, {"Content-Type": "application/json", **bearer})
+            status, _, raw = answer(hostile)
+        finally:
+            done.set()
+            thread.join()
+        assert status == 400 and json.loads(raw)["error"]["code"] == "json_too_complex", (pid, raw[:200])
+        assert answered and set(answered) == {200}, (pid, answered[-5:])
