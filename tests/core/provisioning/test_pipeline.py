@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import asyncssh
 import pytest
@@ -32,6 +33,20 @@ def vllm_request(host: FakeHost) -> SetupRequest:
 
 def steps_logged(h: Harness, host: str) -> list[str]:
     return [e.msg for e in h.provisioner.logs.entries(host)]
+
+
+async def written_pid(pid_file: Path) -> int:
+    """The PID a host's stub wrote to `pid_file`, once written: the shell creates the file, then writes it."""
+    written: list[int] = []
+
+    def read() -> bool:
+        text = pid_file.read_text() if pid_file.exists() else ""
+        if text.strip().isdigit():
+            written.append(int(text))
+        return bool(written)
+
+    await until(read)
+    return written[0]
 
 
 def kill_engine(host: FakeHost, engine: str = "vllm") -> None:
@@ -196,8 +211,7 @@ async def test_cancelling_a_setup_mid_step_stops_the_remote_command_and_frees_th
     pid_file.unlink(missing_ok=True)
     try:
         operation = await harness.provisioner.start_setup(vllm_request(host))
-        await until(pid_file.exists)
-        stub_pid = int(pid_file.read_text())
+        stub_pid = await written_pid(pid_file)
         harness.provisioner.cancel(host.address)
         await harness.wait(operation)
         assert operation.state is OperationState.CANCELLED
@@ -356,8 +370,7 @@ async def test_an_operation_whose_etcd_lease_is_lost_stops_and_writes_nothing_mo
     hang.touch()
     try:
         operation = await h.provisioner.start_setup(vllm_request(host))
-        await until(pid_file.exists)
-        stub_pid = int(pid_file.read_text())
+        stub_pid = await written_pid(pid_file)
         holder = await asyncio.to_thread(store._holder, host.address)
         assert holder is not None
         await asyncio.to_thread(store.revoke, holder["lease"])  # as if etcd had let it expire
