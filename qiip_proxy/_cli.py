@@ -24,7 +24,7 @@ import click
 import qiip_core
 from qiip_core import ConfigError
 from qiip_core._logging import configure_logging
-from qiip_core.config import bind_listener, load_settings
+from qiip_core.config import bind_listener, check_settings_names, load_settings
 from qiip_core.engines.llamacpp import LocalNodeHandoff
 from qiip_core.routing import InFlightBoard
 from qiip_proxy._app import create_app, serving_app
@@ -90,6 +90,7 @@ def main(config: Path | None, host: str | None, port: int | None) -> None:
             overrides["local_nodes"] = [node.config() for node in handoff.nodes]
         settings = load_settings(config, **overrides)
         configure_logging(level=settings.logging.level, format=settings.logging.format)
+        check_settings_names(settings)
         workers = settings.server.worker_count()
         if workers > 1:
             _hash_seed_shared()

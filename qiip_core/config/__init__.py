@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from qiip_core.config._listen import bind_listener
 from qiip_core.config._models import ModelSettings
+from qiip_core.config._names import check_settings_names
 from qiip_core.config._settings import (
     LOCAL_NODE_PLAN_VARIABLE,
     AdminSettings,
@@ -68,6 +69,7 @@ __all__ = [
     "TelemetrySettings",
     "UpstreamSettings",
     "bind_listener",
+    "check_settings_names",
     "default_state_dir",
     "format_validation_error",
     "load_settings",

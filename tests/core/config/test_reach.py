@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from qiip_core import ConfigError
-from qiip_core.config import load_settings
+from qiip_core.config import check_settings_names, load_settings
 from qiip_core.nodes import address_refusal
 
 pytestmark = pytest.mark.usefixtures("clean_env")
@@ -86,3 +86,51 @@ def test_names_and_ordinary_addresses_load(monkeypatch: pytest.MonkeyPatch, url:
 )
 def test_which_addresses_are_refused(address: str, why: str | None) -> None:
     assert address_refusal(ipaddress.ip_address(address)) == why
+
+
+@pytest.fixture
+def names(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[str]]:
+    """A stand-in resolver (nothing leaves loopback): names in the table resolve to their addresses; each lookup is
+    recorded under the key `asked`."""
+    from qiip_core.nodes import _connect
+
+    table: dict[str, list[str]] = {"asked": []}
+
+    def resolve(host: str, port: int) -> list[str]:
+        table["asked"].append(host)
+        if host not in table:
+            raise OSError(f"{host}: Name or service not known")
+        return table[host]
+
+    monkeypatch.setattr(_connect, "resolve", resolve)
+    return table
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_a_name_resolving_to_a_refused_address_stops_the_start_naming_the_setting(
+    monkeypatch: pytest.MonkeyPatch, names: dict[str, list[str]], setting: str
+) -> None:
+    for key, value in SETTINGS[setting]("https://service.lab").items():
+        monkeypatch.setenv(key, value)
+    names["service.lab"] = ["10.0.0.7", "169.254.169.254"]
+    with pytest.raises(ConfigError) as caught:
+        check_settings_names(load_settings())
+    assert caught.value.message.startswith(
+        f"{setting}: service.lab (which resolves to 169.254.169.254) is a link-local address"
+    )
+    monkeypatch.setenv("QIIP_ROUTING__ALLOWED_ENDPOINT_NETWORKS", '["169.254.169.0/24"]')
+    check_settings_names(load_settings())
+
+
+def test_names_that_resolve_well_or_not_at_all_start_and_the_default_hub_is_not_looked_up(
+    monkeypatch: pytest.MonkeyPatch, names: dict[str, list[str]], caplog: pytest.LogCaptureFixture
+) -> None:
+    check_settings_names(load_settings())  # the default hub endpoint: not the operator's, not resolved at start
+    assert names["asked"] == []
+    for key, value in {**attached("https://localhost:1"), **quads("https://quads.lab")}.items():
+        monkeypatch.setenv(key, value)
+    names["localhost"] = ["127.0.0.1", "::1"]
+    with caplog.at_level("WARNING", logger="qiip.config"):
+        check_settings_names(load_settings())
+    assert sorted(names["asked"]) == ["localhost", "quads.lab"]
+    assert "quads.url: 'quads.lab' cannot be resolved now" in caplog.text
