@@ -14,7 +14,8 @@ naming it, so the body the gateway checked is the body the node acts on:
   encoding/json matches member names to fields without regard to case (Unicode simple folding), so Ollama would
   read it as `model` where the gateway saw no such member;
 - `NaN`, `Infinity` and `-Infinity`, which are not JSON (RFC 8259 §6);
-- a number too large for a double (`1e400`: Python reads infinity, Go refuses, nlohmann::json keeps infinity);
+- a number too large for a double (`1e400`: Python reads infinity, Go refuses, nlohmann::json keeps infinity; an
+  integer of 309 digits: Python keeps it exactly, Go refuses, nlohmann::json reads infinity);
 - a `\\u` escape of half a surrogate pair (`"\\ud800"`): Python keeps the lone surrogate, nlohmann::json refuses
   the body, Go reads U+FFFD (RFC 8259 §8.2: such strings' behaviour is unpredictable).
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from typing import Any
 
 __all__ = ["GATEWAY_FIELDS", "NotOneReading", "strict_loads"]
@@ -93,7 +95,22 @@ def _float(text: str) -> float:
     return value
 
 
+def _int(text: str) -> int:
+    """`parse_int` (only for a body with a run of 309 digits, `_LONG_DIGITS`): an integer past a double's range is
+    refused (Python keeps it exactly, Go refuses it, nlohmann::json reads infinity)."""
+    value = int(text)
+    if abs(value) > sys.float_info.max:
+        raise NotOneReading(f"it holds the number {_shown(text)}, too large for a double")
+    return value
+
+
 _DECODER = json.JSONDecoder(object_pairs_hook=_object, parse_constant=_constant, parse_float=_float)
+_EXACT_DECODER = json.JSONDecoder(
+    object_pairs_hook=_object, parse_constant=_constant, parse_float=_float, parse_int=_int
+)
+_LONG_DIGITS = re.compile(rb"[0-9]{309}")
+"""As many digits in a row as the smallest integer past a double's range has (10**308 is within it, 2**1024 is
+not): only such a body pays a Python call per integer."""
 
 
 def strict_loads(body: bytes) -> object:
@@ -124,7 +141,7 @@ def strict_loads(body: bytes) -> object:
         raise NotOneReading(
             f"it is not UTF-8 (at byte {exc.start}); JSON between systems is UTF-8 (RFC 8259 §8.1)"
         ) from None
-    value = _DECODER.decode(text)
+    value = (_EXACT_DECODER if _LONG_DIGITS.search(body) else _DECODER).decode(text)
     if isinstance(value, dict):
         for key in value:
             if key not in GATEWAY_FIELDS and (name := _FOLDED_FIELDS.get(key.casefold())) is not None:
@@ -138,9 +155,10 @@ def strict_loads(body: bytes) -> object:
 
 
 def _lone_surrogate_escape(body: bytes) -> bool:
-    """Whether `body` may hold a surrogate escape outside a pair: escaped backslashes go first (so `\\\\ud83d` is
-    text, not an escape), then every escaped pair; any surrogate escape left sends the strings to the exact check."""
-    return _SURROGATE_ESCAPE.search(_ESCAPED_PAIR.sub(b"", body.replace(b"\\\\", b""))) is not None
+    """Whether `body` may hold a surrogate escape outside a pair: escaped backslashes go first, each replaced by a NUL
+    (never in a body that got here), so `\\\\ud83d` is text, not an escape, and the escapes on either side of one
+    never join into a pair; then every escaped pair; any surrogate escape left sends the strings to the exact check."""
+    return _SURROGATE_ESCAPE.search(_ESCAPED_PAIR.sub(b"", body.replace(b"\\\\", b"\x00"))) is not None
 
 
 def _check_strings(value: object) -> None:

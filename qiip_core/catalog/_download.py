@@ -255,8 +255,16 @@ _hub_client_set = False
 
 def _check_hub_connections() -> None:
     """Make huggingface_hub's client hold every connection to the address rule (once per process: replacing the
-    factory closes the shared client, which another download may be using)."""
+    factory closes the shared client, which another download may be using), and keep every transfer on it.
+
+    A file the hub stores with Xet would otherwise go to `hf_xet`, a native client with its own resolver and
+    sockets, to a CAS server the hub's answer names: connections no Python check sees. With Xet off, huggingface_hub
+    fetches the same file over its HTTP client (`HF_HUB_DISABLE_XET`, read at each download).
+    """
     global _hub_client_set
+    from huggingface_hub import constants
+
+    constants.HF_HUB_DISABLE_XET = True
     with _HUB_CLIENT_SET:
         if not _hub_client_set:
             from huggingface_hub import set_client_factory

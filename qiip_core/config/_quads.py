@@ -62,7 +62,10 @@ class QuadsSettings(_Group):
         if value is None or not value.strip():
             return None
         value = value.strip().rstrip("/")
-        url = httpx.URL(value)
+        try:
+            url = httpx.URL(value)
+        except httpx.InvalidURL as exc:  # not a ValueError: pydantic would let it through as a crash
+            raise ValueError(f"{value!r} is not a URL: {exc}") from None
         if url.scheme not in ("http", "https") or not url.host or url.userinfo or url.query:
             raise ValueError(f"{value!r} is not an http(s):// base URL without credentials or query")
         return value

@@ -55,7 +55,10 @@ class RedfishSettings(_Group):
                 f"the template needs exactly one {{hostname}} field and no other (found: {found}), such as "
                 "https://{hostname}-bmc.mgmt.example"
             )
-        url = httpx.URL(value.replace("{hostname}", "host.invalid"))
+        try:
+            url = httpx.URL(value.replace("{hostname}", "host.invalid"))
+        except httpx.InvalidURL as exc:  # not a ValueError: pydantic would let it through as a crash
+            raise ValueError(f"{value!r} is not a URL template: {exc}") from None
         if url.scheme not in ("https", "http") or not url.host or url.userinfo:
             raise ValueError(
                 f"{value!r} is not an https:// URL without credentials (the password goes in redfish.password_file)"

@@ -19,22 +19,45 @@ __all__ = ["METADATA_ADDRESSES", "address_refusal", "check_settings_url"]
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
-METADATA_ADDRESSES = frozenset({ipaddress.ip_address("fd00:ec2::254")})
-"""Cloud metadata services outside the link-local ranges (AWS's IPv6 instance metadata endpoint)."""
+METADATA_ADDRESSES = frozenset(
+    ipaddress.ip_address(a)
+    for a in (
+        "fd00:ec2::254",  # AWS's IPv6 instance metadata endpoint
+        "100.100.100.200",  # Alibaba Cloud's instance metadata
+        "168.63.129.16",  # Azure's WireServer (host platform and metadata)
+    )
+)
+"""Cloud metadata services outside the link-local ranges."""
+
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+"""RFC 6052's well-known NAT64 prefix: the last 32 bits are the IPv4 address reached."""
+
+
+def _embedded_ipv4(address: IPAddress) -> IPAddress:
+    """The IPv4 address an IPv6 one reaches, when it embeds one: IPv4-mapped (`::ffff:a.b.c.d`), NAT64
+    (`64:ff9b::a.b.c.d`) or IPv4-compatible (`::a.b.c.d`, deprecated); else `address` itself."""
+    if not isinstance(address, ipaddress.IPv6Address):
+        return address
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    value = int(address)
+    if address in _NAT64 or (value >> 32 == 0 and value > 1):  # `::` and `::1` are IPv6's own
+        return ipaddress.IPv4Address(value & 0xFFFFFFFF)
+    return address
 
 
 def address_refusal(address: IPAddress, networks: Iterable[IPNetwork] = ()) -> str | None:
     """Why QIIP may not connect to `address` from a settings URL, or None when it may.
 
     Args:
-        address: the address (an IPv4-mapped IPv6 address is judged as its IPv4 address).
+        address: the address (an IPv6 address embedding an IPv4 one, mapped, NAT64 or compatible, is judged as the
+            IPv4 address it reaches).
         networks: `routing.allowed_endpoint_networks`: an address inside one is always allowed.
 
     Returns:
         "a link-local address", "an unspecified address", "a cloud metadata address", or None.
     """
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
+    address = _embedded_ipv4(address)
     if any(address.version == network.version and address in network for network in networks):
         return None
     if address in METADATA_ADDRESSES:
@@ -63,6 +86,13 @@ def check_settings_url(url: str, *, setting: str, networks: Iterable[IPNetwork])
         return  # the setting's own validator reports a malformed URL
     if host is None:
         return
+    if not host.isascii():
+        # The clients map a name through IDNA (UTS 46) before they connect: `１６９．２５４．１６９．２５４` becomes
+        # 169.254.169.254, which aiohttp then takes as a literal and never resolves. Judge what they will reach.
+        try:
+            host = host.encode("idna").decode("ascii")
+        except UnicodeError:
+            return  # not a name any client connects to; the setting's own validator reports it
     try:
         address = ipaddress.ip_address(host.split("%", 1)[0])
     except ValueError:

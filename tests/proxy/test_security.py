@@ -269,6 +269,12 @@ def one_reading_cases(model: str) -> list[tuple[bytes, str]]:
         (f'{{"model": "{model}", {chat}, "temperature": 1e400}}'.encode(), "too large for a double"),
         (f'{{"model": "{model}\\ud800", {chat}}}'.encode(), "surrogate"),
         (f'{{"model": "{model}", "messages": [{{"role": "user", "content": "\\udc00"}}]}}'.encode(), "surrogate"),
+        # An escaped backslash between two halves: the halves are no pair.
+        (
+            f'{{"model": "{model}", "messages": [{{"role": "user", "content": "\\ud800\\\\\\udc00"}}]}}'.encode(),
+            "surrogate",
+        ),
+        (f'{{"model": "{model}", {chat}, "temperature": 1{"0" * 400}}}'.encode(), "too large for a double"),
     ]
 
 

@@ -41,6 +41,7 @@ REFUSED = {
     "https://[::]": "unspecified",
     "https://[fd00:ec2::254]": "cloud metadata",
     "https://[::ffff:169.254.169.254]": "link-local",
+    "https://[64:ff9b::a9fe:a9fe]": "link-local",  # NAT64: reaches 169.254.169.254
 }
 
 
@@ -55,6 +56,20 @@ def test_a_settings_url_at_a_refused_address_is_refused_naming_the_setting(
         load_settings()
     message = str(refused.value)
     assert f"{setting}: " in message and REFUSED[url] in message and "routing.allowed_endpoint_networks" in message
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_a_full_width_address_is_judged_as_the_address_it_maps_to_or_refused_as_no_url(
+    monkeypatch: pytest.MonkeyPatch, setting: str
+) -> None:
+    """aiohttp maps `１６９．２５４．１６９．２５４` through IDNA to 169.254.169.254 and connects to it as a literal,
+    without a resolver; httpx refuses the name. Either way the settings do not load."""
+    for key, value in SETTINGS[setting]("https://１６９．２５４．１６９．２５４").items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert setting.split(" ")[0] in caught.value.message
+    assert "link-local" in caught.value.message or "is not a URL" in caught.value.message
 
 
 def test_an_allowed_network_lets_such_an_address_be_reached(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -79,6 +94,13 @@ def test_names_and_ordinary_addresses_load(monkeypatch: pytest.MonkeyPatch, url:
         ("0.0.0.0", "an unspecified address"),
         ("::", "an unspecified address"),
         ("fd00:ec2::254", "a cloud metadata address"),
+        ("100.100.100.200", "a cloud metadata address"),
+        ("168.63.129.16", "a cloud metadata address"),
+        ("64:ff9b::a9fe:a9fe", "a link-local address"),
+        ("::a9fe:a9fe", "a link-local address"),
+        ("::ffff:0.0.0.0", "an unspecified address"),
+        ("::1", None),
+        ("::ffff:127.0.0.1", None),
         ("127.0.0.1", None),
         ("10.1.2.3", None),
         ("2001:db8::1", None),
