@@ -42,41 +42,52 @@ class _DynamicAllocator:
         return -(-size // self.alignment) * self.alignment
 
     def alloc(self, size: int) -> int:
-        size = self.aligned(size)
+        alignment = self.alignment
+        size = -(-size // alignment) * alignment
+        blocks = self.blocks
         best, best_size = -1, _UNBOUNDED + 1
         # Best fit among every block but the last; ties go to the later block (`<=`), as in ggml.
-        for i, (_, block_size) in enumerate(self.blocks[:-1]):
+        for i in range(len(blocks) - 1):
+            block_size = blocks[i][1]
             if size <= block_size <= best_size:
                 best, best_size = i, block_size
         if best == -1:
-            best = len(self.blocks) - 1
-        block = self.blocks[best]
+            best = len(blocks) - 1
+        block = blocks[best]
         offset = block[0]
         block[0] += size
         block[1] -= size
         if block[1] == 0:
-            del self.blocks[best]
-        self.max_size = max(self.max_size, offset + size)
+            del blocks[best]
+        if offset + size > self.max_size:
+            self.max_size = offset + size
         return offset
 
     def free(self, offset: int, size: int) -> None:
-        size = self.aligned(size)
+        alignment = self.alignment
+        size = -(-size // alignment) * alignment
         blocks = self.blocks
+        end = offset + size
         for i, block in enumerate(blocks):
-            if block[0] + block[1] == offset:
+            start = block[0]
+            if start + block[1] == offset:
                 block[1] += size
-                if i + 1 < len(blocks) and block[0] + block[1] == blocks[i + 1][0]:
+                if i + 1 < len(blocks) and start + block[1] == blocks[i + 1][0]:
                     block[1] += blocks[i + 1][1]
                     del blocks[i + 1]
                 return
-            if offset + size == block[0]:
+            if end == start:
                 block[0] = offset
                 block[1] += size
-                if i > 0 and blocks[i - 1][0] + blocks[i - 1][1] == block[0]:
+                if i > 0 and blocks[i - 1][0] + blocks[i - 1][1] == offset:
                     blocks[i - 1][1] += block[1]
                     del blocks[i]
                 return
-        position = next((i for i, block in enumerate(blocks) if block[0] >= offset), len(blocks))
+        position = len(blocks)
+        for i, block in enumerate(blocks):
+            if block[0] >= offset:
+                position = i
+                break
         blocks.insert(position, [offset, size])
 
 
@@ -99,10 +110,6 @@ class _GraphAllocator:
         # A defaultdict makes a missing entry in C: the replay looks a tensor up several million times per plan.
         self.states: defaultdict[int, _State] = defaultdict(_State)
         self.sources = sources
-
-    def src(self, t: Tensor) -> tuple[Tensor, ...]:
-        """A node's sources, with tensors of other devices replaced by their copies on this one."""
-        return self.sources.get(id(t), t.src)
 
     def allocate(self, t: Tensor) -> None:
         s = self.states[id(t)]
@@ -138,6 +145,7 @@ class _GraphAllocator:
 
     def run(self, leafs: list[Tensor], nodes: list[Tensor]) -> int:
         states, sources, allocate = self.states, self.sources, self.allocate
+        get = sources.get
         for leaf in leafs:
             allocate(leaf)
         for node in nodes:
@@ -145,14 +153,16 @@ class _GraphAllocator:
                 states[id(node.view_src)].views += 1
             if node.is_input:
                 allocate(node)
-            for src in sources.get(id(node), node.src):
+            for src in get(id(node), node.src):
                 states[id(src)].children += 1
                 if src.is_input:
                     allocate(src)
         for node in nodes:
-            parents = sources.get(id(node), node.src)
+            parents = get(id(node), node.src)
             for parent in parents:
-                allocate(parent)
+                # `allocate` returns at once for these; the test here saves a call per parent.
+                if not (parent.external or parent.view_src is not None or states[id(parent)].allocated):
+                    allocate(parent)
             allocate(node)
             for parent in parents:
                 p = states[id(parent)]
@@ -169,10 +179,6 @@ class _GraphAllocator:
         return self.dyn.max_size
 
 
-def _owner(t: Tensor) -> Tensor:
-    return t.view_src if t.view_src is not None else t
-
-
 @dataclass(slots=True)
 class _DeviceGraph:
     """One device's share of the graph: its leafs, its nodes and the sources rewired to copies."""
@@ -187,23 +193,31 @@ def _split_by_device(graph: Graph, keep_copies: bool) -> dict[int, _DeviceGraph]
     parts: dict[int, _DeviceGraph] = {}
 
     def part(device: int) -> _DeviceGraph:
-        return parts.setdefault(device, _DeviceGraph([], [], {}))
+        found = parts.get(device)
+        if found is None:
+            found = parts[device] = _DeviceGraph([], [], {})
+        return found
 
     for leaf in graph.leafs:
         part(leaf.device).leafs.append(leaf)
     copies: dict[tuple[int, int], Tensor] = {}
     current, split_start = -1, 0
+    mine, mine_device = None, -1
     for node in graph.nodes:
-        device = _owner(node).device
-        mine = part(device)
-        if device != current and not node.is_view:
+        device = node.view_src.device if node.view_src is not None else node.device
+        if mine is None or device != mine_device:
+            mine, mine_device = part(device), device
+        if device != current and node.view_src is None:
             current, split_start = device, len(mine.nodes)
-        sources = []
-        for src in node.src:
-            owner = _owner(src)
+        rewired: list[Tensor] | None = None
+        for position, src in enumerate(node.src):
+            owner = src.view_src if src.view_src is not None else src
             if owner.external or owner.device == device:
-                sources.append(src)
+                if rewired is not None:
+                    rewired.append(src)
                 continue
+            if rewired is None:
+                rewired = list(node.src[:position])
             copy = copies.get((id(src), device))
             if copy is None:
                 # ggml_dup_tensor_layout: same shape and strides, in this device's buffer, at the split's start.
@@ -211,9 +225,9 @@ def _split_by_device(graph: Graph, keep_copies: bool) -> dict[int, _DeviceGraph]
                 copy.is_output = keep_copies
                 copies[(id(src), device)] = copy
                 mine.nodes.insert(split_start, copy)
-            sources.append(copy)
-        if sources != list(node.src):
-            mine.sources[id(node)] = tuple(sources)
+            rewired.append(copy)
+        if rewired is not None:
+            mine.sources[id(node)] = tuple(rewired)
         mine.nodes.append(node)
     return parts
 

@@ -30,6 +30,7 @@ assigned to, the input layer on the host, the output layer on the output device.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -116,31 +117,39 @@ class Tensor:
     def nbytes(self) -> int:
         """Its size in bytes, as `ggml_nbytes` computes it from shape and strides."""
         if self._nbytes < 0:
-            self._nbytes = self._size()
+            self._nbytes = _size(self.dtype, self.ne, self.nb)
         return self._nbytes
-
-    def _size(self) -> int:
-        if any(n <= 0 for n in self.ne):
-            return 0
-        type_bytes, block = _blocks(self.dtype)
-        if block > 1:
-            return self.ne[0] * self.nb[0] // block + sum((self.ne[i] - 1) * self.nb[i] for i in range(1, 4))
-        return type_bytes + sum((self.ne[i] - 1) * self.nb[i] for i in range(4))
 
     def same_layout(self, other: Tensor) -> bool:
         """`ggml_are_same_layout`: same type, shape and strides."""
         return self.dtype == other.dtype and self.ne == other.ne and self.nb == other.nb
 
 
+@functools.cache
 def _blocks(dtype: str) -> tuple[int, int]:
     """(bytes per block, elements per block) of a ggml type."""
     return (34, 32) if dtype == "q8_0" else (row_bytes(dtype, 1), 1)
 
 
+# A graph makes hundreds of thousands of tensors from a few dozen distinct (type, shape) pairs, so their strides
+# and sizes are computed once per pair. Both are pure functions of their arguments; a row `row_bytes` refuses
+# raises on every call (a cache keeps no exception).
+@functools.lru_cache(maxsize=4096)
 def _contiguous(dtype: str, ne: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
     nb0 = _blocks(dtype)[0]
     nb1 = row_bytes(dtype, ne[0])
     return (nb0, nb1, nb1 * ne[1], nb1 * ne[1] * ne[2])
+
+
+@functools.lru_cache(maxsize=4096)
+def _size(dtype: str, ne: tuple[int, int, int, int], nb: tuple[int, int, int, int]) -> int:
+    """`ggml_nbytes`: bytes spanned by a tensor of type `dtype`, shape `ne` and strides `nb` (bytes)."""
+    if any(n <= 0 for n in ne):
+        return 0
+    type_bytes, block = _blocks(dtype)
+    if block > 1:
+        return ne[0] * nb[0] // block + sum((ne[i] - 1) * nb[i] for i in range(1, 4))
+    return type_bytes + sum((ne[i] - 1) * nb[i] for i in range(4))
 
 
 def ne4(*dims: int) -> tuple[int, int, int, int]:
@@ -162,20 +171,27 @@ class Graph:
 
     def expand(self, tensor: Tensor) -> None:
         """Add `tensor` and every source not yet in the graph (`ggml_visit_parents_graph`)."""
+        seen, leafs, nodes = self._seen, self.leafs, self.nodes
+        if id(tensor) in seen:
+            return
+        seen.add(id(tensor))
+        # (tensor, index of its next source to visit); a source already seen is skipped before it is pushed.
         stack: list[tuple[Tensor, int]] = [(tensor, 0)]
+        push, pop = stack.append, stack.pop
         while stack:
-            t, i = stack.pop()
-            if i == 0:
-                if id(t) in self._seen:
-                    continue
-                self._seen.add(id(t))
-            if i < len(t.src):
-                stack.append((t, i + 1))
-                stack.append((t.src[i], 0))
+            t, i = pop()
+            src = t.src
+            while i < len(src) and id(src[i]) in seen:
+                i += 1
+            if i < len(src):
+                child = src[i]
+                seen.add(id(child))
+                push((t, i + 1))
+                push((child, 0))
             elif t.op == "NONE":
-                self.leafs.append(t)
+                leafs.append(t)
             else:
-                self.nodes.append(t)
+                nodes.append(t)
 
 
 @dataclass(frozen=True, kw_only=True)
