@@ -104,26 +104,26 @@ class _State:
 class _GraphAllocator:
     """`ggml_gallocr` for one device's buffer."""
 
-    def __init__(self, alignment: int, sources: Mapping[int, tuple[Tensor, ...]]) -> None:
+    def __init__(self, alignment: int, sources: Mapping[Tensor, tuple[Tensor, ...]]) -> None:
         self.dyn = _DynamicAllocator(alignment)
-        # By `id()` of the tensor; every tensor of the part stays alive in the graph while the allocator runs.
+        # By tensor, hashed by identity (`Tensor` compares by identity, `eq=False`): no `id()` call per lookup.
         # A defaultdict makes a missing entry in C: the replay looks a tensor up several million times per plan.
-        self.states: defaultdict[int, _State] = defaultdict(_State)
+        self.states: defaultdict[Tensor, _State] = defaultdict(_State)
         self.sources = sources
 
     def allocate(self, t: Tensor) -> None:
-        s = self.states[id(t)]
+        s = self.states[t]
         if t.external or s.allocated or t.view_src is not None:
             return
         s.allocated = True
         if t.op in INPLACE_OPS:
-            for parent in self.sources.get(id(t), t.src):
+            for parent in self.sources.get(t, t.src):
                 if self._take_over(t, s, parent):
                     return
         s.offset = self.dyn.alloc(t.nbytes())
 
     def _take_over(self, t: Tensor, s: _State, parent: Tensor) -> bool:
-        p = self.states[id(parent)]
+        p = self.states[parent]
         # Only memory this allocator owns (never a view, never an external buffer), never an output.
         if not p.allocated or parent.is_output or not t.same_layout(parent):
             return False
@@ -139,7 +139,7 @@ class _GraphAllocator:
     def release(self, t: Tensor) -> None:
         if t.is_output:
             return
-        s = self.states[id(t)]
+        s = self.states[t]
         self.dyn.free(s.offset, t.nbytes())
         s.allocated = False
 
@@ -150,27 +150,27 @@ class _GraphAllocator:
             allocate(leaf)
         for node in nodes:
             if node.view_src is not None:
-                states[id(node.view_src)].views += 1
+                states[node.view_src].views += 1
             if node.is_input:
                 allocate(node)
-            for src in get(id(node), node.src):
-                states[id(src)].children += 1
+            for src in get(node, node.src):
+                states[src].children += 1
                 if src.is_input:
                     allocate(src)
         for node in nodes:
-            parents = get(id(node), node.src)
+            parents = get(node, node.src)
             for parent in parents:
                 # `allocate` returns at once for these; the test here saves a call per parent.
-                if not (parent.external or parent.view_src is not None or states[id(parent)].allocated):
+                if not (parent.external or parent.view_src is not None or states[parent].allocated):
                     allocate(parent)
             allocate(node)
             for parent in parents:
-                p = states[id(parent)]
+                p = states[parent]
                 p.children -= 1
                 if p.children or p.views:
                     continue
                 if parent.view_src is not None:
-                    root = states[id(parent.view_src)]
+                    root = states[parent.view_src]
                     root.views -= 1
                     if root.views == 0 and root.children == 0 and root.allocated:
                         self.release(parent.view_src)
@@ -185,7 +185,7 @@ class _DeviceGraph:
 
     leafs: list[Tensor]
     nodes: list[Tensor]
-    sources: dict[int, tuple[Tensor, ...]]
+    sources: dict[Tensor, tuple[Tensor, ...]]
 
 
 def _split_by_device(graph: Graph, keep_copies: bool) -> dict[int, _DeviceGraph]:
@@ -200,7 +200,7 @@ def _split_by_device(graph: Graph, keep_copies: bool) -> dict[int, _DeviceGraph]
 
     for leaf in graph.leafs:
         part(leaf.device).leafs.append(leaf)
-    copies: dict[tuple[int, int], Tensor] = {}
+    copies: dict[tuple[Tensor, int], Tensor] = {}
     current, split_start = -1, 0
     mine, mine_device = None, -1
     for node in graph.nodes:
@@ -218,16 +218,16 @@ def _split_by_device(graph: Graph, keep_copies: bool) -> dict[int, _DeviceGraph]
                 continue
             if rewired is None:
                 rewired = list(node.src[:position])
-            copy = copies.get((id(src), device))
+            copy = copies.get((src, device))
             if copy is None:
                 # ggml_dup_tensor_layout: same shape and strides, in this device's buffer, at the split's start.
                 copy = Tensor(f"{src.name}#copy", "NONE", src.dtype, src.ne, src.nb, device=device)
                 copy.is_output = keep_copies
-                copies[(id(src), device)] = copy
+                copies[(src, device)] = copy
                 mine.nodes.insert(split_start, copy)
             rewired.append(copy)
         if rewired is not None:
-            mine.sources[id(node)] = tuple(rewired)
+            mine.sources[node] = tuple(rewired)
         mine.nodes.append(node)
     return parts
 

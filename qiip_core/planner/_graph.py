@@ -167,25 +167,25 @@ class Graph:
 
     nodes: list[Tensor] = field(default_factory=list)
     leafs: list[Tensor] = field(default_factory=list)
-    _seen: set[int] = field(default_factory=set)
+    _seen: set[Tensor] = field(default_factory=set)
 
     def expand(self, tensor: Tensor) -> None:
         """Add `tensor` and every source not yet in the graph (`ggml_visit_parents_graph`)."""
         seen, leafs, nodes = self._seen, self.leafs, self.nodes
-        if id(tensor) in seen:
+        if tensor in seen:
             return
-        seen.add(id(tensor))
+        seen.add(tensor)
         # (tensor, index of its next source to visit); a source already seen is skipped before it is pushed.
         stack: list[tuple[Tensor, int]] = [(tensor, 0)]
         push, pop = stack.append, stack.pop
         while stack:
             t, i = pop()
             src = t.src
-            while i < len(src) and id(src[i]) in seen:
+            while i < len(src) and src[i] in seen:
                 i += 1
             if i < len(src):
                 child = src[i]
-                seen.add(id(child))
+                seen.add(child)
                 push((t, i + 1))
                 push((child, 0))
             elif t.op == "NONE":

@@ -193,9 +193,9 @@ def _reference_expand(graph: Graph, tensor: Tensor) -> None:
     while stack:
         t, i = stack.pop()
         if i == 0:
-            if id(t) in graph._seen:
+            if t in graph._seen:
                 continue
-            graph._seen.add(id(t))
+            graph._seen.add(t)
         if i < len(t.src):
             stack.append((t, i + 1))
             stack.append((t.src[i], 0))
