@@ -18,7 +18,6 @@ result is the buffer `sched_reserve: CPU compute buffer size` logs, to the byte.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -91,90 +90,79 @@ class _DynamicAllocator:
         blocks.insert(position, [offset, size])
 
 
-@dataclass(slots=True)
-class _State:
-    """`struct hash_node`: the allocator's bookkeeping for one tensor."""
-
-    children: int = 0
-    views: int = 0
-    allocated: bool = False
-    offset: int = 0
-
-
 class _GraphAllocator:
-    """`ggml_gallocr` for one device's buffer."""
+    """`ggml_gallocr` for one device's buffer.
+
+    Its bookkeeping per tensor (`struct hash_node`) lives in the tensor's `alloc_*` slots, which
+    `compute_buffer_bytes` clears before a replay: no lookup and no record per tensor, millions of steps per plan.
+    Only this device's tensors are counted here, and the external ones (weights, caches) any part may read, which
+    are never allocated, so no count of theirs is ever read.
+    """
 
     def __init__(self, alignment: int, sources: Mapping[Tensor, tuple[Tensor, ...]]) -> None:
         self.dyn = _DynamicAllocator(alignment)
-        # By tensor, hashed by identity (`Tensor` compares by identity, `eq=False`): no `id()` call per lookup.
-        # A defaultdict makes a missing entry in C: the replay looks a tensor up several million times per plan.
-        self.states: defaultdict[Tensor, _State] = defaultdict(_State)
         self.sources = sources
 
     def allocate(self, t: Tensor) -> None:
-        s = self.states[t]
-        if t.external or s.allocated or t.view_src is not None:
+        if t.external or t.alloc_live or t.view_src is not None:
             return
-        s.allocated = True
+        t.alloc_live = True
         if t.op in INPLACE_OPS:
             for parent in self.sources.get(t, t.src):
-                if self._take_over(t, s, parent):
+                if self._take_over(t, parent):
                     return
-        s.offset = self.dyn.alloc(t.nbytes())
+        t.alloc_offset = self.dyn.alloc(t.nbytes())
 
-    def _take_over(self, t: Tensor, s: _State, parent: Tensor) -> bool:
-        p = self.states[parent]
+    def _take_over(self, t: Tensor, parent: Tensor) -> bool:
         # Only memory this allocator owns (never a view, never an external buffer), never an output.
-        if not p.allocated or parent.is_output or not t.same_layout(parent):
+        if not parent.alloc_live or parent.is_output or not t.same_layout(parent):
             return False
-        if p.children != 1 or p.views != 0:
+        if parent.alloc_children != 1 or parent.alloc_views != 0:
             return False
-        s.offset = p.offset
-        p.allocated = False
+        t.alloc_offset = parent.alloc_offset
+        parent.alloc_live = False
         extra = self.dyn.aligned(parent.nbytes()) - self.dyn.aligned(t.nbytes())
         if extra > 0:
-            self.dyn.free(p.offset + self.dyn.aligned(t.nbytes()), extra)
+            self.dyn.free(parent.alloc_offset + self.dyn.aligned(t.nbytes()), extra)
         return True
 
     def release(self, t: Tensor) -> None:
         if t.is_output:
             return
-        s = self.states[t]
-        self.dyn.free(s.offset, t.nbytes())
-        s.allocated = False
+        self.dyn.free(t.alloc_offset, t.nbytes())
+        t.alloc_live = False
 
     def run(self, leafs: list[Tensor], nodes: list[Tensor]) -> int:
-        states, sources, allocate = self.states, self.sources, self.allocate
-        get = sources.get
+        allocate = self.allocate
+        get = self.sources.get
         for leaf in leafs:
             allocate(leaf)
         for node in nodes:
             if node.view_src is not None:
-                states[node.view_src].views += 1
+                node.view_src.alloc_views += 1
             if node.is_input:
                 allocate(node)
             for src in get(node, node.src):
-                states[src].children += 1
+                src.alloc_children += 1
                 if src.is_input:
                     allocate(src)
         for node in nodes:
             parents = get(node, node.src)
             for parent in parents:
                 # `allocate` returns at once for these; the test here saves a call per parent.
-                if not (parent.external or parent.view_src is not None or states[parent].allocated):
+                if not (parent.external or parent.view_src is not None or parent.alloc_live):
                     allocate(parent)
             allocate(node)
             for parent in parents:
-                p = states[parent]
-                p.children -= 1
-                if p.children or p.views:
+                parent.alloc_children -= 1
+                if parent.alloc_children or parent.alloc_views:
                     continue
-                if parent.view_src is not None:
-                    root = states[parent.view_src]
-                    root.views -= 1
-                    if root.views == 0 and root.children == 0 and root.allocated:
-                        self.release(parent.view_src)
-                elif p.allocated:
+                root = parent.view_src
+                if root is not None:
+                    root.alloc_views -= 1
+                    if root.alloc_views == 0 and root.alloc_children == 0 and root.alloc_live:
+                        self.release(root)
+                elif parent.alloc_live:
                     self.release(parent)
         return self.dyn.max_size
 
@@ -247,6 +235,12 @@ def compute_buffer_bytes(
     Returns:
         Bytes per device, for every device that has a tensor in the graph.
     """
+    for t in graph.leafs:
+        t.alloc_children = t.alloc_views = t.alloc_offset = 0
+        t.alloc_live = False
+    for t in graph.nodes:
+        t.alloc_children = t.alloc_views = t.alloc_offset = 0
+        t.alloc_live = False
     result = {}
     for device, part in sorted(_split_by_device(graph, keep_copies).items()):
         align = alignment if isinstance(alignment, int) else alignment.get(device, 32)

@@ -108,6 +108,14 @@ class Tensor:
     _nbytes: int = field(default=-1, init=False, repr=False)
     """`nbytes()` once computed (-1 before): the allocator asks for it at every step, and shape and strides
     never change once a tensor is made."""
+    alloc_children: int = field(default=0, init=False, repr=False)
+    """The allocator's count of this tensor's users still to run (`hash_node.n_children`), during a replay."""
+    alloc_views: int = field(default=0, init=False, repr=False)
+    """The allocator's count of views of it still in use (`hash_node.n_views`), during a replay."""
+    alloc_live: bool = field(default=False, init=False, repr=False)
+    """Whether the allocator holds memory for it (`hash_node.allocated`), during a replay."""
+    alloc_offset: int = field(default=0, init=False, repr=False)
+    """Its offset in the device's buffer in bytes (`hash_node.offset`), during a replay."""
 
     @property
     def is_view(self) -> bool:
