@@ -234,6 +234,9 @@ def compute_buffer_bytes(
 
     Returns:
         Bytes per device, for every device that has a tensor in the graph.
+
+    The replay keeps its bookkeeping in the graph's tensors (`Tensor.alloc_*`, cleared here first), so a graph
+    is replayed by one caller at a time; the estimator builds a graph per replay and shares none.
     """
     for t in graph.leafs:
         t.alloc_children = t.alloc_views = t.alloc_offset = 0
