@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from textual.pilot import Pilot
-from textual.widgets import DataTable, Input
+from textual.widgets import DataTable, Input, ProgressBar
 
 from qiip_core.client import ClientError, DaemonUnreachable, NodeInfo, Unauthorized
 from qiip_tui import QiipConsole
@@ -74,6 +74,13 @@ def console(client: FakeClient | None = None) -> QiipConsole:
     # frame the picture happens to catch (a busy machine catches another one).
     app.animation_level = "none"
     return app
+
+
+def downloads_filled(screen: ModelsScreen) -> bool:
+    """Both sample downloads are shown and the running one's bar holds its bytes: a row is filled after its first
+    refresh, and a picture taken before that (a busy machine) would catch the bar empty or part-drawn."""
+    bars = [row.query_one(ProgressBar) for row in screen.query(".download")]
+    return len(bars) == 2 and [bar.progress for bar in bars] == [2_000_000_000, 0]
 
 
 async def fleet_ready(pilot: Pilot[Any]) -> None:
@@ -303,7 +310,7 @@ def test_setup_form(snap_compare: Snap, size: tuple[int, int]) -> None:
 def test_models(snap_compare: Snap, size: tuple[int, int]) -> None:
     async def loaded(pilot: Pilot[Any]) -> None:
         screen = await screen_of(pilot, ModelsScreen)
-        await wait_for(pilot, lambda: len(screen.query(".download")) == 2, what="the downloads")
+        await wait_for(pilot, lambda: downloads_filled(screen), what="the downloads, their bars filled")
         await pilot.pause()
 
     client = FakeModelsClient(sample_fleet(), metrics=SAMPLE_METRICS)
@@ -329,7 +336,7 @@ def test_deployments(snap_compare: Snap, size: tuple[int, int]) -> None:
 def test_download_dialog(snap_compare: Snap, size: tuple[int, int]) -> None:
     async def loaded(pilot: Pilot[Any]) -> None:
         screen = await screen_of(pilot, ModelsScreen)
-        await wait_for(pilot, lambda: len(screen.query(".download")) == 2, what="the downloads")
+        await wait_for(pilot, lambda: downloads_filled(screen), what="the downloads, their bars filled")
 
     async def typed(pilot: Pilot[Any]) -> None:
         await screen_of(pilot, DownloadModal)
