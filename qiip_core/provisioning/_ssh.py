@@ -280,6 +280,10 @@ class SshConnection:
             status = completed.exit_status if completed.exit_status is not None else -1
             return RemoteResult(exit_status=status, last_lines=tuple(tail))
         except BaseException:
+            if pgid is None:
+                # Stopped before the group's number was read (a deadline that fell right after the start): the
+                # command runs on, detached, unless its number is read now.
+                pgid = await asyncio.shield(self._late_pgid(queue))
             if pgid is not None:
                 await asyncio.shield(self._kill_group(pgid))
             raise
@@ -320,6 +324,25 @@ class SshConnection:
         except (asyncssh.Error, OSError):
             pass
         await queue.put(None)  # not reached when cancelled: the consumer is gone then
+
+    async def _late_pgid(
+        self, queue: asyncio.Queue[tuple[str, Literal["stdout", "stderr"]] | None], timeout_s: float = 5.0
+    ) -> int | None:
+        """The process group's number, read from the output still coming (the wrapper prints it first), or None when
+        it does not come within `timeout_s` seconds or the output ends without it."""
+        ends = 0
+        try:
+            async with asyncio.timeout(timeout_s):
+                while ends < 2:  # stdout's end and stderr's; one may have been read already (then the deadline ends it)
+                    item = await queue.get()
+                    if item is None:
+                        ends += 1
+                    elif item[1] == "stdout" and (match := _PGID.match(item[0])):
+                        return int(match.group(1))
+        except TimeoutError:
+            pass
+        logger.warning("%s: the remote command was stopped before its process group was known", self.target.host)
+        return None
 
     async def _kill_group(self, pgid: int) -> None:
         command = f"kill -TERM -- -{pgid} 2>/dev/null; sleep 3; kill -KILL -- -{pgid} 2>/dev/null; true"

@@ -146,6 +146,19 @@ async def test_llmfit_failing_is_an_llmfit_error_with_its_reason(
     assert "GLIBC" not in caught.value.message and "exited with 1: " in caught.value.message
 
 
+def waiting_on(path: Path) -> list[int]:
+    """The processes of this machine (the test hosts' too) whose command line names `path`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if str(path).encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue  # it ended while it was listed
+    return found
+
+
 async def test_a_silent_llmfit_is_stopped_at_the_deadline(
     hosts: SshHosts, tmp_path: Path, binary: LlmfitBinary
 ) -> None:
@@ -156,6 +169,11 @@ async def test_a_silent_llmfit_is_stopped_at_the_deadline(
     with pytest.raises(RemoteTimeout) as caught:
         await slow.recommend(hosts[0].address, profile=str(fifo))
     assert caught.value.status == 504
+    # Stopped on the host too, also when the deadline fell before the command's process group was known: nothing is
+    # left waiting on the FIFO.
+    async with asyncio.timeout(60):
+        while waiting_on(fifo):  # noqa: ASYNC110 - a process's end on the host has no event to wait on
+            await asyncio.sleep(0.1)
 
 
 async def test_refusals_come_before_any_ssh(hosts: SshHosts, tmp_path: Path, binary: LlmfitBinary) -> None:
