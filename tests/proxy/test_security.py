@@ -388,3 +388,24 @@ def test_a_body_past_the_parse_bounds_is_refused_by_every_process_while_it_keeps
             thread.join()
         assert status == 400 and json.loads(raw)["error"]["code"] == "json_too_complex", (pid, raw[:200])
         assert answered and set(answered) == {200}, (pid, answered[-5:])
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "setting"),
+    [
+        ("QIIP_ATTACHED", '[{"name": "hosted", "url": "https://[fd00:ec2::254]", "model": "m"}]', "attached[0].url"),
+        ("QIIP_QUADS__URL", "https://169.254.169.254", "quads.url"),
+        ("QIIP_MODELS__HUB_ENDPOINT", "https://[::ffff:169.254.169.254]", "models.hub_endpoint"),
+    ],
+)
+def test_a_daemon_whose_settings_name_a_metadata_address_does_not_start(
+    tmp_path: Path, variable: str, value: str, setting: str
+) -> None:
+    env = {variable: value, **SECURE_ENV}
+    if variable == "QIIP_QUADS__URL":
+        env["QIIP_QUADS__TIMEZONE"] = "UTC"  # a QUADS URL goes with its server's timezone
+    with pytest.raises(RuntimeError, match="the daemon exited with 2") as caught:
+        Daemon(tmp_path, env=env).start()
+    said = str(caught.value).split("qiip-proxy:", 1)[1]  # what it printed as it refused to start, and nothing else
+    assert setting in said and "which QIIP does not connect to" in said and "allowed_endpoint_networks" in said
+    assert "Traceback" not in said
