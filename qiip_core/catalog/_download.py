@@ -262,13 +262,11 @@ def _check_hub_connections() -> None:
     fetches the same file over its HTTP client (`HF_HUB_DISABLE_XET`, read at each download).
     """
     global _hub_client_set
-    from huggingface_hub import constants
-
-    constants.HF_HUB_DISABLE_XET = True
     with _HUB_CLIENT_SET:
         if not _hub_client_set:
-            from huggingface_hub import set_client_factory
+            from huggingface_hub import constants, set_client_factory
 
+            constants.HF_HUB_DISABLE_XET = True
             set_client_factory(hub_client_factory())
             _hub_client_set = True
 

@@ -24,16 +24,14 @@ logger = logging.getLogger("qiip.config")
 
 
 def _named_urls(settings: Settings) -> list[tuple[str, str]]:
-    """`(setting, url)` of every configured URL whose host is a name, in the settings' order."""
-    urls = [(f"attached[{i}].url ({profile.name})", profile.url) for i, profile in enumerate(settings.attached)]
-    if settings.quads.url is not None:
-        urls.append(("quads.url", settings.quads.url))
-    if "hub_endpoint" in settings.models.model_fields_set and settings.models.hub_endpoint is not None:
-        urls.append(("models.hub_endpoint", settings.models.hub_endpoint))
-    template = settings.redfish.bmc_url_template
-    if template is not None and "{" not in template:
-        urls.append(("redfish.bmc_url_template", template))
-    return urls
+    """`(setting, url)` of the connected URLs an operator configured (`Settings.connected_urls`): the hub's only
+    when set (the default is not the operator's), a BMC template only without `{hostname}` (one host to resolve)."""
+    return [
+        (setting, url)
+        for setting, url in settings.connected_urls()
+        if not (setting == "models.hub_endpoint" and "hub_endpoint" not in settings.models.model_fields_set)
+        and not (setting == "redfish.bmc_url_template" and "{" in url)
+    ]
 
 
 def check_settings_names(settings: Settings, *, timeout_s: float = 5.0) -> None:

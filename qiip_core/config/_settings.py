@@ -164,18 +164,24 @@ class Settings(BaseSettings):
             )
         return self
 
-    @model_validator(mode="after")
-    def _reachable_urls(self) -> Settings:
-        # One rule for every URL QIIP connects to from its settings (`qiip_core.nodes.check_settings_url`).
-        networks = self.routing.endpoint_policy().networks
+    def connected_urls(self) -> list[tuple[str, str]]:
+        """`(setting, url)` of every URL QIIP connects to from its settings, in the settings' order: each
+        `[[attached]]` url, `quads.url`, `models.hub_endpoint` and `redfish.bmc_url_template` (a template), where
+        set. The one list the address rule is applied to (`qiip_core.nodes.check_settings_url` when the settings
+        load, `qiip_core.config.check_settings_names` when the daemon starts)."""
         urls: list[tuple[str, str | None]] = [
             (f"attached[{i}].url ({profile.name})", profile.url) for i, profile in enumerate(self.attached)
         ]
         urls += [("quads.url", self.quads.url), ("models.hub_endpoint", self.models.hub_endpoint)]
         urls.append(("redfish.bmc_url_template", self.redfish.bmc_url_template))
-        for setting, url in urls:
-            if url is not None:
-                check_settings_url(url, setting=setting, networks=networks)
+        return [(setting, url) for setting, url in urls if url is not None]
+
+    @model_validator(mode="after")
+    def _reachable_urls(self) -> Settings:
+        # One rule for every URL QIIP connects to from its settings (`qiip_core.nodes.check_settings_url`).
+        networks = self.routing.endpoint_policy().networks
+        for setting, url in self.connected_urls():
+            check_settings_url(url, setting=setting, networks=networks)
         return self
 
     @model_validator(mode="after")
