@@ -12,6 +12,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Header, Label, ProgressBar, Static
+from textual.widgets._progress_bar import Bar  # the bar inside ProgressBar, which it does not export
 
 from qiip_core.client import ApiError, ClientError
 from qiip_tui._models import GENERATION_COLUMNS, catalog_rows, catalog_summary, download_line
@@ -167,6 +168,9 @@ class ModelsScreen(ConsoleScreen[None]):
         bar = row.query_one(ProgressBar)
         total = download.get("bytes_total")
         bar.update(total=total if total else None, progress=download.get("bytes_done") or 0)
+        # Textual's bar rounds its fill to the width it has when its value changes: a value set before the row had
+        # its final width would stay drawn for the old one. Setting it again at each poll draws it for the width now.
+        bar.query_one("#bar", Bar).percentage = bar.percentage
         bar.display = download.get("state") != "failed"  # the label says why; an empty bar would only pulse
 
 

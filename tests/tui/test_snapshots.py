@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, ProgressBar
+from textual.widgets._progress_bar import Bar
 
 from qiip_core.client import ClientError, DaemonUnreachable, NodeInfo, Unauthorized
 from qiip_tui import QiipConsole
@@ -80,7 +81,17 @@ def downloads_filled(screen: ModelsScreen) -> bool:
     """Both sample downloads are shown and the running one's bar holds its bytes: a row is filled after its first
     refresh, and a picture taken before that (a busy machine) would catch the bar empty or part-drawn."""
     bars = [row.query_one(ProgressBar) for row in screen.query(".download")]
-    return len(bars) == 2 and [bar.progress for bar in bars] == [2_000_000_000, 0]
+    return len(bars) == 2 and [bar.progress for bar in bars] == [2_000_000_000, 0] and all(map(drawn_for_width, bars))
+
+
+def drawn_for_width(bar: ProgressBar) -> bool:
+    """The bar's fill is rounded for the width it has now (Textual rounds it to half cells of the width at the time
+    the value is set; the screen sets it again at each poll). A bar without a total has no fill to round."""
+    if bar.percentage is None:
+        return True
+    inner = bar.query_one("#bar", Bar)
+    halves = inner.size.width * 2
+    return halves > 0 and inner.percentage == int(bar.percentage * halves) / halves
 
 
 async def fleet_ready(pilot: Pilot[Any]) -> None:
