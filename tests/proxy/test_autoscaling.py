@@ -111,13 +111,16 @@ def test_load_scales_a_deployment_up_and_back_down_and_recommend_mode_only_says_
         assert changed.status_code == 200, changed.text
         wait_until(lambda: settled(fleet.daemon, "surge", 3), 300, "three replicas under load")
     assert load.failed == 0, load.errors
-    assert scaled(fleet, "surge")[0] == "1 → 3", scaled(fleet, "surge")
+    # Up to three in steps that only rise: one step of 1 → 3 when the window saw all six clients in flight, or more
+    # when a busy machine kept some of them between requests for part of it.
+    ups = scaled(fleet, "surge")
+    assert ups and ups[-1].endswith("→ 3") and all(int(a) < int(b) for a, b in (s.split(" → ") for s in ups)), ups
     # The load falls to one client resting between requests: one step down per cooldown, each replica drained
     # first, no request lost.
     with ClientLoop(fleet.daemon.url, "surge", pause_s=0.5) as light:
         wait_until(lambda: settled(fleet.daemon, "surge", 1), 300, "back to one replica")
     assert light.failed == 0, light.errors
-    assert scaled(fleet, "surge") == ["1 → 3", "3 → 2", "2 → 1"]
+    assert scaled(fleet, "surge") == [*ups, "3 → 2", "2 → 1"]
     assert 'qiip_deployment_replicas{deployment="surge",state="ready"} 1.0' in fleet.daemon.metrics()
     assert fleet.daemon.admin.delete("/admin/deployments/surge").status_code == 202
     wait_until(lambda: fleet.daemon.admin.get("/admin/deployments/surge").status_code == 404, 300, "surge removed")
