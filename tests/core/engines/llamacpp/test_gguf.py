@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -115,7 +118,18 @@ def test_the_header_reader_agrees_with_gguf_readers_on_every_test_architecture(t
 
 def _reference_untraced(path: Path) -> tuple[dict[str, Any], list[list[Any]]]:
     """`_reference(path)` read in a process of its own that coverage does not trace, as JSON: `gguf.GGUFReader` is
-    the oracle, not QIIP's code, and on the real Gemma (262,144 tokens) it takes 17 s of CPU, twice that traced."""
+    the oracle, not QIIP's code, and on the real Gemma (262,144 tokens) it takes 17 s of CPU, twice that traced.
+
+    The reading depends only on the file's bytes and gguf's version, so it is kept beside the file under a name made
+    of both (`.NAME.gguf-reader-VERSION-SHA256.json`) and read from there by later runs; a changed file or another gguf
+    is read again.
+    """
+    with path.open("rb") as file:
+        digest = hashlib.file_digest(file, "sha256").hexdigest()
+    kept = path.parent / f".{path.name}.gguf-reader-{importlib.metadata.version('gguf')}-{digest}.json"
+    if kept.exists():
+        values, tensors = json.loads(kept.read_text())
+        return values, tensors
     code = (
         "import json, sys; from pathlib import Path; "
         "from tests.core.engines.llamacpp.test_gguf import _reference; "
@@ -130,6 +144,9 @@ def _reference_untraced(path: Path) -> tuple[dict[str, Any], list[list[Any]]]:
         check=True,
     )
     values, tensors = json.loads(done.stdout)
+    partial = kept.with_name(f"{kept.name}.{os.getpid()}.partial")
+    partial.write_text(done.stdout)
+    partial.replace(kept)
     return values, tensors
 
 
