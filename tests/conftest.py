@@ -16,6 +16,7 @@ from tests.support.model_cache import ModelCache, build_model_cache
 from tests.support.nvml_stub import build_nvml_stub
 from tests.support.openai_client import close_all
 from tests.support.redfish import RedfishEmulator
+from tests.support.zygote import close_zygote
 
 # No test may reach huggingface.co: huggingface_hub reads these when it is first imported, so they are set before
 # any test imports it. A test that downloads points `models.hub_endpoint` at a loopback fake hub and turns offline
@@ -39,6 +40,14 @@ def close_openai_clients() -> Iterator[None]:
     """Close the `openai` clients a test made with `tests.support.openai_client.openai_client`."""
     yield
     close_all()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def daemon_zygote() -> Iterator[None]:
+    """End the process the test daemons are forked from (`tests.support.zygote`) when the session ends, and wait
+    for it, so that its coverage data is written before the data is combined."""
+    yield
+    close_zygote()
 
 
 @pytest.fixture(scope="session")

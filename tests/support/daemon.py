@@ -8,7 +8,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ from qiip_core.config import load_settings
 from qiip_core.discovery import add_to_state_file, remove_from_state_file
 from qiip_core.nodes import Engine, Node, NodeCapabilities
 from tests.support.cli import clean_environ
+from tests.support.zygote import DaemonProcess, spawn_daemon
 
 FAST_ENV = {
     # A probe of each node 4 times a second: a node's failure is seen within a quarter second, and a daemon of six
@@ -95,20 +95,20 @@ def closed_by_server(sock: socket.socket) -> bool:
     return True
 
 
-def stop_process(process: subprocess.Popen[bytes], *, sig: int = signal.SIGTERM, timeout_s: float) -> int:
+def stop_process(process: DaemonProcess, *, sig: int = signal.SIGTERM, timeout_s: float) -> int:
     """Send `sig` to `process` if it still runs and wait for it to end; kill it after `timeout_s` seconds.
 
     Returns:
         Its exit code (negative: the signal that ended it).
     """
-    if process.poll() is None:
-        process.send_signal(sig)
-        try:
-            process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-    return process.returncode
+    if (code := process.poll()) is not None:
+        return code
+    process.send_signal(sig)
+    try:
+        return process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait()
 
 
 class Daemon:
@@ -125,7 +125,7 @@ class Daemon:
         self.env = {**FAST_ENV, **(env or {}), "QIIP_STATE_DIR": str(state_dir)}
         self.config = config
         self.log_path = state_dir / "daemon.log"
-        self.process: subprocess.Popen[bytes] | None = None
+        self.process: DaemonProcess | None = None
         self._use_port(free_port())
 
     def _use_port(self, port: int) -> None:
@@ -157,12 +157,10 @@ class Daemon:
     def _start(self) -> Daemon:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         env = clean_environ() | self.env
-        argv = [sys.executable, "-m", "qiip_proxy", "--port", str(self.port)]
+        args = ["--port", str(self.port)]
         if self.config is not None:
-            argv += ["--config", str(self.config)]
-        log = self.log_path.open("ab")
-        self.process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.state_dir)
-        log.close()
+            args += ["--config", str(self.config)]
+        self.process = spawn_daemon(args, env, self.state_dir, self.log_path)
         try:
             # Python's start-up alone takes seconds when other processes share the cores.
             wait_until(self._up, 2 * WAIT_S, "the daemon to listen")

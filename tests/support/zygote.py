@@ -1,0 +1,314 @@
+"""Start test daemons by forking a process that has imported the daemon already (a zygote, as Android starts apps).
+
+`python -m qiip_proxy` spends about 2 s of CPU importing its modules before it reads a setting, twice that under
+coverage, and the suite starts over a hundred daemons. The zygote imports them once per test process; each daemon is
+then a fork of it that sets its environment, working directory and output, and runs `python -m qiip_proxy ARGS` from
+there (`runpy`, as `-m` does). What the daemon does after its imports is the same code on the same arguments.
+
+A fork is used only where it is the same as a new process:
+- the environment differs from the zygote's only in variables read when they are used (`QIIP_` settings, `PATH`,
+  `HOME`, `HF_` and the like, see `RUNTIME_VARIABLES`), never in one read at interpreter start or at import
+  (`PYTHON*`, `LD_LIBRARY_PATH`, `COVERAGE_*`, locale, ...);
+- the daemon serves from one process (`server.workers` of 1): more workers set `PYTHONHASHSEED` and start the
+  daemon again (`os.execv` of its command line), which must be `python -m qiip_proxy`.
+Anything else is started as a new process, as before (`spawn_daemon`).
+
+The zygote is a child of the test process, ends when the test process's end closes its stdin, and reaps the daemons
+it forked, writing each one's exit code to a file; `ForkedProcess` gives tests what they use of `subprocess.Popen`.
+Under coverage (`patch = ["fork"]`), each forked daemon measures itself into a data file of its own.
+
+    python -m tests.support.zygote SOCKET STATUS_DIR   # the zygote itself; tests use `spawn_daemon`
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Protocol
+
+ROOT = Path(__file__).resolve().parents[2]
+
+RUNTIME_VARIABLES = ("QIIP_", "PATH", "HOME", "HF_", "XDG_", "TMPDIR", "SSH_", "NO_PROXY", "no_proxy")
+"""Prefixes of the environment variables that a forked daemon may have and the zygote not (or with another value):
+each is read where it is used (settings, `shutil.which`, the hub client's first import), none at interpreter start."""
+
+
+class DaemonProcess(Protocol):
+    """What tests use of a daemon's process: `subprocess.Popen` or `ForkedProcess`."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+    def kill(self) -> None: ...
+
+
+class ForkedProcess:
+    """A daemon forked by the zygote, with the part of `subprocess.Popen`'s interface tests use.
+
+    Its exit code is the zygote's reading of it (`os.waitstatus_to_exitcode`: negative for the signal that ended
+    it), from the file the zygote writes when it reaps it.
+    """
+
+    def __init__(self, pid: int, args: Sequence[str], status_path: Path) -> None:
+        self.pid = pid
+        self.args = list(args)
+        self.returncode: int | None = None
+        self._status_path = status_path
+
+    def poll(self) -> int | None:
+        """The exit code once the zygote has reaped it, else None."""
+        if self.returncode is None:
+            try:
+                self.returncode = int(self._status_path.read_text())
+            except (FileNotFoundError, ValueError):
+                return None
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for its end (at most `timeout` seconds) and return its exit code.
+
+        Raises:
+            subprocess.TimeoutExpired: it still ran after `timeout` seconds.
+        """
+        if (code := self.poll()) is not None:
+            return code
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            pidfd = os.pidfd_open(self.pid)
+        except ProcessLookupError:
+            pidfd = None  # reaped already: the file comes next
+        if pidfd is not None:
+            try:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if not select.select([pidfd], [], [], remaining)[0]:
+                    raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+            finally:
+                os.close(pidfd)
+        # Ended: the zygote reaps it and writes its code at once (a busy machine can delay that by a moment).
+        pause_s = 0.001
+        while (code := self.poll()) is None:
+            time.sleep(pause_s)
+            pause_s = min(0.05, pause_s * 2)
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        """Send `sig`, unless it has ended."""
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class _Zygote:
+    """The zygote of this test process: started on first use, ended with the process (`atexit`)."""
+
+    def __init__(self) -> None:
+        self._dir = Path(tempfile.mkdtemp(prefix="qiip-zygote-"))
+        self.socket_path = self._dir / "zygote.sock"
+        self.status_dir = self._dir / "status"
+        self.status_dir.mkdir()
+        self.environ = _base_environ()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.zygote", str(self.socket_path), str(self.status_dir)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=self.environ,
+            cwd=ROOT,
+        )
+        assert self.process.stdout is not None
+        ready = self.process.stdout.readline()
+        if ready != b"ready\n":
+            self.process.kill()
+            raise RuntimeError(f"the zygote did not start: {ready!r}")
+        self._lock = threading.Lock()
+
+    def fork(self, args: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> ForkedProcess:
+        request = {"args": list(args), "env": dict(env), "cwd": str(cwd), "log": str(log_path)}
+        with self._lock, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.connect(str(self.socket_path))
+            conn.sendall(json.dumps(request).encode() + b"\n")
+            answer = b""
+            while not answer.endswith(b"\n"):
+                chunk = conn.recv(64)
+                if not chunk:
+                    raise RuntimeError(f"the zygote did not fork: {answer!r}")
+                answer += chunk
+        pid = int(answer)
+        return ForkedProcess(pid, [sys.executable, "-m", "qiip_proxy", *args], self.status_dir / str(pid))
+
+    def close(self) -> None:
+        """End the zygote (its daemons are the tests' to stop) and wait, so that its coverage data is written."""
+        if self.process.poll() is None:
+            assert self.process.stdin is not None
+            self.process.stdin.close()
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+_zygote: _Zygote | None = None
+_zygote_lock = threading.Lock()
+
+
+def _base_environ() -> dict[str, str]:
+    """The environment the zygote starts with: this process's, without its `QIIP_` settings (as `clean_environ`)."""
+    return {name: value for name, value in os.environ.items() if not name.startswith("QIIP_")}
+
+
+def forkable(env: Mapping[str, str], base: Mapping[str, str]) -> bool:
+    """Whether a daemon with environment `env` can be a fork of a zygote started with `base`: every variable that
+    differs is one of `RUNTIME_VARIABLES`, and the daemon serves from one process."""
+    names = set(env) | set(base)
+    differing = [name for name in names if env.get(name) != base.get(name)]
+    if not all(name.startswith(RUNTIME_VARIABLES) for name in differing):
+        return False
+    return env.get("QIIP_SERVER__WORKERS") == "1"
+
+
+def spawn_daemon(args: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> DaemonProcess:
+    """`python -m qiip_proxy ARGS` with environment `env` in `cwd`, its output appended to `log_path`: a fork of the
+    zygote where that is the same (see the module's docstring), else a new process. `SUITE_ZYGOTE=0` turns the
+    zygote off."""
+    global _zygote
+    if os.environ.get("SUITE_ZYGOTE", "1") != "0" and "--config" not in args:
+        with _zygote_lock:
+            if _zygote is None:
+                _zygote = _Zygote()
+                atexit.register(_zygote.close)
+        if forkable(env, _zygote.environ):
+            return _zygote.fork(args, env, cwd, log_path)
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "qiip_proxy", *args], env=dict(env), stdout=log, stderr=subprocess.STDOUT, cwd=cwd
+        )
+
+
+def close_zygote() -> None:
+    """End this process's zygote, if it started one."""
+    global _zygote
+    with _zygote_lock:
+        if _zygote is not None:
+            _zygote.close()
+            _zygote = None
+
+
+# -- the zygote's side ----------------------------------------------------------------------------------------------
+
+
+def _serve(socket_path: str, status_dir: Path) -> None:
+    """Import the daemon, then fork a daemon for each request until stdin closes. Returns only in the zygote; in a
+    forked daemon, the daemon's end (`SystemExit`) comes up through here to the interpreter's."""
+    import qiip_proxy
+
+    qiip_proxy._headless()
+    import qiip_proxy._cli  # the imports every daemon makes, made once here
+
+    # Under coverage (`sigterm = true`), this process's measurement saves itself on SIGTERM, and a fork's new one
+    # calls the handler it replaces: every daemon stopped with SIGTERM would write this process's data again. The
+    # zygote ends by its stdin, never by SIGTERM.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(socket_path)
+    listener.listen(16)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    assert threading.active_count() == 1, "a fork copies one thread: the imports must start none"
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    while True:
+        readable = select.select([listener, wake_r, sys.stdin], [], [])[0]
+        if wake_r in readable:
+            os.read(wake_r, 4096)
+        _reap(status_dir)
+        if sys.stdin in readable and not os.read(sys.stdin.fileno(), 4096):
+            break
+        if listener in readable:
+            conn, _ = listener.accept()
+            request = json.loads(conn.makefile("rb").readline())
+            pid = os.fork()
+            if pid == 0:
+                for sock in (conn, listener):
+                    sock.close()
+                for fd in (wake_r, wake_w):
+                    os.close(fd)
+                _become_daemon(request)
+                raise SystemExit(0)
+            conn.sendall(f"{pid}\n".encode())
+            conn.close()
+    listener.close()
+    Path(socket_path).unlink(missing_ok=True)
+    _reap(status_dir)
+
+
+def _reap(status_dir: Path) -> None:
+    """Write the exit code of each ended child to `status_dir/PID` (written whole, then renamed)."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        partial = status_dir / f"{pid}.partial"
+        partial.write_text(str(os.waitstatus_to_exitcode(status)))
+        partial.replace(status_dir / str(pid))
+
+
+def _become_daemon(request: dict[str, object]) -> None:
+    """In the forked child: the request's environment, directory and output, then `python -m qiip_proxy ARGS`."""
+    import runpy
+
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    env = request["env"]
+    assert isinstance(env, dict)
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(str(request["cwd"]))
+    log = os.open(str(request["log"]), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    tempfile.tempdir = None  # found again from this environment's TMPDIR
+    args = request["args"]
+    assert isinstance(args, list)
+    sys.argv = ["-m", *args]
+    sys.orig_argv = [sys.executable, "-m", "qiip_proxy", *args]
+    runpy.run_module("qiip_proxy", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    _serve(sys.argv[1], Path(sys.argv[2]))
