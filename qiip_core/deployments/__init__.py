@@ -36,6 +36,7 @@ from qiip_core.deployments._fleet import FleetObserver, ProvisioningActuator, gp
 from qiip_core.deployments._hosts import (
     GpuSpec,
     GpuView,
+    HostGroups,
     HostPool,
     HostSpec,
     HostView,
@@ -129,6 +130,7 @@ __all__ = [
     "GpuView",
     "HostChoice",
     "HostFailure",
+    "HostGroups",
     "HostPool",
     "HostSpec",
     "HostView",

@@ -25,6 +25,7 @@ import fnmatch
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from typing import Any, Literal
 
 from qiip_core.config import GpuSpec, HostSpec
@@ -34,6 +35,7 @@ __all__ = [
     "GpuSpec",
     "GpuView",
     "HostSpec",
+    "HostGroups",
     "HostPool",
     "HostView",
     "Occupant",
@@ -161,6 +163,24 @@ def declared_gpus(spec: HostSpec) -> tuple[GpuView, ...]:
 
 
 @dataclass(frozen=True)
+class HostGroups:
+    """The hosts of a pool grouped by everything placement reads of a host but its name and what holds it, for one
+    deployment's `placement.labels` keys and `placement.hosts` patterns (`HostPool.groups`).
+
+    Hosts of one group are filtered, planned and scored alike by every deployment with those keys and patterns:
+    `place` weighs a group once and explains each of its hosts with that answer. Positions are indexes into
+    `HostPool.hosts` (name order).
+    """
+
+    of: tuple[int, ...]
+    """The group of each host, by position."""
+    first: tuple[int, ...]
+    """The first host (lowest position) of each group, occupied or not: the one its answer is computed from."""
+    free: tuple[tuple[int, ...], ...]
+    """Each group's hosts without an occupant, in name order (an occupied host is explained on its own)."""
+
+
+@dataclass(frozen=True)
 class HostPool:
     """The pool as one pass sees it: every host in order, and by name (built once per pass, not per deployment).
 
@@ -179,6 +199,15 @@ class HostPool:
     )
     """The host choices `place` made over this pool, by their fields: deployments that weigh a host alike share
     one record (a pool is one pass, so nothing here outlives the observation it was made from)."""
+    runs: dict[tuple[object, ...], tuple[tuple[HostChoice, ...], tuple[int, ...]]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    """Runs of choices in name order with their hosts' positions: the free hosts (`HostGroups.free`) of one or
+    more groups, each weighed alike, by grouping and each group's answer. Deployments that weigh the same groups
+    alike share one run of records, and the work of ordering it."""
+    _groups: dict[tuple[tuple[str, ...], tuple[str, ...]], HostGroups] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @classmethod
     def of(cls, hosts: Sequence[HostView]) -> HostPool:
@@ -187,3 +216,60 @@ class HostPool:
         numbers: dict[tuple[tuple[GpuView, ...], int | None], int] = {}
         shapes = tuple(numbers.setdefault((h.gpus, h.memory_mib), len(numbers)) for h in ordered)
         return cls(hosts=ordered, by_name={h.name: h for h in ordered}, shapes=shapes)
+
+    @cached_property
+    def index(self) -> Mapping[str, int]:
+        """Each host's position in `hosts`, by name."""
+        return {h.name: i for i, h in enumerate(self.hosts)}
+
+    @cached_property
+    def occupied(self) -> frozenset[int]:
+        """The positions of the hosts something holds now (`HostView.occupant`)."""
+        return frozenset(i for i, h in enumerate(self.hosts) if h.occupant is not None)
+
+    def groups(self, label_keys: tuple[str, ...], patterns: tuple[str, ...]) -> HostGroups:
+        """The hosts grouped for a deployment whose `placement.labels` has `label_keys` and whose
+        `placement.hosts` is `patterns`, made once per pool and keys.
+
+        Two hosts share a group when they have the same shape (`gpus`, `memory_mib`), the same QUADS window,
+        engines, models, llmfit score and origin, the same values at `label_keys`, and both match `patterns` or
+        both do not: every field a filter or score reads but the host's name, occupant, and what this pass or
+        this deployment did there (placed, holds, failed), which `place` reads host by host.
+
+        Args:
+            label_keys: the label keys the deployment's filters read.
+            patterns: its host name patterns (empty: every host matches).
+
+        Returns:
+            The groups.
+        """
+        key = (label_keys, patterns)
+        found = self._groups.get(key)
+        if found is not None:
+            return found
+        numbers: dict[tuple[object, ...], int] = {}
+        of: list[int] = []
+        first: list[int] = []
+        free: list[list[int]] = []
+        occupied = self.occupied
+        for position, h in enumerate(self.hosts):
+            alike = (
+                h.gpus,
+                h.memory_mib,
+                h.quads,
+                h.engines,
+                h.models,
+                h.llmfit_score,
+                h.origin,
+                tuple(h.labels.get(k) for k in label_keys),
+                h.matches(patterns),
+            )
+            group = numbers.setdefault(alike, len(numbers))
+            if group == len(first):
+                first.append(position)
+                free.append([])
+            of.append(group)
+            if position not in occupied:
+                free[group].append(position)
+        found = self._groups[key] = HostGroups(of=tuple(of), first=tuple(first), free=tuple(map(tuple, free)))
+        return found

@@ -20,9 +20,12 @@ given. Ties go to the host name, so a placement is the same for the same inputs.
 from __future__ import annotations
 
 import fnmatch
+from bisect import bisect_left
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import chain, islice
 
 from qiip_core.deployments._hosts import HostPool, HostView
 from qiip_core.deployments._resource import Deployment, HostChoice, HostFailure, PlacementExplain, Template
@@ -111,60 +114,76 @@ def host_devices(host: HostView, *, cpu_profile: bool) -> tuple[DeviceMemory, ..
     return tuple(devices)
 
 
-def _filters(deployment: Deployment, host: HostView, given: PlacementInput, quads_free_for_s: float) -> list[str]:
-    spec = deployment.spec
-    placement = spec.placement
-    reasons: list[str] = []
+def _shared_reasons(
+    deployment: Deployment, host: HostView, *, cpu_profile: bool, quads_free_for_s: float
+) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """The reasons to refuse `host` that every host of its group (`HostPool.groups`) shares, in three parts that
+    the explain's order puts around the host's own (`_held` after the first, `_failed` after the second): its
+    name and labels; QUADS; the engine, GPU product and GPU memory."""
+    placement = deployment.spec.placement
+    named: list[str] = []
     if not host.matches(placement.hosts):
-        reasons.append(f"its name does not match placement.hosts ({', '.join(placement.hosts)})")
+        named.append(f"its name does not match placement.hosts ({', '.join(placement.hosts)})")
     for key, value in placement.labels.items():
         have = host.labels.get(key)
         if have is None:
-            reasons.append(f"it has no label {key} (placement.labels wants {key}={value})")
+            named.append(f"it has no label {key} (placement.labels wants {key}={value})")
         elif have != value:
-            reasons.append(f"its label {key} is {have!r}, placement.labels wants {value!r}")
-    if host.name in given.holding:
-        reasons.append("it holds a replica of this deployment already")
-    elif host.occupant is not None:
-        reasons.append(f"it is busy: {host.occupant.describe}")
-    elif host.name in given.busy:
-        reasons.append(f"a replica of {given.busy[host.name]!r} is being placed there")
+            named.append(f"its label {key} is {have!r}, placement.labels wants {value!r}")
+    quads: tuple[str, ...] = ()
     if host.quads is not None and host.quads.state != "free":
         if host.quads.state in ("broken", "retired"):
-            reasons.append(f"QUADS marks it {host.quads.state}")
+            quads = (f"QUADS marks it {host.quads.state}",)
         else:
             when = host.quads.conflict_at.strftime("%Y-%m-%d %H:%M UTC") if host.quads.conflict_at else "now"
             hours = quads_free_for_s / 3600
-            reasons.append(
+            quads = (
                 f"QUADS reserves it from {when} for {host.quads.describe or 'another tenant'} "
-                f"(inside the {hours:g} h it must stay free)"
+                f"(inside the {hours:g} h it must stay free)",
             )
-    failure = given.host_failures.get(host.name)
-    if failure is not None and failure.until > given.now:
-        reasons.append(
-            f"a replica failed there at {failure.at.strftime('%H:%M:%S UTC')} ({failure.reason}); "
-            f"avoided until {failure.until.strftime('%H:%M:%S UTC')}"
-        )
-    if spec.engine is Engine.VLLM and not host.gpus and not given.cpu_profile:
-        reasons.append("vLLM needs an NVIDIA GPU and none is known there")
+    devices: list[str] = []
+    if deployment.spec.engine is Engine.VLLM and not host.gpus and not cpu_profile:
+        devices.append("vLLM needs an NVIDIA GPU and none is known there")
     if placement.gpu_product is not None:
         wrong = [g.product for g in host.gpus if not fnmatch.fnmatch(g.product.lower(), placement.gpu_product.lower())]
         if not host.gpus:
-            reasons.append(f"no GPU is known there (placement.gpu_product is {placement.gpu_product})")
+            devices.append(f"no GPU is known there (placement.gpu_product is {placement.gpu_product})")
         elif wrong:
-            reasons.append(f"its GPU {wrong[0]} does not match placement.gpu_product ({placement.gpu_product})")
+            devices.append(f"its GPU {wrong[0]} does not match placement.gpu_product ({placement.gpu_product})")
     if placement.min_gpu_memory_mib is not None:
         small = [
             g for g in host.gpus if g.memory_total_mib is None or g.memory_total_mib < placement.min_gpu_memory_mib
         ]
         if not host.gpus:
-            reasons.append(f"no GPU is known there (placement.min_gpu_memory_mib is {placement.min_gpu_memory_mib:,})")
+            devices.append(f"no GPU is known there (placement.min_gpu_memory_mib is {placement.min_gpu_memory_mib:,})")
         elif small:
             have = "unknown" if small[0].memory_total_mib is None else f"{small[0].memory_total_mib:,} MiB"
-            reasons.append(
+            devices.append(
                 f"its GPU memory ({have}) is below placement.min_gpu_memory_mib ({placement.min_gpu_memory_mib:,})"
             )
-    return reasons
+    return tuple(named), quads, tuple(devices)
+
+
+def _held(host: HostView, given: PlacementInput) -> tuple[str, ...]:
+    """Why `host` is taken: a replica of this deployment, an occupant, or this pass's placement of another."""
+    if host.name in given.holding:
+        return ("it holds a replica of this deployment already",)
+    if host.occupant is not None:
+        return (f"it is busy: {host.occupant.describe}",)
+    if host.name in given.busy:
+        return (f"a replica of {given.busy[host.name]!r} is being placed there",)
+    return ()
+
+
+def _failed(host: HostView, given: PlacementInput) -> tuple[str, ...]:
+    """A replica that failed on `host` recently, while its backoff lasts."""
+    failure = given.host_failures.get(host.name)
+    if failure is None or failure.until <= given.now:
+        return ()
+    return (
+        f"a replica failed there at {failure.at.strftime('%H:%M:%S UTC')} ({failure.reason}); "
+        f"avoided until {failure.until.strftime('%H:%M:%S UTC')}",
+    )
 
 
 def _packing(fit: Fit) -> tuple[float, str] | None:
@@ -215,8 +234,11 @@ def place(
 ) -> tuple[list[str], PlacementExplain]:
     """Choose hosts for `wanted` new replicas of the deployment's current template.
 
-    The filters run for every host; the planner is asked once per host shape (`HostPool.shapes`) among the hosts
-    that pass them, and every host of that shape is explained with its answer.
+    Every host is weighed and explained, but not one by one: the hosts of one group (`HostPool.groups`: alike in
+    every field a filter or score reads but the name) are filtered and scored once, the planner is asked once per
+    host shape, and the group's free hosts share the answer and one run of records. A host something holds, or
+    that this deployment holds, failed on or this pass placed another replica on, is explained on its own: its
+    group's reasons with its own among them, in the same order as for any host.
 
     Args:
         deployment: the deployment.
@@ -228,43 +250,15 @@ def place(
             already applied in each `HostView.quads`).
 
     Returns:
-        The chosen host names (at most `wanted`, best first) and the explain of every host.
+        The chosen host names (at most `wanted`, best first) and the explain of every host: the chosen, then the
+        other eligible hosts by score (ties by name), then the refused by name.
     """
     pool = hosts if isinstance(hosts, HostPool) else HostPool.of(hosts)
     if len(pool.shapes) != len(pool.hosts):
         pool = HostPool.of(pool.hosts)
-    template = deployment.template
-    planned: dict[int, tuple[str | None, tuple[float, str] | None]] = {}
-    scored: dict[tuple[int, bool, bool, float | None, bool], tuple[float, tuple[str, ...]]] = {}
-    eligible: list[tuple[float, str, tuple[str, ...]]] = []
-    refused: list[tuple[str, tuple[str, ...]]] = []
-    for host, shape in zip(pool.hosts, pool.shapes, strict=True):
-        reasons = _filters(deployment, host, given, quads_free_for_s)
-        if not reasons:
-            answer = planned.get(shape)
-            if answer is None:
-                answer = planned[shape] = _plan_shape(template, host, given, fit)
-            refusal, packing = answer
-            if refusal is None:
-                # Hosts of one shape that differ in nothing the score reads share one score and its words.
-                alike = (
-                    shape,
-                    template.engine in host.engines,
-                    template.source.model in host.models,
-                    host.llmfit_score,
-                    host.origin != "quads",
-                )
-                found = scored.get(alike)
-                if found is None:
-                    score, parts = _score(template, host, packing)
-                    found = scored[alike] = (score, tuple(parts))
-                eligible.append((found[0], host.name, found[1]))
-                continue
-            reasons.append(refusal)
-        refused.append((host.name, tuple(reasons)))
-    eligible.sort(key=lambda item: (-item[0], item[1]))
-    chosen = [name for _, name, _ in eligible[: max(0, wanted)]]
-    picked = set(chosen)
+    template, placement = deployment.template, deployment.spec.placement
+    grouping = (tuple(placement.labels), placement.hosts)
+    groups = pool.groups(*grouping)
     made = pool.choices
 
     def choice(name: str, ok: bool, reasons: tuple[str, ...], score: float | None, on: bool) -> HostChoice:
@@ -274,7 +268,119 @@ def place(
             found = made[key] = HostChoice(host=name, eligible=ok, reasons=reasons, score=score, chosen=on)
         return found
 
-    choices = [choice(name, True, parts, score, name in picked) for score, name, parts in eligible]
-    choices += [choice(name, False, reasons, None, False) for name, reasons in sorted(refused)]
-    explain = PlacementExplain(at=given.now, template=template.hash, wanted=wanted, hosts=tuple(choices))
-    return chosen, explain
+    shared: dict[int, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {}
+
+    def shared_reasons(group: int) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+        found = shared.get(group)
+        if found is None:
+            host = pool.hosts[groups.first[group]]
+            found = shared[group] = _shared_reasons(
+                deployment, host, cpu_profile=given.cpu_profile, quads_free_for_s=quads_free_for_s
+            )
+        return found
+
+    planned: dict[int, tuple[str | None, tuple[float, str] | None]] = {}
+    scored: dict[tuple[int, bool, bool, float | None, bool], tuple[float, tuple[str, ...]]] = {}
+
+    def answer(group: int) -> _Answer:
+        """What a free host of `group` is told: eligible or not, the reasons (or the score's words), the score."""
+        named, quads, devices = shared_reasons(group)
+        reasons = named + quads + devices
+        if reasons:
+            return False, reasons, None
+        first = groups.first[group]
+        host, shape = pool.hosts[first], pool.shapes[first]
+        found = planned.get(shape)
+        if found is None:
+            found = planned[shape] = _plan_shape(template, host, given, fit)
+        refusal, packing = found
+        if refusal is not None:
+            return False, (refusal,), None
+        # Groups that differ in nothing the score reads (labels, say) share one score and its words.
+        alike = (
+            shape,
+            template.engine in host.engines,
+            template.source.model in host.models,
+            host.llmfit_score,
+            host.origin != "quads",
+        )
+        score = scored.get(alike)
+        if score is None:
+            value, parts = _score(template, host, packing)
+            score = scored[alike] = (value, tuple(parts))
+        return True, score[1], score[0]
+
+    def run(answered: list[tuple[int, _Answer]]) -> tuple[tuple[HostChoice, ...], tuple[int, ...]]:
+        """The records of the free hosts of the groups `answered`, in name order, with their positions."""
+        key = (grouping, tuple(answered))
+        found = pool.runs.get(key)
+        if found is None:
+            if len(answered) == 1:
+                group, (ok, reasons, score) = answered[0]
+                positions = groups.free[group]
+                found = (tuple(choice(pool.hosts[p].name, ok, reasons, score, False) for p in positions), positions)
+            else:  # merged by position from each group's own run
+                pairs = sorted(pair for one in answered for pair in zip(*reversed(run([one])), strict=True))
+                found = (tuple(r for _, r in pairs), tuple(p for p, _ in pairs))
+            pool.runs[key] = found
+        return found
+
+    # The hosts explained on their own: held by something, or by this deployment, this pass or a recent failure.
+    index, occupied = pool.index, pool.occupied
+    own = {index[name] for name in given.holding if name in index}
+    own.update(index[name] for name in given.busy if name in index)
+    failures = {n: f for n, f in given.host_failures.items() if f.until > given.now and n in index}
+    own.update(index[name] for name in failures)
+    own -= occupied
+    own_in = Counter(groups.of[position] for position in own)
+    eligible_groups: dict[float, list[tuple[int, _Answer]]] = {}
+    refused_groups: list[tuple[int, _Answer]] = []
+    for group, free in enumerate(groups.free):
+        if len(free) <= own_in[group]:
+            continue  # no free host of the group left to this deployment: the planner is not asked for it
+        said = answer(group)
+        score = said[2]
+        if score is not None:
+            eligible_groups.setdefault(score, []).append((group, said))
+        else:
+            refused_groups.append((group, said))
+    alone: list[tuple[int, HostChoice | None]] = []
+    for position in sorted(own | occupied):
+        host = pool.hosts[position]
+        named, quads, devices = shared_reasons(groups.of[position])
+        reasons = named + _held(host, given) + quads + _failed(host, given) + devices
+        alone.append((position, choice(host.name, False, reasons, None, False)))
+    eligible: list[HostChoice] = []
+    for score in sorted(eligible_groups, reverse=True):
+        answered = eligible_groups[score]
+        mine = {g for g, _ in answered}
+        eligible += _splice(*run(answered), [(p, None) for p, _ in alone if p in own and groups.of[p] in mine])
+    top = max(0, wanted)
+    picked = [choice(c.host, True, c.reasons, c.score, True) for c in eligible[:top]]
+    refused = _splice(*run(refused_groups), alone)
+    explained = tuple(chain(picked, islice(eligible, top, None), refused))
+    explain = PlacementExplain(at=given.now, template=template.hash, wanted=wanted, hosts=explained)
+    return [c.host for c in picked], explain
+
+
+_Answer = tuple[bool, tuple[str, ...], float | None]
+"""What the free hosts of a group are told: eligible or not, the reasons (or the score's words), the score."""
+
+
+def _splice(
+    records: Sequence[HostChoice], positions: Sequence[int], changes: Sequence[tuple[int, HostChoice | None]]
+) -> list[HostChoice]:
+    """`records` (of the hosts at `positions`, ascending) with each change made where its position falls: its
+    record replaces the one there or is inserted, or None removes the one there. `changes` ascend too."""
+    out: list[HostChoice] = []
+    start = 0
+    for position, record in changes:
+        at = bisect_left(positions, position, start)
+        out += records[start:at]
+        if at < len(positions) and positions[at] == position:
+            at += 1
+        if record is not None:
+            out.append(record)
+        start = at
+    out += records[start:]
+    return out
