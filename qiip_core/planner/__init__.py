@@ -20,48 +20,57 @@ The planner launches nothing and imports no engine: the llama.cpp engine reads t
 (`qiip_core.engines.llamacpp.read_gguf_metadata`, a `ModelMetadata`) and turns a plan into its launch
 (`qiip_core.engines.llamacpp.launch_spec_for(plan, model_path=…, alias=…, …) -> LaunchSpec`). The arrow points one
 way: engines → planner.
+
+Names load on first use (PEP 562): a process that only plans (the controller's proof workers,
+`qiip_core.planner._parallel`) imports the estimator and the graphs, not the verifier's HTTP clients, NVML or
+the fit program's runner.
 """
 
 from __future__ import annotations
 
-from qiip_core.planner._choose import choose_estimator
-from qiip_core.planner._compute import is_modelled
-from qiip_core.planner._devices import read_cpu_repack, read_devices, read_system_memory
-from qiip_core.planner._estimate import (
-    DeviceEstimate,
-    Estimator,
-    MemoryEstimate,
-    PythonEstimator,
-    estimate,
-    layer_split,
-    resolves_flash_attn,
-)
-from qiip_core.planner._fitparams import FitParamsEstimator, FitRow, parse_fit_print
-from qiip_core.planner._forecast import RecordedServer, SizingForecast
-from qiip_core.planner._plan import Plan, auto_search, fits, plan
-from qiip_core.planner._policy import (
-    AutoPolicy,
-    CustomPolicy,
-    SizingPolicy,
-    Violation,
-    parse_policy,
-    validate_custom,
-    validate_policy,
-)
-from qiip_core.planner._shape import ModelShape, bytes_per_element, kv_bytes_per_token
-from qiip_core.planner._types import (
-    CONTEXT_FLOOR,
-    CONTEXT_STEP,
-    FIT_SLACK_MIB,
-    MAX_AGGREGATE_CONTEXT,
-    MAX_SLOTS,
-    CacheType,
-    DeviceMemory,
-    FlashAttn,
-    ModelMetadata,
-    TensorMetadata,
-)
-from qiip_core.planner._verify import LoggedCache, ServerLogFacts, parse_server_log, verify_runtime
+from typing import TYPE_CHECKING
+
+from qiip_core._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from qiip_core.planner._choose import choose_estimator
+    from qiip_core.planner._compute import is_modelled
+    from qiip_core.planner._devices import read_cpu_repack, read_devices, read_system_memory
+    from qiip_core.planner._estimate import (
+        DeviceEstimate,
+        Estimator,
+        MemoryEstimate,
+        PythonEstimator,
+        estimate,
+        layer_split,
+        resolves_flash_attn,
+    )
+    from qiip_core.planner._fitparams import FitParamsEstimator, FitRow, parse_fit_print
+    from qiip_core.planner._forecast import RecordedServer, SizingForecast
+    from qiip_core.planner._plan import Plan, auto_search, fits, plan
+    from qiip_core.planner._policy import (
+        AutoPolicy,
+        CustomPolicy,
+        SizingPolicy,
+        Violation,
+        parse_policy,
+        validate_custom,
+        validate_policy,
+    )
+    from qiip_core.planner._shape import ModelShape, bytes_per_element, kv_bytes_per_token
+    from qiip_core.planner._types import (
+        CONTEXT_FLOOR,
+        CONTEXT_STEP,
+        FIT_SLACK_MIB,
+        MAX_AGGREGATE_CONTEXT,
+        MAX_SLOTS,
+        CacheType,
+        DeviceMemory,
+        FlashAttn,
+        ModelMetadata,
+        TensorMetadata,
+    )
+    from qiip_core.planner._verify import LoggedCache, ServerLogFacts, parse_server_log, verify_runtime
 
 __all__ = [
     "CONTEXT_FLOOR",
@@ -110,3 +119,53 @@ __all__ = [
     "validate_policy",
     "verify_runtime",
 ]
+
+_MODULES = {
+    "AutoPolicy": "_policy",
+    "CONTEXT_FLOOR": "_types",
+    "CONTEXT_STEP": "_types",
+    "CacheType": "_types",
+    "CustomPolicy": "_policy",
+    "DeviceEstimate": "_estimate",
+    "DeviceMemory": "_types",
+    "Estimator": "_estimate",
+    "FIT_SLACK_MIB": "_types",
+    "FitParamsEstimator": "_fitparams",
+    "FitRow": "_fitparams",
+    "FlashAttn": "_types",
+    "LoggedCache": "_verify",
+    "MAX_AGGREGATE_CONTEXT": "_types",
+    "MAX_SLOTS": "_types",
+    "MemoryEstimate": "_estimate",
+    "ModelMetadata": "_types",
+    "ModelShape": "_shape",
+    "Plan": "_plan",
+    "PythonEstimator": "_estimate",
+    "RecordedServer": "_forecast",
+    "ServerLogFacts": "_verify",
+    "SizingForecast": "_forecast",
+    "SizingPolicy": "_policy",
+    "TensorMetadata": "_types",
+    "Violation": "_policy",
+    "auto_search": "_plan",
+    "bytes_per_element": "_shape",
+    "choose_estimator": "_choose",
+    "estimate": "_estimate",
+    "fits": "_plan",
+    "is_modelled": "_compute",
+    "kv_bytes_per_token": "_shape",
+    "layer_split": "_estimate",
+    "parse_fit_print": "_fitparams",
+    "parse_policy": "_policy",
+    "parse_server_log": "_verify",
+    "plan": "_plan",
+    "read_cpu_repack": "_devices",
+    "read_devices": "_devices",
+    "read_system_memory": "_devices",
+    "resolves_flash_attn": "_estimate",
+    "validate_custom": "_policy",
+    "validate_policy": "_policy",
+    "verify_runtime": "_verify",
+}
+
+__getattr__, __dir__ = lazy_exports(__name__, _MODULES, __all__)

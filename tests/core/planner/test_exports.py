@@ -22,3 +22,14 @@ def test_importing_the_planner_loads_neither_nvml_nor_gguf():
     code = "import sys, qiip_core.planner; print(sorted(m for m in ('pynvml', 'gguf', 'numpy') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_importing_the_planner_loads_none_of_its_modules_until_a_name_is_used() -> None:
+    # Names load on first use: a process that plans only (the controller's proof workers) never imports the
+    # verifier's HTTP clients.
+    code = (
+        "import sys, qiip_core.planner as p; before = sorted(m for m in ('aiohttp', 'httpx', 'qiip_core.planner._plan')"
+        " if m in sys.modules); p.plan; print(before, 'qiip_core.planner._plan' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[] True"
