@@ -45,7 +45,7 @@ from qiip_core.deployments._hosts import (
     declared_gpus,
 )
 from qiip_core.deployments._leader import EtcdLeadership, FileLeadership, Leadership, create_leadership
-from qiip_core.deployments._placement import Fit, FitCheck, PlacementInput, host_devices, place
+from qiip_core.deployments._placement import BatchFitCheck, Fit, FitCheck, PlacementInput, host_devices, place
 from qiip_core.deployments._reconcile import (
     Action,
     Decision,
@@ -102,6 +102,7 @@ __all__ = [
     "Actuator",
     "Autoscale",
     "AutoscaleStatus",
+    "BatchFitCheck",
     "Capacity",
     "CapacityPlan",
     "Condition",

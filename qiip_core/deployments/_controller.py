@@ -5,11 +5,18 @@ every deployments.reconcile_interval_s, or at once after an apply, scale, rollou
   campaign for the leader lease                    (not leading: do nothing; another gateway acts)
   read every deployment and its stored status
   observe the fleet once                           replicas by deployment, the host pool (`Observer`)
-  for each deployment, by name:
+  decide, off the event loop, for each deployment, by name:
       reconcile(...)                               pure: the next steps and the new status
-      act on each step through the `Actuator`      setup, teardown, forget, remove the record
-      store the status when it changed
+  act on each step through the `Actuator`          setup, teardown, forget, remove the record
+  store each status that changed
 ```
+
+Deciding asks the planner whether each template fits each host shape. A fit check that proves many questions at
+once (`BatchFitCheck`: `PlannerFit`, over worker processes) gets them all before the decisions that read them:
+the pass is decided once with what is proven, each question it cannot answer noted (and answered "not proven yet"),
+and when some were noted they are proven together and the pass decided again. A pass that proves nothing (every
+pass but those with new deployments, templates or host shapes) is decided once; the second decision asks what the
+first did, but for a host this pass placed differently, which is proven when asked.
 
 It keeps nothing between passes that a restart would lose: a controller that starts (or takes over from a
 dead gateway) reads the same records and takes the same steps. Each step is idempotent at the actuator: a
@@ -30,7 +37,7 @@ from qiip_core._errors import HostBusy, QiipError, TooManySetups
 from qiip_core.deployments._autoscale import Demand, autoscale
 from qiip_core.deployments._hosts import HostPool, HostView
 from qiip_core.deployments._leader import Leadership
-from qiip_core.deployments._placement import Fit
+from qiip_core.deployments._placement import BatchFitCheck, Fit, FitCheck
 from qiip_core.deployments._reconcile import (
     Action,
     Decision,
@@ -118,7 +125,7 @@ class DeploymentController:
         actuator: changes it.
         leadership: the leader lease.
         config: the pass's settings.
-        fit: the planner's fit check.
+        fit: the planner's fit check (a `BatchFitCheck` is asked each pass's new questions at once).
         interval_s: seconds between passes (a change wakes it at once).
         demand: the measured demand of the deployments named, over every serving process and gateway
             (`{model: Demand}`, read once per pass, before deciding), for autoscaling; None: no deployment is
@@ -134,7 +141,7 @@ class DeploymentController:
         actuator: Actuator,
         leadership: Leadership,
         config: ReconcileConfig,
-        fit: Callable[[Template, tuple[DeviceMemory, ...]], Fit],
+        fit: FitCheck,
         interval_s: float = 2.0,
         demand: Callable[[Sequence[str]], Awaitable[Mapping[str, Demand]]] | None = None,
         clock: Callable[[], datetime] = utc_now,
@@ -228,8 +235,28 @@ class DeploymentController:
         demands: Mapping[str, Demand] | None,
         now: datetime,
     ) -> list[tuple[Deployment, DeploymentStatus | None, Decision, datetime]]:
-        taken: dict[str, str] = {}  # hosts this pass placed on, so the next deployment does not pick them too
         pools: dict[float, HostPool] = {}
+        fit = self.fit
+        if isinstance(fit, BatchFitCheck):
+            noted = _Noting(fit)
+            decided = self._decide_with(noted, deployments, statuses, observation, demands, now, pools)
+            if not noted.questions:
+                return decided  # every answer was a proof made already: this is the pass
+            made = fit.prove_all(noted.questions)
+            logger.debug("deployments: %d planner proof(s) made for this pass, together", made)
+        return self._decide_with(fit, deployments, statuses, observation, demands, now, pools)
+
+    def _decide_with(
+        self,
+        fit: FitCheck,
+        deployments: list[Deployment],
+        statuses: dict[str, DeploymentStatus],
+        observation: Observation,
+        demands: Mapping[str, Demand] | None,
+        now: datetime,
+        pools: dict[float, HostPool],
+    ) -> list[tuple[Deployment, DeploymentStatus | None, Decision, datetime]]:
+        taken: dict[str, str] = {}  # hosts this pass placed on, so the next deployment does not pick them too
         decided = []
         for deployment in deployments:
             previous = statuses.get(deployment.name)
@@ -244,7 +271,7 @@ class DeploymentController:
                 self.pool_for(deployment, observation, pools),
                 now=now,
                 config=self.config,
-                fit=self.fit,
+                fit=fit,
                 desired=desired,
                 owner=self.leadership.owner,
                 busy=taken,
@@ -330,6 +357,25 @@ class DeploymentController:
             )
             return f"{type(action).__name__.lower()} on {getattr(action, 'host', '?')} refused: {exc.message}"
         return None
+
+
+class _Noting:
+    """A fit check that answers from the proofs made and notes every other question (answered "not proven yet",
+    a refusal: a decision made with one is decided again once the questions are proven)."""
+
+    def __init__(self, fit: BatchFitCheck) -> None:
+        self.fit = fit
+        self.questions: list[tuple[Template, tuple[DeviceMemory, ...]]] = []
+
+    def __call__(self, template: Template, devices: tuple[DeviceMemory, ...]) -> Fit:
+        found = self.fit.proven(template, devices)
+        if found is None:
+            self.questions.append((template, devices))
+            return _NOT_PROVEN
+        return found
+
+
+_NOT_PROVEN = Fit(False, "not proven yet")
 
 
 def _with_refusals(

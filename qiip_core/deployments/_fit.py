@@ -18,6 +18,11 @@ A key holds every input the proof reads, so a shared proof is the proof itself: 
 hosts differing in any field of a device do not, and a changed input is a new key (no entry is ever updated in
 place). A model that cannot be read is not remembered for long (`retry_after_s`): once the model cache has it, the
 next pass proves the fit.
+
+A question is proven when it is asked (`fit(template, devices)`), or with others before they are asked
+(`prove_all`, which the controller calls with every question a pass would ask): then the planner's proofs of one
+model shape and policy are one job, and the jobs spread over worker processes (`planner._parallel.plan_all`).
+Either way a proof is the same function of the same inputs (`plan_job`), so where it ran changes nothing.
 """
 
 from __future__ import annotations
@@ -25,14 +30,15 @@ from __future__ import annotations
 import itertools
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 
-from qiip_core._errors import PlanError, QiipError
+from qiip_core._errors import QiipError
 from qiip_core.deployments._placement import Fit
 from qiip_core.deployments._resource import Template
 from qiip_core.nodes import Engine
-from qiip_core.planner import AutoPolicy, CustomPolicy, DeviceMemory, ModelShape, choose_estimator, is_modelled, plan
+from qiip_core.planner import AutoPolicy, CustomPolicy, DeviceMemory, ModelShape, Plan, is_modelled
+from qiip_core.planner._parallel import MIN_PARALLEL_LAYERS, PlanJob, plan_all, plan_job
 
 __all__ = ["PlannerFit"]
 
@@ -67,6 +73,8 @@ class PlannerFit:
         cache_size: proofs kept (least recently used go first).
         retry_after_s: seconds a model that could not be read is refused before it is read again.
         clock: `time.monotonic` (tests give their own).
+        workers: processes `prove_all` plans in, this one included (None: one per usable core; 1: this one).
+        min_parallel_layers: less work than this (`PlanJob.layers`, summed) is planned here (`plan_all`).
     """
 
     def __init__(
@@ -77,12 +85,16 @@ class PlannerFit:
         cache_size: int = 4096,
         retry_after_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        workers: int | None = None,
+        min_parallel_layers: int = MIN_PARALLEL_LAYERS,
     ) -> None:
         self.shape_of = shape_of
         self.size_of = size_of or (lambda _t: None)
         self.cache_size = cache_size
         self.retry_after_s = retry_after_s
         self.clock = clock
+        self.workers = workers
+        self.min_parallel_layers = min_parallel_layers
         self._proofs: OrderedDict[Hashable, Fit] = OrderedDict()
         self._reads: OrderedDict[str, _Read] = OrderedDict()
         self._shape_ids: OrderedDict[ModelShape, int] = OrderedDict()
@@ -106,7 +118,69 @@ class PlannerFit:
         if found is not None:
             self._proofs.move_to_end(key)
             return found
-        found = self._prove(template, devices)
+        found = self._answer_early(template, devices)
+        if found is None:
+            read = self._read(template)
+            assert isinstance(read.shape, ModelShape)  # an unread shape is answered early
+            found = _fit_of(plan_job(PlanJob(read.shape, read.policy, (devices,)))[0], devices)
+        return self._keep(key, found)
+
+    def proven(self, template: Template, devices: tuple[DeviceMemory, ...]) -> Fit | None:
+        """The proof that `template` fits `devices` if it is made already, else None (nothing is proven here).
+
+        Args:
+            template: the template.
+            devices: the devices.
+
+        Returns:
+            The fit as `fit(template, devices)` would answer it now, or None when that would prove it.
+        """
+        key = self.key(template, devices)
+        found = self._proofs.get(key)
+        if found is not None:
+            self._proofs.move_to_end(key)
+        return found
+
+    def prove_all(self, questions: Iterable[tuple[Template, tuple[DeviceMemory, ...]]]) -> int:
+        """Prove every question not proven yet, the planner's proofs over worker processes where that is faster.
+
+        The answers are those `fit(template, devices)` would give one by one: each is the same proof, wherever it
+        runs (`plan_all`: a worker that dies leaves its proofs to this process).
+
+        Args:
+            questions: (template, devices) pairs; repeated and proven ones cost a key each.
+
+        Returns:
+            The proofs made.
+
+        Raises:
+            ValueError: the planner refused its inputs (a bug, as `fit` would raise it).
+        """
+        wanted: dict[Hashable, tuple[Template, tuple[DeviceMemory, ...]]] = {}
+        for template, devices in questions:
+            key = self.key(template, devices)
+            if key not in self._proofs:
+                wanted.setdefault(key, (template, devices))
+        jobs: dict[tuple[int, str], list[tuple[Hashable, tuple[DeviceMemory, ...]]]] = {}
+        models: dict[tuple[int, str], tuple[ModelShape, AutoPolicy | CustomPolicy]] = {}
+        for key, (template, devices) in wanted.items():
+            early = self._answer_early(template, devices)
+            if early is not None:
+                self._keep(key, early)
+                continue
+            # One job per model shape and policy: its host shapes share the graphs the planner builds and replays.
+            read = self._read(template)
+            assert isinstance(read.shape, ModelShape)  # an unread shape is answered early
+            jobs.setdefault((read.shape_id, read.policy_key), []).append((key, devices))
+            models[read.shape_id, read.policy_key] = (read.shape, read.policy)
+        planned = [PlanJob(*models[job], tuple(devices for _, devices in asked)) for job, asked in jobs.items()]
+        answers = plan_all(planned, workers=self.workers, min_parallel_layers=self.min_parallel_layers)
+        for asked, answered in zip(jobs.values(), answers, strict=True):
+            for (key, devices), answer in zip(asked, answered, strict=True):
+                self._keep(key, _fit_of(answer, devices))
+        return len(wanted)
+
+    def _keep(self, key: Hashable, found: Fit) -> Fit:
         self.proved += 1
         self._proofs[key] = found
         while len(self._proofs) > self.cache_size:
@@ -153,7 +227,9 @@ class PlannerFit:
             self._reads.popitem(last=False)
         return found
 
-    def _prove(self, template: Template, devices: tuple[DeviceMemory, ...]) -> Fit:
+    def _answer_early(self, template: Template, devices: tuple[DeviceMemory, ...]) -> Fit | None:
+        """The answer that needs no plan (vLLM's, an unreadable model, weights alone too large, an architecture
+        the Python estimator does not model), or None: the planner must prove it."""
         total = float(sum(d.total_mib for d in devices))
         if template.engine is Engine.VLLM:
             size = self.size_of(template)
@@ -167,8 +243,7 @@ class PlannerFit:
             if need > usable:
                 return Fit(False, f"its weights need about {need:,.0f} MiB; 90% of the GPUs is {usable:,.0f} MiB")
             return Fit(True, f"weights {need:,.0f} MiB of {usable:,.0f} MiB usable", used_mib=need, total_mib=total)
-        read = self._read(template)
-        shape = read.shape
+        shape = self._read(template).shape
         if isinstance(shape, str):
             return Fit(False, shape)
         weights_mib = shape.weights_bytes / 2**20
@@ -179,18 +254,20 @@ class PlannerFit:
             return Fit(
                 False, f"the planner does not model architecture {shape.architecture!r}, so no fit can be proven"
             )
-        # The controller runs no program per pass: the Python estimator only (an unmodelled one is refused above).
-        try:
-            result = plan(shape, devices, read.policy, estimator=choose_estimator(shape))
-        except PlanError as exc:
-            return Fit(False, exc.message)
-        used = sum(d.total_mib for d in result.estimate.devices)
-        what = f"{result.slots} slot(s) × {result.context_per_slot:,} tokens, {result.cache_type_k} K/V"
-        return Fit(
-            True,
-            what,
-            used_mib=used,
-            total_mib=total,
-            slots=result.slots,
-            context_per_slot=result.context_per_slot,
-        )
+        return None
+
+
+def _fit_of(answer: Plan | str, devices: tuple[DeviceMemory, ...]) -> Fit:
+    """The fit a plan (or the planner's refusal) proves on `devices`."""
+    if isinstance(answer, str):
+        return Fit(False, answer)
+    used = sum(d.total_mib for d in answer.estimate.devices)
+    what = f"{answer.slots} slot(s) × {answer.context_per_slot:,} tokens, {answer.cache_type_k} K/V"
+    return Fit(
+        True,
+        what,
+        used_mib=used,
+        total_mib=float(sum(d.total_mib for d in devices)),
+        slots=answer.slots,
+        context_per_slot=answer.context_per_slot,
+    )

@@ -22,17 +22,18 @@ from __future__ import annotations
 import fnmatch
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import chain, islice
+from typing import Protocol, runtime_checkable
 
 from qiip_core.deployments._hosts import HostPool, HostView
 from qiip_core.deployments._resource import Deployment, HostChoice, HostFailure, PlacementExplain, Template
 from qiip_core.nodes import Engine
 from qiip_core.planner import DeviceMemory
 
-__all__ = ["Fit", "FitCheck", "PlacementInput", "host_devices", "place"]
+__all__ = ["BatchFitCheck", "Fit", "FitCheck", "PlacementInput", "host_devices", "place"]
 
 _CPU_DEVICE = "CPU (system memory)"
 
@@ -58,6 +59,24 @@ class Fit:
 FitCheck = Callable[[Template, tuple[DeviceMemory, ...]], Fit]
 """Plans `template` on the devices and says whether it fits (`PlannerFit` shares each proof by what it is
 computed from; `place` asks once per host shape)."""
+
+
+@runtime_checkable
+class BatchFitCheck(Protocol):
+    """A `FitCheck` that tells what it has proven without proving it, and proves many questions at once
+    (`PlannerFit`): the controller notes every question a pass asks before it decides (`DeploymentController`)."""
+
+    def __call__(self, template: Template, devices: tuple[DeviceMemory, ...]) -> Fit:
+        """Whether `template` fits `devices`, proven now if need be (never raises; see `Fit`)."""
+        ...
+
+    def proven(self, template: Template, devices: tuple[DeviceMemory, ...]) -> Fit | None:
+        """The proof if it is made already, else None (proving nothing)."""
+        ...
+
+    def prove_all(self, questions: Iterable[tuple[Template, tuple[DeviceMemory, ...]]]) -> int:
+        """Prove every question not proven yet, together; returns the proofs made."""
+        ...
 
 
 @dataclass(frozen=True)

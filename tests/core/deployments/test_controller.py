@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -59,9 +59,8 @@ def controller(
         actuator=fleet,
         leadership=leadership,
         config=ReconcileConfig(),
-        fit=fits,
         clock=clock,
-        **kw,  # type: ignore[arg-type]
+        **({"fit": fits} | kw),  # type: ignore[arg-type]
     )
 
 
@@ -168,3 +167,66 @@ async def test_a_controller_taking_over_continues_the_autoscalers_windows_withou
     status = store.status_records["coder"]
     assert status.desired == 3, status.autoscale.reason
     assert [e.message.split(" (")[0] for e in status.events if e.kind == "scaled"] == ["autoscaler: 1 → 3 replicas"]
+
+
+def sized(template: Template, devices: tuple[DeviceMemory, ...]) -> Fit:
+    total = sum(d.total_mib for d in devices)
+    if total < 40_000:
+        return Fit(False, f"needs 40,000 MiB, has {total:,}")
+    return Fit(True, "2 slot(s)", used_mib=30_000, total_mib=total)
+
+
+class Batched:
+    """A fit check that proves questions together (`BatchFitCheck`), counting how it is asked."""
+
+    def __init__(self) -> None:
+        self.known: dict[tuple[str, tuple[DeviceMemory, ...]], Fit] = {}
+        self.batches: list[int] = []
+        self.one_by_one = 0
+        """Questions proven when asked, not together."""
+
+    def __call__(self, template: Template, devices: tuple[DeviceMemory, ...]) -> Fit:
+        key = (template.hash, devices)
+        if key not in self.known:
+            self.one_by_one += 1
+            self.known[key] = sized(template, devices)
+        return self.known[key]
+
+    def proven(self, template: Template, devices: tuple[DeviceMemory, ...]) -> Fit | None:
+        return self.known.get((template.hash, devices))
+
+    def prove_all(self, questions: Iterable[tuple[Template, tuple[DeviceMemory, ...]]]) -> int:
+        asked = {(t.hash, d): sized(t, d) for t, d in questions}
+        self.batches.append(len(asked))
+        self.known.update(asked)
+        return len(asked)
+
+
+def mixed_hosts() -> list[HostView]:
+    small = [HostView(name=f"s{i}", origin="config", gpus=(GpuView(0, "NVIDIA L4", 23_034),)) for i in range(4)]
+    big = [HostView(name=f"b{i}", origin="config", gpus=(GpuView(0, "NVIDIA A100", 81_920),)) for i in range(4)]
+    return small + big
+
+
+async def test_a_pass_proves_every_new_question_together_and_decides_as_one_asking_one_by_one(tmp_path: Path) -> None:
+    runs = []
+    for name, fit in (("together", Batched()), ("one by one", sized)):
+        store, fleet, clock = InMemoryDeploymentStore(), InMemoryFleet(mixed_hosts()), Clock()
+        for deployment in (a_deployment("chat", 2), a_deployment("coder", 1, source={"artifact": "bbbbbbbb"})):
+            await store.write(deployment, expected_generation=None)
+        ctl = controller(store, fleet, FileLeadership(tmp_path / name, "gw"), clock, fit=fit)
+        await ctl.tick()
+        runs.append((fit, fleet, store))
+    (batched, fleet, store), (_, plain_fleet, plain_store) = runs
+    assert isinstance(batched, Batched)
+    assert batched.batches == [2]  # one template (both deployments name one model) × two host shapes, together
+    assert batched.one_by_one == 0  # and the pass decided again from those proofs alone
+    assert sorted(fleet.replicas) == sorted(plain_fleet.replicas) == ["b0", "b1", "b2"]
+    for name in ("chat", "coder"):
+        assert store.status_records[name] == plain_store.status_records[name]
+    explain = store.status_records["chat"].explain
+    assert explain is not None and len(explain.hosts) == 8
+    ctl = controller(store, fleet, FileLeadership(tmp_path / "together", "gw"), Clock(), fit=batched)
+    fleet.advance()
+    await ctl.tick()  # a steady pass: nothing new to prove, decided once
+    assert batched.batches == [2] and batched.one_by_one == 0

@@ -184,3 +184,41 @@ def test_every_host_is_explained_when_shapes_share_proofs() -> None:
     assert all(not by_host[f"small{i}"].eligible for i in range(3))
     assert all("does not fit" in by_host[f"small{i}"].reasons[0] for i in range(3))
     assert by_host["busy"].reasons == ("a replica of 'other' is being placed there",)
+
+
+def vllm_template() -> Template:
+    spec = parse_spec({"name": "served", "engine": "vllm", "source": {"hub": {"repo": "org/model"}}})
+    return Template(engine="vllm", source=ResolvedSource(model="org/model"), runtime=spec.runtime)
+
+
+def questions() -> list[tuple[Template, tuple[DeviceMemory, ...]]]:
+    templates = [deployment("a").template, deployment("c", context_tokens=8192).template, deployment("b").template]
+    shapes = [gpus(46_068), gpus(46_068, 46_068), gpus(20_000), gpus(500)]  # the last too small for the weights
+    asked = [(t, d) for t in templates for d in shapes]
+    return [*asked, *asked[:3], (vllm_template(), gpus(46_068))]  # repeated questions are one proof
+
+
+def test_proofs_made_together_over_worker_processes_are_the_proofs_made_one_by_one() -> None:
+    one_by_one = PlannerFit(Reads(llama(weights_mib=8_000)), size_of=lambda _t: 20 << 30)
+    together = PlannerFit(
+        Reads(llama(weights_mib=8_000)), size_of=lambda _t: 20 << 30, workers=3, min_parallel_layers=0
+    )
+    asked = questions()
+    assert all(together.proven(t, d) is None for t, d in asked)
+    made = together.prove_all(asked)
+    answers = [one_by_one(t, d) for t, d in asked]
+    assert made == one_by_one.proved == together.proved == 9  # 2 sizings × 4 shapes (a and b share one) + vLLM
+    assert [together.proven(t, d) for t, d in asked] == answers
+    assert [together(t, d) for t, d in asked] == answers
+    assert together.proved == 9  # asked again: nothing proven twice
+    assert together.prove_all(asked) == 0
+    assert any(a.ok for a in answers) and any(not a.ok for a in answers)
+
+
+def test_proofs_made_together_read_each_model_once_and_keep_a_model_that_cannot_be_read_short() -> None:
+    reads = Reads(llama())
+    reads.missing = True
+    fit = PlannerFit(reads, workers=1)
+    assert fit.prove_all(questions()[:-1]) == 12
+    assert reads.count == 3  # once per template
+    assert all("cannot be read" in fit(t, d).reason for t, d in questions()[:-1])
