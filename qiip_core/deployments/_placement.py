@@ -15,13 +15,18 @@ filters (each failure is a reason the explain shows)          scores of a host t
 
 A replica is one host: each host serves one node at the provisioning engine port, so spreading over hosts is
 given. Ties go to the host name, so a placement is the same for the same inputs.
+
+Every host is explained, and at 10,000 hosts that is the cost: the filters, the planner and the score are asked
+once per group of hosts alike in what they read (`HostPool.groups`), and a group's answer is one run of records
+its hosts share with every deployment that weighs them alike; only a host something holds or this pass took is
+weighed on its own.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import functools
 from bisect import bisect_left
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -183,15 +188,15 @@ def _shared_reasons(
     return tuple(named), quads, tuple(devices)
 
 
-def _held(host: HostView, given: PlacementInput) -> tuple[str, ...]:
-    """Why `host` is taken: a replica of this deployment, an occupant, or this pass's placement of another."""
-    if host.name in given.holding:
+@functools.lru_cache(maxsize=4096)
+def _held(kind: str, what: str) -> tuple[str, ...]:
+    """Why a host is taken (the same words for every deployment, so made once): `holds` a replica of this
+    deployment, `busy` with an occupant (`what`: `Occupant.describe`), or `placing` another (`what`: its name)."""
+    if kind == "holds":
         return ("it holds a replica of this deployment already",)
-    if host.occupant is not None:
-        return (f"it is busy: {host.occupant.describe}",)
-    if host.name in given.busy:
-        return (f"a replica of {given.busy[host.name]!r} is being placed there",)
-    return ()
+    if kind == "busy":
+        return (f"it is busy: {what}",)
+    return (f"a replica of {what!r} is being placed there",)
 
 
 def _failed(host: HostView, given: PlacementInput) -> tuple[str, ...]:
@@ -345,17 +350,16 @@ def place(
         return found
 
     # The hosts explained on their own: held by something, or by this deployment, this pass or a recent failure.
-    index, occupied = pool.index, pool.occupied
-    own = {index[name] for name in given.holding if name in index}
-    own.update(index[name] for name in given.busy if name in index)
-    failures = {n: f for n, f in given.host_failures.items() if f.until > given.now and n in index}
-    own.update(index[name] for name in failures)
-    own -= occupied
-    own_in = Counter(groups.of[position] for position in own)
+    index, occupied, holding, busy = pool.index, pool.occupied, given.holding, given.busy
+    failures = {n for n, f in given.host_failures.items() if f.until > given.now}
+    own = {index[name] for name in chain(holding, busy, failures) if name in index} - occupied
+    own_in: dict[int, list[int]] = {}
+    for position in own:
+        own_in.setdefault(groups.of[position], []).append(position)
     eligible_groups: dict[float, list[tuple[int, _Answer]]] = {}
     refused_groups: list[tuple[int, _Answer]] = []
     for group, free in enumerate(groups.free):
-        if len(free) <= own_in[group]:
+        if len(free) <= len(own_in.get(group, ())):
             continue  # no free host of the group left to this deployment: the planner is not asked for it
         said = answer(group)
         score = said[2]
@@ -366,14 +370,23 @@ def place(
     alone: list[tuple[int, HostChoice | None]] = []
     for position in sorted(own | occupied):
         host = pool.hosts[position]
-        named, quads, devices = shared_reasons(groups.of[position])
-        reasons = named + _held(host, given) + quads + _failed(host, given) + devices
-        alone.append((position, choice(host.name, False, reasons, None, False)))
+        name = host.name
+        group = groups.of[position]
+        named, quads, devices = shared[group] if group in shared else shared_reasons(group)
+        if name in holding:
+            held = _held("holds", "")
+        elif host.occupant is not None:
+            held = _held("busy", host.occupant.describe)
+        else:
+            held = _held("placing", busy[name]) if name in busy else ()
+        failed = _failed(host, given) if name in failures else ()
+        reasons = named + held + quads + failed + devices if named or quads or failed or devices else held
+        alone.append((position, choice(name, False, reasons, None, False)))
     eligible: list[HostChoice] = []
     for score in sorted(eligible_groups, reverse=True):
         answered = eligible_groups[score]
-        mine = {g for g, _ in answered}
-        eligible += _splice(*run(answered), [(p, None) for p, _ in alone if p in own and groups.of[p] in mine])
+        taken = sorted(p for group, _ in answered for p in own_in.get(group, ()))
+        eligible += _splice(*run(answered), [(p, None) for p in taken])
     top = max(0, wanted)
     picked = [choice(c.host, True, c.reasons, c.score, True) for c in eligible[:top]]
     refused = _splice(*run(refused_groups), alone)
