@@ -242,6 +242,7 @@ class DeploymentController:
             decided = self._decide_with(noted, deployments, statuses, observation, demands, now, pools)
             if not noted.questions:
                 return decided  # every answer was a proof made already: this is the pass
+            del decided  # each decision holds an explain of every host: not two passes' worth at once
             made = fit.prove_all(noted.questions)
             logger.debug("deployments: %d planner proof(s) made for this pass, together", made)
         return self._decide_with(fit, deployments, statuses, observation, demands, now, pools)
