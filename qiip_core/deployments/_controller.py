@@ -15,8 +15,10 @@ Deciding asks the planner whether each template fits each host shape. A fit chec
 once (`BatchFitCheck`: `PlannerFit`, over worker processes) gets them all before the decisions that read them:
 the pass is decided once with what is proven, each question it cannot answer noted (and answered "not proven yet"),
 and when some were noted they are proven together and the pass decided again. A pass that proves nothing (every
-pass but those with new deployments, templates or host shapes) is decided once; the second decision asks what the
-first did, but for a host this pass placed differently, which is proven when asked.
+pass but those with new deployments, templates or host shapes) is decided once. The first decision places nothing
+where a proof was missing, so the second fills hosts the first left free: it may no longer ask of a shape whose
+hosts it has all taken (a proof made for nothing: 4 of 300 at 1,000 hosts in `bench/placement.py`), and what it
+asks anew is proven when asked.
 
 It keeps nothing between passes that a restart would lose: a controller that starts (or takes over from a
 dead gateway) reads the same records and takes the same steps. Each step is idempotent at the actuator: a
