@@ -44,10 +44,11 @@ __all__ = ["MIN_PARALLEL_LAYERS", "PlanAnswer", "PlanJob", "plan_all", "plan_job
 
 logger = logging.getLogger("qiip.planner")
 
-MIN_PARALLEL_LAYERS = 2_000
+MIN_PARALLEL_LAYERS = 4_000
 """Layers planned (a job's `layers`, summed) below which `plan_all` plans in this process: a layer planned on one
-device set costs about 0.3 ms, a worker's start (a new interpreter importing the planner) 0.3-0.5 s of CPU, so
-a pool pays for itself from about a second of proofs."""
+device set costs about 0.25 ms of CPU, a worker's start (a new interpreter importing the planner) about 0.5 s, so
+a pool pays for itself from about a second of proofs (on 2 cores: 100 hosts of `bench/placement.py` ask 3,500
+layers, 250 hosts 6,700)."""
 
 PlanAnswer = Plan | str
 """The plan, or why there is none (the planner's `PlanError` message)."""
