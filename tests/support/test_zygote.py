@@ -1,0 +1,41 @@
+"""The test daemons' zygote: a forked daemon behaves as a new process where tests can tell."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.support.daemon import FAST_ENV, Daemon
+from tests.support.zygote import ForkedProcess, forkable
+
+
+def test_a_forked_daemon_serves_reports_a_kill_and_times_out_a_wait(tmp_path: Path) -> None:
+    with Daemon(tmp_path / "state") as daemon:
+        process = daemon.process
+        assert isinstance(process, ForkedProcess)
+        assert daemon.client.get("/health").status_code == 200
+        assert process.poll() is None
+        with pytest.raises(subprocess.TimeoutExpired):
+            process.wait(timeout=0.05)
+        process.send_signal(signal.SIGKILL)
+        assert process.wait(timeout=60) == -signal.SIGKILL
+        assert process.poll() == -signal.SIGKILL
+        process.kill()  # ended: nothing is sent
+
+
+def test_a_daemon_whose_environment_is_read_at_start_is_a_new_process(tmp_path: Path) -> None:
+    with Daemon(tmp_path / "state", env={"LD_LIBRARY_PATH": str(tmp_path)}) as daemon:
+        assert isinstance(daemon.process, subprocess.Popen)
+        assert daemon.client.get("/health").status_code == 200
+
+
+def test_only_settings_read_when_used_may_differ() -> None:
+    base = {"PATH": "/bin", "PYTHONPATH": "x", "QIIP_SERVER__WORKERS": "1"}
+    one = {**base, **FAST_ENV}
+    assert forkable(one, base)
+    assert not forkable({**one, "PYTHONPATH": "y"}, base)
+    assert not forkable({**one, "QIIP_SERVER__WORKERS": "2"}, base)
+    assert not forkable({k: v for k, v in one.items() if k != "PYTHONPATH"}, base)
