@@ -12,7 +12,14 @@ from tests.support.daemon import FAST_ENV, Daemon
 from tests.support.zygote import ForkedProcess, forkable
 
 
-def test_a_forked_daemon_serves_reports_a_kill_and_times_out_a_wait(tmp_path: Path) -> None:
+def test_a_forked_daemon_serves_reports_a_kill_and_times_out_a_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Daemon(tmp_path / "first") as first:
+        assert first.client.get("/health").status_code == 200
+    # The zygote may have been started by an earlier test: pytest names each test in the environment, and a daemon
+    # started in another test is still a fork.
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "tests/another.py::test_another (call)")
     with Daemon(tmp_path / "state") as daemon:
         process = daemon.process
         assert isinstance(process, ForkedProcess)
@@ -36,6 +43,7 @@ def test_only_settings_read_when_used_may_differ() -> None:
     base = {"PATH": "/bin", "PYTHONPATH": "x", "QIIP_SERVER__WORKERS": "1"}
     one = {**base, **FAST_ENV}
     assert forkable(one, base)
+    assert forkable({**one, "PYTEST_CURRENT_TEST": "tests/b.py::test_b (call)"}, {**base, "PYTEST_CURRENT_TEST": "a"})
     assert not forkable({**one, "PYTHONPATH": "y"}, base)
     assert not forkable({**one, "QIIP_SERVER__WORKERS": "2"}, base)
     assert not forkable({k: v for k, v in one.items() if k != "PYTHONPATH"}, base)

@@ -40,9 +40,21 @@ from typing import Protocol
 
 ROOT = Path(__file__).resolve().parents[2]
 
-RUNTIME_VARIABLES = ("QIIP_", "PATH", "HOME", "HF_", "XDG_", "TMPDIR", "SSH_", "NO_PROXY", "no_proxy")
+RUNTIME_VARIABLES = (
+    "QIIP_",
+    "PATH",
+    "HOME",
+    "HF_",
+    "XDG_",
+    "TMPDIR",
+    "SSH_",
+    "NO_PROXY",
+    "no_proxy",
+    "PYTEST_CURRENT_TEST",
+)
 """Prefixes of the environment variables that a forked daemon may have and the zygote not (or with another value):
-each is read where it is used (settings, `shutil.which`, the hub client's first import), none at interpreter start."""
+each is read where it is used (settings, `shutil.which`, the hub client's first import), none at interpreter start.
+`PYTEST_CURRENT_TEST` is pytest's name of the test running now: it differs for every test, and no daemon reads it."""
 
 
 class DaemonProcess(Protocol):
