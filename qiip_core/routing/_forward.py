@@ -38,8 +38,6 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 
-import aiohttp
-
 from qiip_core._errors import (
     FailoverExhausted,
     RoutingError,
@@ -54,12 +52,12 @@ from qiip_core.routing._reservation import Reservation
 from qiip_core.routing._table import ChangeKind, RoutingTable, TableChange
 from qiip_core.upstream._client import (
     TRANSPORT_ERRORS,
-    SendProgress,
     UpstreamClient,
     UpstreamRequest,
     is_stale_connection,
     map_transport_error,
 )
+from qiip_core.upstream._http11 import NodeResponse, SendProgress
 from qiip_core.upstream._response import UpstreamResponse
 
 __all__ = ["Forwarder"]
@@ -303,7 +301,7 @@ class Forwarder:
 
     async def _send(
         self, url: str, body: bytes, headers: Sequence[tuple[str, str]], node_id: str, progress: SendProgress
-    ) -> aiohttp.ClientResponse:
+    ) -> NodeResponse:
         try:
             return await self.client.post(url, body, headers, progress)
         except TRANSPORT_ERRORS as exc:

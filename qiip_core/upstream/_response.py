@@ -39,12 +39,11 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import aiohttp
-
 from qiip_core._errors import UpstreamError, UpstreamStatusError, UpstreamTimeout, UpstreamTransportError, safe_text
 from qiip_core.config import UpstreamSettings
 from qiip_core.nodes import is_load_failure
 from qiip_core.upstream._client import TRANSPORT_ERRORS, map_transport_error
+from qiip_core.upstream._http11 import NodeResponse
 from qiip_core.upstream._sse import EventFramer, ends_with_done, first_data_event
 
 __all__ = ["ABORT_GRACE_S", "HOP_BY_HOP_HEADERS", "OutcomeSink", "UpstreamResponse", "node_error_reason"]
@@ -171,7 +170,7 @@ class UpstreamResponse:
     attempts: int = 1
     failures: list[UpstreamError] = field(default_factory=list)
     timeout_counted: bool = False
-    _response: aiohttp.ClientResponse | None = None
+    _response: NodeResponse | None = None
     _framer: EventFramer | None = None
     _decoder: zlib._Decompress | None = None
     # None before the commit: the forwarder's first-byte limit bounds those reads.
@@ -197,7 +196,7 @@ class UpstreamResponse:
     async def receive(
         cls,
         reservation: OutcomeSink,
-        response: aiohttp.ClientResponse,
+        response: NodeResponse,
         settings: UpstreamSettings,
         *,
         deadline: float | None = None,
@@ -218,7 +217,7 @@ class UpstreamResponse:
             UpstreamStatusError: the node answered 5xx (at most 4 KiB of its body kept).
             UpstreamTransportError: the node answered with a redirect; a stream broke, or ended, before its
                 first data event; a 200 body without a declared length is not whole JSON.
-            aiohttp.ClientError, zlib.error, TimeoutError, OSError: reading a non-streaming body failed (the
+            NodeHttpError, zlib.error, TimeoutError, OSError: reading a non-streaming body failed (the
                 forwarder translates these with `map_transport_error`).
         """
         node_id = reservation.node_id
@@ -245,7 +244,7 @@ class UpstreamResponse:
                 f"the node answered with a redirect (HTTP {status}), which is never relayed or followed.",
                 node_id=node_id,
             )
-        encoding = response.headers.get("content-encoding", "identity").lower()
+        encoding = (response.header("content-encoding") or "identity").lower()
         sse = status == 200 and response.content_type == "text/event-stream" and encoding in _DECODABLE
         result = cls(
             reservation=reservation,
@@ -266,7 +265,7 @@ class UpstreamResponse:
             if (
                 result.complete
                 and status == 200
-                and "content-length" not in response.headers
+                and response.header("content-length") is None
                 and not _whole_json(result.prefix, encoding)
             ):
                 raise UpstreamTransportError(
@@ -330,7 +329,7 @@ class UpstreamResponse:
                     self._reader = asyncio.current_task()
                 try:
                     # Before the commit, the forwarder's first-byte limit bounds the read.
-                    chunk = await response.content.readany()
+                    chunk = await response.readany()
                     self._reader = None
                     if self._decoder is not None:
                         chunk = self._decoder.decompress(chunk) if chunk else self._decoder.flush()
@@ -351,7 +350,7 @@ class UpstreamResponse:
                     # Whatever else ends the read: the timer must never cancel this task outside it.
                     self._reader = None
                     raise
-                if not chunk and response.content.at_eof():
+                if not chunk and response.at_eof():
                     if self._framer is None:
                         self.complete = True
                         return b""
@@ -487,7 +486,7 @@ class UpstreamResponse:
                 reservation.release()
 
 
-def _relay_headers(response: aiohttp.ClientResponse, *, decoded: bool) -> list[tuple[bytes, bytes]]:
+def _relay_headers(response: NodeResponse, *, decoded: bool) -> list[tuple[bytes, bytes]]:
     headers = []
     for name, value in response.raw_headers:
         lower = name.lower()
@@ -503,10 +502,10 @@ def _relay_headers(response: aiohttp.ClientResponse, *, decoded: bool) -> list[t
     return headers
 
 
-async def _read_at_most(response: aiohttp.ClientResponse, limit: int) -> bytes:
+async def _read_at_most(response: NodeResponse, limit: int) -> bytes:
     body = bytearray()
     while len(body) < limit:
-        chunk = await response.content.readany()
+        chunk = await response.readany()
         if not chunk:
             break
         body += chunk
@@ -534,11 +533,15 @@ def _whole_json(body: bytes, encoding: str) -> bool:
     return True
 
 
-async def _buffer(response: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
+async def _buffer(response: NodeResponse, limit: int) -> tuple[bytes, bool]:
     """Read up to `limit` bytes; returns (bytes, whole body read)."""
+    if response.whole:
+        # The usual answer: its last byte came with its headers.
+        whole = await response.readany()
+        return whole, len(whole) <= limit
     body = bytearray()
     while True:
-        chunk = await response.content.readany()
+        chunk = await response.readany()
         if not chunk:
             return bytes(body), True
         body += chunk
