@@ -20,7 +20,9 @@ in-band error event.
 
 `ProxyRoutes` serves the three inference paths ahead of the FastAPI app: they are the hot path, and
 skipping the framework's routing and middleware layers roughly doubles the requests a core can relay
-(docs/performance.md). The FastAPI routes of the same paths call the same code and document them.
+(docs/performance.md). The FastAPI routes of the same paths call the same code and document them. Where no layer
+but the `Host` check stands in front of them (no CORS, no forwarded headers), the HTTP server answers them itself,
+ahead of all ASGI layers (`DirectInference`, `server._fast`), with the same steps and the same check.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -52,11 +55,15 @@ from qiip_proxy._metrics import Outcome
 from qiip_proxy._parse import CLIENT_CLOSED_REQUEST, PROXY_PATHS, parse_request
 from qiip_proxy._relay import SHUTDOWN_EVENT, end_stream, relay
 from qiip_proxy._scope import request_id_for
+from qiip_proxy.layers._http import HostCheck
 
 if TYPE_CHECKING:
     from qiip_proxy._types import ServingGateway
 
-__all__ = ["ProxyRoutes", "serve_inference", "wait_for_replica"]
+__all__ = ["DirectInference", "ProxyRoutes", "serve_inference", "wait_for_replica"]
+
+Watch = Callable[[Callable[[], None]], None]
+"""Registers the callback a request wants called once, when its client leaves (`server._fast.Watch`)."""
 
 logger = logging.getLogger("qiip.proxy")
 
@@ -116,7 +123,34 @@ class ProxyRoutes:
         await self.app(scope, receive, send_with_id)
 
 
-async def serve_inference(gateway: ServingGateway, scope: Scope, receive: Receive, send: Send) -> None:
+class DirectInference:
+    """The inference paths as the HTTP server answers them itself (`server._fast.DirectRoute`): the `Host` check
+    of `AllowedHosts`, then `serve_inference`, the client's leaving told by the server rather than watched.
+
+    Args:
+        gateway: the gateway serving them.
+        hosts: the `Host` check, or None when `server.allowed_hosts` holds `*`.
+    """
+
+    paths = frozenset(path.encode() for path in PROXY_PATHS)
+    """The request targets answered (exactly: no query, no escapes)."""
+
+    def __init__(self, gateway: ServingGateway, hosts: HostCheck | None) -> None:
+        self.gateway = gateway
+        self.hosts = hosts
+
+    async def serve(self, scope: Scope, receive: Receive, send: Send, watch: Watch) -> None:
+        """Serve one request completely (see `serve_inference`)."""
+        hosts = self.hosts
+        if hosts is not None and not hosts.passes(scope):
+            await hosts.refuse(scope, send)
+            return
+        await serve_inference(self.gateway, scope, receive, send, watch=watch)
+
+
+async def serve_inference(
+    gateway: ServingGateway, scope: Scope, receive: Receive, send: Send, *, watch: Watch | None = None
+) -> None:
     """Serve one inference request (`scope["path"]` is one of `PROXY_PATHS`) completely.
 
     Args:
@@ -124,10 +158,12 @@ async def serve_inference(gateway: ServingGateway, scope: Scope, receive: Receiv
         scope: the request's ASGI scope.
         receive: its ASGI receive channel.
         send: its ASGI send channel.
+        watch: how the server tells the request that its client left (`DirectInference`); None: a task of the
+            request's own waits on `receive` for `http.disconnect`.
     """
     outcome = Outcome(started=time.perf_counter())
     try:
-        await _InferenceRequest(gateway, request_id_for(scope), outcome).serve(scope, receive, send)
+        await _InferenceRequest(gateway, request_id_for(scope), outcome).serve(scope, receive, send, watch)
     finally:
         # 5. account
         outcome.duration_s = time.perf_counter() - outcome.started
@@ -150,7 +186,7 @@ class _InferenceRequest:
         self._ended: QiipError | None = None
         self._task: asyncio.Task[Any] | None = None
 
-    async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def serve(self, scope: Scope, receive: Receive, send: Send, watch: Watch | None) -> None:
         """Parse the request, then forward and relay it while watching the client connection."""
         outcome = self.outcome
         # 1. parse
@@ -174,7 +210,9 @@ class _InferenceRequest:
         task = asyncio.current_task()
         assert task is not None
         self._task = task
-        watcher = asyncio.create_task(self._watch(receive, task))
+        watcher = asyncio.create_task(self._watch(receive, task)) if watch is None else None
+        if watch is not None:
+            watch(self.client_left)
         streams = None
         if self.token is not None:
             streams = self.gateway.streams_by_token.setdefault(self.token.id, set())
@@ -190,7 +228,8 @@ class _InferenceRequest:
             # honestly: nothing for the server to report.
             task.uncancel()
         finally:
-            watcher.cancel()
+            if watcher is not None:
+                watcher.cancel()
             if streams is not None:
                 streams.discard(self.end_for_revocation)
 
@@ -275,6 +314,12 @@ class _InferenceRequest:
             self._ended = TokenRevoked(
                 f"The invoke token {token_id} was revoked or expired; this request was ended.", token_id=token_id
             )
+            self._task.cancel()
+
+    def client_left(self) -> None:
+        """The client left before the answer's end: end the request (its node's request is closed)."""
+        if not self._disconnected and self._task is not None:
+            self._disconnected = True
             self._task.cancel()
 
     async def _watch(self, receive: Receive, task: asyncio.Task[Any]) -> None:
