@@ -69,6 +69,51 @@ _NEUTRAL_STATUSES = frozenset({501, 505})
 never counted against the node."""
 
 
+class _FirstByteLimit:
+    """`asyncio.timeout` for one attempt, with less work per request: one timer, cancelled on the way out.
+
+    When it fires it cancels the task; leaving the block, that cancellation (only) becomes `TimeoutError`, as
+    `asyncio.timeout` does. `reschedule` moves the limit (`Forwarder._node_down` ends the wait now).
+    """
+
+    __slots__ = ("_cancelling", "_expired", "_handle", "_loop", "_task")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._loop = loop
+        self._task = task
+        self._cancelling = task.cancelling()
+        self._expired = False
+        self._handle: asyncio.TimerHandle | None = loop.call_at(when, self._fire)
+
+    def reschedule(self, when: float) -> None:
+        """End the wait at `when` (the loop's clock) instead."""
+        if self._handle is None or self._expired:
+            return
+        self._handle.cancel()
+        self._handle = self._loop.call_at(when, self._fire)
+
+    def expired(self) -> bool:
+        """Whether the limit passed and cancelled the wait."""
+        return self._expired
+
+    def _fire(self) -> None:
+        self._handle = None
+        self._expired = True
+        self._task.cancel()
+
+    def __enter__(self) -> _FirstByteLimit:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if self._expired and self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
+            raise TimeoutError from exc
+
+
 def _status_of(error: UpstreamError) -> int | None:
     """The node's own HTTP status in a failure, when it answered with one."""
     return error.status if isinstance(error, UpstreamStatusError) else None
@@ -105,7 +150,7 @@ class Forwarder:
         self.client = client or UpstreamClient(settings, policy=policy)
         # Per node: the first-token timers of requests waiting on it, and its committed answers, so a node
         # its health probes find down lets go of them at once (`_node_down`).
-        self._waiting: dict[str, set[asyncio.Timeout]] = {}
+        self._waiting: dict[str, set[_FirstByteLimit]] = {}
         self._answering: dict[str, set[UpstreamResponse]] = {}
         self._unsubscribe = table.add_listener(self._on_change)
 
@@ -265,8 +310,9 @@ class Forwarder:
             headers = [*headers, *extra.items()]
         progress = SendProgress()
         waiting = self._waiting.setdefault(node_id, set())
+        first_byte = _FirstByteLimit(loop, started + limit_s)
         try:
-            async with asyncio.timeout(limit_s) as first_byte:
+            with first_byte:
                 waiting.add(first_byte)
                 response = await self._send(url, request.body, headers, node_id, progress)
                 try:
