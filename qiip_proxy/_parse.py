@@ -166,10 +166,9 @@ async def read_request(
             "The request body must be JSON, sent with 'Content-Type: application/json'.",
             "unsupported_media_type",
         )
-    too_large = body_too_large(max_body_bytes, "server.max_body_bytes")
     declared = header(scope, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
-        raise too_large
+        raise body_too_large(max_body_bytes, "server.max_body_bytes")
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -181,7 +180,7 @@ async def read_request(
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > max_body_bytes:
-            raise too_large
+            raise body_too_large(max_body_bytes, "server.max_body_bytes")
         chunks.append(chunk)
         if not message.get("more_body", False):
             break

@@ -95,6 +95,11 @@ class ConnectionOwner(Protocol):
         """The connection closed (either side)."""
 
 
+_NOTED = frozenset({b"content-type", b"content-encoding", b"content-length"})
+"""Headers the response reads of every answer, kept apart as they are parsed (`NodeResponse.header`)."""
+_NOTED_TEXT = frozenset(name.decode() for name in _NOTED)
+
+
 class NodeResponse:
     """A node's answer: its status and headers (in once the response is returned), and its body as it comes.
 
@@ -109,6 +114,7 @@ class NodeResponse:
         "_ended",
         "_error",
         "_lower",
+        "_noted",
         "_paused",
         "_size",
         "_waiter",
@@ -121,6 +127,7 @@ class NodeResponse:
         self.status = 0
         self.raw_headers: list[tuple[bytes, bytes]] = []
         self._lower: dict[str, str] | None = None
+        self._noted: dict[bytes, bytes] = {}
         self._chunks: list[bytes] = []
         self._size = 0
         self._ended = False
@@ -129,7 +136,10 @@ class NodeResponse:
         self._paused = False
 
     def header(self, name: str) -> str | None:
-        """The value of header `name` (any case; the first when the node sent it twice), or None."""
+        """The value of header `name` (lower case; the first when the node sent it twice), or None."""
+        if name in _NOTED_TEXT:
+            value = self._noted.get(name.encode())
+            return value.decode("latin-1") if value is not None else None
         lower = self._lower
         if lower is None:
             lower = self._lower = {}
@@ -339,7 +349,11 @@ class NodeConnection(asyncio.Protocol):
         if response is not None:
             response.raw_headers.append((name, value))
             lower = name.lower()
-            if lower == b"content-length" or (lower == b"transfer-encoding" and b"chunked" in value.lower()):
+            if lower in _NOTED:
+                response._noted.setdefault(lower, value)
+                if lower == b"content-length":
+                    self._delimited = True
+            elif lower == b"transfer-encoding" and b"chunked" in value.lower():
                 self._delimited = True
 
     def on_headers_complete(self) -> None:
@@ -351,6 +365,7 @@ class NodeConnection(asyncio.Protocol):
             # `100 Continue` and the like: the answer comes after it.
             self._informational = True
             response.raw_headers.clear()
+            response._noted.clear()
             self._delimited = False
             return
         response.status = status

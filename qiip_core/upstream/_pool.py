@@ -94,6 +94,7 @@ class NodeConnections:
     ) -> None:
         self.settings = settings
         self.policy = policy
+        # Per node URL: its origin, and the head's first lines.
         self._origins: dict[str, tuple[_Origin, str]] = {}
         self._idle: dict[Hashable, list[NodeConnection]] = {}
         self._idle_count = 0
@@ -135,36 +136,47 @@ class NodeConnections:
         found = self._origins.get(url)
         if found is None:
             found = self._split(url)
-        origin, path = found
+        origin, start = found
         connection = None if fresh else self._take_idle(origin)
         if connection is None:
             connection = await self._connect(origin, pooled=not fresh)
         if progress is not None:
             progress.sent = True
-        return await connection.send(self._head(origin, path, headers, len(body), close=fresh), body)
+        return await connection.send(self._head(start, headers, len(body), close=fresh), body)
 
     def _split(self, url: str) -> tuple[_Origin, str]:
         start = url.find("/", url.find("//") + 2)
         base, path = (url, "/") if start < 0 else (url[:start], url[start:])
-        found = (_origin(base), path)
+        if _BAD_HEADER.search(path) or " " in path:
+            raise ValueError("the request's path holds a space, a line break or NUL; the request is not sent")
+        origin = _origin(base)
+        # What every request to this URL starts with: the request line, `Host` and the name of `Content-Length`.
+        found = (origin, f"POST {path} HTTP/1.1\r\nHost: {origin.host_header}\r\nContent-Length: ")
         if len(self._origins) < 4096:
             self._origins[url] = found
         return found
 
     @staticmethod
-    def _head(origin: _Origin, path: str, headers: Sequence[tuple[str, str]], length: int, *, close: bool) -> bytes:
-        lines = "".join([f"{name}: {value}\r\n" for name, value in headers])
-        # Every line break is the head's own, one per header: no value or name can end its line early.
-        if lines.count("\n") != len(headers) or lines.count("\r") != len(headers) or "\x00" in lines:
+    def _head(start: str, headers: Sequence[tuple[str, str]], length: int, *, close: bool) -> bytes:
+        parts = [start, str(length), "\r\n"]
+        accept = False
+        for name, value in headers:
+            parts += (name, ": ", value, "\r\n")
+            if not accept and len(name) == 6 and name.lower() == "accept":
+                accept = True
+        lines = len(headers) + 4  # the request line, Host, Content-Length, the blank line
+        if not accept:
+            parts.append("Accept: */*\r\n")
+            lines += 1
+        if close:
+            parts.append("Connection: close\r\n")
+            lines += 1
+        parts.append("\r\n")
+        text = "".join(parts)
+        # Every line break is the head's own, one per line: no name or value can end its line early.
+        if text.count("\n") != lines or text.count("\r") != lines or "\x00" in text:
             raise ValueError("a request header holds a line break or NUL; the request is not sent")
-        if _BAD_HEADER.search(path) or " " in path:
-            raise ValueError("the request's path holds a space, a line break or NUL; the request is not sent")
-        accept = "" if any(name.lower() == "accept" for name, _ in headers) else "Accept: */*\r\n"
-        connection = "Connection: close\r\n" if close else ""
-        return (
-            f"POST {path} HTTP/1.1\r\nHost: {origin.host_header}\r\nContent-Length: {length}\r\n"
-            f"{lines}{accept}{connection}\r\n"
-        ).encode("latin-1")
+        return text.encode("latin-1")
 
     # -- the pool ------------------------------------------------------------------------------------------------------
 

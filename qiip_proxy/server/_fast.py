@@ -257,28 +257,32 @@ class DirectCycle:
 
     def _start(self, status: int, headers: Any) -> bytes:
         """The answer's status line and headers (uvicorn's default headers first), as uvicorn frames them."""
-        pairs = list(self.protocol.server_state.default_headers) + list(headers)
-        names = b"".join([name for name, _ in pairs])
-        values = b"".join([value for _, value in pairs])
-        if HEADER_RE.search(names):
-            raise RuntimeError("Invalid HTTP header name.")
-        if HEADER_VALUE_RE.search(values):
-            raise RuntimeError("Invalid HTTP header value.")
         content = [STATUS_LINE[status]]
+        names: list[bytes] = []
+        values: list[bytes] = []
         length: int | None = None
-        chunked = False
-        closing = False
-        for name, value in pairs:
-            name = name.lower()
-            if name == b"content-length" and length is None and not chunked:
-                length = int(value.decode())
-            elif name == b"transfer-encoding" and value.lower() == b"chunked":
-                length = None
-                chunked = True
-            elif name == b"connection" and b"close" in [token.lower().strip() for token in value.split(b",")]:
-                self.keep_alive = False
-                closing = True
-            content += (name, b": ", value, b"\r\n")
+        chunked = closing = False
+        for pairs in (self.protocol.server_state.default_headers, headers):
+            for name, value in pairs:
+                name = name.lower()
+                names.append(name)
+                values.append(value)
+                if name == b"content-length":
+                    if length is None and not chunked:
+                        length = int(value.decode())
+                elif name == b"transfer-encoding":
+                    if value.lower() == b"chunked":
+                        length = None
+                        chunked = True
+                elif name == b"connection" and b"close" in [token.lower().strip() for token in value.split(b",")]:
+                    self.keep_alive = False
+                    closing = True
+                content += (name, b": ", value, b"\r\n")
+        # Checked together: one search over every name, one over every value.
+        if HEADER_RE.search(b"".join(names)):
+            raise RuntimeError("Invalid HTTP header name.")
+        if HEADER_VALUE_RE.search(b"".join(values)):
+            raise RuntimeError("Invalid HTTP header value.")
         if not self.keep_alive and not closing:
             content.append(b"connection: close\r\n")
         if length is None and not chunked and status not in (204, 304):

@@ -131,7 +131,9 @@ async def test_a_body_without_a_length_ends_with_the_connection(node: ScriptedNo
     assert node.connections == 2
 
 
-async def test_headers_are_read_as_sent_and_looked_up_in_any_case(node: ScriptedNode, pool: NodeConnections) -> None:
+async def test_headers_are_read_as_sent_and_looked_up_by_their_lower_case_name(
+    node: ScriptedNode, pool: NodeConnections
+) -> None:
     node.answers.append(
         b"HTTP/1.1 200 OK\r\nContent-Type: Text/Event-Stream; charset=utf-8\r\nX-Two: 1\r\nX-Two: 2\r\n"
         b"Content-Length: 0\r\n\r\n"
