@@ -186,7 +186,8 @@ async def read_request(
             break
     body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
     if len(body) <= LARGE_BODY_BYTES:
-        payload = await _decode(body, in_thread=False)
+        # Too short to pass a bound of `check_json_budget` (`_decode` would parse it at once): parsed here.
+        payload = _loads(body)
     else:
         async with parse_gate or contextlib.nullcontext():
             payload = await _decode(body, in_thread=True)
@@ -230,7 +231,8 @@ def is_json(content_type: bytes | None) -> bool:
 
 
 LARGE_BODY_BYTES = 64 * 1024
-"""Bodies above this are measured and parsed one at a time (`read_request`'s `parse_gate`)."""
+"""Bodies above this are measured and parsed one at a time (`read_request`'s `parse_gate`); it is below what any
+bound of `check_json_budget` can be passed with, so a body up to it is parsed at once."""
 
 MAX_OBJECT_KEYS = 50_000
 """The most object members a request body may hold in all (each costs about 1 µs to parse: a dict entry)."""

@@ -79,7 +79,7 @@ class _FirstByteLimit:
     __slots__ = ("_cancelling", "_expired", "_handle", "_loop", "_task")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
-        task = asyncio.current_task()
+        task = asyncio.current_task(loop)
         assert task is not None
         self._loop = loop
         self._task = task
@@ -215,7 +215,7 @@ class Forwarder:
             node_id = reservation.state.id
             tried.append(node_id)
             try:
-                response = await self._attempt(reservation, request, deadline)
+                response = await self._attempt(reservation, request, deadline, loop)
             except UpstreamError as exc:
                 failures.append(exc)
                 logger.warning("attempt %d on node %s failed: %s", len(tried), node_id, exc.log_text)
@@ -276,13 +276,16 @@ class Forwarder:
             ):
                 self.table.record_failure(failure.node_id, failure.log_text, noted=True)
 
-    async def _attempt(self, reservation: Reservation, request: UpstreamRequest, deadline: float) -> UpstreamResponse:
+    async def _attempt(
+        self, reservation: Reservation, request: UpstreamRequest, deadline: float, loop: asyncio.AbstractEventLoop
+    ) -> UpstreamResponse:
         """One attempt on one node: send, and wait for the answer's first token (or all of a plain one).
 
         Args:
             reservation: the node, reserved.
             request: the client's request.
             deadline: the request-wide deadline, in the event loop's clock.
+            loop: the running event loop.
 
         Raises:
             UpstreamTimeout: a limit passed (`request_sent` when the node had the whole request).
@@ -291,7 +294,6 @@ class Forwarder:
         node = reservation.state.node
         node_id = node.id
         url = node.endpoint + request.path
-        loop = asyncio.get_running_loop()
         started = loop.time()
         # The tightest of: this attempt's own limit, the node's deadline, the request's deadline.
         limits = [
@@ -317,7 +319,7 @@ class Forwarder:
                 response = await self._send(url, request.body, headers, node_id, progress)
                 try:
                     return await UpstreamResponse.receive(
-                        reservation, response, self.settings, deadline=answer_deadline
+                        reservation, response, self.settings, deadline=answer_deadline, loop=loop
                     )
                 except BaseException:
                     response.close()

@@ -20,7 +20,6 @@ import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 
 from qiip_core._errors import UpstreamConnectError, UpstreamError, UpstreamTimeout, UpstreamTransportError
-from qiip_core.config import UpstreamSettings
 from qiip_core.nodes import ApiName, EndpointPolicy
 from qiip_core.upstream._http11 import (
     NodeAnswerCut,
@@ -29,7 +28,6 @@ from qiip_core.upstream._http11 import (
     NodeConnectTimeout,
     NodeDisconnected,
     NodeHttpError,
-    NodeResponse,
     SendProgress,
 )
 from qiip_core.upstream._pool import NodeConnections
@@ -99,12 +97,15 @@ class AllowlistResolver(AbstractResolver):
         await self._inner.close()
 
 
-class UpstreamClient:
-    """The HTTP/1.1 client for node traffic: one keep-alive pool for all nodes (`NodeConnections`).
+class UpstreamClient(NodeConnections):
+    """The HTTP/1.1 client for node traffic: one keep-alive pool for all nodes (`NodeConnections`, whose `post` and
+    `aclose` it is).
 
     Proxy environment variables are ignored (node traffic never goes through a proxy), redirects are never
     followed, and bodies are not decompressed (non-streaming answers are relayed as they come, with their
-    `Content-Encoding`).
+    `Content-Encoding`). A send on a pooled connection the node had closed raises `NodeDisconnected`; the forwarder
+    sends it once more with `fresh=True` (`is_stale_connection`): a node that closes after each streamed answer
+    while advertising keep-alive, as llama-server does, may have closed the other pooled connections too.
 
     Args:
         settings: pool size, idle connections kept and their expiry (keep it below the nodes' idle timeout; vLLM's
@@ -112,42 +113,6 @@ class UpstreamClient:
         policy: the endpoint allowlist the addresses of host names are checked against when connecting; None checks
             nothing.
     """
-
-    def __init__(self, settings: UpstreamSettings, *, policy: EndpointPolicy | None = None) -> None:
-        self.settings = settings
-        self.policy = policy
-        self._connections = NodeConnections(settings, policy=policy)
-
-    async def post(
-        self,
-        url: str,
-        body: bytes,
-        headers: Sequence[tuple[str, str]],
-        progress: SendProgress | None = None,
-        *,
-        fresh: bool = False,
-    ) -> NodeResponse:
-        """Send a POST and return once the response headers have arrived.
-
-        Args:
-            url: the node's URL.
-            body: the request body.
-            headers: the request headers.
-            progress: marked once the request has a connection, so a caller that gives up can tell whether
-                the node had the request.
-            fresh: send it on a new connection, never a pooled one. For the one retry after a pooled connection
-                turned out dead (a node that closes after each streamed answer while advertising keep-alive, as
-                llama-server does): another pooled connection may be dead too.
-
-        Raises:
-            NodeHttpError, OSError: see `map_transport_error`.
-            ValueError: a header holds a line break or NUL.
-        """
-        return await self._connections.post(url, body, headers, progress, fresh=fresh)
-
-    async def aclose(self) -> None:
-        """Close every connection."""
-        await self._connections.aclose()
 
 
 # Most specific first: the first matching class decides. A test asserts that every aiohttp client error

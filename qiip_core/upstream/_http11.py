@@ -170,7 +170,9 @@ class NodeResponse:
                 raise self._error
             if self._ended:
                 return b""
-            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            connection = self._connection
+            loop = connection.loop if connection is not None else asyncio.get_running_loop()
+            waiter = self._waiter = loop.create_future()
             try:
                 await waiter
             finally:
@@ -262,7 +264,8 @@ class NodeConnection(asyncio.Protocol):
         self._delimited = False
         self.idle_since = 0.0
         self.closed = False
-        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.loop = asyncio.get_running_loop()
+        self.lost: asyncio.Future[None] = self.loop.create_future()
 
     # -- the request -----------------------------------------------------------------------------------------------
 
@@ -279,7 +282,7 @@ class NodeConnection(asyncio.Protocol):
             raise NodeDisconnected("the connection to the node was closed before the request was written")
         response = self.response = NodeResponse(self)
         self._informational = self._delimited = False
-        waiter = self._headers = asyncio.get_running_loop().create_future()
+        waiter = self._headers = self.loop.create_future()
         if len(body) < 65536:
             transport.write(head + body)
         else:

@@ -184,12 +184,11 @@ class NodeConnections:
         stack = self._idle.get(origin)
         if not stack:
             return None
-        now = asyncio.get_running_loop().time()
         expiry_s = self.settings.keepalive_expiry_s
         while stack:
             connection = stack.pop()
             self._idle_count -= 1
-            if connection.closed or now - connection.idle_since >= expiry_s:
+            if connection.closed or connection.loop.time() - connection.idle_since >= expiry_s:
                 connection._close()
                 continue
             return connection
@@ -202,7 +201,7 @@ class NodeConnections:
         if self._idle_count >= self.settings.max_keepalive_connections:
             connection._close()
             return
-        loop = asyncio.get_running_loop()
+        loop = connection.loop
         connection.idle_since = loop.time()
         self._idle.setdefault(connection.origin, []).append(connection)
         self._idle_count += 1

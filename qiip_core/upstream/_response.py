@@ -200,6 +200,7 @@ class UpstreamResponse:
         settings: UpstreamSettings,
         *,
         deadline: float | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> UpstreamResponse:
         """Read what the client will see first, and commit to the node's answer.
 
@@ -209,6 +210,7 @@ class UpstreamResponse:
             settings: the idle timeout, buffer and event sizes.
             deadline: the event-loop time by which the node must have finished (its `deadline_s`), or None.
                 It bounds the reads after this one; this one is bounded by the caller's first-byte timeout.
+            loop: the running event loop (found when not given).
 
         Returns:
             The committed response; the caller must `aclose()` it.
@@ -278,7 +280,7 @@ class UpstreamResponse:
             result._response = None
         result._idle_timeout_s = settings.idle_timeout_s
         result._deadline = deadline
-        result._loop = asyncio.get_running_loop()
+        result._loop = loop or asyncio.get_running_loop()
         # From here on, the response reports the node's failures itself; before, the forwarder does (and
         # fails over).
         result._committed = True
@@ -326,7 +328,7 @@ class UpstreamResponse:
                     self._due = due
                     if self._idle_timer is None:
                         self._idle_timer = loop.call_at(due, self._on_idle_timer)
-                    self._reader = asyncio.current_task()
+                    self._reader = asyncio.current_task(loop)
                 try:
                     # Before the commit, the forwarder's first-byte limit bounds the read.
                     chunk = await response.readany()
