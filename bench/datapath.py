@@ -13,8 +13,9 @@ process, on the backend's core; the proxy has the other core):
 
     uv run python bench/datapath.py --baseline 181eaf9 [--duration 5] [--rounds 3]
 
-With `--rounds N` every target is measured N times, by turns (direct, nginx, baseline, now, then again), and the
-median of each figure is shown: the machine's other work then weighs on every target alike. The baseline runs that
+Each load runs against every target in turn (direct, nginx, baseline, now) before the next load; with `--rounds N`
+all of it N times, and the median of each figure is shown: the machine's other work then weighs on every target
+alike. The baseline runs that
 revision's code (a `git archive` of it) in this checkout's environment. nginx (Debian package `nginx-light`) has
 one worker, a keep-alive upstream and no buffering (`bench/gateway.py`). The gateways run with their default
 settings, one serving process (`server.workers = 1`).
@@ -53,22 +54,34 @@ class Figures:
         return statistics.median(found) if found else None
 
 
-def measure(port: int, pid: int, figures: Figures, *, duration_s: float, events: int, proxy: bool) -> None:
-    """One round of every load against one target, into `figures`."""
+LOADS = ("c1", "c32", "c256", "stream")
+"""The loads, in the order each round runs them (every target in turn under one load, then the next load)."""
+
+
+def measure(load: str, port: int, pid: int, figures: Figures, *, duration_s: float, events: int, proxy: bool) -> str:
+    """One load against one target, into `figures`; returns a line saying what it measured."""
     overload.DURATION[0] = duration_s
-    one = overload.run_load(port, pid, connections=1, duration_s=duration_s, backoff_s=0)
-    figures.add("p50_c1_ms", one.ok_p50_ms)
-    for c in (32, 256):
-        run = overload.run_load(port, pid, connections=c, duration_s=duration_s, backoff_s=0)
-        figures.add(f"rps_c{c}", run.ok_rps)
-        figures.add(f"p50_c{c}_ms", run.ok_p50_ms)
-        figures.add(f"p99_c{c}_ms", run.ok_p99_ms)
-        if proxy:
-            figures.add(f"per_cpu_s_c{c}", run.ok_per_cpu_s)
-    streams = overload.run_load(port, pid, connections=32, duration_s=duration_s, backoff_s=0, stream=True)
-    figures.add("streams_s", streams.ok_rps)
-    if proxy and streams.ok_rps:
-        figures.add("us_per_event", streams.cpu_s / (streams.ok_rps * duration_s * (events + 1)) * 1e6)
+    if load == "c1":
+        one = overload.run_load(port, pid, connections=1, duration_s=duration_s, backoff_s=0)
+        figures.add("p50_c1_ms", one.ok_p50_ms)
+        return f"p50 {one.ok_p50_ms:.3f} ms"
+    if load == "stream":
+        streams = overload.run_load(port, pid, connections=32, duration_s=duration_s, backoff_s=0, stream=True)
+        figures.add("streams_s", streams.ok_rps)
+        if not (proxy and streams.ok_rps):
+            return f"{streams.ok_rps:,.0f} streams/s"
+        per_event_us = streams.cpu_s / (streams.ok_rps * duration_s * (events + 1)) * 1e6
+        figures.add("us_per_event", per_event_us)
+        return f"{streams.ok_rps:,.0f} streams/s, {per_event_us:.2f} µs of proxy CPU per event"
+    c = int(load[1:])
+    run = overload.run_load(port, pid, connections=c, duration_s=duration_s, backoff_s=0)
+    figures.add(f"rps_c{c}", run.ok_rps)
+    figures.add(f"p50_c{c}_ms", run.ok_p50_ms)
+    figures.add(f"p99_c{c}_ms", run.ok_p99_ms)
+    if proxy:
+        figures.add(f"per_cpu_s_c{c}", run.ok_per_cpu_s)
+    per_cpu = f", {run.ok_per_cpu_s:,.0f} per proxy CPU-s" if proxy else ""
+    return f"{run.ok_rps:,.0f} req/s{per_cpu}, p99 {run.ok_p99_ms:.1f} ms"
 
 
 ROWS = (
@@ -162,21 +175,19 @@ def main() -> None:
         )
         results = {name: Figures() for name, _, _ in targets}
         for round_ in range(args.rounds):
-            for name, port, pid in targets:
-                measure(port, pid, results[name], duration_s=args.duration, events=args.events, proxy=name != "direct")
-                figures = results[name]
-                print(
-                    f"round {round_ + 1} {name:>8}: c=1 p50 {figures.values['p50_c1_ms'][-1]:.3f} ms; "
-                    + (
-                        f"per CPU-s c=32 {figures.values['per_cpu_s_c32'][-1]:,.0f}, "
-                        f"c=256 {figures.values['per_cpu_s_c256'][-1]:,.0f}; "
-                        f"{figures.values['us_per_event'][-1]:.2f} µs/event; "
-                        if name != "direct"
-                        else ""
+            # Every target under one load, then the next load: what is compared is measured minutes apart at most.
+            for load in LOADS:
+                for name, port, pid in targets:
+                    line = measure(
+                        load,
+                        port,
+                        pid,
+                        results[name],
+                        duration_s=args.duration,
+                        events=args.events,
+                        proxy=name != "direct",
                     )
-                    + f"p99 c=256 {figures.values['p99_c256_ms'][-1]:.1f} ms",
-                    flush=True,
-                )
+                    print(f"round {round_ + 1} {load:>6} {name:>8}: {line}", flush=True)
         summary(results, [name for name, _, _ in targets], args.baseline if args.baseline in results else None)
         print(f"load average at the end {os.getloadavg()[0]:.1f}")
     finally:

@@ -34,79 +34,30 @@ the routing table once committed, so the relay never has to:
 from __future__ import annotations
 
 import asyncio
-import json
 import zlib
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from qiip_core._errors import UpstreamError, UpstreamStatusError, UpstreamTimeout, UpstreamTransportError, safe_text
+from qiip_core._errors import UpstreamError, UpstreamStatusError, UpstreamTimeout, UpstreamTransportError
 from qiip_core.config import UpstreamSettings
 from qiip_core.nodes import is_load_failure
+from qiip_core.upstream._answer import (
+    DECODABLE,
+    ERROR_BODY_BYTES,
+    buffer,
+    node_error_reason,
+    read_at_most,
+    relay_headers,
+    whole_json,
+)
 from qiip_core.upstream._client import TRANSPORT_ERRORS, map_transport_error
 from qiip_core.upstream._http11 import NodeResponse
 from qiip_core.upstream._sse import EventFramer, ends_with_done, first_data_event
 
-__all__ = ["ABORT_GRACE_S", "HOP_BY_HOP_HEADERS", "OutcomeSink", "UpstreamResponse", "node_error_reason"]
+__all__ = ["ABORT_GRACE_S", "OutcomeSink", "UpstreamResponse"]
 
 ABORT_GRACE_S = 1.0
 """How long an answer whose node failed its health probes may still wait for its next bytes (`abort`)."""
-
-HOP_BY_HOP_HEADERS = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-authenticate",
-        b"proxy-authorization",
-        b"proxy-connection",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"upgrade",
-        b"content-length",
-        b"host",
-    }
-)
-"""Headers that describe one connection, never relayed in either direction."""
-
-_GATEWAY_HEADERS = frozenset({b"server", b"date", b"x-request-id", b"x-qiip-node", b"x-accel-buffering"})
-"""Response headers the gateway sets itself; the node's are dropped so the client never sees two."""
-
-_STREAM_HEADERS = frozenset({b"content-encoding", b"cache-control"})
-"""Dropped from decoded event streams: the gateway relays them decoded and sets its own cache policy."""
-
-_DECODABLE = {"identity": 0, "gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
-"""Content encodings an event stream may come in, with the `wbits` that decodes each."""
-
-_ERROR_BODY_BYTES = 4096
-"""How much of a 5xx answer's body is kept for the error message."""
-
-
-_REASON_CHARS = 200
-"""The most characters of a node's own error message a client is shown."""
-
-
-def node_error_reason(body: bytes) -> str | None:
-    """The reason a node gave in an error answer, when its body says one in a shape QIIP knows.
-
-    Shapes: the OpenAI error `{"error": {"message": "..."}}` (vLLM, llama-server, Ollama's `/v1` routes) and
-    Ollama's native `{"error": "..."}` (`unable to load full model on GPU`).
-
-    Args:
-        body: the start of the answer's body (at most 4 KiB).
-
-    Returns:
-        The message, secrets redacted, control characters escaped, cut to 200 characters; None when the body is
-        not one of those shapes. It is for logs and the admin API (the error's `detail`), never for clients.
-    """
-    try:
-        data = json.loads(body)
-    except (ValueError, RecursionError):
-        return None
-    error = data.get("error") if isinstance(data, dict) else None
-    message = error.get("message") if isinstance(error, dict) else error
-    if not isinstance(message, str) or not message.strip():
-        return None
-    return safe_text(message.strip().rstrip("."), limit=_REASON_CHARS)
 
 
 class OutcomeSink(Protocol):
@@ -225,7 +176,7 @@ class UpstreamResponse:
         node_id = reservation.node_id
         status = response.status
         if status >= 500:
-            body = await _read_at_most(response, _ERROR_BODY_BYTES)
+            body = await read_at_most(response, ERROR_BODY_BYTES)
             text = body[:200].decode("utf-8", "replace")
             # The client reads the gateway's own words, which never quote a node; a failure to load the model is
             # named in them (the node's text is the detail, for the log and the admin API).
@@ -247,11 +198,11 @@ class UpstreamResponse:
                 node_id=node_id,
             )
         encoding = (response.header("content-encoding") or "identity").lower()
-        sse = status == 200 and response.content_type == "text/event-stream" and encoding in _DECODABLE
+        sse = status == 200 and response.content_type == "text/event-stream" and encoding in DECODABLE
         result = cls(
             reservation=reservation,
             status_code=status,
-            headers=_relay_headers(response, decoded=sse),
+            headers=relay_headers(response, decoded=sse),
             prefix=b"",
             complete=False,
             sse=sse,
@@ -260,15 +211,15 @@ class UpstreamResponse:
         if sse:
             result._framer = EventFramer(settings.max_event_bytes)
             if encoding != "identity":
-                result._decoder = zlib.decompressobj(_DECODABLE[encoding])
+                result._decoder = zlib.decompressobj(DECODABLE[encoding])
             result.prefix = await result._first_data_events()
         else:
-            result.prefix, result.complete = await _buffer(response, settings.buffer_response_bytes)
+            result.prefix, result.complete = await buffer(response, settings.buffer_response_bytes)
             if (
                 result.complete
                 and status == 200
                 and response.header("content-length") is None
-                and not _whole_json(result.prefix, encoding)
+                and not whole_json(result.prefix, encoding)
             ):
                 raise UpstreamTransportError(
                     f"the node's answer is not whole JSON: its body ended after {len(result.prefix)} bytes, "
@@ -486,66 +437,3 @@ class UpstreamResponse:
                 if self.complete and self.status_code < 400 and self._committed:
                     reservation.record_success()
                 reservation.release()
-
-
-def _relay_headers(response: NodeResponse, *, decoded: bool) -> list[tuple[bytes, bytes]]:
-    headers = []
-    for name, value in response.raw_headers:
-        lower = name.lower()
-        if (
-            lower in HOP_BY_HOP_HEADERS
-            or lower in _GATEWAY_HEADERS
-            # A node's CORS answer is not the gateway's policy.
-            or lower.startswith(b"access-control-")
-            or (decoded and lower in _STREAM_HEADERS)
-        ):
-            continue
-        headers.append((lower, value))
-    return headers
-
-
-async def _read_at_most(response: NodeResponse, limit: int) -> bytes:
-    body = bytearray()
-    while len(body) < limit:
-        chunk = await response.readany()
-        if not chunk:
-            break
-        body += chunk
-    return bytes(body[:limit])
-
-
-def _whole_json(body: bytes, encoding: str) -> bool:
-    """Whether `body` (in its content `encoding`) is one whole JSON value; True when the encoding is not one
-    QIIP decodes (brotli, zstd: it cannot tell, and relays the body as it came)."""
-    if encoding != "identity":
-        wbits = _DECODABLE.get(encoding)
-        if wbits is None:
-            return True
-        decoder = zlib.decompressobj(wbits)
-        try:
-            body = decoder.decompress(body)
-        except zlib.error:
-            return False
-        if not decoder.eof:
-            return False
-    try:
-        json.loads(body)
-    except (ValueError, RecursionError):
-        return False
-    return True
-
-
-async def _buffer(response: NodeResponse, limit: int) -> tuple[bytes, bool]:
-    """Read up to `limit` bytes; returns (bytes, whole body read)."""
-    if response.whole:
-        # The usual answer: its last byte came with its headers.
-        whole = await response.readany()
-        return whole, len(whole) <= limit
-    body = bytearray()
-    while True:
-        chunk = await response.readany()
-        if not chunk:
-            return bytes(body), True
-        body += chunk
-        if len(body) > limit:
-            return bytes(body), False
