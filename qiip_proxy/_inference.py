@@ -31,7 +31,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -53,17 +53,25 @@ from qiip_core.upstream import UpstreamRequest, UpstreamResponse
 from qiip_proxy._errors import RequestRefused, send_error, sse_error_event
 from qiip_proxy._metrics import Outcome
 from qiip_proxy._parse import CLIENT_CLOSED_REQUEST, PROXY_PATHS, parse_request
-from qiip_proxy._relay import SHUTDOWN_EVENT, end_stream, relay
+from qiip_proxy._relay import SHUTDOWN_EVENT, BodyWriter, end_stream, relay
 from qiip_proxy._scope import request_id_for
 from qiip_proxy.layers._http import HostCheck
 
 if TYPE_CHECKING:
     from qiip_proxy._types import ServingGateway
 
-__all__ = ["DirectInference", "ProxyRoutes", "serve_inference", "wait_for_replica"]
+__all__ = ["DirectClient", "DirectInference", "ProxyRoutes", "serve_inference", "wait_for_replica"]
 
 Watch = Callable[[Callable[[], None]], None]
-"""Registers the callback a request wants called once, when its client leaves (`server._fast.Watch`)."""
+"""Registers the callback a request wants called once, when its client leaves (`DirectClient.watch`)."""
+
+
+class DirectClient(BodyWriter, Protocol):
+    """The client of a request the server answers itself (`server._fast.DirectCycle`)."""
+
+    def watch(self, left: Callable[[], None]) -> None:
+        """Call `left` once, when the client leaves before the answer's end."""
+
 
 logger = logging.getLogger("qiip.proxy")
 
@@ -139,17 +147,23 @@ class DirectInference:
         self.gateway = gateway
         self.hosts = hosts
 
-    async def serve(self, scope: Scope, receive: Receive, send: Send, watch: Watch) -> None:
+    async def serve(self, scope: Scope, receive: Receive, send: Send, client: DirectClient) -> None:
         """Serve one request completely (see `serve_inference`)."""
         hosts = self.hosts
         if hosts is not None and not hosts.passes(scope):
             await hosts.refuse(scope, send)
             return
-        await serve_inference(self.gateway, scope, receive, send, watch=watch)
+        await serve_inference(self.gateway, scope, receive, send, watch=client.watch, writer=client)
 
 
 async def serve_inference(
-    gateway: ServingGateway, scope: Scope, receive: Receive, send: Send, *, watch: Watch | None = None
+    gateway: ServingGateway,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    *,
+    watch: Watch | None = None,
+    writer: BodyWriter | None = None,
 ) -> None:
     """Serve one inference request (`scope["path"]` is one of `PROXY_PATHS`) completely.
 
@@ -160,10 +174,11 @@ async def serve_inference(
         send: its ASGI send channel.
         watch: how the server tells the request that its client left (`DirectInference`); None: a task of the
             request's own waits on `receive` for `http.disconnect`.
+        writer: the client's body written without ASGI messages, where the server offers it (`relay`).
     """
     outcome = Outcome(started=time.perf_counter())
     try:
-        await _InferenceRequest(gateway, request_id_for(scope), outcome).serve(scope, receive, send, watch)
+        await _InferenceRequest(gateway, request_id_for(scope), outcome, writer).serve(scope, receive, send, watch)
     finally:
         # 5. account
         outcome.duration_s = time.perf_counter() - outcome.started
@@ -173,10 +188,23 @@ async def serve_inference(
 class _InferenceRequest:
     """One inference request on its way, and what ends it early: the client leaving, or its token revoked."""
 
-    __slots__ = ("_disconnected", "_ended", "_stopped", "_task", "gateway", "outcome", "request_id", "token")
+    __slots__ = (
+        "_disconnected",
+        "_ended",
+        "_stopped",
+        "_task",
+        "gateway",
+        "outcome",
+        "request_id",
+        "token",
+        "writer",
+    )
 
-    def __init__(self, gateway: ServingGateway, request_id: str, outcome: Outcome) -> None:
+    def __init__(
+        self, gateway: ServingGateway, request_id: str, outcome: Outcome, writer: BodyWriter | None = None
+    ) -> None:
         self.gateway = gateway
+        self.writer = writer
         self.request_id = request_id
         self.outcome = outcome
         self.token: InvokeToken | None = None
@@ -270,7 +298,7 @@ class _InferenceRequest:
         outcome.node, outcome.status = upstream.node_id, upstream.status_code
         outcome.failures = upstream.failures
         try:
-            await relay(upstream, send, self.request_id, outcome)
+            await relay(upstream, send, self.request_id, outcome, self.writer)
         except asyncio.CancelledError:
             if self._disconnected:
                 outcome.error_code = "client_disconnected"

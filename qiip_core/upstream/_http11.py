@@ -25,7 +25,7 @@ Errors are this package's own, translated at its boundary by `map_transport_erro
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -113,9 +113,11 @@ class NodeResponse:
         "_connection",
         "_ended",
         "_error",
+        "_held",
         "_lower",
         "_noted",
         "_paused",
+        "_sink",
         "_size",
         "_waiter",
         "raw_headers",
@@ -134,6 +136,8 @@ class NodeResponse:
         self._error: NodeHttpError | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._paused = False
+        self._held = False
+        self._sink: Callable[[bytes], None] | None = None
 
     def header(self, name: str) -> str | None:
         """The value of header `name` (lower case; the first when the node sent it twice), or None."""
@@ -188,6 +192,57 @@ class NodeResponse:
                 connection.transport.resume_reading()
         return data
 
+    def stream_to(self, sink: Callable[[bytes], None]) -> None:
+        """Hand every body piece to `sink` as it is parsed (the pieces in so far first), not to `readany`; reading
+        resumes if it was held. Until `unsink`, `pumped` says when the body ends or `sink` called `hold`."""
+        chunks, self._chunks, self._size = self._chunks, [], 0
+        self._sink = sink
+        self._held = False
+        for chunk in chunks:
+            sink(chunk)
+        if self._paused and not self._held:
+            self._paused = False
+            connection = self._connection
+            if connection is not None and connection.transport is not None:
+                connection.transport.resume_reading()
+
+    def unsink(self) -> None:
+        """Back to `readany`: body pieces are held for it again."""
+        self._sink = None
+
+    def hold(self) -> None:
+        """Stop reading the node's connection until the next `stream_to` (the sink's reader cannot take more now),
+        and end the `pumped` wait with False."""
+        if self._held or self._ended:
+            return
+        self._held = True
+        connection = self._connection
+        if not self._paused and connection is not None and connection.transport is not None:
+            self._paused = True
+            connection.transport.pause_reading()
+        self._wake()
+
+    async def pumped(self) -> bool:
+        """Wait while `stream_to`'s sink takes the body: True once it has ended, False when the sink held it.
+
+        Raises:
+            NodeAnswerCut, NodeAnswerMalformed: the answer broke off (the sink had every byte before the break).
+        """
+        while True:
+            if self._error is not None:
+                raise self._error
+            if self._ended:
+                return True
+            if self._held:
+                return False
+            connection = self._connection
+            loop = connection.loop if connection is not None else asyncio.get_running_loop()
+            waiter = self._waiter = loop.create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+
     def at_eof(self) -> bool:
         """Whether the body has ended and every byte of it has been read."""
         return self._ended and not self._chunks
@@ -212,6 +267,10 @@ class NodeResponse:
     # -- fed by the connection ----------------------------------------------------------------------------------
 
     def _feed(self, data: bytes) -> None:
+        sink = self._sink
+        if sink is not None:
+            sink(data)
+            return
         self._chunks.append(data)
         self._size += len(data)
         if self._size > HIGH_WATER_BYTES and not self._paused:

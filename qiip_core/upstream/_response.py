@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -321,15 +322,97 @@ class UpstreamResponse:
         except UpstreamError as exc:
             # The node broke off its answer: its fault, whatever the request. (This try is free in the relay's
             # hot loop: since Python 3.11 a try costs nothing until it catches.)
-            if self._committed:
-                # In the node's record whether or not it counts (before commit the forwarder keeps it).
-                self.reservation.note_error(exc.log_text)
-                if not (
-                    # A node that still passes its health probes is charged one timeout per request at most: a
-                    # request too big for the limits times out wherever it goes.
-                    self.timeout_counted and isinstance(exc, UpstreamTimeout) and self.reservation.health_failures == 0
-                ):
-                    self.reservation.record_failure(exc.log_text, noted=True)
+            self._charge(exc)
+            raise
+
+    def _charge(self, exc: UpstreamError) -> None:
+        """The node broke off its committed answer: in its record, and counted against its breaker (a timeout at
+        most once per request while the node passes its health probes: a request too big for the limits times out
+        wherever it goes)."""
+        if self._committed:
+            # In the node's record whether or not it counts (before commit the forwarder keeps it).
+            self.reservation.note_error(exc.log_text)
+            if not (
+                self.timeout_counted and isinstance(exc, UpstreamTimeout) and self.reservation.health_failures == 0
+            ):
+                self.reservation.record_failure(exc.log_text, noted=True)
+
+    @property
+    def pumpable(self) -> bool:
+        """Whether `pump` can relay the rest: a committed event stream that the node sends uncompressed."""
+        return self.sse and self._committed and self._decoder is None and not self.complete
+
+    async def pump(self, write: Callable[[bytes], bool], pieces: list[bytes]) -> bool:
+        """Relay the rest of a committed event stream straight from the node's connection: whole events go to
+        `write` as the node's bytes are parsed, without this task waking for each read (the relay's hot path for
+        streams, docs/performance.md). The idle limit and the deadline hold as for `read`, counted from the last
+        bytes the node sent; the time the client takes to read is not counted.
+
+        Args:
+            write: writes events to the client; returns False when the client cannot take more for now (the pump
+                then stops reading the node and returns False: wait for the client, then call it again).
+            pieces: the last two pieces written, `[before, last]`, kept up to date (the node's `usage` is in them).
+
+        Returns:
+            True once the stream has ended with `[DONE]` (every event written), False to wait for the client.
+
+        Raises:
+            UpstreamTimeout, UpstreamTransportError: as `read` (the events before were written).
+        """
+        response = self._response
+        loop = self._loop
+        framer = self._framer
+        if self.complete or response is None or loop is None or framer is None:
+            return True
+        idle_s: float = self._idle_timeout_s  # type: ignore[assignment] # set with `_loop`
+        deadline = self._deadline
+
+        def sink(chunk: bytes) -> None:
+            # Each piece moves the limit: the node is not silent.
+            due = loop.time() + idle_s
+            self._due = deadline if deadline is not None and due > deadline else due
+            out = framer.feed(chunk)
+            if out:
+                if not out.startswith(b":") or b"data" in out:
+                    self._last = out
+                pieces[0], pieces[1] = pieces[1], out
+                if not write(out):
+                    response.hold()
+
+        try:
+            now = loop.time()
+            if deadline is not None and now >= deadline:
+                raise UpstreamTimeout("the request's deadline passed.", node_id=self.node_id, request_sent=True)
+            due = now + idle_s
+            self._due = deadline if deadline is not None and due > deadline else due
+            if self._idle_timer is None:
+                self._idle_timer = loop.call_at(self._due, self._on_idle_timer)
+            self._reader = asyncio.current_task(loop)
+            try:
+                response.stream_to(sink)
+                ended = await response.pumped()
+            except asyncio.CancelledError:
+                if not self._expiring:
+                    raise
+                self._expiring = False
+                task = asyncio.current_task(loop)
+                if task is None or task.uncancel() > self._cancelling:
+                    raise
+                raise self._idle_error() from None
+            except TRANSPORT_ERRORS as exc:
+                raise map_transport_error(exc, self.node_id) from exc
+            finally:
+                self._reader = None
+                response.unsink()
+            if not ended:
+                return False
+            rest = self._end_of_stream()
+            if rest:
+                pieces[0], pieces[1] = pieces[1], rest
+                write(rest)
+            return True
+        except UpstreamError as exc:
+            self._charge(exc)
             raise
 
     def _end_of_stream(self) -> bytes:

@@ -10,8 +10,9 @@ extend it) answering a `POST` whose request target is exactly one of `route.path
 attributes the protocol, the transport limits and the server's shutdown read of uvicorn's cycle (`response_started`,
 `response_complete`, `more_body`, `disconnected`, `keep_alive`, `message_event.set()`), with `receive` and `send` of
 their own, written for what the inference path sends: the head is held until the body's first bytes and both go
-out in one write; a client that leaves is reported to the request at once (`route.serve`'s `watch`), without a task
-waiting on `receive`. Everything else (another method, a path with a query or percent-escapes, an upgrade, a Unix
+out in one write; a client that leaves is reported to the request at once (`DirectCycle.watch`), without a task
+waiting on `receive`; a stream's events may be written without ASGI messages (`write_body`, `drained`: the relay's
+pump). Everything else (another method, a path with a query or percent-escapes, an upgrade, a Unix
 socket's connection) goes to the ASGI application as before.
 
 What a direct request keeps of uvicorn's behaviour: `Expect: 100-continue` answered at the first read of the body,
@@ -32,12 +33,9 @@ from starlette.types import Message, Receive, Scope, Send
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, FlowControl
 from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, STATUS_LINE, HttpToolsProtocol
 
-__all__ = ["DirectCycle", "DirectRoute", "Watch", "direct_protocol"]
+__all__ = ["DirectCycle", "DirectRoute", "direct_protocol"]
 
 logger = logging.getLogger("uvicorn.error")
-
-Watch = Callable[[Callable[[], None]], None]
-"""Registers the callback a request wants called once, when its client leaves (at once if it has left)."""
 
 
 class DirectRoute(Protocol):
@@ -47,8 +45,9 @@ class DirectRoute(Protocol):
     def paths(self) -> frozenset[bytes]:
         """The request targets (exactly, as the client sent them) whose `POST` is answered directly."""
 
-    def serve(self, scope: Scope, receive: Receive, send: Send, watch: Watch) -> Awaitable[None]:
-        """Serve one request completely (its ASGI scope, channels, and the client's leaving)."""
+    def serve(self, scope: Scope, receive: Receive, send: Send, client: DirectCycle) -> Awaitable[None]:
+        """Serve one request completely: its ASGI scope and channels, and `client` (`DirectCycle.watch`: the client's
+        leaving; `write_body`, `drained`: an answer's body written without ASGI messages)."""
 
 
 def _nothing() -> None:
@@ -154,7 +153,7 @@ class DirectCycle:
     async def run_asgi(self, app: Any) -> None:
         """Serve the request through the protocol's direct route (`app`, uvicorn's pipeline entry, is unused)."""
         try:
-            await self._route.serve(self.scope, self.receive, self.send, self.watch)
+            await self._route.serve(self.scope, self.receive, self.send, self)
         except BaseException as exc:
             logger.error("Exception in ASGI application\n", exc_info=exc)
             if not self.response_started:
@@ -180,6 +179,28 @@ class DirectCycle:
         ]
         await self.send({"type": "http.response.start", "status": 500, "headers": headers})
         await self.send({"type": "http.response.body", "body": b"Internal Server Error", "more_body": False})
+
+    def write_body(self, data: bytes) -> bool:
+        """Write a piece of a started chunked answer's body, without an ASGI message (the relay's pump).
+
+        Returns:
+            Whether the client can take more now (False: its transport's buffer is full; `drained` waits).
+
+        Raises:
+            RuntimeError: the answer has not started, is not chunked, or has ended.
+        """
+        if self.disconnected:
+            return True  # the request is being ended; nothing to write to
+        if self._head is not None or not self._chunked or self.response_complete:
+            raise RuntimeError("write_body needs a started chunked answer that has not ended.")
+        if data:
+            self.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        return not self.flow.write_paused
+
+    async def drained(self) -> None:
+        """Wait until the client's transport takes more (at once when it does, or when the client left)."""
+        if self.flow.write_paused and not self.disconnected:
+            await self.flow.drain()
 
     # -- ASGI ----------------------------------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -197,3 +198,43 @@ def test_a_client_leaving_mid_stream_closes_the_nodes_request(daemon: Daemon, ba
     raw(daemon, request, until=b"tok0")  # the first event came; the socket is closed on return
     backend.wait_for_disconnect(seen)
     wait_until(lambda: daemon.in_flight("direct-node") == 0, what="the reservation released")
+
+
+@pytest.fixture(scope="module")
+def impatient(tmp_path_factory: pytest.TempPathFactory, backend: FaultBackend) -> Iterator[Daemon]:
+    """A daemon whose nodes may be silent for 1 s at most between two pieces of an answer."""
+    env = {"QIIP_ROUTING__POLICY": "least_connections", "QIIP_UPSTREAM__IDLE_TIMEOUT_S": "1"}
+    with Daemon(tmp_path_factory.mktemp("impatient"), env=env) as running:
+        running.add_node("direct-node", backend.url, MODEL)
+        yield running
+
+
+def test_a_client_that_stops_reading_holds_the_node_back_and_still_gets_every_event(
+    impatient: Daemon, backend: FaultBackend
+) -> None:
+    # 24 MiB of events: more than every buffer on the way can hold while the client reads nothing for 2.5 s,
+    # longer than the idle limit; the node is held back meanwhile (it is not silent: the client is slow), and
+    # the stream then arrives whole.
+    events = [b'data: {"n": %d, "pad": "%s"}\n\n' % (i, b"x" * 8000) for i in range(3000)]
+    backend.push(Sse(events=events))
+    payload = body(stream=True)
+    request = (
+        b"POST %s HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+        % (
+            DIRECT.encode(),
+            len(payload),
+            payload,
+        )
+    )
+    with socket.create_connection(("127.0.0.1", impatient.port), timeout=30) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        sock.sendall(request)
+        time.sleep(2.5)
+        received = b""
+        while not received.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n"):
+            chunk = sock.recv(1 << 20)
+            assert chunk, received[-200:]
+            received += chunk
+    relayed = b"".join(part for part in received.split(b"\r\n") if part.startswith(b"data: "))
+    assert relayed.count(b"data: {") == 3000 and b'"error"' not in received
+    assert relayed.index(b'"n": 2999') > relayed.index(b'"n": 0')
