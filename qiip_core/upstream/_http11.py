@@ -193,13 +193,12 @@ class NodeResponse:
         return data
 
     def stream_to(self, sink: Callable[[bytes], None]) -> None:
-        """Hand every body piece to `sink` as it is parsed (the pieces in so far first), not to `readany`; reading
-        resumes if it was held. Until `unsink`, `pumped` says when the body ends or `sink` called `hold`."""
-        chunks, self._chunks, self._size = self._chunks, [], 0
+        """Hand the body to `sink` as it comes (the bytes in so far first), not to `readany`: once per read of the
+        connection, every piece of it joined. Reading resumes if it was held. Until `unsink`, `pumped` says when the
+        body ends or `sink` called `hold`."""
         self._sink = sink
         self._held = False
-        for chunk in chunks:
-            sink(chunk)
+        self._deliver()
         if self._paused and not self._held:
             self._paused = False
             connection = self._connection
@@ -267,12 +266,10 @@ class NodeResponse:
     # -- fed by the connection ----------------------------------------------------------------------------------
 
     def _feed(self, data: bytes) -> None:
-        sink = self._sink
-        if sink is not None:
-            sink(data)
-            return
         self._chunks.append(data)
         self._size += len(data)
+        if self._sink is not None:
+            return  # delivered once the connection's read is parsed (`_deliver`)
         if self._size > HIGH_WATER_BYTES and not self._paused:
             connection = self._connection
             if connection is not None and connection.transport is not None:
@@ -280,7 +277,17 @@ class NodeResponse:
                 connection.transport.pause_reading()
         self._wake()
 
+    def _deliver(self) -> None:
+        """Hand what came in the last read to the sink (`stream_to`), when there is one."""
+        sink = self._sink
+        chunks = self._chunks
+        if sink is not None and chunks:
+            self._chunks = []
+            self._size = 0
+            sink(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+
     def _end(self) -> None:
+        self._deliver()
         self._ended = True
         connection, self._connection = self._connection, None
         if self._paused:
@@ -291,6 +298,7 @@ class NodeResponse:
         self._wake()
 
     def _fail(self, error: NodeHttpError) -> None:
+        self._deliver()
         if not self._ended and self._error is None:
             self._error = error
             self._connection = None
@@ -378,11 +386,15 @@ class NodeConnection(asyncio.Protocol):
             # Bytes nobody asked for (after an answer's end, or while idle): this connection cannot be trusted.
             self._close()
             return
+        response = self.response
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._failed(NodeAnswerMalformed(f"the node's answer is not valid HTTP/1.1: {exc}"))
             self._close()
+            return
+        # A stream being pumped gets this read's body in one piece (one write to the client, not one per chunk).
+        response._deliver()
 
     def eof_received(self) -> bool | None:
         return None  # the transport closes itself; `connection_lost` says what that ended
