@@ -265,9 +265,9 @@ class NodeResponse:
 
     # -- fed by the connection ----------------------------------------------------------------------------------
 
-    def _feed(self, data: bytes) -> None:
-        self._chunks.append(data)
-        self._size += len(data)
+    def _feed(self, parts: list[bytes]) -> None:
+        self._chunks += parts
+        self._size += sum(map(len, parts))
         if self._sink is not None:
             return  # delivered once the connection's read is parsed (`_deliver`)
         if self._size > HIGH_WATER_BYTES and not self._paused:
@@ -324,6 +324,10 @@ class NodeConnection(asyncio.Protocol):
         self.origin = origin
         self.pooled = pooled
         self.transport: asyncio.Transport | None = None
+        # The body's pieces as llhttp parses them (a chunked stream: one per chunk, often one per event), gathered by
+        # a list's own `append` rather than a Python callback per piece, and handed to the answer once per read.
+        self._parts: list[bytes] = []
+        self.on_body: Callable[[bytes], None] = self._parts.append
         self.parser = httptools.HttpResponseParser(self)
         self.response: NodeResponse | None = None
         self._headers: asyncio.Future[None] | None = None
@@ -387,12 +391,17 @@ class NodeConnection(asyncio.Protocol):
             self._close()
             return
         response = self.response
+        parts = self._parts
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
+            parts.clear()
             self._failed(NodeAnswerMalformed(f"the node's answer is not valid HTTP/1.1: {exc}"))
             self._close()
             return
+        if parts:
+            response._feed(parts)
+            parts.clear()
         # A stream being pumped gets this read's body in one piece (one write to the client, not one per chunk).
         response._deliver()
 
@@ -447,17 +456,15 @@ class NodeConnection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    def on_body(self, body: bytes) -> None:
-        response = self.response
-        if response is not None:
-            response._feed(body)
-
     def on_message_complete(self) -> None:
         if self._informational:
             self._informational = False
             return
         response, self.response = self.response, None
         if response is not None:
+            if self._parts:
+                response._feed(self._parts)
+                self._parts.clear()
             response._end()
         if self.pooled and self.parser.should_keep_alive():
             self.pool.put_back(self)
