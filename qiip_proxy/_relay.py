@@ -55,6 +55,9 @@ SHUTDOWN_EVENT = (
 class BodyWriter(Protocol):
     """The client's side of a started answer, written without ASGI messages (the server's own, `server._fast`)."""
 
+    def answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """Write a whole answer (its `Content-Length` among `headers`) at once."""
+
     def write_body(self, data: bytes) -> bool:
         """Write a piece of the answer's body; False when the client cannot take more for now."""
 
@@ -73,8 +76,8 @@ async def relay(
         request_id: the request's `X-Request-Id`.
         outcome: the request's outcome; `first_token_s` (streams), `answer_end` (an answer relayed to its end),
             and `relay_error` with `error_code` (an answer cut mid-way) are set.
-        writer: the client's body written directly, when the server offers it: a stream is then pumped
-            (`UpstreamResponse.pump`) rather than read and sent event by event.
+        writer: the client's side written directly, when the server offers it: a whole answer goes in one call,
+            and a stream is pumped (`UpstreamResponse.pump`) rather than read and sent event by event.
 
     Raises:
         UpstreamError: a plain body broke off after its headers were sent: the connection must break.
@@ -86,8 +89,11 @@ async def relay(
         headers += [(b"x-accel-buffering", b"no"), (b"cache-control", b"no-cache")]
     if upstream.complete:
         headers.append((b"content-length", str(len(upstream.prefix)).encode()))
-        await send({"type": "http.response.start", "status": upstream.status_code, "headers": headers})
-        await send({"type": "http.response.body", "body": upstream.prefix})
+        if writer is not None:
+            writer.answer(upstream.status_code, headers, upstream.prefix)
+        else:
+            await send({"type": "http.response.start", "status": upstream.status_code, "headers": headers})
+            await send({"type": "http.response.body", "body": upstream.prefix})
         outcome.answer_end = (b"", upstream.prefix)
         return
     await send({"type": "http.response.start", "status": upstream.status_code, "headers": headers})

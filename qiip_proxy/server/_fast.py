@@ -180,6 +180,34 @@ class DirectCycle:
         await self.send({"type": "http.response.start", "status": 500, "headers": headers})
         await self.send({"type": "http.response.body", "body": b"Internal Server Error", "more_body": False})
 
+    def answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """Write a whole answer at once, head and body, without ASGI messages (what `send` does with a start and one
+        body message).
+
+        Raises:
+            RuntimeError: an answer was started already, a header is invalid, or the body does not match its
+                `Content-Length`.
+        """
+        if self.disconnected:
+            return
+        if self.response_started:
+            raise RuntimeError("answer needs an answer not started yet.")
+        self.response_started = True
+        self.waiting_for_100_continue = False
+        head = self._start(status, headers)
+        if self._chunked:
+            data = (b"%x\r\n%b\r\n0\r\n\r\n" % (len(body), body)) if body else b"0\r\n\r\n"
+        elif len(body) != self._expected:
+            raise RuntimeError("Response content does not match Content-Length")
+        else:
+            data = body
+        self.transport.write(head + data)
+        self.response_complete = True
+        self._left = None
+        if not self.keep_alive:
+            self.transport.close()
+        self.on_response()
+
     def write_body(self, data: bytes) -> bool:
         """Write a piece of a started chunked answer's body, without an ASGI message (the relay's pump).
 
