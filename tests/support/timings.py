@@ -4,6 +4,8 @@ Each test process (each xdist worker) appends one JSON line per test phase to `D
 `{"nodeid", "when", "worker", "start", "wall_s", "cpu_s", "children_cpu_s"}`. `cpu_s` is the test process's own user
 and system time in that phase; `children_cpu_s` that of the child processes it reaped in it (a daemon stopped at a
 module fixture's teardown is counted where it is reaped). `scripts/suite_costs DIR` sums them by module.
+Each test daemon's start is noted in `DIR/<worker>.daemons` (JSON lines) too: a fork of the zygote, or a new process
+and why (tests/support/zygote.py).
 """
 
 from __future__ import annotations

@@ -198,11 +198,33 @@ def _base_environ() -> dict[str, str]:
 def forkable(env: Mapping[str, str], base: Mapping[str, str]) -> bool:
     """Whether a daemon with environment `env` can be a fork of a zygote started with `base`: every variable that
     differs is one of `RUNTIME_VARIABLES`, and the daemon serves from one process."""
+    return why_not_forkable(env, base) is None
+
+
+def why_not_forkable(env: Mapping[str, str], base: Mapping[str, str]) -> str | None:
+    """Why a daemon with environment `env` cannot be a fork of a zygote started with `base` (the variables that
+    differ and are read at start, or its worker count), or None where it can."""
     names = set(env) | set(base)
-    differing = [name for name in names if env.get(name) != base.get(name)]
-    if not all(name.startswith(RUNTIME_VARIABLES) for name in differing):
-        return False
-    return env.get("QIIP_SERVER__WORKERS") == "1"
+    read_at_start = sorted(
+        name for name in names if env.get(name) != base.get(name) and not name.startswith(RUNTIME_VARIABLES)
+    )
+    if read_at_start:
+        return f"differs in {', '.join(read_at_start)}"
+    if (workers := env.get("QIIP_SERVER__WORKERS")) != "1":
+        return f"QIIP_SERVER__WORKERS={workers}"
+    return None
+
+
+def _note_start(how: str, why: str | None) -> None:
+    """With `SUITE_TIMINGS=DIR`, append how a daemon was started, and why not as a fork, to
+    `DIR/<worker>.daemons` (JSON lines) (the suite's costs name each daemon that paid for its imports)."""
+    directory = os.environ.get("SUITE_TIMINGS")
+    if not directory:
+        return
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    record = {"test": os.environ.get("PYTEST_CURRENT_TEST", ""), "how": how, "why": why}
+    with (Path(directory) / f"{worker}.daemons").open("a", encoding="utf-8") as notes:
+        notes.write(json.dumps(record) + "\n")
 
 
 def spawn_daemon(args: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> DaemonProcess:
@@ -210,13 +232,20 @@ def spawn_daemon(args: Sequence[str], env: Mapping[str, str], cwd: Path, log_pat
     zygote where that is the same (see the module's docstring), else a new process. `SUITE_ZYGOTE=0` turns the
     zygote off."""
     global _zygote
-    if os.environ.get("SUITE_ZYGOTE", "1") != "0" and "--config" not in args:
+    if os.environ.get("SUITE_ZYGOTE", "1") == "0":
+        why: str | None = "SUITE_ZYGOTE=0"
+    elif "--config" in args:
+        why = "--config"
+    else:
         with _zygote_lock:
             if _zygote is None:
                 _zygote = _Zygote()
                 atexit.register(_zygote.close)
-        if forkable(env, _zygote.environ):
+        why = why_not_forkable(env, _zygote.environ)
+        if why is None:
+            _note_start("fork", None)
             return _zygote.fork(args, env, cwd, log_path)
+    _note_start("new process", why)
     with log_path.open("ab") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "qiip_proxy", *args], env=dict(env), stdout=log, stderr=subprocess.STDOUT, cwd=cwd
