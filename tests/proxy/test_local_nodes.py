@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from pathlib import Path
+
+import pytest
 
 from qiip_core.config import load_settings
 from qiip_core.discovery import EmbeddedRegistry
@@ -44,4 +47,38 @@ async def test_a_node_that_fails_after_its_server_started_is_stopped_and_the_nex
         assert second is not None and second.returncode is None
         assert [n.node.id for n in registry.nodes()] == ["second"]
     finally:
+        await local.aclose()
+
+
+async def test_a_port_taken_between_its_choice_and_the_servers_start_is_chosen_again(
+    tmp_path: Path, tiny_gguf: Path, llama_server_binary: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # llama-server held at its start until the gate opens; meanwhile the test takes the port chosen for it, as any
+    # process's outgoing connection may take a port of the ephemeral range.
+    gate = tmp_path / "gate"
+    held = tmp_path / "bin" / "llama-server"
+    held.parent.mkdir()
+    held.write_text(f'#!/bin/sh\nwhile [ ! -e "{gate}" ]; do sleep 0.05; done\nexec "{llama_server_binary}" "$@"\n')
+    held.chmod(0o755)
+    settings = load_settings(
+        state_dir=tmp_path / "state",
+        engines={"llamacpp": {"server_binary": str(held)}},
+        local_nodes=[{"id": "only", "model": "a", "gguf": str(tiny_gguf), "slots": 1}],
+    )
+    local = LocalNodes(settings, EmbeddedRegistry(settings))
+    launching = asyncio.create_task(local._launch_all())
+    try:
+        while (server := local.servers.get("only")) is None or server.process is None:  # noqa: ASYNC110 - its start
+            await asyncio.sleep(0.02)
+        taken = server.port
+        with socket.socket() as holder:
+            holder.bind(("127.0.0.1", taken))
+            holder.listen()
+            gate.touch()
+            await asyncio.wait_for(launching, timeout=2 * WAIT_S)
+            assert local.states() == {"only": "serving"}, local.errors
+            assert server.port != taken
+            assert f"could not bind port {taken}" in caplog.text
+    finally:
+        launching.cancel()
         await local.aclose()

@@ -53,6 +53,11 @@ __all__ = ["ManagedLlamaServer"]
 
 logger = logging.getLogger("qiip.engines")
 
+_BIND_REFUSED = "couldn't bind HTTP server socket"
+"""What llama-server logs when its port is taken (tools/server/server.cpp), then it exits with code 1."""
+_BIND_ATTEMPTS = 3
+"""Starts on a port chosen again after the last one was taken, before the launch fails."""
+
 
 class ManagedLlamaServer:
     """One managed llama-server on this host.
@@ -92,6 +97,7 @@ class ManagedLlamaServer:
         self.log_path = log_path
         self.host = host
         self.port = port or free_port(host)
+        self._port_chosen = not port
         self.threads = threads
         self.shape = inspect_model(model_path, engine_version=engine.version)[1]
         self._embeddings_asked = embeddings
@@ -156,6 +162,37 @@ class ManagedLlamaServer:
             VerificationError: the running server differs from the plan (it is stopped).
         """
         planned = await asyncio.to_thread(self.make_plan, policy)
+        for attempt in range(1, _BIND_ATTEMPTS + 1):
+            try:
+                runtime = await self._launch_planned(planned, startup_timeout_s)
+                break
+            except EngineLaunchError as exc:
+                # A port this object chose was free when chosen, not when llama-server bound it: any process's
+                # outgoing connection may take a port of the ephemeral range meanwhile. Choose again.
+                if not (self._port_chosen and attempt < _BIND_ATTEMPTS and _BIND_REFUSED in exc.log_tail):
+                    raise
+                taken, self.port = self.port, free_port(self.host)
+                logger.warning(
+                    "llama-server %r could not bind port %d (taken since it was chosen); starting it on port %d",
+                    self.alias,
+                    taken,
+                    self.port,
+                )
+        self.plan, self.policy, self.runtime = planned, policy, runtime
+        logger.info(
+            "llama-server %r verified: %d slot(s) x %d tokens, K/V %s/%s, %s",
+            self.alias,
+            planned.slots,
+            planned.context_per_slot,
+            planned.cache_type_k,
+            planned.cache_type_v,
+            "CPU mode" if planned.cpu_mode else f"{planned.gpu_layers}/{planned.total_layers} layers on GPU",
+        )
+        return runtime
+
+    async def _launch_planned(self, planned: Plan, startup_timeout_s: float) -> LlamaCppRuntime:
+        """Start the server for `planned` on `self.port`, wait until it is healthy and verify it (stopped on any
+        failure)."""
         spec = launch_spec_for(
             planned,
             model_path=self.model_path,
@@ -173,7 +210,7 @@ class ManagedLlamaServer:
         try:
             await process.wait_ready(startup_timeout_s)
             devices_after = await asyncio.to_thread(read_devices, allow_cpu=self.cpu_mode)
-            runtime = await verify_runtime(
+            return await verify_runtime(
                 planned,
                 endpoint=process.endpoint,
                 log_path=self.log_path,
@@ -183,17 +220,6 @@ class ManagedLlamaServer:
         except BaseException:
             await process.stop()
             raise
-        self.plan, self.policy, self.runtime = planned, policy, runtime
-        logger.info(
-            "llama-server %r verified: %d slot(s) x %d tokens, K/V %s/%s, %s",
-            self.alias,
-            planned.slots,
-            planned.context_per_slot,
-            planned.cache_type_k,
-            planned.cache_type_v,
-            "CPU mode" if planned.cpu_mode else f"{planned.gpu_layers}/{planned.total_layers} layers on GPU",
-        )
-        return runtime
 
     async def stop(self, grace_s: float = 10.0) -> None:
         """Stop the server (SIGTERM, then SIGKILL after `grace_s`). Idempotent."""
