@@ -8,7 +8,9 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-QIIP = [sys.executable, "-c", "from qiip_cli import main; main()"]
+from tests.support.zygote import CLI_CODE, run_to_end
+
+QIIP = [sys.executable, "-c", CLI_CODE]
 """The argv that runs `qiip` on this interpreter (its console script need not be on PATH)."""
 
 
@@ -26,7 +28,9 @@ def untraced_environ() -> dict[str, str]:
 def run_qiip(
     state_dir: Path, *args: str, env: Mapping[str, str] | None = None, timeout_s: float = 60.0
 ) -> subprocess.CompletedProcess[str]:
-    """Run `qiip ARGS` to its end on the state directory `state_dir`, which is also its working directory.
+    """Run `qiip ARGS` to its end on the state directory `state_dir`, which is also its working directory, with stdin
+    from /dev/null: a fork of this test process's zygote where the environment allows (tests/support/zygote.py), else
+    a new process.
 
     Args:
         state_dir: its `QIIP_STATE_DIR`, and the directory it runs in (so no `.env` of the checkout applies).
@@ -40,11 +44,5 @@ def run_qiip(
     Raises:
         subprocess.TimeoutExpired: it ran longer than `timeout_s`.
     """
-    return subprocess.run(
-        [*QIIP, *args],
-        env=clean_environ() | dict(env or {}) | {"QIIP_STATE_DIR": str(state_dir)},
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        cwd=state_dir,
-    )
+    environ = clean_environ() | dict(env or {}) | {"QIIP_STATE_DIR": str(state_dir)}
+    return run_to_end("qiip", args, environ, state_dir, timeout_s)

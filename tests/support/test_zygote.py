@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.support.cli import QIIP, clean_environ
 from tests.support.daemon import FAST_ENV, Daemon
-from tests.support.zygote import ForkedProcess, forkable
+from tests.support.zygote import ForkedProcess, forkable, run_to_end
 
 
 def test_a_forked_daemon_serves_reports_a_kill_and_times_out_a_wait(
@@ -47,3 +49,31 @@ def test_only_settings_read_when_used_may_differ() -> None:
     assert not forkable({**one, "PYTHONPATH": "y"}, base)
     assert not forkable({**one, "QIIP_SERVER__WORKERS": "2"}, base)
     assert not forkable({k: v for k, v in one.items() if k != "PYTHONPATH"}, base)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param(["--help"], id="help"),
+        pytest.param(["node", "list"], id="unreachable"),
+        pytest.param(["node", "drain"], id="usage-error"),
+    ],
+)
+def test_a_forked_cli_answers_as_a_new_process(tmp_path: Path, args: list[str]) -> None:
+    env = clean_environ() | {"QIIP_URL": "http://127.0.0.1:1", "QIIP_STATE_DIR": str(tmp_path)}
+    forked = run_to_end("qiip", args, env, tmp_path, timeout_s=60)
+    new = subprocess.run(
+        [*QIIP, *args], env=env, cwd=tmp_path, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60
+    )
+    assert (forked.returncode, forked.stdout, forked.stderr) == (new.returncode, new.stdout, new.stderr)
+    assert forked.stdout or forked.stderr
+
+
+def test_a_forked_cli_that_runs_past_its_timeout_is_killed(tmp_path: Path) -> None:
+    with socket.socket() as silent:  # accepts (the kernel's backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        env = clean_environ() | {"QIIP_URL": f"http://127.0.0.1:{silent.getsockname()[1]}"}
+        with pytest.raises(subprocess.TimeoutExpired) as expired:
+            run_to_end("qiip", ["node", "list"], env, tmp_path, timeout_s=0.5)
+    assert expired.value.cmd == [*QIIP, "node", "list"]

@@ -26,6 +26,7 @@ import atexit
 import json
 import os
 import select
+import selectors
 import shutil
 import signal
 import socket
@@ -39,6 +40,9 @@ from pathlib import Path
 from typing import Protocol
 
 ROOT = Path(__file__).resolve().parents[2]
+
+CLI_CODE = "from qiip_cli import main; main()"
+"""What `python -c` runs for `qiip` (tests.support.cli.QIIP)."""
 
 RUNTIME_VARIABLES = (
     "QIIP_",
@@ -159,10 +163,23 @@ class _Zygote:
             raise RuntimeError(f"the zygote did not start: {ready!r}")
         self._lock = threading.Lock()
 
-    def fork(self, args: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> ForkedProcess:
-        request = {"args": list(args), "env": dict(env), "cwd": str(cwd), "log": str(log_path)}
+    def fork(
+        self,
+        args: Sequence[str],
+        env: Mapping[str, str],
+        cwd: Path,
+        *,
+        log_path: Path | None = None,
+        fds: Sequence[int] = (),
+        program: str = "qiip_proxy",
+    ) -> ForkedProcess:
+        """Fork `program` (`qiip_proxy`, or `qiip` for the CLI) with `args`: its output appended to `log_path`, or
+        its stdin, stdout and stderr the three file descriptors `fds` (passed over the socket, as `Popen`'s are)."""
+        request: dict[str, object] = {"program": program, "args": list(args), "env": dict(env), "cwd": str(cwd)}
+        request["log"] = None if log_path is None else str(log_path)
         with self._lock, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.connect(str(self.socket_path))
+            socket.send_fds(conn, [b"F" if fds else b"-"], list(fds))
             conn.sendall(json.dumps(request).encode() + b"\n")
             answer = b""
             while not answer.endswith(b"\n"):
@@ -171,7 +188,7 @@ class _Zygote:
                     raise RuntimeError(f"the zygote did not fork: {answer!r}")
                 answer += chunk
         pid = int(answer)
-        return ForkedProcess(pid, [sys.executable, "-m", "qiip_proxy", *args], self.status_dir / str(pid))
+        return ForkedProcess(pid, _argv(program, args), self.status_dir / str(pid))
 
     def close(self) -> None:
         """End the zygote (its daemons are the tests' to stop) and wait, so that its coverage data is written."""
@@ -210,6 +227,7 @@ def why_not_forkable(env: Mapping[str, str], base: Mapping[str, str]) -> str | N
     )
     if read_at_start:
         return f"differs in {', '.join(read_at_start)}"
+    # The environment's setting wins over a `--config` file's (qiip_core.config's sources, in order).
     if (workers := env.get("QIIP_SERVER__WORKERS")) != "1":
         return f"QIIP_SERVER__WORKERS={workers}"
     return None
@@ -231,25 +249,101 @@ def spawn_daemon(args: Sequence[str], env: Mapping[str, str], cwd: Path, log_pat
     """`python -m qiip_proxy ARGS` with environment `env` in `cwd`, its output appended to `log_path`: a fork of the
     zygote where that is the same (see the module's docstring), else a new process. `SUITE_ZYGOTE=0` turns the
     zygote off."""
-    global _zygote
     if os.environ.get("SUITE_ZYGOTE", "1") == "0":
         why: str | None = "SUITE_ZYGOTE=0"
-    elif "--config" in args:
-        why = "--config"
     else:
-        with _zygote_lock:
-            if _zygote is None:
-                _zygote = _Zygote()
-                atexit.register(_zygote.close)
-        why = why_not_forkable(env, _zygote.environ)
+        zygote = _the_zygote()
+        why = why_not_forkable(env, zygote.environ)
         if why is None:
             _note_start("fork", None)
-            return _zygote.fork(args, env, cwd, log_path)
+            return zygote.fork(args, env, cwd, log_path=log_path)
     _note_start("new process", why)
     with log_path.open("ab") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "qiip_proxy", *args], env=dict(env), stdout=log, stderr=subprocess.STDOUT, cwd=cwd
         )
+
+
+def run_to_end(
+    program: str, args: Sequence[str], env: Mapping[str, str], cwd: Path, timeout_s: float
+) -> subprocess.CompletedProcess[str]:
+    """Run `qiip ARGS` (`program` "qiip") or `python -m qiip_proxy ARGS` ("qiip_proxy") to its end, as
+    `subprocess.run(..., capture_output=True, text=True, timeout=timeout_s)` with stdin from /dev/null: a fork of the
+    zygote where that is the same (as `spawn_daemon`; the CLI's worker count does not matter), else a new process.
+
+    Raises:
+        subprocess.TimeoutExpired: it ran longer than `timeout_s` (it is killed, as `subprocess.run` does).
+    """
+    argv = _argv(program, args)
+    zygote = None if os.environ.get("SUITE_ZYGOTE", "1") == "0" else _the_zygote()
+    if zygote is None or why_not_forkable(
+        {**env, "QIIP_SERVER__WORKERS": "1"} if program == "qiip" else env, zygote.environ
+    ):
+        return subprocess.run(
+            argv, env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout_s
+        )
+    deadline = time.monotonic() + timeout_s
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    null = os.open(os.devnull, os.O_RDONLY)
+    try:
+        process = zygote.fork(args, env, cwd, fds=(null, out_w, err_w), program=program)
+    except BaseException:
+        os.close(out_r)
+        os.close(err_r)
+        raise
+    finally:
+        for fd in (null, out_w, err_w):
+            os.close(fd)
+    output = {out_r: bytearray(), err_r: bytearray()}
+    try:
+        with selectors.DefaultSelector() as selector:
+            for fd in output:
+                selector.register(fd, selectors.EVENT_READ)
+            while selector.get_map():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                for key, _ in selector.select(remaining):
+                    chunk = os.read(key.fd, 65536)
+                    if chunk:
+                        output[key.fd] += chunk
+                    else:
+                        selector.unregister(key.fd)
+        try:
+            code = process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            raise subprocess.TimeoutExpired(
+                argv, timeout_s, output=_text(output[out_r]), stderr=_text(output[err_r])
+            ) from None
+    finally:
+        os.close(out_r)
+        os.close(err_r)
+    return subprocess.CompletedProcess(argv, code, _text(output[out_r]), _text(output[err_r]))
+
+
+def _text(data: bytes | bytearray) -> str:
+    """Bytes read as `text=True` reads them: decoded, with universal newlines."""
+    return bytes(data).decode().replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _argv(program: str, args: Sequence[str]) -> list[str]:
+    """The command line a new process of `program` would have."""
+    if program == "qiip":
+        return [sys.executable, "-c", CLI_CODE, *args]
+    return [sys.executable, "-m", "qiip_proxy", *args]
+
+
+def _the_zygote() -> _Zygote:
+    """This test process's zygote, started on first use."""
+    global _zygote
+    with _zygote_lock:
+        if _zygote is None:
+            _zygote = _Zygote()
+            atexit.register(_zygote.close)
+        return _zygote
 
 
 def close_zygote() -> None:
@@ -270,6 +364,7 @@ def _serve(socket_path: str, status_dir: Path) -> None:
     import qiip_proxy
 
     qiip_proxy._headless()
+    import qiip_cli._main  # noqa: F401  # the CLI's own imports (a command's module comes when a command line names it)
     import qiip_proxy._cli  # the imports every daemon makes, made once here
 
     # Under coverage (`sigterm = true`), this process's measurement saves itself on SIGTERM, and a fork's new one
@@ -295,6 +390,7 @@ def _serve(socket_path: str, status_dir: Path) -> None:
             break
         if listener in readable:
             conn, _ = listener.accept()
+            _, fds, _, _ = socket.recv_fds(conn, 1, 3)
             request = json.loads(conn.makefile("rb").readline())
             pid = os.fork()
             if pid == 0:
@@ -302,8 +398,10 @@ def _serve(socket_path: str, status_dir: Path) -> None:
                     sock.close()
                 for fd in (wake_r, wake_w):
                     os.close(fd)
-                _become_daemon(request)
+                _become(request, fds)
                 raise SystemExit(0)
+            for fd in fds:
+                os.close(fd)
             conn.sendall(f"{pid}\n".encode())
             conn.close()
     listener.close()
@@ -325,8 +423,9 @@ def _reap(status_dir: Path) -> None:
         partial.replace(status_dir / str(pid))
 
 
-def _become_daemon(request: dict[str, object]) -> None:
-    """In the forked child: the request's environment, directory and output, then `python -m qiip_proxy ARGS`."""
+def _become(request: dict[str, object], fds: list[int]) -> None:
+    """In the forked child: the request's environment, directory and standard streams (the three `fds`, or /dev/null
+    in and its log out), then `python -m qiip_proxy ARGS` or `qiip ARGS`."""
     import runpy
 
     signal.set_wakeup_fd(-1)
@@ -336,18 +435,30 @@ def _become_daemon(request: dict[str, object]) -> None:
     os.environ.clear()
     os.environ.update(env)
     os.chdir(str(request["cwd"]))
-    log = os.open(str(request["log"]), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(log)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
+    if not fds:
+        log = os.open(str(request["log"]), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fds = [os.open(os.devnull, os.O_RDONLY), log, os.dup(log)]
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
     tempfile.tempdir = None  # found again from this environment's TMPDIR
     args = request["args"]
     assert isinstance(args, list)
+    if request["program"] == "qiip":
+        import types
+
+        sys.argv = ["-c", *args]
+        sys.orig_argv = _argv("qiip", args)
+        # `python -c`'s main module, which has no package (Click names the program from it: `-c`, not the zygote's).
+        main_module = types.ModuleType("__main__")
+        main_module.__spec__ = None
+        sys.modules["__main__"] = main_module
+        from qiip_cli import main
+
+        main()
+        return
     sys.argv = ["-m", *args]
-    sys.orig_argv = [sys.executable, "-m", "qiip_proxy", *args]
+    sys.orig_argv = _argv("qiip_proxy", args)
     runpy.run_module("qiip_proxy", run_name="__main__", alter_sys=True)
 
 
