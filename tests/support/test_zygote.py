@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -11,7 +12,7 @@ import pytest
 
 from tests.support.cli import QIIP, clean_environ
 from tests.support.daemon import FAST_ENV, Daemon
-from tests.support.zygote import ForkedProcess, forkable, run_to_end
+from tests.support.zygote import ForkedProcess, _Zygote, forkable, run_to_end
 
 
 def test_a_forked_daemon_serves_reports_a_kill_and_times_out_a_wait(
@@ -77,3 +78,22 @@ def test_a_forked_cli_that_runs_past_its_timeout_is_killed(tmp_path: Path) -> No
         with pytest.raises(subprocess.TimeoutExpired) as expired:
             run_to_end("qiip", ["node", "list"], env, tmp_path, timeout_s=0.5)
     assert expired.value.cmd == [*QIIP, "node", "list"]
+
+
+def test_a_daemon_whose_zygote_was_killed_ends_its_wait_with_an_error(tmp_path: Path) -> None:
+    zygote = _Zygote()  # a zygote of its own, not this test process's
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        with socket.socket() as silent:  # a CLI waiting on it runs until it is killed
+            silent.bind(("127.0.0.1", 0))
+            silent.listen()
+            env = clean_environ() | {"QIIP_URL": f"http://127.0.0.1:{silent.getsockname()[1]}"}
+            process = zygote.fork(["node", "list"], env, tmp_path, fds=(null, null, null), program="qiip")
+            zygote.process.kill()
+            zygote.process.wait()
+            process.kill()
+            with pytest.raises(RuntimeError, match=f"daemon pid {process.pid}"):
+                process.wait(timeout=60)
+    finally:
+        os.close(null)
+        zygote.close()

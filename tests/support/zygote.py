@@ -84,13 +84,17 @@ class ForkedProcess:
 
     Its exit code is the zygote's reading of it (`os.waitstatus_to_exitcode`: negative for the signal that ended
     it), from the file the zygote writes when it reaps it.
+
+    Args:
+        zygote: the zygote's process: where it has ended, an ended daemon's code can never come.
     """
 
-    def __init__(self, pid: int, args: Sequence[str], status_path: Path) -> None:
+    def __init__(self, pid: int, args: Sequence[str], status_path: Path, zygote: subprocess.Popen[bytes]) -> None:
         self.pid = pid
         self.args = list(args)
         self.returncode: int | None = None
         self._status_path = status_path
+        self._zygote = zygote
 
     def poll(self) -> int | None:
         """The exit code once the zygote has reaped it, else None."""
@@ -106,6 +110,7 @@ class ForkedProcess:
 
         Raises:
             subprocess.TimeoutExpired: it still ran after `timeout` seconds.
+            RuntimeError: it ended, but the zygote ended first, so its exit code is lost.
         """
         if (code := self.poll()) is not None:
             return code
@@ -124,6 +129,8 @@ class ForkedProcess:
         # Ended: the zygote reaps it and writes its code at once (a busy machine can delay that by a moment).
         pause_s = 0.001
         while (code := self.poll()) is None:
+            if self._zygote.poll() is not None and self.poll() is None:
+                raise RuntimeError(f"the zygote ended before it reported the exit of daemon pid {self.pid}")
             time.sleep(pause_s)
             pause_s = min(0.05, pause_s * 2)
         return code
@@ -188,7 +195,7 @@ class _Zygote:
                     raise RuntimeError(f"the zygote did not fork: {answer!r}")
                 answer += chunk
         pid = int(answer)
-        return ForkedProcess(pid, _argv(program, args), self.status_dir / str(pid))
+        return ForkedProcess(pid, _argv(program, args), self.status_dir / str(pid), self.process)
 
     def close(self) -> None:
         """End the zygote (its daemons are the tests' to stop) and wait, so that its coverage data is written."""
