@@ -207,6 +207,9 @@ class _Zygote:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        for pipe in (self.process.stdin, self.process.stdout):
+            if pipe is not None:
+                pipe.close()
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
