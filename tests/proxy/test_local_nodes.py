@@ -13,6 +13,7 @@ from qiip_core.discovery import EmbeddedRegistry
 from qiip_core.nodes import Node
 from qiip_proxy._local_nodes import LocalNodes
 from tests.support.daemon import WAIT_S
+from tests.support.llama_server import held_llama_server
 
 
 class _BrokenForOneNode(EmbeddedRegistry):
@@ -55,11 +56,7 @@ async def test_a_port_taken_between_its_choice_and_the_servers_start_is_chosen_a
 ) -> None:
     # llama-server held at its start until the gate opens; meanwhile the test takes the port chosen for it, as any
     # process's outgoing connection may take a port of the ephemeral range.
-    gate = tmp_path / "gate"
-    held = tmp_path / "bin" / "llama-server"
-    held.parent.mkdir()
-    held.write_text(f'#!/bin/sh\nwhile [ ! -e "{gate}" ]; do sleep 0.05; done\nexec "{llama_server_binary}" "$@"\n')
-    held.chmod(0o755)
+    held, gate = held_llama_server(tmp_path, llama_server_binary)
     settings = load_settings(
         state_dir=tmp_path / "state",
         engines={"llamacpp": {"server_binary": str(held)}},

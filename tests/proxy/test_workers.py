@@ -26,6 +26,7 @@ import pytest
 from tests.support.cli import clean_environ
 from tests.support.daemon import WAIT_S, Daemon, closed_by_server, wait_until
 from tests.support.fault_backend import Completion, FaultBackend, Gated
+from tests.support.llama_server import held_llama_server
 from tests.support.procnet import children, connections_held
 from tests.support.workers import Connections, answer, ask, get, processes, start_with_workers
 
@@ -316,11 +317,7 @@ def test_a_local_model_answers_503_from_every_process_until_its_node_is_register
     tmp_path: Path, tiny_gguf: Path, llama_server_binary: Path
 ) -> None:
     # llama-server held at its start until the gate opens: the model loading, as long as the test wants.
-    gate = tmp_path / "gate"
-    held = tmp_path / "bin" / "llama-server"
-    held.parent.mkdir()
-    held.write_text(f'#!/bin/sh\nwhile [ ! -e "{gate}" ]; do sleep 0.05; done\nexec "{llama_server_binary}" "$@"\n')
-    held.chmod(0o755)
+    held, gate = held_llama_server(tmp_path, llama_server_binary)
     local = [{"id": "local-a", "gguf": str(tiny_gguf), "model": "tiny-local", "slots": 1, "threads": 1}]
     env = {**WORKERS_ENV, "QIIP_LOCAL_NODES": json.dumps(local), "QIIP_ENGINES__LLAMACPP__SERVER_BINARY": str(held)}
     daemon = start_with_workers(Daemon(tmp_path / "daemon", env=env))

@@ -50,3 +50,18 @@ def serving(binary: Path, spec: LaunchSpec, log: Path) -> Iterator[str]:
             loop.run_until_complete(manager.__aexit__(None, None, None))
     finally:
         loop.close()
+
+
+def held_llama_server(directory: Path, binary: Path) -> tuple[Path, Path]:
+    """A `llama-server` in `directory/bin` that waits at its start until a gate file exists, then runs `binary`: a
+    model that loads for as long as a test wants.
+
+    Returns:
+        (the held program, the gate to create to let it start).
+    """
+    gate = directory / "gate"
+    held = directory / "bin" / "llama-server"
+    held.parent.mkdir()
+    held.write_text(f'#!/bin/sh\nwhile [ ! -e "{gate}" ]; do sleep 0.05; done\nexec "{binary}" "$@"\n')
+    held.chmod(0o755)
+    return held, gate
