@@ -118,10 +118,19 @@ class Daemon:
         state_dir: the daemon's `QIIP_STATE_DIR`.
         env: extra settings as environment variables (on top of `FAST_ENV`).
         config: an optional TOML config file.
+        new_process: start it as a new process, never a fork of the zygote (tests/support/zygote.py).
     """
 
-    def __init__(self, state_dir: Path, *, env: dict[str, str] | None = None, config: Path | None = None) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        env: dict[str, str] | None = None,
+        config: Path | None = None,
+        new_process: bool = False,
+    ) -> None:
         self.state_dir = state_dir
+        self.new_process = new_process
         self.env = {**FAST_ENV, **(env or {}), "QIIP_STATE_DIR": str(state_dir)}
         self.config = config
         self.log_path = state_dir / "daemon.log"
@@ -160,7 +169,7 @@ class Daemon:
         args = ["--port", str(self.port)]
         if self.config is not None:
             args += ["--config", str(self.config)]
-        self.process = spawn_daemon(args, env, self.state_dir, self.log_path)
+        self.process = spawn_daemon(args, env, self.state_dir, self.log_path, fork=not self.new_process)
         try:
             # Python's start-up alone takes seconds when other processes share the cores.
             wait_until(self._up, 2 * WAIT_S, "the daemon to listen")

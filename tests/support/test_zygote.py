@@ -12,7 +12,8 @@ import pytest
 
 from tests.support.cli import QIIP, clean_environ
 from tests.support.daemon import FAST_ENV, Daemon
-from tests.support.zygote import ForkedProcess, _Zygote, forkable, run_to_end
+from tests.support.workers import processes, start_with_workers
+from tests.support.zygote import HASH_SEED_VARIABLE, ForkedProcess, _the_zygote, _Zygote, forkable, run_to_end
 
 
 def test_a_forked_daemon_serves_reports_a_kill_and_times_out_a_wait(
@@ -48,7 +49,11 @@ def test_only_settings_read_when_used_may_differ() -> None:
     assert forkable(one, base)
     assert forkable({**one, "PYTEST_CURRENT_TEST": "tests/b.py::test_b (call)"}, {**base, "PYTEST_CURRENT_TEST": "a"})
     assert not forkable({**one, "PYTHONPATH": "y"}, base)
-    assert not forkable({**one, "QIIP_SERVER__WORKERS": "2"}, base)
+    # The hash seed: the zygote's is taken where the daemon has none, whatever its worker count.
+    seeded = {**base, "PYTHONHASHSEED": "7"}
+    assert forkable({**one, "QIIP_SERVER__WORKERS": "2"}, seeded)
+    assert forkable({**one, "PYTHONHASHSEED": "7"}, seeded)
+    assert not forkable({**one, "PYTHONHASHSEED": "8"}, seeded)
     assert not forkable({k: v for k, v in one.items() if k != "PYTHONPATH"}, base)
 
 
@@ -97,3 +102,31 @@ def test_a_daemon_whose_zygote_was_killed_ends_its_wait_with_an_error(tmp_path: 
     finally:
         os.close(null)
         zygote.close()
+
+
+def _seed(pid: int) -> str | None:
+    """The hash seed in the environment `pid` runs with (after any `execv`)."""
+    for entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+        name, _, value = entry.decode().partition("=")
+        if name == HASH_SEED_VARIABLE:
+            return value
+    return None
+
+
+@pytest.mark.parametrize("new_process", [False, True], ids=["fork", "new-process"])
+def test_a_daemon_with_two_processes_hashes_alike_in_both_forked_or_new(tmp_path: Path, new_process: bool) -> None:
+    env = {"QIIP_SERVER__WORKERS": "2"}
+    daemon = Daemon(tmp_path / "state", env=env, new_process=new_process)
+    try:
+        start_with_workers(daemon)
+        assert isinstance(daemon.process, subprocess.Popen) is new_process
+        seeds = {_seed(pid) for pid in processes(daemon)}
+        assert len(processes(daemon)) == 2
+        # A new process set a seed of its own and started again with it; a fork has the zygote's, as it would have.
+        (seed,) = seeds
+        assert seed is not None and seed.isdigit()
+        if not new_process:
+            assert seed == _the_zygote().environ[HASH_SEED_VARIABLE]
+        assert daemon.client.get("/health").status_code == 200
+    finally:
+        daemon.close()

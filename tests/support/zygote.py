@@ -9,8 +9,11 @@ A fork is used only where it is the same as a new process:
 - the environment differs from the zygote's only in variables read when they are used (`QIIP_` settings, `PATH`,
   `HOME`, `HF_` and the like, see `RUNTIME_VARIABLES`), never in one read at interpreter start or at import
   (`PYTHON*`, `LD_LIBRARY_PATH`, `COVERAGE_*`, locale, ...);
-- the daemon serves from one process (`server.workers` of 1): more workers set `PYTHONHASHSEED` and start the
-  daemon again (`os.execv` of its command line), which must be `python -m qiip_proxy`.
+- a daemon with more than one worker process (`server.workers`) needs `PYTHONHASHSEED` set, so that its workers
+  hash as it does: where it is not, a new process sets it and starts itself again (`os.execv`). The zygote is started
+  with a seed of its own (`HASH_SEED_VARIABLE`), so its forks have one: a multi-worker daemon is forked with that
+  variable in its environment, as the `execv` would have left it, and its workers inherit it. A test that must see
+  the `execv` asks for a new process (`spawn_daemon(..., fork=False)`).
 Anything else is started as a new process, as before (`spawn_daemon`).
 
 The zygote is a child of the test process, ends when the test process's end closes its stdin, and reaps the daemons
@@ -25,6 +28,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import secrets
 import select
 import selectors
 import shutil
@@ -217,29 +221,45 @@ _zygote: _Zygote | None = None
 _zygote_lock = threading.Lock()
 
 
+HASH_SEED_VARIABLE = "PYTHONHASHSEED"
+"""Python's string-hash seed, read at interpreter start: the zygote has one (`_base_environ`), and a daemon with its
+value, or none, may be forked."""
+
+
 def _base_environ() -> dict[str, str]:
-    """The environment the zygote starts with: this process's, without its `QIIP_` settings (as `clean_environ`)."""
-    return {name: value for name, value in os.environ.items() if not name.startswith("QIIP_")}
+    """The environment the zygote starts with: this process's, without its `QIIP_` settings (as `clean_environ`),
+    with a hash seed (this process's where it has one, else a random one)."""
+    environ = {name: value for name, value in os.environ.items() if not name.startswith("QIIP_")}
+    if not environ.get(HASH_SEED_VARIABLE, "").isdigit():
+        environ[HASH_SEED_VARIABLE] = str(secrets.randbelow(2**32 - 1) + 1)
+    return environ
+
+
+def _fork_environ(env: Mapping[str, str], base: Mapping[str, str]) -> dict[str, str]:
+    """The environment a forkable daemon is forked with: `env` with the zygote's hash seed, the seed it has. A daemon
+    with more than one worker process finds it set, as its `execv` would have left it, and its workers inherit it; one
+    with a single process never reads it."""
+    return {**env, HASH_SEED_VARIABLE: base[HASH_SEED_VARIABLE]}
 
 
 def forkable(env: Mapping[str, str], base: Mapping[str, str]) -> bool:
     """Whether a daemon with environment `env` can be a fork of a zygote started with `base`: every variable that
-    differs is one of `RUNTIME_VARIABLES`, and the daemon serves from one process."""
+    differs is one of `RUNTIME_VARIABLES`, or the hash seed where `env` has none."""
     return why_not_forkable(env, base) is None
 
 
 def why_not_forkable(env: Mapping[str, str], base: Mapping[str, str]) -> str | None:
     """Why a daemon with environment `env` cannot be a fork of a zygote started with `base` (the variables that
-    differ and are read at start, or its worker count), or None where it can."""
+    differ and are read at start), or None where it can. A daemon with no hash seed of its own takes the zygote's:
+    with one process, a seed it never reads; with more, the one its `execv` would have set (`_fork_environ`)."""
     names = set(env) | set(base)
+    if HASH_SEED_VARIABLE not in env:
+        names.discard(HASH_SEED_VARIABLE)
     read_at_start = sorted(
         name for name in names if env.get(name) != base.get(name) and not name.startswith(RUNTIME_VARIABLES)
     )
     if read_at_start:
         return f"differs in {', '.join(read_at_start)}"
-    # The environment's setting wins over a `--config` file's (qiip_core.config's sources, in order).
-    if (workers := env.get("QIIP_SERVER__WORKERS")) != "1":
-        return f"QIIP_SERVER__WORKERS={workers}"
     return None
 
 
@@ -255,18 +275,22 @@ def _note_start(how: str, why: str | None) -> None:
         notes.write(json.dumps(record) + "\n")
 
 
-def spawn_daemon(args: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> DaemonProcess:
+def spawn_daemon(
+    args: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path, *, fork: bool = True
+) -> DaemonProcess:
     """`python -m qiip_proxy ARGS` with environment `env` in `cwd`, its output appended to `log_path`: a fork of the
-    zygote where that is the same (see the module's docstring), else a new process. `SUITE_ZYGOTE=0` turns the
-    zygote off."""
-    if os.environ.get("SUITE_ZYGOTE", "1") == "0":
-        why: str | None = "SUITE_ZYGOTE=0"
+    zygote where that is the same (see the module's docstring), else a new process (always one where `fork` is
+    False). `SUITE_ZYGOTE=0` turns the zygote off."""
+    if not fork:
+        why: str | None = "a new process asked for"
+    elif os.environ.get("SUITE_ZYGOTE", "1") == "0":
+        why = "SUITE_ZYGOTE=0"
     else:
         zygote = _the_zygote()
         why = why_not_forkable(env, zygote.environ)
         if why is None:
             _note_start("fork", None)
-            return zygote.fork(args, env, cwd, log_path=log_path)
+            return zygote.fork(args, _fork_environ(env, zygote.environ), cwd, log_path=log_path)
     _note_start("new process", why)
     with log_path.open("ab") as log:
         return subprocess.Popen(
@@ -286,9 +310,7 @@ def run_to_end(
     """
     argv = _argv(program, args)
     zygote = None if os.environ.get("SUITE_ZYGOTE", "1") == "0" else _the_zygote()
-    if zygote is None or why_not_forkable(
-        {**env, "QIIP_SERVER__WORKERS": "1"} if program == "qiip" else env, zygote.environ
-    ):
+    if zygote is None or why_not_forkable(env, zygote.environ):
         return subprocess.run(
             argv, env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout_s
         )
@@ -297,7 +319,8 @@ def run_to_end(
     err_r, err_w = os.pipe()
     null = os.open(os.devnull, os.O_RDONLY)
     try:
-        process = zygote.fork(args, env, cwd, fds=(null, out_w, err_w), program=program)
+        forked_env = dict(env) if program == "qiip" else _fork_environ(env, zygote.environ)
+        process = zygote.fork(args, forked_env, cwd, fds=(null, out_w, err_w), program=program)
     except BaseException:
         os.close(out_r)
         os.close(err_r)
