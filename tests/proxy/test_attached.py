@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +15,7 @@ from qiip_core.engines.llamacpp import LaunchSpec, LlamaServerProcess, free_port
 from tests.support.cli import clean_environ
 from tests.support.daemon import WAIT_S, Daemon, wait_until
 from tests.support.fault_backend import Completion, FaultBackend, Hang, Status
+from tests.support.zygote import run_to_end
 
 pytestmark = pytest.mark.integration
 
@@ -177,13 +176,7 @@ def test_unsafe_profiles_stop_start_up(tmp_path: Path, profile: str, fragment: s
     text = f'[[attached]]\nname = "x"\nmodel = "m"\n{profile.replace("TOKEN_0644", str(loose))}\n'
     config = write_config(tmp_path, text)
     env = clean_environ() | {"QIIP_STATE_DIR": str(tmp_path / "state"), "QIIP_ADMIN__ENABLED": "false"}
-    result = subprocess.run(
-        [sys.executable, "-m", "qiip_proxy", "--config", str(config), "--port", "1"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=2 * WAIT_S,  # a refused start: Python's start-up alone takes seconds on a busy machine
-    )
+    result = run_to_end("qiip_proxy", ["--config", str(config), "--port", "1"], env, tmp_path, timeout_s=2 * WAIT_S)
     assert result.returncode == 2 and fragment in result.stderr, result.stderr
     assert SECRET not in result.stderr
 
@@ -212,13 +205,7 @@ def test_a_token_file_someone_else_could_swap_stops_start_up(tmp_path: Path, pla
         tmp_path, f'[[attached]]\nname = "x"\nmodel = "m"\nurl = "http://127.0.0.1:8000"\ntoken_file = "{path}"\n'
     )
     env = clean_environ() | {"QIIP_STATE_DIR": str(tmp_path / "state"), "QIIP_ADMIN__ENABLED": "false"}
-    result = subprocess.run(
-        [sys.executable, "-m", "qiip_proxy", "--config", str(config), "--port", "1"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=2 * WAIT_S,  # a refused start: Python's start-up alone takes seconds on a busy machine
-    )
+    result = run_to_end("qiip_proxy", ["--config", str(config), "--port", "1"], env, tmp_path, timeout_s=2 * WAIT_S)
     assert result.returncode == 2 and fragment in result.stderr, result.stderr
     assert SECRET not in result.stderr
 

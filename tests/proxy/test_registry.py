@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +13,7 @@ import pytest
 from tests.support.cli import clean_environ, run_qiip
 from tests.support.daemon import WAIT_S, Daemon, wait_until
 from tests.support.fault_backend import FaultBackend, Gated, Json
+from tests.support.zygote import run_to_end
 
 pytestmark = pytest.mark.integration
 
@@ -102,13 +101,12 @@ engine = "llama_cpp"
     ],
 )
 def test_invalid_settings_stop_start_up(tmp_path: Path, env: dict[str, str], expected: str) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "qiip_proxy", "--port", "1"],
-        env=clean_environ() | {"QIIP_STATE_DIR": str(tmp_path), "QIIP_ADMIN__ENABLED": "false"} | env,
-        capture_output=True,
-        text=True,
-        timeout=2 * WAIT_S,  # a refused start: Python's start-up alone takes seconds on a busy machine
-        cwd=tmp_path,
+    result = run_to_end(
+        "qiip_proxy",
+        ["--port", "1"],
+        clean_environ() | {"QIIP_STATE_DIR": str(tmp_path), "QIIP_ADMIN__ENABLED": "false"} | env,
+        tmp_path,
+        timeout_s=2 * WAIT_S,
     )
     assert result.returncode == 2
     assert expected in result.stderr

@@ -13,8 +13,6 @@ import os
 import re
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,6 +27,7 @@ from tests.support.fault_backend import Completion, FaultBackend, Gated
 from tests.support.llama_server import held_llama_server
 from tests.support.procnet import children, connections_held
 from tests.support.workers import Connections, answer, ask, get, processes, start_with_workers
+from tests.support.zygote import run_to_end
 
 pytestmark = pytest.mark.integration
 
@@ -402,9 +401,7 @@ def test_a_stopped_daemon_stops_its_workers_and_removes_its_runtime_directory(tm
 @pytest.mark.parametrize("workers", ["0", "9", "many"])
 def test_a_worker_count_out_of_range_stops_start_up_with_a_message(tmp_path: Path, workers: str) -> None:
     env = clean_environ() | {"QIIP_STATE_DIR": str(tmp_path), "QIIP_SERVER__WORKERS": workers}
-    done = subprocess.run(
-        [sys.executable, "-m", "qiip_proxy", "--port", "1"], env=env, capture_output=True, text=True, timeout=2 * WAIT_S
-    )
+    done = run_to_end("qiip_proxy", ["--port", "1"], env, tmp_path, timeout_s=2 * WAIT_S)
     assert done.returncode == 2
     assert "server.workers" in done.stderr
 
