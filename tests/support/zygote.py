@@ -41,7 +41,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import IO, Protocol
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -83,6 +83,13 @@ class DaemonProcess(Protocol):
     def kill(self) -> None: ...
 
 
+class TextChild(DaemonProcess, Protocol):
+    """A process whose output tests read as text (`popen_module`): `subprocess.Popen` or `ForkedProcess`."""
+
+    @property
+    def stdout(self) -> IO[str] | None: ...
+
+
 class ForkedProcess:
     """A daemon forked by the zygote, with the part of `subprocess.Popen`'s interface tests use.
 
@@ -96,6 +103,7 @@ class ForkedProcess:
     def __init__(self, pid: int, args: Sequence[str], status_path: Path, zygote: subprocess.Popen[bytes]) -> None:
         self.pid = pid
         self.args = list(args)
+        self.stdout: IO[str] | None = None
         self.returncode: int | None = None
         self._status_path = status_path
         self._zygote = zygote
@@ -184,7 +192,8 @@ class _Zygote:
         fds: Sequence[int] = (),
         program: str = "qiip_proxy",
     ) -> ForkedProcess:
-        """Fork `program` (`qiip_proxy`, or `qiip` for the CLI) with `args`: its output appended to `log_path`, or
+        """Fork `program` (a module run as `-m` runs it, or `qiip` for the CLI) with `args`: its output appended to
+        `log_path`, or
         its stdin, stdout and stderr the three file descriptors `fds` (passed over the socket, as `Popen`'s are)."""
         request: dict[str, object] = {"program": program, "args": list(args), "env": dict(env), "cwd": str(cwd)}
         request["log"] = None if log_path is None else str(log_path)
@@ -357,6 +366,35 @@ def run_to_end(
     return subprocess.CompletedProcess(argv, code, _text(output[out_r]), _text(output[err_r]))
 
 
+def popen_module(module: str, args: Sequence[str], env: Mapping[str, str], cwd: Path) -> TextChild:
+    """`python -m MODULE ARGS` as `subprocess.Popen(..., stdout=PIPE, stderr=STDOUT, text=True)` with stdin from
+    /dev/null: its output read, as text, from the returned process's `stdout`, which the caller closes. A fork of the
+    zygote where that is the same (as `spawn_daemon`), else a new process."""
+    zygote = None if os.environ.get("SUITE_ZYGOTE", "1") == "0" else _the_zygote()
+    if zygote is None or why_not_forkable(env, zygote.environ):
+        return subprocess.Popen(
+            _argv(module, args),
+            env=dict(env),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    out_r, out_w = os.pipe()
+    null = os.open(os.devnull, os.O_RDONLY)
+    try:
+        process = zygote.fork(args, dict(env), cwd, fds=(null, out_w, out_w), program=module)
+    except BaseException:
+        os.close(out_r)
+        raise
+    finally:
+        os.close(null)
+        os.close(out_w)
+    process.stdout = open(out_r, encoding="utf-8")  # the caller's to close, as Popen's
+    return process
+
+
 def _text(data: bytes | bytearray) -> str:
     """Bytes read as `text=True` reads them: decoded, with universal newlines."""
     return bytes(data).decode().replace("\r\n", "\n").replace("\r", "\n")
@@ -366,7 +404,7 @@ def _argv(program: str, args: Sequence[str]) -> list[str]:
     """The command line a new process of `program` would have."""
     if program == "qiip":
         return [sys.executable, "-c", CLI_CODE, *args]
-    return [sys.executable, "-m", "qiip_proxy", *args]
+    return [sys.executable, "-m", program, *args]
 
 
 def _the_zygote() -> _Zygote:
@@ -490,9 +528,10 @@ def _become(request: dict[str, object], fds: list[int]) -> None:
 
         main()
         return
+    program = str(request["program"])
     sys.argv = ["-m", *args]
-    sys.orig_argv = _argv("qiip_proxy", args)
-    runpy.run_module("qiip_proxy", run_name="__main__", alter_sys=True)
+    sys.orig_argv = _argv(program, args)
+    runpy.run_module(program, run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":

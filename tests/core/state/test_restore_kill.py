@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -18,6 +16,7 @@ from qiip_core.config import Settings, load_settings
 from qiip_core.state import migrate, restore, take_backup
 from tests.support.etcd import EtcdServer
 from tests.support.state import fill
+from tests.support.zygote import TextChild, popen_module
 
 EMBEDDED_STEPS = [
     ("checked", "old"),
@@ -30,7 +29,7 @@ EMBEDDED_STEPS = [
 ETCD_STEPS = [("checked", "old"), ("planned", "old"), ("committed", "new")]
 
 
-_children: list[subprocess.Popen[str]] = []
+_children: list[TextChild] = []
 
 
 @pytest.fixture(autouse=True)
@@ -46,13 +45,8 @@ def _reaped() -> Iterator[None]:
             process.stdout.close()
 
 
-def child(*args: str | Path) -> subprocess.Popen[str]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.state_child", *map(str, args)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+def child(*args: str | Path) -> TextChild:
+    process = popen_module("tests.support.state_child", [str(arg) for arg in args], os.environ, Path.cwd())
     _children.append(process)
     return process
 
