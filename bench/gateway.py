@@ -103,7 +103,10 @@ error_log {prefix}/error.log warn;
 events {{ worker_connections 4096; }}
 http {{
     access_log off;
-    upstream node {{ server 127.0.0.1:{backend}; keepalive 256; }}
+    # nginx closes a keep-alive connection after 1,000 requests by default, client side and upstream; a
+    # closed-loop client that does not reconnect (bench/overload.py) would stop there.
+    keepalive_requests 10000000;
+    upstream node {{ server 127.0.0.1:{backend}; keepalive 256; keepalive_requests 10000000; }}
     server {{
         listen 127.0.0.1:{port};
         location / {{

@@ -93,15 +93,18 @@ class _Connection(asyncio.Protocol):
             self.send()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if time.perf_counter() < self.load.deadline:
+            # Closed by the target before the end (nginx's `keepalive_requests`, a crash): this connection is done.
+            self.load.cut += 1
         if not self.lost.done():
             self.lost.set_result(None)
 
 
 class _Load:
-    def __init__(self, *, path: str, port: int, duration_s: float, backoff_s: float) -> None:
-        body = json.dumps({**BODY, "stream": False}).encode()
+    def __init__(self, *, path: str, port: int, duration_s: float, backoff_s: float, stream: bool = False) -> None:
+        body = json.dumps({**BODY, "stream": stream}).encode()
         self.request = (
-            b"POST %s HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+            b"POST %s HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
             % (path.encode(), len(body), body)
         )
         self.port = port
@@ -110,6 +113,7 @@ class _Load:
         self.deadline = self.measure_from + duration_s
         self.backoff_s = backoff_s
         self.latencies: dict[str, list[float]] = {"ok": [], "shed": [], "other": []}
+        self.cut = 0
 
     def record(self, status: int, latency_s: float, now: float) -> None:
         # Requests sent during the warm-up are left out: the first request of each new connection waits for the
@@ -120,15 +124,17 @@ class _Load:
         self.latencies[kind].append(latency_s * 1000)
 
 
-async def _run_client(port: int, connections: int, duration_s: float, backoff_s: float) -> dict[str, object]:
-    load = _Load(path="/v1/chat/completions", port=port, duration_s=duration_s, backoff_s=backoff_s)
+async def _run_client(
+    port: int, connections: int, duration_s: float, backoff_s: float, stream: bool = False
+) -> dict[str, object]:
+    load = _Load(path="/v1/chat/completions", port=port, duration_s=duration_s, backoff_s=backoff_s, stream=stream)
     loop = asyncio.get_running_loop()
     protocols = []
     for _ in range(connections):
         _, protocol = await loop.create_connection(lambda: _Connection(load), "127.0.0.1", port)
         protocols.append(protocol)
     await asyncio.wait_for(asyncio.gather(*(p.lost for p in protocols)), duration_s + WARMUP_S + 30)
-    result: dict[str, object] = {"duration_s": duration_s}
+    result: dict[str, object] = {"duration_s": duration_s, "cut": load.cut}
     for kind, values in load.latencies.items():
         values.sort()
         result[kind] = {
@@ -145,9 +151,10 @@ def client_main(argv: list[str]) -> None:
     import uvloop
 
     port, connections, duration_s, backoff_s = int(argv[0]), int(argv[1]), float(argv[2]), float(argv[3])
+    stream = len(argv) > 4 and argv[4] == "stream"
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    print(json.dumps(uvloop.run(_run_client(port, connections, duration_s, backoff_s))))
+    print(json.dumps(uvloop.run(_run_client(port, connections, duration_s, backoff_s, stream))))
 
 
 # -- the driver ----------------------------------------------------------------------------------------------------
@@ -174,6 +181,7 @@ class Run:
     ok_rps: float
     shed_rps: float
     other: int
+    cut: int
     ok_p50_ms: float
     ok_p99_ms: float
     shed_p99_ms: float
@@ -192,8 +200,13 @@ class Run:
 DURATION = [5.0]
 
 
-def run_load(port: int, pid: int, *, connections: int, duration_s: float, backoff_s: float) -> Run:
+def run_load(
+    port: int, pid: int, *, connections: int, duration_s: float, backoff_s: float, stream: bool = False
+) -> Run:
+    """Drive `port` with `connections` closed-loop clients (streaming chat completions with `stream`) for
+    `duration_s` seconds after the warm-up, reading the CPU time of `pid` and its children over that window."""
     argv = [sys.executable, __file__, "--client", str(port), str(connections), str(duration_s), str(backoff_s)]
+    argv += ["stream"] if stream else []
     client = subprocess.Popen(pinned(argv, 0), stdout=subprocess.PIPE, text=True)
     # CPU time of the target over the measured window only (after the warm-up).
     time.sleep(WARMUP_S)
@@ -202,11 +215,18 @@ def run_load(port: int, pid: int, *, connections: int, duration_s: float, backof
     cpu_s = tree_cpu_s(pid) - before
     out, _ = client.communicate(timeout=duration_s + 60)
     result = json.loads(out)
+    if result["cut"] or result["other"]["n"]:
+        print(
+            f"  warning: port {port}: {result['cut']} connection(s) closed early, {result['other']['n']} answer(s) "
+            "neither 200 nor shed",
+            file=sys.stderr,
+        )
     ok, shed, other = result["ok"], result["shed"], result["other"]
     return Run(
         ok_rps=ok["n"] / duration_s,
         shed_rps=shed["n"] / duration_s,
         other=other["n"],
+        cut=result["cut"],
         ok_p50_ms=ok["p50_ms"],
         ok_p99_ms=ok["p99_ms"],
         shed_p99_ms=shed["p99_ms"],

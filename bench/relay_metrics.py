@@ -3,7 +3,7 @@
 The relay's loop and the accounting run in-process against stand-ins that cost next to nothing (a node whose
 `read()` returns the next event at once, a client whose `send` does nothing), so the figures are the Python
 work of the gateway alone, without sockets. The relay is timed twice: its loop alone, and with the node's
-answer (`UpstreamResponse.read`: the idle limit, the SSE framing) over a stand-in aiohttp response whose
+answer (`UpstreamResponse.read`: the idle limit, the SSE framing) over a stand-in node response whose
 `readany()` hands over the next event at once. The same work is timed for the relay, response and metrics
 modules of a baseline revision (`git show REV:qiip_proxy/_relay.py`), loaded next to the current ones, so the
 difference is what the current code adds.
@@ -74,9 +74,10 @@ class Node:
 
 
 class _Content:
-    """aiohttp's `StreamReader` as the response reads it: `readany()` returns the next event after one turn of
-    the event loop, as an event that came in a socket read of its own does (the loop also drops the timers
-    cancelled in the meantime, which it would never do if no read ever waited)."""
+    """A node's body as the response reads it (`readany()`, aiohttp's `StreamReader` and the node client's
+    `NodeResponse` alike): the next event after one turn of the event loop, as an event that came in a socket read
+    of its own does (the loop also drops the timers cancelled in the meantime, which it would never do if no read
+    ever waited)."""
 
     def __init__(self, events: int) -> None:
         self._events = iter([EVENT] * (events - 2) + [USAGE_EVENT, DONE])
@@ -92,16 +93,22 @@ class _Content:
         return self._eof
 
 
-class _AiohttpResponse:
-    """A node's `text/event-stream` answer, headers received, as `UpstreamResponse.receive` reads it."""
+class _NodeResponse(_Content):
+    """A node's `text/event-stream` answer, headers received, as `UpstreamResponse.receive` reads it: the node
+    client's `NodeResponse`, and (`content`, `headers`) aiohttp's `ClientResponse` for revisions before it."""
 
     status = 200
     content_type = "text/event-stream"
     headers: dict[str, str] = {}
     raw_headers = ((b"Content-Type", b"text/event-stream"),)
+    whole = False
 
     def __init__(self, events: int) -> None:
-        self.content = _Content(events)
+        super().__init__(events)
+        self.content = self
+
+    def header(self, name: str) -> str | None:
+        return "text/event-stream" if name == "content-type" else None
 
     def release(self) -> None:
         pass
@@ -153,7 +160,7 @@ def ns_per_event_read(relay: Callable[..., Any], response_type: Any, events: int
     async def one() -> None:
         loop = asyncio.get_running_loop()
         upstream = await response_type.receive(
-            _Reservation(), _AiohttpResponse(events), UpstreamSettings(), deadline=loop.time() + 3600
+            _Reservation(), _NodeResponse(events), UpstreamSettings(), deadline=loop.time() + 3600
         )
         await relay(upstream, _nothing, "req", outcome())
         await upstream.aclose()

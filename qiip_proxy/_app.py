@@ -17,10 +17,10 @@ from qiip_core import QiipError
 from qiip_core._violation import first_violation
 from qiip_proxy._errors import RequestRefused, error_response
 from qiip_proxy._gateway import Gateway
-from qiip_proxy._inference import ProxyRoutes
+from qiip_proxy._inference import DirectInference, ProxyRoutes
 from qiip_proxy._types import ServingGateway
 from qiip_proxy.layers._auth_gate import AdminGate
-from qiip_proxy.layers._http import HeadAsGet, with_allowed_hosts, with_cors
+from qiip_proxy.layers._http import HeadAsGet, HostCheck, with_allowed_hosts, with_cors
 from qiip_proxy.routes._admin import router as admin_router
 from qiip_proxy.routes._chat_page import add_chat_page
 from qiip_proxy.routes._client_api import router as client_router
@@ -31,7 +31,7 @@ from qiip_proxy.routes._models import router as models_router
 from qiip_proxy.routes._provisioning import router as provisioning_router
 from qiip_proxy.routes._state import router as state_router
 
-__all__ = ["add_error_handlers", "create_app", "serving_app", "wrap_serving"]
+__all__ = ["add_error_handlers", "create_app", "direct_route", "serving_app", "wrap_serving"]
 
 
 def create_app(gateway: Gateway) -> FastAPI:
@@ -135,3 +135,21 @@ def wrap_serving(gateway: ServingGateway, inner: ASGIApp, *, admin_gate: bool = 
     if server.cors_allow_origins:
         served = with_cors(served, server.cors_allow_origins)
     return with_allowed_hosts(served, allowed_hosts=server.allowed_hosts, bind_host=server.host)
+
+
+def direct_route(gateway: ServingGateway) -> DirectInference | None:
+    """The inference paths for the HTTP server to answer itself, ahead of the layers `wrap_serving` stacks (the same
+    steps, and the same `Host` check); None where a layer other than the `Host` check must see them: CORS
+    (`server.cors_allow_origins`) and forwarded headers (`server.forwarded_allow_ips`, uvicorn's own layer), whose
+    requests then go the ASGI way.
+
+    Args:
+        gateway: the serving process's gateway.
+    """
+    server = gateway.settings.server
+    if server.cors_allow_origins or server.forwarded_allow_ips:
+        return None
+    hosts = (
+        None if "*" in server.allowed_hosts else HostCheck(allowed_hosts=server.allowed_hosts, bind_host=server.host)
+    )
+    return DirectInference(gateway, hosts)

@@ -27,7 +27,7 @@ from qiip_core._logging import configure_logging
 from qiip_core.config import bind_listener, check_settings_names, load_settings
 from qiip_core.engines.llamacpp import LocalNodeHandoff
 from qiip_core.routing import InFlightBoard
-from qiip_proxy._app import create_app, serving_app
+from qiip_proxy._app import create_app, direct_route, serving_app
 from qiip_proxy._gateway import Gateway
 from qiip_proxy._worker import run_worker
 from qiip_proxy._workers import ADMIN_SOCKET, BOARD_FILE, WorkerPeer, WorkerSpec, create_runtime_dir
@@ -117,7 +117,7 @@ def main(config: Path | None, host: str | None, port: int | None) -> None:
     served = serving_app(app)
     if runtime_dir is not None:
         served = WorkerPeer(served)
-    server = Server(gateway, server_config(served, settings, max_clients))
+    server = Server(gateway, server_config(served, settings, max_clients, direct=direct_route(gateway)))
     logging.getLogger("qiip.proxy").info(
         "serving at most %d client connections (open-file limit %d)%s",
         max_clients,

@@ -20,7 +20,9 @@ in-band error event.
 
 `ProxyRoutes` serves the three inference paths ahead of the FastAPI app: they are the hot path, and
 skipping the framework's routing and middleware layers roughly doubles the requests a core can relay
-(docs/performance.md). The FastAPI routes of the same paths call the same code and document them.
+(docs/performance.md). The FastAPI routes of the same paths call the same code and document them. Where no layer
+but the `Host` check stands in front of them (no CORS, no forwarded headers), the HTTP server answers them itself,
+ahead of all ASGI layers (`DirectInference`, `server._fast`), with the same steps and the same check.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -50,13 +53,25 @@ from qiip_core.upstream import UpstreamRequest, UpstreamResponse
 from qiip_proxy._errors import RequestRefused, send_error, sse_error_event
 from qiip_proxy._metrics import Outcome
 from qiip_proxy._parse import CLIENT_CLOSED_REQUEST, PROXY_PATHS, parse_request
-from qiip_proxy._relay import SHUTDOWN_EVENT, end_stream, relay
+from qiip_proxy._relay import SHUTDOWN_EVENT, BodyWriter, end_stream, relay
 from qiip_proxy._scope import request_id_for
+from qiip_proxy.layers._http import HostCheck
 
 if TYPE_CHECKING:
     from qiip_proxy._types import ServingGateway
 
-__all__ = ["ProxyRoutes", "serve_inference", "wait_for_replica"]
+__all__ = ["DirectClient", "DirectInference", "ProxyRoutes", "serve_inference", "wait_for_replica"]
+
+Watch = Callable[[Callable[[], None]], None]
+"""Registers the callback a request wants called once, when its client leaves (`DirectClient.watch`)."""
+
+
+class DirectClient(BodyWriter, Protocol):
+    """The client of a request the server answers itself (`server._fast.DirectCycle`)."""
+
+    def watch(self, left: Callable[[], None]) -> None:
+        """Call `left` once, when the client leaves before the answer's end."""
+
 
 logger = logging.getLogger("qiip.proxy")
 
@@ -116,7 +131,40 @@ class ProxyRoutes:
         await self.app(scope, receive, send_with_id)
 
 
-async def serve_inference(gateway: ServingGateway, scope: Scope, receive: Receive, send: Send) -> None:
+class DirectInference:
+    """The inference paths as the HTTP server answers them itself (`server._fast.DirectRoute`): the `Host` check
+    of `AllowedHosts`, then `serve_inference`, the client's leaving told by the server rather than watched.
+
+    Args:
+        gateway: the gateway serving them.
+        hosts: the `Host` check, or None when `server.allowed_hosts` holds `*`.
+    """
+
+    paths = frozenset(path.encode() for path in PROXY_PATHS)
+    """The request targets answered (exactly: no query, no escapes)."""
+
+    def __init__(self, gateway: ServingGateway, hosts: HostCheck | None) -> None:
+        self.gateway = gateway
+        self.hosts = hosts
+
+    async def serve(self, scope: Scope, receive: Receive, send: Send, client: DirectClient) -> None:
+        """Serve one request completely (see `serve_inference`)."""
+        hosts = self.hosts
+        if hosts is not None and not hosts.passes(scope):
+            await hosts.refuse(scope, send)
+            return
+        await serve_inference(self.gateway, scope, receive, send, watch=client.watch, writer=client)
+
+
+async def serve_inference(
+    gateway: ServingGateway,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    *,
+    watch: Watch | None = None,
+    writer: BodyWriter | None = None,
+) -> None:
     """Serve one inference request (`scope["path"]` is one of `PROXY_PATHS`) completely.
 
     Args:
@@ -124,10 +172,13 @@ async def serve_inference(gateway: ServingGateway, scope: Scope, receive: Receiv
         scope: the request's ASGI scope.
         receive: its ASGI receive channel.
         send: its ASGI send channel.
+        watch: how the server tells the request that its client left (`DirectInference`); None: a task of the
+            request's own waits on `receive` for `http.disconnect`.
+        writer: the client's body written without ASGI messages, where the server offers it (`relay`).
     """
     outcome = Outcome(started=time.perf_counter())
     try:
-        await _InferenceRequest(gateway, request_id_for(scope), outcome).serve(scope, receive, send)
+        await _InferenceRequest(gateway, request_id_for(scope), outcome, writer).serve(scope, receive, send, watch)
     finally:
         # 5. account
         outcome.duration_s = time.perf_counter() - outcome.started
@@ -137,10 +188,23 @@ async def serve_inference(gateway: ServingGateway, scope: Scope, receive: Receiv
 class _InferenceRequest:
     """One inference request on its way, and what ends it early: the client leaving, or its token revoked."""
 
-    __slots__ = ("_disconnected", "_ended", "_stopped", "_task", "gateway", "outcome", "request_id", "token")
+    __slots__ = (
+        "_disconnected",
+        "_ended",
+        "_stopped",
+        "_task",
+        "gateway",
+        "outcome",
+        "request_id",
+        "token",
+        "writer",
+    )
 
-    def __init__(self, gateway: ServingGateway, request_id: str, outcome: Outcome) -> None:
+    def __init__(
+        self, gateway: ServingGateway, request_id: str, outcome: Outcome, writer: BodyWriter | None = None
+    ) -> None:
         self.gateway = gateway
+        self.writer = writer
         self.request_id = request_id
         self.outcome = outcome
         self.token: InvokeToken | None = None
@@ -150,7 +214,7 @@ class _InferenceRequest:
         self._ended: QiipError | None = None
         self._task: asyncio.Task[Any] | None = None
 
-    async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def serve(self, scope: Scope, receive: Receive, send: Send, watch: Watch | None) -> None:
         """Parse the request, then forward and relay it while watching the client connection."""
         outcome = self.outcome
         # 1. parse
@@ -174,7 +238,9 @@ class _InferenceRequest:
         task = asyncio.current_task()
         assert task is not None
         self._task = task
-        watcher = asyncio.create_task(self._watch(receive, task))
+        watcher = asyncio.create_task(self._watch(receive, task)) if watch is None else None
+        if watch is not None:
+            watch(self.client_left)
         streams = None
         if self.token is not None:
             streams = self.gateway.streams_by_token.setdefault(self.token.id, set())
@@ -190,7 +256,8 @@ class _InferenceRequest:
             # honestly: nothing for the server to report.
             task.uncancel()
         finally:
-            watcher.cancel()
+            if watcher is not None:
+                watcher.cancel()
             if streams is not None:
                 streams.discard(self.end_for_revocation)
 
@@ -231,7 +298,7 @@ class _InferenceRequest:
         outcome.node, outcome.status = upstream.node_id, upstream.status_code
         outcome.failures = upstream.failures
         try:
-            await relay(upstream, send, self.request_id, outcome)
+            await relay(upstream, send, self.request_id, outcome, self.writer)
         except asyncio.CancelledError:
             if self._disconnected:
                 outcome.error_code = "client_disconnected"
@@ -275,6 +342,12 @@ class _InferenceRequest:
             self._ended = TokenRevoked(
                 f"The invoke token {token_id} was revoked or expired; this request was ended.", token_id=token_id
             )
+            self._task.cancel()
+
+    def client_left(self) -> None:
+        """The client left before the answer's end: end the request (its node's request is closed)."""
+        if not self._disconnected and self._task is not None:
+            self._disconnected = True
             self._task.cancel()
 
     async def _watch(self, receive: Receive, task: asyncio.Task[Any]) -> None:

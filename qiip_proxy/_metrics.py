@@ -303,6 +303,14 @@ class _TableCollector(Collector):
             yield routed
 
 
+def _series(metric: Counter | Histogram, cache: dict[tuple[str, str], Any], labels: tuple[str, str]) -> Any:
+    """`metric.labels(*labels)`, created on first use (as `labels()` does) and then found in `cache`."""
+    found = cache.get(labels)
+    if found is None:
+        found = cache[labels] = metric.labels(*labels)
+    return found
+
+
 def _totals(metric: Counter) -> Iterator[tuple[dict[str, str], float]]:
     """The `_total` samples of a counter: labels and value."""
     for family in metric.collect():
@@ -396,6 +404,13 @@ class GatewayMetrics:
         )
         self.registry.register(_TableCollector(table))
         self._recent_ttft_s: dict[str, deque[float]] = {}
+        # The labelled series every answered request touches, looked up once per label set (prometheus-client's
+        # `labels()` checks and locks on every call); label sets are bounded (the module docstring) and never removed.
+        self._requests_by: dict[tuple[str, str, int], Any] = {}
+        self._latency_by: dict[tuple[str, str], Any] = {}
+        self._ttft_by: dict[tuple[str, str], Any] = {}
+        self._prompt_by: dict[tuple[str, str], Any] = {}
+        self._completion_by: dict[tuple[str, str], Any] = {}
 
     def snapshot(self) -> dict[str, Any]:
         """Counters as JSON, for the console and scripts: `{"by_model": {model: counts}, "by_node": {node:
@@ -488,7 +503,11 @@ class GatewayMetrics:
             accounted: the request, summarized here or by a worker process (`server.workers`).
         """
         model, node, status, error_code, duration_s, ttft_s, failures, relay_kind, usage = accounted
-        self.requests.labels(model, node, str(status)).inc()
+        key = (model, node, status)
+        counted = self._requests_by.get(key)
+        if counted is None:
+            counted = self._requests_by[key] = self.requests.labels(model, node, str(status))
+        counted.inc()
         if error_code is not None:
             self.errors.labels(model, node, error_code).inc()
         if failures:
@@ -498,12 +517,13 @@ class GatewayMetrics:
         if node:
             if self._on_finished is not None:
                 self._on_finished(model, ttft_s)
-            self.latency.labels(model, node).observe(duration_s)
+            pair = (model, node)
+            _series(self.latency, self._latency_by, pair).observe(duration_s)
             if usage is not None:
-                self.prompt_tokens.labels(model, node).inc(usage[0])
-                self.completion_tokens.labels(model, node).inc(usage[1])
+                _series(self.prompt_tokens, self._prompt_by, pair).inc(usage[0])
+                _series(self.completion_tokens, self._completion_by, pair).inc(usage[1])
             if ttft_s is not None:
-                self.ttft.labels(model, node).observe(ttft_s)
+                _series(self.ttft, self._ttft_by, pair).observe(ttft_s)
                 recent = self._recent_ttft_s.get(node)
                 if recent is None:
                     recent = self._recent_ttft_s[node] = deque(maxlen=TTFT_WINDOW)

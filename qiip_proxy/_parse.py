@@ -166,10 +166,9 @@ async def read_request(
             "The request body must be JSON, sent with 'Content-Type: application/json'.",
             "unsupported_media_type",
         )
-    too_large = body_too_large(max_body_bytes, "server.max_body_bytes")
     declared = header(scope, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
-        raise too_large
+        raise body_too_large(max_body_bytes, "server.max_body_bytes")
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -181,13 +180,14 @@ async def read_request(
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > max_body_bytes:
-            raise too_large
+            raise body_too_large(max_body_bytes, "server.max_body_bytes")
         chunks.append(chunk)
         if not message.get("more_body", False):
             break
     body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
     if len(body) <= LARGE_BODY_BYTES:
-        payload = await _decode(body, in_thread=False)
+        # Too short to pass a bound of `check_json_budget` (`_decode` would parse it at once): parsed here.
+        payload = _loads(body)
     else:
         async with parse_gate or contextlib.nullcontext():
             payload = await _decode(body, in_thread=True)
@@ -231,7 +231,8 @@ def is_json(content_type: bytes | None) -> bool:
 
 
 LARGE_BODY_BYTES = 64 * 1024
-"""Bodies above this are measured and parsed one at a time (`read_request`'s `parse_gate`)."""
+"""Bodies above this are measured and parsed one at a time (`read_request`'s `parse_gate`); it is below what any
+bound of `check_json_budget` can be passed with, so a body up to it is parsed at once."""
 
 MAX_OBJECT_KEYS = 50_000
 """The most object members a request body may hold in all (each costs about 1 µs to parse: a dict entry)."""

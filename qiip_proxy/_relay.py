@@ -14,7 +14,10 @@ invoke token revoked, the daemon stopping) ends the same way, with `end_stream`.
 The loop that relays a stream's events is the gateway's hottest path (docs/performance.md): one read and
 one send per event, plus what the metrics need: the last two pieces relayed are kept (the node's `usage` is
 in them). The time to first token needs nothing per event: a stream is committed by its first data event
-(`UpstreamResponse`), so the first token goes out with the first send.
+(`UpstreamResponse`), so the first token goes out with the first send. Where the server answers the request
+itself (`server._fast`), it offers a `BodyWriter`, and the rest of an uncompressed stream is pumped from the node's
+connection to the client's as it is parsed (`UpstreamResponse.pump`): whole events still, the same limits and
+ends, without waking the request's task per read.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from starlette.types import Send
 
@@ -33,7 +36,7 @@ from qiip_proxy._errors import SSE_DONE, error_body, sse_error_event
 if TYPE_CHECKING:
     from qiip_proxy._metrics import Outcome
 
-__all__ = ["SHUTDOWN_EVENT", "end_stream", "relay"]
+__all__ = ["SHUTDOWN_EVENT", "BodyWriter", "end_stream", "relay"]
 
 logger = logging.getLogger("qiip.proxy")
 
@@ -49,7 +52,22 @@ SHUTDOWN_EVENT = (
 """The in-band error event of a stream the daemon ended because it is stopping."""
 
 
-async def relay(upstream: UpstreamResponse, send: Send, request_id: str, outcome: Outcome) -> None:
+class BodyWriter(Protocol):
+    """The client's side of a started answer, written without ASGI messages (the server's own, `server._fast`)."""
+
+    def answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """Write a whole answer (its `Content-Length` among `headers`) at once."""
+
+    def write_body(self, data: bytes) -> bool:
+        """Write a piece of the answer's body; False when the client cannot take more for now."""
+
+    async def drained(self) -> None:
+        """Wait until the client can take more (or has left)."""
+
+
+async def relay(
+    upstream: UpstreamResponse, send: Send, request_id: str, outcome: Outcome, writer: BodyWriter | None = None
+) -> None:
     """Relay a committed answer to the client, recording what the metrics need of it.
 
     Args:
@@ -58,6 +76,8 @@ async def relay(upstream: UpstreamResponse, send: Send, request_id: str, outcome
         request_id: the request's `X-Request-Id`.
         outcome: the request's outcome; `first_token_s` (streams), `answer_end` (an answer relayed to its end),
             and `relay_error` with `error_code` (an answer cut mid-way) are set.
+        writer: the client's side written directly, when the server offers it: a whole answer goes in one call,
+            and a stream is pumped (`UpstreamResponse.pump`) rather than read and sent event by event.
 
     Raises:
         UpstreamError: a plain body broke off after its headers were sent: the connection must break.
@@ -69,8 +89,11 @@ async def relay(upstream: UpstreamResponse, send: Send, request_id: str, outcome
         headers += [(b"x-accel-buffering", b"no"), (b"cache-control", b"no-cache")]
     if upstream.complete:
         headers.append((b"content-length", str(len(upstream.prefix)).encode()))
-        await send({"type": "http.response.start", "status": upstream.status_code, "headers": headers})
-        await send({"type": "http.response.body", "body": upstream.prefix})
+        if writer is not None:
+            writer.answer(upstream.status_code, headers, upstream.prefix)
+        else:
+            await send({"type": "http.response.start", "status": upstream.status_code, "headers": headers})
+            await send({"type": "http.response.body", "body": upstream.prefix})
         outcome.answer_end = (b"", upstream.prefix)
         return
     await send({"type": "http.response.start", "status": upstream.status_code, "headers": headers})
@@ -81,9 +104,15 @@ async def relay(upstream: UpstreamResponse, send: Send, request_id: str, outcome
     # The last two pieces relayed: the node's `usage` is in them (`[DONE]` may come in a read of its own).
     before, last = b"", upstream.prefix
     try:
-        while chunk := await upstream.read():
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            before, last = last, chunk
+        if writer is not None and upstream.pumpable:
+            pieces = [before, last]
+            while not await upstream.pump(writer.write_body, pieces):
+                await writer.drained()
+            before, last = pieces
+        else:
+            while chunk := await upstream.read():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                before, last = last, chunk
     except UpstreamError as exc:
         logger.warning("node %s failed mid-response: %s", upstream.node_id, exc.log_text)
         outcome.relay_error = exc

@@ -35,7 +35,7 @@ from qiip_core.config import Settings
 from qiip_core.deployments import DemandMeter
 from qiip_core.routing import DEFAULT_COLUMNS, Admission, InFlightBoard, RoutingTable
 from qiip_core.upstream import HOP_BY_HOP_HEADERS
-from qiip_proxy._app import add_error_handlers, wrap_serving
+from qiip_proxy._app import add_error_handlers, direct_route, wrap_serving
 from qiip_proxy._control import (
     ControlError,
     Expected,
@@ -126,7 +126,7 @@ def run_worker(settings: Settings, listener: socket.socket, runtime_dir: Path, r
     keep_shared(gateway)
     runtime = _WorkerRuntime(gateway, runtime_dir, row)
     max_clients = client_connection_cap(settings, raise_open_file_limit())
-    server = Server(gateway, server_config(runtime.app, settings, max_clients))
+    server = Server(gateway, server_config(runtime.app, settings, max_clients, direct=direct_route(gateway)))
     try:
         server.run(sockets=[listener])
     except KeyboardInterrupt:

@@ -80,6 +80,7 @@ class NodeState:
         "_local",
         "breaker",
         "health_failures",
+        "id",
         "last_error",
         "last_error_at",
         "last_probe_at",
@@ -96,6 +97,8 @@ class NodeState:
 
     def __init__(self, node: Node, *, source: str, breaker: BreakerPolicy) -> None:
         self.node = node
+        self.id: str = node.id
+        """The node id (a state is the one of its id for good: a registration of the same id replaces `node`)."""
         self.lifecycle: NodeStatus | None = node.status if node.status in LIFECYCLE_STATUSES else None
         self.liveness = NodeStatus.UNKNOWN if self.lifecycle else node.status
         self._local = 0
@@ -112,11 +115,6 @@ class NodeState:
         self.resident: tuple[ResidentModel, ...] | None = None
         self.removed = False
         self.source = source
-
-    @property
-    def id(self) -> str:
-        """The node id."""
-        return self.node.id
 
     @property
     def in_flight(self) -> int:

@@ -1,10 +1,11 @@
 """The upstream client: what the gateway sends a node, the HTTP client that sends it, and what its failures
 become in QIIP's error tree.
 
-The client is aiohttp, chosen for speed (docs/performance.md), and aiohttp's exceptions never leave this
-package: `map_transport_error` translates them (and zlib and OS errors) with one table, most specific class
-first, so the forwarder and the response raise `UpstreamError`s only. A test asserts that every aiohttp
-client error class has a row.
+The client is this package's own HTTP/1.1 over pooled connections (`_pool`, `_http11`: httptools, chosen for speed,
+docs/performance.md). Its exceptions, and those of aiohttp (the health probes' client, whose resolver
+`AllowlistResolver` is here), zlib and the OS, never leave this package: `map_transport_error` translates them
+with one table, most specific class first, so the forwarder and the response raise `UpstreamError`s only. A test
+asserts that every client error class has a row.
 """
 
 from __future__ import annotations
@@ -13,18 +14,23 @@ import errno
 import socket
 import zlib
 from collections.abc import Sequence
-from contextvars import ContextVar
 from dataclasses import dataclass
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
-from aiohttp.client_reqrep import ClientRequest
-from aiohttp.connector import Connection
-from aiohttp.tracing import Trace
 
 from qiip_core._errors import UpstreamConnectError, UpstreamError, UpstreamTimeout, UpstreamTransportError
-from qiip_core.config import UpstreamSettings
 from qiip_core.nodes import ApiName, EndpointPolicy
+from qiip_core.upstream._http11 import (
+    NodeAnswerCut,
+    NodeAnswerMalformed,
+    NodeConnectError,
+    NodeConnectTimeout,
+    NodeDisconnected,
+    NodeHttpError,
+    SendProgress,
+)
+from qiip_core.upstream._pool import NodeConnections
 
 __all__ = [
     "TRANSPORT_ERRORS",
@@ -61,42 +67,6 @@ class UpstreamRequest:
     prefix: tuple[int, ...] = ()
 
 
-@dataclass(slots=True)
-class SendProgress:
-    """Whether one request has reached its node: once a connection is made (or taken from the pool), aiohttp
-    writes the request to it at once.
-
-    Attributes:
-        sent: the request was given a connection to the node, and written to it.
-    """
-
-    sent: bool = False
-
-
-_progress: ContextVar[SendProgress | None] = ContextVar("qiip_send_progress", default=None)
-"""The progress of the request the current task is sending (set by `UpstreamClient.post`)."""
-
-
-class _Connector(aiohttp.TCPConnector):
-    """aiohttp's TCP connector, marking the request's `SendProgress` once it has its connection.
-
-    (A connector hook costs nothing per request beyond the call; aiohttp's request tracing, which could say
-    the same, adds about 10 us to every request.)
-    """
-
-    async def connect(
-        self,
-        req: ClientRequest,
-        traces: list[Trace],
-        timeout: aiohttp.ClientTimeout,  # noqa: ASYNC109 - aiohttp's signature
-    ) -> Connection:
-        connection = await super().connect(req, traces, timeout)
-        progress = _progress.get()
-        if progress is not None:
-            progress.sent = True
-        return connection
-
-
 class AllowlistResolver(AbstractResolver):
     """aiohttp's threaded resolver, keeping only the addresses the endpoint allowlist lets a host name reach
     (`EndpointPolicy.allows_resolved`): checked when the connection is made, so a name that resolves
@@ -127,105 +97,33 @@ class AllowlistResolver(AbstractResolver):
         await self._inner.close()
 
 
-class UpstreamClient:
-    """The HTTP/1.1 client for node traffic: one keep-alive pool for all nodes.
+class UpstreamClient(NodeConnections):
+    """The HTTP/1.1 client for node traffic: one keep-alive pool for all nodes (`NodeConnections`, whose `post` and
+    `aclose` it is).
 
-    Built on aiohttp, which relays several times more requests per second than httpx on one core (see
-    docs/performance.md). Proxy environment variables are ignored (node traffic never goes through a
-    proxy), redirects are never followed, and bodies are not decompressed (non-streaming answers are
-    relayed as they come, with their `Content-Encoding`).
+    Proxy environment variables are ignored (node traffic never goes through a proxy), redirects are never
+    followed, and bodies are not decompressed (non-streaming answers are relayed as they come, with their
+    `Content-Encoding`). A send on a pooled connection the node had closed raises `NodeDisconnected`; the forwarder
+    sends it once more with `fresh=True` (`is_stale_connection`): a node that closes after each streamed answer
+    while advertising keep-alive, as llama-server does, may have closed the other pooled connections too.
 
     Args:
-        settings: pool size, keep-alive expiry (keep it below the nodes' idle timeout; vLLM's is 5 s),
-            connect and pool timeouts.
-        policy: the endpoint allowlist the addresses of host names are checked against when connecting
-            (`AllowlistResolver`); None checks nothing.
+        settings: pool size, idle connections kept and their expiry (keep it below the nodes' idle timeout; vLLM's
+            is 5 s), connect and pool timeouts.
+        policy: the endpoint allowlist the addresses of host names are checked against when connecting; None checks
+            nothing.
     """
-
-    def __init__(self, settings: UpstreamSettings, *, policy: EndpointPolicy | None = None) -> None:
-        self.settings = settings
-        self.policy = policy
-        self._session: aiohttp.ClientSession | None = None
-        self._fresh_session: aiohttp.ClientSession | None = None
-
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        """The aiohttp session, created on first use (it must be created inside the event loop)."""
-        if self._session is None:
-            self._session = self._new_session(
-                _Connector(
-                    resolver=self._resolver(),
-                    limit=self.settings.max_connections,
-                    limit_per_host=0,
-                    keepalive_timeout=self.settings.keepalive_expiry_s,
-                )
-            )
-        return self._session
-
-    @property
-    def fresh_session(self) -> aiohttp.ClientSession:
-        """A session that never pools: each request gets a new connection, closed after its answer. For the
-        one retry after a pooled connection turned out dead (a node that closes after each streamed answer
-        while advertising keep-alive, as llama-server does): another pooled connection may be dead too."""
-        if self._fresh_session is None:
-            self._fresh_session = self._new_session(_Connector(force_close=True, limit=0, resolver=self._resolver()))
-        return self._fresh_session
-
-    def _resolver(self) -> AllowlistResolver | None:
-        return AllowlistResolver(self.policy) if self.policy is not None else None
-
-    def _new_session(self, connector: aiohttp.TCPConnector) -> aiohttp.ClientSession:
-        return aiohttp.ClientSession(
-            connector=connector,
-            trust_env=False,
-            auto_decompress=False,
-            timeout=aiohttp.ClientTimeout(
-                total=None,
-                connect=self.settings.pool_timeout_s + self.settings.connect_timeout_s,
-                sock_connect=self.settings.connect_timeout_s,
-            ),
-            skip_auto_headers=("User-Agent", "Accept-Encoding"),
-        )
-
-    async def post(
-        self,
-        url: str,
-        body: bytes,
-        headers: Sequence[tuple[str, str]],
-        progress: SendProgress | None = None,
-        *,
-        fresh: bool = False,
-    ) -> aiohttp.ClientResponse:
-        """Send a POST and return once the response headers have arrived.
-
-        Args:
-            url: the node's URL.
-            body: the request body.
-            headers: the request headers.
-            progress: marked once the request has a connection, so a caller that gives up can tell whether
-                the node had the request.
-            fresh: send it on a new connection, never a pooled one (`fresh_session`).
-
-        Raises:
-            aiohttp.ClientError, TimeoutError, OSError: as aiohttp raises them (see `map_transport_error`).
-        """
-        token = _progress.set(progress)
-        try:
-            session = self.fresh_session if fresh else self.session
-            return await session.post(url, data=body, headers=headers, allow_redirects=False)
-        finally:
-            _progress.reset(token)
-
-    async def aclose(self) -> None:
-        """Close every pooled connection."""
-        for session in (self._session, self._fresh_session):
-            if session is not None:
-                await session.close()
 
 
 # Most specific first: the first matching class decides. A test asserts that every aiohttp client error
 # class is matched by some row.
 _TRANSPORT_ERRORS: tuple[tuple[type[BaseException], type[UpstreamError], str], ...] = (
+    (NodeConnectTimeout, UpstreamTimeout, "connecting to the node timed out"),
+    (NodeConnectError, UpstreamConnectError, "the node refused or dropped the connection"),
+    (NodeDisconnected, UpstreamTransportError, "the node closed the connection"),
+    (NodeAnswerCut, UpstreamTransportError, "the node's response was cut short or malformed"),
+    (NodeAnswerMalformed, UpstreamTransportError, "the node's response could not be parsed"),
+    (NodeHttpError, UpstreamTransportError, "the connection to the node failed"),
     (aiohttp.ConnectionTimeoutError, UpstreamTimeout, "connecting to the node timed out"),
     (aiohttp.SocketTimeoutError, UpstreamTimeout, "the node stopped sending"),
     (aiohttp.ServerTimeoutError, UpstreamTimeout, "the node timed out"),
@@ -251,7 +149,7 @@ _TRANSPORT_ERRORS: tuple[tuple[type[BaseException], type[UpstreamError], str], .
     (OSError, UpstreamTransportError, "the connection to the node failed"),
 )
 
-TRANSPORT_ERRORS = (aiohttp.ClientError, zlib.error, TimeoutError, OSError)
+TRANSPORT_ERRORS = (NodeHttpError, aiohttp.ClientError, zlib.error, TimeoutError, OSError)
 """Exceptions `map_transport_error` translates."""
 
 
@@ -309,23 +207,25 @@ def is_local_exhaustion(exc: BaseException) -> bool:
 
 
 _NOT_STALE = (
+    NodeConnectError,  # the connect itself failed
     aiohttp.ClientConnectorError,  # the connect itself failed: the node is down or refusing, not a stale pool entry
     aiohttp.ServerFingerprintMismatch,  # the node's TLS certificate is wrong on every connection
     TimeoutError,  # aiohttp's timeouts (ServerTimeoutError, …) are timeouts, with their own rules
 )
-_STALE = (aiohttp.ClientConnectionError, ConnectionResetError, BrokenPipeError)
+_STALE = (NodeDisconnected, aiohttp.ClientConnectionError, ConnectionResetError, BrokenPipeError)
 
 
 def is_stale_connection(exc: BaseException) -> bool:
     """Whether a send failed before any response byte the way a connection the node had already closed fails.
 
     A node that closes its keep-alive connections (llama-server after each streamed answer, while its answer said
-    `Keep-Alive`) races the pool: the connection handed out may be closing as the request is written. aiohttp then
-    raises one of several errors, all `ClientConnectionError`s: `ServerDisconnectedError` (the close came first),
-    `ClientOSError` (a reset while writing), `ClientConnectionResetError` ("Cannot write to closing transport":
-    the close was in flight when the pool handed it out), or a plain `ClientConnectionError` ("Failed to send
-    bytes into the underlying connection"). Each is worth one try on a new connection to the same node, counted
-    against nothing; a failed connect, a TLS pin mismatch or a timeout is not.
+    `Keep-Alive`) races the pool: the connection handed out may be closing as the request is written. The node
+    client then raises `NodeDisconnected` (the close came first, or while the request was written); aiohttp, the
+    client before it, raised one of several `ClientConnectionError`s: `ServerDisconnectedError`, `ClientOSError` (a
+    reset while writing), `ClientConnectionResetError` ("Cannot write to closing transport"), or a plain
+    `ClientConnectionError` ("Failed to send bytes into the underlying connection"). Each is worth one try on a new
+    connection to the same node, counted against nothing; a failed connect, a TLS pin mismatch or a timeout is
+    not.
 
     Args:
         exc: what `UpstreamClient.post` raised.

@@ -34,80 +34,31 @@ the routing table once committed, so the relay never has to:
 from __future__ import annotations
 
 import asyncio
-import json
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import aiohttp
-
-from qiip_core._errors import UpstreamError, UpstreamStatusError, UpstreamTimeout, UpstreamTransportError, safe_text
+from qiip_core._errors import UpstreamError, UpstreamStatusError, UpstreamTimeout, UpstreamTransportError
 from qiip_core.config import UpstreamSettings
 from qiip_core.nodes import is_load_failure
+from qiip_core.upstream._answer import (
+    DECODABLE,
+    ERROR_BODY_BYTES,
+    buffer,
+    node_error_reason,
+    read_at_most,
+    relay_headers,
+    whole_json,
+)
 from qiip_core.upstream._client import TRANSPORT_ERRORS, map_transport_error
+from qiip_core.upstream._http11 import NodeResponse
 from qiip_core.upstream._sse import EventFramer, ends_with_done, first_data_event
 
-__all__ = ["ABORT_GRACE_S", "HOP_BY_HOP_HEADERS", "OutcomeSink", "UpstreamResponse", "node_error_reason"]
+__all__ = ["ABORT_GRACE_S", "OutcomeSink", "UpstreamResponse"]
 
 ABORT_GRACE_S = 1.0
 """How long an answer whose node failed its health probes may still wait for its next bytes (`abort`)."""
-
-HOP_BY_HOP_HEADERS = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-authenticate",
-        b"proxy-authorization",
-        b"proxy-connection",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"upgrade",
-        b"content-length",
-        b"host",
-    }
-)
-"""Headers that describe one connection, never relayed in either direction."""
-
-_GATEWAY_HEADERS = frozenset({b"server", b"date", b"x-request-id", b"x-qiip-node", b"x-accel-buffering"})
-"""Response headers the gateway sets itself; the node's are dropped so the client never sees two."""
-
-_STREAM_HEADERS = frozenset({b"content-encoding", b"cache-control"})
-"""Dropped from decoded event streams: the gateway relays them decoded and sets its own cache policy."""
-
-_DECODABLE = {"identity": 0, "gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
-"""Content encodings an event stream may come in, with the `wbits` that decodes each."""
-
-_ERROR_BODY_BYTES = 4096
-"""How much of a 5xx answer's body is kept for the error message."""
-
-
-_REASON_CHARS = 200
-"""The most characters of a node's own error message a client is shown."""
-
-
-def node_error_reason(body: bytes) -> str | None:
-    """The reason a node gave in an error answer, when its body says one in a shape QIIP knows.
-
-    Shapes: the OpenAI error `{"error": {"message": "..."}}` (vLLM, llama-server, Ollama's `/v1` routes) and
-    Ollama's native `{"error": "..."}` (`unable to load full model on GPU`).
-
-    Args:
-        body: the start of the answer's body (at most 4 KiB).
-
-    Returns:
-        The message, secrets redacted, control characters escaped, cut to 200 characters; None when the body is
-        not one of those shapes. It is for logs and the admin API (the error's `detail`), never for clients.
-    """
-    try:
-        data = json.loads(body)
-    except (ValueError, RecursionError):
-        return None
-    error = data.get("error") if isinstance(data, dict) else None
-    message = error.get("message") if isinstance(error, dict) else error
-    if not isinstance(message, str) or not message.strip():
-        return None
-    return safe_text(message.strip().rstrip("."), limit=_REASON_CHARS)
 
 
 class OutcomeSink(Protocol):
@@ -171,7 +122,7 @@ class UpstreamResponse:
     attempts: int = 1
     failures: list[UpstreamError] = field(default_factory=list)
     timeout_counted: bool = False
-    _response: aiohttp.ClientResponse | None = None
+    _response: NodeResponse | None = None
     _framer: EventFramer | None = None
     _decoder: zlib._Decompress | None = None
     # None before the commit: the forwarder's first-byte limit bounds those reads.
@@ -197,10 +148,11 @@ class UpstreamResponse:
     async def receive(
         cls,
         reservation: OutcomeSink,
-        response: aiohttp.ClientResponse,
+        response: NodeResponse,
         settings: UpstreamSettings,
         *,
         deadline: float | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> UpstreamResponse:
         """Read what the client will see first, and commit to the node's answer.
 
@@ -210,6 +162,7 @@ class UpstreamResponse:
             settings: the idle timeout, buffer and event sizes.
             deadline: the event-loop time by which the node must have finished (its `deadline_s`), or None.
                 It bounds the reads after this one; this one is bounded by the caller's first-byte timeout.
+            loop: the running event loop (found when not given).
 
         Returns:
             The committed response; the caller must `aclose()` it.
@@ -218,13 +171,13 @@ class UpstreamResponse:
             UpstreamStatusError: the node answered 5xx (at most 4 KiB of its body kept).
             UpstreamTransportError: the node answered with a redirect; a stream broke, or ended, before its
                 first data event; a 200 body without a declared length is not whole JSON.
-            aiohttp.ClientError, zlib.error, TimeoutError, OSError: reading a non-streaming body failed (the
+            NodeHttpError, zlib.error, TimeoutError, OSError: reading a non-streaming body failed (the
                 forwarder translates these with `map_transport_error`).
         """
         node_id = reservation.node_id
         status = response.status
         if status >= 500:
-            body = await _read_at_most(response, _ERROR_BODY_BYTES)
+            body = await read_at_most(response, ERROR_BODY_BYTES)
             text = body[:200].decode("utf-8", "replace")
             # The client reads the gateway's own words, which never quote a node; a failure to load the model is
             # named in them (the node's text is the detail, for the log and the admin API).
@@ -245,12 +198,12 @@ class UpstreamResponse:
                 f"the node answered with a redirect (HTTP {status}), which is never relayed or followed.",
                 node_id=node_id,
             )
-        encoding = response.headers.get("content-encoding", "identity").lower()
-        sse = status == 200 and response.content_type == "text/event-stream" and encoding in _DECODABLE
+        encoding = (response.header("content-encoding") or "identity").lower()
+        sse = status == 200 and response.content_type == "text/event-stream" and encoding in DECODABLE
         result = cls(
             reservation=reservation,
             status_code=status,
-            headers=_relay_headers(response, decoded=sse),
+            headers=relay_headers(response, decoded=sse),
             prefix=b"",
             complete=False,
             sse=sse,
@@ -259,15 +212,15 @@ class UpstreamResponse:
         if sse:
             result._framer = EventFramer(settings.max_event_bytes)
             if encoding != "identity":
-                result._decoder = zlib.decompressobj(_DECODABLE[encoding])
+                result._decoder = zlib.decompressobj(DECODABLE[encoding])
             result.prefix = await result._first_data_events()
         else:
-            result.prefix, result.complete = await _buffer(response, settings.buffer_response_bytes)
+            result.prefix, result.complete = await buffer(response, settings.buffer_response_bytes)
             if (
                 result.complete
                 and status == 200
-                and "content-length" not in response.headers
-                and not _whole_json(result.prefix, encoding)
+                and response.header("content-length") is None
+                and not whole_json(result.prefix, encoding)
             ):
                 raise UpstreamTransportError(
                     f"the node's answer is not whole JSON: its body ended after {len(result.prefix)} bytes, "
@@ -279,7 +232,7 @@ class UpstreamResponse:
             result._response = None
         result._idle_timeout_s = settings.idle_timeout_s
         result._deadline = deadline
-        result._loop = asyncio.get_running_loop()
+        result._loop = loop or asyncio.get_running_loop()
         # From here on, the response reports the node's failures itself; before, the forwarder does (and
         # fails over).
         result._committed = True
@@ -327,10 +280,10 @@ class UpstreamResponse:
                     self._due = due
                     if self._idle_timer is None:
                         self._idle_timer = loop.call_at(due, self._on_idle_timer)
-                    self._reader = asyncio.current_task()
+                    self._reader = asyncio.current_task(loop)
                 try:
                     # Before the commit, the forwarder's first-byte limit bounds the read.
-                    chunk = await response.content.readany()
+                    chunk = await response.readany()
                     self._reader = None
                     if self._decoder is not None:
                         chunk = self._decoder.decompress(chunk) if chunk else self._decoder.flush()
@@ -351,7 +304,7 @@ class UpstreamResponse:
                     # Whatever else ends the read: the timer must never cancel this task outside it.
                     self._reader = None
                     raise
-                if not chunk and response.content.at_eof():
+                if not chunk and response.at_eof():
                     if self._framer is None:
                         self.complete = True
                         return b""
@@ -369,15 +322,97 @@ class UpstreamResponse:
         except UpstreamError as exc:
             # The node broke off its answer: its fault, whatever the request. (This try is free in the relay's
             # hot loop: since Python 3.11 a try costs nothing until it catches.)
-            if self._committed:
-                # In the node's record whether or not it counts (before commit the forwarder keeps it).
-                self.reservation.note_error(exc.log_text)
-                if not (
-                    # A node that still passes its health probes is charged one timeout per request at most: a
-                    # request too big for the limits times out wherever it goes.
-                    self.timeout_counted and isinstance(exc, UpstreamTimeout) and self.reservation.health_failures == 0
-                ):
-                    self.reservation.record_failure(exc.log_text, noted=True)
+            self._charge(exc)
+            raise
+
+    def _charge(self, exc: UpstreamError) -> None:
+        """The node broke off its committed answer: in its record, and counted against its breaker (a timeout at
+        most once per request while the node passes its health probes: a request too big for the limits times out
+        wherever it goes)."""
+        if self._committed:
+            # In the node's record whether or not it counts (before commit the forwarder keeps it).
+            self.reservation.note_error(exc.log_text)
+            if not (
+                self.timeout_counted and isinstance(exc, UpstreamTimeout) and self.reservation.health_failures == 0
+            ):
+                self.reservation.record_failure(exc.log_text, noted=True)
+
+    @property
+    def pumpable(self) -> bool:
+        """Whether `pump` can relay the rest: a committed event stream that the node sends uncompressed."""
+        return self.sse and self._committed and self._decoder is None and not self.complete
+
+    async def pump(self, write: Callable[[bytes], bool], pieces: list[bytes]) -> bool:
+        """Relay the rest of a committed event stream straight from the node's connection: whole events go to
+        `write` as the node's bytes are parsed, without this task waking for each read (the relay's hot path for
+        streams, docs/performance.md). The idle limit and the deadline hold as for `read`, counted from the last
+        bytes the node sent; the time the client takes to read is not counted.
+
+        Args:
+            write: writes events to the client; returns False when the client cannot take more for now (the pump
+                then stops reading the node and returns False: wait for the client, then call it again).
+            pieces: the last two pieces written, `[before, last]`, kept up to date (the node's `usage` is in them).
+
+        Returns:
+            True once the stream has ended with `[DONE]` (every event written), False to wait for the client.
+
+        Raises:
+            UpstreamTimeout, UpstreamTransportError: as `read` (the events before were written).
+        """
+        response = self._response
+        loop = self._loop
+        framer = self._framer
+        if self.complete or response is None or loop is None or framer is None:
+            return True
+        idle_s: float = self._idle_timeout_s  # type: ignore[assignment] # set with `_loop`
+        deadline = self._deadline
+
+        def sink(chunk: bytes) -> None:
+            # Each piece moves the limit: the node is not silent.
+            due = loop.time() + idle_s
+            self._due = deadline if deadline is not None and due > deadline else due
+            out = framer.feed(chunk)
+            if out:
+                if not out.startswith(b":") or b"data" in out:
+                    self._last = out
+                pieces[0], pieces[1] = pieces[1], out
+                if not write(out):
+                    response.hold()
+
+        try:
+            now = loop.time()
+            if deadline is not None and now >= deadline:
+                raise UpstreamTimeout("the request's deadline passed.", node_id=self.node_id, request_sent=True)
+            due = now + idle_s
+            self._due = deadline if deadline is not None and due > deadline else due
+            if self._idle_timer is None:
+                self._idle_timer = loop.call_at(self._due, self._on_idle_timer)
+            self._reader = asyncio.current_task(loop)
+            try:
+                response.stream_to(sink)
+                ended = await response.pumped()
+            except asyncio.CancelledError:
+                if not self._expiring:
+                    raise
+                self._expiring = False
+                task = asyncio.current_task(loop)
+                if task is None or task.uncancel() > self._cancelling:
+                    raise
+                raise self._idle_error() from None
+            except TRANSPORT_ERRORS as exc:
+                raise map_transport_error(exc, self.node_id) from exc
+            finally:
+                self._reader = None
+                response.unsink()
+            if not ended:
+                return False
+            rest = self._end_of_stream()
+            if rest:
+                pieces[0], pieces[1] = pieces[1], rest
+                write(rest)
+            return True
+        except UpstreamError as exc:
+            self._charge(exc)
             raise
 
     def _end_of_stream(self) -> bytes:
@@ -485,62 +520,3 @@ class UpstreamResponse:
                 if self.complete and self.status_code < 400 and self._committed:
                     reservation.record_success()
                 reservation.release()
-
-
-def _relay_headers(response: aiohttp.ClientResponse, *, decoded: bool) -> list[tuple[bytes, bytes]]:
-    headers = []
-    for name, value in response.raw_headers:
-        lower = name.lower()
-        if (
-            lower in HOP_BY_HOP_HEADERS
-            or lower in _GATEWAY_HEADERS
-            # A node's CORS answer is not the gateway's policy.
-            or lower.startswith(b"access-control-")
-            or (decoded and lower in _STREAM_HEADERS)
-        ):
-            continue
-        headers.append((lower, value))
-    return headers
-
-
-async def _read_at_most(response: aiohttp.ClientResponse, limit: int) -> bytes:
-    body = bytearray()
-    while len(body) < limit:
-        chunk = await response.content.readany()
-        if not chunk:
-            break
-        body += chunk
-    return bytes(body[:limit])
-
-
-def _whole_json(body: bytes, encoding: str) -> bool:
-    """Whether `body` (in its content `encoding`) is one whole JSON value; True when the encoding is not one
-    QIIP decodes (brotli, zstd: it cannot tell, and relays the body as it came)."""
-    if encoding != "identity":
-        wbits = _DECODABLE.get(encoding)
-        if wbits is None:
-            return True
-        decoder = zlib.decompressobj(wbits)
-        try:
-            body = decoder.decompress(body)
-        except zlib.error:
-            return False
-        if not decoder.eof:
-            return False
-    try:
-        json.loads(body)
-    except (ValueError, RecursionError):
-        return False
-    return True
-
-
-async def _buffer(response: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
-    """Read up to `limit` bytes; returns (bytes, whole body read)."""
-    body = bytearray()
-    while True:
-        chunk = await response.content.readany()
-        if not chunk:
-            return bytes(body), True
-        body += chunk
-        if len(body) > limit:
-            return bytes(body), False

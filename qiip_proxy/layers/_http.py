@@ -30,6 +30,7 @@ __all__ = [
     "CORS_EXPOSE_HEADERS",
     "AllowedHosts",
     "HeadAsGet",
+    "HostCheck",
     "with_allowed_hosts",
     "with_cors",
 ]
@@ -144,6 +145,66 @@ def with_allowed_hosts(app: ASGIApp, *, allowed_hosts: Sequence[str], bind_host:
     return AllowedHosts(app, allowed_hosts=allowed_hosts, bind_host=bind_host)
 
 
+class HostCheck:
+    """Whether a request's `Host` names this daemon (`AllowedHosts` explains the rule), and the refusal when not.
+
+    Args:
+        allowed_hosts: `server.allowed_hosts` (lower case, no port; `*` is for `with_allowed_hosts`).
+        bind_host: `server.host`.
+    """
+
+    _KNOWN_MAX = 256
+    """`Host` values remembered as allowed, so the usual request costs one set lookup."""
+
+    def __init__(self, *, allowed_hosts: Sequence[str], bind_host: str) -> None:
+        self.names = {"localhost", bind_host.lower().rstrip(".")}
+        suffixes = [".localhost"]
+        for entry in allowed_hosts:
+            if entry.startswith("*."):
+                suffixes.append(entry[1:])
+            else:
+                self.names.add(entry)
+        self.suffixes = tuple(suffixes)
+        self._known: set[bytes] = set()
+
+    def passes(self, scope: Scope) -> bool:
+        """Whether the request of `scope` may be served: no `Host` (HTTP/1.0), or one that names this daemon."""
+        value = _host_header(scope)
+        if value is None or value in self._known:
+            return True
+        if not self.allows(value):
+            return False
+        if len(self._known) < self._KNOWN_MAX:
+            self._known.add(value)
+        return True
+
+    async def refuse(self, scope: Scope, send: Send) -> None:
+        """Answer a request that does not pass: 421 with OpenAI error JSON, code `host_not_allowed`."""
+        refused = RequestRefused(
+            421,
+            "This daemon is not reached by that host name (the Host header); an operator can allow "
+            "it with server.allowed_hosts.",
+            "host_not_allowed",
+        )
+        await send_error(send, refused, request_id_for(scope))
+
+    def allows(self, value: bytes) -> bool:
+        """Whether a `Host` header value (`name[:port]`, `[v6]:port`, an IPv4 literal) names this daemon."""
+        text = value.decode("latin-1").strip().lower()
+        if text.startswith("["):
+            name = text[1 : text.find("]")] if "]" in text else text
+        else:
+            name = text.rsplit(":", 1)[0] if text.count(":") == 1 else text
+        name = name.rstrip(".")
+        if name in self.names or name.endswith(self.suffixes):
+            return True
+        try:
+            ipaddress.ip_address(name)
+        except ValueError:
+            return False
+        return True
+
+
 class AllowedHosts:
     """ASGI middleware: a request whose `Host` names something other than this daemon gets 421 Misdirected
     Request (RFC 9110 §15.5.20) with OpenAI error JSON, code `host_not_allowed`.
@@ -161,53 +222,19 @@ class AllowedHosts:
         bind_host: `server.host`.
     """
 
-    _KNOWN_MAX = 256
-    """`Host` values remembered as allowed, so the usual request costs one set lookup."""
-
     def __init__(self, app: ASGIApp, *, allowed_hosts: Sequence[str], bind_host: str) -> None:
         self.app = app
-        self.names = {"localhost", bind_host.lower().rstrip(".")}
-        suffixes = [".localhost"]
-        for entry in allowed_hosts:
-            if entry.startswith("*."):
-                suffixes.append(entry[1:])
-            else:
-                self.names.add(entry)
-        self.suffixes = tuple(suffixes)
-        self._known: set[bytes] = set()
+        self.check = HostCheck(allowed_hosts=allowed_hosts, bind_host=bind_host)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            value = _host_header(scope)
-            if value is not None and value not in self._known:
-                if not self.allows(value):
-                    refused = RequestRefused(
-                        421,
-                        "This daemon is not reached by that host name (the Host header); an operator can allow "
-                        "it with server.allowed_hosts.",
-                        "host_not_allowed",
-                    )
-                    await send_error(send, refused, request_id_for(scope))
-                    return
-                if len(self._known) < self._KNOWN_MAX:
-                    self._known.add(value)
+        if scope["type"] == "http" and not self.check.passes(scope):
+            await self.check.refuse(scope, send)
+            return
         await self.app(scope, receive, send)
 
     def allows(self, value: bytes) -> bool:
         """Whether a `Host` header value (`name[:port]`, `[v6]:port`, an IPv4 literal) names this daemon."""
-        text = value.decode("latin-1").strip().lower()
-        if text.startswith("["):
-            name = text[1 : text.find("]")] if "]" in text else text
-        else:
-            name = text.rsplit(":", 1)[0] if text.count(":") == 1 else text
-        name = name.rstrip(".")
-        if name in self.names or name.endswith(self.suffixes):
-            return True
-        try:
-            ipaddress.ip_address(name)
-        except ValueError:
-            return False
-        return True
+        return self.check.allows(value)
 
 
 def _host_header(scope: Scope) -> bytes | None:

@@ -24,9 +24,11 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 from starlette.types import ASGIApp
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from qiip_core.config import Settings
 from qiip_proxy.server._connection_cap import capped_protocol
+from qiip_proxy.server._fast import DirectRoute, direct_protocol
 from qiip_proxy.server._gc import tune_gc
 from qiip_proxy.server._transport import guarded_protocol
 
@@ -49,15 +51,26 @@ UPLOADS_ENDED_BEFORE_S = 1.0
 their body are ended (quietly, as a client that left), so none of them is cancelled mid-read."""
 
 
-def server_config(app: ASGIApp, settings: Settings, max_clients: int) -> uvicorn.Config:
+def server_config(
+    app: ASGIApp, settings: Settings, max_clients: int, *, direct: DirectRoute | None = None
+) -> uvicorn.Config:
     """uvicorn's configuration for `app`: no access log nor `Server` header, idle client connections kept for
     `server.keep_alive_s` (`timeout_keep_alive`), at most `max_clients` client connections, counted as they are
     accepted (`_connection_cap`; uvicorn's own `limit_concurrency`, checked per request, is not used), the
     transport limits of `_transport`, `server.shutdown_timeout_s` for the requests in flight at shutdown, and
     forwarded headers believed from `server.forwarded_allow_ips` only (uvicorn believes them from loopback unless
-    told otherwise)."""
+    told otherwise).
+
+    Args:
+        app: the ASGI application.
+        settings: the daemon's settings.
+        max_clients: client connections this process holds at once.
+        direct: paths the protocol answers itself, ahead of `app` (`_fast`; `_app.direct_route`).
+    """
     server = settings.server
+    base = direct_protocol(HttpToolsProtocol, direct) if direct is not None else HttpToolsProtocol
     guarded = guarded_protocol(
+        base=base,
         max_header_bytes=server.max_header_bytes,
         header_timeout_s=server.header_timeout_s,
         body_timeout_s=server.body_timeout_s,

@@ -29,11 +29,17 @@ __all__ = ["guarded_protocol"]
 
 
 def guarded_protocol(
-    *, max_header_bytes: int, header_timeout_s: float, body_timeout_s: float, max_connections_per_address: int
+    *,
+    max_header_bytes: int,
+    header_timeout_s: float,
+    body_timeout_s: float,
+    max_connections_per_address: int,
+    base: type[HttpToolsProtocol] = HttpToolsProtocol,
 ) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol with header, deadline and per-address limits (pass it as `http=`).
 
     Args:
+        base: the protocol to add them to: uvicorn's, or one answering some paths itself (`_fast`).
         max_header_bytes: the longest request line and headers together, in bytes.
         header_timeout_s: how long a request's headers may take, in seconds.
         body_timeout_s: how long a request's body may take once its headers are in, in seconds.
@@ -48,7 +54,7 @@ def guarded_protocol(
     # read, not a timer of its own (about 3 us less per request).
     tick_s = max(0.05, min(header_timeout_s, body_timeout_s) / 4)
 
-    class GuardedProtocol(HttpToolsProtocol):
+    class GuardedProtocol(base):  # type: ignore[valid-type,misc]
         _refused = False
         _header_bytes = 0
         # Bytes received while a request's head is incomplete (None: no head in progress), and the size of the
@@ -60,7 +66,7 @@ def guarded_protocol(
         _ticker: asyncio.TimerHandle | None = None
         _address: str | None = None
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        def connection_made(self, transport: asyncio.Transport) -> None:
             super().connection_made(transport)
             address = self.client[0] if self.client else None
             if address is not None:

@@ -9,9 +9,9 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp
 
 from qiip_core.config import load_settings
-from qiip_proxy._app import create_app, serving_app
+from qiip_proxy._app import create_app, direct_route, serving_app
 from qiip_proxy._gateway import Gateway
-from qiip_proxy._inference import ProxyRoutes
+from qiip_proxy._inference import DirectInference, ProxyRoutes
 from qiip_proxy.layers._http import AllowedHosts
 
 ORIGIN = "https://app.example.com"
@@ -33,6 +33,23 @@ def test_with_cors_off_the_fast_path_is_behind_the_host_check_only(tmp_path: Pat
 def test_with_cors_on_it_wraps_the_fast_path_too(tmp_path: Path) -> None:
     app = served(tmp_path, cors_allow_origins=[ORIGIN])
     assert isinstance(app, AllowedHosts) and isinstance(app.app, CORSMiddleware) and type(app.app.app) is ProxyRoutes
+
+
+def test_the_server_answers_the_inference_paths_itself_only_where_the_host_check_is_the_only_layer(
+    tmp_path: Path,
+) -> None:
+    def route(**server: object) -> DirectInference | None:
+        settings = load_settings(state_dir=tmp_path, admin={"enabled": False}, server=server)
+        return direct_route(Gateway(settings))
+
+    default = route()
+    assert default is not None and default.hosts is not None
+    assert default.paths == {b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"}
+    unchecked = route(allowed_hosts=["*"])
+    assert unchecked is not None and unchecked.hosts is None
+    # CORS and forwarded headers are layers of their own: their requests go the ASGI way.
+    assert route(cors_allow_origins=[ORIGIN]) is None
+    assert route(forwarded_allow_ips=["10.0.0.1"]) is None
 
 
 async def test_head_and_cors_in_process(tmp_path: Path) -> None:

@@ -28,6 +28,14 @@ PROTOCOL_METHODS = {
 }
 """The protocol methods `GuardedProtocol` and the connection cap override, with their parameters."""
 
+DIRECT_PATH_METHODS = {
+    "_start_asgi_task": ["self", "cycle", "app"],
+    "on_response_complete": ["self"],
+    "shutdown": ["self"],
+}
+"""The protocol methods the direct path (`_fast`) calls, or whose calls on its cycle it answers, with their
+parameters."""
+
 SERVER_METHODS = {
     "__init__": ["self", "config"],
     "startup": ["self", "sockets"],
@@ -39,6 +47,11 @@ SERVER_METHODS = {
 
 def test_the_protocol_methods_we_override_keep_their_names_and_parameters() -> None:
     for name, parameters in PROTOCOL_METHODS.items():
+        assert list(inspect.signature(getattr(HttpToolsProtocol, name)).parameters) == parameters, name
+
+
+def test_the_protocol_methods_the_direct_path_calls_keep_their_names_and_parameters() -> None:
+    for name, parameters in DIRECT_PATH_METHODS.items():
         assert list(inspect.signature(getattr(HttpToolsProtocol, name)).parameters) == parameters, name
 
 
@@ -55,6 +68,11 @@ async def test_a_connection_has_the_attributes_our_limits_read() -> None:
         protocol = protocols[0]
         cycle: Any = protocol.cycle
         seen.update(
+            url=protocol.url,
+            expect_100_continue=protocol.expect_100_continue,
+            root_path=protocol.root_path,
+            limit_concurrency=protocol.limit_concurrency,
+            scope=protocol.scope,
             client=protocol.client,
             loop=protocol.loop,
             in_connections=protocol in state.connections,
@@ -88,6 +106,9 @@ async def test_a_connection_has_the_attributes_our_limits_read() -> None:
 
     assert answer.startswith(b"HTTP/1.1 200 ")
     assert seen["client"][0] == "127.0.0.1"
+    # What the direct path (`_fast`) reads when a request's headers are in, and writes into the scope.
+    assert seen["url"] == b"/" and seen["expect_100_continue"] is False and seen["root_path"] == ""
+    assert seen["limit_concurrency"] is None and seen["scope"]["method"] == "GET"
     assert seen["loop"] is loop
     assert seen["in_connections"]
     assert isinstance(seen["pipeline"], deque)

@@ -15,6 +15,7 @@ from qiip_core.config import UpstreamSettings
 from qiip_core.nodes import Node, NodeStatus
 from qiip_core.routing import BreakerPolicy, Forwarder, RoutingTable
 from qiip_core.upstream import UpstreamRequest
+from qiip_core.upstream._http11 import NodeConnectError, NodeDisconnected, NodeResponse
 from tests.support.fault_backend import FaultBackend, Hang, Json, Sse, Status
 
 pytestmark = pytest.mark.integration
@@ -236,14 +237,15 @@ async def test_a_timeout_says_whether_the_node_had_the_request(backend: FaultBac
 
 
 STALE_CONNECTION_FAILURES = [
+    NodeDisconnected("the node closed the connection before its answer's headers"),
     aiohttp.ServerDisconnectedError(),
     aiohttp.ClientOSError(104, "Connection reset by peer"),
     aiohttp.ClientConnectionResetError("Cannot write to closing transport"),
     aiohttp.ClientConnectionError("Failed to send bytes into the underlying connection"),
     ConnectionResetError(104, "Connection reset by peer"),
 ]
-"""How aiohttp fails a request written on a pooled connection the node closed, or was closing, as it was handed
-out; each is seen before any response byte."""
+"""How the node client (and aiohttp, the client before it) fails a request written on a pooled connection the node
+closed, or was closing, as it was handed out; each is seen before any response byte."""
 
 
 def fail_first_pooled_send(forwarder: Forwarder, failure: BaseException) -> list[bool]:
@@ -251,7 +253,7 @@ def fail_first_pooled_send(forwarder: Forwarder, failure: BaseException) -> list
     post = forwarder.client.post
     sends: list[bool] = []
 
-    async def racing_post(*args: object, fresh: bool = False, **kwargs: object) -> aiohttp.ClientResponse:
+    async def racing_post(*args: object, fresh: bool = False, **kwargs: object) -> NodeResponse:
         sends.append(fresh)
         if len(sends) == 1:
             raise failure
@@ -280,6 +282,7 @@ async def test_a_send_on_a_closing_pooled_connection_is_sent_again_on_a_new_one_
 @pytest.mark.parametrize(
     "failure",
     [
+        NodeConnectError("cannot connect to 127.0.0.1:9: [Errno 111] Connection refused"),
         aiohttp.ClientConnectorError(
             aiohttp.client_reqrep.ConnectionKey("127.0.0.1", 9, False, True, None, None, None),
             ConnectionRefusedError(111, "Connection refused"),

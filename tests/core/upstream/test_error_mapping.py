@@ -6,6 +6,7 @@ import pytest
 from qiip_core import UpstreamError, UpstreamTimeout, UpstreamTransportError
 from qiip_core.upstream import is_stale_connection, map_transport_error
 from qiip_core.upstream._client import _TRANSPORT_ERRORS
+from qiip_core.upstream._http11 import NodeHttpError
 
 
 def _subclasses(cls: type) -> set[type]:
@@ -66,3 +67,12 @@ def test_every_aiohttp_client_error_is_classed_stale_connection_or_not(exc_type:
 def test_reset_and_broken_pipe_are_stale_and_timeouts_are_not() -> None:
     assert is_stale_connection(ConnectionResetError()) and is_stale_connection(BrokenPipeError())
     assert not is_stale_connection(TimeoutError()) and not is_stale_connection(OSError(24, "Too many open files"))
+
+
+NODE_CLIENT_ERRORS = sorted(_subclasses(NodeHttpError), key=lambda c: c.__name__)
+
+
+@pytest.mark.parametrize("exc_type", NODE_CLIENT_ERRORS, ids=lambda c: c.__name__)
+def test_every_node_client_error_has_a_specific_row(exc_type: type) -> None:
+    rows = [library for library, _, _ in _TRANSPORT_ERRORS]
+    assert any(issubclass(exc_type, row) for row in rows if row is not NodeHttpError), exc_type
