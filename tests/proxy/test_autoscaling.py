@@ -59,6 +59,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, llama_server_binary: Path, t
         QIIP_PROVISIONING__MAX_CONCURRENT_SETUPS="3",
         QIIP_HEALTH__INTERVAL_S="0.3",
         QIIP_HEALTH__FAILURE_THRESHOLD="2",
+        # A replica answers its probes late while new replicas load their models on the same cores under load (two
+        # probes past 2 s once marked the only serving replica down, and its waiting requests failed): ten seconds
+        # still tell a hung replica from a slow answer, and scaling is what this module tests.
+        QIIP_HEALTH__TIMEOUT_S="10",
     )
     with Daemon(tmp_path_factory.mktemp("autoscale-state"), env=env) as daemon:
         yield Fleet(daemon, hosts, artifact)
