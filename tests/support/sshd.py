@@ -315,7 +315,8 @@ class SshHosts:
             host.authorized_keys.write_text(authorized.read_text())
             lines += [
                 f"Match LocalAddress {host.address}",
-                f"  SetEnv QIIPNODE_ROOT={host.root} QIIPNODE_BIND={host.address} PATH={host.path_env()}",
+                f"  SetEnv QIIPNODE_ROOT={host.root} QIIPNODE_BIND={host.address} PATH={host.path_env()}"
+                f" OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'active')}",
                 f"  AuthorizedKeysFile {host.authorized_keys}",
             ]
         config = self.base / "sshd_config"
