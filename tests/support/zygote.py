@@ -272,14 +272,21 @@ def why_not_forkable(env: Mapping[str, str], base: Mapping[str, str]) -> str | N
     return None
 
 
-def _note_start(how: str, why: str | None) -> None:
-    """With `SUITE_TIMINGS=DIR`, append how a daemon was started, and why not as a fork, to
-    `DIR/<worker>.daemons` (JSON lines) (the suite's costs name each daemon that paid for its imports)."""
+def _note_start(how: str, why: str | None, *, pid: int | None = None, program: str = "qiip_proxy") -> None:
+    """With `SUITE_TIMINGS=DIR`, append how a process of `program` was started (a fork, with its `pid`, or a new
+    process and why) to `DIR/<worker>.daemons` (JSON lines): the suite's costs name each daemon that paid for its
+    imports, and give each fork's CPU (`DIR/<worker>.forks`, written by the zygote) to the test that started it."""
     directory = os.environ.get("SUITE_TIMINGS")
     if not directory:
         return
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    record = {"test": os.environ.get("PYTEST_CURRENT_TEST", ""), "how": how, "why": why}
+    record = {
+        "test": os.environ.get("PYTEST_CURRENT_TEST", ""),
+        "how": how,
+        "why": why,
+        "pid": pid,
+        "program": program,
+    }
     with (Path(directory) / f"{worker}.daemons").open("a", encoding="utf-8") as notes:
         notes.write(json.dumps(record) + "\n")
 
@@ -298,8 +305,9 @@ def spawn_daemon(
         zygote = _the_zygote()
         why = why_not_forkable(env, zygote.environ)
         if why is None:
-            _note_start("fork", None)
-            return zygote.fork(args, _fork_environ(env, zygote.environ), cwd, log_path=log_path)
+            forked = zygote.fork(args, _fork_environ(env, zygote.environ), cwd, log_path=log_path)
+            _note_start("fork", None, pid=forked.pid)
+            return forked
     _note_start("new process", why)
     with log_path.open("ab") as log:
         return subprocess.Popen(
@@ -330,6 +338,7 @@ def run_to_end(
     try:
         forked_env = dict(env) if program == "qiip" else _fork_environ(env, zygote.environ)
         process = zygote.fork(args, forked_env, cwd, fds=(null, out_w, err_w), program=program)
+        _note_start("fork", None, pid=process.pid, program=program)
     except BaseException:
         os.close(out_r)
         os.close(err_r)
@@ -385,6 +394,7 @@ def popen_module(module: str, args: Sequence[str], env: Mapping[str, str], cwd: 
     null = os.open(os.devnull, os.O_RDONLY)
     try:
         process = zygote.fork(args, dict(env), cwd, fds=(null, out_w, out_w), program=module)
+        _note_start("fork", None, pid=process.pid, program=module)
     except BaseException:
         os.close(out_r)
         raise
@@ -481,14 +491,19 @@ def _serve(socket_path: str, status_dir: Path) -> None:
 
 
 def _reap(status_dir: Path) -> None:
-    """Write the exit code of each ended child to `status_dir/PID` (written whole, then renamed)."""
+    """Write the exit code of each ended child to `status_dir/PID` (written whole, then renamed), and with
+    `SUITE_TIMINGS=DIR` its CPU seconds (its own and its reaped children's) to `DIR/<worker>.forks`."""
     while True:
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
+        if directory := os.environ.get("SUITE_TIMINGS"):
+            worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+            with (Path(directory) / f"{worker}.forks").open("a", encoding="utf-8") as forks:
+                forks.write(json.dumps({"pid": pid, "cpu_s": round(usage.ru_utime + usage.ru_stime, 3)}) + "\n")
         partial = status_dir / f"{pid}.partial"
         partial.write_text(str(os.waitstatus_to_exitcode(status)))
         partial.replace(status_dir / str(pid))
