@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import socket
 import threading
 import time
 from collections import deque
@@ -58,6 +59,7 @@ class FaultBackend:
         # Loop-thread state below.
         self._port = 0
         self._server: asyncio.Server | None = None
+        self._held: socket.socket | None = None
         self._transports: set[asyncio.Transport] = set()
         self._connections: set[Connection] = set()
         self._handlers: set[asyncio.Task[None]] = set()
@@ -191,7 +193,8 @@ class FaultBackend:
             return at
 
     def stop_listening(self, *, drop_connections: bool = False) -> None:
-        """Close the listening socket, so new connections are refused; open connections carry on.
+        """Close the listening socket, so new connections are refused; open connections carry on. The port stays
+        bound (not listening) until `start_listening()`, so no other server can take it meanwhile.
 
         Args:
             drop_connections: also close every open connection (cleanly), like a node that went away.
@@ -206,7 +209,7 @@ class FaultBackend:
 
         Raises:
             RuntimeError: the backend is closed.
-            OSError: the port was taken by someone else meanwhile.
+            OSError: the port was taken by someone else meanwhile (only where it could not be held).
         """
         self._call(self._listen())
 
@@ -286,6 +289,7 @@ class FaultBackend:
     async def _listen(self) -> None:
         if self._server is not None:
             return
+        self._release_port()
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: TrackingProtocol(self, loop), host="127.0.0.1", port=self._port, reuse_address=True
@@ -296,12 +300,32 @@ class FaultBackend:
         if self._server is not None:
             self._server.close()
             self._server = None
+            self._hold_port()
         if drop_connections:
             for conn in list(self._connections):
                 await conn.close()
 
+    def _hold_port(self) -> None:
+        """Keep the port bound, not listening, while the backend refuses: connections to it are refused, and no
+        other process can listen on it meanwhile (a port closed outright may be handed to the next server that
+        binds port 0, which would then answer in the backend's place)."""
+        held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            held.bind(("127.0.0.1", self._port))
+        except OSError:
+            held.close()
+            return
+        self._held = held
+
+    def _release_port(self) -> None:
+        if self._held is not None:
+            self._held.close()
+            self._held = None
+
     async def _shutdown(self) -> None:
         await self._stop_listening(drop_connections=False)
+        self._release_port()
         for conn in list(self._connections):
             conn.closed_by_backend = True
             conn.gone.set()
