@@ -61,7 +61,8 @@ def test_only_settings_read_when_used_may_differ() -> None:
     "args",
     [
         pytest.param(["--help"], id="help"),
-        pytest.param(["node", "list"], id="unreachable"),
+        pytest.param(["node", "list"], id="local-registry"),
+        pytest.param(["node", "list", "--live"], id="unreachable"),
         pytest.param(["node", "drain"], id="usage-error"),
     ],
 )
@@ -81,8 +82,9 @@ def test_a_forked_cli_that_runs_past_its_timeout_is_killed(tmp_path: Path) -> No
         silent.listen()
         env = clean_environ() | {"QIIP_URL": f"http://127.0.0.1:{silent.getsockname()[1]}"}
         with pytest.raises(subprocess.TimeoutExpired) as expired:
-            run_to_end("qiip", ["node", "list"], env, tmp_path, timeout_s=0.5)
-    assert expired.value.cmd == [*QIIP, "node", "list"]
+            # `--live` asks the daemon, which never answers (plain `node list` reads the registry and ends).
+            run_to_end("qiip", ["node", "list", "--live"], env, tmp_path, timeout_s=0.5)
+    assert expired.value.cmd == [*QIIP, "node", "list", "--live"]
 
 
 def test_a_daemon_whose_zygote_was_killed_ends_its_wait_with_an_error(tmp_path: Path) -> None:
@@ -130,3 +132,30 @@ def test_a_daemon_with_two_processes_hashes_alike_in_both_forked_or_new(tmp_path
         assert daemon.client.get("/health").status_code == 200
     finally:
         daemon.close()
+
+
+def test_a_fork_whose_process_id_an_ended_fork_had_is_not_read_as_ended(tmp_path: Path) -> None:
+    # Process ids wrap (pid_max), so a new fork may get the id of one that ended earlier in the run. Its status file
+    # must not say the new one ended. The next id is chosen by writing the last one given (root, this namespace).
+    zygote = _the_zygote()
+    last_pid = Path("/proc/sys/kernel/ns_last_pid")
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    if not os.access(last_pid, os.W_OK):
+        pytest.skip("choosing the next process id (ns_last_pid) needs root")
+    for _ in range(20):
+        wanted = (int(last_pid.read_text()) + 1000) % (pid_max - 2000) + 1000
+        (zygote.status_dir / str(wanted)).write_text("2")
+        last_pid.write_text(str(wanted - 1))
+        daemon = Daemon(tmp_path / f"state-{wanted}")
+        try:
+            daemon.start()
+            assert daemon.process is not None
+            if daemon.process.pid != wanted:
+                continue  # another process took the id first: try again
+            assert daemon.process.poll() is None
+            assert daemon.client.get("/health").status_code == 200
+            return
+        finally:
+            daemon.close()
+            (zygote.status_dir / str(wanted)).unlink(missing_ok=True)
+    pytest.fail("no fork got the process id asked for in 20 tries")

@@ -483,6 +483,9 @@ def _serve(socket_path: str, status_dir: Path) -> None:
                 raise SystemExit(0)
             for fd in fds:
                 os.close(fd)
+            # Process ids come round again (pid_max is 32768 here, and a run starts thousands of processes): the
+            # status of an earlier fork with this id is not this one's. Only `_reap`, later, writes this one's.
+            (status_dir / str(pid)).unlink(missing_ok=True)
             conn.sendall(f"{pid}\n".encode())
             conn.close()
     listener.close()
