@@ -193,8 +193,8 @@ class _Zygote:
         program: str = "qiip_proxy",
     ) -> ForkedProcess:
         """Fork `program` (a module run as `-m` runs it, or `qiip` for the CLI) with `args`: its output appended to
-        `log_path`, or
-        its stdin, stdout and stderr the three file descriptors `fds` (passed over the socket, as `Popen`'s are)."""
+        `log_path`, or its stdin, stdout and stderr the three file descriptors `fds` (passed over the socket, as
+        `Popen`'s are)."""
         request: dict[str, object] = {"program": program, "args": list(args), "env": dict(env), "cwd": str(cwd)}
         request["log"] = None if log_path is None else str(log_path)
         with self._lock, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
@@ -245,9 +245,9 @@ def _base_environ() -> dict[str, str]:
 
 
 def _fork_environ(env: Mapping[str, str], base: Mapping[str, str]) -> dict[str, str]:
-    """The environment a forkable daemon is forked with: `env` with the zygote's hash seed, the seed it has. A daemon
-    with more than one worker process finds it set, as its `execv` would have left it, and its workers inherit it; one
-    with a single process never reads it."""
+    """The environment a forkable daemon is forked with: `env` with the zygote's hash seed, the one the fork runs
+    with. A daemon with more than one worker process finds it set, as its `execv` would have left it, and its workers
+    inherit it; one with a single process never reads it."""
     return {**env, HASH_SEED_VARIABLE: base[HASH_SEED_VARIABLE]}
 
 
